@@ -1,0 +1,23 @@
+# The two commands of the README: `make demo` (the main job) and `make test` (every test).
+# Both install missing Debian packages first (scripts/install-deps.sh) and build.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+
+.PHONY: deps build test demo clean
+
+deps:
+	@bash scripts/install-deps.sh
+
+build: deps
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release > $(BUILD).configure.log 2>&1 || (cat $(BUILD).configure.log; exit 1)
+	@grep "dmuon:" $(BUILD).configure.log || true
+	cmake --build $(BUILD) -j $(JOBS)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
+
+demo: build
+	./$(BUILD)/dmuon bench ns --shapes 896x4864,4864x896,896x896,128x896 --batch 8
+
+clean:
+	rm -rf $(BUILD) $(BUILD).configure.log

@@ -1,0 +1,15 @@
+// Writing files so that a reader sees the old file or the complete new one, never a part:
+// write to a temporary file beside the target, fsync it, rename it over the target, fsync the folder.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace dmuon {
+
+void write_file_atomically(const std::string& path, std::string_view bytes);
+
+// Reads a whole file; throws dmuon::Error naming the file when it cannot be opened or read.
+std::string read_file(const std::string& path);
+
+}  // namespace dmuon

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the Debian packages dmuon needs, only those missing. Idempotent and non-interactive:
+# `apt-get update` runs at most once, and only when something has to be installed.
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config
+  libopenblas-dev            # BLAS (sgemm, ssyrk)
+  libopenmpi-dev openmpi-bin # transport
+  coinor-libcbc-dev          # MILP solver for the planner
+  nlohmann-json3-dev         # JSON (caches, plans, --json output)
+  libcli11-dev               # command line
+  libgtest-dev libgmock-dev  # tests
+  libbenchmark-dev           # microbenchmarks
+  gnuplot-nox                # PNG plots
+  fortunes                   # default training corpus (English text)
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]} == 0)); then
+  exit 0
+fi
+
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+echo "install-deps: done"

@@ -1,0 +1,67 @@
+#include "dmuon/atomic_file.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "dmuon/error.hpp"
+
+namespace dmuon {
+
+namespace {
+void write_all(int fd, std::string_view bytes, const std::string& path) {
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    DMUON_CHECK(n > 0, "cannot write ", path, ": ", std::strerror(errno));
+    done += static_cast<size_t>(n);
+  }
+}
+}  // namespace
+
+void write_file_atomically(const std::string& path, std::string_view bytes) {
+  namespace fs = std::filesystem;
+  const fs::path target(path);
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::string tmp = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
+  int fd = ::mkstemp(tmp.data());
+  DMUON_CHECK(fd >= 0, "cannot create a temporary file beside ", path, ": ", std::strerror(errno));
+  try {
+    write_all(fd, bytes, tmp);
+    DMUON_CHECK(::fsync(fd) == 0, "cannot fsync ", tmp, ": ", std::strerror(errno));
+    DMUON_CHECK(::fchmod(fd, 0644) == 0, "cannot chmod ", tmp, ": ", std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    DMUON_FAIL("cannot rename ", tmp, " to ", path, ": ", std::strerror(err));
+  }
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  DMUON_CHECK(in.good(), "cannot open ", path, ": ", std::strerror(errno));
+  std::ostringstream os;
+  os << in.rdbuf();
+  DMUON_CHECK(!in.bad(), "cannot read ", path);
+  return os.str();
+}
+
+}  // namespace dmuon

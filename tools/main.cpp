@@ -1,0 +1,67 @@
+// dmuon command-line tool. Library errors arrive here as exceptions and become one line on stderr
+// and a non-zero exit code.
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <vector>
+
+#include "cli.hpp"
+#include "dmuon/error.hpp"
+
+namespace dmuon::cli {
+
+namespace {
+struct Entry {
+  std::string group;
+  AddSubcommand add;
+};
+std::vector<Entry>& registry() {
+  static std::vector<Entry> entries;
+  return entries;
+}
+const std::map<std::string, std::string> kGroupHelp = {
+    {"bench", "Benchmarks: print a table, or JSON with --json"},
+};
+}  // namespace
+
+Registration::Registration(std::string group, AddSubcommand add) {
+  registry().push_back({std::move(group), std::move(add)});
+}
+
+void add_registered_subcommands(CLI::App& app) {
+  std::map<std::string, CLI::App*> groups;
+  for (const auto& e : registry()) {
+    CLI::App* parent = &app;
+    if (!e.group.empty()) {
+      auto& g = groups[e.group];
+      if (!g) {
+        auto help = kGroupHelp.find(e.group);
+        g = app.add_subcommand(e.group, help == kGroupHelp.end() ? "" : help->second);
+        g->require_subcommand(1);
+      }
+      parent = g;
+    }
+    e.add(*parent);
+  }
+}
+
+}  // namespace dmuon::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"dmuon: distributed Muon optimizer (owner-centric, Gram Newton-Schulz) over MPI and BLAS"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "dmuon 0.1.0");
+  dmuon::cli::add_registered_subcommands(app);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  } catch (const dmuon::Error& e) {
+    std::fprintf(stderr, "dmuon: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dmuon: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
