@@ -1,0 +1,48 @@
+// Newton–Schulz orthogonalization (DESIGN.md section 2): the standard quintic recurrence and the
+// Gram-space recurrence, on one matrix or a batch of same-shape matrices. float32, host memory,
+// row-major. The optimizer calls only this header; kernels live in src/ns and src/linalg.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace dmuon {
+
+enum class NsAlgo {
+  standard,   // X ← aX + (bA + cA²)X with A = XXᵀ (DESIGN 2.1)
+  gram,       // the m×m Gram-space recurrence with restarts (DESIGN 2.2)
+  automatic,  // gram when the aspect ratio makes it cheaper, else standard
+};
+enum class NsCoeffs { keller, you, polar_express };
+enum class NsBatchMode {
+  sequential,  // one matrix after another, each BLAS call using all configured threads
+  concurrent,  // matrices spread over threads, each BLAS call single-threaded
+};
+
+struct NsOptions {
+  NsAlgo algo = NsAlgo::automatic;
+  NsCoeffs coeffs = NsCoeffs::keller;
+  int steps = 5;                     // any count; past the table's end the last row repeats
+  double safety = 0.0;               // 0: the schedule's default (1 for keller/you, 1.01 polar-express)
+  std::vector<int> restarts = {2};   // Gram restart steps (float32 default [2])
+  bool symmetric = true;             // SYRK and upper-triangle products; false: plain sgemm everywhere
+  int tiles = 4;                     // tiles per side of the upper-triangle products
+  NsBatchMode batch_mode = NsBatchMode::sequential;
+  int threads = 0;                   // BLAS threads for this call; 0: the current setting
+};
+
+// O = orth(U). U and O are rows×cols, row-major, and may alias. `name` appears in errors
+// (NaN/Inf input is an error; an all-zero U gives an all-zero O).
+void newton_schulz(const float* u, float* o, int64_t rows, int64_t cols, const NsOptions& options,
+                   const std::string& name = "matrix");
+
+// The same for k same-shape matrices. Results are bit-identical to k calls of newton_schulz.
+void newton_schulz_batched(std::span<const float* const> u, std::span<float* const> o, int64_t rows, int64_t cols,
+                           const NsOptions& options, std::span<const std::string> names = {});
+
+// Flops of the plain standard recurrence (full GEMMs): steps·(4m²n + 2m³), m = min, n = max dim.
+double standard_ns_flops(int64_t rows, int64_t cols, int steps);
+
+}  // namespace dmuon

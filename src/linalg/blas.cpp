@@ -1,0 +1,49 @@
+#include <cblas.h>
+
+#include <fstream>
+#include <string>
+
+#include "dmuon/error.hpp"
+#include "dmuon/linalg.hpp"
+
+namespace dmuon::linalg {
+
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
+}
+
+void set_threads(int n) {
+  DMUON_CHECK(n >= 1, "BLAS thread count must be at least 1, got ", n);
+  openblas_set_num_threads(n);
+}
+
+int threads() { return openblas_get_num_threads(); }
+
+std::string blas_description() {
+  std::string config = openblas_get_config();
+  std::string version = OPENBLAS_VERSION;
+  auto trim = [](std::string s) {
+    s.erase(0, s.find_first_not_of(' '));
+    s.erase(s.find_last_not_of(' ') + 1);
+    return s;
+  };
+  return trim(version) + " (" + trim(config) + ")";
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto colon = line.find(':');
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
+    }
+  }
+  return "unknown CPU";
+}
+
+}  // namespace dmuon::linalg
