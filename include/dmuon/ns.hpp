@@ -1,7 +1,6 @@
-// Newton–Schulz orthogonalization (DESIGN.md section 2): the standard quintic
-// recurrence and the Gram-space recurrence, on one matrix or a batch of
-// same-shape matrices. float32, host memory, row-major. The optimizer calls
-// only this header; kernels live in src/ns and src/linalg.
+// Newton–Schulz orthogonalization (DESIGN.md section 2): the standard quintic recurrence and the
+// Gram-space recurrence, on one matrix or a batch of same-shape matrices. float32, host memory,
+// row-major. The optimizer calls only this header; kernels live in src/ns and src/linalg.
 #pragma once
 
 #include <cstdint>
@@ -12,79 +11,67 @@
 namespace dmuon {
 
 enum class NsAlgo {
-  standard,  // X ← aX + (bA + cA²)X with A = XXᵀ (DESIGN 2.1)
-  gram,      // the m×m Gram-space recurrence with restarts (DESIGN 2.2)
-  automatic, // gram when the aspect ratio makes it cheaper, else standard
+  standard,   // X ← aX + (bA + cA²)X with A = XXᵀ (DESIGN 2.1)
+  gram,       // the m×m Gram-space recurrence with restarts (DESIGN 2.2)
+  automatic,  // gram when the aspect ratio makes it cheaper, else standard
 };
 enum class NsCoeffs { keller, you, polar_express };
 enum class NsBatchMode {
-  sequential, // one matrix after another, each BLAS call using all configured
-              // threads
-  concurrent, // matrices spread over threads, each BLAS call single-threaded
+  sequential,  // one matrix after another, each BLAS call using all configured threads
+  concurrent,  // matrices spread over threads, each BLAS call single-threaded
 };
 
 struct NsOptions {
   NsAlgo algo = NsAlgo::automatic;
   NsCoeffs coeffs = NsCoeffs::keller;
-  int steps = 5; // any count; past the table's end the last row repeats
-  double safety =
-      0.0; // 0: the schedule's default (1 for keller/you, 1.01 polar-express)
-  std::vector<int> restarts = {2}; // Gram restart steps (float32 default [2])
-  bool symmetric =
-      true; // SYRK and upper-triangle products; false: plain sgemm everywhere
-  int tiles = 4; // tiles per side of the upper-triangle products
+  int steps = 5;                     // any count; past the table's end the last row repeats
+  double safety = 0.0;               // 0: the schedule's default (1 for keller/you, 1.01 polar-express)
+  std::vector<int> restarts = {2};   // Gram restart steps (float32 default [2])
+  bool symmetric = true;             // SYRK and upper-triangle products; false: plain sgemm everywhere
+  int tiles = 4;                     // tiles per side of the upper-triangle products
   NsBatchMode batch_mode = NsBatchMode::sequential;
-  int threads = 0; // BLAS threads for this call; 0: the current setting
+  int threads = 0;                   // BLAS threads for this call; 0: the current setting
 };
 
-// O = orth(U). U and O are rows×cols, row-major, and may alias. `name` appears
-// in errors (NaN/Inf input is an error; an all-zero U gives an all-zero O).
-void newton_schulz(const float *u, float *o, int64_t rows, int64_t cols,
-                   const NsOptions &options,
-                   const std::string &name = "matrix");
+// O = orth(U). U and O are rows×cols, row-major, and may alias. `name` appears in errors
+// (NaN/Inf input is an error; an all-zero U gives an all-zero O).
+void newton_schulz(const float* u, float* o, int64_t rows, int64_t cols, const NsOptions& options,
+                   const std::string& name = "matrix");
 
-// The same for k same-shape matrices. Results are bit-identical to k calls of
-// newton_schulz.
-void newton_schulz_batched(std::span<const float *const> u,
-                           std::span<float *const> o, int64_t rows,
-                           int64_t cols, const NsOptions &options,
-                           std::span<const std::string> names = {});
+// The same for k same-shape matrices. Results are bit-identical to k calls of newton_schulz.
+void newton_schulz_batched(std::span<const float* const> u, std::span<float* const> o, int64_t rows, int64_t cols,
+                           const NsOptions& options, std::span<const std::string> names = {});
 
 // One row of a coefficient schedule: p(x) = a·x + b·x³ + c·x⁵.
 struct NsStep {
   double a, b, c;
 };
 
-// The safety factor a schedule uses when NsOptions::safety is 0: 1 for keller
-// and you, 1.01 for polar-express (the paper's value).
+// The safety factor a schedule uses when NsOptions::safety is 0: 1 for keller and you, 1.01 for
+// polar-express (the paper's value).
 double ns_default_safety(NsCoeffs coeffs);
 
-// The `steps` rows a run uses (DESIGN 2.4): past the end of the table the last
-// row repeats; a safety factor s maps (a,b,c) to (a/s, b/s³, c/s⁵) (for
-// polar-express every row except its final, converged one (1.875, −1.25,
-// 0.375), as in the paper's code). s ≤ 0 means the default.
-std::vector<NsStep> ns_schedule(NsCoeffs coeffs, int steps,
-                                double safety = 0.0);
+// The `steps` rows a run uses (DESIGN 2.4): past the end of the table the last row repeats; a safety
+// factor s maps (a,b,c) to (a/s, b/s³, c/s⁵) (for polar-express every row except its final, converged
+// one (1.875, −1.25, 0.375), as in the paper's code). s ≤ 0 means the schedule's default.
+std::vector<NsStep> ns_schedule(NsCoeffs coeffs, int steps, double safety = 0.0);
 
-// The algorithm `automatic` picks for a rows×cols matrix: gram when max/min
-// ≥ 2. DESIGN 2.3's cost table gives gram 26 vs 35 m³ (standard with SYRK) at
-// aspect 2 and equal flops at 1, where gram's triangle products run slower
-// (DESIGN 5: 0.82–0.84× vs 0.71× of the plain path on squares). Other values
-// are returned unchanged.
+// The algorithm `automatic` picks for a rows×cols matrix: gram when max/min ≥ 2. DESIGN 2.3's cost
+// table gives gram 26 vs 35 m³ (standard with SYRK) at aspect 2 and equal flops at 1, where gram's
+// triangle products run slower (DESIGN 5: 0.82–0.84× vs 0.71× of the plain path on squares).
+// standard and gram are returned unchanged.
 NsAlgo ns_resolve_algo(NsAlgo algo, int64_t rows, int64_t cols);
 
-// Names as the CLI spells them ("standard", "gram", "auto"; "keller", "you",
-// "polar-express"; "sequential", "concurrent"); parse_* throw dmuon::Error
-// listing the valid names.
+// Names as the CLI spells them ("standard", "gram", "auto"; "keller", "you", "polar-express";
+// "sequential", "concurrent"); parse_* throw dmuon::Error listing the valid names.
 std::string to_string(NsAlgo algo);
 std::string to_string(NsCoeffs coeffs);
 std::string to_string(NsBatchMode mode);
-NsAlgo parse_ns_algo(const std::string &name);
-NsCoeffs parse_ns_coeffs(const std::string &name);
-NsBatchMode parse_ns_batch_mode(const std::string &name);
+NsAlgo parse_ns_algo(const std::string& name);
+NsCoeffs parse_ns_coeffs(const std::string& name);
+NsBatchMode parse_ns_batch_mode(const std::string& name);
 
-// Flops of the plain standard recurrence (full GEMMs): steps·(4m²n + 2m³), m =
-// min, n = max dim.
+// Flops of the plain standard recurrence (full GEMMs): steps·(4m²n + 2m³), m = min, n = max dim.
 double standard_ns_flops(int64_t rows, int64_t cols, int steps);
 
-} // namespace dmuon
+}  // namespace dmuon

@@ -8,16 +8,12 @@
 
 namespace dmuon::linalg {
 
-void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-          float alpha, const float *a, int64_t lda, const float *b, int64_t ldb,
-          float beta, float *c, int64_t ldc) {
-  if (m == 0 || n == 0)
-    return;
-  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-              trans_b ? CblasTrans : CblasNoTrans, static_cast<blasint>(m),
-              static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
-              static_cast<blasint>(ldc));
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c, static_cast<blasint>(ldc));
 }
 
 void set_threads(int n) {
@@ -28,13 +24,11 @@ void set_threads(int n) {
 int threads() { return openblas_get_num_threads(); }
 
 ThreadsScope::ThreadsScope(int n) : previous_(threads()) {
-  if (n > 0 && n != previous_)
-    set_threads(n);
+  if (n > 0 && n != previous_) set_threads(n);
 }
 
 ThreadsScope::~ThreadsScope() {
-  if (threads() != previous_)
-    openblas_set_num_threads(previous_);
+  if (threads() != previous_) openblas_set_num_threads(previous_);
 }
 
 std::string blas_description() {
@@ -54,11 +48,10 @@ std::string cpu_model() {
   while (std::getline(in, line)) {
     if (line.rfind("model name", 0) == 0) {
       auto colon = line.find(':');
-      if (colon != std::string::npos)
-        return line.substr(line.find_first_not_of(' ', colon + 1));
+      if (colon != std::string::npos) return line.substr(line.find_first_not_of(' ', colon + 1));
     }
   }
   return "unknown CPU";
 }
 
-} // namespace dmuon::linalg
+}  // namespace dmuon::linalg

@@ -13,9 +13,8 @@ namespace {
 const std::vector<NsStep> kKeller = {{3.4445, -4.7750, 2.0315}};
 
 const std::vector<NsStep> kYou = {
-    {4.0848, -6.8946, 2.9270}, {3.9505, -6.3029, 2.6377},
-    {3.7418, -5.5913, 2.3037}, {2.8769, -3.1427, 1.2046},
-    {2.8366, -3.0525, 1.2012},
+    {4.0848, -6.8946, 2.9270}, {3.9505, -6.3029, 2.6377}, {3.7418, -5.5913, 2.3037},
+    {2.8769, -3.1427, 1.2046}, {2.8366, -3.0525, 1.2012},
 };
 
 // Amsel et al., "The Polar Express" (arXiv 2505.16932), degree 5, ℓ = 1e-3: the
@@ -32,111 +31,98 @@ const std::vector<NsStep> kPolarExpress = {
     {1.875, -1.25, 0.375},
 };
 
-const std::vector<NsStep> &table(NsCoeffs coeffs) {
+const std::vector<NsStep>& table(NsCoeffs coeffs) {
   switch (coeffs) {
-  case NsCoeffs::keller:
-    return kKeller;
-  case NsCoeffs::you:
-    return kYou;
-  case NsCoeffs::polar_express:
-    return kPolarExpress;
+    case NsCoeffs::keller:
+      return kKeller;
+    case NsCoeffs::you:
+      return kYou;
+    case NsCoeffs::polar_express:
+      return kPolarExpress;
   }
   DMUON_FAIL("unknown coefficient schedule ", static_cast<int>(coeffs));
 }
 
-} // namespace
+}  // namespace
 
-double ns_default_safety(NsCoeffs coeffs) {
-  return coeffs == NsCoeffs::polar_express ? 1.01 : 1.0;
-}
+double ns_default_safety(NsCoeffs coeffs) { return coeffs == NsCoeffs::polar_express ? 1.01 : 1.0; }
 
 std::vector<NsStep> ns_schedule(NsCoeffs coeffs, int steps, double safety) {
-  DMUON_CHECK(steps >= 0, "Newton-Schulz step count must be non-negative, got ",
-              steps);
-  DMUON_CHECK(std::isfinite(safety),
-              "Newton-Schulz safety factor must be finite, got ", safety);
+  DMUON_CHECK(steps >= 0, "Newton-Schulz step count must be non-negative, got ", steps);
+  DMUON_CHECK(std::isfinite(safety), "Newton-Schulz safety factor must be finite, got ", safety);
   const double s = safety > 0 ? safety : ns_default_safety(coeffs);
-  const auto &rows = table(coeffs);
+  const auto& rows = table(coeffs);
   // polar-express leaves its converged last row unscaled (the paper's code);
   // the single-row keller table has no such row, so every one of its steps is
   // scaled.
-  const size_t scaled_rows =
-      coeffs == NsCoeffs::polar_express ? rows.size() - 1 : rows.size();
+  const size_t scaled_rows = coeffs == NsCoeffs::polar_express ? rows.size() - 1 : rows.size();
   std::vector<NsStep> out;
   for (int t = 0; t < steps; ++t) {
     const size_t i = std::min<size_t>(t, rows.size() - 1);
     NsStep r = rows[i];
-    if (i < scaled_rows)
-      r = {r.a / s, r.b / (s * s * s), r.c / (s * s * s * s * s)};
+    if (i < scaled_rows) r = {r.a / s, r.b / (s * s * s), r.c / (s * s * s * s * s)};
     out.push_back(r);
   }
   return out;
 }
 
 NsAlgo ns_resolve_algo(NsAlgo algo, int64_t rows, int64_t cols) {
-  if (algo != NsAlgo::automatic)
-    return algo;
+  if (algo != NsAlgo::automatic) return algo;
   const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
   return n >= 2 * m ? NsAlgo::gram : NsAlgo::standard;
 }
 
 std::string to_string(NsAlgo algo) {
   switch (algo) {
-  case NsAlgo::standard:
-    return "standard";
-  case NsAlgo::gram:
-    return "gram";
-  case NsAlgo::automatic:
-    return "auto";
+    case NsAlgo::standard:
+      return "standard";
+    case NsAlgo::gram:
+      return "gram";
+    case NsAlgo::automatic:
+      return "auto";
   }
   return "?";
 }
 
 std::string to_string(NsCoeffs coeffs) {
   switch (coeffs) {
-  case NsCoeffs::keller:
-    return "keller";
-  case NsCoeffs::you:
-    return "you";
-  case NsCoeffs::polar_express:
-    return "polar-express";
+    case NsCoeffs::keller:
+      return "keller";
+    case NsCoeffs::you:
+      return "you";
+    case NsCoeffs::polar_express:
+      return "polar-express";
   }
   return "?";
 }
 
-std::string to_string(NsBatchMode mode) {
-  return mode == NsBatchMode::sequential ? "sequential" : "concurrent";
-}
+std::string to_string(NsBatchMode mode) { return mode == NsBatchMode::sequential ? "sequential" : "concurrent"; }
 
 namespace {
 template <typename Enum, size_t N>
-Enum parse_name(const std::string &what, const std::string &name,
-                const Enum (&values)[N]) {
+Enum parse_name(const std::string& what, const std::string& name, const Enum (&values)[N]) {
   std::string valid;
   for (Enum v : values) {
-    if (to_string(v) == name)
-      return v;
+    if (to_string(v) == name) return v;
     valid += (valid.empty() ? "" : ", ") + to_string(v);
   }
   DMUON_FAIL("unknown ", what, " '", name, "' (valid: ", valid, ")");
 }
-} // namespace
+}  // namespace
 
-NsAlgo parse_ns_algo(const std::string &name) {
+NsAlgo parse_ns_algo(const std::string& name) {
   const NsAlgo values[] = {NsAlgo::standard, NsAlgo::gram, NsAlgo::automatic};
   return parse_name("Newton-Schulz algorithm", name, values);
 }
 
-NsCoeffs parse_ns_coeffs(const std::string &name) {
-  const NsCoeffs values[] = {NsCoeffs::keller, NsCoeffs::you,
-                             NsCoeffs::polar_express};
+NsCoeffs parse_ns_coeffs(const std::string& name) {
+  const NsCoeffs values[] = {NsCoeffs::keller, NsCoeffs::you, NsCoeffs::polar_express};
   return parse_name("Newton-Schulz coefficient schedule", name, values);
 }
 
-NsBatchMode parse_ns_batch_mode(const std::string &name) {
-  const NsBatchMode values[] = {NsBatchMode::sequential,
-                                NsBatchMode::concurrent};
+NsBatchMode parse_ns_batch_mode(const std::string& name) {
+  const NsBatchMode values[] = {NsBatchMode::sequential, NsBatchMode::concurrent};
   return parse_name("batch mode", name, values);
 }
 
-} // namespace dmuon
+}  // namespace dmuon

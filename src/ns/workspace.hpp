@@ -23,24 +23,23 @@ struct Workspace {
 // then returned, so repeated calls (from any thread) reuse memory that is
 // already allocated and paged in.
 class WorkspaceLease {
-public:
+ public:
   WorkspaceLease();
   ~WorkspaceLease();
-  WorkspaceLease(const WorkspaceLease &) = delete;
-  WorkspaceLease &operator=(const WorkspaceLease &) = delete;
-  Workspace &operator*() { return *ws_; }
+  WorkspaceLease(const WorkspaceLease&) = delete;
+  WorkspaceLease& operator=(const WorkspaceLease&) = delete;
+  Workspace& operator*() { return *ws_; }
 
-private:
+ private:
   std::unique_ptr<Workspace> ws_;
 };
 
 // Checks options; throws dmuon::Error naming the bad field.
-void check_options(const NsOptions &options);
+void check_options(const NsOptions& options);
 
 // O = orth(U) for one matrix with the current BLAS thread setting (see
 // newton_schulz).
-void orthogonalize(const float *u, float *o, int64_t rows, int64_t cols,
-                   const NsOptions &options, const std::string &name,
-                   Workspace &ws);
+void orthogonalize(const float* u, float* o, int64_t rows, int64_t cols, const NsOptions& options,
+                   const std::string& name, Workspace& ws);
 
-} // namespace dmuon::ns_detail
+}  // namespace dmuon::ns_detail
