@@ -80,5 +80,13 @@ TEST(NsNames, RoundTripAndReject) {
   EXPECT_THROW(parse_ns_batch_mode("parallel"), Error);
 }
 
+TEST(NsNames, Restarts) {
+  EXPECT_EQ(parse_ns_restarts("2"), std::vector<int>{2});
+  EXPECT_EQ(parse_ns_restarts("1,3"), (std::vector<int>{1, 3}));
+  EXPECT_TRUE(parse_ns_restarts("").empty());
+  EXPECT_TRUE(parse_ns_restarts("none").empty());
+  for (const char* bad : {"1,", "x", "-1", "2;3", "1.5"}) EXPECT_THROW(parse_ns_restarts(bad), Error) << bad;
+}
+
 }  // namespace
 }  // namespace dmuon

@@ -70,6 +70,8 @@ std::string to_string(NsBatchMode mode);
 NsAlgo parse_ns_algo(const std::string& name);
 NsCoeffs parse_ns_coeffs(const std::string& name);
 NsBatchMode parse_ns_batch_mode(const std::string& name);
+// Restart steps from a comma-separated list ("2", "1,3"; "" or "none": no restarts).
+std::vector<int> parse_ns_restarts(const std::string& list);
 
 // Flops of the plain standard recurrence (full GEMMs): steps·(4m²n + 2m³), m = min, n = max dim.
 double standard_ns_flops(int64_t rows, int64_t cols, int steps);

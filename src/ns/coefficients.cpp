@@ -125,4 +125,26 @@ NsBatchMode parse_ns_batch_mode(const std::string& name) {
   return parse_name("batch mode", name, values);
 }
 
+std::vector<int> parse_ns_restarts(const std::string& list) {
+  std::vector<int> steps;
+  if (list.empty() || list == "none") return steps;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    const std::string item = list.substr(start, end - start);
+    size_t used = 0;
+    int value = -1;
+    try {
+      value = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    DMUON_CHECK(used == item.size() && !item.empty() && value >= 0, "Newton-Schulz restarts: '", item, "' in '", list,
+                "' is not a non-negative step number");
+    steps.push_back(value);
+    start = end + 1;
+  }
+  return steps;
+}
+
 }  // namespace dmuon
