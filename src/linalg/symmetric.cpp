@@ -1,6 +1,5 @@
-// Symmetric products (DESIGN 2.3): SYRK for A·Aᵀ and upper-block-triangle gemm
-// for products of commuting symmetric factors, each followed by a mirror so
-// callers always see the full matrix.
+// Symmetric products (DESIGN 2.3): SYRK for A·Aᵀ and upper-block-triangle gemm for products of commuting
+// symmetric factors, each followed by a mirror so callers always see the full matrix.
 #include <cblas.h>
 
 #include <algorithm>
@@ -35,9 +34,8 @@ void symmetric_gemm(int64_t m, int64_t k, float alpha, const float* a, int64_t l
   DMUON_CHECK(tiles >= 1, "symmetric_gemm: tile count must be at least 1, got ", tiles);
   if (m == 0) return;
   const int64_t t = std::min<int64_t>(tiles, m);
-  // Block row i covers rows [lo, hi) and computes columns [lo, m): the diagonal
-  // tile and every tile right of it. Tile boundaries spread the remainder so no
-  // tile is more than one row bigger.
+  // Block row i covers rows [lo, hi) and computes columns [lo, m): the diagonal tile and every tile right of
+  // it. Tile boundaries spread the remainder so no tile is more than one row bigger.
   for (int64_t i = 0; i < t; ++i) {
     const int64_t lo = m * i / t, hi = m * (i + 1) / t;
     gemm(false, false, hi - lo, m - lo, k, alpha, a + lo * lda, lda, b + lo, ldb, beta, c + lo * ldc + lo, ldc);

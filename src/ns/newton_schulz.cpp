@@ -1,6 +1,5 @@
-// Newton–Schulz on one matrix (DESIGN 2.1, 2.2): normalisation and input
-// checks, the standard recurrence, the Gram-space recurrence, and the workspace
-// pool they draw their buffers from.
+// Newton–Schulz on one matrix (DESIGN 2.1, 2.2): normalisation and input checks, the standard recurrence, the
+// Gram-space recurrence, and the workspace pool they draw their buffers from.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -58,8 +57,8 @@ void check_options(const NsOptions& options) {
 
 namespace {
 
-// The m×m products of the recurrences, as SYRK / upper-triangle gemm, or full
-// gemm when options.symmetric is false (the cost of the public reference code).
+// The m×m products of the recurrences, as SYRK / upper-triangle gemm, or full gemm when options.symmetric is
+// false (the cost of the public reference code).
 struct Products {
   int64_t m;
   bool symmetric;
@@ -85,27 +84,23 @@ struct Products {
 
 void copy(int64_t n, const float* from, float* to) { std::memcpy(to, from, n * sizeof(float)); }
 
-// DESIGN 2.1 on X (m×n, m ≤ n, normalised). Returns the buffer holding the
-// result (x or y).
+// DESIGN 2.1 on X (m×n, m ≤ n, normalised). Returns the buffer holding the result (x or y).
 float* standard_recurrence(float* x, float* y, int64_t n, const std::vector<NsStep>& schedule, const Products& p,
                            float* a_mat, float* b_mat) {
   const int64_t m = p.m;
   for (const NsStep& s : schedule) {
     p.aat(n, 1.0f, x, 0.0f, a_mat);  // A = X·Xᵀ
     copy(m * m, a_mat, b_mat);
-    p.aat(m, float(s.c), a_mat, float(s.b),
-          b_mat);  // B = b·A + c·A·A (A symmetric: A·A = A·Aᵀ)
+    p.aat(m, float(s.c), a_mat, float(s.b), b_mat);  // B = b·A + c·A·A (A symmetric: A·A = A·Aᵀ)
     copy(m * n, x, y);
-    linalg::gemm(false, false, m, n, m, 1.0f, b_mat, m, x, n, float(s.a), y,
-                 n);  // X ← a·X + B·X
+    linalg::gemm(false, false, m, n, m, 1.0f, b_mat, m, x, n, float(s.a), y, n);  // X ← a·X + B·X
     std::swap(x, y);
   }
   return x;
 }
 
-// DESIGN 2.2 on X (m×n, m ≤ n, normalised): iterates X_t = Q_t·X on m×m
-// matrices, re-forming X and R = X·Xᵀ at each restart step. Returns the buffer
-// holding the result (x or y).
+// DESIGN 2.2 on X (m×n, m ≤ n, normalised): iterates X_t = Q_t·X on m×m matrices, re-forming X and R = X·Xᵀ
+// at each restart step. Returns the buffer holding the result (x or y).
 float* gram_recurrence(float* x, float* y, int64_t n, const std::vector<NsStep>& schedule,
                        const std::vector<int>& restarts, const Products& p, float* r, float* z, float* q, float* t) {
   const int64_t m = p.m;
@@ -117,8 +112,7 @@ float* gram_recurrence(float* x, float* y, int64_t n, const std::vector<NsStep>&
   for (size_t step = 0; step < schedule.size(); ++step) {
     const float a = float(schedule[step].a), b = float(schedule[step].b), c = float(schedule[step].c);
     if (restart_at(step)) {
-      linalg::gemm(false, false, m, n, m, 1.0f, q, m, x, n, 0.0f, y,
-                   n);  // X ← Q·X
+      linalg::gemm(false, false, m, n, m, 1.0f, q, m, x, n, 0.0f, y, n);  // X ← Q·X
       std::swap(x, y);
       p.aat(n, 1.0f, x, 0.0f, r);
       have_q = false;
