@@ -63,6 +63,15 @@ TEST(GptModel, ParamSpecsNameShapeRoleAndUnit) {
   EXPECT_THROW(gpt_param_specs(c), Error);
 }
 
+TEST(GptModel, ForwardFlopsCountEveryMatmulAndAttention) {
+  const GptConfig c{.vocab = 256, .context = 4, .layers = 2, .heads = 2, .width = 8};
+  // 2·T·(hidden matrices 2·12·C² + head V·C) + attention 2·L·2·T²·C
+  EXPECT_EQ(gpt_forward_flops(c, 4), 2.0 * 4 * (2 * 12 * 64 + 256 * 8) + 2.0 * 2 * 2 * 16 * 8);
+  double matrix_elems = 0;
+  for (const auto& s : gpt_param_specs(c)) matrix_elems += s.role == ParamRole::matrix ? s.numel() : 0;
+  EXPECT_EQ(matrix_elems, 2 * 12 * 64);
+}
+
 // Whole tiny model: every parameter tensor's gradient against central differences of the loss.
 void check_model_gradients(bool tied) {
   const GptConfig c = tiny_config(tied);

@@ -1,7 +1,6 @@
 // `dmuon bench gpt`: forward and backward time of the GPT example on real text batches, to size training
 // runs (e.g. the demo). Reports the median over repeats of one forward, one backward and their sum, the
-// tokens per second and the achieved GFLOP/s (model flops: 2 per multiply-add of every matmul and of
-// attention's full T×T products; backward counted as twice forward).
+// tokens per second and the achieved GFLOP/s (gpt_forward_flops, backward counted as twice forward).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -36,14 +35,6 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Forward flops of one sequence of T tokens.
-double forward_flops(const dmuon::GptConfig& c, int64_t T) {
-  const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers);
-  const double matmuls = 2.0 * T * (L * 12.0 * C * C + C * static_cast<double>(c.vocab));
-  const double attention = 2.0 * L * 2.0 * static_cast<double>(T) * T * C;  // q·kᵀ and att·v
-  return matmuls + attention;
-}
-
 void run_bench(const BenchArgs& args) {
   DMUON_CHECK(args.repeats >= 1, "--repeats must be at least 1, got ", args.repeats);
   if (args.threads > 0) dmuon::linalg::set_threads(args.threads);
@@ -73,7 +64,7 @@ void run_bench(const BenchArgs& args) {
   int64_t params = 0;
   for (const auto& s : model.params()) params += s.numel();
   const double f = median(fwd), b = median(bwd);
-  const double flops = 3.0 * forward_flops(c, T) * static_cast<double>(B);
+  const double flops = 3.0 * dmuon::gpt_forward_flops(c, T) * static_cast<double>(B);
   nlohmann::json out = {{"blas", dmuon::linalg::blas_description()},
                         {"cpu", dmuon::linalg::cpu_model()},
                         {"threads", dmuon::linalg::threads()},

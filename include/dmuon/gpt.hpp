@@ -17,6 +17,10 @@
 // Roles: the 2-D hidden weights (attn.qkv, attn.proj, mlp.fc, mlp.proj) are `matrix` (Muon);
 // embeddings, head, LayerNorm weights and biases and all biases are `elementwise` (AdamW).
 // Weights are (out, in) as torch.nn.Linear. The loss is mean cross-entropy over the (B,T) targets.
+//
+// Threads: the matrix products use BLAS with linalg::threads() threads; the elementwise layers run on the
+// calling thread. The model never changes the thread count: a multi-rank run sets linalg::set_threads(1).
+// A Gpt object is not thread-safe. The model adds no nondeterminism of its own (fixed loop orders).
 #pragma once
 
 #include <cstdint>
@@ -45,6 +49,10 @@ std::vector<ParamSpec> gpt_param_specs(const GptConfig& config);
 // weights and embeddings normal(0, 0.02), residual projections (attn.proj, mlp.proj) normal(0, 0.02/sqrt(2L)),
 // biases 0, LayerNorm weights 1. The values depend only on (seed, spec.name), not on other parameters.
 void gpt_init_param(const GptConfig& config, const ParamSpec& spec, uint64_t seed, float* out);
+
+// Forward flops of one sequence of T tokens: 2 per multiply-add of every matmul and of attention's full
+// T×T products (q·kᵀ and att·v, computed whole and then masked). Backward costs about twice this.
+double gpt_forward_flops(const GptConfig& config, int64_t T);
 
 class Gpt {
  public:

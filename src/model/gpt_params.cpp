@@ -47,6 +47,13 @@ std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
   return s;
 }
 
+double gpt_forward_flops(const GptConfig& c, int64_t T) {
+  const double C = static_cast<double>(c.width), L = static_cast<double>(c.layers), t = static_cast<double>(T);
+  const double matmuls = 2.0 * t * (L * 12.0 * C * C + C * static_cast<double>(c.vocab));  // qkv 3C², proj C², MLP 8C²
+  const double attention = 2.0 * L * 2.0 * t * t * C;
+  return matmuls + attention;
+}
+
 namespace {
 bool ends_with(const std::string& s, std::string_view suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
