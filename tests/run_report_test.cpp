@@ -127,7 +127,7 @@ void expect_png(const std::string& path) {
 TEST(Plot, LossCurvesAndStepTimeBreakdownArePngs) {
   test::TempDir dir;
   const auto runs = sample_runs(dir);
-  plot_loss_curves(runs, dir.file("loss.png"), {.title = "loss vs step"});
+  plot_loss_curves(runs, dir.file("loss.png"), {.title = "loss vs step, 'quoted' and it's fine"});
   expect_png(dir.file("loss.png"));
   plot_step_time_breakdown(runs, dir.file("time.png"));
   expect_png(dir.file("time.png"));
@@ -145,6 +145,10 @@ TEST(Plot, MissingGnuplotOrBadInputAreErrors) {
   }
   EXPECT_THROW(plot_loss_curves({}, dir.file("x.png")), Error);
   EXPECT_THROW(plot_loss_curves({{"missing", dir.file("missing.csv")}}, dir.file("x.png")), Error);
+  // A gnuplot that fails leaves neither the plot nor its partial file behind.
+  EXPECT_THROW(plot_loss_curves(runs, dir.file("y.png"), {.title = "", .gnuplot = "false"}), Error);
+  EXPECT_FALSE(std::ifstream(dir.file("y.png")).good());
+  EXPECT_FALSE(std::ifstream(dir.file("y.png.partial")).good());
   try {
     run_gnuplot("this is not gnuplot\n");
     FAIL();

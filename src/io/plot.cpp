@@ -82,12 +82,13 @@ double median(std::vector<double> v) {
 // writes a temporary file that replaces png_path only once it is complete and a PNG.
 void render(const std::string& script_body, const std::string& png_path, const PlotOptions& o) {
   const std::string partial = png_path + ".partial";
-  run_gnuplot(script_head(o, partial) + script_body, o.gnuplot);
   std::string png;
   try {
+    run_gnuplot(script_head(o, partial) + script_body, o.gnuplot);
     png = read_file(partial);
   } catch (const Error&) {
-    DMUON_FAIL("gnuplot wrote no plot to ", partial);
+    std::remove(partial.c_str());  // gnuplot may have left part of a plot
+    throw;
   }
   std::remove(partial.c_str());
   DMUON_CHECK(png.size() > 8 && png.compare(0, 8, "\x89PNG\r\n\x1a\n") == 0, "gnuplot output for ", png_path,
