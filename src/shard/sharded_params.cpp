@@ -16,8 +16,10 @@ struct ShardedParams::Unit {
   std::vector<float> shard_grads;     // reduced gradients of my shard (sharded modes)
   std::map<int, std::vector<float>> split_params, split_grads;  // full copies of multi-segment params
   comm::Work gather_work, reduce_work;
-  bool is_gathered = false;  // packed holds the gathered unit (views valid)
-  bool gather_in_flight = false;
+  // Changed only by collective calls, so identical on every rank: the hooks decide from it which
+  // collectives to start (completion order may differ across ranks and must not steer them).
+  enum class Gather { none, started, ready } gather_state = Gather::none;
+  bool is_gathered = false;  // local: packed holds the gathered unit (views valid)
   bool grads_ready = false;  // packed_grads zeroed and writable
   bool reduced = false;      // shard grads valid
   UnitTimes times;
@@ -117,16 +119,16 @@ void ShardedParams::load_full(int param, std::span<const float> values) {
 // ---- operations ----
 
 void ShardedParams::start_gather(Unit& u) {
-  DMUON_CHECK(!u.gather_in_flight, "gather: unit ", u.layout.unit, " is already being gathered");
+  DMUON_CHECK(u.gather_state != Unit::Gather::started, "gather: unit ", u.layout.unit, " is already being gathered");
   const int r = comm_->rank();
   if (options_.mode != Mode::replicated) u.packed.resize(u.layout.total());
   const float* send = options_.mode == Mode::replicated ? u.packed.data() + u.layout.shard_offset[r] : u.shard.data();
   comm::Work w = comm_->all_gatherv<float>(std::span<const float>(send, u.counts[r]), u.packed, u.counts);
-  u.gather_in_flight = true;
-  u.gather_work = comm::Work::then_run(std::move(w), [this, &u] {
+  u.gather_state = Unit::Gather::started;
+  u.is_gathered = false;
+  u.gather_work = comm::Work::then_run(std::move(w), [&u] {
     for (auto& [p, full] : u.split_params) copy_segments(u.layout.segments_of(p), u.packed.data(), full.data(), true);
     u.is_gathered = true;
-    u.gather_in_flight = false;
   });
 }
 
@@ -138,8 +140,10 @@ comm::Work ShardedParams::gather(int unit) {
 
 void ShardedParams::release(int unit) {
   Unit& u = unit_at(unit, "release");
-  DMUON_CHECK(!u.gather_in_flight, "release: unit ", unit, " is still being gathered (wait first)");
-  if (options_.mode == Mode::replicated) return;
+  DMUON_CHECK(u.gather_state != Unit::Gather::started, "release: unit ", unit,
+              " is still being gathered (wait first)");
+  u.gather_state = Unit::Gather::none;
+  if (options_.mode == Mode::replicated) return;  // the next gather refreshes the owners' updates
   u.is_gathered = false;
   std::vector<float>().swap(u.packed);
 }
@@ -179,6 +183,8 @@ comm::Work ShardedParams::reduce_grads(int unit) {
 }
 
 void ShardedParams::wait_gather(Unit& u) {
+  if (u.gather_state != Unit::Gather::started) return;
+  u.gather_state = Unit::Gather::ready;
   if (u.gather_work.done()) return;
   u.times.gather_wait_s += u.gather_work.wait();
   ++u.times.gather_blocks;
@@ -240,27 +246,25 @@ bool ShardedParams::gathered(int unit) const {
 
 void ShardedParams::before_forward(int unit) {
   Unit& u = unit_at(unit, "before_forward");
-  if (!u.gather_in_flight && (options_.mode == Mode::replicated || !u.is_gathered)) start_gather(u);
+  if (u.gather_state == Unit::Gather::none) start_gather(u);
   wait_gather(u);
-  if (unit + 1 < num_units()) {
-    Unit& next = *units_[unit + 1];
-    if (!next.gather_in_flight && (options_.mode == Mode::replicated || !next.is_gathered)) start_gather(next);
-  }
+  if (unit + 1 < num_units() && units_[unit + 1]->gather_state == Unit::Gather::none) start_gather(*units_[unit + 1]);
   progress();
 }
 
 void ShardedParams::after_forward(int unit) {
-  if (options_.mode == Mode::z3) release(unit);
+  // z3 frees the unit; replicated keeps the buffer but marks it for a refresh in the next forward.
+  if (options_.mode == Mode::z3 || options_.mode == Mode::replicated) release(unit);
   progress();
 }
 
 void ShardedParams::before_backward(int unit) {
   Unit& u = unit_at(unit, "before_backward");
-  if (!u.is_gathered && !u.gather_in_flight) start_gather(u);
-  wait_gather(u);
-  if (options_.mode == Mode::z3 && unit > 0) {
-    Unit& prev = *units_[unit - 1];
-    if (!prev.is_gathered && !prev.gather_in_flight) start_gather(prev);
+  if (options_.mode != Mode::replicated) {
+    if (u.gather_state == Unit::Gather::none) start_gather(u);
+    wait_gather(u);
+    if (options_.mode == Mode::z3 && unit > 0 && units_[unit - 1]->gather_state == Unit::Gather::none)
+      start_gather(*units_[unit - 1]);
   }
   wait_reduce(u);  // the previous step's reduce, if the loop skipped finish_backward
   zero_grads(unit);
