@@ -14,7 +14,7 @@ namespace dmuon::comm {
 namespace {
 
 std::shared_ptr<Comm> make_world(VAlgorithm algo = VAlgorithm::per_owner, int ranks_per_node = 0,
-                                  bool check_calls = false) {
+                                 bool check_calls = false) {
   Options o = Options::from_env();
   o.v_algorithm = algo;
   o.ranks_per_node = ranks_per_node;

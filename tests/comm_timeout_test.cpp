@@ -17,15 +17,14 @@
 
 namespace {
 
-std::string self_dir() {
-  return std::filesystem::read_symlink("/proc/self/exe").parent_path().string();
-}
+std::string self_dir() { return std::filesystem::read_symlink("/proc/self/exe").parent_path().string(); }
 
 TEST(CommTimeout, PeerThatNeverArrivesFailsTheOthersWithinTheTimeout) {
   const std::string child = self_dir() + "/comm_mpi_test";
   ASSERT_TRUE(std::filesystem::exists(child)) << child << " is not built";
-  const std::string cmd = "DMUON_COMM_TIMEOUT_S=3 timeout 90 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 3 " +
-                          child + " --gtest_also_run_disabled_tests --gtest_filter=CommTimeoutChild.* 2>&1";
+  const std::string cmd =
+      "DMUON_COMM_TIMEOUT_S=3 timeout 90 mpirun --allow-run-as-root --oversubscribe --bind-to none -np 3 " + child +
+      " --gtest_also_run_disabled_tests --gtest_filter=CommTimeoutChild.* 2>&1";
   const auto start = std::chrono::steady_clock::now();
   FILE* pipe = popen(cmd.c_str(), "r");
   ASSERT_NE(pipe, nullptr);

@@ -1,18 +1,21 @@
 // Pure layout arithmetic (no MPI): coverage, alignment, explicit small cases, LPT owners.
+#include "dmuon/shard_layout.hpp"
+
 #include <gtest/gtest.h>
 
 #include "dmuon/error.hpp"
-#include "dmuon/shard_layout.hpp"
 
 namespace dmuon::shard {
 namespace {
 
-ParamSpec matrix(std::string name, int64_t r, int64_t c, int unit) { return {std::move(name), {r, c}, ParamRole::matrix, unit}; }
+ParamSpec matrix(std::string name, int64_t r, int64_t c, int unit) {
+  return {std::move(name), {r, c}, ParamRole::matrix, unit};
+}
 ParamSpec vec(std::string name, int64_t n, int unit) { return {std::move(name), {n}, ParamRole::elementwise, unit}; }
 
 // unit 0: embedding; unit 1: a layer with norms and matrices of odd sizes; unit 2: one matrix.
 std::vector<ParamSpec> model() {
-  return {vec("embed", 11, 0),        matrix("l.q", 5, 3, 1), vec("l.norm", 7, 1), matrix("l.up", 9, 5, 1),
+  return {vec("embed", 11, 0),       matrix("l.q", 5, 3, 1), vec("l.norm", 7, 1),    matrix("l.up", 9, 5, 1),
           matrix("l.down", 5, 9, 1), vec("l.bias", 3, 1),    matrix("head", 4, 4, 2)};
 }
 
@@ -99,8 +102,7 @@ TEST(ShardLayout, OwnerAlignedExplicitPieces) {
   std::vector<int> owners = {-1, 1, -1, 0, 1, -1, 0};
   auto l = owner_aligned_layout(specs, owners, 1, 2);
   EXPECT_EQ(l.local_pieces(0), (std::vector<LocalPiece>{{3, 0, 45, 0}, {2, 0, 5, 45}}));
-  EXPECT_EQ(l.local_pieces(1),
-            (std::vector<LocalPiece>{{1, 0, 15, 0}, {4, 0, 45, 15}, {2, 5, 2, 60}, {5, 0, 3, 62}}));
+  EXPECT_EQ(l.local_pieces(1), (std::vector<LocalPiece>{{1, 0, 15, 0}, {4, 0, 45, 15}, {2, 5, 2, 60}, {5, 0, 3, 62}}));
   EXPECT_EQ(l.shard_sizes(), (std::vector<int64_t>{50, 65}));
   auto norm = l.segments_of(2);
   ASSERT_EQ(norm.size(), 2u);
@@ -121,8 +123,8 @@ TEST(ShardLayout, OwnerAlignedRejectsABadOwnerNamingTheParameter) {
 
 TEST(ShardLayout, LptOwnersIsGreedyByGramCostWithLowRankTies) {
   // costs m²n: a 4x8 → 128, b 8x4 → 128, c 2x2 → 8, d 6x6 → 216, e 1x1 → 1.
-  std::vector<ParamSpec> specs = {matrix("a", 4, 8, 0), matrix("b", 8, 4, 0), vec("n", 3, 0), matrix("c", 2, 2, 1),
-                                  matrix("d", 6, 6, 1), matrix("e", 1, 1, 1)};
+  std::vector<ParamSpec> specs = {matrix("a", 4, 8, 0), matrix("b", 8, 4, 0), vec("n", 3, 0),
+                                  matrix("c", 2, 2, 1), matrix("d", 6, 6, 1), matrix("e", 1, 1, 1)};
   // order d(216) a(128) b(128) c(8) e(1): d→0, a→1, b→1? no: loads after a: {216,128} → b→1 (256),
   // c→0 (224), e→0 (225).
   EXPECT_EQ(lpt_owners(specs, 2), (std::vector<int>{1, 1, -1, 0, 0, 0}));

@@ -13,7 +13,9 @@ namespace {
 
 using comm::ReduceOp;
 
-ParamSpec matrix(std::string name, int64_t r, int64_t c, int unit) { return {std::move(name), {r, c}, ParamRole::matrix, unit}; }
+ParamSpec matrix(std::string name, int64_t r, int64_t c, int unit) {
+  return {std::move(name), {r, c}, ParamRole::matrix, unit};
+}
 ParamSpec vec(std::string name, int64_t n, int unit) { return {std::move(name), {n}, ParamRole::elementwise, unit}; }
 
 // Odd sizes; unit 2 is a single matrix, so at 2+ ranks some ranks own nothing in it, and at 4
@@ -74,39 +76,46 @@ struct Case {
   Layout layout;
   Mode mode;
 };
-const Case kCases[] = {{Layout::even, Mode::z3},          {Layout::even, Mode::z2},
-                       {Layout::owner_aligned, Mode::z3}, {Layout::owner_aligned, Mode::z2},
+const Case kCases[] = {{Layout::even, Mode::z3},
+                       {Layout::even, Mode::z2},
+                       {Layout::owner_aligned, Mode::z3},
+                       {Layout::owner_aligned, Mode::z2},
                        {Layout::owner_aligned, Mode::replicated}};
 
+// With both v-collective algorithms of the communicator (native MPI and per-owner).
 TEST(Shard, ViewsEqualRegisteredValuesAndShardGradsAreTheExactSumOrMean) {
-  auto c = comm::world();
-  const int n = c->size(), me = c->rank();
-  for (const Case& k : kCases) {
-    for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
-      auto sp = make(c, k.layout, k.mode, op);
-      int64_t wrong_views = 0, wrong_grads = 0, checked = 0;
-      step(*sp, me, int_grad, &wrong_views);
-      for (int u = 0; u < sp->num_units(); ++u) {
-        auto g = sp->shard_grads(u);
-        for (const LocalPiece& pc : sp->local_pieces(u)) {
-          for (int64_t j = 0; j < pc.length; ++j) {
-            const int64_t i = pc.offset_in_param + j;
-            float sum = 0;
-            for (int r = 0; r < n; ++r) sum += int_grad(r, pc.param, i);
-            const float expect = op == ReduceOp::sum ? sum : sum / static_cast<float>(n);
-            wrong_grads += g[pc.offset_in_shard + j] != expect;
-            ++checked;
+  for (auto algo : {comm::VAlgorithm::native, comm::VAlgorithm::per_owner}) {
+    comm::Options options = comm::Options::from_env();
+    options.v_algorithm = algo;
+    auto c = comm::world(options);
+    const int n = c->size(), me = c->rank();
+    for (const Case& k : kCases) {
+      for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
+        auto sp = make(c, k.layout, k.mode, op);
+        int64_t wrong_views = 0, wrong_grads = 0, checked = 0;
+        step(*sp, me, int_grad, &wrong_views);
+        for (int u = 0; u < sp->num_units(); ++u) {
+          auto g = sp->shard_grads(u);
+          for (const LocalPiece& pc : sp->local_pieces(u)) {
+            for (int64_t j = 0; j < pc.length; ++j) {
+              const int64_t i = pc.offset_in_param + j;
+              float sum = 0;
+              for (int r = 0; r < n; ++r) sum += int_grad(r, pc.param, i);
+              const float expect = op == ReduceOp::sum ? sum : sum / static_cast<float>(n);
+              wrong_grads += g[pc.offset_in_shard + j] != expect;
+              ++checked;
+            }
           }
         }
+        const std::string what = std::string(k.layout == Layout::even ? "even" : "owner_aligned") + " mode " +
+                                 std::to_string(static_cast<int>(k.mode)) + " " + std::string(comm::to_string(op));
+        EXPECT_EQ(wrong_views, 0) << what;
+        EXPECT_EQ(wrong_grads, 0) << what;
+        // Every element's reduced gradient is checked on exactly one rank.
+        int64_t all_checked = checked;
+        c->all_reduce<int64_t>(std::span<int64_t>(&all_checked, 1), ReduceOp::sum).wait();
+        EXPECT_EQ(all_checked, 13 + 15 + 7 + 45 + 45 + 3 + 16) << what;
       }
-      const std::string what = std::string(k.layout == Layout::even ? "even" : "owner_aligned") + " mode " +
-                               std::to_string(static_cast<int>(k.mode)) + " " + std::string(comm::to_string(op));
-      EXPECT_EQ(wrong_views, 0) << what;
-      EXPECT_EQ(wrong_grads, 0) << what;
-      // Every element's reduced gradient is checked on exactly one rank.
-      int64_t all_checked = checked;
-      c->all_reduce<int64_t>(std::span<int64_t>(&all_checked, 1), ReduceOp::sum).wait();
-      EXPECT_EQ(all_checked, 13 + 15 + 7 + 45 + 45 + 3 + 16) << what;
     }
   }
 }

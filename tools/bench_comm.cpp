@@ -38,7 +38,11 @@ int64_t parse_bytes(const std::string& text) {
     DMUON_FAIL("--bytes: '", text, "' is not a size (e.g. 4K, 1M, 64M)");
   }
   std::string unit = text.substr(used);
-  double scale = unit.empty() || unit == "B" ? 1 : unit == "K" ? 1 << 10 : unit == "M" ? 1 << 20 : unit == "G" ? 1 << 30 : 0;
+  double scale = unit.empty() || unit == "B" ? 1
+                 : unit == "K"               ? 1 << 10
+                 : unit == "M"               ? 1 << 20
+                 : unit == "G"               ? 1 << 30
+                                             : 0;
   DMUON_CHECK(scale > 0 && v > 0, "--bytes: '", text, "' is not a size (e.g. 4K, 1M, 64M)");
   return static_cast<int64_t>(v * scale);
 }
@@ -55,7 +59,8 @@ struct Row {
 
 class Bench {
  public:
-  Bench(std::shared_ptr<Comm> world, int iters) : c_(std::move(world)), n_(c_->size()), me_(c_->rank()), iters_(iters) {}
+  Bench(std::shared_ptr<Comm> world, int iters)
+      : c_(std::move(world)), n_(c_->size()), me_(c_->rank()), iters_(iters) {}
 
   double max_over_ranks(double x) {
     c_->all_reduce<double>(std::span<double>(&x, 1), ReduceOp::max).wait();
@@ -91,13 +96,14 @@ class Bench {
 
     std::vector<float> send(block), recv(total), full(total), out(block);
     for (int64_t i = 0; i < block; ++i) send[i] = value(me_, i);
-    rows.push_back(measure("all_gather", "mpi", size, ring, [&] { return c_->all_gather<float>(send, recv); },
-                           [&] {
-                             int64_t wrong = 0;
-                             for (int r = 0; r < n_; ++r)
-                               for (int64_t i = 0; i < block; ++i) wrong += recv[r * block + i] != value(r, i);
-                             return wrong;
-                           }));
+    rows.push_back(measure(
+        "all_gather", "mpi", size, ring, [&] { return c_->all_gather<float>(send, recv); },
+        [&] {
+          int64_t wrong = 0;
+          for (int r = 0; r < n_; ++r)
+            for (int64_t i = 0; i < block; ++i) wrong += recv[r * block + i] != value(r, i);
+          return wrong;
+        }));
 
     for (int64_t i = 0; i < total; ++i) full[i] = value(me_, i);
     auto sum_at = [&](int64_t i) {
@@ -105,37 +111,40 @@ class Bench {
       for (int r = 0; r < n_; ++r) s += value(r, i);
       return s;
     };
-    rows.push_back(measure("reduce_scatter", algorithm_name(), size, ring,
-                           [&] { return c_->reduce_scatter<float>(full, out, ReduceOp::sum); },
-                           [&] {
-                             int64_t wrong = 0;
-                             for (int64_t i = 0; i < block; ++i) wrong += out[i] != sum_at(me_ * block + i);
-                             return wrong;
-                           }));
-    rows.push_back(measure("all_reduce", "mpi", size, 2 * ring,
-                           [&] { return c_->all_reduce<float>(full, recv, ReduceOp::sum); },
-                           [&] {
-                             int64_t wrong = 0;
-                             for (int64_t i = 0; i < total; ++i) wrong += recv[i] != sum_at(i);
-                             return wrong;
-                           }));
-    rows.push_back(measure("broadcast", "mpi", size, 1,
-                           [&] {
-                             if (me_ == 0) std::copy(full.begin(), full.end(), recv.begin());
-                             return c_->broadcast<float>(recv, 0);
-                           },
-                           [&] {
-                             int64_t wrong = 0;
-                             for (int64_t i = 0; i < total; ++i) wrong += recv[i] != value(0, i);
-                             return wrong;
-                           }));
+    rows.push_back(measure(
+        "reduce_scatter", algorithm_name(), size, ring,
+        [&] { return c_->reduce_scatter<float>(full, out, ReduceOp::sum); },
+        [&] {
+          int64_t wrong = 0;
+          for (int64_t i = 0; i < block; ++i) wrong += out[i] != sum_at(me_ * block + i);
+          return wrong;
+        }));
+    rows.push_back(measure(
+        "all_reduce", "mpi", size, 2 * ring, [&] { return c_->all_reduce<float>(full, recv, ReduceOp::sum); },
+        [&] {
+          int64_t wrong = 0;
+          for (int64_t i = 0; i < total; ++i) wrong += recv[i] != sum_at(i);
+          return wrong;
+        }));
+    rows.push_back(measure(
+        "broadcast", "mpi", size, 1,
+        [&] {
+          if (me_ == 0) std::copy(full.begin(), full.end(), recv.begin());
+          return c_->broadcast<float>(recv, 0);
+        },
+        [&] {
+          int64_t wrong = 0;
+          for (int64_t i = 0; i < total; ++i) wrong += recv[i] != value(0, i);
+          return wrong;
+        }));
     std::vector<float> root_out(me_ == 0 ? total : 0);
-    rows.push_back(measure("reduce", "mpi", size, 1, [&] { return c_->reduce<float>(full, root_out, ReduceOp::sum, 0); },
-                           [&] {
-                             int64_t wrong = 0;
-                             for (std::size_t i = 0; i < root_out.size(); ++i) wrong += root_out[i] != sum_at(i);
-                             return wrong;
-                           }));
+    rows.push_back(measure(
+        "reduce", "mpi", size, 1, [&] { return c_->reduce<float>(full, root_out, ReduceOp::sum, 0); },
+        [&] {
+          int64_t wrong = 0;
+          for (std::size_t i = 0; i < root_out.size(); ++i) wrong += root_out[i] != sum_at(i);
+          return wrong;
+        }));
     return rows;
   }
 
@@ -161,25 +170,26 @@ class Bench {
     for (int64_t i = 0; i < counts[me_]; ++i) mine[i] = value(me_, i);
     for (int64_t i = 0; i < total; ++i) full[i] = value(me_, i);
     std::vector<Row> rows;
-    rows.push_back(measure("all_gatherv uneven", algo, total * 4, ring,
-                           [&] { return c_->all_gatherv<float>(mine, recv, counts); },
-                           [&] {
-                             int64_t wrong = 0;
-                             for (int r = 0; r < n_; ++r)
-                               for (int64_t i = 0; i < counts[r]; ++i) wrong += recv[displ[r] + i] != value(r, i);
-                             return wrong;
-                           }));
-    rows.push_back(measure("reduce_scatterv uneven", algo, total * 4, ring,
-                           [&] { return c_->reduce_scatterv<float>(full, out, counts, ReduceOp::sum); },
-                           [&] {
-                             int64_t wrong = 0;
-                             for (int64_t i = 0; i < counts[me_]; ++i) {
-                               float s = 0;
-                               for (int r = 0; r < n_; ++r) s += value(r, displ[me_] + i);
-                               wrong += out[i] != s;
-                             }
-                             return wrong;
-                           }));
+    rows.push_back(measure(
+        "all_gatherv uneven", algo, total * 4, ring, [&] { return c_->all_gatherv<float>(mine, recv, counts); },
+        [&] {
+          int64_t wrong = 0;
+          for (int r = 0; r < n_; ++r)
+            for (int64_t i = 0; i < counts[r]; ++i) wrong += recv[displ[r] + i] != value(r, i);
+          return wrong;
+        }));
+    rows.push_back(measure(
+        "reduce_scatterv uneven", algo, total * 4, ring,
+        [&] { return c_->reduce_scatterv<float>(full, out, counts, ReduceOp::sum); },
+        [&] {
+          int64_t wrong = 0;
+          for (int64_t i = 0; i < counts[me_]; ++i) {
+            float s = 0;
+            for (int r = 0; r < n_; ++r) s += value(r, displ[me_] + i);
+            wrong += out[i] != s;
+          }
+          return wrong;
+        }));
     std::swap(c_, per_algo);
     return rows;
   }
@@ -262,17 +272,24 @@ void run(const std::string& bytes_list, int iters, bool json) {
 
   const auto& topo = world->topology();
   if (json) {
-    nlohmann::json out = {{"ranks", world->size()}, {"nodes", topo.nodes}, {"ranks_per_node", topo.ranks_per_node},
-                          {"results", nlohmann::json::array()}, {"overlap", overlap}};
+    nlohmann::json out = {{"ranks", world->size()},
+                          {"nodes", topo.nodes},
+                          {"ranks_per_node", topo.ranks_per_node},
+                          {"results", nlohmann::json::array()},
+                          {"overlap", overlap}};
     for (const Row& r : rows)
-      out["results"].push_back({{"collective", r.collective}, {"algorithm", r.algorithm}, {"bytes", r.bytes},
-                                {"time_us", r.seconds * 1e6}, {"algbw_GBps", r.algbw}, {"busbw_GBps", r.busbw},
+      out["results"].push_back({{"collective", r.collective},
+                                {"algorithm", r.algorithm},
+                                {"bytes", r.bytes},
+                                {"time_us", r.seconds * 1e6},
+                                {"algbw_GBps", r.algbw},
+                                {"busbw_GBps", r.busbw},
                                 {"wrong", r.wrong}});
     std::printf("%s\n", out.dump().c_str());
     return;
   }
-  std::printf("dmuon bench comm: %d ranks (%d nodes x %d), float32, time = max over ranks of the mean\n",
-              world->size(), topo.nodes, topo.ranks_per_node);
+  std::printf("dmuon bench comm: %d ranks (%d nodes x %d), float32, time = max over ranks of the mean\n", world->size(),
+              topo.nodes, topo.ranks_per_node);
   std::printf("%-24s %-10s %12s %12s %10s %10s %7s\n", "collective", "algorithm", "bytes", "time_us", "algbw_GB/s",
               "busbw_GB/s", "wrong");
   for (const Row& r : rows)

@@ -55,28 +55,36 @@ std::size_t dtype_size(DType t);
 
 template <typename T>
 constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>) return DType::f32;
-  else if constexpr (std::is_same_v<T, double>) return DType::f64;
-  else if constexpr (std::is_same_v<T, int64_t>) return DType::i64;
-  else if constexpr (std::is_same_v<T, uint8_t>) return DType::u8;
-  else static_assert(sizeof(T) == 0, "dmuon::comm supports float, double, int64_t and uint8_t");
+  if constexpr (std::is_same_v<T, float>)
+    return DType::f32;
+  else if constexpr (std::is_same_v<T, double>)
+    return DType::f64;
+  else if constexpr (std::is_same_v<T, int64_t>)
+    return DType::i64;
+  else if constexpr (std::is_same_v<T, uint8_t>)
+    return DType::u8;
+  else
+    static_assert(sizeof(T) == 0, "dmuon::comm supports float, double, int64_t and uint8_t");
 }
 
 // How all-gather(v) and reduce-scatter(v) with uneven per-rank counts run (DESIGN 3.1).
-//  per_owner: one broadcast from each rank with a non-empty block (gather) / one reduce to it
-//    (reduce-scatter), all posted at once; each costs about its own bytes / bandwidth, so a
-//    single large block does not pace (D−1) ring steps. The default: on OpenMPI 4.1 shared memory
-//    it beat the native call on the uneven case of `dmuon bench comm` (see docs in the report).
 //  native: MPI_Iallgatherv / MPI_Ireduce_scatter as OpenMPI implements them (ring-like for large
-//    messages: about (D−1)·max_block / bandwidth when blocks are uneven).
-enum class VAlgorithm { per_owner, native };
+//    messages on a network: about (D−1)·max_block / bandwidth when blocks are uneven).
+//  per_owner: one broadcast from each rank with a non-empty block (gather) / one reduce to it
+//    (reduce-scatter), all posted at once; each costs about its own bytes / bandwidth, so one
+//    large block does not pace D−1 ring steps.
+// The default is native: on the development machine (OpenMPI 4.1, shared memory, 2 cores) the
+// uneven rows of `dmuon bench comm` showed no consistent gain for per_owner all-gatherv (better
+// at 1 MiB, worse at 64 MiB, 4 ranks) and a loss for per_owner reduce-scatterv (OpenMPI's
+// non-blocking reduce is slow) at every size. Re-measure on a real network before switching.
+enum class VAlgorithm { native, per_owner };
 
 struct Options {
-  double timeout_s = 300;  // a wait longer than this throws; env DMUON_COMM_TIMEOUT_S
-  int ranks_per_node = 0;  // 0: real nodes (MPI_COMM_TYPE_SHARED); N: ranks [kN, (k+1)N) form node k;
-                           // env DMUON_RANKS_PER_NODE
+  double timeout_s = 300;    // a wait longer than this throws; env DMUON_COMM_TIMEOUT_S
+  int ranks_per_node = 0;    // 0: real nodes (MPI_COMM_TYPE_SHARED); N: ranks [kN, (k+1)N) form node k;
+                             // env DMUON_RANKS_PER_NODE
   bool check_calls = false;  // signature handshake before each collective; env DMUON_COMM_CHECK=1
-  VAlgorithm v_algorithm = VAlgorithm::per_owner;  // env DMUON_COMM_V_ALGO=per_owner|native
+  VAlgorithm v_algorithm = VAlgorithm::native;  // env DMUON_COMM_V_ALGO=native|per_owner
   // Defaults overridden by the environment variables above; malformed values throw.
   static Options from_env();
 };
@@ -187,8 +195,8 @@ class Comm {
   // recv must have send.size() elements on root; it may be empty elsewhere.
   template <typename T>
   Work reduce(std::span<const T> send, std::span<T> recv, ReduceOp op, int root) {
-    DMUON_CHECK(rank() != root || recv.size() == send.size(), "reduce on rank ", rank(), ": recv has ",
-                recv.size(), " elements, send ", send.size());
+    DMUON_CHECK(rank() != root || recv.size() == send.size(), "reduce on rank ", rank(), ": recv has ", recv.size(),
+                " elements, send ", send.size());
     return reduce_raw(send.data(), recv.data(), static_cast<int64_t>(send.size()), dtype_of<T>(), op, root);
   }
   template <typename T>

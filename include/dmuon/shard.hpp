@@ -24,9 +24,10 @@
 //     updated shards in place.
 //
 // Uneven owner-aligned shards (DESIGN 3.1): gathers and reduces use comm's all_gatherv /
-// reduce_scatterv, whose default VAlgorithm::per_owner posts one broadcast from (reduce to) each
-// owner with a non-empty shard, so a unit costs about its total bytes / bandwidth instead of
-// (D−1)·largest shard / bandwidth with a ring. `dmuon bench comm` measures both on uneven blocks.
+// reduce_scatterv, so the strategy is Options::v_algorithm of the communicator: native MPI
+// (the default, measured no worse on one machine) or per_owner (one broadcast from / reduce to
+// each owner, about unit bytes / bandwidth instead of (D−1)·largest shard / bandwidth on a ring
+// network). `dmuon bench comm` measures both on uneven blocks; see comm.hpp for the figures.
 //
 // Two-stage reduce: with several nodes of several ranks (Comm::topology().two_level(), e.g.
 // DMUON_RANKS_PER_NODE=2 at 4 ranks) reduce_grads reduces inside each node first, then across
@@ -57,7 +58,7 @@ class ParamRegistry {
   int add(ParamSpec spec);
   const std::vector<ParamSpec>& specs() const { return specs_; }
   int size() const { return static_cast<int>(specs_.size()); }
-  int num_units() const;          // 1 + the largest unit index (0 if empty)
+  int num_units() const;                  // 1 + the largest unit index (0 if empty)
   int find(std::string_view name) const;  // index, or -1
   // Collective. Returns if every rank registered the same parameters (name, shape, role, unit)
   // in the same order; otherwise throws on every rank an Error naming the first differing

@@ -46,9 +46,9 @@ struct UnitLayout {
   int unit = 0;
   Layout kind = Layout::even;
   int world_size = 1;
-  std::vector<int> params;             // registry indices of the unit's parameters, registration order
-  std::vector<Segment> segments;       // packed order; they tile [0, total) without gaps
-  std::vector<int64_t> shard_offset;   // world_size + 1 entries; shard r = [offset[r], offset[r+1])
+  std::vector<int> params;            // registry indices of the unit's parameters, registration order
+  std::vector<Segment> segments;      // packed order; they tile [0, total) without gaps
+  std::vector<int64_t> shard_offset;  // world_size + 1 entries; shard r = [offset[r], offset[r+1])
 
   int64_t total() const { return shard_offset.back(); }
   int64_t shard_size(int rank) const { return shard_offset[rank + 1] - shard_offset[rank]; }

@@ -28,10 +28,14 @@ namespace {
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::f32: return MPI_FLOAT;
-    case DType::f64: return MPI_DOUBLE;
-    case DType::i64: return MPI_INT64_T;
-    case DType::u8: return MPI_UINT8_T;
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::f64:
+      return MPI_DOUBLE;
+    case DType::i64:
+      return MPI_INT64_T;
+    case DType::u8:
+      return MPI_UINT8_T;
   }
   DMUON_FAIL("unknown dtype");
 }
@@ -40,9 +44,12 @@ MPI_Datatype mpi_type(DType t) {
 MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::average: return MPI_SUM;
-    case ReduceOp::max: return MPI_MAX;
-    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::average:
+      return MPI_SUM;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
   }
   DMUON_FAIL("unknown reduce op");
 }
@@ -243,8 +250,8 @@ class MpiComm : public Comm {
     handshake({kReduce, int64_t(t), int64_t(op), root, count, 0});
     auto w = start("reduce");
     const bool in_place = rank_ == root && send == recv;
-    check_mpi(MPI_Ireduce(in_place ? MPI_IN_PLACE : send, recv, to_int(count, "reduce", rank_), mpi_type(t),
-                          mpi_op(op), root, comm_, &w->requests.emplace_back()),
+    check_mpi(MPI_Ireduce(in_place ? MPI_IN_PLACE : send, recv, to_int(count, "reduce", rank_), mpi_type(t), mpi_op(op),
+                          root, comm_, &w->requests.emplace_back()),
               "reduce (MPI_Ireduce)", rank_);
     if (op == ReduceOp::average && rank_ == root) w->on_done = scale_by_size(recv, count, t);
     return finish(std::move(w));
@@ -254,8 +261,8 @@ class MpiComm : public Comm {
     check_op(t, op, "all_reduce");
     handshake({kAllReduce, int64_t(t), int64_t(op), 0, count, 0});
     auto w = start("all_reduce");
-    check_mpi(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, to_int(count, "all_reduce", rank_),
-                             mpi_type(t), mpi_op(op), comm_, &w->requests.emplace_back()),
+    check_mpi(MPI_Iallreduce(send == recv ? MPI_IN_PLACE : send, recv, to_int(count, "all_reduce", rank_), mpi_type(t),
+                             mpi_op(op), comm_, &w->requests.emplace_back()),
               "all_reduce (MPI_Iallreduce)", rank_);
     if (op == ReduceOp::average) w->on_done = scale_by_size(recv, count, t);
     return finish(std::move(w));
@@ -311,8 +318,8 @@ class MpiComm : public Comm {
     finish(std::move(w)).wait();
     for (int r = 1; r < size_; ++r) {
       if (std::memcmp(&all[r], &all[0], sizeof(Signature)) != 0)
-        DMUON_FAIL("collective calls differ across ranks (seen on rank ", rank_, "): rank 0 called ",
-                   to_string(all[0]), " but rank ", r, " called ", to_string(all[r]));
+        DMUON_FAIL("collective calls differ across ranks (seen on rank ", rank_, "): rank 0 called ", to_string(all[0]),
+                   " but rank ", r, " called ", to_string(all[r]));
     }
   }
 

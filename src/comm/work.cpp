@@ -12,30 +12,42 @@ namespace dmuon::comm {
 
 std::string_view to_string(DType t) {
   switch (t) {
-    case DType::f32: return "float32";
-    case DType::f64: return "float64";
-    case DType::i64: return "int64";
-    case DType::u8: return "uint8";
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::i64:
+      return "int64";
+    case DType::u8:
+      return "uint8";
   }
   return "?";
 }
 
 std::string_view to_string(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::average: return "average";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::average:
+      return "average";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
   }
   return "?";
 }
 
 std::size_t dtype_size(DType t) {
   switch (t) {
-    case DType::f32: return 4;
-    case DType::f64: return 8;
-    case DType::i64: return 8;
-    case DType::u8: return 1;
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
   }
   return 0;
 }
@@ -68,14 +80,13 @@ Options Options::from_env() {
   if (const char* v = env("DMUON_COMM_CHECK")) o.check_calls = std::string(v) != "0";
   if (const char* v = env("DMUON_COMM_V_ALGO")) {
     std::string s(v);
-    DMUON_CHECK(s == "per_owner" || s == "native", "DMUON_COMM_V_ALGO must be per_owner or native, got ", v);
+    DMUON_CHECK(s == "per_owner" || s == "native", "DMUON_COMM_V_ALGO must be native or per_owner, got ", v);
     o.v_algorithm = s == "native" ? VAlgorithm::native : VAlgorithm::per_owner;
   }
   return o;
 }
 
-void Comm::check_counts(const char* what, std::span<const int64_t> counts, std::size_t mine,
-                        std::size_t total) const {
+void Comm::check_counts(const char* what, std::span<const int64_t> counts, std::size_t mine, std::size_t total) const {
   DMUON_CHECK(counts.size() == static_cast<std::size_t>(size()), what, " on rank ", rank(), ": ", counts.size(),
               " per-rank counts for ", size(), " ranks");
   int64_t sum = 0;

@@ -1,10 +1,9 @@
 // Pure shard-layout arithmetic (see include/dmuon/shard_layout.hpp).
-#include "dmuon/shard_layout.hpp"
-
 #include <algorithm>
 #include <numeric>
 
 #include "dmuon/error.hpp"
+#include "dmuon/shard_layout.hpp"
 
 namespace dmuon::shard {
 
@@ -66,7 +65,8 @@ std::vector<Segment> UnitLayout::segments_of(int param) const {
   std::vector<Segment> out;
   for (const Segment& s : segments)
     if (s.param == param) out.push_back(s);
-  std::sort(out.begin(), out.end(), [](const Segment& a, const Segment& b) { return a.offset_in_param < b.offset_in_param; });
+  std::sort(out.begin(), out.end(),
+            [](const Segment& a, const Segment& b) { return a.offset_in_param < b.offset_in_param; });
   return out;
 }
 

@@ -89,16 +89,16 @@ void ParamRegistry::verify_across(comm::Comm& comm) const {
   }
 
   // Every rank's description of that parameter, grouped by text.
-  const std::string text = first < size() ? describe(specs_[first])
-                                          : "nothing (" + std::to_string(size()) + " parameters registered)";
+  const std::string text =
+      first < size() ? describe(specs_[first]) : "nothing (" + std::to_string(size()) + " parameters registered)";
   const int64_t len = static_cast<int64_t>(text.size());
   std::vector<int64_t> lens(n);
   comm.all_gather<int64_t>(std::span<const int64_t>(&len, 1), lens).wait();
   int64_t all_len = 0;
   for (int64_t l : lens) all_len += l;
   std::vector<uint8_t> texts(all_len);
-  comm.all_gatherv<uint8_t>(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()),
-                            texts, lens)
+  comm.all_gatherv<uint8_t>(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()), texts,
+                            lens)
       .wait();
   std::map<std::string, std::vector<int>> ranks_of;
   std::vector<std::string> order;

@@ -9,11 +9,11 @@ namespace dmuon::shard {
 
 struct ShardedParams::Unit {
   UnitLayout layout;
-  std::vector<int64_t> counts;        // per-rank shard sizes
-  std::vector<float> shard;           // my shard of the parameters (sharded modes)
-  std::vector<float> packed;          // gathered parameters (replicated: persistent)
-  std::vector<float> packed_grads;    // full gradients of this rank, packed order
-  std::vector<float> shard_grads;     // reduced gradients of my shard (sharded modes)
+  std::vector<int64_t> counts;                                  // per-rank shard sizes
+  std::vector<float> shard;                                     // my shard of the parameters (sharded modes)
+  std::vector<float> packed;                                    // gathered parameters (replicated: persistent)
+  std::vector<float> packed_grads;                              // full gradients of this rank, packed order
+  std::vector<float> shard_grads;                               // reduced gradients of my shard (sharded modes)
   std::map<int, std::vector<float>> split_params, split_grads;  // full copies of multi-segment params
   comm::Work gather_work, reduce_work;
   // Changed only by collective calls, so identical on every rank: the hooks decide from it which
@@ -53,7 +53,8 @@ ShardedParams::ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry reg
               " parameters");
   for (int u = 0; u < registry_.num_units(); ++u) {
     auto unit = std::make_unique<Unit>();
-    unit->layout = options_.layout == Layout::even ? even_layout(specs, u, d) : owner_aligned_layout(specs, owners_, u, d);
+    unit->layout =
+        options_.layout == Layout::even ? even_layout(specs, u, d) : owner_aligned_layout(specs, owners_, u, d);
     unit->counts = unit->layout.shard_sizes();
     if (options_.mode == Mode::replicated) {
       unit->packed.assign(unit->layout.total(), 0.f);
@@ -93,8 +94,7 @@ std::span<float> ShardedParams::shard_params(int unit) {
 
 std::span<float> ShardedParams::shard_grads(int unit) {
   Unit& u = unit_at(unit, "shard_grads");
-  DMUON_CHECK(u.reduced, "shard_grads: unit ", unit,
-              " has no reduced gradients (call reduce_grads and wait)");
+  DMUON_CHECK(u.reduced, "shard_grads: unit ", unit, " has no reduced gradients (call reduce_grads and wait)");
   if (options_.mode == Mode::replicated)
     return std::span<float>(u.packed_grads).subspan(u.layout.shard_offset[comm_->rank()], u.counts[comm_->rank()]);
   return u.shard_grads;
@@ -140,8 +140,7 @@ comm::Work ShardedParams::gather(int unit) {
 
 void ShardedParams::release(int unit) {
   Unit& u = unit_at(unit, "release");
-  DMUON_CHECK(u.gather_state != Unit::Gather::started, "release: unit ", unit,
-              " is still being gathered (wait first)");
+  DMUON_CHECK(u.gather_state != Unit::Gather::started, "release: unit ", unit, " is still being gathered (wait first)");
   u.gather_state = Unit::Gather::none;
   if (options_.mode == Mode::replicated) return;  // the next gather refreshes the owners' updates
   u.is_gathered = false;
@@ -160,7 +159,8 @@ void ShardedParams::zero_grads(int unit) {
 comm::Work ShardedParams::reduce_grads(int unit) {
   Unit& u = unit_at(unit, "reduce_grads");
   DMUON_CHECK(u.grads_ready, "reduce_grads: unit ", unit, " has no gradients (call zero_grads and fill them)");
-  for (auto& [p, full] : u.split_grads) copy_segments(u.layout.segments_of(p), u.packed_grads.data(), full.data(), false);
+  for (auto& [p, full] : u.split_grads)
+    copy_segments(u.layout.segments_of(p), u.packed_grads.data(), full.data(), false);
   u.grads_ready = false;
   comm::Work w;
   const auto op = options_.grad_reduce;
