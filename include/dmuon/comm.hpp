@@ -73,10 +73,10 @@ constexpr DType dtype_of() {
 //  per_owner: one broadcast from each rank with a non-empty block (gather) / one reduce to it
 //    (reduce-scatter), all posted at once; each costs about its own bytes / bandwidth, so one
 //    large block does not pace D−1 ring steps.
-// The default is native: on the development machine (OpenMPI 4.1, shared memory, 2 cores) the
-// uneven rows of `dmuon bench comm` showed no consistent gain for per_owner all-gatherv (better
-// at 1 MiB, worse at 64 MiB, 4 ranks) and a loss for per_owner reduce-scatterv (OpenMPI's
-// non-blocking reduce is slow) at every size. Re-measure on a real network before switching.
+// The default is native, the plain MPI call: on the shared 2-core development machine (OpenMPI
+// 4.1, shared memory, 2 and 4 ranks, 1–64 MiB) the uneven rows of `dmuon bench comm` put the two
+// within run-to-run noise of each other (repeated runs differed by up to 2×), with no consistent
+// winner. The ring effect that per_owner avoids is a network effect: re-measure on a cluster.
 enum class VAlgorithm { native, per_owner };
 
 struct Options {
