@@ -157,18 +157,19 @@ TEST(Shard, Z2AndZ3AreBitIdentical) {
   }
 }
 
-// DMUON_RANKS_PER_NODE=2 at 4 ranks makes two nodes: reduce_grads runs in two stages. Integer
-// gradients: equal to the single-stage result bit for bit.
+// DMUON_RANKS_PER_NODE=2 at 4 ranks makes two nodes: reduce_grads runs in two stages (in
+// replicated mode: two-stage reduce-scatter + all-gather). Integer gradients: equal to the
+// single-stage result bit for bit, in every layout and mode.
 TEST(Shard, TwoStageReduceEqualsSingleStage) {
   setenv("DMUON_RANKS_PER_NODE", "2", 1);
   auto two_nodes = comm::world();
   unsetenv("DMUON_RANKS_PER_NODE");
   EXPECT_EQ(two_nodes->topology().two_level(), two_nodes->size() == 4);
-  for (Layout layout : {Layout::even, Layout::owner_aligned}) {
+  for (const Case& k : kCases) {
     for (ReduceOp op : {ReduceOp::sum, ReduceOp::average}) {
       std::vector<std::vector<float>> grads[2];
       for (int staged = 0; staged < 2; ++staged) {
-        auto sp = make(two_nodes, layout, Mode::z3, op, staged == 1);
+        auto sp = make(two_nodes, k.layout, k.mode, op, staged == 1);
         int64_t wrong_views = 0;
         step(*sp, two_nodes->rank(), int_grad, &wrong_views);
         for (int u = 0; u < sp->num_units(); ++u) {

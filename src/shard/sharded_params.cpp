@@ -164,10 +164,24 @@ comm::Work ShardedParams::reduce_grads(int unit) {
   u.grads_ready = false;
   comm::Work w;
   const auto op = options_.grad_reduce;
-  if (options_.mode == Mode::replicated) {
+  const int me = comm_->rank();
+  if (options_.mode == Mode::replicated && options_.two_stage && comm_->topology().two_level()) {
+    // Two-stage reduce-scatter to the shards, then an in-place all-gather of the reduced shards:
+    // the all-reduce with each byte crossing nodes once per direction.
+    u.shard_grads.resize(u.counts[me]);
+    const int64_t at = u.layout.shard_offset[me];
+    w = comm::Work::then_start(comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.data(), u.shard_grads.data(),
+                                                               u.counts, comm::DType::f32, op),
+                               [this, &u, at, me] {
+                                 std::copy(u.shard_grads.begin(), u.shard_grads.end(), u.packed_grads.begin() + at);
+                                 return comm_->all_gatherv<float>(
+                                     std::span<const float>(u.packed_grads.data() + at, u.counts[me]), u.packed_grads,
+                                     u.counts);
+                               });
+  } else if (options_.mode == Mode::replicated) {
     w = comm_->all_reduce<float>(u.packed_grads, op);
   } else {
-    u.shard_grads.resize(u.counts[comm_->rank()]);
+    u.shard_grads.resize(u.counts[me]);
     if (options_.two_stage)
       w = comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.data(), u.shard_grads.data(), u.counts,
                                           comm::DType::f32, op);
