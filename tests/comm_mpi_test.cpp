@@ -287,6 +287,29 @@ TEST(Comm, TwoStageReduceScattervEqualsFlat) {
   }
 }
 
+// Two two-stage reduce-scatters in flight, waited in opposite orders on alternate nodes: their
+// deferred second stages must still be posted in creation order on every rank (else the cross-node
+// collectives would pair A on one rank with B on another).
+TEST(Comm, DeferredStagesPostInCreationOrderWhateverTheWaitOrder) {
+  auto c = make_world(VAlgorithm::native, 2, true);
+  const int n = c->size(), me = c->rank();
+  std::vector<int64_t> counts_a(n, 3), counts_b(n, 5);
+  std::vector<float> send_a(3 * n), send_b(5 * n), out_a(3), out_b(5);
+  for (int64_t i = 0; i < 3 * n; ++i) send_a[i] = static_cast<float>(me + i);
+  for (int64_t i = 0; i < 5 * n; ++i) send_b[i] = static_cast<float>(2 * me + i);
+  Work a = reduce_scatterv_two_stage(*c, send_a.data(), out_a.data(), counts_a, DType::f32, ReduceOp::sum);
+  Work b = reduce_scatterv_two_stage(*c, send_b.data(), out_b.data(), counts_b, DType::f32, ReduceOp::sum);
+  if (c->cross().rank() % 2 == 0) {  // opposite orders on the two ends of each cross-node pair
+    b.wait();
+    a.wait();
+  } else {
+    a.wait();
+    b.wait();
+  }
+  for (int64_t k = 0; k < 3; ++k) EXPECT_EQ(out_a[k], static_cast<float>(n * (n - 1) / 2 + n * (3 * me + k)));
+  for (int64_t k = 0; k < 5; ++k) EXPECT_EQ(out_b[k], static_cast<float>(n * (n - 1) + n * (5 * me + k)));
+}
+
 // Hidden child of comm_timeout_test: rank 1 never arrives at the all-reduce (it sleeps); the
 // others must time out (DMUON_COMM_TIMEOUT_S), print the error and exit non-zero.
 TEST(CommTimeoutChild, DISABLED_PeerNeverArrives) {

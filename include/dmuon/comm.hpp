@@ -89,6 +89,8 @@ struct Options {
   static Options from_env();
 };
 
+class Comm;
+
 // One in-flight operation's backend state.
 class WorkState {
  public:
@@ -115,8 +117,12 @@ class Work {
 
   // Runs `fn` once `first` completes (inside its test()/wait()), e.g. scaling by 1/n or unpacking.
   static Work then_run(Work first, std::function<void()> fn);
-  // Starts the operation made by `next` once `first` completes; done when that one is.
-  static Work then_start(Work first, std::function<Work()> next);
+  // Posts the operation made by `next` on `target` once `first` completes; done when that one
+  // is. Such deferred posts on one communicator happen in the order then_start was called (a
+  // later one waits for the earlier ones to be posted), so every rank posts them in the same
+  // order whatever order its operations complete in. A communicator that receives deferred posts
+  // must receive no other (eagerly posted) operations while they are pending.
+  static Work then_start(Work first, Comm& target, std::function<Work()> next);
   // Done when every one of `parts` is.
   static Work all(std::vector<Work> parts);
 
@@ -137,9 +143,14 @@ struct Topology {
   bool two_level() const { return uniform && nodes > 1 && ranks_per_node > 1; }
 };
 
+namespace detail {
+class DeferredPosts;
+}
+
 class Comm {
  public:
-  virtual ~Comm() = default;
+  Comm();
+  virtual ~Comm();
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual const Options& options() const = 0;
@@ -212,6 +223,15 @@ class Comm {
 
  private:
   void check_counts(const char* what, std::span<const int64_t> counts, std::size_t mine, std::size_t total) const;
+
+ protected:
+  // True while a deferred post (Work::then_start) runs: a backend must not block there (its
+  // call-signature check is skipped; the arguments derive from a call that was checked).
+  bool posting_deferred() const;
+
+ private:
+  friend class Work;
+  std::unique_ptr<detail::DeferredPosts> deferred_;
 };
 
 // The world communicator (a fresh duplicate of MPI_COMM_WORLD with its node and cross groups).

@@ -310,7 +310,7 @@ class MpiComm : public Comm {
 
   // With options_.check_calls: every rank learns every rank's signature; all throw on a mismatch.
   void handshake(const Signature& mine) {
-    if (!options_.check_calls || size_ == 1) return;
+    if (!options_.check_calls || size_ == 1 || posting_deferred()) return;
     std::vector<Signature> all(size_);
     auto w = start("call-signature check (DMUON_COMM_CHECK)");
     check_mpi(MPI_Iallgather(&mine, 6, MPI_INT64_T, all.data(), 6, MPI_INT64_T, comm_, &w->requests.emplace_back()),

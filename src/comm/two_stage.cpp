@@ -50,7 +50,7 @@ Work reduce_scatterv_two_stage(Comm& world, const void* send, void* recv, std::s
   Comm* cross = &world.cross();
   const int n = world.size();
   const int64_t mine = counts[world.rank()];
-  Work both = Work::then_start(std::move(stage1), [=]() {
+  Work both = Work::then_start(std::move(stage1), *cross, [=]() {
     (void)permuted;  // kept alive until stage 1 is done
     (void)node_counts;
     Work stage2 = cross->reduce_scatterv_raw(node_sum->data(), recv, *cross_counts, t, partial);

@@ -2,6 +2,7 @@
 // options from the environment, the typed interface's count checks.
 #include <chrono>
 #include <cstdlib>
+#include <deque>
 #include <string>
 #include <thread>
 
@@ -148,24 +149,65 @@ class ThenRun : public WorkState {
   std::string what_;
 };
 
-class ThenStart : public WorkState {
+}  // namespace
+
+namespace detail {
+// Deferred posts on one communicator, in creation order: a post happens only after all earlier
+// ones did, so completion order (which differs across ranks) never reorders collectives.
+class DeferredPosts {
  public:
-  ThenStart(Work first, std::function<Work()> next) : first_(std::move(first)), next_(std::move(next)) {}
-  bool test() override {
-    if (next_) {
-      if (!first_.test()) return false;
-      auto next = std::move(next_);
-      next_ = nullptr;
-      second_ = next();
-    }
-    return second_.test();
+  struct Entry {
+    Work first;
+    std::function<Work()> next;
+    Work second;
+    bool posted = false;
+  };
+  std::shared_ptr<Entry> add(Work first, std::function<Work()> next) {
+    auto e = std::make_shared<Entry>(Entry{std::move(first), std::move(next), Work(), false});
+    queue_.push_back(e);
+    return e;
   }
-  std::string describe() const override { return next_ ? first_.describe() : second_.describe(); }
+  // Posts every entry at the head whose first stage is complete.
+  void drive() {
+    while (!queue_.empty() && queue_.front()->first.test()) {
+      auto e = queue_.front();
+      queue_.pop_front();
+      posting = true;
+      struct Reset {
+        bool& flag;
+        ~Reset() { flag = false; }
+      } reset{posting};
+      auto next = std::move(e->next);
+      e->next = nullptr;
+      e->second = next();
+      e->posted = true;
+    }
+  }
+  bool posting = false;
 
  private:
-  Work first_;
-  std::function<Work()> next_;
-  Work second_;
+  std::deque<std::shared_ptr<Entry>> queue_;
+};
+}  // namespace detail
+
+namespace {
+class ThenStart : public WorkState {
+ public:
+  ThenStart(detail::DeferredPosts& queue, std::shared_ptr<detail::DeferredPosts::Entry> entry)
+      : queue_(queue), entry_(std::move(entry)) {}
+  bool test() override {
+    queue_.drive();
+    return entry_->posted && entry_->second.test();
+  }
+  std::string describe() const override {
+    return entry_->posted         ? entry_->second.describe()
+           : entry_->first.done() ? "a deferred post waiting for an earlier one"
+                                  : entry_->first.describe();
+  }
+
+ private:
+  detail::DeferredPosts& queue_;
+  std::shared_ptr<detail::DeferredPosts::Entry> entry_;
 };
 
 class All : public WorkState {
@@ -199,10 +241,15 @@ Work Work::then_run(Work first, std::function<void()> fn) {
   return Work(std::make_shared<ThenRun>(std::move(first), std::move(fn), std::move(what)), timeout);
 }
 
-Work Work::then_start(Work first, std::function<Work()> next) {
-  if (first.test()) return next();
+Comm::Comm() : deferred_(std::make_unique<detail::DeferredPosts>()) {}
+Comm::~Comm() = default;
+bool Comm::posting_deferred() const { return deferred_->posting; }
+
+Work Work::then_start(Work first, Comm& target, std::function<Work()> next) {
   double timeout = first.timeout_s_;
-  return Work(std::make_shared<ThenStart>(std::move(first), std::move(next)), timeout);
+  auto entry = target.deferred_->add(std::move(first), std::move(next));
+  target.deferred_->drive();
+  return Work(std::make_shared<ThenStart>(*target.deferred_, std::move(entry)), timeout);
 }
 
 Work Work::all(std::vector<Work> parts) {

@@ -172,7 +172,7 @@ comm::Work ShardedParams::reduce_grads(int unit) {
     const int64_t at = u.layout.shard_offset[me];
     w = comm::Work::then_start(comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.data(), u.shard_grads.data(),
                                                                u.counts, comm::DType::f32, op),
-                               [this, &u, at, me] {
+                               *comm_, [this, &u, at, me] {
                                  std::copy(u.shard_grads.begin(), u.shard_grads.end(), u.packed_grads.begin() + at);
                                  return comm_->all_gatherv<float>(
                                      std::span<const float>(u.packed_grads.data() + at, u.counts[me]), u.packed_grads,
@@ -260,6 +260,9 @@ bool ShardedParams::gathered(int unit) const {
 
 void ShardedParams::before_forward(int unit) {
   Unit& u = unit_at(unit, "before_forward");
+  // Gradient reduces of the last backward end first: a replicated two-stage reduce posts its
+  // all-gather on the world communicator later (deferred), which no gather may overtake.
+  if (unit == 0) finish_backward();
   if (u.gather_state == Unit::Gather::none) start_gather(u);
   wait_gather(u);
   if (unit + 1 < num_units() && units_[unit + 1]->gather_state == Unit::Gather::none) start_gather(*units_[unit + 1]);
