@@ -11,7 +11,7 @@ namespace dmuon::linalg {
 
 void mirror_upper(int64_t m, float* c, int64_t ldc) {
   // Blocked so that both the rows read and the columns written stay in cache.
-  constexpr int64_t kBlock = 64;
+  constexpr int64_t kBlock = 32;
   for (int64_t i0 = 0; i0 < m; i0 += kBlock) {
     for (int64_t j0 = i0; j0 < m; j0 += kBlock) {
       const int64_t i1 = std::min(i0 + kBlock, m), j1 = std::min(j0 + kBlock, m);
