@@ -22,10 +22,11 @@ void mirror_upper(int64_t m, float* c, int64_t ldc) {
   }
 }
 
-void syrk(int64_t n, int64_t k, float alpha, const float* a, int64_t lda, float beta, float* c, int64_t ldc) {
+void syrk(bool trans, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, float beta, float* c,
+          int64_t ldc) {
   if (n == 0) return;
-  cblas_ssyrk(CblasRowMajor, CblasUpper, CblasNoTrans, static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
-              static_cast<blasint>(lda), beta, c, static_cast<blasint>(ldc));
+  cblas_ssyrk(CblasRowMajor, CblasUpper, trans ? CblasTrans : CblasNoTrans, static_cast<blasint>(n),
+              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), beta, c, static_cast<blasint>(ldc));
   mirror_upper(n, c, ldc);
 }
 
