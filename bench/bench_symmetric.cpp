@@ -27,7 +27,7 @@ void BM_GemmAAt(benchmark::State& state) {
 void BM_SyrkAAt(benchmark::State& state) {
   const int64_t m = state.range(0), k = state.range(1);
   std::vector<float> a(m * k, 0.01f), c(m * m);
-  for (auto _ : state) dmuon::linalg::syrk(false, m, k, 1.0f, a.data(), k, 0.0f, c.data(), m);
+  for (auto _ : state) dmuon::linalg::syrk(m, k, 1.0f, a.data(), k, 0.0f, c.data(), m);
   set_full_gflops(state, m, k);
 }
 

@@ -58,14 +58,14 @@ TEST_P(Syrk, EqualsFullProductAndIsSymmetric) {
   const MatD c0 = rounded(symmetrised(test::gaussian(n, 3, 2)));
   std::vector<float> c = test::to_floats(c0);
   const std::vector<float> af = test::to_floats(a);
-  linalg::syrk(false, n, k, 0.75f, af.data(), k, -0.5f, c.data(), n);
+  linalg::syrk(n, k, 0.75f, af.data(), k, -0.5f, c.data(), n);
   expect_product_close(c, a, test::transposed(a), 0.75, -0.5, c0);
   expect_exactly_symmetric(c, n);
 
   // The same product from A stored transposed (k×n): C = Aᵀ·A of that layout.
   const std::vector<float> at = test::to_floats(test::transposed(a));
   std::vector<float> ct = test::to_floats(c0);
-  linalg::syrk(true, n, k, 0.75f, at.data(), n, -0.5f, ct.data(), n);
+  linalg::syrk_transposed(n, k, 0.75f, at.data(), n, -0.5f, ct.data(), n);
   expect_product_close(ct, a, test::transposed(a), 0.75, -0.5, c0);
   expect_exactly_symmetric(ct, n);
 }
@@ -102,9 +102,13 @@ TEST(SymmetricGemmTest, RejectsZeroTiles) {
   EXPECT_THROW(linalg::symmetric_gemm(2, 2, 1.0f, a.data(), 2, a.data(), 2, 0.0f, c.data(), 2, 0), Error);
 }
 
-TEST(Elementwise, NormScaleIdentity) {
+TEST(Elementwise, TransposeNormScaleIdentity) {
   const MatD a = rounded(test::gaussian(37, 70, 5));
   const std::vector<float> af = test::to_floats(a);
+  std::vector<float> t(af.size());
+  linalg::transpose(37, 70, af.data(), t.data());
+  const MatD expected = test::transposed(a);
+  for (size_t i = 0; i < t.size(); ++i) ASSERT_EQ(t[i], expected.v[i]);
   EXPECT_NEAR(linalg::norm2(af.size(), af.data()), test::frobenius(a), 1e-12 * test::frobenius(a));
   std::vector<float> x = {1.0f, -2.0f, 4.0f, 0.5f};
   linalg::scale(4, 0.5f, x.data());

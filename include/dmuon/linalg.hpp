@@ -11,10 +11,12 @@ namespace dmuon::linalg {
 void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
           const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
-// C(n×n) = alpha·A·Aᵀ + beta·C with A n×k, or with trans alpha·Aᵀ·A + beta·C with A k×n (SYRK); the
-// full symmetric C: BLAS fills the upper triangle, the lower is mirrored from it. C must not overlap A.
-void syrk(bool trans, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, float beta, float* c,
-          int64_t ldc);
+// C(n×n) = alpha·A·Aᵀ + beta·C with A n×k (SYRK), the full symmetric C: BLAS fills the upper
+// triangle, the lower is mirrored from it. C must not overlap A.
+void syrk(int64_t n, int64_t k, float alpha, const float* a, int64_t lda, float beta, float* c, int64_t ldc);
+// The same for A stored transposed: C(n×n) = alpha·Aᵀ·A + beta·C with A k×n.
+void syrk_transposed(int64_t n, int64_t k, float alpha, const float* a, int64_t lda, float beta, float* c,
+                     int64_t ldc);
 
 // C(m×m) = alpha·A·B + beta·C with A m×k, B k×m, for factors whose product is known to be
 // symmetric (e.g. commuting symmetric matrices, DESIGN 2.3): only the tiles on and above the
@@ -29,6 +31,8 @@ void mirror_upper(int64_t m, float* c, int64_t ldc);
 
 // Elementwise helpers on contiguous host arrays, kept here so a GPU backend replaces them with the
 // BLAS calls above.
+// out(cols×rows) = in(rows×cols)ᵀ; out must not overlap in.
+void transpose(int64_t rows, int64_t cols, const float* in, float* out);
 // ‖x‖₂ of n values, accumulated in double; NaN or Inf when any value is not finite.
 double norm2(int64_t n, const float* x);
 // x ← alpha·x.

@@ -22,12 +22,23 @@ void mirror_upper(int64_t m, float* c, int64_t ldc) {
   }
 }
 
-void syrk(bool trans, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, float beta, float* c,
-          int64_t ldc) {
+namespace {
+void syrk_upper(CBLAS_TRANSPOSE trans, int64_t n, int64_t k, float alpha, const float* a, int64_t lda, float beta,
+                float* c, int64_t ldc) {
   if (n == 0) return;
-  cblas_ssyrk(CblasRowMajor, CblasUpper, trans ? CblasTrans : CblasNoTrans, static_cast<blasint>(n),
-              static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), beta, c, static_cast<blasint>(ldc));
+  cblas_ssyrk(CblasRowMajor, CblasUpper, trans, static_cast<blasint>(n), static_cast<blasint>(k), alpha, a,
+              static_cast<blasint>(lda), beta, c, static_cast<blasint>(ldc));
   mirror_upper(n, c, ldc);
+}
+}  // namespace
+
+void syrk(int64_t n, int64_t k, float alpha, const float* a, int64_t lda, float beta, float* c, int64_t ldc) {
+  syrk_upper(CblasNoTrans, n, k, alpha, a, lda, beta, c, ldc);
+}
+
+void syrk_transposed(int64_t n, int64_t k, float alpha, const float* a, int64_t lda, float beta, float* c,
+                     int64_t ldc) {
+  syrk_upper(CblasTrans, n, k, alpha, a, lda, beta, c, ldc);
 }
 
 void symmetric_gemm(int64_t m, int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,

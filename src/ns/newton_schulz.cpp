@@ -70,7 +70,11 @@ struct Products {
   void gram(float alpha, const float* x, float beta, float* c) const {
     const int64_t ld = tall ? m : n;
     if (symmetric) {
-      linalg::syrk(tall, m, n, alpha, x, ld, beta, c, m);
+      if (tall) {
+        linalg::syrk_transposed(m, n, alpha, x, ld, beta, c, m);
+      } else {
+        linalg::syrk(m, n, alpha, x, ld, beta, c, m);
+      }
     } else {
       linalg::gemm(tall, !tall, m, m, n, alpha, x, ld, x, ld, beta, c, m);
     }
@@ -78,7 +82,7 @@ struct Products {
   // C(m×m) = alpha·S·S + beta·C for symmetric S (S·S = S·Sᵀ).
   void square(float alpha, const float* s, float beta, float* c) const {
     if (symmetric) {
-      linalg::syrk(false, m, m, alpha, s, m, beta, c, m);
+      linalg::syrk(m, m, alpha, s, m, beta, c, m);
     } else {
       linalg::gemm(false, false, m, m, m, alpha, s, m, s, m, beta, c, m);
     }
