@@ -149,8 +149,12 @@ class Optimizer {
   // Checkpoint access (see include/dmuon/checkpoint.hpp).
   std::vector<StateSlice> state_slices();
   void set_counters(int64_t updates, int64_t skipped);
+  bool accumulating() const { return micro_ != 0; }  // between micro-batches of one update
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  // Sums values element-wise across the optimizer's ranks (single process: leaves them). Collective:
+  // every rank calls it in the same order.
+  virtual void sum_across_ranks(std::span<double> values);
 
  protected:
   struct Slot {
@@ -161,8 +165,6 @@ class Optimizer {
     std::vector<float> accumulated; // sum of micro-batch gradients (accumulation_steps > 1)
   };
 
-  // Sums values element-wise across ranks (single process: nothing to do).
-  virtual void sum_across_ranks(std::span<double> values);
   // Applies Muon to every Muon slot with gradient g·grad_scale (g from effective_grad).
   virtual void update_muon(float grad_scale);
 
