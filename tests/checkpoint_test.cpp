@@ -14,35 +14,19 @@
 #include "dmuon/error.hpp"
 #include "ns_reference_f64.hpp"
 #include "test_data.hpp"
+#include "toy_model.hpp"
 
 namespace dmuon {
 namespace {
 
-// A model of two matrices and two vectors, its gradients a fixed function of (step, element).
-struct Model {
-  std::vector<ParamSpec> specs = {{"w1", {5, 3}, ParamRole::matrix, 0},
-                                  {"w2", {3, 4}, ParamRole::matrix, 0},
-                                  {"bias", {7}, ParamRole::elementwise, 0},
-                                  {"gain", {4}, ParamRole::elementwise, 0}};
-  std::vector<std::vector<float>> values, grads;
-  explicit Model(uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> d;
-    for (const ParamSpec& s : specs) {
-      values.emplace_back(s.numel());
-      grads.emplace_back(s.numel());
-      for (float& v : values.back()) v = d(rng);
-    }
-  }
-  std::vector<ParamRef> refs() {
-    std::vector<ParamRef> r;
-    for (size_t i = 0; i < specs.size(); ++i) r.push_back({specs[i], values[i].data(), grads[i].data()});
-    return r;
-  }
-  void set_grads(int t) {
-    for (size_t p = 0; p < grads.size(); ++p)
-      for (size_t i = 0; i < grads[p].size(); ++i) grads[p][i] = std::cos(0.3f * i + 1.7f * p + 0.9f * t);
-  }
+// A model of two matrices and two vectors.
+struct Model : test::ToyModel {
+  explicit Model(uint32_t seed)
+      : ToyModel({{"w1", {5, 3}, ParamRole::matrix, 0},
+                  {"w2", {3, 4}, ParamRole::matrix, 0},
+                  {"bias", {7}, ParamRole::elementwise, 0},
+                  {"gain", {4}, ParamRole::elementwise, 0}},
+                 seed) {}
 };
 
 OptimizerOptions test_options() {

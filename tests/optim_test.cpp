@@ -11,6 +11,7 @@
 #include "dmuon/optim.hpp"
 #include "ns_reference_f64.hpp"
 #include "test_data.hpp"
+#include "toy_model.hpp"
 
 namespace dmuon {
 namespace {
@@ -97,28 +98,13 @@ TEST(ParamGroups, GlobAndRegexPatterns) {
   EXPECT_THROW(name_matches("re:([", "x"), Error);
 }
 
-// A small model: two matrices and a bias, with their buffers.
-struct Model {
-  std::vector<std::vector<float>> values, grads;
-  std::vector<ParamSpec> specs = {{"layers.0.w", {6, 4}, ParamRole::matrix, 0},
-                                  {"embed.weight", {5, 3}, ParamRole::matrix, 0},
-                                  {"layers.0.bias", {6}, ParamRole::elementwise, 0}};
-  explicit Model(uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> d;
-    for (const ParamSpec& s : specs) {
-      values.emplace_back(s.numel());
-      grads.emplace_back(s.numel());
-      for (float& v : values.back()) v = d(rng);
-    }
-  }
-  std::vector<ParamRef> refs() {
-    std::vector<ParamRef> r;
-    for (size_t i = 0; i < specs.size(); ++i) r.push_back({specs[i], values[i].data(), grads[i].data()});
-    return r;
-  }
-  // Per-sample gradient of sample `j` at step `t`: any fixed function will do.
-  float sample_grad(size_t p, size_t i, int t, int j) const { return std::sin(0.37f * i + 1.3f * p + 0.7f * t + 0.11f * j); }
+// A small model: two matrices and a bias.
+struct Model : test::ToyModel {
+  explicit Model(uint32_t seed)
+      : ToyModel({{"layers.0.w", {6, 4}, ParamRole::matrix, 0},
+                  {"embed.weight", {5, 3}, ParamRole::matrix, 0},
+                  {"layers.0.bias", {6}, ParamRole::elementwise, 0}},
+                 seed) {}
 };
 
 TEST(ParamGroups, RoleDefaultsAndRulesMoveParameters) {
