@@ -59,36 +59,19 @@ TEST(Checkpoint, SaveReloadContinueIsBitIdentical) {
   EXPECT_EQ(orr.updates(), os.updates());
 }
 
-// An optimizer that believes it is rank r of w, holding the slice of each tensor that an even split
-// gives rank r (AdamW only: single-process Muon needs whole matrices).
-class PretendRank : public Optimizer {
+// AdamW that believes it is rank r of w and holds that rank's even slice of every tensor.
+class PretendRank : public AdamW {
  public:
-  PretendRank(Model& m, int r, int w) : Optimizer(slices(m, r, w), adamw_only(), test::reference_orthogonalizer()) {
+  PretendRank(Model& m, int r, int w) : AdamW(m.slice_refs(r, w), test_options()) {
     rank_ = r;
     world_size_ = w;
-  }
-  static std::vector<ParamRef> slices(Model& m, int r, int w) {
-    std::vector<ParamRef> refs = m.refs();
-    for (ParamRef& p : refs) {
-      const int64_t n = p.spec.numel(), lo = n * r / w, hi = n * (r + 1) / w;
-      p.values += lo;
-      p.grad += lo;
-      p.offset = lo;
-      p.count = hi - lo;
-    }
-    return refs;
-  }
-  static OptimizerOptions adamw_only() {
-    OptimizerOptions o = test_options();
-    o.rules = {{"*", OptimGroup::adamw}};
-    return o;
   }
 };
 
 TEST(Checkpoint, ReshardsThreeRanksToOneAndOneToTwo) {
   test::TempDir three, one;
   Model straight(2), sharded(2), whole(50), halves(60);
-  Optimizer os(straight.refs(), PretendRank::adamw_only(), test::reference_orthogonalizer());
+  AdamW os(straight.refs(), test_options());
   run(os, straight, 0, 6);
   {
     // Three "ranks" update their slices of the same buffers: elementwise AdamW makes this equal to one.
@@ -100,7 +83,7 @@ TEST(Checkpoint, ReshardsThreeRanksToOneAndOneToTwo) {
     }
     for (int r = 2; r >= 0; --r) save_checkpoint(three.path(), *ranks[r]);  // rank 0 last writes the index
   }
-  Optimizer ow(whole.refs(), PretendRank::adamw_only(), test::reference_orthogonalizer());
+  AdamW ow(whole.refs(), test_options());
   load_checkpoint(three.path(), ow);
   save_checkpoint(one.path(), ow);
   std::vector<std::unique_ptr<PretendRank>> two;

@@ -212,6 +212,22 @@ TEST(Optimizer, NonFiniteGradientSkipLeavesParametersAndCounts) {
   EXPECT_NE(m.values, before);
 }
 
+TEST(AdamW, ShardedEqualsWholeBitForBit) {
+  // AdamW is elementwise: three optimizers on thirds of every tensor equal one on the whole tensors.
+  Model whole(7), split(7);
+  AdamW ow(whole.refs(), OptimizerOptions{});
+  std::vector<std::unique_ptr<AdamW>> thirds;
+  for (int r = 0; r < 3; ++r) thirds.push_back(std::make_unique<AdamW>(split.slice_refs(r, 3), OptimizerOptions{}));
+  EXPECT_EQ(ow.group_of("layers.0.w"), OptimGroup::adamw);
+  for (int t = 0; t < 4; ++t) {
+    whole.set_grads(t);
+    split.set_grads(t);
+    ow.step();
+    for (auto& o : thirds) o->step();
+  }
+  EXPECT_EQ(split.values, whole.values);
+}
+
 TEST(Optimizer, LearningRateChangesPerStep) {
   Model a(6), b(6);
   Optimizer oa(a.refs(), OptimizerOptions{}, test::reference_orthogonalizer());

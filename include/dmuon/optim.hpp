@@ -5,8 +5,11 @@
 //   std::vector<dmuon::ParamRef> params = ...;          // spec + pointers to values and gradient
 //   dmuon::OptimizerOptions opt;                         // defaults: Muon lr 0.02, AdamW lr 1e-3
 //   opt.rules = {{"*.embed.*", dmuon::OptimGroup::adamw}};
-//   auto optimizer = dmuon::make_muon(params, opt);      // Newton–Schulz from include/dmuon/ns.hpp
-//   for (...) { forward(); backward(); optimizer->set_lr(sched(t), sched_adamw(t)); optimizer->step(); }
+//   dmuon::Muon optimizer(params, opt);                  // Newton–Schulz from include/dmuon/ns.hpp
+//   for (...) { forward(); backward(); optimizer.set_lr(sched(t), sched_adamw(t)); optimizer.step(); }
+//
+// Distributed variants (sharded parameters, owner-aligned or gather-then-compute) derive from
+// Optimizer and change only where buffers live, how ranks agree, and how Muon's NS is placed.
 //
 // The per-tensor update functions below are the slow, obvious definitions every optimizer in this
 // module (single-process, sharded, distributed) is tested against.
@@ -127,7 +130,8 @@ struct StateSlice {
 
 class Optimizer {
  public:
-  // Single process: every ParamRef holds its whole tensor.
+  // Single process: every ParamRef of the Muon group holds its whole tensor. `orth` may be empty
+  // when no parameter is in the Muon group.
   Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth);
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
@@ -167,6 +171,9 @@ class Optimizer {
 
   // Applies Muon to every Muon slot with gradient g·grad_scale (g from effective_grad).
   virtual void update_muon(float grad_scale);
+  // Points each slot's ref.values (and, with grads, ref.grad) at the current buffers; for owners of
+  // buffers that move between steps (sharded parameters). Single process: they never move.
+  virtual void refresh_views(bool grads);
 
   const float* effective_grad(const Slot& s) const;
   std::vector<Slot>& slots() { return slots_; }
@@ -186,7 +193,17 @@ class Optimizer {
   double last_grad_norm_ = 0;
 };
 
-// Single-process Muon + AdamW with Newton–Schulz from include/dmuon/ns.hpp (options.muon.ns).
-std::unique_ptr<Optimizer> make_muon(std::vector<ParamRef> params, OptimizerOptions options);
+// Single-process Muon (matrices) + AdamW (the rest), Newton–Schulz from include/dmuon/ns.hpp with
+// options.muon.ns (fixed at construction).
+class Muon : public Optimizer {
+ public:
+  Muon(std::vector<ParamRef> params, OptimizerOptions options);
+};
+
+// AdamW for every parameter, whatever its role; shard-local, so ParamRefs may hold any slices.
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<ParamRef> params, OptimizerOptions options);
+};
 
 }  // namespace dmuon

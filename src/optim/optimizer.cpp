@@ -29,7 +29,6 @@ Optimizer::Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Ort
   DMUON_CHECK(ad.beta1 >= 0 && ad.beta1 < 1 && ad.beta2 >= 0 && ad.beta2 < 1, "AdamW betas must be in [0, 1), got (",
               ad.beta1, ", ", ad.beta2, ")");
   DMUON_CHECK(ad.eps > 0, "AdamW eps must be > 0, got ", ad.eps);
-  DMUON_CHECK(orth_, "the optimizer needs an Orthogonalizer");
   std::set<std::string> names;
   for (ParamRef& p : params) {
     const int64_t numel = p.spec.numel();
@@ -37,11 +36,11 @@ Optimizer::Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Ort
     DMUON_CHECK(names.insert(p.spec.name).second, "parameter '", p.spec.name, "' is registered twice");
     DMUON_CHECK(p.offset >= 0 && p.offset + p.count <= numel, "parameter '", p.spec.name, "': local slice [",
                 p.offset, ", ", p.offset + p.count, ") lies outside its ", numel, " elements");
-    DMUON_CHECK(p.count == 0 || (p.values && p.grad), "parameter '", p.spec.name, "' has no values or gradient buffer");
     Slot s{p, assign_group(options_.rules, p.spec), {}, {}, {}, {}};
     if (s.group == OptimGroup::muon) {
       DMUON_CHECK(p.spec.shape.size() >= 2, "parameter '", p.spec.name, "' has ", p.spec.shape.size(),
                   " dimension(s); Muon needs a matrix (move it to AdamW with a GroupRule)");
+      DMUON_CHECK(orth_, "parameter '", p.spec.name, "' is in the Muon group but the optimizer has no Orthogonalizer");
       s.momentum.assign(p.count, 0.0f);
     } else {
       s.m.assign(p.count, 0.0f);
@@ -76,9 +75,22 @@ const float* Optimizer::effective_grad(const Slot& s) const {
   return options_.accumulation_steps > 1 ? s.accumulated.data() : s.ref.grad;
 }
 
+AdamW::AdamW(std::vector<ParamRef> params, OptimizerOptions options)
+    : Optimizer(std::move(params), [&] {
+        options.rules = {{"*", OptimGroup::adamw}};
+        return std::move(options);
+      }(), Orthogonalizer{}) {}
+
 void Optimizer::sum_across_ranks(std::span<double>) {}
 
+void Optimizer::refresh_views(bool) {}
+
 bool Optimizer::step() {
+  refresh_views(true);
+  for (const Slot& s : slots_) {
+    DMUON_CHECK(s.ref.count == 0 || (s.ref.values && s.ref.grad), "parameter '", s.ref.spec.name, "' on rank ", rank_,
+                " has no values or gradient buffer");
+  }
   const int k = options_.accumulation_steps;
   ++micro_;
   if (k > 1) {
@@ -170,6 +182,7 @@ void Optimizer::update_muon(float grad_scale) {
 }
 
 std::vector<StateSlice> Optimizer::state_slices() {
+  refresh_views(false);
   std::vector<StateSlice> out;
   for (Slot& s : slots_) {
     const ParamRef& r = s.ref;

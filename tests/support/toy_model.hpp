@@ -30,6 +30,15 @@ struct ToyModel {
     for (size_t i = 0; i < specs.size(); ++i) r.push_back({specs[i], values[i].data(), grads[i].data()});
     return r;
   }
+  // Rank r's part of every tensor under an even split over w ranks (as shard::even_split cuts one tensor).
+  std::vector<ParamRef> slice_refs(int r, int w) {
+    std::vector<ParamRef> refs = this->refs();
+    for (ParamRef& p : refs) {
+      const int64_t n = p.spec.numel(), lo = n * r / w, hi = n * (r + 1) / w;
+      p.values += lo, p.grad += lo, p.offset = lo, p.count = hi - lo;
+    }
+    return refs;
+  }
   // Gradient of sample j at step t for element i of parameter p.
   static float sample_grad(size_t p, size_t i, int t, int j = 0) {
     return std::sin(0.37f * i + 1.3f * p + 0.7f * t + 0.11f * j);

@@ -1,4 +1,4 @@
-// The production Orthogonalizer (Newton–Schulz from src/ns) and the single-process factory. Kept apart
+// The production Orthogonalizer (Newton–Schulz from src/ns) and the single-process Muon. Kept apart
 // from optimizer.cpp so code that supplies its own Orthogonalizer does not link the NS engine.
 #include "dmuon/ns.hpp"
 #include "dmuon/optim.hpp"
@@ -10,9 +10,7 @@ Orthogonalizer ns_orthogonalizer(const NsOptions& options) {
                    std::span<const std::string> names) { newton_schulz_batched(u, o, rows, cols, options, names); };
 }
 
-std::unique_ptr<Optimizer> make_muon(std::vector<ParamRef> params, OptimizerOptions options) {
-  Orthogonalizer orth = ns_orthogonalizer(options.muon.ns);
-  return std::make_unique<Optimizer>(std::move(params), std::move(options), std::move(orth));
-}
+Muon::Muon(std::vector<ParamRef> params, OptimizerOptions options)
+    : Optimizer(std::move(params), options, ns_orthogonalizer(options.muon.ns)) {}
 
 }  // namespace dmuon
