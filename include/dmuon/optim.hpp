@@ -169,8 +169,17 @@ class Optimizer {
     std::vector<float> accumulated; // sum of micro-batch gradients (accumulation_steps > 1)
   };
 
-  // Applies Muon to every Muon slot with gradient g·grad_scale (g from effective_grad).
-  virtual void update_muon(float grad_scale);
+  // A Muon matrix to orthogonalize: U (then O, in place) as a whole rows×cols matrix, and the slot
+  // whose local slice [offset, offset+count) of it this rank applies (null: none here).
+  struct MuonMatrix {
+    Slot* slot = nullptr;
+    const ParamSpec* spec = nullptr;
+    std::vector<float> full;  // (rows, cols)
+  };
+  // The Muon step: momentum on every local slice with gradient g·grad_scale, then the whole U of
+  // every matrix this rank orthogonalizes. Single process: each Muon slot, whole. Distributed
+  // variants gather (or own) them.
+  virtual std::vector<MuonMatrix> muon_inputs(float grad_scale);
   // Points each slot's ref.values (and, with grads, ref.grad) at the current buffers; for owners of
   // buffers that move between steps (sharded parameters). Single process: they never move.
   virtual void refresh_views(bool grads);
@@ -183,6 +192,8 @@ class Optimizer {
 
  private:
   void update_adamw(float grad_scale);
+  // muon_inputs, NS in batches of same-shape matrices (DESIGN 2.6), W ← W·(1 − lr·wd) − lr·s·O.
+  void update_muon(float grad_scale);
 
   OptimizerOptions options_;
   Orthogonalizer orth_;

@@ -1,6 +1,6 @@
 // The optimizer step shared by every variant: micro-batch accumulation, the global gradient norm
 // (clipping and the non-finite check, agreed across ranks), AdamW on elementwise parameters, and
-// Muon on matrices (single process here; distributed variants override update_muon).
+// Muon on matrices (single process here; distributed variants override muon_inputs).
 #include <cmath>
 #include <map>
 #include <set>
@@ -150,33 +150,38 @@ void Optimizer::update_adamw(float grad_scale) {
   }
 }
 
-void Optimizer::update_muon(float grad_scale) {
-  // Same-shape matrices go to the orthogonalizer together (DESIGN 2.6).
-  std::map<std::pair<int64_t, int64_t>, std::vector<Slot*>> by_shape;
+std::vector<Optimizer::MuonMatrix> Optimizer::muon_inputs(float grad_scale) {
+  std::vector<MuonMatrix> out;
   for (Slot& s : slots_) {
-    if (s.group != OptimGroup::muon) continue;
-    DMUON_CHECK(s.ref.count == s.ref.spec.numel(), "parameter '", s.ref.spec.name, "' holds ", s.ref.count, " of ",
-                s.ref.spec.numel(), " elements; single-process Muon needs whole matrices");
-    by_shape[{s.ref.spec.rows(), s.ref.spec.cols()}].push_back(&s);
+    if (s.group != OptimGroup::muon || s.ref.count == 0) continue;
+    const int64_t n = s.ref.spec.numel();
+    DMUON_CHECK(s.ref.count == n, "parameter '", s.ref.spec.name, "' holds ", s.ref.count, " of ", n,
+                " elements on rank ", rank_, "; this optimizer needs whole Muon matrices");
+    MuonMatrix m{&s, &s.ref.spec, std::vector<float>(n)};
+    muon_momentum({effective_grad(s), size_t(n)}, grad_scale, s.momentum, m.full, options_.muon);
+    out.push_back(std::move(m));
   }
+  return out;
+}
+
+void Optimizer::update_muon(float grad_scale) {
+  std::vector<MuonMatrix> matrices = muon_inputs(grad_scale);
+  std::map<std::pair<int64_t, int64_t>, std::vector<MuonMatrix*>> by_shape;
+  for (MuonMatrix& m : matrices) by_shape[{m.spec->rows(), m.spec->cols()}].push_back(&m);
   for (auto& [shape, batch] : by_shape) {
     const auto [rows, cols] = shape;
-    const size_t n = rows * cols;
-    std::vector<float> buffer(batch.size() * n);  // U, then O in place: batch × (rows, cols)
-    std::vector<const float*> u;
-    std::vector<float*> o;
+    std::vector<float*> io;
     std::vector<std::string> names;
-    for (size_t b = 0; b < batch.size(); ++b) {
-      Slot& s = *batch[b];
-      muon_momentum({effective_grad(s), n}, grad_scale, s.momentum, {buffer.data() + b * n, n}, options_.muon);
-      u.push_back(buffer.data() + b * n);
-      o.push_back(buffer.data() + b * n);
-      names.push_back(s.ref.spec.name);
+    for (MuonMatrix* m : batch) {
+      io.push_back(m->full.data());
+      names.push_back(m->spec->name);
     }
-    orth_(u, o, rows, cols, names);
+    orth_(std::vector<const float*>(io.begin(), io.end()), io, rows, cols, names);
     const double scale = muon_scale(rows, cols, options_.muon.scale);
-    for (size_t b = 0; b < batch.size(); ++b) {
-      muon_apply({batch[b]->ref.values, n}, {buffer.data() + b * n, n}, options_.muon, scale);
+    for (MuonMatrix* m : batch) {
+      if (!m->slot) continue;
+      const ParamRef& r = m->slot->ref;
+      muon_apply({r.values, size_t(r.count)}, {m->full.data() + r.offset, size_t(r.count)}, options_.muon, scale);
     }
   }
 }
