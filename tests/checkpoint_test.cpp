@@ -12,7 +12,7 @@
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/checksum.hpp"
 #include "dmuon/error.hpp"
-#include "ns_reference_f64.hpp"
+#include "reference_orthogonalizer.hpp"
 #include "test_data.hpp"
 #include "toy_model.hpp"
 
