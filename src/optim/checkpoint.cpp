@@ -201,6 +201,7 @@ void save_checkpoint(const std::string& dir, Optimizer& optimizer) {
     file.metadata["format"] = kFormat;
     json slices = json::array();
     for (const StateSlice& s : optimizer.state_slices()) {
+      if (s.count == 0) continue;  // a parameter this rank holds nothing of (another rank saves it)
       const std::string key = s.kind + "/" + s.param + "@" + std::to_string(s.offset);
       file.tensors[key] = f32_tensor({s.count}, s.data);
       slices.push_back({{"param", s.param}, {"kind", s.kind}, {"key", key}, {"shape", s.shape},
