@@ -211,6 +211,9 @@ class Muon : public Optimizer {
   Muon(std::vector<ParamRef> params, OptimizerOptions options);
 };
 
+// `options` with a single rule that sends every parameter to AdamW.
+OptimizerOptions all_adamw(OptimizerOptions options);
+
 // AdamW for every parameter, whatever its role; shard-local, so ParamRefs may hold any slices.
 class AdamW : public Optimizer {
  public:

@@ -75,11 +75,13 @@ const float* Optimizer::effective_grad(const Slot& s) const {
   return options_.accumulation_steps > 1 ? s.accumulated.data() : s.ref.grad;
 }
 
+OptimizerOptions all_adamw(OptimizerOptions options) {
+  options.rules = {{"*", OptimGroup::adamw}};
+  return options;
+}
+
 AdamW::AdamW(std::vector<ParamRef> params, OptimizerOptions options)
-    : Optimizer(std::move(params), [&] {
-        options.rules = {{"*", OptimGroup::adamw}};
-        return std::move(options);
-      }(), Orthogonalizer{}) {}
+    : Optimizer(std::move(params), all_adamw(std::move(options)), Orthogonalizer{}) {}
 
 void Optimizer::sum_across_ranks(std::span<double>) {}
 
