@@ -60,11 +60,12 @@ std::vector<float> gradient(int p, int t, int64_t n) {
 // dst ← src in place (optimizers hold the buffers' addresses).
 void assign(std::vector<float>& dst, const std::vector<float>& src) { std::copy(src.begin(), src.end(), dst.begin()); }
 
-// The distributed run's model: the registry, loaded with the toy model's initial values.
-std::unique_ptr<shard::ShardedParams> sharded(Layout layout, Mode mode) {
+// The distributed run's model over `comm` (default: the world): the registry, loaded with the toy
+// model's initial values.
+std::unique_ptr<shard::ShardedParams> sharded(Layout layout, Mode mode, std::shared_ptr<comm::Comm> comm = world()) {
   shard::ParamRegistry reg;
   for (const ParamSpec& s : specs()) reg.add(s);
-  auto sp = std::make_unique<shard::ShardedParams>(world(), reg,
+  auto sp = std::make_unique<shard::ShardedParams>(std::move(comm), reg,
                                                    shard::ShardOptions{layout, mode, comm::ReduceOp::sum, true});
   test::ToyModel init(specs(), 7);
   for (int p = 0; p < sp->registry().size(); ++p) sp->load_full(p, init.values[p]);
@@ -74,8 +75,8 @@ std::unique_ptr<shard::ShardedParams> sharded(Layout layout, Mode mode) {
 // Forward and backward through the hooks; rank 0 alone contributes gradient t (a sum over ranks
 // of it and zeros is exact, so every variant sees the same reduced gradient). `poison` puts a NaN
 // into parameter `poison` on the last rank.
-void backward(shard::ShardedParams& sp, int t, int poison = -1) {
-  const int rank = world()->rank();
+void backward(shard::ShardedParams& sp, int t, int poison = -1, const comm::Comm& comm = *world()) {
+  const int rank = comm.rank();
   for (int u = 0; u < sp.num_units(); ++u) {
     sp.before_forward(u);
     sp.after_forward(u);
@@ -86,7 +87,7 @@ void backward(shard::ShardedParams& sp, int t, int poison = -1) {
       auto g = sp.grad(p);
       const std::vector<float> v = gradient(p, t, g.size());
       for (size_t i = 0; i < g.size(); ++i) g[i] = rank == 0 ? v[i] : 0.0f;
-      if (p == poison && rank == world()->size() - 1) g[0] = std::numeric_limits<float>::quiet_NaN();
+      if (p == poison && rank == comm.size() - 1) g[0] = std::numeric_limits<float>::quiet_NaN();
     }
     sp.after_backward(u);
   }
@@ -105,6 +106,11 @@ std::vector<std::vector<float>> full_values(shard::ShardedParams& sp) {
   return out;
 }
 
+// dst's gradients ← step t's.
+void set_gradients(test::ToyModel& m, int t) {
+  for (size_t p = 0; p < m.grads.size(); ++p) assign(m.grads[p], gradient(p, t, m.grads[p].size()));
+}
+
 // Single-process Muon for `steps` steps from the same start.
 test::ToyModel reference(NsAlgo algo, int steps, int poison_step = -1, int poison = -1) {
   test::ToyModel m(specs(), 7);
@@ -112,7 +118,7 @@ test::ToyModel reference(NsAlgo algo, int steps, int poison_step = -1, int poiso
   o.nonfinite = NonFinitePolicy::skip;
   Muon muon(m.refs(), o);
   for (int t = 0; t < steps; ++t) {
-    for (size_t p = 0; p < m.grads.size(); ++p) assign(m.grads[p], gradient(p, t, m.grads[p].size()));
+    set_gradients(m, t);
     if (t == poison_step) m.grads[poison][0] = std::numeric_limits<float>::quiet_NaN();
     muon.step();
   }
@@ -240,13 +246,61 @@ TEST(DistributedMuon, CheckpointResumesBitIdenticallyAndAtOneRank) {
     Muon single(alone.refs(), options(NsAlgo::standard));
     load_checkpoint(dir, single);
     for (int t = 4; t < 8; ++t) {
-      for (size_t p = 0; p < alone.grads.size(); ++p) assign(alone.grads[p], gradient(p, t, alone.grads[p].size()));
+      set_gradients(alone, t);
       single.step();
     }
     expect_equal_model(full_values(*straight_sp), alone, std::string(c.name) + " resumed at 1 rank");
     std::vector<double> barrier = {0};
     world()->all_reduce<double>(barrier, comm::ReduceOp::sum).wait();  // all have read it before the next save
   }
+}
+
+// Save at the world size D with the gather-compute baseline (even layout), resume at ⌈D/2⌉ ranks
+// with DMuon (owner-aligned), save again, resume in one process: the uninterrupted single-process
+// run, within the tolerance of expect_equal_model. At 4 ranks this is 4 → 2 → 1 (at 3, the groups
+// are ranks {0, 1} and {2}).
+TEST(DistributedMuon, CheckpointReshardsToHalfThenOneRank) {
+  test::TempDir tmp;
+  const std::string dir = shared_folder(tmp);
+  const int half_size = (world()->size() + 1) / 2;
+  comm::Options split = comm::Options::from_env();
+  split.ranks_per_node = half_size;  // node() is then the group of ranks [k·half, (k+1)·half)
+  static std::shared_ptr<comm::Comm> grouped = comm::world(split);
+  std::shared_ptr<comm::Comm> half(grouped, &grouped->node());
+  const int group = world()->rank() / half_size;
+  const OptimizerOptions o = options(NsAlgo::standard);
+
+  auto full_sp = sharded(Layout::even, Mode::z3);
+  MuonGatherCompute full(world(), *full_sp, o);
+  for (int t = 0; t < 4; ++t) {
+    backward(*full_sp, t);
+    full.step();
+  }
+  save_checkpoint(dir + "/full", full);
+
+  auto half_sp = sharded(Layout::owner_aligned, Mode::z2, half);
+  DMuon resumed(half, *half_sp, o);
+  EXPECT_EQ(resumed.world_size(), std::min(half_size, world()->size() - group * half_size));
+  load_checkpoint(dir + "/full", resumed);
+  for (int t = 4; t < 8; ++t) {
+    backward(*half_sp, t, -1, *half);
+    resumed.step();
+  }
+  save_checkpoint(dir + "/half" + std::to_string(group), resumed);
+
+  test::ToyModel alone(specs(), 99);
+  Muon single(alone.refs(), o);
+  load_checkpoint(dir + "/half" + std::to_string(group), single);
+  for (int t = 8; t < 12; ++t) {
+    set_gradients(alone, t);
+    single.step();
+  }
+  EXPECT_EQ(single.updates(), 12);
+  const test::ToyModel ref = reference(NsAlgo::standard, 12);
+  expect_equal_model(alone.values, ref, "saved at " + std::to_string(world()->size()) + ", resumed at " +
+                                      std::to_string(half_size) + " then 1");
+  std::vector<double> barrier = {0};
+  world()->all_reduce<double>(barrier, comm::ReduceOp::sum).wait();  // all done before the folder goes
 }
 
 }  // namespace
