@@ -12,6 +12,7 @@
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/checksum.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/npy.hpp"
 #include "reference_orthogonalizer.hpp"
 #include "test_data.hpp"
 #include "toy_model.hpp"
@@ -205,6 +206,14 @@ TEST(Checkpoint, ReadsWholeTensorsForExport) {
   ASSERT_EQ(params.size(), 4u);
   EXPECT_EQ(params.at("w2").shape, (std::vector<int64_t>{3, 4}));
   EXPECT_EQ(params.at("w2").data, m.values[1]);
+  // And as .npy files.
+  EXPECT_EQ(export_checkpoint_npy(dir.path(), dir.file("npy")), 4u);
+  for (size_t p = 0; p < m.specs.size(); ++p) {
+    const NpyArray a = read_npy(dir.file("npy/" + m.specs[p].name + ".npy"));
+    EXPECT_EQ(a.shape, m.specs[p].shape);
+    EXPECT_EQ(a.data, m.values[p]);
+  }
+  EXPECT_THROW(export_checkpoint_npy(dir.file("nothing"), dir.file("out")), Error);
 }
 
 }  // namespace

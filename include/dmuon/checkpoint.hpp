@@ -42,4 +42,8 @@ struct CheckpointTensor {
 // tools (dmuon ckpt export). Validates like load_checkpoint.
 std::map<std::string, CheckpointTensor> read_checkpoint_tensors(const std::string& dir, const std::string& kind);
 
+// Writes every parameter of the checkpoint in `dir` as `out_dir`/<name>.npy (float32, full shape;
+// `out_dir` is created); returns how many. A name that cannot be a file name is an error.
+size_t export_checkpoint_npy(const std::string& dir, const std::string& out_dir);
+
 }  // namespace dmuon

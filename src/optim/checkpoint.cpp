@@ -10,6 +10,7 @@
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/checksum.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/npy.hpp"
 #include "dmuon/safetensors.hpp"
 
 namespace dmuon {
@@ -276,6 +277,18 @@ std::map<std::string, CheckpointTensor> read_checkpoint_tensors(const std::strin
     assemble(manifest, reader, dir, s.param, kind, s.shape, 0, numel(s.shape), t.data.data());
   }
   return out;
+}
+
+size_t export_checkpoint_npy(const std::string& dir, const std::string& out_dir) {
+  const auto params = read_checkpoint_tensors(dir, "param");
+  DMUON_CHECK(!params.empty(), dir, ": the checkpoint holds no parameters");
+  fs::create_directories(out_dir);
+  for (const auto& [name, tensor] : params) {
+    DMUON_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..", dir,
+                ": parameter '", name, "' cannot be a file name");
+    write_npy(out_dir + "/" + name + ".npy", tensor.shape, tensor.data.data());
+  }
+  return params.size();
 }
 
 }  // namespace dmuon
