@@ -5,9 +5,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <random>
 
+#include "dmuon/atomic_file.hpp"
 #include "dmuon/checkpoint.hpp"
 #include "dmuon/distributed_optim.hpp"
 #include "dmuon/linalg.hpp"
@@ -253,6 +255,45 @@ TEST(DistributedMuon, CheckpointResumesBitIdenticallyAndAtOneRank) {
     std::vector<double> barrier = {0};
     world()->all_reduce<double>(barrier, comm::ReduceOp::sum).wait();  // all have read it before the next save
   }
+}
+
+// A corrupt file that only the last rank reads: every rank refuses the checkpoint (the last naming
+// the file), and no rank's parameters change.
+TEST(DistributedMuon, CorruptCheckpointIsRefusedOnEveryRank) {
+  test::TempDir tmp;
+  const std::string dir = shared_folder(tmp);
+  const int last = world()->size() - 1;
+  auto sp = sharded(Layout::owner_aligned, Mode::z3);
+  DMuon saved(world(), *sp, options(NsAlgo::standard));
+  backward(*sp, 0);
+  saved.step();
+  save_checkpoint(dir, saved);
+  if (world()->rank() == last) {
+    char name[32];
+    std::snprintf(name, sizeof name, "/rank-%05d.safetensors", last);
+    std::string bytes = read_file(dir + name);
+    bytes[bytes.size() - 1] ^= 0x01;
+    write_file_atomically(dir + name, bytes);
+  }
+  std::vector<double> barrier = {0};
+  world()->all_reduce<double>(barrier, comm::ReduceOp::sum).wait();  // corrupted before anyone loads
+  auto fresh_sp = sharded(Layout::owner_aligned, Mode::z3);
+  DMuon fresh(world(), *fresh_sp, options(NsAlgo::standard));
+  const auto before = full_values(*fresh_sp);
+  try {
+    load_checkpoint(dir, fresh);
+    ADD_FAILURE() << "a corrupt checkpoint loaded on rank " << world()->rank();
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    if (world()->rank() == last) {
+      EXPECT_NE(what.find("checksum mismatch"), std::string::npos) << what;
+    } else {
+      EXPECT_NE(what.find("failed on another rank"), std::string::npos) << what;
+    }
+  }
+  EXPECT_EQ(full_values(*fresh_sp), before);
+  EXPECT_EQ(fresh.updates(), 0);
+  world()->all_reduce<double>(barrier, comm::ReduceOp::sum).wait();
 }
 
 // Save at the world size D with the gather-compute baseline (even layout), resume at ⌈D/2⌉ ranks
