@@ -150,7 +150,8 @@ struct Case {
 const Case kCases[] = {{"DMuon z3", Layout::owner_aligned, Mode::z3, false},
                        {"DMuon z2", Layout::owner_aligned, Mode::z2, false},
                        {"DMuon replicated", Layout::owner_aligned, Mode::replicated, false},
-                       {"MuonGatherCompute z3", Layout::even, Mode::z3, true}};
+                       {"MuonGatherCompute z3", Layout::even, Mode::z3, true},
+                       {"MuonGatherCompute replicated", Layout::even, Mode::replicated, true}};
 
 std::unique_ptr<Optimizer> make_optimizer(const Case& c, shard::ShardedParams& sp, OptimizerOptions o) {
   if (c.gather_compute) return std::make_unique<MuonGatherCompute>(world(), sp, o);
