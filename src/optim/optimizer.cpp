@@ -17,6 +17,24 @@ OptimGroup assign_group(const std::vector<GroupRule>& rules, const ParamSpec& sp
   }
   return spec.role == ParamRole::matrix ? OptimGroup::muon : OptimGroup::adamw;
 }
+
+// Σ (g_i·scale)² in double; four partial sums break the add latency chain (the order differs from a
+// plain loop by rounding in the last bits of a double, far below what float32 clipping can see).
+double sum_of_squares(const float* g, int64_t n, float scale) {
+  double acc[4] = {0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    for (int k = 0; k < 4; ++k) {
+      const double x = static_cast<double>(g[i + k] * scale);
+      acc[k] += x * x;
+    }
+  }
+  for (; i < n; ++i) {
+    const double x = static_cast<double>(g[i] * scale);
+    acc[0] += x * x;
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
 }  // namespace
 
 Optimizer::Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth)
@@ -108,12 +126,7 @@ bool Optimizer::step() {
   double totals[2] = {0, 0};
   const std::string* bad = nullptr;
   for (const Slot& s : slots_) {
-    const float* g = effective_grad(s);
-    double sq = 0;
-    for (int64_t i = 0; i < s.ref.count; ++i) {
-      const double gi = static_cast<double>(g[i] * mean_scale);
-      sq += gi * gi;
-    }
+    const double sq = sum_of_squares(effective_grad(s), s.ref.count, mean_scale);
     if (!std::isfinite(sq)) {
       totals[1] += 1;
       if (!bad) bad = &s.ref.spec.name;
