@@ -181,7 +181,7 @@ Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>
       fill_plan(params, items, ranks, lpt, lpt_plan);
       if (!milp.assignment.empty()) fill_plan(params, items, ranks, milp.assignment, milp_plan);
       const bool lpt_valid = lpt_plan.memory_ok && (!options.spread_units || respects_spread(items, ranks, lpt));
-      if (milp.assignment.empty() || (milp_plan.makespan_s > lpt_plan.makespan_s && lpt_valid)) {
+      if (milp.assignment.empty() || (milp_plan.makespan_s > lpt_plan.makespan_s * (1 + 1e-9) && lpt_valid)) {
         plan.fell_back = true;
         plan.note = "fell back to LPT: " + (milp.assignment.empty() ? milp.status : "CBC's answer was worse than LPT");
         assignment = std::move(lpt);
