@@ -9,6 +9,7 @@
 
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/models.hpp"
 #include "dmuon/tune.hpp"
 #include "test_data.hpp"
 
@@ -213,6 +214,36 @@ TEST(TuneShapes, TunesMissingEntriesOnceAndReusesTheCache) {
   auto second = tune_shapes(req, cache, counting, 2);
   EXPECT_EQ(calls, after_first);  // everything came from the cache
   EXPECT_EQ(describe(second[1].options), describe(first[1].options));
+}
+
+TEST(TuneShapes, RequestsAreTheBatchesThePlannerAsksFor) {
+  const std::vector<ParamSpec> params = {{"a", {64, 128}, ParamRole::matrix, 1},
+                                         {"b", {64, 128}, ParamRole::matrix, 2},
+                                         {"c", {64, 128}, ParamRole::matrix, 3},
+                                         {"n", {64}, ParamRole::elementwise, 1},
+                                         {"d", {32, 32}, ParamRole::matrix, 1}};
+  auto req = tune_requests(params, 2);
+  ASSERT_EQ(req.size(), 2u);
+  EXPECT_EQ(req[0].rows, 32);
+  EXPECT_EQ(req[0].batch, 1);
+  EXPECT_EQ(req[1].rows, 64);
+  EXPECT_EQ(req[1].batch, 2);  // 3 matrices on 2 ranks
+  // The planner's items under tuned costs: per-matrix share of the tuned batch time.
+  TuneCache cache(key());
+  auto entries = tune_shapes(req, cache, fake_measure, 2);
+  auto items = make_plan_items(params, 2, tuned_batch_time(entries));
+  EXPECT_DOUBLE_EQ(items[0].time_s, entries[1].seconds / 2);
+  EXPECT_THAT([&] { tuned_batch_time(entries)(64, 128, 3); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("no tuned time for shape 64x128 batch 3")));
+}
+
+// The real clock on a tiny shape: every candidate runs through the NS engine without error.
+TEST(TuneShapes, RealTimerRunsEveryCandidate) {
+  TuneCache cache(key());
+  auto entries = tune_shapes({{24, 40, 2}}, cache, make_ns_timer(), 2, 1);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_GT(entries[0].seconds, 0);
+  EXPECT_LE(entries[0].seconds, entries[0].default_seconds);  // the untuned config competes too
 }
 
 TEST(TuneKey, NamesThisMachine) {

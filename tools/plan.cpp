@@ -66,7 +66,7 @@ nlohmann::json to_json(const Plan& p, const std::vector<ParamSpec>& params) {
 
 void run(const PlanArgs& a) {
   const auto params = a.model.load();
-  const auto items = make_plan_items(params, a.ranks, a.costs.batch_time(params));
+  const auto items = make_plan_items(params, a.ranks, a.costs.batch_time(params, a.ranks));
   std::set<std::pair<int64_t, int64_t>> shapes;
   for (const auto& it : items) shapes.insert({it.rows, it.cols});
   std::vector<Balancer> which;

@@ -4,7 +4,7 @@
 // (CPU model, BLAS, threads, dtype) so a later run tunes nothing.
 //
 // Pure parts (candidates, the selection state machine, the cache) take no timings of their own;
-// tune_shapes drives them with a MeasureFn, which in production is measure_ns_batch.
+// tune_shapes drives them with a MeasureFn, which in production is make_ns_timer().
 #pragma once
 
 #include <cstdint>
@@ -14,6 +14,8 @@
 #include <vector>
 
 #include "dmuon/ns.hpp"
+#include "dmuon/params.hpp"
+#include "dmuon/plan.hpp"
 
 namespace dmuon {
 
@@ -109,13 +111,23 @@ struct TuneRequest {
 // Progress: (requests done, requests in all, candidate timings done for the current request).
 using TuneProgressFn = std::function<void(size_t done, size_t total, const std::string& what)>;
 
-// Entries for every request: from the cache when present, else tuned with `measure` and put in the
-// cache (the caller saves it). Returns the entries in request order.
+// Entries for every request: from the cache when present, else tuned with `measure` (candidates:
+// untuned_options first, then tune_candidates) and put in the cache (the caller saves it).
+// Returns the entries in request order.
 std::vector<TuneEntry> tune_shapes(const std::vector<TuneRequest>& requests, TuneCache& cache,
                                    const MeasureFn& measure, int max_threads, int rounds = 3,
                                    const TuneProgressFn& progress = {});
 
-// Times newton_schulz_batched on random inputs (one warm-up run, then one timed run).
-double measure_ns_batch(const NsOptions& options, int64_t rows, int64_t cols, int batch);
+// What a model needs tuned on D ranks: each Muon matrix shape with batch ceil(count/D), the
+// batch make_plan_items asks about. Sorted by shape.
+std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int ranks);
+
+// Batch times from tuned entries, for make_plan_items (--costs measured). Asking for a (shape,
+// batch) the entries lack throws dmuon::Error naming it.
+BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries);
+
+// A MeasureFn that times newton_schulz_batched on fixed random inputs. It keeps the inputs of the
+// last (shape, batch) between calls and makes one untimed warm-up run whenever that changes.
+MeasureFn make_ns_timer();
 
 }  // namespace dmuon

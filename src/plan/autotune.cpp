@@ -5,7 +5,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <sstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -21,39 +23,15 @@ namespace {
 constexpr int kCacheVersion = 1;
 constexpr int64_t kMinTileRows = 128;  // smaller tiles lose more BLAS efficiency than they save (DESIGN 2.3)
 
-std::string algo_name(NsAlgo a) {
-  switch (a) {
-    case NsAlgo::standard: return "standard";
-    case NsAlgo::gram: return "gram";
-    case NsAlgo::automatic: return "auto";
-  }
-  return "?";
-}
-
-NsAlgo parse_algo(const std::string& s) {
-  if (s == "standard") return NsAlgo::standard;
-  if (s == "gram") return NsAlgo::gram;
-  if (s == "auto") return NsAlgo::automatic;
-  DMUON_FAIL("unknown NS algorithm '", s, "' (expected standard, gram or auto)");
-}
-
-std::string mode_name(NsBatchMode m) { return m == NsBatchMode::concurrent ? "concurrent" : "sequential"; }
-
-NsBatchMode parse_mode(const std::string& s) {
-  if (s == "sequential") return NsBatchMode::sequential;
-  if (s == "concurrent") return NsBatchMode::concurrent;
-  DMUON_FAIL("unknown batch mode '", s, "' (expected sequential or concurrent)");
-}
-
 nlohmann::json entry_to_json(const TuneEntry& e) {
   return {{"rows", e.rows},
           {"cols", e.cols},
           {"batch", e.batch},
-          {"algo", algo_name(e.options.algo)},
+          {"algo", to_string(e.options.algo)},
           {"restarts", e.options.restarts},
           {"symmetric", e.options.symmetric},
           {"tiles", e.options.tiles},
-          {"batch_mode", mode_name(e.options.batch_mode)},
+          {"batch_mode", to_string(e.options.batch_mode)},
           {"threads", e.options.threads},
           {"seconds", e.seconds},
           {"default_seconds", e.default_seconds}};
@@ -65,11 +43,11 @@ TuneEntry entry_from_json(const nlohmann::json& j) {
   e.rows = j.at("rows").get<int64_t>();
   e.cols = j.at("cols").get<int64_t>();
   e.batch = j.at("batch").get<int>();
-  e.options.algo = parse_algo(j.at("algo").get<std::string>());
+  e.options.algo = parse_ns_algo(j.at("algo").get<std::string>());
   e.options.restarts = j.at("restarts").get<std::vector<int>>();
   e.options.symmetric = j.at("symmetric").get<bool>();
   e.options.tiles = j.at("tiles").get<int>();
-  e.options.batch_mode = parse_mode(j.at("batch_mode").get<std::string>());
+  e.options.batch_mode = parse_ns_batch_mode(j.at("batch_mode").get<std::string>());
   e.options.threads = j.at("threads").get<int>();
   e.seconds = j.at("seconds").get<double>();
   e.default_seconds = j.at("default_seconds").get<double>();
@@ -124,7 +102,7 @@ NsOptions untuned_options(int max_threads) {
 
 std::string describe(const NsOptions& o) {
   std::ostringstream os;
-  os << algo_name(o.algo);
+  os << to_string(o.algo);
   if (o.algo != NsAlgo::standard) {
     os << " r[";
     for (size_t i = 0; i < o.restarts.size(); ++i) os << (i ? "," : "") << o.restarts[i];
@@ -132,7 +110,7 @@ std::string describe(const NsOptions& o) {
   }
   if (o.symmetric) os << " sym t" << o.tiles;
   else os << " gemm";
-  os << " " << mode_name(o.batch_mode) << " x" << o.threads;
+  os << " " << to_string(o.batch_mode) << " x" << o.threads;
   return os.str();
 }
 
@@ -274,22 +252,43 @@ std::vector<TuneEntry> tune_shapes(const std::vector<TuneRequest>& requests, Tun
       if (progress) progress(k + 1, requests.size(), what + " (cached)");
       continue;
     }
-    const auto candidates = tune_candidates(q.rows, q.cols, q.batch, max_threads);
+    // The untuned configuration competes as candidate 0, so its time is measured under the same
+    // conditions and the winner is never slower than it.
+    std::vector<NsOptions> candidates = {untuned_options(max_threads)};
+    for (auto& o : tune_candidates(q.rows, q.cols, q.batch, max_threads)) candidates.push_back(std::move(o));
     TuneSelector selector(candidates.size(), rounds);
     size_t timed = 0;
     while (auto i = selector.next()) {
       selector.record(measure(candidates[*i], q.rows, q.cols, q.batch));
       if (progress) progress(k, requests.size(), what + ": " + std::to_string(++timed) + " timings");
     }
-    double default_s = std::numeric_limits<double>::infinity();
-    for (int r = 0; r < rounds; ++r) default_s = std::min(default_s, measure(untuned_options(max_threads), q.rows, q.cols, q.batch));
-    TuneEntry e{q.rows, q.cols, q.batch, candidates[selector.best()], selector.best_seconds(), default_s};
-    DMUON_CHECK(e.seconds > 0 && default_s > 0, "tuning ", what, " measured a time of zero");
+    TuneEntry e{q.rows, q.cols, q.batch, candidates[selector.best()], selector.best_seconds(), selector.seconds(0)};
+    DMUON_CHECK(e.seconds > 0, "tuning ", what, " measured a time of zero");
     cache.put(e);
     out.push_back(e);
     if (progress) progress(k + 1, requests.size(), what);
   }
   return out;
+}
+
+std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int ranks) {
+  DMUON_CHECK(ranks >= 1, "rank count must be at least 1, got ", ranks);
+  std::map<std::pair<int64_t, int64_t>, int> count;
+  for (const auto& p : params)
+    if (p.role == ParamRole::matrix) ++count[{p.rows(), p.cols()}];
+  std::vector<TuneRequest> out;
+  for (const auto& [shape, n] : count) out.push_back({shape.first, shape.second, (n + ranks - 1) / ranks});
+  return out;
+}
+
+BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries) {
+  std::map<std::tuple<int64_t, int64_t, int>, double> seconds;
+  for (const auto& e : entries) seconds[{e.rows, e.cols, e.batch}] = e.seconds;
+  return [seconds](int64_t rows, int64_t cols, int batch) {
+    auto it = seconds.find({rows, cols, batch});
+    DMUON_CHECK(it != seconds.end(), "no tuned time for shape ", rows, "x", cols, " batch ", batch);
+    return it->second;
+  };
 }
 
 }  // namespace dmuon
