@@ -85,6 +85,17 @@ TEST(TuneSelector, SingleCandidateIsTimedOnceAndNoneIsAnError) {
   EXPECT_THROW(TuneSelector(2, 0), Error);
 }
 
+TEST(TuneSelector, PinnedBaselineIsTimedEveryRound) {
+  // Candidate 0 is pinned: 3× slower, yet timed in all 3 rounds; candidate 2 is pruned after one.
+  std::vector<std::vector<double>> t = {{3.0, 2.9, 3.1}, {1.0, 1.0, 1.0}, {5.0}};
+  TuneSelector s(3, 3, 1.25, 1);
+  std::vector<int> counts;
+  run_selector(s, t, &counts);
+  EXPECT_EQ(s.best(), 1u);
+  EXPECT_DOUBLE_EQ(s.seconds(0), 2.9);
+  EXPECT_EQ(counts, (std::vector<int>{3, 3, 1}));
+}
+
 TEST(TuneSelector, LateImprovementCanOvertakeAndPrune) {
   // Round 1: 0 = 1.0, 1 = 1.2 (within 1.25×). Round 2: 1 drops to 0.7, and now 0 (1.0 > 1.25·0.7 = 0.875) is pruned.
   std::vector<std::vector<double>> t = {{1.0, 1.0, 1.0}, {1.2, 0.7, 0.7}};

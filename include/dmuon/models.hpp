@@ -38,7 +38,7 @@ std::vector<ParamSpec> params_from_hf_config(const nlohmann::json& config, const
 std::vector<ParamSpec> load_hf_config(const std::string& path, int layers = 0);
 
 // Path of a manifest: `name_or_path` itself if it is a file, else <dir>/<name>.json for dir in
-// $DMUON_MODELS_DIR, ./models, and models/ beside or above the running executable.
+// $DMUON_MODELS_DIR, ./models, and ../models or ../share/dmuon/models from the executable's folder.
 // Throws dmuon::Error listing the folders searched.
 std::string find_model_manifest(const std::string& name_or_path);
 

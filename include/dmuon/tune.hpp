@@ -44,11 +44,11 @@ std::string describe(const NsOptions& options);
 
 // Noise-tolerant choice among candidates (as gemma.cpp's ops/matmul.h autotuner): rounds in which
 // each surviving candidate is timed once; a candidate's time is the minimum of its timings; after
-// each round, candidates slower than prune_ratio × the best are dropped. Done after `rounds` rounds
-// or when one candidate is left.
+// each round, candidates slower than prune_ratio × the best are dropped, except the first `pinned`
+// ones (a baseline whose time is reported). Done after `rounds` rounds or when one candidate is left.
 class TuneSelector {
  public:
-  explicit TuneSelector(size_t candidates, int rounds = 3, double prune_ratio = 1.25);
+  explicit TuneSelector(size_t candidates, int rounds = 3, double prune_ratio = 1.25, size_t pinned = 0);
   // The candidate to time next, or nothing when the choice is made.
   std::optional<size_t> next() const;
   // The timing of the candidate next() returned.
@@ -65,6 +65,7 @@ class TuneSelector {
   std::vector<bool> alive_;
   int rounds_, round_ = 0;
   double prune_ratio_;
+  size_t pinned_;
   size_t cursor_ = 0;  // next alive candidate in this round
 };
 
@@ -112,7 +113,8 @@ struct TuneRequest {
 using TuneProgressFn = std::function<void(size_t done, size_t total, const std::string& what)>;
 
 // Entries for every request: from the cache when present, else tuned with `measure` (candidates:
-// untuned_options first, then tune_candidates) and put in the cache (the caller saves it).
+// untuned_options first, pinned so its reported time has every round, then tune_candidates) and
+// put in the cache (the caller saves it).
 // Returns the entries in request order.
 std::vector<TuneEntry> tune_shapes(const std::vector<TuneRequest>& requests, TuneCache& cache,
                                    const MeasureFn& measure, int max_threads, int rounds = 3,

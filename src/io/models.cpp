@@ -326,10 +326,9 @@ std::string find_model_manifest(const std::string& name_or_path) {
   fs::path exe = fs::read_symlink("/proc/self/exe", ec);
   if (!ec) {
     // build/dmuon → ../models; an installed bin/dmuon → ../share/dmuon/models.
-    for (fs::path dir = exe.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
-      dirs.push_back(dir / "models");
-      dirs.push_back(dir / "share" / "dmuon" / "models");
-    }
+    const fs::path prefix = exe.parent_path().parent_path();
+    dirs.push_back(prefix / "models");
+    dirs.push_back(prefix / "share" / "dmuon" / "models");
   }
   std::string searched;
   for (const auto& dir : dirs) {

@@ -116,11 +116,12 @@ std::string describe(const NsOptions& o) {
 
 // ---- selector ----
 
-TuneSelector::TuneSelector(size_t candidates, int rounds, double prune_ratio)
+TuneSelector::TuneSelector(size_t candidates, int rounds, double prune_ratio, size_t pinned)
     : min_s_(candidates, std::numeric_limits<double>::infinity()),
       alive_(candidates, true),
       rounds_(rounds),
-      prune_ratio_(prune_ratio) {
+      prune_ratio_(prune_ratio),
+      pinned_(pinned) {
   DMUON_CHECK(rounds >= 1, "tuning needs at least one round, got ", rounds);
   DMUON_CHECK(prune_ratio >= 1, "prune ratio must be ≥ 1, got ", prune_ratio);
 }
@@ -144,7 +145,7 @@ void TuneSelector::record(double seconds) {
 void TuneSelector::end_round() {
   ++round_;
   const double best = best_seconds();
-  for (size_t i = 0; i < alive_.size(); ++i)
+  for (size_t i = pinned_; i < alive_.size(); ++i)
     if (alive_[i] && min_s_[i] > prune_ratio_ * best) alive_[i] = false;
   cursor_ = 0;
   while (cursor_ < alive_.size() && !alive_[cursor_]) ++cursor_;
@@ -256,7 +257,7 @@ std::vector<TuneEntry> tune_shapes(const std::vector<TuneRequest>& requests, Tun
     // conditions and the winner is never slower than it.
     std::vector<NsOptions> candidates = {untuned_options(max_threads)};
     for (auto& o : tune_candidates(q.rows, q.cols, q.batch, max_threads)) candidates.push_back(std::move(o));
-    TuneSelector selector(candidates.size(), rounds);
+    TuneSelector selector(candidates.size(), rounds, 1.25, 1);
     size_t timed = 0;
     while (auto i = selector.next()) {
       selector.record(measure(candidates[*i], q.rows, q.cols, q.batch));
