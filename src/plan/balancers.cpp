@@ -75,23 +75,40 @@ std::vector<int> balance_rr(const std::vector<PlanItem>& items, int ranks) {
   return rank;
 }
 
-std::vector<int> balance_lpt(const std::vector<PlanItem>& items, int ranks, int64_t memory_cap_bytes) {
+namespace {
+
+// LPT; with `spread`, a rank also needs room under its unit's ceil(n_u/D) count to be preferred.
+std::vector<int> greedy_lpt(const std::vector<PlanItem>& items, int ranks, int64_t memory_cap_bytes, bool spread) {
   check_ranks(ranks);
   std::vector<double> load(ranks, 0.0);
   std::vector<int64_t> bytes(ranks, 0);
+  std::map<int, int> unit_size;
+  std::map<std::pair<int, int>, int> unit_on_rank;
+  for (const auto& it : items) ++unit_size[it.unit];
   std::vector<int> rank(items.size());
   for (int i : order_by_descending(items, [](const PlanItem& it) { return it.time_s; })) {
+    const int unit = items[i].unit;
+    const int unit_cap = (unit_size[unit] + ranks - 1) / ranks;
     int best = -1, best_any = 0;
     for (int r = 0; r < ranks; ++r) {
       if (load[r] < load[best_any]) best_any = r;
-      if (bytes[r] + items[i].bytes <= memory_cap_bytes && (best < 0 || load[r] < load[best])) best = r;
+      const bool fits = bytes[r] + items[i].bytes <= memory_cap_bytes &&
+                        (!spread || unit_on_rank[{unit, r}] < unit_cap);
+      if (fits && (best < 0 || load[r] < load[best])) best = r;
     }
     if (best < 0) best = best_any;
     rank[i] = best;
     load[best] += items[i].time_s;
     bytes[best] += items[i].bytes;
+    ++unit_on_rank[{unit, best}];
   }
   return rank;
+}
+
+}  // namespace
+
+std::vector<int> balance_lpt(const std::vector<PlanItem>& items, int ranks, int64_t memory_cap_bytes) {
+  return greedy_lpt(items, ranks, memory_cap_bytes, false);
 }
 
 namespace {
@@ -172,7 +189,7 @@ Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>
     case Balancer::rr: assignment = balance_rr(items, ranks); break;
     case Balancer::lpt: assignment = balance_lpt(items, ranks, plan.memory_cap_bytes); break;
     case Balancer::milp: {
-      auto lpt = balance_lpt(items, ranks, plan.memory_cap_bytes);
+      auto lpt = greedy_lpt(items, ranks, plan.memory_cap_bytes, options.spread_units);
       auto milp = detail::balance_milp(items, ranks, plan.memory_cap_bytes, lpt, lower_bound(items, ranks), options);
       plan.note = milp.status;
       // Keep CBC's answer only when it exists and is no worse than the LPT start.
