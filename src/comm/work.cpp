@@ -1,0 +1,261 @@
+// Backend-independent parts of the communicator: Work handles (polling, timeout, composition),
+// options from the environment, the typed interface's count checks.
+#include <chrono>
+#include <cstdlib>
+#include <deque>
+#include <string>
+#include <thread>
+
+#include "comm/failure.hpp"
+#include "dmuon/comm.hpp"
+
+namespace dmuon::comm {
+
+std::string_view to_string(DType t) {
+  switch (t) {
+    case DType::f32:
+      return "float32";
+    case DType::f64:
+      return "float64";
+    case DType::i64:
+      return "int64";
+    case DType::u8:
+      return "uint8";
+  }
+  return "?";
+}
+
+std::string_view to_string(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::average:
+      return "average";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
+  }
+  return "?";
+}
+
+std::size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::f32:
+      return 4;
+    case DType::f64:
+      return 8;
+    case DType::i64:
+      return 8;
+    case DType::u8:
+      return 1;
+  }
+  return 0;
+}
+
+namespace {
+const char* env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr && *v != '\0' ? v : nullptr;
+}
+
+double parse_number(const char* name, const char* text) {
+  char* end = nullptr;
+  double v = std::strtod(text, &end);
+  DMUON_CHECK(end != text && *end == '\0', "environment variable ", name, "='", text, "' is not a number");
+  return v;
+}
+}  // namespace
+
+Options Options::from_env() {
+  Options o;
+  if (const char* v = env("DMUON_COMM_TIMEOUT_S")) {
+    o.timeout_s = parse_number("DMUON_COMM_TIMEOUT_S", v);
+    DMUON_CHECK(o.timeout_s > 0, "DMUON_COMM_TIMEOUT_S must be positive, got ", v);
+  }
+  if (const char* v = env("DMUON_RANKS_PER_NODE")) {
+    double n = parse_number("DMUON_RANKS_PER_NODE", v);
+    DMUON_CHECK(n >= 1 && n == static_cast<int>(n), "DMUON_RANKS_PER_NODE must be a positive integer, got ", v);
+    o.ranks_per_node = static_cast<int>(n);
+  }
+  if (const char* v = env("DMUON_COMM_CHECK")) o.check_calls = std::string(v) != "0";
+  if (const char* v = env("DMUON_COMM_V_ALGO")) {
+    std::string s(v);
+    DMUON_CHECK(s == "per_owner" || s == "native", "DMUON_COMM_V_ALGO must be native or per_owner, got ", v);
+    o.v_algorithm = s == "native" ? VAlgorithm::native : VAlgorithm::per_owner;
+  }
+  return o;
+}
+
+void Comm::check_counts(const char* what, std::span<const int64_t> counts, std::size_t mine, std::size_t total) const {
+  DMUON_CHECK(counts.size() == static_cast<std::size_t>(size()), what, " on rank ", rank(), ": ", counts.size(),
+              " per-rank counts for ", size(), " ranks");
+  int64_t sum = 0;
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    DMUON_CHECK(counts[r] >= 0, what, " on rank ", rank(), ": negative count ", counts[r], " for rank ", r);
+    sum += counts[r];
+  }
+  DMUON_CHECK(static_cast<std::size_t>(counts[rank()]) == mine, what, " on rank ", rank(), ": my block has ", mine,
+              " elements but counts[", rank(), "] = ", counts[rank()]);
+  DMUON_CHECK(static_cast<std::size_t>(sum) == total, what, " on rank ", rank(), ": full buffer has ", total,
+              " elements but the counts sum to ", sum);
+}
+
+// ---- Work ----
+
+bool Work::test() {
+  if (!state_) return true;
+  if (!state_->test()) return false;
+  state_.reset();
+  return true;
+}
+
+double Work::wait() {
+  using clock = std::chrono::steady_clock;
+  if (test()) return 0;
+  const auto start = clock::now();
+  const auto deadline = start + std::chrono::duration<double>(timeout_s_);
+  // Spin on test(); after a while yield the core, since ranks may outnumber cores.
+  for (int polls = 0;; ++polls) {
+    if (test()) return std::chrono::duration<double>(clock::now() - start).count();
+    if (polls > 1000) std::this_thread::yield();
+    if ((polls & 255) == 0 && clock::now() > deadline) {
+      detail::mark_comm_failed();
+      DMUON_FAIL("dmuon comm: timed out after ", timeout_s_, " s waiting for ", state_->describe(),
+                 " (a peer rank died or did not call the same collective; DMUON_COMM_TIMEOUT_S sets the limit)");
+    }
+  }
+}
+
+namespace {
+class ThenRun : public WorkState {
+ public:
+  ThenRun(Work first, std::function<void()> fn, std::string what)
+      : first_(std::move(first)), fn_(std::move(fn)), what_(std::move(what)) {}
+  bool test() override {
+    if (!first_.test()) return false;
+    if (fn_) {
+      auto fn = std::move(fn_);
+      fn_ = nullptr;
+      fn();
+    }
+    return true;
+  }
+  std::string describe() const override { return what_; }
+
+ private:
+  Work first_;
+  std::function<void()> fn_;
+  std::string what_;
+};
+
+}  // namespace
+
+namespace detail {
+// Deferred posts on one communicator, in creation order: a post happens only after all earlier
+// ones did, so completion order (which differs across ranks) never reorders collectives.
+class DeferredPosts {
+ public:
+  struct Entry {
+    Work first;
+    std::function<Work()> next;
+    Work second;
+    bool posted = false;
+  };
+  std::shared_ptr<Entry> add(Work first, std::function<Work()> next) {
+    auto e = std::make_shared<Entry>(Entry{std::move(first), std::move(next), Work(), false});
+    queue_.push_back(e);
+    return e;
+  }
+  // Posts every entry at the head whose first stage is complete.
+  void drive() {
+    while (!queue_.empty() && queue_.front()->first.test()) {
+      auto e = queue_.front();
+      queue_.pop_front();
+      posting = true;
+      struct Reset {
+        bool& flag;
+        ~Reset() { flag = false; }
+      } reset{posting};
+      auto next = std::move(e->next);
+      e->next = nullptr;
+      e->second = next();
+      e->posted = true;
+    }
+  }
+  bool posting = false;
+
+ private:
+  std::deque<std::shared_ptr<Entry>> queue_;
+};
+}  // namespace detail
+
+namespace {
+class ThenStart : public WorkState {
+ public:
+  ThenStart(detail::DeferredPosts& queue, std::shared_ptr<detail::DeferredPosts::Entry> entry)
+      : queue_(queue), entry_(std::move(entry)) {}
+  bool test() override {
+    queue_.drive();
+    return entry_->posted && entry_->second.test();
+  }
+  std::string describe() const override {
+    return entry_->posted         ? entry_->second.describe()
+           : entry_->first.done() ? "a deferred post waiting for an earlier one"
+                                  : entry_->first.describe();
+  }
+
+ private:
+  detail::DeferredPosts& queue_;
+  std::shared_ptr<detail::DeferredPosts::Entry> entry_;
+};
+
+class All : public WorkState {
+ public:
+  explicit All(std::vector<Work> parts) : parts_(std::move(parts)) {}
+  bool test() override {
+    bool all_done = true;
+    for (auto& w : parts_) all_done = w.test() && all_done;
+    return all_done;
+  }
+  std::string describe() const override {
+    for (const auto& w : parts_)
+      if (!w.done()) return w.describe();
+    return "a completed operation";
+  }
+
+ private:
+  std::vector<Work> parts_;
+};
+}  // namespace
+
+std::string Work::describe() const { return state_ ? state_->describe() : "a completed operation"; }
+
+Work Work::then_run(Work first, std::function<void()> fn) {
+  if (first.test()) {
+    fn();
+    return Work();
+  }
+  double timeout = first.timeout_s_;
+  std::string what = first.describe();
+  return Work(std::make_shared<ThenRun>(std::move(first), std::move(fn), std::move(what)), timeout);
+}
+
+Comm::Comm() : deferred_(std::make_unique<detail::DeferredPosts>()) {}
+Comm::~Comm() = default;
+bool Comm::posting_deferred() const { return deferred_->posting; }
+
+Work Work::then_start(Work first, Comm& target, std::function<Work()> next) {
+  double timeout = first.timeout_s_;
+  auto entry = target.deferred_->add(std::move(first), std::move(next));
+  target.deferred_->drive();
+  return Work(std::make_shared<ThenStart>(*target.deferred_, std::move(entry)), timeout);
+}
+
+Work Work::all(std::vector<Work> parts) {
+  double timeout = 0;
+  for (const auto& w : parts) timeout = std::max(timeout, w.timeout_s_);
+  return Work(std::make_shared<All>(std::move(parts)), timeout);
+}
+
+}  // namespace dmuon::comm

@@ -1,0 +1,311 @@
+// The gather / release / reduce engine over per-unit packed buffers (see include/dmuon/shard.hpp).
+#include <algorithm>
+#include <cstring>
+#include <map>
+
+#include "dmuon/shard.hpp"
+
+namespace dmuon::shard {
+
+struct ShardedParams::Unit {
+  UnitLayout layout;
+  std::vector<int64_t> counts;                                  // per-rank shard sizes
+  std::vector<float> shard;                                     // my shard of the parameters (sharded modes)
+  std::vector<float> packed;                                    // gathered parameters (replicated: persistent)
+  std::vector<float> packed_grads;                              // full gradients of this rank, packed order
+  std::vector<float> shard_grads;                               // reduced gradients of my shard (sharded modes)
+  std::map<int, std::vector<float>> split_params, split_grads;  // full copies of multi-segment params
+  comm::Work gather_work, reduce_work;
+  // Changed only by collective calls, so identical on every rank: the hooks decide from it which
+  // collectives to start (completion order may differ across ranks and must not steer them).
+  enum class Gather { none, started, ready } gather_state = Gather::none;
+  bool is_gathered = false;  // local: packed holds the gathered unit (views valid)
+  bool grads_ready = false;  // packed_grads zeroed and writable
+  bool reduced = false;      // shard grads valid
+  UnitTimes times;
+};
+
+namespace {
+// Copies parameter p between its full contiguous form and its segments in a packed buffer.
+void copy_segments(const std::vector<Segment>& segs, float* packed, float* full, bool to_full) {
+  for (const Segment& s : segs) {
+    float* in_packed = packed + s.offset_in_packed;
+    float* in_full = full + s.offset_in_param;
+    if (to_full)
+      std::memcpy(in_full, in_packed, sizeof(float) * s.length);
+    else
+      std::memcpy(in_packed, in_full, sizeof(float) * s.length);
+  }
+}
+}  // namespace
+
+ShardedParams::ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry registry, ShardOptions options,
+                             std::vector<int> owners)
+    : comm_(std::move(comm)), registry_(std::move(registry)), options_(options), owners_(std::move(owners)) {
+  DMUON_CHECK(comm_ != nullptr, "ShardedParams needs a communicator");
+  DMUON_CHECK(options_.grad_reduce == comm::ReduceOp::sum || options_.grad_reduce == comm::ReduceOp::average,
+              "gradient reduction must be sum or average, got ", comm::to_string(options_.grad_reduce));
+  registry_.verify_across(*comm_);
+  const auto& specs = registry_.specs();
+  const int d = comm_->size();
+  if (owners_.empty()) owners_ = lpt_owners(specs, d);
+  DMUON_CHECK(owners_.size() == specs.size(), "owner table has ", owners_.size(), " entries for ", specs.size(),
+              " parameters");
+  for (int u = 0; u < registry_.num_units(); ++u) {
+    auto unit = std::make_unique<Unit>();
+    unit->layout =
+        options_.layout == Layout::even ? even_layout(specs, u, d) : owner_aligned_layout(specs, owners_, u, d);
+    unit->counts = unit->layout.shard_sizes();
+    if (options_.mode == Mode::replicated) {
+      unit->packed.assign(unit->layout.total(), 0.f);
+      unit->is_gathered = true;
+    } else {
+      unit->shard.assign(unit->layout.shard_size(comm_->rank()), 0.f);
+    }
+    for (int p : unit->layout.params)
+      if (unit->layout.segments_of(p).size() > 1) {
+        unit->split_params[p].assign(specs[p].numel(), 0.f);
+        unit->split_grads[p];
+      }
+    units_.push_back(std::move(unit));
+  }
+}
+
+ShardedParams::~ShardedParams() = default;
+
+ShardedParams::Unit& ShardedParams::unit_at(int unit, const char* what) {
+  DMUON_CHECK(unit >= 0 && unit < num_units(), what, ": unit ", unit, " is not in [0, ", num_units(), ")");
+  return *units_[unit];
+}
+
+const UnitLayout& ShardedParams::layout(int unit) const {
+  DMUON_CHECK(unit >= 0 && unit < num_units(), "layout: unit ", unit, " is not in [0, ", num_units(), ")");
+  return units_[unit]->layout;
+}
+
+std::vector<LocalPiece> ShardedParams::local_pieces(int unit) const { return layout(unit).local_pieces(comm_->rank()); }
+
+std::span<float> ShardedParams::shard_params(int unit) {
+  Unit& u = unit_at(unit, "shard_params");
+  if (options_.mode == Mode::replicated)
+    return std::span<float>(u.packed).subspan(u.layout.shard_offset[comm_->rank()], u.counts[comm_->rank()]);
+  return u.shard;
+}
+
+std::span<float> ShardedParams::shard_grads(int unit) {
+  Unit& u = unit_at(unit, "shard_grads");
+  DMUON_CHECK(u.reduced, "shard_grads: unit ", unit, " has no reduced gradients (call reduce_grads and wait)");
+  if (options_.mode == Mode::replicated)
+    return std::span<float>(u.packed_grads).subspan(u.layout.shard_offset[comm_->rank()], u.counts[comm_->rank()]);
+  return u.shard_grads;
+}
+
+void ShardedParams::load_full(int param, std::span<const float> values) {
+  DMUON_CHECK(param >= 0 && param < registry_.size(), "load_full: parameter index ", param, " out of range");
+  const ParamSpec& spec = registry_.specs()[param];
+  DMUON_CHECK(static_cast<int64_t>(values.size()) == spec.numel(), "load_full: parameter '", spec.name, "' has ",
+              spec.numel(), " elements, got ", values.size());
+  Unit& u = *units_[spec.unit];
+  if (options_.mode == Mode::replicated) {
+    copy_segments(u.layout.segments_of(param), u.packed.data(), const_cast<float*>(values.data()), false);
+    if (u.split_params.count(param)) std::copy(values.begin(), values.end(), u.split_params[param].begin());
+    return;
+  }
+  for (const LocalPiece& pc : local_pieces(spec.unit))
+    if (pc.param == param)
+      std::copy_n(values.begin() + pc.offset_in_param, pc.length, u.shard.begin() + pc.offset_in_shard);
+}
+
+// ---- operations ----
+
+void ShardedParams::start_gather(Unit& u) {
+  DMUON_CHECK(u.gather_state != Unit::Gather::started, "gather: unit ", u.layout.unit, " is already being gathered");
+  const int r = comm_->rank();
+  if (options_.mode != Mode::replicated) u.packed.resize(u.layout.total());
+  const float* send = options_.mode == Mode::replicated ? u.packed.data() + u.layout.shard_offset[r] : u.shard.data();
+  comm::Work w = comm_->all_gatherv<float>(std::span<const float>(send, u.counts[r]), u.packed, u.counts);
+  u.gather_state = Unit::Gather::started;
+  u.is_gathered = false;
+  u.gather_work = comm::Work::then_run(std::move(w), [&u] {
+    for (auto& [p, full] : u.split_params) copy_segments(u.layout.segments_of(p), u.packed.data(), full.data(), true);
+    u.is_gathered = true;
+  });
+}
+
+comm::Work ShardedParams::gather(int unit) {
+  Unit& u = unit_at(unit, "gather");
+  start_gather(u);
+  return u.gather_work;
+}
+
+void ShardedParams::release(int unit) {
+  Unit& u = unit_at(unit, "release");
+  DMUON_CHECK(u.gather_state != Unit::Gather::started, "release: unit ", unit, " is still being gathered (wait first)");
+  u.gather_state = Unit::Gather::none;
+  if (options_.mode == Mode::replicated) return;  // the next gather refreshes the owners' updates
+  u.is_gathered = false;
+  std::vector<float>().swap(u.packed);
+}
+
+void ShardedParams::zero_grads(int unit) {
+  Unit& u = unit_at(unit, "zero_grads");
+  DMUON_CHECK(u.reduce_work.done(), "zero_grads: unit ", unit, " has a reduce in flight (wait first)");
+  u.packed_grads.assign(u.layout.total(), 0.f);
+  for (auto& [p, full] : u.split_grads) full.assign(registry_.specs()[p].numel(), 0.f);
+  u.grads_ready = true;
+  u.reduced = false;
+}
+
+comm::Work ShardedParams::reduce_grads(int unit) {
+  Unit& u = unit_at(unit, "reduce_grads");
+  DMUON_CHECK(u.grads_ready, "reduce_grads: unit ", unit, " has no gradients (call zero_grads and fill them)");
+  for (auto& [p, full] : u.split_grads)
+    copy_segments(u.layout.segments_of(p), u.packed_grads.data(), full.data(), false);
+  u.grads_ready = false;
+  comm::Work w;
+  const auto op = options_.grad_reduce;
+  const int me = comm_->rank();
+  if (options_.mode == Mode::replicated && options_.two_stage && comm_->topology().two_level()) {
+    // Two-stage reduce-scatter to the shards, then an in-place all-gather of the reduced shards:
+    // the all-reduce with each byte crossing nodes once per direction.
+    u.shard_grads.resize(u.counts[me]);
+    const int64_t at = u.layout.shard_offset[me];
+    w = comm::Work::then_start(comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.data(), u.shard_grads.data(),
+                                                               u.counts, comm::DType::f32, op),
+                               *comm_, [this, &u, at, me] {
+                                 std::copy(u.shard_grads.begin(), u.shard_grads.end(), u.packed_grads.begin() + at);
+                                 return comm_->all_gatherv<float>(
+                                     std::span<const float>(u.packed_grads.data() + at, u.counts[me]), u.packed_grads,
+                                     u.counts);
+                               });
+  } else if (options_.mode == Mode::replicated) {
+    w = comm_->all_reduce<float>(u.packed_grads, op);
+  } else {
+    u.shard_grads.resize(u.counts[me]);
+    if (options_.two_stage)
+      w = comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.data(), u.shard_grads.data(), u.counts,
+                                          comm::DType::f32, op);
+    else
+      w = comm_->reduce_scatterv<float>(u.packed_grads, u.shard_grads, u.counts, op);
+  }
+  const bool keep_full = options_.mode == Mode::replicated;
+  u.reduce_work = comm::Work::then_run(std::move(w), [&u, keep_full] {
+    if (!keep_full) std::vector<float>().swap(u.packed_grads);
+    u.reduced = true;
+  });
+  return u.reduce_work;
+}
+
+void ShardedParams::wait_gather(Unit& u) {
+  if (u.gather_state != Unit::Gather::started) return;
+  u.gather_state = Unit::Gather::ready;
+  if (u.gather_work.done()) return;
+  u.times.gather_wait_s += u.gather_work.wait();
+  ++u.times.gather_blocks;
+}
+
+void ShardedParams::wait_reduce(Unit& u) {
+  if (u.reduce_work.done()) return;
+  u.times.reduce_wait_s += u.reduce_work.wait();
+  ++u.times.reduce_blocks;
+}
+
+void ShardedParams::wait(int unit) {
+  Unit& u = unit_at(unit, "wait");
+  wait_gather(u);
+  wait_reduce(u);
+}
+
+void ShardedParams::progress() {
+  for (auto& u : units_) {
+    u->gather_work.test();
+    u->reduce_work.test();
+  }
+}
+
+namespace {
+// Full view of parameter p: its own copy if it is cut into several segments, else in place.
+std::span<float> full_view(const UnitLayout& layout, int p, int64_t numel, std::vector<float>& packed,
+                           std::map<int, std::vector<float>>& split) {
+  auto it = split.find(p);
+  if (it != split.end()) return it->second;
+  return std::span<float>(packed).subspan(layout.segments_of(p).front().offset_in_packed, numel);
+}
+}  // namespace
+
+std::span<float> ShardedParams::param(int p) {
+  DMUON_CHECK(p >= 0 && p < registry_.size(), "param: index ", p, " out of range");
+  const ParamSpec& spec = registry_.specs()[p];
+  Unit& u = *units_[spec.unit];
+  DMUON_CHECK(u.is_gathered, "parameter '", spec.name, "' of unit ", spec.unit,
+              " is not gathered (call gather and wait, or before_forward/before_backward)");
+  return full_view(u.layout, p, spec.numel(), u.packed, u.split_params);
+}
+
+std::span<float> ShardedParams::grad(int p) {
+  DMUON_CHECK(p >= 0 && p < registry_.size(), "grad: index ", p, " out of range");
+  const ParamSpec& spec = registry_.specs()[p];
+  Unit& u = *units_[spec.unit];
+  DMUON_CHECK(u.grads_ready, "gradient of '", spec.name, "' (unit ", spec.unit,
+              ") is not writable (call zero_grads or before_backward)");
+  return full_view(u.layout, p, spec.numel(), u.packed_grads, u.split_grads);
+}
+
+bool ShardedParams::gathered(int unit) const {
+  DMUON_CHECK(unit >= 0 && unit < num_units(), "gathered: unit ", unit, " is not in [0, ", num_units(), ")");
+  return units_[unit]->is_gathered;
+}
+
+// ---- hooks ----
+
+void ShardedParams::before_forward(int unit) {
+  Unit& u = unit_at(unit, "before_forward");
+  // Gradient reduces of the last backward end first: a replicated two-stage reduce posts its
+  // all-gather on the world communicator later (deferred), which no gather may overtake.
+  if (unit == 0) finish_backward();
+  if (u.gather_state == Unit::Gather::none) start_gather(u);
+  wait_gather(u);
+  if (unit + 1 < num_units() && units_[unit + 1]->gather_state == Unit::Gather::none) start_gather(*units_[unit + 1]);
+  progress();
+}
+
+void ShardedParams::after_forward(int unit) {
+  // z3 frees the unit; replicated keeps the buffer but marks it for a refresh in the next forward.
+  if (options_.mode == Mode::z3 || options_.mode == Mode::replicated) release(unit);
+  progress();
+}
+
+void ShardedParams::before_backward(int unit) {
+  Unit& u = unit_at(unit, "before_backward");
+  if (options_.mode != Mode::replicated) {
+    if (u.gather_state == Unit::Gather::none) start_gather(u);
+    wait_gather(u);
+    if (options_.mode == Mode::z3 && unit > 0 && units_[unit - 1]->gather_state == Unit::Gather::none)
+      start_gather(*units_[unit - 1]);
+  }
+  wait_reduce(u);  // the previous step's reduce, if the loop skipped finish_backward
+  zero_grads(unit);
+  progress();
+}
+
+void ShardedParams::after_backward(int unit) {
+  reduce_grads(unit);
+  if (options_.mode != Mode::replicated) release(unit);
+  if (unit + 1 < num_units()) wait_reduce(*units_[unit + 1]);
+  progress();
+}
+
+void ShardedParams::finish_backward() {
+  for (auto& u : units_) wait_reduce(*u);
+}
+
+const UnitTimes& ShardedParams::times(int unit) const {
+  DMUON_CHECK(unit >= 0 && unit < num_units(), "times: unit ", unit, " is not in [0, ", num_units(), ")");
+  return units_[unit]->times;
+}
+
+void ShardedParams::reset_times() {
+  for (auto& u : units_) u->times = UnitTimes{};
+}
+
+}  // namespace dmuon::shard
