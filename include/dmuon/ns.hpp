@@ -42,6 +42,37 @@ void newton_schulz(const float* u, float* o, int64_t rows, int64_t cols, const N
 void newton_schulz_batched(std::span<const float* const> u, std::span<float* const> o, int64_t rows, int64_t cols,
                            const NsOptions& options, std::span<const std::string> names = {});
 
+// One row of a coefficient schedule: p(x) = a·x + b·x³ + c·x⁵.
+struct NsStep {
+  double a, b, c;
+};
+
+// The safety factor a schedule uses when NsOptions::safety is 0: 1 for keller and you, 1.01 for
+// polar-express (the paper's value).
+double ns_default_safety(NsCoeffs coeffs);
+
+// The `steps` rows a run uses (DESIGN 2.4): past the end of the table the last row repeats; a safety
+// factor s maps (a,b,c) to (a/s, b/s³, c/s⁵) (for polar-express every row except its final, converged
+// one (1.875, −1.25, 0.375), as in the paper's code). s ≤ 0 means the schedule's default.
+std::vector<NsStep> ns_schedule(NsCoeffs coeffs, int steps, double safety = 0.0);
+
+// The algorithm `automatic` picks for a rows×cols matrix: gram when max/min ≥ 2. DESIGN 2.3's cost
+// table gives gram 26 vs 35 m³ (standard with SYRK) at aspect 2 and equal flops at 1, where gram's
+// triangle products run slower (DESIGN 5: 0.82–0.84× vs 0.71× of the plain path on squares).
+// standard and gram are returned unchanged.
+NsAlgo ns_resolve_algo(NsAlgo algo, int64_t rows, int64_t cols);
+
+// Names as the CLI spells them ("standard", "gram", "auto"; "keller", "you", "polar-express";
+// "sequential", "concurrent"); parse_* throw dmuon::Error listing the valid names.
+std::string to_string(NsAlgo algo);
+std::string to_string(NsCoeffs coeffs);
+std::string to_string(NsBatchMode mode);
+NsAlgo parse_ns_algo(const std::string& name);
+NsCoeffs parse_ns_coeffs(const std::string& name);
+NsBatchMode parse_ns_batch_mode(const std::string& name);
+// Restart steps from a comma-separated list ("2", "1,3"; "" or "none": no restarts).
+std::vector<int> parse_ns_restarts(const std::string& list);
+
 // Flops of the plain standard recurrence (full GEMMs): steps·(4m²n + 2m³), m = min, n = max dim.
 double standard_ns_flops(int64_t rows, int64_t cols, int steps);
 

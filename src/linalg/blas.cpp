@@ -23,6 +23,14 @@ void set_threads(int n) {
 
 int threads() { return openblas_get_num_threads(); }
 
+ThreadsScope::ThreadsScope(int n) : previous_(threads()) {
+  if (n > 0 && n != previous_) set_threads(n);
+}
+
+ThreadsScope::~ThreadsScope() {
+  if (threads() != previous_) openblas_set_num_threads(previous_);
+}
+
 std::string blas_description() {
   std::string config = openblas_get_config();
   std::string version = OPENBLAS_VERSION;

@@ -1,0 +1,40 @@
+// Per-step training metrics as CSV, one row per optimizer step:
+//   step,train_loss,val_loss,step_s,fwd_bwd_s,optim_s,comm_wait_s
+// val_loss is empty on steps without evaluation. Times are wall-clock seconds of this rank (step_s: the
+// whole step; fwd_bwd_s: forward and backward compute; optim_s: the optimizer; comm_wait_s: time blocked
+// on communication that did not overlap compute).
+#pragma once
+
+#include <cstdint>
+#include <fstream>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace dmuon {
+
+struct StepMetrics {
+  int64_t step = 0;
+  double train_loss = 0;
+  std::optional<double> val_loss;
+  double step_s = 0, fwd_bwd_s = 0, optim_s = 0, comm_wait_s = 0;
+};
+
+// Writes the header on construction and flushes every row, so a run that dies keeps what it measured.
+// Throws dmuon::Error naming the path when the file cannot be created or written.
+class MetricsCsvWriter {
+ public:
+  explicit MetricsCsvWriter(const std::string& path);
+  void write(const StepMetrics& row);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+// Reads a file written by MetricsCsvWriter; throws dmuon::Error naming the path and line when the header
+// or a row is malformed.
+std::vector<StepMetrics> read_metrics_csv(const std::string& path);
+
+}  // namespace dmuon

@@ -1,0 +1,86 @@
+// newton_schulz_batched equals k calls of newton_schulz bit for bit, in both batch modes, and
+// reports a bad matrix by its name.
+#include <gtest/gtest.h>
+
+#include <limits>
+
+#include "dmuon/error.hpp"
+#include "dmuon/linalg.hpp"
+#include "dmuon/ns.hpp"
+#include "ns_reference.hpp"
+
+namespace dmuon {
+namespace {
+
+struct Batch {
+  std::vector<std::vector<float>> in, out;
+  std::vector<const float*> in_ptrs;
+  std::vector<float*> out_ptrs;
+  Batch(int k, int64_t rows, int64_t cols) {
+    for (int i = 0; i < k; ++i) {
+      in.push_back(test::to_floats(test::gaussian(rows, cols, 100 + i)));
+      out.emplace_back(rows * cols, -1.0f);
+    }
+    for (int i = 0; i < k; ++i) {
+      in_ptrs.push_back(in[i].data());
+      out_ptrs.push_back(out[i].data());
+    }
+  }
+};
+
+TEST(NewtonSchulzBatched, EqualsUnbatchedBitForBit) {
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{40, 100}, {100, 40}, {60, 60}, {1, 30}}) {
+    for (NsBatchMode mode : {NsBatchMode::sequential, NsBatchMode::concurrent}) {
+      for (int threads : {1, 2, 3}) {
+        NsOptions options;
+        options.batch_mode = mode;
+        options.threads = threads;
+        Batch batch(5, rows, cols);
+        newton_schulz_batched(batch.in_ptrs, batch.out_ptrs, rows, cols, options);
+        for (int i = 0; i < 5; ++i) {
+          std::vector<float> single(rows * cols);
+          newton_schulz(batch.in[i].data(), single.data(), rows, cols, NsOptions{});
+          EXPECT_EQ(batch.out[i], single)
+              << rows << "x" << cols << ", " << to_string(mode) << ", " << threads << " threads, matrix " << i;
+        }
+      }
+    }
+  }
+}
+
+TEST(NewtonSchulzBatched, RestoresBlasThreads) {
+  const int before = linalg::threads();
+  Batch batch(4, 20, 50);
+  NsOptions options;
+  options.batch_mode = NsBatchMode::concurrent;
+  options.threads = 2;
+  newton_schulz_batched(batch.in_ptrs, batch.out_ptrs, 20, 50, options);
+  EXPECT_EQ(linalg::threads(), before);
+}
+
+TEST(NewtonSchulzBatched, NamesTheBadMatrix) {
+  for (NsBatchMode mode : {NsBatchMode::sequential, NsBatchMode::concurrent}) {
+    Batch batch(4, 10, 20);
+    batch.in[2][5] = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<std::string> names = {"w0", "w1", "w2", "w3"};
+    NsOptions options;
+    options.batch_mode = mode;
+    options.threads = 2;
+    try {
+      newton_schulz_batched(batch.in_ptrs, batch.out_ptrs, 10, 20, options, names);
+      FAIL() << "no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("'w2'"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(NewtonSchulzBatched, RejectsMismatchedSpans) {
+  Batch batch(3, 4, 4);
+  const std::vector<std::string> names = {"a", "b"};
+  EXPECT_THROW(newton_schulz_batched(batch.in_ptrs, std::span<float* const>(batch.out_ptrs).first(2), 4, 4, {}), Error);
+  EXPECT_THROW(newton_schulz_batched(batch.in_ptrs, batch.out_ptrs, 4, 4, {}, names), Error);
+}
+
+}  // namespace
+}  // namespace dmuon
