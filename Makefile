@@ -21,3 +21,8 @@ demo: build
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log
+
+# Regenerates docs/BENCHMARKS.md and its figures (scripts/bench.sh; about 15-25 minutes on 2 cores).
+.PHONY: bench
+bench: build
+	BUILD=$(BUILD) bash scripts/bench.sh

@@ -248,3 +248,27 @@ Work reduce_scatterv_two_stage(Comm& world, const void* send, void* recv, std::s
                                ReduceOp op);
 
 }  // namespace dmuon::comm
+
+namespace dmuon::comm {
+
+// What the collectives issued through a counting communicator cost this rank (benchmarks).
+//   payload_bytes: Σ over collectives of the whole buffer's bytes (all-gather(v): recv; reduce-scatter(v):
+//     send; all-reduce, broadcast, reduce: the buffer).
+//   sent_bytes: Σ of the bytes each rank sends, on average over ranks, when the collective runs as a ring
+//     (all-gather(v), reduce-scatter(v): (n−1)/n · payload; all-reduce: 2(n−1)/n · payload) or a pipelined
+//     chain (broadcast, reduce: (n−1)/n · payload): exact arithmetic on the sizes, the nccl-tests bus-bandwidth
+//     convention. What the MPI library's chosen algorithm actually puts on the wire may differ.
+//   blocked_s: seconds this rank spent inside the communicator (posting, and every test()/wait() of the
+//     returned Work until it completed): communication the caller did not hide behind compute.
+struct Traffic {
+  int64_t collectives = 0;
+  double payload_bytes = 0;
+  double sent_bytes = 0;
+  double blocked_s = 0;
+};
+
+// A communicator that forwards every collective to `inner` and adds its cost to `traffic`. node() and
+// cross() are the inner ones (not counted; two-stage reduces need DMUON_RANKS_PER_NODE, off by default).
+std::shared_ptr<Comm> counting(std::shared_ptr<Comm> inner, std::shared_ptr<Traffic> traffic);
+
+}  // namespace dmuon::comm

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# `make bench`: regenerates every figure of docs/BENCHMARKS.md (about 15-25 minutes on 2 cores).
+# Raw JSON and plots go to docs/bench/; scripts/bench_report.py then writes docs/BENCHMARKS.md.
+# Everything runs side by side in one process per command (the machine may be shared: see the report).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+DMUON=$BUILD/dmuon
+OUT=docs/bench
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
+MODEL=(--model qwen2.5-0.5b --layers 4)
+CACHE=$BUILD/bench-tune.json  # tuning cache of this machine (reused by later runs)
+mkdir -p "$OUT"
+
+step() { echo "== $*" >&2; }
+run() {  # run OUTFILE command...: stdout to OUTFILE, the command line recorded beside it
+  local out=$1
+  shift
+  echo "$*" > "$out.cmd"
+  "$@" > "$out"
+}
+
+date -u +%Y-%m-%dT%H:%MZ > "$OUT/date.txt"
+step "1. optimizer step, np 1 2 4"
+for np in 1 2 4; do
+  steps=5
+  [ "$np" = 4 ] && steps=3
+  run "$OUT/optimizer-np$np.json" "${MPIRUN[@]}" -np "$np" "$DMUON" bench optimizer "${MODEL[@]}" --steps "$steps" \
+    --tune-cache "$CACHE" --json
+done
+
+step "2. ablation, np 2"
+run "$OUT/ablation-np2.json" "${MPIRUN[@]}" -np 2 "$DMUON" bench ablation "${MODEL[@]}" --steps 3 --tune-cache "$CACHE" --json
+
+step "4. this-cpu profile (np 2) and simulator validation at 1 2 4 devices"
+run "$OUT/calibrate-np2.txt" "${MPIRUN[@]}" -np 2 "$DMUON" bench calibrate "${MODEL[@]}" --out "$OUT/this-cpu.json"
+run "$OUT/sim-this-cpu.json" "$DMUON" simulate "${MODEL[@]}" --profile "$OUT/this-cpu.json" --devices 1,2,4 \
+  --gpus-per-node 4 --json
+
+step "5. simulated Qwen2.5-7B and Pi0 on 8-256 A800s"
+run "$OUT/sim-qwen7b-a800.json" "$DMUON" simulate --model qwen2.5-7b --profile a800 --plot docs/sim-qwen7b-a800.png --json
+run "$OUT/sim-pi0-a800.json" "$DMUON" simulate --model pi0 --profile a800 --plot docs/sim-pi0-a800.png --json
+
+step "report"
+python3 scripts/bench_report.py "$OUT" > docs/BENCHMARKS.md
+echo "docs/BENCHMARKS.md written" >&2

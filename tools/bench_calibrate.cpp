@@ -1,0 +1,183 @@
+// `dmuon bench calibrate` (under mpirun): measures this machine as the cluster simulator sees a device
+// (include/dmuon/sim.hpp's HardwareProfile) and writes a hardware profile, `this-cpu`, whose every
+// number says how it was measured. Every rank measures at once, with the thread policy of the optimizer
+// benchmarks (optim_bench.hpp), so the figures include the contention a rank sees in `bench optimizer`;
+// the slowest rank's figure is kept.
+//   ns_flops, peak_flops: sgemm 1024³ flop rate per rank (best of 3)
+//   ns_efficiency: Σ plain-NS flops / Σ plain-NS time / ns_flops over the model's Muon shapes (the
+//     public reference recurrence, the sim's `plain` engine)
+//   hbm_bytes_per_s: AdamW over 8 M elements, 7 float32 streams (the sim's AdamW model)
+//   intra/inter-node bytes/s: ring all-gather of 16 MiB: (p−1)/p · bytes / time (one machine: both the same)
+//   latencies: all-reduce of one double / (2(p−1)) steps
+//   kernel_launch_s: plain NS on 16×16 / its 15 BLAS calls
+// Default output: models/hardware/this-cpu.json beside the executable (build/), which
+// `dmuon simulate --profile this-cpu` finds.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "cli.hpp"
+#include "dmuon/atomic_file.hpp"
+#include "dmuon/comm.hpp"
+#include "dmuon/linalg.hpp"
+#include "dmuon/ns.hpp"
+#include "dmuon/optim.hpp"
+#include "model_args.hpp"
+#include "optim_bench.hpp"
+
+namespace dmuon::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Args {
+  ModelArgs model;
+  std::string out;
+};
+
+template <typename Fn>
+double best_of(int reps, Fn&& fn) {
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = Clock::now();
+    fn();
+    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  return best;
+}
+
+std::string default_out() {
+  std::error_code ec;
+  const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
+  const auto dir = ec ? std::filesystem::path(".") : exe.parent_path();
+  return (dir / "models" / "hardware" / "this-cpu.json").string();
+}
+
+void run(const Args& a) {
+  auto world = comm::world();
+  const int p = world->size();
+  const auto policy = optim_bench::thread_policy(p);
+  linalg::set_threads(policy.threads_per_rank);
+  auto slowest = [&](double seconds) {
+    world->all_reduce<double>(std::span<double>(&seconds, 1), comm::ReduceOp::max).wait();
+    return seconds;
+  };
+  auto sync = [&] { slowest(0); };
+
+  // sgemm rate.
+  const int64_t n = 1024;
+  std::vector<float> A(n * n, 0.5f), B(n * n, 0.25f), C(n * n);
+  sync();
+  const double gemm_s = slowest(
+      best_of(3, [&] { linalg::gemm(false, false, n, n, n, 1.0f, A.data(), n, B.data(), n, 0.0f, C.data(), n); }));
+  const double flops = 2.0 * n * n * n / gemm_s;
+
+  // Plain NS over the model's Muon shapes.
+  std::map<std::pair<int64_t, int64_t>, int> shapes;
+  for (const auto& s : a.model.load())
+    if (s.role == ParamRole::matrix) ++shapes[{s.rows(), s.cols()}];
+  NsOptions plain;
+  plain.algo = NsAlgo::standard;
+  plain.symmetric = false;
+  double ns_flops = 0, ns_s = 0;
+  for (const auto& [shape, count] : shapes) {
+    std::vector<float> u(shape.first * shape.second), o(u.size());
+    for (size_t i = 0; i < u.size(); ++i) u[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    sync();
+    const double t = slowest(best_of(2, [&] { newton_schulz(u.data(), o.data(), shape.first, shape.second, plain); }));
+    ns_flops += count * standard_ns_flops(shape.first, shape.second, 5);
+    ns_s += count * t;
+  }
+  const double efficiency = std::min(1.0, ns_flops / ns_s / flops);
+
+  // AdamW streams.
+  const int64_t elements = 8 << 20;
+  std::vector<float> w(elements, 0.1f), g(elements, 0.01f), m(elements), v(elements);
+  AdamWHyper hyper;
+  int64_t t = 0;
+  sync();
+  const double adamw_s = slowest(best_of(3, [&] { adamw_step(w, g, 1.0f, m, v, ++t, hyper); }));
+  const double hbm = 7.0 * 4 * elements / adamw_s;
+
+  // Tiny NS: per-call overhead.
+  std::vector<float> tiny(16 * 16, 0.1f), tiny_o(tiny.size());
+  for (int i = 0; i < 16; ++i) tiny[i * 17] = 1.0f;
+  const double launch = slowest(best_of(20, [&] { newton_schulz(tiny.data(), tiny_o.data(), 16, 16, plain); })) / 15;
+
+  // Communication (one machine: a single link).
+  double link = 0, latency = 0;
+  if (p > 1) {
+    const int64_t per_rank = (16 << 20) / 4 / p;
+    std::vector<float> send(per_rank, 1.0f), recv(per_rank * p);
+    world->all_gather<float>(send, recv).wait();
+    sync();
+    const double ag = slowest(best_of(5, [&] { world->all_gather<float>(send, recv).wait(); }));
+    link = (p - 1.0) / p * (16 << 20) / ag;
+    double x = 1;
+    sync();
+    const double ar =
+        slowest(best_of(50, [&] { world->all_reduce<double>(std::span<double>(&x, 1), comm::ReduceOp::sum).wait(); }));
+    latency = ar / (2.0 * (p - 1));
+  }
+  if (world->rank() != 0) return;
+  if (p == 1) {  // nothing to measure; any positive figure (collectives over one rank cost 0 in the sim)
+    link = 1e10;
+    latency = 1e-6;
+  }
+  const std::string how = "MEASURED by `mpirun -np " + std::to_string(p) + " dmuon bench calibrate --model " +
+                          a.model.label() + "` on " + linalg::cpu_model() + ", " +
+                          std::to_string(policy.threads_per_rank) +
+                          " BLAS thread(s) per rank, all ranks at once, slowest rank: ";
+  nlohmann::json j = {
+      {"name", "this-cpu"},
+      {"description", "one MPI rank of this machine (" + linalg::cpu_model() + ", " + std::to_string(policy.cores) +
+                          " cores) at " + std::to_string(p) + " ranks, float32"},
+      {"peak_flops", flops},
+      {"mfu", 0.5},
+      {"ns_flops", flops},
+      {"ns_efficiency", efficiency},
+      {"hbm_bytes_per_s", hbm},
+      {"intra_node_bytes_per_s", link},
+      {"inter_node_bytes_per_s", link},
+      {"intra_node_latency_s", latency},
+      {"inter_node_latency_s", latency},
+      {"kernel_launch_s", launch},
+      {"sm_count", 1},
+      {"comm_bytes_per_element", 4},
+      {"sources",
+       {{"peak_flops", how + "sgemm 1024^3, best of 3"},
+        {"ns_flops", how + "sgemm 1024^3, best of 3"},
+        {"ns_efficiency", how + "plain standard NS (full sgemm) on the model's Muon shapes: flops / time / ns_flops"},
+        {"mfu", "ASSUMED: 0.5 of sgemm for forward/backward (not validated here)"},
+        {"hbm_bytes_per_s", how + "AdamW step over 8M elements, 7 float32 streams"},
+        {"intra_node_bytes_per_s", p > 1 ? how + "ring all-gather of 16 MiB, (p-1)/p*bytes/time" : "1 rank: unused"},
+        {"inter_node_bytes_per_s", "one machine: the intra-node figure"},
+        {"intra_node_latency_s", p > 1 ? how + "all-reduce of 8 bytes / (2(p-1)) ring steps" : "1 rank: unused"},
+        {"inter_node_latency_s", "one machine: the intra-node figure"},
+        {"kernel_launch_s", how + "plain NS on 16x16 / 15 BLAS calls"},
+        {"sm_count", "a CPU rank: no SM occupancy limit (1)"},
+        {"comm_bytes_per_element", "float32 gathers and reductions, as dmuon runs on CPU"}}}};
+  const std::string out = a.out.empty() ? default_out() : a.out;
+  std::filesystem::create_directories(std::filesystem::path(out).parent_path());
+  write_file_atomically(out, j.dump(2) + "\n");
+  std::printf("%s\nwritten to %s\n", j.dump(2).c_str(), out.c_str());
+}
+
+Registration reg("bench", [](CLI::App& bench) {
+  auto args = std::make_shared<Args>();
+  auto* c = bench.add_subcommand("calibrate",
+                                 "Measure this machine as a simulator hardware profile (this-cpu; run "
+                                 "under mpirun)");
+  args->model.add_to(c);
+  c->add_option("--out", args->out, "Profile file (default: models/hardware/this-cpu.json beside the executable)");
+  c->callback([args] { run(*args); });
+});
+
+}  // namespace
+
+}  // namespace dmuon::cli

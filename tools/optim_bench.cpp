@@ -1,0 +1,269 @@
+// The optimizer-step harness of `dmuon bench optimizer` and `dmuon bench ablation` (optim_bench.hpp).
+#include "optim_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <thread>
+
+#include "dmuon/distributed_optim.hpp"
+#include "dmuon/error.hpp"
+#include "dmuon/linalg.hpp"
+#include "dmuon/shard.hpp"
+
+namespace dmuon::cli::optim_bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<TuneRequest> shape_requests(const std::vector<ParamSpec>& params) {
+  std::map<std::pair<int64_t, int64_t>, bool> shapes;
+  for (const auto& p : params)
+    if (p.role == ParamRole::matrix) shapes[{p.rows(), p.cols()}] = true;
+  std::vector<TuneRequest> out;
+  for (const auto& [shape, _] : shapes) out.push_back({shape.first, shape.second, 1});
+  return out;
+}
+
+const TuneEntry& tuned_entry(const Setup& s, int64_t rows, int64_t cols) {
+  for (const auto& e : s.tuned)
+    if (e.rows == rows && e.cols == cols) return e;
+  DMUON_FAIL("bench: no tuned configuration for shape ", rows, "x", cols);
+}
+
+// Seeded synthetic gradients, different per parameter and step: xorshift64 mapped to [-1, 1).
+void fill_gradient(std::span<float> g, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+  for (float& v : g) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v = static_cast<float>(static_cast<int64_t>(x >> 40) - (1 << 23)) * (1.0f / (1 << 23));
+  }
+}
+
+// One backward's worth of gradients through the hooks (last unit first), reduced to the shards.
+void backward(shard::ShardedParams& sp, int step) {
+  for (int u = sp.num_units() - 1; u >= 0; --u) {
+    sp.before_backward(u);
+    for (int p : sp.layout(u).params) fill_gradient(sp.grad(p), static_cast<uint64_t>(p) * 7919 + step);
+    sp.after_backward(u);
+  }
+  sp.finish_backward();
+}
+
+void max_over_ranks(comm::Comm& world, std::span<double> values) {
+  world.all_reduce<double>(values, comm::ReduceOp::max).wait();
+}
+
+Orthogonalizer make_orthogonalizer(const Setup& setup, const Variant& v) {
+  return
+      [&setup, engine = v.engine, batched = v.batched](std::span<const float* const> u, std::span<float* const> o,
+                                                       int64_t rows, int64_t cols, std::span<const std::string> names) {
+        const NsOptions options = engine_options(setup, engine, rows, cols);
+        if (batched) {
+          newton_schulz_batched(u, o, rows, cols, options, names);
+          return;
+        }
+        for (size_t i = 0; i < u.size(); ++i)
+          newton_schulz(u[i], o[i], rows, cols, options, names.empty() ? "matrix" : names[i]);
+      };
+}
+
+}  // namespace
+
+ThreadPolicy thread_policy(int ranks) {
+  ThreadPolicy p;
+  p.cores = std::max(1u, std::thread::hardware_concurrency());
+  p.threads_per_rank = std::max(1, p.cores / std::max(1, ranks));
+  p.oversubscribed = ranks > p.cores;
+  return p;
+}
+
+nlohmann::json run_context(const std::string& model, int ranks, const ThreadPolicy& threads, int steps) {
+  return {{"model", model},
+          {"ranks", ranks},
+          {"cores", threads.cores},
+          {"threads_per_rank", threads.threads_per_rank},
+          {"oversubscribed", threads.oversubscribed},
+          {"cpu", linalg::cpu_model()},
+          {"blas", linalg::blas_description()},
+          {"steps", steps}};
+}
+
+std::string run_line(const std::string& model, int ranks, const ThreadPolicy& threads) {
+  return model + ", " + std::to_string(ranks) + " ranks, " + std::to_string(threads.threads_per_rank) +
+         " BLAS thread(s) per rank on " + std::to_string(threads.cores) + " cores" +
+         (threads.oversubscribed ? " (OVERSUBSCRIBED)" : "");
+}
+
+Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::string& tune_cache) {
+  Setup s;
+  s.params = std::move(params);
+  s.threads = thread_policy(world.size());
+  s.tune_cache = tune_cache;
+  const int threads = s.threads.threads_per_rank;
+  linalg::set_threads(threads);
+  const auto requests = shape_requests(s.params);
+  DMUON_CHECK(!requests.empty(), "bench: the model has no Muon matrices");
+  const TuneKey key = current_tune_key(threads);
+  std::vector<int64_t> ok = {1};
+  if (world.rank() == 0) {
+    try {
+      std::string warning;
+      TuneCache cache = TuneCache::load(tune_cache, key, &warning);
+      if (!warning.empty()) std::fprintf(stderr, "dmuon: warning: %s\n", warning.c_str());
+      const size_t before = cache.entries().size();
+      size_t shown = SIZE_MAX;
+      tune_shapes(requests, cache, make_ns_timer(), threads, 3,
+                  [&shown](size_t done, size_t total, const std::string&) {
+                    if (done != shown) std::fprintf(stderr, "tuning NS: %zu of %zu shapes done\n", done, total);
+                    shown = done;
+                  });
+      if (cache.entries().size() != before) cache.save(tune_cache);
+    } catch (const Error&) {
+      ok[0] = 0;
+      world.broadcast<int64_t>(ok, 0).wait();  // release the other ranks, then fail
+      throw;
+    }
+  }
+  world.broadcast<int64_t>(ok, 0).wait();
+  DMUON_CHECK(ok[0] == 1, "bench: rank 0 failed to tune (see its error)");
+  std::string warning;
+  const TuneCache cache = TuneCache::load(tune_cache, key, &warning);
+  for (const auto& r : requests) {
+    const TuneEntry* e = cache.find(r.rows, r.cols, 1);
+    DMUON_CHECK(e != nullptr, "bench: rank ", world.rank(), " finds no tuned entry for ", r.rows, "x", r.cols, " in ",
+                tune_cache, warning.empty() ? "" : " (" + warning + ")");
+    s.tuned.push_back(*e);
+  }
+
+  // With threads_per_rank threads a batch runs its matrices one after another, so a batch costs the
+  // count times the tuned single-matrix time.
+  const BatchTimeFn batch_time = [&s](int64_t rows, int64_t cols, int batch) {
+    return batch * tuned_entry(s, rows, cols).seconds;
+  };
+  const int d = world.size();
+  s.items = make_plan_items(s.params, d, batch_time);
+  PlanOptions options;
+  options.balancer = Balancer::milp;
+  std::vector<int64_t> owners(s.params.size(), -1);
+  if (world.rank() == 0) {
+    s.milp = make_plan(s.params, s.items, d, options);
+    std::copy(s.milp.owner.begin(), s.milp.owner.end(), owners.begin());
+  }
+  world.broadcast<int64_t>(owners, 0).wait();
+  if (world.rank() != 0) s.milp = plan_from_owners(s.params, s.items, d, {owners.begin(), owners.end()}, options);
+
+  const std::vector<int> rr = balance_rr(s.items, d);
+  std::vector<int> rr_owners(s.params.size(), -1);
+  for (size_t i = 0; i < s.items.size(); ++i) rr_owners[s.items[i].param] = rr[i];
+  options.balancer = Balancer::rr;
+  s.rr = plan_from_owners(s.params, s.items, d, rr_owners, options);
+  return s;
+}
+
+const std::vector<std::string>& optimizer_names() {
+  static const std::vector<std::string> names = {"adamw", "muon-gather-plain", "muon-gather", "dmuon"};
+  return names;
+}
+
+Variant optimizer_variant(const Setup& setup, const std::string& name) {
+  if (name == "adamw") return {name, Kind::adamw, Engine::tuned, true, {}};
+  if (name == "muon-gather-plain") return {name, Kind::gather, Engine::plain, false, {}};
+  if (name == "muon-gather") return {name, Kind::gather, Engine::tuned, true, {}};
+  if (name == "dmuon") return {name, Kind::owners, Engine::tuned, true, setup.milp.owner};
+  DMUON_FAIL("--optim: unknown optimizer '", name, "' (adamw, muon-gather-plain, muon-gather, dmuon)");
+}
+
+NsOptions engine_options(const Setup& setup, Engine engine, int64_t rows, int64_t cols) {
+  const int threads = setup.threads.threads_per_rank;
+  NsOptions o;
+  switch (engine) {
+    case Engine::plain:
+      o.algo = NsAlgo::standard;
+      o.symmetric = false;
+      o.threads = threads;
+      return o;
+    case Engine::untuned:
+      return untuned_options(threads);
+    case Engine::tuned:
+      return tuned_entry(setup, rows, cols).options;
+    case Engine::tuned_gemm:
+      o = tuned_entry(setup, rows, cols).options;
+      o.symmetric = false;
+      return o;
+    case Engine::tuned_standard:
+      o = tuned_entry(setup, rows, cols).options;
+      o.algo = NsAlgo::standard;
+      return o;
+  }
+  return o;
+}
+
+Measurement measure(const std::shared_ptr<comm::Comm>& world, const Setup& setup, const Variant& v, int steps) {
+  DMUON_CHECK(steps >= 1, "bench: --steps must be ≥ 1, got ", steps);
+  auto traffic = std::make_shared<comm::Traffic>();
+  auto comm = comm::counting(world, traffic);
+  shard::ParamRegistry registry;
+  for (const auto& p : setup.params) registry.add(p);
+  const bool owned = v.kind == Kind::owners;
+  shard::ShardedParams sp(
+      comm, registry,
+      {owned ? shard::Layout::owner_aligned : shard::Layout::even, shard::Mode::z2, comm::ReduceOp::average, true},
+      owned ? v.owners : std::vector<int>{});
+  OptimizerOptions options;
+  std::unique_ptr<Optimizer> optimizer;
+  switch (v.kind) {
+    case Kind::adamw:
+      optimizer = std::make_unique<ShardedAdamW>(comm, sp, options);
+      break;
+    case Kind::gather:
+      optimizer = std::make_unique<MuonGatherCompute>(comm, sp, options, make_orthogonalizer(setup, v));
+      break;
+    case Kind::owners:
+      optimizer = std::make_unique<DMuon>(comm, sp, options, make_orthogonalizer(setup, v));
+      break;
+  }
+
+  Measurement m;
+  m.name = v.name;
+  std::vector<double> blocked;
+  for (int s = 0; s <= steps; ++s) {  // step 0 warms up (first touch of buffers and workspaces)
+    *traffic = {};
+    backward(sp, s);
+    const double backward_sent = traffic->sent_bytes;
+    std::vector<double> start = {0};
+    max_over_ranks(*world, start);  // start together
+    *traffic = {};
+    const auto t0 = Clock::now();
+    optimizer->step();
+    std::vector<double> figures = {std::chrono::duration<double>(Clock::now() - t0).count(), traffic->blocked_s,
+                                   traffic->sent_bytes, backward_sent};
+    max_over_ranks(*world, figures);
+    if (s == 0) continue;
+    m.step_s.push_back(figures[0]);
+    blocked.push_back(figures[1]);
+    m.sent_bytes = figures[2];
+    m.backward_sent_bytes = figures[3];
+  }
+  auto median = [](std::vector<double> x) {
+    std::sort(x.begin(), x.end());
+    return x[x.size() / 2];
+  };
+  m.median_s = median(m.step_s);
+  m.blocked_s = median(blocked);
+
+  std::vector<double> sum_sq = {0};
+  for (int u = 0; u < sp.num_units(); ++u)
+    for (float w : sp.shard_params(u)) sum_sq[0] += static_cast<double>(w) * w;
+  world->all_reduce<double>(sum_sq, comm::ReduceOp::sum).wait();
+  m.weight_norm = std::sqrt(sum_sq[0]);
+  return m;
+}
+
+}  // namespace dmuon::cli::optim_bench

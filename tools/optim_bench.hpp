@@ -1,0 +1,97 @@
+// The optimizer-step harness shared by `dmuon bench optimizer` and `dmuon bench ablation` (under mpirun):
+// a model's real parameter shapes (models/*.json), synthetic seeded gradients reduced through the
+// sharded-parameter hooks, and one optimizer variant at a time timed side by side in one process.
+//
+// Per step the time is the slowest rank's (max over ranks); a variant's figure is the median over the
+// timed steps (after one untimed warm-up step). Traffic is counted by comm::counting (see comm.hpp for
+// exactly what "sent bytes" and "blocked" mean).
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "dmuon/comm.hpp"
+#include "dmuon/ns.hpp"
+#include "dmuon/params.hpp"
+#include "dmuon/plan.hpp"
+#include "dmuon/tune.hpp"
+
+namespace dmuon::cli::optim_bench {
+
+// BLAS threads per rank: the cores shared evenly, one per rank when ranks ≥ cores.
+struct ThreadPolicy {
+  int cores = 1;
+  int threads_per_rank = 1;
+  bool oversubscribed = false;  // more ranks than cores
+};
+ThreadPolicy thread_policy(int ranks);
+
+// What every variant of one benchmark run shares: the model, the tuned NS configurations (one per
+// Muon shape, tuned by rank 0 at batch 1 with threads_per_rank threads, cached) and the owner plans.
+struct Setup {
+  std::vector<ParamSpec> params;
+  ThreadPolicy threads;
+  std::vector<TuneEntry> tuned;  // per Muon shape (batch 1)
+  std::vector<PlanItem> items;   // costs from `tuned`
+  Plan milp;                     // solved by rank 0, broadcast
+  Plan rr;                       // round-robin over the same items
+  std::string tune_cache;
+};
+
+// Collective. Rank 0 tunes what the cache lacks (and saves it), solves the MILP plan and broadcasts
+// the owners; every rank then reads the cache.
+Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::string& tune_cache);
+
+// How NS runs in a variant.
+enum class Engine {
+  plain,           // the public reference: standard recurrence, plain sgemm (NsOptions{standard, symmetric=false})
+  tuned,           // the tuned configuration of each shape
+  untuned,         // tune.hpp's untuned_options (NsOptions defaults)
+  tuned_gemm,      // tuned, with symmetric products turned off
+  tuned_standard,  // tuned, with the standard recurrence instead of Gram space
+};
+
+enum class Kind {
+  adamw,   // ShardedAdamW, even layout
+  gather,  // MuonGatherCompute, even layout (DESIGN 3.2)
+  owners,  // DMuon, owner-aligned layout
+};
+
+struct Variant {
+  std::string name;
+  Kind kind = Kind::owners;
+  Engine engine = Engine::tuned;
+  bool batched = true;      // false: one matrix per NS call
+  std::vector<int> owners;  // Kind::owners: per parameter (from a Plan)
+};
+
+struct Measurement {
+  std::string name;
+  std::vector<double> step_s;  // per timed step: the slowest rank's time
+  double median_s = 0;
+  double sent_bytes = 0;           // per step, in the optimizer step, max over ranks
+  double blocked_s = 0;            // median over steps of the max over ranks: exposed communication
+  double backward_sent_bytes = 0;  // the gradient reduce before each step (max over ranks)
+  double weight_norm = 0;          // ‖all weights‖_F after the last step (equal across Muon variants)
+};
+
+// The optimizers of `dmuon bench optimizer`: adamw, muon-gather-plain (the paper's baseline: gather-then-compute,
+// plain NS, one matrix per call), muon-gather (the same with the tuned batched engine), dmuon (MILP owners, tuned).
+const std::vector<std::string>& optimizer_names();
+Variant optimizer_variant(const Setup& setup, const std::string& name);  // throws for an unknown name
+
+// Collective: runs `steps` timed steps (plus one warm-up) of `v`.
+Measurement measure(const std::shared_ptr<comm::Comm>& world, const Setup& setup, const Variant& v, int steps);
+
+// The run's context for JSON output: model label, ranks, cores, threads per rank, oversubscription, CPU,
+// BLAS, timed steps.
+nlohmann::json run_context(const std::string& model, int ranks, const ThreadPolicy& threads, int steps);
+// The same as one line for tables: "<model>, <ranks> ranks, <t> BLAS thread(s) per rank on <c> cores".
+std::string run_line(const std::string& model, int ranks, const ThreadPolicy& threads);
+
+// NsOptions of a variant for rows×cols (tuned entries per shape, threads_per_rank threads).
+NsOptions engine_options(const Setup& setup, Engine engine, int64_t rows, int64_t cols);
+
+}  // namespace dmuon::cli::optim_bench
