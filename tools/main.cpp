@@ -21,6 +21,7 @@ std::vector<Entry>& registry() {
 }
 const std::map<std::string, std::string> kGroupHelp = {
     {"bench", "Benchmarks: print a table, or JSON with --json"},
+    {"ckpt", "Checkpoint tools"},
 };
 }  // namespace
 

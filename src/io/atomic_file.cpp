@@ -30,7 +30,10 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
   namespace fs = std::filesystem;
   const fs::path target(path);
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
-  std::string tmp = (dir / ("." + target.filename().string() + ".tmp.XXXXXX")).string();
+  std::string tmp_name = ".";
+  tmp_name += target.filename().string();
+  tmp_name += ".tmp.XXXXXX";
+  std::string tmp = (dir / tmp_name).string();
   int fd = ::mkstemp(tmp.data());
   DMUON_CHECK(fd >= 0, "cannot create a temporary file beside ", path, ": ", std::strerror(errno));
   try {

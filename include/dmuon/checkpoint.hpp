@@ -1,0 +1,49 @@
+// Checkpoints of parameters and optimizer state, loadable at any world size or sharding.
+//
+// A checkpoint is a folder:
+//   rank-00000.safetensors   one per saving rank: every local slice it holds, as F32 tensors named
+//                            "<kind>/<parameter>@<offset>" of shape [count]; kind is one of
+//                            param | muon.momentum | adamw.m | adamw.v
+//   rank-00000.json          that rank's manifest: the file's size and FNV-1a 64 checksum
+//                            (include/dmuon/checksum.hpp), and per slice the parameter, kind, full
+//                            logical shape, global offset (flattened, row-major) and count
+//   index.json               written last by rank 0 once every rank has finished: format, version,
+//                            world size, update and skip counters. A folder without it is incomplete.
+// Every file is written atomically (temporary file, fsync, rename). Saving first removes an old
+// index.json, so a save that dies half-way leaves a folder that refuses to load, never a mix.
+//
+// Loading reads the manifests, and for each slice this rank now holds, copies the saved slices that
+// cover it (so a checkpoint saved at 4 ranks resumes at 2 or 1, or under another owner plan). It
+// checks every file's size and checksum, every tensor's dtype, shape and coverage, and that the set
+// of parameters and their optimizer groups match; any mismatch is a dmuon::Error naming the file and
+// the tensor, raised on every rank, and then nothing in memory has changed (everything is loaded and
+// validated before anything is copied into place).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "dmuon/optim.hpp"
+
+namespace dmuon {
+
+// Collective over the optimizer's ranks. Throws if called between micro-batches of one update.
+void save_checkpoint(const std::string& dir, Optimizer& optimizer);
+// Collective over the optimizer's ranks.
+void load_checkpoint(const std::string& dir, Optimizer& optimizer);
+
+struct CheckpointTensor {
+  std::vector<int64_t> shape;
+  std::vector<float> data;  // the full logical tensor, C order
+};
+// Every saved tensor of one kind ("param" for the weights), assembled whole from its slices; for
+// tools (dmuon ckpt export). Validates like load_checkpoint.
+std::map<std::string, CheckpointTensor> read_checkpoint_tensors(const std::string& dir, const std::string& kind);
+
+// Writes every parameter of the checkpoint in `dir` as `out_dir`/<name>.npy (float32, full shape;
+// `out_dir` is created); returns how many. A name that cannot be a file name is an error.
+size_t export_checkpoint_npy(const std::string& dir, const std::string& out_dir);
+
+}  // namespace dmuon

@@ -1,0 +1,223 @@
+// Optimizers: AdamW for elementwise parameters, Muon (DESIGN.md section 1) for hidden matrices.
+//
+// Adopting it in a training loop:
+//
+//   std::vector<dmuon::ParamRef> params = ...;          // spec + pointers to values and gradient
+//   dmuon::OptimizerOptions opt;                         // defaults: Muon lr 0.02, AdamW lr 1e-3
+//   opt.rules = {{"*.embed.*", dmuon::OptimGroup::adamw}};
+//   dmuon::Muon optimizer(params, opt);                  // Newton–Schulz from include/dmuon/ns.hpp
+//   for (...) { forward(); backward(); optimizer.set_lr(sched(t), sched_adamw(t)); optimizer.step(); }
+//
+// Distributed variants (sharded parameters, owner-aligned or gather-then-compute) derive from
+// Optimizer and change only where buffers live, how ranks agree, and how Muon's NS is placed.
+//
+// The per-tensor update functions below are the slow, obvious definitions every optimizer in this
+// module (single-process, sharded, distributed) is tested against.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "dmuon/ns.hpp"
+#include "dmuon/params.hpp"
+
+namespace dmuon {
+
+// ---- hyperparameters ----
+
+struct AdamWHyper {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;  // decoupled: p ← p·(1 − lr·wd) before the Adam step
+};
+
+enum class MuonScale {
+  original,         // sqrt(max(1, rows/cols)) (KellerJordan/Muon)
+  match_rms_adamw,  // 0.2·sqrt(max(rows, cols)) (Moonlight)
+};
+
+struct MuonHyper {
+  double lr = 0.02;
+  double momentum = 0.95;  // β of the lerp momentum M ← β·M + (1−β)·G
+  bool nesterov = true;
+  MuonScale scale = MuonScale::original;
+  double weight_decay = 0.0;  // decoupled, with the unscaled lr: W ← W·(1 − lr·wd) − lr·s·O
+  NsOptions ns;
+};
+
+// ---- the per-tensor definitions ----
+
+// One AdamW step on n values, as torch.optim.AdamW: p ← p·(1−lr·wd); m ← β1·m + (1−β1)·g;
+// v ← β2·v + (1−β2)·g²; p ← p − (lr/(1−β1^t))·m / (sqrt(v)/sqrt(1−β2^t) + eps).
+// g is grad·grad_scale (grad_scale folds clipping and the micro-batch mean in); t ≥ 1 is the step count.
+void adamw_step(std::span<float> p, std::span<const float> grad, float grad_scale, std::span<float> m,
+                std::span<float> v, int64_t t, const AdamWHyper& hyper);
+
+// Muon momentum on n values: M ← β·M + (1−β)·g, then U ← nesterov ? (1−β)·g + β·M : M,
+// with g = grad·grad_scale. u may alias grad.
+void muon_momentum(std::span<const float> grad, float grad_scale, std::span<float> momentum, std::span<float> u,
+                   const MuonHyper& hyper);
+
+// s of DESIGN section 1 for a rows×cols matrix.
+double muon_scale(int64_t rows, int64_t cols, MuonScale scale);
+
+// W ← W·(1 − lr·wd) − lr·s·O on n values.
+void muon_apply(std::span<float> w, std::span<const float> o, const MuonHyper& hyper, double s);
+
+// O_i = orth(U_i) for a batch of same-shape rows×cols matrices (the Muon update's Newton–Schulz).
+// A parameter, so tests can use a float64 reference and another backend its own kernels.
+using Orthogonalizer = std::function<void(std::span<const float* const> u, std::span<float* const> o,
+                                          int64_t rows, int64_t cols, std::span<const std::string> names)>;
+// newton_schulz_batched with `options`.
+Orthogonalizer ns_orthogonalizer(const NsOptions& options);
+
+// ---- the optimizer ----
+
+// A parameter as the optimizer sees it. `values` and `grad` hold the elements [offset, offset+count)
+// of the flattened (row-major) tensor: the whole tensor in single-process or replicated use, a
+// shard otherwise. The optimizer never owns this memory; it must outlive the optimizer.
+struct ParamRef {
+  ParamSpec spec;
+  float* values = nullptr;
+  float* grad = nullptr;
+  int64_t offset = 0;
+  int64_t count = -1;  // -1: spec.numel()
+};
+
+enum class OptimGroup { muon, adamw };
+
+// Moves parameters between groups by name. `pattern` is a glob over the whole name (`*` any run of
+// characters, `?` one character, everything else literal, e.g. "layers.*.mlp.*"), or, with the
+// prefix "re:", an ECMAScript regular expression that must match the whole name
+// (e.g. "re:layers\\.[0-9]+\\.attn\\..*"). The first matching rule wins; a parameter that no rule
+// matches goes to Muon if its role is matrix, to AdamW otherwise. Muon needs ≥ 2 dimensions.
+struct GroupRule {
+  std::string pattern;
+  OptimGroup group = OptimGroup::adamw;
+};
+bool name_matches(const std::string& pattern, const std::string& name);
+
+enum class NonFinitePolicy {
+  error,  // throw dmuon::Error naming the parameter and rank (every rank throws)
+  skip,   // every rank skips the step and counts it in skipped_steps()
+};
+
+struct OptimizerOptions {
+  MuonHyper muon;
+  AdamWHyper adamw;
+  std::vector<GroupRule> rules;
+  int accumulation_steps = 1;  // step() calls per update; the update uses the mean gradient
+  double clip_grad_norm = 0;   // > 0: scale the (mean) gradient so its global L2 norm is at most this
+  NonFinitePolicy nonfinite = NonFinitePolicy::error;
+};
+
+// What a checkpoint holds for one parameter: its values and each optimizer state buffer, all
+// aligned with the parameter's local slice [offset, offset+count).
+struct StateSlice {
+  std::string param;               // parameter name
+  std::string kind;                // "param", "muon.momentum", "adamw.m", "adamw.v"
+  std::vector<int64_t> shape;      // full logical shape of the parameter
+  int64_t offset = 0;              // first flattened element held here
+  float* data = nullptr;           // count values
+  int64_t count = 0;
+};
+
+class Optimizer {
+ public:
+  // Single process: every ParamRef of the Muon group holds its whole tensor. `orth` may be empty
+  // when no parameter is in the Muon group.
+  Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Call after each micro-batch's backward. Returns true when the parameters were updated (every
+  // accumulation_steps-th call, unless the step was skipped for a non-finite gradient).
+  bool step();
+
+  // Learning rates for the next updates (a schedule lives in the training loop).
+  void set_lr(double muon_lr, double adamw_lr);
+
+  const OptimizerOptions& options() const { return options_; }
+  OptimGroup group_of(const std::string& name) const;  // throws for an unknown name
+  int64_t updates() const { return updates_; }             // updates applied (AdamW's t)
+  int64_t skipped_steps() const { return skipped_; }       // updates skipped (non-finite gradient)
+  double last_grad_norm() const { return last_grad_norm_; }  // global norm of the last mean gradient
+
+  // Checkpoint access (see include/dmuon/checkpoint.hpp).
+  std::vector<StateSlice> state_slices();
+  void set_counters(int64_t updates, int64_t skipped);
+  bool accumulating() const { return micro_ != 0; }  // between micro-batches of one update
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  // Sums values element-wise across the optimizer's ranks (single process: leaves them). Collective:
+  // every rank calls it in the same order.
+  virtual void sum_across_ranks(std::span<double> values);
+
+ protected:
+  struct Slot {
+    ParamRef ref;
+    OptimGroup group;
+    std::vector<float> momentum;    // Muon
+    std::vector<float> m, v;        // AdamW
+    std::vector<float> accumulated; // sum of micro-batch gradients (accumulation_steps > 1)
+  };
+
+  // A Muon matrix to orthogonalize: U (then O, in place) as a whole rows×cols matrix, and the slot
+  // whose local slice [offset, offset+count) of it this rank applies (null: none here).
+  struct MuonMatrix {
+    Slot* slot = nullptr;
+    const ParamSpec* spec = nullptr;
+    std::vector<float> full;  // (rows, cols)
+  };
+  // The Muon step: momentum on every local slice with gradient g·grad_scale, then the whole U of
+  // every matrix this rank orthogonalizes. Single process: each Muon slot, whole. Distributed
+  // variants gather (or own) them.
+  virtual std::vector<MuonMatrix> muon_inputs(float grad_scale);
+  // Points each slot's ref.values (and, with grads, ref.grad) at the current buffers; for owners of
+  // buffers that move between steps (sharded parameters). Single process: they never move.
+  virtual void refresh_views(bool grads);
+
+  const float* effective_grad(const Slot& s) const;
+  std::vector<Slot>& slots() { return slots_; }
+  Orthogonalizer& orthogonalizer() { return orth_; }
+  int rank_ = 0;
+  int world_size_ = 1;
+
+ private:
+  void update_adamw(float grad_scale);
+  // muon_inputs, NS in batches of same-shape matrices (DESIGN 2.6), W ← W·(1 − lr·wd) − lr·s·O.
+  void update_muon(float grad_scale);
+
+  OptimizerOptions options_;
+  Orthogonalizer orth_;
+  std::vector<Slot> slots_;
+  int micro_ = 0;
+  int64_t updates_ = 0;
+  int64_t skipped_ = 0;
+  double last_grad_norm_ = 0;
+};
+
+// Single-process Muon (matrices) + AdamW (the rest), Newton–Schulz from include/dmuon/ns.hpp with
+// options.muon.ns (fixed at construction).
+class Muon : public Optimizer {
+ public:
+  Muon(std::vector<ParamRef> params, OptimizerOptions options);
+};
+
+// `options` with a single rule that sends every parameter to AdamW.
+OptimizerOptions all_adamw(OptimizerOptions options);
+
+// AdamW for every parameter, whatever its role; shard-local, so ParamRefs may hold any slices.
+class AdamW : public Optimizer {
+ public:
+  AdamW(std::vector<ParamRef> params, OptimizerOptions options);
+};
+
+}  // namespace dmuon

@@ -1,0 +1,294 @@
+// Checkpoint save/load (layout and guarantees in include/dmuon/checkpoint.hpp).
+#include "dmuon/checkpoint.hpp"
+
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "dmuon/atomic_file.hpp"
+#include "dmuon/checksum.hpp"
+#include "dmuon/error.hpp"
+#include "dmuon/npy.hpp"
+#include "dmuon/safetensors.hpp"
+
+namespace dmuon {
+
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kFormat = "dmuon-checkpoint";
+constexpr int kVersion = 1;
+
+std::string rank_stem(int rank) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "rank-%05d", rank);
+  return buf;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::ostringstream os;
+  os << '[';
+  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
+  return os.str() + ']';
+}
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// Every rank raises if any rank failed (so none goes on alone into a collective); the failing rank
+// raises its own error, the others a pointer to it.
+void agree(Optimizer& optimizer, const std::exception_ptr& failure, const std::string& what) {
+  double failed[1] = {failure ? 1.0 : 0.0};
+  optimizer.sum_across_ranks(failed);
+  if (failure) std::rethrow_exception(failure);
+  DMUON_CHECK(failed[0] == 0, what, " failed on another rank (its error says why); this is rank ", optimizer.rank());
+}
+
+struct SavedSlice {
+  std::string param, kind, key;
+  std::vector<int64_t> shape;
+  int64_t offset = 0, count = 0;
+  int rank = 0;  // whose file holds it
+};
+
+struct SavedFile {
+  std::string path;
+  uint64_t bytes = 0;
+  std::string checksum;
+};
+
+struct Manifest {
+  int world_size = 0;
+  int64_t updates = 0, skipped = 0;
+  std::vector<SavedFile> files;  // indexed by rank
+  std::vector<SavedSlice> slices;
+};
+
+json read_json(const std::string& path) {
+  DMUON_CHECK(fs::exists(path), path, ": missing (the checkpoint is incomplete or not a dmuon checkpoint)");
+  try {
+    return json::parse(read_file(path));
+  } catch (const json::exception& e) {
+    DMUON_FAIL(path, ": malformed JSON: ", e.what());
+  }
+}
+
+// j[key] as T, or an error naming the file and what was being read.
+template <typename T>
+T field(const json& j, const char* key, const std::string& path, const std::string& what) {
+  try {
+    return j.at(key).get<T>();
+  } catch (const json::exception&) {
+    DMUON_FAIL(path, ": ", what, " lacks a valid '", key, "'");
+  }
+}
+
+Manifest read_manifest(const std::string& dir) {
+  Manifest m;
+  const std::string index_path = dir + "/index.json";
+  const json index = read_json(index_path);
+  DMUON_CHECK(index.is_object() && index.value("format", "") == kFormat, index_path, ": not a ", kFormat, " index");
+  const int version = field<int>(index, "version", index_path, "the index");
+  DMUON_CHECK(version == kVersion, index_path, ": version ", version, " (this build reads version ", kVersion, ")");
+  m.world_size = field<int>(index, "world_size", index_path, "the index");
+  m.updates = field<int64_t>(index, "updates", index_path, "the index");
+  m.skipped = field<int64_t>(index, "skipped", index_path, "the index");
+  DMUON_CHECK(m.world_size >= 1 && m.updates >= 0 && m.skipped >= 0, index_path,
+              ": world_size must be ≥ 1 and counters ≥ 0");
+  for (int r = 0; r < m.world_size; ++r) {
+    const std::string path = dir + "/" + rank_stem(r) + ".json";
+    const json j = read_json(path);
+    SavedFile f;
+    f.path = dir + "/" + field<std::string>(j, "file", path, "the manifest");
+    f.bytes = field<uint64_t>(j, "bytes", path, "the manifest");
+    f.checksum = field<std::string>(j, "fnv1a64", path, "the manifest");
+    m.files.push_back(f);
+    DMUON_CHECK(j.contains("slices") && j["slices"].is_array(), path, ": the manifest lacks a 'slices' array");
+    for (const json& s : j["slices"]) {
+      SavedSlice slice;
+      slice.param = field<std::string>(s, "param", path, "a slice");
+      slice.kind = field<std::string>(s, "kind", path, "slice of '" + slice.param + "'");
+      slice.key = field<std::string>(s, "key", path, "slice of '" + slice.param + "'");
+      slice.shape = field<std::vector<int64_t>>(s, "shape", path, "tensor '" + slice.key + "'");
+      slice.offset = field<int64_t>(s, "offset", path, "tensor '" + slice.key + "'");
+      slice.count = field<int64_t>(s, "count", path, "tensor '" + slice.key + "'");
+      slice.rank = r;
+      for (int64_t d : slice.shape) DMUON_CHECK(d >= 0, path, ": tensor '", slice.key, "' has a negative dimension");
+      DMUON_CHECK(slice.offset >= 0 && slice.count >= 0 && slice.offset + slice.count <= numel(slice.shape), path,
+                  ": tensor '", slice.key, "' covers [", slice.offset, ", ", slice.offset + slice.count,
+                  ") outside its shape ", shape_text(slice.shape));
+      m.slices.push_back(std::move(slice));
+    }
+  }
+  return m;
+}
+
+// Reads each rank file at most once, checking its size and checksum against the manifest first.
+class SliceReader {
+ public:
+  explicit SliceReader(const Manifest& m) : manifest_(m) {}
+
+  std::vector<float> values(const SavedSlice& s) {
+    const SavedFile& f = manifest_.files[s.rank];
+    auto it = files_.find(s.rank);
+    if (it == files_.end()) {
+      const std::string bytes = read_file(f.path);
+      DMUON_CHECK(bytes.size() == f.bytes, f.path, ": ", bytes.size(), " bytes, the manifest says ", f.bytes,
+                  " (truncated or replaced file)");
+      const std::string sum = fnv1a64_hex(bytes);
+      DMUON_CHECK(sum == f.checksum, f.path, ": checksum mismatch (FNV-1a 64 ", sum, ", the manifest says ", f.checksum,
+                  "): the file is corrupt");
+      it = files_.emplace(s.rank, decode_safetensors(bytes, f.path)).first;
+    }
+    std::vector<float> v = get_f32(it->second, s.key, f.path);
+    DMUON_CHECK(static_cast<int64_t>(v.size()) == s.count, f.path, ": tensor '", s.key, "' holds ", v.size(),
+                " values, the manifest says ", s.count);
+    return v;
+  }
+
+ private:
+  const Manifest& manifest_;
+  std::map<int, SafetensorsFile> files_;
+};
+
+// out = elements [offset, offset+count) of the saved (param, kind), copied from the saved slices
+// that overlap it; every element must be covered.
+void assemble(const Manifest& m, SliceReader& reader, const std::string& dir, const std::string& param,
+              const std::string& kind, const std::vector<int64_t>& shape, int64_t offset, int64_t count, float* out) {
+  std::vector<char> covered(count, 0);
+  bool found = false;
+  for (const SavedSlice& s : m.slices) {
+    if (s.param != param || s.kind != kind) continue;
+    found = true;
+    DMUON_CHECK(s.shape == shape, m.files[s.rank].path, ": tensor '", s.key, "' has shape ", shape_text(s.shape),
+                ", the model's '", param, "' has ", shape_text(shape));
+    const int64_t lo = std::max(offset, s.offset), hi = std::min(offset + count, s.offset + s.count);
+    if (lo >= hi) continue;
+    const std::vector<float> v = reader.values(s);
+    std::copy(v.begin() + (lo - s.offset), v.begin() + (hi - s.offset), out + (lo - offset));
+    std::fill(covered.begin() + (lo - offset), covered.begin() + (hi - offset), 1);
+  }
+  DMUON_CHECK(found, dir, ": the checkpoint has no ", kind, " for parameter '", param,
+              "' (saved with another model or parameter groups?)");
+  for (int64_t i = 0; i < count; ++i) {
+    DMUON_CHECK(covered[i], dir, ": the checkpoint lacks element ", offset + i, " of ", kind, " '", param, "'");
+  }
+}
+
+}  // namespace
+
+void save_checkpoint(const std::string& dir, Optimizer& optimizer) {
+  DMUON_CHECK(!optimizer.accumulating(), "save_checkpoint(", dir,
+              "): called between micro-batches of one update; save after the update");
+  const int rank = optimizer.rank();
+  std::exception_ptr failure;
+  try {
+    fs::create_directories(dir);
+    if (rank == 0) fs::remove(dir + "/index.json");
+  } catch (const std::exception& e) {
+    failure = std::make_exception_ptr(Error(dir + ": cannot prepare the checkpoint folder: " + e.what()));
+  }
+  agree(optimizer, failure, "preparing checkpoint " + dir);  // also orders the removal before any write
+
+  try {
+    SafetensorsFile file;
+    file.metadata["format"] = kFormat;
+    json slices = json::array();
+    for (const StateSlice& s : optimizer.state_slices()) {
+      if (s.count == 0) continue;  // a parameter this rank holds nothing of (another rank saves it)
+      const std::string key = s.kind + "/" + s.param + "@" + std::to_string(s.offset);
+      file.tensors[key] = f32_tensor({s.count}, s.data);
+      slices.push_back({{"param", s.param}, {"kind", s.kind}, {"key", key}, {"shape", s.shape},
+                        {"offset", s.offset}, {"count", s.count}});
+    }
+    const std::string bytes = encode_safetensors(file);
+    const std::string stem = rank_stem(rank);
+    write_file_atomically(dir + "/" + stem + ".safetensors", bytes);
+    const json manifest = {{"file", stem + ".safetensors"},
+                           {"bytes", bytes.size()},
+                           {"fnv1a64", fnv1a64_hex(bytes)},
+                           {"slices", slices}};
+    write_file_atomically(dir + "/" + stem + ".json", manifest.dump(1));
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree(optimizer, failure, "writing checkpoint " + dir);
+
+  if (rank == 0) {
+    try {
+      const json index = {{"format", kFormat},
+                          {"version", kVersion},
+                          {"world_size", optimizer.world_size()},
+                          {"updates", optimizer.updates()},
+                          {"skipped", optimizer.skipped_steps()},
+                          {"checksum", "fnv1a64"}};
+      write_file_atomically(dir + "/index.json", index.dump(1));
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  }
+  agree(optimizer, failure, "writing the index of checkpoint " + dir);
+}
+
+void load_checkpoint(const std::string& dir, Optimizer& optimizer) {
+  std::vector<StateSlice> targets = optimizer.state_slices();
+  std::vector<std::vector<float>> staged(targets.size());
+  Manifest manifest;
+  std::exception_ptr failure;
+  try {
+    manifest = read_manifest(dir);
+    SliceReader reader(manifest);
+    std::set<std::string> ours;
+    for (size_t i = 0; i < targets.size(); ++i) {
+      const StateSlice& t = targets[i];
+      ours.insert(t.param);
+      staged[i].resize(t.count);
+      assemble(manifest, reader, dir, t.param, t.kind, t.shape, t.offset, t.count, staged[i].data());
+    }
+    for (const SavedSlice& s : manifest.slices) {
+      DMUON_CHECK(ours.count(s.param), manifest.files[s.rank].path, ": tensor '", s.key, "' belongs to parameter '",
+                  s.param, "', which the model does not have");
+    }
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  agree(optimizer, failure, "loading checkpoint " + dir);
+  // Everything validated on every rank: commit.
+  for (size_t i = 0; i < targets.size(); ++i) std::copy(staged[i].begin(), staged[i].end(), targets[i].data);
+  optimizer.set_counters(manifest.updates, manifest.skipped);
+}
+
+std::map<std::string, CheckpointTensor> read_checkpoint_tensors(const std::string& dir, const std::string& kind) {
+  const Manifest manifest = read_manifest(dir);
+  SliceReader reader(manifest);
+  std::map<std::string, CheckpointTensor> out;
+  for (const SavedSlice& s : manifest.slices) {
+    if (s.kind != kind || out.count(s.param)) continue;
+    CheckpointTensor& t = out[s.param];
+    t.shape = s.shape;
+    t.data.resize(numel(s.shape));
+    assemble(manifest, reader, dir, s.param, kind, s.shape, 0, numel(s.shape), t.data.data());
+  }
+  return out;
+}
+
+size_t export_checkpoint_npy(const std::string& dir, const std::string& out_dir) {
+  const auto params = read_checkpoint_tensors(dir, "param");
+  DMUON_CHECK(!params.empty(), dir, ": the checkpoint holds no parameters");
+  fs::create_directories(out_dir);
+  for (const auto& [name, tensor] : params) {
+    DMUON_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..", dir,
+                ": parameter '", name, "' cannot be a file name");
+    write_npy(out_dir + "/" + name + ".npy", tensor.shape, tensor.data.data());
+  }
+  return params.size();
+}
+
+}  // namespace dmuon

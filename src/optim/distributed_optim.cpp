@@ -1,0 +1,140 @@
+// Optimizers over sharded parameters (include/dmuon/distributed_optim.hpp).
+#include "dmuon/distributed_optim.hpp"
+
+#include <map>
+
+#include "dmuon/error.hpp"
+
+namespace dmuon {
+
+namespace {
+
+// Rank `rank`'s piece of every registry parameter (count 0 where it holds none), in registry order,
+// and where each piece starts in its unit's shard.
+struct LocalView {
+  std::vector<ParamRef> refs;
+  std::vector<int64_t> offset_in_shard;
+};
+
+LocalView local_view(const shard::ShardedParams& params, int rank) {
+  const std::vector<ParamSpec>& specs = params.registry().specs();
+  LocalView view;
+  view.refs.resize(specs.size());
+  view.offset_in_shard.assign(specs.size(), 0);
+  std::vector<bool> seen(specs.size(), false);
+  for (size_t p = 0; p < specs.size(); ++p) view.refs[p] = {specs[p], nullptr, nullptr, 0, 0};
+  for (int unit = 0; unit < params.num_units(); ++unit) {
+    for (const shard::LocalPiece& piece : params.layout(unit).local_pieces(rank)) {
+      DMUON_CHECK(!seen[piece.param], "parameter '", specs[piece.param].name, "' has more than one piece in rank ",
+                  rank, "'s shard; the optimizer expects one contiguous piece per rank");
+      seen[piece.param] = true;
+      view.refs[piece.param].offset = piece.offset_in_param;
+      view.refs[piece.param].count = piece.length;
+      view.offset_in_shard[piece.param] = piece.offset_in_shard;
+    }
+  }
+  return view;
+}
+
+}  // namespace
+
+ShardedOptimizer::ShardedOptimizer(std::shared_ptr<comm::Comm> comm, shard::ShardedParams& params,
+                                   OptimizerOptions options, Orthogonalizer orth)
+    : Optimizer(local_view(params, comm->rank()).refs, std::move(options), std::move(orth)),
+      comm_(std::move(comm)),
+      params_(params) {
+  rank_ = comm_->rank();
+  world_size_ = comm_->size();
+  offset_in_shard_ = local_view(params, rank_).offset_in_shard;
+}
+
+void ShardedOptimizer::sum_across_ranks(std::span<double> values) {
+  comm_->all_reduce<double>(values, comm::ReduceOp::sum).wait();
+}
+
+void ShardedOptimizer::refresh_views(bool grads) {
+  std::vector<Slot>& all = slots();
+  for (size_t p = 0; p < all.size(); ++p) {
+    ParamRef& ref = all[p].ref;
+    if (ref.count == 0) continue;
+    ref.values = params_.shard_params(ref.spec.unit).data() + offset_in_shard_[p];
+    if (grads) ref.grad = params_.shard_grads(ref.spec.unit).data() + offset_in_shard_[p];
+  }
+}
+
+ShardedAdamW::ShardedAdamW(std::shared_ptr<comm::Comm> comm, shard::ShardedParams& params, OptimizerOptions options)
+    : ShardedOptimizer(std::move(comm), params, all_adamw(std::move(options)), Orthogonalizer{}) {}
+
+DMuon::DMuon(std::shared_ptr<comm::Comm> comm, shard::ShardedParams& params, OptimizerOptions options)
+    : DMuon(std::move(comm), params, options, ns_orthogonalizer(options.muon.ns)) {}
+
+DMuon::DMuon(std::shared_ptr<comm::Comm> comm, shard::ShardedParams& params, OptimizerOptions options,
+             Orthogonalizer orth)
+    : ShardedOptimizer(std::move(comm), params, std::move(options), std::move(orth)) {
+  // Both conditions are the same on every rank, so every rank refuses alike.
+  DMUON_CHECK(params.options().layout == shard::Layout::owner_aligned,
+              "DMuon needs the owner-aligned layout (the even layout splits matrices: use MuonGatherCompute)");
+  for (const Slot& s : slots()) {
+    DMUON_CHECK(s.group != OptimGroup::muon || s.ref.spec.role == ParamRole::matrix, "parameter '", s.ref.spec.name,
+                "' is in the Muon group but its role is elementwise, so the owner-aligned layout splits it; "
+                "give it role matrix to update it with DMuon");
+  }
+}
+
+MuonGatherCompute::MuonGatherCompute(std::shared_ptr<comm::Comm> comm, shard::ShardedParams& params,
+                                     OptimizerOptions options)
+    : MuonGatherCompute(std::move(comm), params, options, ns_orthogonalizer(options.muon.ns)) {}
+
+MuonGatherCompute::MuonGatherCompute(std::shared_ptr<comm::Comm> comm, shard::ShardedParams& params,
+                                     OptimizerOptions options, Orthogonalizer orth)
+    : ShardedOptimizer(std::move(comm), params, std::move(options), std::move(orth)) {
+  // Every rank's piece of every Muon matrix (pure layout arithmetic, the same on every rank).
+  pieces_.resize(world_size_);
+  for (int r = 0; r < world_size_; ++r) {
+    const std::vector<ParamRef> refs = local_view(params, r).refs;
+    for (size_t p = 0; p < refs.size(); ++p) {
+      if (slots()[p].group == OptimGroup::muon) pieces_[r].push_back(refs[p]);
+    }
+  }
+}
+
+std::vector<Optimizer::MuonMatrix> MuonGatherCompute::muon_inputs(float grad_scale) {
+  const int world = comm().size();
+  const std::vector<std::vector<ParamRef>>& pieces = pieces_;
+  std::vector<Slot*> muon;  // registry order, as in pieces_
+  for (Slot& s : slots()) {
+    if (s.group == OptimGroup::muon) muon.push_back(&s);
+  }
+  // Momentum on my pieces, packed in matrix order: that is my block of the all-gather.
+  std::vector<int64_t> counts(world, 0);
+  for (int r = 0; r < world; ++r) {
+    for (const ParamRef& piece : pieces[r]) counts[r] += piece.count;
+  }
+  std::vector<float> send(counts[rank_]);
+  int64_t at = 0;
+  for (Slot* s : muon) {
+    const size_t n = s->ref.count;
+    muon_momentum({effective_grad(*s), n}, grad_scale, s->momentum, {send.data() + at, n}, options().muon);
+    at += n;
+  }
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<float> recv(total);
+  comm().all_gatherv<float>(send, recv, counts).wait();
+  // Reassemble every whole U: rank r's block holds its pieces in matrix order.
+  std::vector<MuonMatrix> out;
+  for (Slot* s : muon) out.push_back({s->ref.count > 0 ? s : nullptr, &s->ref.spec, std::vector<float>(s->ref.spec.numel())});
+  int64_t block = 0;
+  for (int r = 0; r < world; ++r) {
+    int64_t in_block = block;
+    for (size_t k = 0; k < muon.size(); ++k) {
+      const ParamRef& piece = pieces[r][k];
+      std::copy(recv.begin() + in_block, recv.begin() + in_block + piece.count, out[k].full.begin() + piece.offset);
+      in_block += piece.count;
+    }
+    block += counts[r];
+  }
+  return out;
+}
+
+}  // namespace dmuon

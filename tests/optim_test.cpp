@@ -1,0 +1,269 @@
+// Single-process optimizers: AdamW and Muon against the public reference code's golden tensors,
+// parameter groups, accumulation, clipping and the non-finite gradient policy.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "dmuon/error.hpp"
+#include "dmuon/optim.hpp"
+#include "reference_orthogonalizer.hpp"
+#include "test_data.hpp"
+#include "toy_model.hpp"
+
+namespace dmuon {
+namespace {
+
+constexpr double kEps = FLT_EPSILON;
+
+// |x − ref| ≤ atol + rtol·|ref| element-wise; reports the worst element.
+void expect_close(const std::vector<float>& x, const std::vector<float>& ref, double atol, double rtol,
+                  const std::string& what) {
+  ASSERT_EQ(x.size(), ref.size()) << what;
+  size_t worst = 0;
+  double worst_excess = -1;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double excess = std::abs(double(x[i]) - ref[i]) - (atol + rtol * std::abs(double(ref[i])));
+    if (excess > worst_excess) worst_excess = excess, worst = i;
+  }
+  EXPECT_LE(worst_excess, 0) << what << ": element " << worst << " is " << x[worst] << ", reference " << ref[worst];
+}
+
+TEST(AdamW, MatchesTorchGolden) {
+  AdamWHyper h;
+  h.lr = 1e-3, h.beta1 = 0.9, h.beta2 = 0.95, h.eps = 1e-8, h.weight_decay = 0.1;  // golden.json
+  std::vector<float> p = test::load_golden("adamw_p0.npy").data;
+  std::vector<float> m(p.size()), v(p.size());
+  for (int t = 1; t <= 3; ++t) {
+    const std::vector<float> g = test::load_golden("adamw_g" + std::to_string(t) + ".npy").data;
+    adamw_step(p, g, 1.0f, m, v, t, h);
+    // We round as torch does, so each step may differ by a few ulps of p and of the update (≤ lr).
+    expect_close(p, test::load_golden("adamw_p" + std::to_string(t) + ".npy").data, 4 * t * kEps * h.lr, 4 * t * kEps,
+                 "AdamW step " + std::to_string(t));
+  }
+}
+
+// A small model: two matrices and a bias.
+struct Model : test::ToyModel {
+  explicit Model(uint32_t seed)
+      : ToyModel({{"layers.0.w", {6, 4}, ParamRole::matrix, 0},
+                  {"embed.weight", {5, 3}, ParamRole::matrix, 0},
+                  {"layers.0.bias", {6}, ParamRole::elementwise, 0}},
+                 seed) {}
+};
+
+// Muon golden (KellerJordan/Muon in float32) through the whole optimizer. Each step moves W by
+// lr·s·O with |O_ij| ≤ 1, so an NS whose result differs from the golden's float32 NS by δ per element
+// moves W by at most lr·s·δ per step. The golden's float32 NS is within about 1e-6 of float64 NS
+// (tests/data/README.md): δ = 2e-6 for the float64 reference and the standard float32 recurrence;
+// Gram NS adds its own 3.2e-6 on Gaussian inputs (DESIGN 2.2 table, fp32 restart [2]): δ = 1e-5.
+void check_muon_golden(const std::string& name, Orthogonalizer orth, double ns_delta) {
+  std::vector<float> w = test::load_golden("muon_" + name + "_w0.npy").data;
+  const std::vector<int64_t> shape = test::load_golden("muon_" + name + "_w0.npy").shape;
+  std::vector<float> g(w.size());
+  OptimizerOptions opt;
+  opt.muon.lr = 0.02, opt.muon.weight_decay = 0.01, opt.muon.momentum = 0.95, opt.muon.nesterov = true;
+  Optimizer muon({{{name, shape, ParamRole::matrix, 0}, w.data(), g.data()}}, opt, std::move(orth));
+  const double s = muon_scale(shape[0], shape[1], MuonScale::original);
+  for (int t = 1; t <= 3; ++t) {
+    const std::vector<float> gt = test::load_golden("muon_" + name + "_g" + std::to_string(t) + ".npy").data;
+    std::copy(gt.begin(), gt.end(), g.begin());  // in place: the optimizer holds g's address
+    ASSERT_TRUE(muon.step());
+    expect_close(w, test::load_golden("muon_" + name + "_w" + std::to_string(t) + ".npy").data,
+                 t * opt.muon.lr * s * ns_delta, 4 * t * kEps, name + " step " + std::to_string(t));
+  }
+}
+Orthogonalizer engine(NsAlgo algo) {
+  NsOptions ns;
+  ns.algo = algo;
+  return ns_orthogonalizer(ns);
+}
+TEST(Muon, MatchesKellerJordanGoldenWide) { check_muon_golden("w_wide", test::reference_orthogonalizer(), 2e-6); }
+TEST(Muon, MatchesKellerJordanGoldenTall) { check_muon_golden("w_tall", test::reference_orthogonalizer(), 2e-6); }
+TEST(Muon, StandardNsMatchesGolden) {
+  for (const char* name : {"w_wide", "w_tall"}) check_muon_golden(name, engine(NsAlgo::standard), 2e-6);
+}
+TEST(Muon, GramNsMatchesGolden) {
+  for (const char* name : {"w_wide", "w_tall"}) check_muon_golden(name, engine(NsAlgo::gram), 1e-5);
+}
+TEST(Muon, ClassUsesTheNsEngine) {
+  // dmuon::Muon with default options equals an Optimizer given the same engine, bit for bit.
+  Model a(8), b(8);
+  Muon ma(a.refs(), OptimizerOptions{});
+  Optimizer mb(b.refs(), OptimizerOptions{}, ns_orthogonalizer(NsOptions{}));
+  for (int t = 0; t < 3; ++t) {
+    a.set_grads(t), b.set_grads(t);
+    ma.step(), mb.step();
+  }
+  EXPECT_EQ(a.values, b.values);
+}
+
+TEST(Muon, MomentumNesterovScaleAndDecayFollowTheDefinition) {
+  MuonHyper h;
+  h.momentum = 0.9, h.lr = 0.1, h.weight_decay = 0.5;
+  std::vector<float> g = {1, -2}, mom = {0.5f, 0.5f}, u(2);
+  muon_momentum(g, 2.0f, mom, u, h);  // g·2 = {2, −4}
+  EXPECT_FLOAT_EQ(mom[0], 0.9f * 0.5f + 0.1f * 2);
+  EXPECT_FLOAT_EQ(mom[1], 0.9f * 0.5f + 0.1f * -4);
+  EXPECT_FLOAT_EQ(u[0], 0.1f * 2 + 0.9f * mom[0]);
+  h.nesterov = false;
+  muon_momentum(g, 1.0f, mom, u, h);
+  EXPECT_EQ(u, mom);
+  EXPECT_DOUBLE_EQ(muon_scale(80, 20, MuonScale::original), 2.0);
+  EXPECT_DOUBLE_EQ(muon_scale(20, 80, MuonScale::original), 1.0);
+  EXPECT_DOUBLE_EQ(muon_scale(20, 100, MuonScale::match_rms_adamw), 2.0);
+  std::vector<float> w = {1, 2}, o = {1, -1};
+  muon_apply(w, o, h, 2.0);  // w·(1 − 0.05) − 0.1·2·o
+  EXPECT_FLOAT_EQ(w[0], 0.95f - 0.2f);
+  EXPECT_FLOAT_EQ(w[1], 1.9f + 0.2f);
+}
+
+TEST(ParamGroups, GlobAndRegexPatterns) {
+  EXPECT_TRUE(name_matches("layers.*.mlp.*", "layers.3.mlp.up.weight"));
+  EXPECT_FALSE(name_matches("layers.*.mlp.*", "layers.3.attn.q.weight"));
+  EXPECT_TRUE(name_matches("embed?weight", "embed.weight"));
+  EXPECT_FALSE(name_matches("embed", "embed.weight"));  // whole name
+  EXPECT_TRUE(name_matches("re:layers\\.[0-9]+\\.attn\\..*", "layers.12.attn.q.weight"));
+  EXPECT_FALSE(name_matches("re:layers\\.[0-9]+", "layers.12.attn"));
+  EXPECT_FALSE(name_matches("a+b", "aab"));  // glob: '+' is literal
+  EXPECT_THROW(name_matches("re:([", "x"), Error);
+}
+
+TEST(ParamGroups, RoleDefaultsAndRulesMoveParameters) {
+  Model model(1);
+  OptimizerOptions opt;
+  opt.rules = {{"embed.*", OptimGroup::adamw}};
+  Optimizer o(model.refs(), opt, test::reference_orthogonalizer());
+  EXPECT_EQ(o.group_of("layers.0.w"), OptimGroup::muon);
+  EXPECT_EQ(o.group_of("embed.weight"), OptimGroup::adamw);
+  EXPECT_EQ(o.group_of("layers.0.bias"), OptimGroup::adamw);
+  EXPECT_THROW(o.group_of("nope"), Error);
+  opt.rules = {{"*bias", OptimGroup::muon}};
+  try {
+    Optimizer bad(model.refs(), opt, test::reference_orthogonalizer());
+    FAIL() << "a 1-D parameter in the Muon group must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layers.0.bias"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Optimizer, AccumulatingFourMicroBatchesEqualsOneBigBatch) {
+  // Gradient of a batch = mean of per-sample gradients; 4 micro-batches of 3 samples vs 1 of 12.
+  Model big(2), micro(2);
+  OptimizerOptions opt;
+  Optimizer ob(big.refs(), opt, test::reference_orthogonalizer());
+  opt.accumulation_steps = 4;
+  Optimizer om(micro.refs(), opt, test::reference_orthogonalizer());
+  for (int t = 0; t < 3; ++t) {
+    for (size_t p = 0; p < big.specs.size(); ++p)
+      for (size_t i = 0; i < big.grads[p].size(); ++i) {
+        float sum = 0;
+        for (int j = 0; j < 12; ++j) sum += big.sample_grad(p, i, t, j);
+        big.grads[p][i] = sum / 12;
+      }
+    EXPECT_TRUE(ob.step());
+    for (int mb = 0; mb < 4; ++mb) {
+      for (size_t p = 0; p < micro.specs.size(); ++p)
+        for (size_t i = 0; i < micro.grads[p].size(); ++i) {
+          float sum = 0;
+          for (int j = 0; j < 3; ++j) sum += micro.sample_grad(p, i, t, 3 * mb + j);
+          micro.grads[p][i] = sum / 3;
+        }
+      EXPECT_EQ(om.step(), mb == 3);
+    }
+  }
+  EXPECT_EQ(om.updates(), 3);
+  // The two gradient means differ by summation order (≲ 12 ulps of the gradient); AdamW divides by
+  // sqrt(v) so a relative gradient change δ moves an element by about lr·δ, Muon by lr·s·|O|·δ/σ_min
+  // of the momentum; 1e-5 relative over 3 steps covers both on these well-conditioned matrices.
+  for (size_t p = 0; p < big.specs.size(); ++p) expect_close(micro.values[p], big.values[p], 1e-5, 1e-5, big.specs[p].name);
+}
+
+TEST(Optimizer, ClipsByGlobalNorm) {
+  Model a(3), b(3);
+  OptimizerOptions opt;
+  opt.clip_grad_norm = 0.5;
+  Optimizer oa(a.refs(), opt, test::reference_orthogonalizer());
+  opt.clip_grad_norm = 0;
+  Optimizer ob(b.refs(), opt, test::reference_orthogonalizer());
+  double sq = 0;
+  for (size_t p = 0; p < a.specs.size(); ++p)
+    for (size_t i = 0; i < a.grads[p].size(); ++i) {
+      a.grads[p][i] = a.sample_grad(p, i, 0, 0);
+      sq += double(a.grads[p][i]) * a.grads[p][i];
+    }
+  const float factor = static_cast<float>(0.5 / (std::sqrt(sq) + 1e-6));
+  for (size_t p = 0; p < a.specs.size(); ++p)
+    for (size_t i = 0; i < a.grads[p].size(); ++i) b.grads[p][i] = a.grads[p][i] * factor;
+  oa.step();
+  ob.step();
+  EXPECT_NEAR(oa.last_grad_norm(), std::sqrt(sq), 1e-12 * std::sqrt(sq));
+  // The two factors may differ by an ulp (the norm is summed in another order). AdamW's first step
+  // is invariant to the gradient's scale; NS nearly so, but amplifies a relative input change along
+  // small singular values by up to its slope at 0, a^5 = 3.4445^5 ≈ 490, and |O| ≤ 1, s ≤ 1.3.
+  const double muon_atol = 0.02 * 1.3 * 490 * 2 * kEps;
+  for (size_t p = 0; p < a.specs.size(); ++p) expect_close(a.values[p], b.values[p], muon_atol, 4 * kEps, a.specs[p].name);
+}
+
+TEST(Optimizer, NonFiniteGradientRaisesNamingParameterAndRank) {
+  Model m(4);
+  Optimizer o(m.refs(), OptimizerOptions{}, test::reference_orthogonalizer());
+  m.grads[2][1] = std::numeric_limits<float>::quiet_NaN();
+  try {
+    o.step();
+    FAIL() << "a NaN gradient must raise under the default policy";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'layers.0.bias' on rank 0"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Optimizer, NonFiniteGradientSkipLeavesParametersAndCounts) {
+  Model m(5);
+  OptimizerOptions opt;
+  opt.nonfinite = NonFinitePolicy::skip;
+  Optimizer o(m.refs(), opt, test::reference_orthogonalizer());
+  const auto before = m.values;
+  m.grads[0][3] = std::numeric_limits<float>::infinity();
+  EXPECT_FALSE(o.step());
+  EXPECT_EQ(m.values, before);
+  EXPECT_EQ(o.skipped_steps(), 1);
+  EXPECT_EQ(o.updates(), 0);
+  m.grads[0][3] = 0.5f;
+  EXPECT_TRUE(o.step());
+  EXPECT_EQ(o.updates(), 1);
+  EXPECT_NE(m.values, before);
+}
+
+TEST(AdamW, ShardedEqualsWholeBitForBit) {
+  // AdamW is elementwise: three optimizers on thirds of every tensor equal one on the whole tensors.
+  Model whole(7), split(7);
+  AdamW ow(whole.refs(), OptimizerOptions{});
+  std::vector<std::unique_ptr<AdamW>> thirds;
+  for (int r = 0; r < 3; ++r) thirds.push_back(std::make_unique<AdamW>(split.slice_refs(r, 3), OptimizerOptions{}));
+  EXPECT_EQ(ow.group_of("layers.0.w"), OptimGroup::adamw);
+  for (int t = 0; t < 4; ++t) {
+    whole.set_grads(t);
+    split.set_grads(t);
+    ow.step();
+    for (auto& o : thirds) o->step();
+  }
+  EXPECT_EQ(split.values, whole.values);
+}
+
+TEST(Optimizer, LearningRateChangesPerStep) {
+  Model a(6), b(6);
+  Optimizer oa(a.refs(), OptimizerOptions{}, test::reference_orthogonalizer());
+  Optimizer ob(b.refs(), OptimizerOptions{}, test::reference_orthogonalizer());
+  oa.set_lr(0, 0);
+  for (auto& g : a.grads) std::fill(g.begin(), g.end(), 1.0f);
+  oa.step();
+  EXPECT_EQ(a.values, b.values);  // lr 0: nothing moves (no decay either)
+  oa.set_lr(0.02, 1e-3);
+  oa.step();
+  EXPECT_NE(a.values, b.values);
+}
+
+}  // namespace
+}  // namespace dmuon
