@@ -2,11 +2,13 @@
 # make demo: trains the GPT example twice on 2 ranks — AdamW, then DMuon — with the same model, data
 # and seed, then prints `dmuon compare`'s table (final validation loss, median step / optimizer /
 # communication times, DMuon's step-time overhead over AdamW) and draws the two plots.
-# Environment: BUILD (build folder, default build), STEPS (default 300), OUT (default runs/demo),
-# NP (ranks, default 2).
+# Environment: BUILD (build folder, default build), STEPS (default 300), BATCH (sequences per step,
+# default 16), OUT (default runs/demo), NP (ranks, default 2). Newton–Schulz costs the same per step
+# whatever the batch, so DMuon's overhead over AdamW shrinks as BATCH grows (docs/gpt-example.md).
 set -euo pipefail
 BUILD=${BUILD:-build}
 STEPS=${STEPS:-300}
+BATCH=${BATCH:-16}
 OUT=${OUT:-runs/demo}
 NP=${NP:-2}
 # One BLAS thread per rank (dmuon train also sets it when it sees several ranks).
@@ -15,8 +17,8 @@ MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$NP" -x O
 # choice between the live line and plain lines is made here.
 PROGRESS=plain
 if [ -t 1 ]; then PROGRESS=live; fi
-COMMON=(--progress "$PROGRESS" --steps "$STEPS" --seed 1 --layers 4 --width 128 --heads 4 --context 64 --batch 16 --warmup 20
-        --val-every 50 --val-batches 8)
+COMMON=(--progress "$PROGRESS" --steps "$STEPS" --seed 1 --layers 4 --width 128 --heads 4 --context 64
+        --batch "$BATCH" --warmup 20 --val-every 50 --val-batches 8)
 mkdir -p "$OUT"
 
 echo "== AdamW on every parameter (lr 3e-3), $NP ranks =="
