@@ -1,5 +1,6 @@
-// `dmuon train --data <bad>` run as a user would: the built CLI (path from DMUON_CLI_PATH) exits
-// non-zero with one clear line naming the data source, and does not hang (alone and under mpirun).
+// The built CLI (path from DMUON_CLI_PATH) run as a user would: `dmuon train --data <bad>` exits
+// non-zero with one clear line naming the data source and does not hang (alone and under mpirun);
+// a short run's metrics go through `dmuon compare`.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -7,7 +8,9 @@
 #include <cstdio>
 #include <fstream>
 #include <string>
+#include <vector>
 
+#include "dmuon/metrics_csv.hpp"
 #include "test_data.hpp"
 
 namespace dmuon {
@@ -70,6 +73,31 @@ TEST(TrainCli, BadDataUnderMpirunStopsEveryRank) {
   EXPECT_NE(r.status, 124) << "timed out: " << r.output;
   EXPECT_NE(r.output.find("dmuon: error: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(missing), std::string::npos) << r.output;
+}
+
+// A short run end to end: `dmuon train` writes one CSV row per step (validation on the last), and
+// `dmuon compare` reads it back, prints the table and draws both plots.
+TEST(TrainCli, TrainWritesTheMetricsThatCompareTabulatesAndPlots) {
+  test::TempDir dir;
+  const std::string csv = dir.file("run.csv");
+  const Result train = run(std::string(DMUON_CLI_PATH) +
+                           " train --optim adamw --steps 3 --layers 1 --width 32 --heads 2 --context 16 --batch 4 "
+                           "--progress plain --csv " +
+                           csv);
+  ASSERT_EQ(train.status, 0) << train.output;
+  EXPECT_NE(train.output.find("done: 3 steps"), std::string::npos) << train.output;
+  const std::vector<StepMetrics> rows = read_metrics_csv(csv);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_FALSE(rows[1].val_loss.has_value());
+  EXPECT_TRUE(rows[2].val_loss.has_value());
+
+  const Result cmp =
+      run(std::string(DMUON_CLI_PATH) + " compare --run A=" + csv + " --run B=" + csv + " --out " + dir.path());
+  ASSERT_EQ(cmp.status, 0) << cmp.output;
+  EXPECT_NE(cmp.output.find("baseline"), std::string::npos) << cmp.output;
+  EXPECT_NE(cmp.output.find("+0.0%"), std::string::npos) << cmp.output;  // a run against itself
+  EXPECT_TRUE(std::ifstream(dir.file("loss.png")).good());
+  EXPECT_TRUE(std::ifstream(dir.file("step_time.png")).good());
 }
 
 }  // namespace
