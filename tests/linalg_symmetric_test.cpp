@@ -1,7 +1,6 @@
-// SYRK + mirror and the upper-block-triangle products equal a full float64
-// product within the float32 error bound of a length-k dot product, for several
-// tile counts and sizes that the tile count does not divide; the mirrored
-// result is exactly symmetric.
+// SYRK + mirror and the upper-block-triangle products equal a full float64 product within the float32 error
+// bound of a length-k dot product, for several tile counts and sizes that the tile count does not divide; the
+// mirrored result is exactly symmetric.
 #include <gtest/gtest.h>
 
 #include <cfloat>
@@ -15,10 +14,9 @@ namespace {
 
 using test::MatD;
 
-// Expects |C − (alpha·A·B + beta·C0)| ≤ γ_{k+2}·(|alpha|·|A|·|B| + |beta|·|C0|)
-// elementwise, γ_j ≈ j·u: the float32 error bound of a length-k dot product in
-// any summation order (Higham, ASNA 3.1), plus two roundings for the alpha and
-// beta terms. Operands are exact float32 values.
+// Expects |C − (alpha·A·B + beta·C0)| ≤ γ_{k+2}·(|alpha|·|A|·|B| + |beta|·|C0|) elementwise, γ_j ≈ j·u: the
+// float32 error bound of a length-k dot product in any summation order (Higham, ASNA 3.1), plus two roundings
+// for the alpha and beta terms. Operands are exact float32 values.
 void expect_product_close(const std::vector<float>& c, const MatD& a, const MatD& b, double alpha, double beta,
                           const MatD& c0) {
   const double u = FLT_EPSILON / 2;
@@ -44,8 +42,8 @@ void expect_exactly_symmetric(const std::vector<float>& c, int64_t m) {
 
 MatD symmetrised(const MatD& a) { return test::matmul(a, test::transposed(a)); }
 
-// Rounds a float64 matrix to float32 and back, so the float32 kernel and the
-// float64 check see the same operands.
+// Rounds a float64 matrix to float32 and back, so the float32 kernel and the float64 check see the same
+// operands.
 MatD rounded(const MatD& a) {
   MatD r = a;
   for (double& x : r.v) x = static_cast<float>(x);
@@ -63,6 +61,13 @@ TEST_P(Syrk, EqualsFullProductAndIsSymmetric) {
   linalg::syrk(n, k, 0.75f, af.data(), k, -0.5f, c.data(), n);
   expect_product_close(c, a, test::transposed(a), 0.75, -0.5, c0);
   expect_exactly_symmetric(c, n);
+
+  // The same product from A stored transposed (k×n): C = Aᵀ·A of that layout.
+  const std::vector<float> at = test::to_floats(test::transposed(a));
+  std::vector<float> ct = test::to_floats(c0);
+  linalg::syrk_transposed(n, k, 0.75f, at.data(), n, -0.5f, ct.data(), n);
+  expect_product_close(ct, a, test::transposed(a), 0.75, -0.5, c0);
+  expect_exactly_symmetric(ct, n);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Syrk,
@@ -74,8 +79,7 @@ class SymmetricGemm : public ::testing::TestWithParam<std::pair<int64_t, int>> {
 
 TEST_P(SymmetricGemm, UpperTilesEqualFullProduct) {
   const auto [m, tiles] = GetParam();
-  // Commuting symmetric factors: S and S² + 2S (polynomials in one symmetric
-  // S).
+  // Commuting symmetric factors: S and S² + 2S (polynomials in one symmetric S).
   const MatD s = rounded(symmetrised(test::gaussian(m, m, 3)));
   const MatD s2 = rounded(test::matmul(s, s, 1.0, 2.0, &s));
   const MatD c0 = rounded(symmetrised(test::gaussian(m, 2, 4)));

@@ -13,7 +13,7 @@ namespace {
 
 struct NsArgs {
   std::string in, out, algo = "auto", coeffs = "keller", restarts = "2";
-  int steps = 5, threads = 0, tiles = 4;
+  int steps = dmuon::NsOptions{}.steps, threads = 0, tiles = dmuon::NsOptions{}.tiles;
   double safety = 0.0;
 };
 

@@ -14,6 +14,9 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alp
 // C(n×n) = alpha·A·Aᵀ + beta·C with A n×k (SYRK), the full symmetric C: BLAS fills the upper
 // triangle, the lower is mirrored from it. C must not overlap A.
 void syrk(int64_t n, int64_t k, float alpha, const float* a, int64_t lda, float beta, float* c, int64_t ldc);
+// The same for A stored transposed: C(n×n) = alpha·Aᵀ·A + beta·C with A k×n.
+void syrk_transposed(int64_t n, int64_t k, float alpha, const float* a, int64_t lda, float beta, float* c,
+                     int64_t ldc);
 
 // C(m×m) = alpha·A·B + beta·C with A m×k, B k×m, for factors whose product is known to be
 // symmetric (e.g. commuting symmetric matrices, DESIGN 2.3): only the tiles on and above the

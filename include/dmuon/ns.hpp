@@ -28,7 +28,7 @@ struct NsOptions {
   double safety = 0.0;               // 0: the schedule's default (1 for keller/you, 1.01 polar-express)
   std::vector<int> restarts = {2};   // Gram restart steps (float32 default [2])
   bool symmetric = true;             // SYRK and upper-triangle products; false: plain sgemm everywhere
-  int tiles = 4;                     // tiles per side of the upper-triangle products
+  int tiles = 8;                     // tiles per side of the upper-triangle products (8: DESIGN 5, 896-2048)
   NsBatchMode batch_mode = NsBatchMode::sequential;
   int threads = 0;                   // BLAS threads for this call; 0: the current setting
 };

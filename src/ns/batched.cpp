@@ -1,7 +1,6 @@
-// Newton–Schulz on k same-shape matrices (DESIGN 2.6): one after another with
-// threaded BLAS, or spread over worker threads that each make single-threaded
-// BLAS calls. Every matrix runs the same single-matrix kernel on its own
-// workspace, so results equal unbatched calls bit for bit.
+// Newton–Schulz on k same-shape matrices (DESIGN 2.6): one after another with threaded BLAS, or spread over
+// worker threads that each make single-threaded BLAS calls. Every matrix runs the same single-matrix kernel
+// on its own workspace, so results equal unbatched calls bit for bit.
 #include <algorithm>
 #include <atomic>
 #include <exception>
@@ -31,9 +30,8 @@ void newton_schulz_batched(std::span<const float* const> u, std::span<float* con
     return;
   }
 
-  // OpenBLAS keeps one process-wide thread count: set it to 1 here, once,
-  // before the workers start (calling openblas_set_num_threads from inside them
-  // would race), and restore it after they join.
+  // OpenBLAS keeps one process-wide thread count: set it to 1 here, once, before the workers start (calling
+  // openblas_set_num_threads from inside them would race), and restore it after they join.
   linalg::ThreadsScope single(1);
   std::atomic<size_t> next{0};
   std::vector<std::exception_ptr> errors(k);

@@ -1,5 +1,4 @@
-// Coefficient schedules (DESIGN 2.4), algorithm choice and the names the CLI
-// uses.
+// Coefficient schedules (DESIGN 2.4), algorithm choice and the names the CLI uses.
 #include <algorithm>
 #include <cmath>
 
@@ -17,9 +16,8 @@ const std::vector<NsStep> kYou = {
     {2.8769, -3.1427, 1.2046}, {2.8366, -3.0525, 1.2012},
 };
 
-// Amsel et al., "The Polar Express" (arXiv 2505.16932), degree 5, ℓ = 1e-3: the
-// full published table. Its last row is the converged Newton–Schulz polynomial;
-// later steps repeat it.
+// Amsel et al., "The Polar Express" (arXiv 2505.16932), degree 5, ℓ = 1e-3: the full published table. Its
+// last row is the converged Newton–Schulz polynomial; later steps repeat it.
 const std::vector<NsStep> kPolarExpress = {
     {8.28721201814563, -23.595886519098837, 17.300387312530933},
     {4.107059111542203, -2.9478499167379106, 0.5448431082926601},
@@ -52,9 +50,8 @@ std::vector<NsStep> ns_schedule(NsCoeffs coeffs, int steps, double safety) {
   DMUON_CHECK(std::isfinite(safety), "Newton-Schulz safety factor must be finite, got ", safety);
   const double s = safety > 0 ? safety : ns_default_safety(coeffs);
   const auto& rows = table(coeffs);
-  // polar-express leaves its converged last row unscaled (the paper's code);
-  // the single-row keller table has no such row, so every one of its steps is
-  // scaled.
+  // polar-express leaves its converged last row unscaled (the paper's code); the single-row keller table has
+  // no such row, so every one of its steps is scaled.
   const size_t scaled_rows = coeffs == NsCoeffs::polar_express ? rows.size() - 1 : rows.size();
   std::vector<NsStep> out;
   for (int t = 0; t < steps; ++t) {

@@ -1,6 +1,5 @@
-// Newton–Schulz on one matrix (DESIGN 2.1, 2.2): normalisation and input
-// checks, the standard recurrence, the Gram-space recurrence, and the workspace
-// pool they draw their buffers from.
+// Newton–Schulz on one matrix (DESIGN 2.1, 2.2): normalisation and input checks, the standard recurrence, the
+// Gram-space recurrence, and the workspace pool they draw their buffers from.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -58,19 +57,42 @@ void check_options(const NsOptions& options) {
 
 namespace {
 
-// The m×m products of the recurrences, as SYRK / upper-triangle gemm, or full
-// gemm when options.symmetric is false (the cost of the public reference code).
+// The products of the recurrences on X (m×n, m ≤ n), as SYRK / upper-triangle gemm, or full gemm when
+// options.symmetric is false (the cost of the public reference code). A tall input U (n×m) is used in place
+// as X = Uᵀ through BLAS transpose flags, so it is never transposed in memory.
 struct Products {
-  int64_t m;
+  int64_t m, n;
+  bool tall;  // X is stored as Xᵀ (n×m row-major)
   bool symmetric;
   int tiles;
 
-  // C(m×m) = alpha·A·Aᵀ + beta·C, A m×k.
-  void aat(int64_t k, float alpha, const float* a, float beta, float* c) const {
+  // C(m×m) = alpha·X·Xᵀ + beta·C.
+  void gram(float alpha, const float* x, float beta, float* c) const {
+    const int64_t ld = tall ? m : n;
     if (symmetric) {
-      linalg::syrk(m, k, alpha, a, k, beta, c, m);
+      if (tall) {
+        linalg::syrk_transposed(m, n, alpha, x, ld, beta, c, m);
+      } else {
+        linalg::syrk(m, n, alpha, x, ld, beta, c, m);
+      }
     } else {
-      linalg::gemm(false, true, m, m, k, alpha, a, k, a, k, beta, c, m);
+      linalg::gemm(tall, !tall, m, m, n, alpha, x, ld, x, ld, beta, c, m);
+    }
+  }
+  // C(m×m) = alpha·S·S + beta·C for symmetric S (S·S = S·Sᵀ).
+  void square(float alpha, const float* s, float beta, float* c) const {
+    if (symmetric) {
+      linalg::syrk(m, m, alpha, s, m, beta, c, m);
+    } else {
+      linalg::gemm(false, false, m, m, m, alpha, s, m, s, m, beta, c, m);
+    }
+  }
+  // Y(m×n) = S·X + beta·Y for symmetric S (m×m); stored tall, Yᵀ = Xᵀ·S + beta·Yᵀ.
+  void left(const float* s, const float* x, float beta, float* y) const {
+    if (tall) {
+      linalg::gemm(false, false, n, m, m, 1.0f, x, m, s, m, beta, y, m);
+    } else {
+      linalg::gemm(false, false, m, n, m, 1.0f, s, m, x, n, beta, y, n);
     }
   }
   // C = alpha·A·B + beta·C for m×m factors whose product is symmetric.
@@ -85,46 +107,41 @@ struct Products {
 
 void copy(int64_t n, const float* from, float* to) { std::memcpy(to, from, n * sizeof(float)); }
 
-// DESIGN 2.1 on X (m×n, m ≤ n, normalised). Returns the buffer holding the
-// result (x or y).
-float* standard_recurrence(float* x, float* y, int64_t n, const std::vector<NsStep>& schedule, const Products& p,
-                           float* a_mat, float* b_mat) {
+// DESIGN 2.1 on X (m×n, m ≤ n, normalised). Returns the buffer holding the result (x or y).
+float* standard_recurrence(float* x, float* y, const std::vector<NsStep>& schedule, const Products& p, float* a_mat,
+                           float* b_mat) {
   const int64_t m = p.m;
   for (const NsStep& s : schedule) {
-    p.aat(n, 1.0f, x, 0.0f, a_mat);  // A = X·Xᵀ
+    p.gram(1.0f, x, 0.0f, a_mat);  // A = X·Xᵀ
     copy(m * m, a_mat, b_mat);
-    p.aat(m, float(s.c), a_mat, float(s.b),
-          b_mat);  // B = b·A + c·A·A (A symmetric: A·A = A·Aᵀ)
-    copy(m * n, x, y);
-    linalg::gemm(false, false, m, n, m, 1.0f, b_mat, m, x, n, float(s.a), y,
-                 n);  // X ← a·X + B·X
+    p.square(float(s.c), a_mat, float(s.b), b_mat);  // B = b·A + c·A·A
+    copy(m * p.n, x, y);
+    p.left(b_mat, x, float(s.a), y);  // X ← a·X + B·X
     std::swap(x, y);
   }
   return x;
 }
 
-// DESIGN 2.2 on X (m×n, m ≤ n, normalised): iterates X_t = Q_t·X on m×m
-// matrices, re-forming X and R = X·Xᵀ at each restart step. Returns the buffer
-// holding the result (x or y).
-float* gram_recurrence(float* x, float* y, int64_t n, const std::vector<NsStep>& schedule,
-                       const std::vector<int>& restarts, const Products& p, float* r, float* z, float* q, float* t) {
+// DESIGN 2.2 on X (m×n, m ≤ n, normalised): iterates X_t = Q_t·X on m×m matrices, re-forming X and R = X·Xᵀ
+// at each restart step. Returns the buffer holding the result (x or y).
+float* gram_recurrence(float* x, float* y, const std::vector<NsStep>& schedule, const std::vector<int>& restarts,
+                       const Products& p, float* r, float* z, float* q, float* t) {
   const int64_t m = p.m;
   const auto restart_at = [&](size_t step) {
     return step > 0 && std::find(restarts.begin(), restarts.end(), static_cast<int>(step)) != restarts.end();
   };
-  p.aat(n, 1.0f, x, 0.0f, r);  // R = X·Xᵀ
+  p.gram(1.0f, x, 0.0f, r);  // R = X·Xᵀ
   bool have_q = false;
   for (size_t step = 0; step < schedule.size(); ++step) {
     const float a = float(schedule[step].a), b = float(schedule[step].b), c = float(schedule[step].c);
     if (restart_at(step)) {
-      linalg::gemm(false, false, m, n, m, 1.0f, q, m, x, n, 0.0f, y,
-                   n);  // X ← Q·X
+      p.left(q, x, 0.0f, y);  // X ← Q·X
       std::swap(x, y);
-      p.aat(n, 1.0f, x, 0.0f, r);
+      p.gram(1.0f, x, 0.0f, r);
       have_q = false;
     }
     copy(m * m, r, z);
-    p.aat(m, c, r, b, z);  // Z = b·R + c·R·R
+    p.square(c, r, b, z);  // Z = b·R + c·R·R
     if (!have_q) {
       copy(m * m, z, q);
       linalg::add_identity(m, a, q, m);  // Q = Z + a·I
@@ -142,7 +159,7 @@ float* gram_recurrence(float* x, float* y, int64_t n, const std::vector<NsStep>&
     }
   }
   if (!have_q) return x;
-  linalg::gemm(false, false, m, n, m, 1.0f, q, m, x, n, 0.0f, y, n);  // O = Q·X
+  p.left(q, x, 0.0f, y);  // O = Q·X
   return y;
 }
 
@@ -162,34 +179,25 @@ void orthogonalize(const float* u, float* o, int64_t rows, int64_t cols, const N
   const double norm = linalg::norm2(rows * cols, u);
   if (!std::isfinite(norm)) fail_non_finite(u, rows, cols, name);
 
-  // Work on X (m×n) with m ≤ n: Uᵀ when U is tall.
-  const bool tall = rows > cols;
+  // Work on X (m×n) with m ≤ n: Uᵀ when U is tall, kept in U's layout (see Products).
   const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
   ws.reserve(m, n);
   float* x = ws.mn[0].data();
   float* y = ws.mn[1].data();
-  if (tall) {
-    linalg::transpose(rows, cols, u, x);
-  } else {
-    copy(m * n, u, x);
-  }
+  copy(m * n, u, x);
   const double safety = options.safety > 0 ? options.safety : ns_default_safety(options.coeffs);
   linalg::scale(m * n, static_cast<float>(1.0 / (norm * safety + 1e-7)), x);
 
   const std::vector<NsStep> schedule = ns_schedule(options.coeffs, options.steps, options.safety);
-  const Products p{m, options.symmetric, options.tiles};
+  const Products p{m, n, rows > cols, options.symmetric, options.tiles};
   float* result = nullptr;
   if (ns_resolve_algo(options.algo, rows, cols) == NsAlgo::gram) {
-    result = gram_recurrence(x, y, n, schedule, options.restarts, p, ws.mm[0].data(), ws.mm[1].data(), ws.mm[2].data(),
+    result = gram_recurrence(x, y, schedule, options.restarts, p, ws.mm[0].data(), ws.mm[1].data(), ws.mm[2].data(),
                              ws.mm[3].data());
   } else {
-    result = standard_recurrence(x, y, n, schedule, p, ws.mm[0].data(), ws.mm[1].data());
+    result = standard_recurrence(x, y, schedule, p, ws.mm[0].data(), ws.mm[1].data());
   }
-  if (tall) {
-    linalg::transpose(m, n, result, o);
-  } else {
-    copy(m * n, result, o);
-  }
+  copy(m * n, result, o);
 }
 
 }  // namespace ns_detail

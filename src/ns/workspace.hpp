@@ -1,6 +1,5 @@
-// Internal to src/ns: the buffers one Newton–Schulz run needs, pooled so the
-// hot path does not allocate, and the single-matrix kernel that the public
-// entry points and the batched runner share.
+// Internal to src/ns: the buffers one Newton–Schulz run needs, pooled so the hot path does not allocate, and
+// the single-matrix kernel that the public entry points and the batched runner share.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +18,8 @@ struct Workspace {
   void reserve(int64_t m, int64_t n);
 };
 
-// A workspace taken from a process-wide pool for the lifetime of the lease,
-// then returned, so repeated calls (from any thread) reuse memory that is
-// already allocated and paged in.
+// A workspace taken from a process-wide pool for the lifetime of the lease, then returned, so repeated calls
+// (from any thread) reuse memory that is already allocated and paged in.
 class WorkspaceLease {
  public:
   WorkspaceLease();
@@ -37,8 +35,7 @@ class WorkspaceLease {
 // Checks options; throws dmuon::Error naming the bad field.
 void check_options(const NsOptions& options);
 
-// O = orth(U) for one matrix with the current BLAS thread setting (see
-// newton_schulz).
+// O = orth(U) for one matrix with the current BLAS thread setting (see newton_schulz).
 void orthogonalize(const float* u, float* o, int64_t rows, int64_t cols, const NsOptions& options,
                    const std::string& name, Workspace& ws);
 

@@ -1,7 +1,6 @@
-// Slow, obvious float64 Newton–Schulz for the tests only (DESIGN 2.1 and 2.2
-// read literally, naive loops, full products everywhere), plus float64 matrix
-// helpers to build test inputs. Header-only so that the test-support library
-// needs no new source file.
+// Slow, obvious float64 Newton–Schulz for the tests only (DESIGN 2.1 and 2.2 read literally, naive loops,
+// full products everywhere), plus float64 matrix helpers to build test inputs. Header-only so that the
+// test-support library needs no new source file.
 #pragma once
 
 #include <algorithm>
@@ -77,8 +76,7 @@ inline double relative_distance(const MatD& a, const MatD& b) {
   return std::sqrt(d / n);
 }
 
-// X (m×n, m ≤ n) = U or Uᵀ, normalised as DESIGN 2.1: U / (‖U‖_F·safety +
-// 1e-7).
+// X (m×n, m ≤ n) = U or Uᵀ, normalised as DESIGN 2.1: U / (‖U‖_F·safety + 1e-7).
 inline MatD normalised_wide(const MatD& u, double safety) {
   MatD x = u.rows > u.cols ? transposed(u) : u;
   const double s = 1.0 / (frobenius(u) * safety + 1e-7);
@@ -135,8 +133,7 @@ inline MatD gaussian(int64_t rows, int64_t cols, uint64_t seed) {
   return m;
 }
 
-// A rows×k matrix with orthonormal columns (modified Gram–Schmidt on a
-// Gaussian), k ≤ rows.
+// A rows×k matrix with orthonormal columns (modified Gram–Schmidt on a Gaussian), k ≤ rows.
 inline MatD orthonormal_columns(int64_t rows, int64_t k, uint64_t seed) {
   MatD q = gaussian(rows, k, seed);
   for (int64_t j = 0; j < k; ++j) {
@@ -153,8 +150,7 @@ inline MatD orthonormal_columns(int64_t rows, int64_t k, uint64_t seed) {
   return q;
 }
 
-// U·diag(sigma)·Vᵀ with random orthonormal U (rows×k), V (cols×k), k =
-// sigma.size().
+// U·diag(sigma)·Vᵀ with random orthonormal U (rows×k), V (cols×k), k = sigma.size().
 inline MatD with_spectrum(int64_t rows, int64_t cols, const std::vector<double>& sigma, uint64_t seed) {
   const auto k = static_cast<int64_t>(sigma.size());
   MatD u = orthonormal_columns(rows, k, seed);

@@ -13,6 +13,16 @@ std::string data_path(const std::string& name);
 // Reads a tests/data .npy file.
 NpyArray load_golden(const std::string& name);
 
+// What a command printed (stdout and stderr together) and its exit status.
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;
+};
+// Runs `args` (already shell-quoted where needed) through the shell.
+CommandResult run_command(const std::string& command);
+// Runs the built `dmuon` tool with `args`; with ranks > 0, under mpirun -np ranks.
+CommandResult run_cli(const std::string& args, int ranks = 0);
+
 // A fresh empty folder under the system temp dir, removed when the object dies.
 class TempDir {
  public:
