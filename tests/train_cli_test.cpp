@@ -50,7 +50,7 @@ TEST(TrainCli, MissingEmptyAndBinaryDataAreOneLineErrors) {
   expect_one_clear_line(run(train_args(binary)), binary, "binary");
 }
 
-TEST(TrainCli, BadDataUnderMpirunStopsEveryRank) {
+TEST(TrainCli, BadDataOrMetricsPathUnderMpirunStopsEveryRank) {
   test::TempDir dir;
   const std::string missing = dir.file("no-such-corpus");
   const test::CommandResult r = run(train_args(missing), 2);
@@ -58,6 +58,14 @@ TEST(TrainCli, BadDataUnderMpirunStopsEveryRank) {
   EXPECT_NE(r.exit_code, 124) << "timed out: " << r.output;
   EXPECT_NE(r.output.find("dmuon: error: "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(missing), std::string::npos) << r.output;
+
+  // Rank 0 cannot create the metrics file: every rank stops at once instead of waiting for it.
+  const std::string bad_csv = "/proc/no-such-folder/run.csv";
+  const test::CommandResult c =
+      run("train --steps 2 --layers 1 --width 32 --heads 2 --context 16 --batch 4 --csv " + bad_csv, 2);
+  EXPECT_NE(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.exit_code, 124) << "timed out: " << c.output;
+  EXPECT_NE(c.output.find(bad_csv), std::string::npos) << c.output;
 }
 
 // A short run end to end: `dmuon train` writes one CSV row per step (validation on the last), and

@@ -11,6 +11,7 @@
 
 #include "cli.hpp"
 #include "dmuon/comm.hpp"
+#include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/progress.hpp"
 #include "dmuon/trainer.hpp"
@@ -42,6 +43,24 @@ void run_train(TrainArgs& args) {
   const std::string csv_path = args.csv.empty() ? "runs/" + args.optim + ".csv" : args.csv;
   std::optional<dmuon::MetricsCsvWriter> csv;
   std::optional<dmuon::ProgressDisplay> progress;
+  // Rank 0 creates the metrics file; every rank learns whether it could, so none waits in a
+  // collective for a rank 0 that has stopped.
+  std::string csv_error;
+  if (root) {
+    try {
+      const auto csv_dir = std::filesystem::path(csv_path).parent_path();
+      if (!csv_dir.empty()) std::filesystem::create_directories(csv_dir);
+      csv.emplace(csv_path);
+    } catch (const dmuon::Error& e) {
+      csv_error = e.what();
+    } catch (const std::exception& e) {  // std::filesystem_error
+      csv_error = "cannot create the folder of metrics file " + csv_path + ": " + e.what();
+    }
+  }
+  double csv_failed[1] = {csv_error.empty() ? 0.0 : 1.0};
+  comm->all_reduce<double>(csv_failed, dmuon::comm::ReduceOp::sum).wait();
+  if (!csv_error.empty()) throw dmuon::Error(csv_error);
+  DMUON_CHECK(csv_failed[0] == 0, "rank 0 cannot write the metrics file ", csv_path, " (its error says why)");
   if (root) {
     int64_t params = 0;
     for (const auto& s : dmuon::gpt_param_specs(o.model)) params += s.numel();
@@ -57,9 +76,8 @@ void run_train(TrainArgs& args) {
         static_cast<long long>(o.warmup), o.min_lr_ratio, static_cast<long long>(trainer.steps_done() + 1),
         static_cast<long long>(o.steps), static_cast<unsigned long long>(o.seed));
     std::fflush(stdout);
-    const auto csv_dir = std::filesystem::path(csv_path).parent_path();
-    if (!csv_dir.empty()) std::filesystem::create_directories(csv_dir);
-    csv.emplace(csv_path);
+  }
+  if (root) {
     const auto mode = args.progress == "live"    ? dmuon::ProgressDisplay::Mode::live
                       : args.progress == "plain" ? dmuon::ProgressDisplay::Mode::plain
                                                  : dmuon::ProgressDisplay::Mode::automatic;
