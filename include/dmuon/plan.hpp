@@ -1,0 +1,121 @@
+// Owner assignment (DESIGN.md 3.4): which rank runs Newton–Schulz for each Muon matrix.
+//
+// Pure functions of (parameters, per-matrix costs, rank count, options): no MPI, no BLAS.
+// rr and lpt are deterministic. milp runs CBC with a time limit, and what CBC finds within a
+// time limit depends on machine speed, so the plan is NOT guaranteed identical when every
+// rank solves it. Contract for distributed use: rank 0 calls make_plan, broadcasts
+// Plan::owner (one int per parameter) and every other rank calls plan_from_owners with it
+// (tests/plan_mpi_test.cpp does exactly this).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "dmuon/params.hpp"
+
+namespace dmuon {
+
+// One Muon matrix to place.
+struct PlanItem {
+  int param = 0;       // index into the model's ParamSpec vector
+  int64_t rows = 0;    // ParamSpec::rows()
+  int64_t cols = 0;    // ParamSpec::cols()
+  int unit = 0;        // ParamSpec::unit (a transformer layer)
+  double time_s = 0;   // predicted NS time of this matrix: its share of its same-shape batch
+  int64_t bytes = 0;   // what its owner holds for it: weight, gradient and momentum in float32
+};
+
+// Predicted seconds to orthogonalize `batch` same-shape rows×cols matrices together.
+using BatchTimeFn = std::function<double(int64_t rows, int64_t cols, int batch)>;
+
+// A peak flop rate and the fraction of it Newton–Schulz reaches: costs for hardware not present.
+struct DeviceProfile {
+  std::string name;
+  double peak_flops = 0;  // flop/s
+  double efficiency = 0;  // 0 < efficiency ≤ 1
+};
+// Known profiles: "cpu-dev" (DESIGN 5), "a100-tf32", "h100-tf32", "h100-fp32", "h200-tf32".
+DeviceProfile device_profile(const std::string& name);
+std::vector<std::string> device_profile_names();
+
+// Flops of 5-step NS for one rows×cols matrix on the cheaper of the two algorithms, with
+// symmetric products at half cost (DESIGN 2.3 table, m = min dim, n = max dim):
+//   standard, sym:       steps·(3m²n + m³)
+//   Gram, restart [2]:   6m²n + 2.8·steps·m³
+double ns_flops_estimate(int64_t rows, int64_t cols, int steps = 5);
+
+// Batch time from flops and a device profile (linear in the batch size).
+BatchTimeFn flop_batch_time(const DeviceProfile& device);
+
+// The Muon matrices of `params` as plan items. A shape's matrices are expected to run in batches of
+// ceil(count/ranks) per rank, so each item's time is batch_time(shape, that batch) / that batch.
+std::vector<PlanItem> make_plan_items(const std::vector<ParamSpec>& params, int ranks, const BatchTimeFn& batch_time);
+
+enum class Balancer { rr, lpt, milp };
+std::string to_string(Balancer b);
+Balancer parse_balancer(const std::string& text);  // "rr", "lpt" or "milp"
+
+struct PlanOptions {
+  Balancer balancer = Balancer::milp;
+  // Memory bound: a rank holds at most (1 + memory_slack)·S/D bytes of matrices (S: all of them),
+  // raised to the largest single matrix when that is bigger (else no assignment exists).
+  double memory_slack = 0.25;
+  // Spread each unit's matrices over distinct owners: at most ceil(n_unit/D) per rank (milp only).
+  bool spread_units = false;
+  double time_limit_s = 2.0;  // milp: CBC's wall-clock limit
+  double relative_gap = 1e-4; // milp: stop once within this fraction of CBC's best bound
+  bool verbose = false;       // milp: CBC's log on stdout
+};
+
+// Same-shape matrices one rank runs together.
+struct PlanBatch {
+  int64_t rows = 0, cols = 0;
+  std::vector<int> params;  // ParamSpec indices, ascending
+  double time_s = 0;        // sum of the items' times
+};
+
+struct RankPlan {
+  double time_s = 0;    // predicted NS time of all its matrices
+  int64_t bytes = 0;    // bytes of the matrices it owns
+  std::vector<PlanBatch> batches;
+};
+
+struct Plan {
+  int ranks = 0;
+  Balancer balancer = Balancer::milp;  // what was asked for
+  bool fell_back = false;              // milp did not improve on its LPT start, failed, or was infeasible
+  std::string note;                    // why it fell back, or CBC's status
+  std::vector<int> owner;              // per ParamSpec index: owning rank, −1 for AdamW parameters
+  std::vector<RankPlan> per_rank;
+  double makespan_s = 0;               // max over ranks of time_s
+  // max(Σt/D, max t, t_(D) + t_(D+1)): a valid lower bound on any assignment's makespan; the last
+  // term (items sorted by time, descending, when there are more than D) because two of the D+1
+  // largest must share a rank.
+  double lower_bound_s = 0;
+  double gap_pct = 0;                  // 100·(makespan − lower bound)/lower bound
+  bool proven_optimal = false;         // the makespan equals the lower bound, or CBC proved optimality
+  int64_t memory_cap_bytes = 0;        // the memory bound in force
+  bool memory_ok = true;               // every rank within memory_cap_bytes
+  double solve_s = 0;                  // time the balancer took
+};
+
+// Assignments: rank per item, items in the order given.
+std::vector<int> balance_rr(const std::vector<PlanItem>& items, int ranks);
+// Longest first onto the least-loaded rank that still has memory room (any rank when none has).
+std::vector<int> balance_lpt(const std::vector<PlanItem>& items, int ranks, int64_t memory_cap_bytes);
+
+// Builds a plan with the chosen balancer (milp: warm-started from LPT, falling back to it).
+Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
+               const PlanOptions& options);
+
+// Rebuilds the plan's per-rank figures from an owner vector (e.g. received from rank 0).
+// Throws dmuon::Error when `owner` does not fit `params` (wrong size, a matrix without a valid rank).
+Plan plan_from_owners(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
+                      const std::vector<int>& owner, const PlanOptions& options);
+
+// The memory bound of PlanOptions::memory_slack for these items.
+int64_t memory_cap_bytes(const std::vector<PlanItem>& items, int ranks, double memory_slack);
+
+}  // namespace dmuon

@@ -1,0 +1,135 @@
+// Autotuning of Newton–Schulz (DESIGN 3.5): for each (shape, batch size), time candidate
+// configurations — algorithm (standard, Gram with restart sets), symmetric-product tiles, batch
+// mode, threads — keep the fastest, and cache the winners in a JSON file keyed by the machine
+// (CPU model, BLAS, threads, dtype) so a later run tunes nothing.
+//
+// Pure parts (candidates, the selection state machine, the cache) take no timings of their own;
+// tune_shapes drives them with a MeasureFn, which in production is make_ns_timer().
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "dmuon/ns.hpp"
+#include "dmuon/params.hpp"
+#include "dmuon/plan.hpp"
+
+namespace dmuon {
+
+// What makes timings comparable: results from another machine, BLAS, thread count or dtype are foreign.
+struct TuneKey {
+  std::string cpu;
+  std::string blas;
+  int threads = 1;
+  std::string dtype = "float32";
+  bool operator==(const TuneKey&) const = default;
+};
+// This process's key for `threads` BLAS threads (linalg::cpu_model, linalg::blas_description).
+TuneKey current_tune_key(int threads);
+
+// The configurations worth timing for `batch` rows×cols matrices with at most `max_threads` threads:
+// {standard, gram restart [2], gram restart [1,3]} × {plain sgemm, symmetric with 1, 2, 4, 8 tiles
+// of at least 128 rows} × {sequential with max_threads, sequential with 1 thread, concurrent with
+// max_threads workers (batch > 1 and max_threads > 1 only)}. Deterministic order.
+std::vector<NsOptions> tune_candidates(int64_t rows, int64_t cols, int batch, int max_threads);
+
+// The configuration used when nothing is tuned (NsOptions's defaults with max_threads).
+NsOptions untuned_options(int max_threads);
+
+// "gram r[1,3] sym t4 concurrent x2": one line per configuration for tables and logs.
+std::string describe(const NsOptions& options);
+
+// Noise-tolerant choice among candidates (as gemma.cpp's ops/matmul.h autotuner): rounds in which
+// each surviving candidate is timed once; a candidate's time is the minimum of its timings; after
+// each round, candidates slower than prune_ratio × the best are dropped, except the first `pinned`
+// ones (a baseline whose time is reported). Done after `rounds` rounds or when one candidate is left.
+class TuneSelector {
+ public:
+  explicit TuneSelector(size_t candidates, int rounds = 3, double prune_ratio = 1.25, size_t pinned = 0);
+  // The candidate to time next, or nothing when the choice is made.
+  std::optional<size_t> next() const;
+  // The timing of the candidate next() returned.
+  void record(double seconds);
+  bool done() const { return !next().has_value(); }
+  size_t best() const;            // index of the fastest candidate so far
+  double best_seconds() const;    // its minimum time
+  double seconds(size_t candidate) const;  // a candidate's minimum time (∞ if never timed)
+  size_t survivors() const;
+
+ private:
+  void end_round();
+  std::vector<double> min_s_;
+  std::vector<bool> alive_;
+  int rounds_, round_ = 0;
+  double prune_ratio_;
+  size_t pinned_;
+  size_t cursor_ = 0;  // next alive candidate in this round
+};
+
+// One cached winner.
+struct TuneEntry {
+  int64_t rows = 0, cols = 0;
+  int batch = 0;
+  NsOptions options;
+  double seconds = 0;          // the winner's time for the whole batch
+  double default_seconds = 0;  // untuned_options' time for the whole batch
+};
+
+class TuneCache {
+ public:
+  explicit TuneCache(TuneKey key) : key_(std::move(key)) {}
+  // Reads `path`. A missing file gives an empty cache; an unreadable, corrupt or foreign one (other
+  // key, other version, an invalid entry) gives an empty cache and a warning naming the file and the
+  // reason, never an exception.
+  static TuneCache load(const std::string& path, const TuneKey& key, std::string* warning);
+  const TuneEntry* find(int64_t rows, int64_t cols, int batch) const;
+  void put(const TuneEntry& entry);  // replaces an entry of the same (rows, cols, batch)
+  const std::vector<TuneEntry>& entries() const { return entries_; }
+  const TuneKey& key() const { return key_; }
+  std::string to_json() const;
+  // Writes atomically (write_file_atomically), creating the folder.
+  void save(const std::string& path) const;
+
+ private:
+  TuneKey key_;
+  std::vector<TuneEntry> entries_;
+};
+
+// $XDG_CACHE_HOME/dmuon/tune.json, else $HOME/.cache/dmuon/tune.json.
+std::string default_tune_cache_path();
+
+// Seconds one run of `options` takes on `batch` rows×cols matrices.
+using MeasureFn = std::function<double(const NsOptions& options, int64_t rows, int64_t cols, int batch)>;
+
+struct TuneRequest {
+  int64_t rows = 0, cols = 0;
+  int batch = 1;
+};
+
+// Progress: (requests done, requests in all, candidate timings done for the current request).
+using TuneProgressFn = std::function<void(size_t done, size_t total, const std::string& what)>;
+
+// Entries for every request: from the cache when present, else tuned with `measure` (candidates:
+// untuned_options first, pinned so its reported time has every round, then tune_candidates) and
+// put in the cache (the caller saves it).
+// Returns the entries in request order.
+std::vector<TuneEntry> tune_shapes(const std::vector<TuneRequest>& requests, TuneCache& cache,
+                                   const MeasureFn& measure, int max_threads, int rounds = 3,
+                                   const TuneProgressFn& progress = {});
+
+// What a model needs tuned on D ranks: each Muon matrix shape with batch ceil(count/D), the
+// batch make_plan_items asks about. Sorted by shape.
+std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int ranks);
+
+// Batch times from tuned entries, for make_plan_items (--costs measured). Asking for a (shape,
+// batch) the entries lack throws dmuon::Error naming it.
+BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries);
+
+// A MeasureFn that times newton_schulz_batched on fixed random inputs. It keeps the inputs of the
+// last (shape, batch) between calls and makes one untimed warm-up run whenever that changes.
+MeasureFn make_ns_timer();
+
+}  // namespace dmuon

@@ -1,0 +1,238 @@
+// Round-robin and LPT balancers, and the Plan built from any assignment.
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <numeric>
+
+#include "dmuon/error.hpp"
+#include "dmuon/plan.hpp"
+#include "milp.hpp"
+
+namespace dmuon {
+
+std::string to_string(Balancer b) {
+  switch (b) {
+    case Balancer::rr: return "rr";
+    case Balancer::lpt: return "lpt";
+    case Balancer::milp: return "milp";
+  }
+  return "?";
+}
+
+Balancer parse_balancer(const std::string& text) {
+  if (text == "rr") return Balancer::rr;
+  if (text == "lpt") return Balancer::lpt;
+  if (text == "milp") return Balancer::milp;
+  DMUON_FAIL("unknown balancer '", text, "' (expected rr, lpt or milp)");
+}
+
+namespace {
+
+void check_ranks(int ranks) { DMUON_CHECK(ranks >= 1, "rank count must be at least 1, got ", ranks); }
+
+// Item indices by descending key, ties by ascending ParamSpec index, so every run orders alike.
+template <typename Key>
+std::vector<int> order_by_descending(const std::vector<PlanItem>& items, Key key) {
+  std::vector<int> order(items.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) {
+    if (key(items[a]) != key(items[b])) return key(items[a]) > key(items[b]);
+    return items[a].param < items[b].param;
+  });
+  return order;
+}
+
+double lower_bound(const std::vector<PlanItem>& items, int ranks) {
+  if (items.empty()) return 0;
+  std::vector<double> t;
+  for (const auto& it : items) t.push_back(it.time_s);
+  std::sort(t.begin(), t.end(), std::greater<>());
+  double bound = std::max(std::accumulate(t.begin(), t.end(), 0.0) / ranks, t.front());
+  if (static_cast<int>(t.size()) > ranks) bound = std::max(bound, t[ranks - 1] + t[ranks]);
+  return bound;
+}
+
+}  // namespace
+
+int64_t memory_cap_bytes(const std::vector<PlanItem>& items, int ranks, double memory_slack) {
+  check_ranks(ranks);
+  DMUON_CHECK(memory_slack >= 0, "memory slack must be ≥ 0, got ", memory_slack);
+  int64_t total = 0, largest = 0;
+  for (const auto& it : items) {
+    total += it.bytes;
+    largest = std::max(largest, it.bytes);
+  }
+  const double cap = (1.0 + memory_slack) * static_cast<double>(total) / ranks;
+  return std::max(largest, static_cast<int64_t>(cap));
+}
+
+std::vector<int> balance_rr(const std::vector<PlanItem>& items, int ranks) {
+  check_ranks(ranks);
+  // As KellerJordan/Muon: largest parameters first, then dealt out in turn.
+  auto order = order_by_descending(items, [](const PlanItem& it) { return it.rows * it.cols; });
+  std::vector<int> rank(items.size());
+  for (size_t k = 0; k < order.size(); ++k) rank[order[k]] = static_cast<int>(k % ranks);
+  return rank;
+}
+
+namespace {
+
+// LPT; with `spread`, a rank also needs room under its unit's ceil(n_u/D) count to be preferred.
+std::vector<int> greedy_lpt(const std::vector<PlanItem>& items, int ranks, int64_t memory_cap_bytes, bool spread) {
+  check_ranks(ranks);
+  std::vector<double> load(ranks, 0.0);
+  std::vector<int64_t> bytes(ranks, 0);
+  std::map<int, int> unit_size;
+  std::map<std::pair<int, int>, int> unit_on_rank;
+  for (const auto& it : items) ++unit_size[it.unit];
+  std::vector<int> rank(items.size());
+  for (int i : order_by_descending(items, [](const PlanItem& it) { return it.time_s; })) {
+    const int unit = items[i].unit;
+    const int unit_cap = (unit_size[unit] + ranks - 1) / ranks;
+    int best = -1, best_any = 0;
+    for (int r = 0; r < ranks; ++r) {
+      if (load[r] < load[best_any]) best_any = r;
+      const bool fits = bytes[r] + items[i].bytes <= memory_cap_bytes &&
+                        (!spread || unit_on_rank[{unit, r}] < unit_cap);
+      if (fits && (best < 0 || load[r] < load[best])) best = r;
+    }
+    if (best < 0) best = best_any;
+    rank[i] = best;
+    load[best] += items[i].time_s;
+    bytes[best] += items[i].bytes;
+    ++unit_on_rank[{unit, best}];
+  }
+  return rank;
+}
+
+}  // namespace
+
+std::vector<int> balance_lpt(const std::vector<PlanItem>& items, int ranks, int64_t memory_cap_bytes) {
+  return greedy_lpt(items, ranks, memory_cap_bytes, false);
+}
+
+namespace {
+
+// Fills `plan` (owner, per-rank figures, bounds) from an assignment of items to ranks.
+void fill_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
+               const std::vector<int>& assignment, Plan& plan) {
+  plan.ranks = ranks;
+  plan.owner.assign(params.size(), -1);
+  plan.per_rank.assign(ranks, {});
+  std::vector<std::map<std::pair<int64_t, int64_t>, PlanBatch>> batches(ranks);
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& it = items[i];
+    const int r = assignment[i];
+    plan.owner[it.param] = r;
+    plan.per_rank[r].time_s += it.time_s;
+    plan.per_rank[r].bytes += it.bytes;
+    auto& batch = batches[r][{it.rows, it.cols}];
+    batch.rows = it.rows;
+    batch.cols = it.cols;
+    batch.params.push_back(it.param);
+    batch.time_s += it.time_s;
+  }
+  plan.makespan_s = 0;
+  plan.memory_ok = true;
+  for (int r = 0; r < ranks; ++r) {
+    for (auto& [shape, batch] : batches[r]) {
+      std::sort(batch.params.begin(), batch.params.end());
+      plan.per_rank[r].batches.push_back(std::move(batch));
+    }
+    plan.makespan_s = std::max(plan.makespan_s, plan.per_rank[r].time_s);
+    if (plan.per_rank[r].bytes > plan.memory_cap_bytes) plan.memory_ok = false;
+  }
+  plan.lower_bound_s = lower_bound(items, ranks);
+  plan.gap_pct = plan.lower_bound_s > 0 ? 100.0 * (plan.makespan_s - plan.lower_bound_s) / plan.lower_bound_s : 0.0;
+  // Equal up to rounding of the sums (relative 1e-9): optimal.
+  if (plan.makespan_s <= plan.lower_bound_s * (1 + 1e-9)) {
+    plan.proven_optimal = true;
+    plan.gap_pct = 0;
+  }
+}
+
+// Whether no rank holds more than ceil(n_u/D) of any unit u's matrices.
+bool respects_spread(const std::vector<PlanItem>& items, int ranks, const std::vector<int>& assignment) {
+  std::map<int, int> per_unit;
+  std::map<std::pair<int, int>, int> per_unit_rank;
+  for (size_t i = 0; i < items.size(); ++i) {
+    ++per_unit[items[i].unit];
+    ++per_unit_rank[{items[i].unit, assignment[i]}];
+  }
+  for (const auto& [key, n] : per_unit_rank)
+    if (n > (per_unit[key.first] + ranks - 1) / ranks) return false;
+  return true;
+}
+
+void check_items(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items) {
+  for (const auto& it : items) {
+    DMUON_CHECK(it.param >= 0 && it.param < static_cast<int>(params.size()), "plan item refers to parameter index ",
+                it.param, " but the model has ", params.size(), " parameters");
+    DMUON_CHECK(it.time_s >= 0 && it.bytes >= 0, "plan item for ", params[it.param].name,
+                " has a negative time or size");
+  }
+}
+
+}  // namespace
+
+Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
+               const PlanOptions& options) {
+  check_ranks(ranks);
+  check_items(params, items);
+  const auto start = std::chrono::steady_clock::now();
+  Plan plan;
+  plan.balancer = options.balancer;
+  plan.memory_cap_bytes = memory_cap_bytes(items, ranks, options.memory_slack);
+  std::vector<int> assignment;
+  bool cbc_optimal = false;
+  switch (options.balancer) {
+    case Balancer::rr: assignment = balance_rr(items, ranks); break;
+    case Balancer::lpt: assignment = balance_lpt(items, ranks, plan.memory_cap_bytes); break;
+    case Balancer::milp: {
+      auto lpt = greedy_lpt(items, ranks, plan.memory_cap_bytes, options.spread_units);
+      auto milp = detail::balance_milp(items, ranks, plan.memory_cap_bytes, lpt, lower_bound(items, ranks), options);
+      plan.note = milp.status;
+      // Keep CBC's answer only when it exists and is no worse than the LPT start.
+      Plan lpt_plan, milp_plan;
+      lpt_plan.memory_cap_bytes = milp_plan.memory_cap_bytes = plan.memory_cap_bytes;
+      fill_plan(params, items, ranks, lpt, lpt_plan);
+      if (!milp.assignment.empty()) fill_plan(params, items, ranks, milp.assignment, milp_plan);
+      const bool lpt_valid = lpt_plan.memory_ok && (!options.spread_units || respects_spread(items, ranks, lpt));
+      if (milp.assignment.empty() || (milp_plan.makespan_s > lpt_plan.makespan_s * (1 + 1e-9) && lpt_valid)) {
+        plan.fell_back = true;
+        plan.note = "fell back to LPT: " + (milp.assignment.empty() ? milp.status : "CBC's answer was worse than LPT");
+        assignment = std::move(lpt);
+      } else {
+        assignment = std::move(milp.assignment);
+        cbc_optimal = milp.proven_optimal;
+      }
+      break;
+    }
+  }
+  fill_plan(params, items, ranks, assignment, plan);
+  plan.proven_optimal = plan.proven_optimal || cbc_optimal;
+  plan.solve_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return plan;
+}
+
+Plan plan_from_owners(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
+                      const std::vector<int>& owner, const PlanOptions& options) {
+  check_ranks(ranks);
+  check_items(params, items);
+  DMUON_CHECK(owner.size() == params.size(), "owner vector has ", owner.size(), " entries for ", params.size(),
+              " parameters");
+  std::vector<int> assignment(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const int r = owner[items[i].param];
+    DMUON_CHECK(r >= 0 && r < ranks, "matrix ", params[items[i].param].name, " has owner ", r, " outside 0..",
+                ranks - 1);
+    assignment[i] = r;
+  }
+  Plan plan;
+  plan.balancer = options.balancer;
+  plan.memory_cap_bytes = memory_cap_bytes(items, ranks, options.memory_slack);
+  fill_plan(params, items, ranks, assignment, plan);
+  return plan;
+}
+
+}  // namespace dmuon

@@ -1,0 +1,55 @@
+// Hardware profiles from models/hardware/*.json.
+#include <nlohmann/json.hpp>
+
+#include "dmuon/atomic_file.hpp"
+#include "dmuon/data_files.hpp"
+#include "dmuon/error.hpp"
+#include "dmuon/sim.hpp"
+
+namespace dmuon::sim {
+
+namespace {
+double positive_field(const nlohmann::json& j, const char* key, const std::string& path) {
+  DMUON_CHECK(j.contains(key) && j.at(key).is_number(), path, ": hardware profile needs a number '", key, "'");
+  const double v = j.at(key).get<double>();
+  DMUON_CHECK(v > 0, path, ": '", key, "' must be positive, got ", v);
+  return v;
+}
+double fraction_field(const nlohmann::json& j, const char* key, const std::string& path) {
+  const double v = positive_field(j, key, path);
+  DMUON_CHECK(v <= 1, path, ": '", key, "' is a fraction in (0, 1], got ", v);
+  return v;
+}
+}  // namespace
+
+HardwareProfile load_hardware_profile(const std::string& name_or_path) {
+  const std::string path = find_data_file("models/hardware", name_or_path, "hardware profile");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_file(path));
+  } catch (const nlohmann::json::exception& e) {
+    DMUON_FAIL(path, ": not valid JSON (", e.what(), ")");
+  }
+  DMUON_CHECK(j.is_object(), path, ": a hardware profile is a JSON object");
+  HardwareProfile hw;
+  hw.name = j.value("name", name_or_path);
+  hw.description = j.value("description", std::string());
+  hw.peak_flops = positive_field(j, "peak_flops", path);
+  hw.mfu = fraction_field(j, "mfu", path);
+  hw.ns_flops = positive_field(j, "ns_flops", path);
+  hw.ns_efficiency = fraction_field(j, "ns_efficiency", path);
+  hw.hbm_bytes_per_s = positive_field(j, "hbm_bytes_per_s", path);
+  hw.intra_node_bytes_per_s = positive_field(j, "intra_node_bytes_per_s", path);
+  hw.inter_node_bytes_per_s = positive_field(j, "inter_node_bytes_per_s", path);
+  hw.intra_node_latency_s = positive_field(j, "intra_node_latency_s", path);
+  hw.inter_node_latency_s = positive_field(j, "inter_node_latency_s", path);
+  hw.kernel_launch_s = positive_field(j, "kernel_launch_s", path);
+  hw.sm_count = static_cast<int>(positive_field(j, "sm_count", path));
+  hw.comm_bytes_per_element = positive_field(j, "comm_bytes_per_element", path);
+  DMUON_CHECK(j.contains("sources") && j.at("sources").is_object(), path,
+              ": a hardware profile cites its numbers in a 'sources' object");
+  for (const auto& [key, value] : j.at("sources").items()) hw.sources[key] = value.get<std::string>();
+  return hw;
+}
+
+}  // namespace dmuon::sim

@@ -1,0 +1,94 @@
+// Identical plans on every rank, computed the way the optimizer does (plan.hpp's contract):
+// rr and lpt independently on each rank; milp on rank 0, whose owner vector is broadcast and
+// expanded with plan_from_owners everywhere.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstring>
+#include <vector>
+
+#include "dmuon/models.hpp"
+#include "dmuon/plan.hpp"
+#include "test_data.hpp"
+
+namespace dmuon {
+namespace {
+
+int world_rank() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int world_size() {
+  int n = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+// True on every rank when `values` is bit-identical on all ranks.
+bool same_on_all_ranks(const std::vector<int>& values) {
+  std::vector<int> root = values;
+  int n = static_cast<int>(root.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  root.resize(n);
+  MPI_Bcast(root.data(), n, MPI_INT, 0, MPI_COMM_WORLD);
+  int same = root == values ? 1 : 0, all = 0;
+  MPI_Allreduce(&same, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+  return all == 1;
+}
+
+bool same_on_all_ranks(double value) {
+  int bits[2];
+  std::memcpy(bits, &value, sizeof value);
+  return same_on_all_ranks(std::vector<int>(bits, bits + 2));
+}
+
+struct Model {
+  std::vector<ParamSpec> params;
+  std::vector<PlanItem> items;
+};
+
+Model small_model(int ranks) {
+  Model m;
+  m.params = load_model_manifest(test::data_path("../../models/qwen2.5-0.5b.json"), 3);
+  m.items = make_plan_items(m.params, ranks, flop_batch_time(device_profile("cpu-dev")));
+  return m;
+}
+
+TEST(PlanMpi, DeterministicBalancersAgreeWithoutCommunication) {
+  const int ranks = world_size() + 2;  // plan for more ranks than exist: pure function of inputs
+  auto m = small_model(ranks);
+  for (Balancer b : {Balancer::rr, Balancer::lpt}) {
+    PlanOptions o;
+    o.balancer = b;
+    const Plan plan = make_plan(m.params, m.items, ranks, o);
+    EXPECT_TRUE(same_on_all_ranks(plan.owner)) << to_string(b);
+    EXPECT_TRUE(same_on_all_ranks(plan.makespan_s)) << to_string(b);
+  }
+}
+
+TEST(PlanMpi, MilpSolvedOnRankZeroAndBroadcastIsIdentical) {
+  const int ranks = world_size();
+  auto m = small_model(ranks);
+  PlanOptions o;
+  o.balancer = Balancer::milp;
+  o.time_limit_s = 0.5;
+  std::vector<int> owner(m.params.size(), -1);
+  if (world_rank() == 0) owner = make_plan(m.params, m.items, ranks, o).owner;
+  MPI_Bcast(owner.data(), static_cast<int>(owner.size()), MPI_INT, 0, MPI_COMM_WORLD);
+  const Plan plan = plan_from_owners(m.params, m.items, ranks, owner, o);
+  EXPECT_TRUE(same_on_all_ranks(plan.owner));
+  EXPECT_TRUE(same_on_all_ranks(plan.makespan_s));
+  // Every Muon matrix has exactly one owner, and this rank's batches are exactly what it owns.
+  int mine = 0;
+  for (const auto& it : m.items) mine += plan.owner[it.param] == world_rank() ? 1 : 0;
+  int in_batches = 0;
+  for (const auto& b : plan.per_rank[world_rank()].batches) in_batches += static_cast<int>(b.params.size());
+  EXPECT_EQ(mine, in_batches);
+  int total = 0;
+  MPI_Allreduce(&mine, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  EXPECT_EQ(total, static_cast<int>(m.items.size()));
+}
+
+}  // namespace
+}  // namespace dmuon

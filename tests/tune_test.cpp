@@ -1,0 +1,269 @@
+// Autotuner, pure parts: candidate generation, the noise-tolerant selector on scripted timings,
+// the cache (keying, round trip, corrupt and foreign files), and the tuning loop with a fake clock.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <set>
+
+#include "dmuon/atomic_file.hpp"
+#include "dmuon/error.hpp"
+#include "dmuon/models.hpp"
+#include "dmuon/tune.hpp"
+#include "test_data.hpp"
+
+namespace dmuon {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(TuneCandidates, CoverTheSpaceWithoutDuplicates) {
+  auto c = tune_candidates(1024, 4096, 4, 2);
+  std::set<std::string> seen;
+  for (const auto& o : c) EXPECT_TRUE(seen.insert(describe(o)).second) << describe(o);
+  // 3 algorithms × (gemm + sym tiles 1, 2, 4, 8) × (seq x2, seq x1, concurrent x2).
+  EXPECT_EQ(c.size(), 3u * 5u * 3u);
+  EXPECT_TRUE(seen.count("gram r[1,3] sym t8 concurrent x2"));
+  EXPECT_TRUE(seen.count("standard gemm sequential x1"));
+}
+
+TEST(TuneCandidates, SmallShapesSingleMatrixAndOneThread) {
+  // m = 200: tiles of at least 128 rows allow only 1 tile; batch 1: no concurrent mode; 1 thread: one mode.
+  auto c = tune_candidates(200, 800, 1, 1);
+  EXPECT_EQ(c.size(), 3u * 2u * 1u);
+  for (const auto& o : c) {
+    EXPECT_EQ(o.batch_mode, NsBatchMode::sequential);
+    EXPECT_EQ(o.threads, 1);
+    EXPECT_LE(o.tiles, 1);
+  }
+  EXPECT_THROW(tune_candidates(0, 8, 1, 1), Error);
+}
+
+// Feeds scripted times: candidate i's k-th timing is times[i][k].
+size_t run_selector(TuneSelector& s, const std::vector<std::vector<double>>& times, std::vector<int>* counts) {
+  counts->assign(times.size(), 0);
+  size_t steps = 0;
+  while (auto i = s.next()) {
+    s.record(times[*i][(*counts)[*i]++]);
+    ++steps;
+  }
+  return steps;
+}
+
+TEST(TuneSelector, KeepsMinimumAndPrunesSlowCandidates) {
+  // 0: noisy but fastest by its minimum; 1: consistently 1.1× (survives); 2: 2× (pruned after round 1).
+  std::vector<std::vector<double>> t = {{1.3, 1.0, 1.2}, {1.1, 1.1, 1.1}, {3.0, 2.0, 2.0}};
+  TuneSelector s(3, 3, 1.25);
+  std::vector<int> counts;
+  run_selector(s, t, &counts);
+  EXPECT_EQ(s.best(), 0u);
+  EXPECT_DOUBLE_EQ(s.best_seconds(), 1.0);
+  EXPECT_EQ(counts, (std::vector<int>{3, 3, 1}));
+  EXPECT_TRUE(s.done());
+  EXPECT_THROW(s.record(1.0), Error);
+}
+
+TEST(TuneSelector, StopsWhenOneCandidateIsLeft) {
+  std::vector<std::vector<double>> t = {{1.0, 1.0, 1.0}, {5.0}, {9.0}};
+  TuneSelector s(3, 3, 1.25);
+  std::vector<int> counts;
+  EXPECT_EQ(run_selector(s, t, &counts), 3u);  // one round, then only candidate 0 survives
+  EXPECT_EQ(s.best(), 0u);
+  EXPECT_EQ(s.survivors(), 1u);
+}
+
+TEST(TuneSelector, SingleCandidateIsTimedOnceAndNoneIsAnError) {
+  TuneSelector one(1, 3);
+  ASSERT_TRUE(one.next().has_value());
+  one.record(0.5);
+  EXPECT_TRUE(one.done());
+  EXPECT_EQ(one.best(), 0u);
+  TuneSelector none(0, 3);
+  EXPECT_TRUE(none.done());
+  EXPECT_THROW(none.best(), Error);
+  EXPECT_THROW(TuneSelector(2, 0), Error);
+}
+
+TEST(TuneSelector, PinnedBaselineIsTimedEveryRound) {
+  // Candidate 0 is pinned: 3× slower, yet timed in all 3 rounds; candidate 2 is pruned after one.
+  std::vector<std::vector<double>> t = {{3.0, 2.9, 3.1}, {1.0, 1.0, 1.0}, {5.0}};
+  TuneSelector s(3, 3, 1.25, 1);
+  std::vector<int> counts;
+  run_selector(s, t, &counts);
+  EXPECT_EQ(s.best(), 1u);
+  EXPECT_DOUBLE_EQ(s.seconds(0), 2.9);
+  EXPECT_EQ(counts, (std::vector<int>{3, 3, 1}));
+}
+
+TEST(TuneSelector, LateImprovementCanOvertakeAndPrune) {
+  // Round 1: 0 = 1.0, 1 = 1.2 (within 1.25×). Round 2: 1 drops to 0.7, and now 0 (1.0 > 1.25·0.7 = 0.875) is pruned.
+  std::vector<std::vector<double>> t = {{1.0, 1.0, 1.0}, {1.2, 0.7, 0.7}};
+  TuneSelector s(2, 3, 1.25);
+  std::vector<int> counts;
+  run_selector(s, t, &counts);
+  EXPECT_EQ(s.best(), 1u);
+  EXPECT_EQ(counts, (std::vector<int>{2, 2}));
+}
+
+TuneKey key() { return {"Test CPU", "OpenBLAS test", 2, "float32"}; }
+
+TuneEntry entry(int64_t rows, int batch, double s) {
+  TuneEntry e;
+  e.rows = rows;
+  e.cols = 2 * rows;
+  e.batch = batch;
+  e.options.algo = NsAlgo::gram;
+  e.options.restarts = {1, 3};
+  e.options.tiles = 2;
+  e.options.batch_mode = NsBatchMode::concurrent;
+  e.options.threads = 2;
+  e.seconds = s;
+  e.default_seconds = 2 * s;
+  return e;
+}
+
+TEST(TuneCache, RoundTripAndLookupByShapeAndBatch) {
+  test::TempDir dir;
+  const std::string path = dir.file("sub/dir/tune.json");  // folders are created
+  TuneCache c(key());
+  c.put(entry(256, 4, 0.01));
+  c.put(entry(512, 1, 0.02));
+  c.put(entry(256, 4, 0.005));  // replaces
+  c.save(path);
+  std::string warning;
+  auto back = TuneCache::load(path, key(), &warning);
+  EXPECT_EQ(warning, "");
+  ASSERT_EQ(back.entries().size(), 2u);
+  const TuneEntry* e = back.find(256, 512, 4);
+  ASSERT_NE(e, nullptr);
+  EXPECT_DOUBLE_EQ(e->seconds, 0.005);
+  EXPECT_EQ(e->options.algo, NsAlgo::gram);
+  EXPECT_EQ(e->options.restarts, (std::vector<int>{1, 3}));
+  EXPECT_EQ(e->options.batch_mode, NsBatchMode::concurrent);
+  EXPECT_EQ(back.find(256, 512, 2), nullptr);
+  EXPECT_EQ(back.to_json(), c.to_json());
+}
+
+TEST(TuneCache, MissingFileIsEmptyWithoutWarning) {
+  test::TempDir dir;
+  std::string warning;
+  auto c = TuneCache::load(dir.file("none.json"), key(), &warning);
+  EXPECT_TRUE(c.entries().empty());
+  EXPECT_EQ(warning, "");
+}
+
+TEST(TuneCache, CorruptOrForeignFilesWarnAndStartEmpty) {
+  test::TempDir dir;
+  const std::string path = dir.file("tune.json");
+  TuneCache good(key());
+  good.put(entry(256, 1, 0.01));
+  const std::string text = good.to_json();
+  const std::map<std::string, std::pair<std::string, std::string>> cases = {
+      {"truncated", {text.substr(0, text.size() / 2), "not JSON"}},
+      {"not ours", {R"({"hello": 1})", "not a dmuon tuning cache"}},
+      {"version", {std::string(text).replace(text.find("\"version\": 1"), 12, "\"version\": 9"), "version 9"}},
+      {"bad algo", {std::string(text).replace(text.find("\"gram\""), 6, "\"fast\""), "corrupt"}},
+      {"negative time", {std::string(text).replace(text.find("\"seconds\": "), 11, "\"seconds\": -"), "corrupt"}},
+  };
+  for (const auto& [name, c] : cases) {
+    write_file_atomically(path, c.first);
+    std::string warning;
+    auto loaded = TuneCache::load(path, key(), &warning);
+    EXPECT_TRUE(loaded.entries().empty()) << name;
+    EXPECT_THAT(warning, HasSubstr(c.second)) << name;
+    EXPECT_THAT(warning, HasSubstr(path)) << name;
+  }
+  // Foreign: same content, other machine or thread count.
+  write_file_atomically(path, text);
+  TuneKey other = key();
+  other.threads = 1;
+  std::string warning;
+  EXPECT_TRUE(TuneCache::load(path, other, &warning).entries().empty());
+  EXPECT_THAT(warning, HasSubstr("another setting"));
+  other = key();
+  other.cpu = "Other CPU";
+  EXPECT_TRUE(TuneCache::load(path, other, &warning).entries().empty());
+  EXPECT_THAT(warning, HasSubstr("Other CPU"));
+}
+
+TEST(TuneCache, DefaultPathFollowsXdg) {
+  const char* old = std::getenv("XDG_CACHE_HOME");
+  const std::string saved = old ? old : "";
+  setenv("XDG_CACHE_HOME", "/tmp/xdg-test", 1);
+  EXPECT_EQ(default_tune_cache_path(), "/tmp/xdg-test/dmuon/tune.json");
+  unsetenv("XDG_CACHE_HOME");
+  EXPECT_THAT(default_tune_cache_path(), HasSubstr("/.cache/dmuon/tune.json"));
+  if (old) setenv("XDG_CACHE_HOME", saved.c_str(), 1);
+}
+
+// A fake clock: gram with restart [1,3], 2 tiles, concurrent is fastest; everything else slower.
+double fake_measure(const NsOptions& o, int64_t rows, int64_t, int batch) {
+  double t = 1e-9 * rows * batch;
+  if (o.algo == NsAlgo::gram && o.restarts == std::vector<int>{1, 3} && o.tiles == 2 && o.symmetric &&
+      o.batch_mode == NsBatchMode::concurrent)
+    return t;
+  return 2 * t;
+}
+
+TEST(TuneShapes, TunesMissingEntriesOnceAndReusesTheCache) {
+  TuneCache cache(key());
+  int calls = 0;
+  MeasureFn counting = [&](const NsOptions& o, int64_t r, int64_t c, int b) {
+    ++calls;
+    return fake_measure(o, r, c, b);
+  };
+  std::vector<TuneRequest> req = {{512, 1024, 4}, {256, 256, 2}};
+  auto first = tune_shapes(req, cache, counting, 2);
+  ASSERT_EQ(first.size(), 2u);
+  EXPECT_EQ(first[0].options.algo, NsAlgo::gram);
+  EXPECT_EQ(first[0].options.tiles, 2);
+  EXPECT_EQ(first[0].options.batch_mode, NsBatchMode::concurrent);
+  EXPECT_DOUBLE_EQ(first[0].default_seconds / first[0].seconds, 2.0);
+  EXPECT_GT(calls, 0);
+  const int after_first = calls;
+  auto second = tune_shapes(req, cache, counting, 2);
+  EXPECT_EQ(calls, after_first);  // everything came from the cache
+  EXPECT_EQ(describe(second[1].options), describe(first[1].options));
+}
+
+TEST(TuneShapes, RequestsAreTheBatchesThePlannerAsksFor) {
+  const std::vector<ParamSpec> params = {{"a", {64, 128}, ParamRole::matrix, 1},
+                                         {"b", {64, 128}, ParamRole::matrix, 2},
+                                         {"c", {64, 128}, ParamRole::matrix, 3},
+                                         {"n", {64}, ParamRole::elementwise, 1},
+                                         {"d", {32, 32}, ParamRole::matrix, 1}};
+  auto req = tune_requests(params, 2);
+  ASSERT_EQ(req.size(), 2u);
+  EXPECT_EQ(req[0].rows, 32);
+  EXPECT_EQ(req[0].batch, 1);
+  EXPECT_EQ(req[1].rows, 64);
+  EXPECT_EQ(req[1].batch, 2);  // 3 matrices on 2 ranks
+  // The planner's items under tuned costs: per-matrix share of the tuned batch time.
+  TuneCache cache(key());
+  auto entries = tune_shapes(req, cache, fake_measure, 2);
+  auto items = make_plan_items(params, 2, tuned_batch_time(entries));
+  EXPECT_DOUBLE_EQ(items[0].time_s, entries[1].seconds / 2);
+  EXPECT_THAT([&] { tuned_batch_time(entries)(64, 128, 3); },
+              ::testing::ThrowsMessage<Error>(HasSubstr("no tuned time for shape 64x128 batch 3")));
+}
+
+// The real clock on a tiny shape: every candidate runs through the NS engine without error.
+TEST(TuneShapes, RealTimerRunsEveryCandidate) {
+  TuneCache cache(key());
+  auto entries = tune_shapes({{24, 40, 2}}, cache, make_ns_timer(), 2, 1);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_GT(entries[0].seconds, 0);
+  EXPECT_LE(entries[0].seconds, entries[0].default_seconds);  // the untuned config competes too
+}
+
+TEST(TuneKey, NamesThisMachine) {
+  auto k = current_tune_key(3);
+  EXPECT_FALSE(k.cpu.empty());
+  EXPECT_THAT(k.blas, HasSubstr("OpenBLAS"));
+  EXPECT_EQ(k.threads, 3);
+  EXPECT_EQ(k.dtype, "float32");
+}
+
+}  // namespace
+}  // namespace dmuon

@@ -1,0 +1,116 @@
+// `dmuon plan`: owner assignment of a model's Muon matrices over D ranks, with the predicted
+// per-rank NS time and bytes, makespan, lower bound, gap and solve time of each balancer.
+#include <cstdio>
+#include <map>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+#include "dmuon/plan.hpp"
+#include "model_args.hpp"
+#include "plan_costs.hpp"
+
+namespace dmuon::cli {
+
+namespace {
+
+struct PlanArgs {
+  ModelArgs model;
+  int ranks = 0;
+  std::string balancer = "all";
+  CostArgs costs;
+  PlanOptions options;
+  bool json = false;
+};
+
+void print_table(const std::string& title, const std::vector<Plan>& plans) {
+  std::printf("%s\n\n", title.c_str());
+  std::printf("%6s", "rank");
+  for (const auto& p : plans) std::printf(" | %8s ms %10s", to_string(p.balancer).c_str(), "MiB");
+  std::printf("\n");
+  const int ranks = plans.front().ranks;
+  for (int r = 0; r < ranks; ++r) {
+    std::printf("%6d", r);
+    for (const auto& p : plans) std::printf(" | %11.3f %10.1f", 1e3 * p.per_rank[r].time_s, p.per_rank[r].bytes / 1048576.0);
+    std::printf("\n");
+  }
+  std::printf("\n%-8s %12s %14s %8s %9s %11s %7s  %s\n", "balancer", "makespan_ms", "lower_bound_ms", "gap_%",
+              "solve_s", "max_MiB", "mem_ok", "note");
+  for (const auto& p : plans) {
+    int64_t max_bytes = 0;
+    for (const auto& r : p.per_rank) max_bytes = std::max(max_bytes, r.bytes);
+    std::printf("%-8s %12.3f %14.3f %8.2f %9.3f %11.1f %7s  %s%s\n", to_string(p.balancer).c_str(), 1e3 * p.makespan_s,
+                1e3 * p.lower_bound_s, p.gap_pct, p.solve_s, max_bytes / 1048576.0, p.memory_ok ? "yes" : "NO",
+                p.proven_optimal ? "optimal; " : "", p.note.c_str());
+  }
+  std::printf("memory bound per rank: %.1f MiB\n", plans.front().memory_cap_bytes / 1048576.0);
+}
+
+nlohmann::json to_json(const Plan& p, const std::vector<ParamSpec>& params) {
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const auto& r : p.per_rank) {
+    nlohmann::json batches = nlohmann::json::array();
+    for (const auto& b : r.batches) {
+      nlohmann::json names = nlohmann::json::array();
+      for (int i : b.params) names.push_back(params[i].name);
+      batches.push_back({{"rows", b.rows}, {"cols", b.cols}, {"time_s", b.time_s}, {"params", names}});
+    }
+    ranks.push_back({{"time_s", r.time_s}, {"bytes", r.bytes}, {"batches", batches}});
+  }
+  return {{"balancer", to_string(p.balancer)}, {"fell_back", p.fell_back},     {"note", p.note},
+          {"makespan_s", p.makespan_s},       {"lower_bound_s", p.lower_bound_s}, {"gap_pct", p.gap_pct},
+          {"proven_optimal", p.proven_optimal}, {"solve_s", p.solve_s},       {"memory_cap_bytes", p.memory_cap_bytes},
+          {"memory_ok", p.memory_ok},         {"owner", p.owner},             {"per_rank", ranks}};
+}
+
+void run(const PlanArgs& a) {
+  const auto params = a.model.load();
+  const auto items = make_plan_items(params, a.ranks, a.costs.batch_time(params, a.ranks));
+  std::set<std::pair<int64_t, int64_t>> shapes;
+  for (const auto& it : items) shapes.insert({it.rows, it.cols});
+  std::vector<Balancer> which;
+  if (a.balancer == "all") which = {Balancer::rr, Balancer::lpt, Balancer::milp};
+  else which = {parse_balancer(a.balancer)};
+  std::vector<Plan> plans;
+  for (Balancer b : which) {
+    PlanOptions o = a.options;
+    o.balancer = b;
+    plans.push_back(make_plan(params, items, a.ranks, o));
+  }
+  if (a.json) {
+    nlohmann::json out = {{"model", a.model.label()},      {"ranks", a.ranks},
+                          {"costs", a.costs.describe()},   {"parameters", count_params(params)},
+                          {"matrices", items.size()},      {"shapes", shapes.size()},
+                          {"plans", nlohmann::json::array()}};
+    for (const auto& p : plans) out["plans"].push_back(to_json(p, params));
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  char title[512];
+  std::snprintf(title, sizeof title, "%s: %.3fB parameters, %zu Muon matrices in %zu shapes; D = %d; costs: %s",
+                a.model.label().c_str(), count_params(params) / 1e9, items.size(), shapes.size(), a.ranks,
+                a.costs.describe().c_str());
+  print_table(title, plans);
+}
+
+Registration reg("", [](CLI::App& app) {
+  auto args = std::make_shared<PlanArgs>();
+  auto* c = app.add_subcommand("plan", "Assign Muon matrices to owner ranks and show the predicted balance");
+  args->model.add_to(c);
+  c->add_option("--ranks", args->ranks, "Number of ranks D")->required()->check(CLI::PositiveNumber);
+  c->add_option("--balancer", args->balancer, "rr, lpt, milp, or all (side by side)")
+      ->check(CLI::IsMember({"rr", "lpt", "milp", "all"}));
+  args->costs.add_to(c);
+  c->add_option("--memory-slack", args->options.memory_slack, "Memory bound ε: a rank holds ≤ (1+ε)·S/D bytes")
+      ->check(CLI::NonNegativeNumber);
+  c->add_flag("--spread", args->options.spread_units, "Spread each layer's matrices over distinct owners (milp)");
+  c->add_option("--time-limit", args->options.time_limit_s, "CBC time limit in seconds")->check(CLI::PositiveNumber);
+  c->add_flag("--verbose", args->options.verbose, "Show CBC's log");
+  c->add_flag("--json", args->json, "Print JSON instead of tables");
+  c->callback([args] { run(*args); });
+});
+
+}  // namespace
+
+}  // namespace dmuon::cli

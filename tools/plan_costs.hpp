@@ -1,0 +1,39 @@
+// The --costs option of `dmuon plan`: where per-(shape, batch) NS times come from.
+//   measured  this machine's tuned times (dmuon tune's cache; what is missing is tuned first)
+//   flops     flop counts on a device profile (--device), for hardware not present
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+#include <vector>
+
+#include "dmuon/plan.hpp"
+#include "tune_session.hpp"
+
+namespace dmuon::cli {
+
+struct CostArgs {
+  std::string source = "flops";
+  std::string device = "h100-tf32";
+  TuneSessionArgs tuning;
+
+  void add_to(CLI::App* c) {
+    c->add_option("--costs", source, "Where NS times come from: measured (tuned here) or flops (--device)")
+        ->check(CLI::IsMember({"measured", "flops"}));
+    c->add_option("--device", device, "Device profile for --costs flops")->check(CLI::IsMember(device_profile_names()));
+    tuning.add_to(c);
+  }
+
+  BatchTimeFn batch_time(const std::vector<ParamSpec>& params, int ranks) const {
+    if (source == "flops") return flop_batch_time(device_profile(device));
+    return tuned_batch_time(tuning.tune(tune_requests(params, ranks)));
+  }
+
+  std::string describe() const {
+    if (source == "flops") return "flops on " + device;
+    return "measured, " + std::to_string(tuning.resolved_threads()) + " threads (" + tuning.cache_path() + ")";
+  }
+};
+
+}  // namespace dmuon::cli

@@ -1,0 +1,63 @@
+// `dmuon tune`: autotune Newton–Schulz for a model's matrix shapes (DESIGN 3.5) and cache the
+// winners; a second run finds everything in the cache and tunes nothing.
+#include <cstdio>
+
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+#include "dmuon/linalg.hpp"
+#include "dmuon/tune.hpp"
+#include "model_args.hpp"
+#include "tune_session.hpp"
+
+namespace dmuon::cli {
+
+namespace {
+
+struct TuneArgs {
+  ModelArgs model;
+  TuneSessionArgs session;
+  int ranks = 1;
+  bool json = false;
+};
+
+void run(const TuneArgs& a) {
+  const auto params = a.model.load();
+  const auto requests = tune_requests(params, a.ranks);
+  const auto entries = a.session.tune(requests);
+  if (a.json) {
+    nlohmann::json out = {{"model", a.model.label()}, {"ranks", a.ranks}, {"threads", a.session.resolved_threads()},
+                          {"cache", a.session.cache_path()}, {"entries", nlohmann::json::array()}};
+    for (const auto& e : entries) {
+      out["entries"].push_back({{"rows", e.rows}, {"cols", e.cols}, {"batch", e.batch}, {"choice", describe(e.options)},
+                                {"seconds", e.seconds}, {"default_seconds", e.default_seconds},
+                                {"speedup", e.default_seconds / e.seconds}});
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return;
+  }
+  std::printf("%s: %zu shapes, batches for D = %d, %d BLAS threads; cache %s\n\n", a.model.label().c_str(),
+              requests.size(), a.ranks, a.session.resolved_threads(), a.session.cache_path().c_str());
+  std::printf("%-12s %5s  %-36s %10s %12s %8s\n", "shape", "batch", "chosen", "time_ms", "untuned_ms", "speedup");
+  for (const auto& e : entries) {
+    const std::string shape = std::to_string(e.rows) + "x" + std::to_string(e.cols);
+    std::printf("%-12s %5d  %-36s %10.2f %12.2f %7.2fx\n", shape.c_str(), e.batch, describe(e.options).c_str(),
+                1e3 * e.seconds, 1e3 * e.default_seconds, e.default_seconds / e.seconds);
+  }
+  std::printf("\nuntuned: %s\n", describe(untuned_options(a.session.resolved_threads())).c_str());
+}
+
+Registration reg("", [](CLI::App& app) {
+  auto args = std::make_shared<TuneArgs>();
+  auto* c = app.add_subcommand("tune", "Autotune Newton-Schulz for a model's matrix shapes and cache the winners");
+  args->model.add_to(c);
+  c->add_option("--ranks", args->ranks, "Tune the per-rank batch sizes of D ranks (ceil(count/D))")
+      ->check(CLI::PositiveNumber);
+  args->session.add_to(c);
+  c->add_flag("--json", args->json, "Print JSON instead of a table");
+  c->callback([args] { run(*args); });
+});
+
+}  // namespace
+
+}  // namespace dmuon::cli

@@ -1,0 +1,53 @@
+// Options and steps shared by `dmuon tune` and `dmuon plan --costs measured`: pick the thread count
+// and cache file, load the cache (a corrupt or foreign one is a warning), tune what is missing with
+// a progress bar on stderr, and save the cache atomically when anything was tuned.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "dmuon/linalg.hpp"
+#include "dmuon/tune.hpp"
+
+namespace dmuon::cli {
+
+struct TuneSessionArgs {
+  int threads = 0;  // 0: BLAS's current count
+  std::string cache;
+  int rounds = 3;
+
+  void add_to(CLI::App* c) {
+    c->add_option("--threads", threads, "BLAS threads to tune for (0: the current count)")
+        ->check(CLI::NonNegativeNumber);
+    c->add_option("--cache", cache, "Tuning cache (default $XDG_CACHE_HOME/dmuon/tune.json or ~/.cache/dmuon/tune.json)");
+    c->add_option("--rounds", rounds, "Timing rounds per candidate (minimum kept)")->check(CLI::PositiveNumber);
+  }
+
+  int resolved_threads() const { return threads > 0 ? threads : linalg::threads(); }
+  std::string cache_path() const { return cache.empty() ? default_tune_cache_path() : cache; }
+
+  std::vector<TuneEntry> tune(const std::vector<TuneRequest>& requests) const {
+    const int n = resolved_threads();
+    linalg::set_threads(n);
+    std::string warning;
+    TuneCache cache = TuneCache::load(cache_path(), current_tune_key(n), &warning);
+    if (!warning.empty()) std::fprintf(stderr, "dmuon: warning: %s\n", warning.c_str());
+    const size_t before = cache.entries().size();
+    auto progress = [](size_t done, size_t total, const std::string& what) {
+      constexpr int kWidth = 30;
+      const int filled = total ? static_cast<int>(kWidth * done / total) : kWidth;
+      std::fprintf(stderr, "\r[%s%s] %zu/%zu %-48s", std::string(filled, '#').c_str(),
+                   std::string(kWidth - filled, '.').c_str(), done, total, what.c_str());
+      std::fflush(stderr);
+    };
+    auto entries = tune_shapes(requests, cache, make_ns_timer(), n, rounds, progress);
+    std::fprintf(stderr, "\n");
+    if (cache.entries().size() != before || !warning.empty()) cache.save(cache_path());
+    return entries;
+  }
+};
+
+}  // namespace dmuon::cli
