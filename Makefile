@@ -16,8 +16,9 @@ build: deps
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# Trains the GPT example with AdamW and with DMuon on 2 ranks and compares them (scripts/demo.sh).
 demo: build
-	./$(BUILD)/dmuon bench ns --shapes 896x4864,4864x896,896x896,128x896 --batch 8
+	BUILD=$(BUILD) bash scripts/demo.sh
 
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log

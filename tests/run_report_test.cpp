@@ -157,5 +157,24 @@ TEST(Plot, MissingGnuplotOrBadInputAreErrors) {
   }
 }
 
+TEST(RunSummary, TakesTheLastValidationLossAndMedianTimes) {
+  std::vector<StepMetrics> rows(4);
+  for (int i = 0; i < 4; ++i) {
+    rows[i].step = i + 1;
+    rows[i].step_s = 1.0 + i;  // 1 2 3 4: median 2.5
+    rows[i].optim_s = 0.1 * (4 - i);
+  }
+  rows[1].val_loss = 3.0;
+  rows[3].val_loss = 2.5;
+  const RunSummary s = summarize_run(rows);
+  EXPECT_EQ(s.steps, 4);
+  EXPECT_EQ(s.val_step, 4);
+  EXPECT_DOUBLE_EQ(*s.val_loss, 2.5);
+  EXPECT_DOUBLE_EQ(s.step_s, 2.5);
+  EXPECT_DOUBLE_EQ(s.optim_s, 0.25);
+  EXPECT_EQ(median({}), 0);
+  EXPECT_EQ(median({3, 1, 2}), 2);
+}
+
 }  // namespace
 }  // namespace dmuon

@@ -135,8 +135,8 @@ Timing time_per_matrix(Inputs& inputs, size_t k, Shape s, const dmuon::NsOptions
 }
 
 // Per path: with several batch modes, a probe of each on `threads` matrices (one per worker, so
-// both modes see the same per-matrix work) picks the faster; the chosen mode then runs the whole
-// batch `repeats` times. Probing on a slice keeps `make demo` short.
+// both modes see the same per-matrix work) picks the faster; the chosen modes then run the whole
+// batch `repeats` times, paths interleaved. Probing on a slice keeps `make demo` short.
 std::vector<Row> bench_shape(Shape s, const BenchArgs& args) {
   Inputs inputs(args.batch, s);
   std::vector<dmuon::NsBatchMode> modes = {dmuon::NsBatchMode::sequential};
@@ -165,29 +165,36 @@ std::vector<Row> bench_shape(Shape s, const BenchArgs& args) {
   for (dmuon::NsBatchMode mode : modes) time_per_matrix(inputs, probe_k, s, options_for(paths[2], mode));
 
   std::vector<Row> rows;
+  std::vector<dmuon::NsBatchMode> chosen;
   for (const Path& p : paths) {
-    std::fprintf(stderr, "bench ns: %lldx%lld %s, batch %d, %d repeats\n", static_cast<long long>(s.rows),
-                 static_cast<long long>(s.cols), p.name, args.batch, args.repeats);
     Row row{p.name, dmuon::to_string(dmuon::ns_resolve_algo(p.algo, s.rows, s.cols)), "", {}, {}};
-    dmuon::NsBatchMode chosen = modes[0];
+    dmuon::NsBatchMode best_mode = modes[0];
     if (modes.size() > 1) {
       double best = 1e30;
       for (dmuon::NsBatchMode mode : modes) {
         const double t = time_per_matrix(inputs, probe_k, s, options_for(p, mode)).wall;
         row.probe[dmuon::to_string(mode)] = t;
-        if (t < best) best = t, chosen = mode;
+        if (t < best) best = t, best_mode = mode;
       }
     }
-    std::vector<double> wall, cpu;
-    for (int r = 0; r < args.repeats; ++r) {
-      const Timing t = time_per_matrix(inputs, k, s, options_for(p, chosen));
-      wall.push_back(t.wall);
-      cpu.push_back(t.cpu);
-    }
-    row.mode = dmuon::to_string(chosen);
-    row.seconds = {median(wall), median(cpu)};
+    row.mode = dmuon::to_string(best_mode);
+    chosen.push_back(best_mode);
     rows.push_back(row);
   }
+  // Repeats interleave the paths (reference, standard, gram, auto, reference, ...) so that a change
+  // in the machine's load during the run reaches every path alike and the ratios stay comparable.
+  const size_t n_paths = std::size(paths);
+  std::vector<std::vector<double>> wall(n_paths), cpu(n_paths);
+  for (int r = 0; r < args.repeats; ++r) {
+    std::fprintf(stderr, "bench ns: %lldx%lld, batch %d, repeat %d of %d\n", static_cast<long long>(s.rows),
+                 static_cast<long long>(s.cols), args.batch, r + 1, args.repeats);
+    for (size_t i = 0; i < n_paths; ++i) {
+      const Timing t = time_per_matrix(inputs, k, s, options_for(paths[i], chosen[i]));
+      wall[i].push_back(t.wall);
+      cpu[i].push_back(t.cpu);
+    }
+  }
+  for (size_t i = 0; i < n_paths; ++i) rows[i].seconds = {median(wall[i]), median(cpu[i])};
   return rows;
 }
 

@@ -37,4 +37,16 @@ class MetricsCsvWriter {
 // or a row is malformed.
 std::vector<StepMetrics> read_metrics_csv(const std::string& path);
 
+// The middle value (mean of the two middle ones for an even count); 0 for none.
+double median(std::vector<double> values);
+
+// A run's headline figures: its last validation loss and the medians of the per-step times.
+struct RunSummary {
+  int64_t steps = 0;                                               // rows
+  std::optional<double> val_loss;                                  // the last evaluated validation loss
+  int64_t val_step = 0;                                            // the step it was evaluated after
+  double step_s = 0, fwd_bwd_s = 0, optim_s = 0, comm_wait_s = 0;  // medians over steps
+};
+RunSummary summarize_run(const std::vector<StepMetrics>& rows);
+
 }  // namespace dmuon

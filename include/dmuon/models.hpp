@@ -37,9 +37,8 @@ std::vector<ParamSpec> params_from_hf_config(const nlohmann::json& config, const
 // Reads a Hugging Face config.json and expands it.
 std::vector<ParamSpec> load_hf_config(const std::string& path, int layers = 0);
 
-// Path of a manifest: `name_or_path` itself if it is a file, else <dir>/<name>.json for dir in
-// $DMUON_MODELS_DIR, ./models, and ../models or ../share/dmuon/models from the executable's folder.
-// Throws dmuon::Error listing the folders searched.
+// Path of a manifest: `name_or_path` itself if it is a file, else <name>.json in the models/
+// folders that find_models_file (data_files.hpp) searches. Throws dmuon::Error listing them.
 std::string find_model_manifest(const std::string& name_or_path);
 
 // Reads a manifest (by name or path) and expands all of its components.

@@ -1,5 +1,6 @@
 #include "dmuon/metrics_csv.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -68,6 +69,28 @@ std::vector<StepMetrics> read_metrics_csv(const std::string& path) {
     rows.push_back(r);
   }
   return rows;
+}
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
+}
+
+RunSummary summarize_run(const std::vector<StepMetrics>& rows) {
+  RunSummary s;
+  s.steps = static_cast<int64_t>(rows.size());
+  std::vector<double> step, fwd_bwd, optim, comm;
+  for (const StepMetrics& r : rows) {
+    step.push_back(r.step_s);
+    fwd_bwd.push_back(r.fwd_bwd_s);
+    optim.push_back(r.optim_s);
+    comm.push_back(r.comm_wait_s);
+    if (r.val_loss) s.val_loss = r.val_loss, s.val_step = r.step;
+  }
+  s.step_s = median(step), s.fwd_bwd_s = median(fwd_bwd), s.optim_s = median(optim), s.comm_wait_s = median(comm);
+  return s;
 }
 
 }  // namespace dmuon

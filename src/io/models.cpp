@@ -3,13 +3,12 @@
 #include "dmuon/models.hpp"
 
 
-#include <cstdlib>
-#include <filesystem>
 #include <functional>
 #include <map>
 #include <sstream>
 
 #include "dmuon/atomic_file.hpp"
+#include "dmuon/data_files.hpp"
 #include "dmuon/error.hpp"
 
 namespace dmuon {
@@ -317,26 +316,7 @@ std::vector<ParamSpec> load_hf_config(const std::string& path, int layers) {
 }
 
 std::string find_model_manifest(const std::string& name_or_path) {
-  namespace fs = std::filesystem;
-  if (fs::is_regular_file(name_or_path)) return name_or_path;
-  std::vector<fs::path> dirs;
-  if (const char* env = std::getenv("DMUON_MODELS_DIR")) dirs.emplace_back(env);
-  dirs.emplace_back("models");
-  std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    // build/dmuon → ../models; an installed bin/dmuon → ../share/dmuon/models.
-    const fs::path prefix = exe.parent_path().parent_path();
-    dirs.push_back(prefix / "models");
-    dirs.push_back(prefix / "share" / "dmuon" / "models");
-  }
-  std::string searched;
-  for (const auto& dir : dirs) {
-    fs::path candidate = dir / (name_or_path + ".json");
-    if (fs::is_regular_file(candidate)) return candidate.string();
-    searched += (searched.empty() ? "" : ", ") + dir.string();
-  }
-  DMUON_FAIL("no model manifest '", name_or_path, "': not a file, and no ", name_or_path, ".json in ", searched);
+  return find_models_file("", name_or_path, "model manifest");
 }
 
 std::vector<ParamSpec> load_model_manifest(const std::string& name_or_path, int layers) {

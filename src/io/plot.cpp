@@ -72,12 +72,6 @@ std::vector<std::vector<StepMetrics>> read_runs(const std::vector<PlotRun>& runs
   return data;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // Renders `script_body` (everything after the terminal and output) to png_path, atomically: gnuplot
 // writes a temporary file that replaces png_path only once it is complete and a PNG.
 void render(const std::string& script_body, const std::string& png_path, const PlotOptions& o) {

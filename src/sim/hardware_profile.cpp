@@ -23,7 +23,7 @@ double fraction_field(const nlohmann::json& j, const char* key, const std::strin
 }  // namespace
 
 HardwareProfile load_hardware_profile(const std::string& name_or_path) {
-  const std::string path = find_data_file("models/hardware", name_or_path, "hardware profile");
+  const std::string path = find_models_file("hardware", name_or_path, "hardware profile");
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(read_file(path));

@@ -1,0 +1,103 @@
+// End-to-end training of the GPT example (gpt.hpp) on byte-level text (data.hpp): the loop behind
+// `dmuon train`, in the library so tests drive it directly.
+//
+// One optimizer step = M micro-batches, each a forward over units 0..U-1 and a backward over U-1..0
+// driven through the sharded runtime's hooks (shard.hpp: the next unit's gather is in flight while a
+// unit computes; a unit's gradient reduce is in flight while the previous unit's backward runs), then
+// Optimizer::step(), which accumulates the M reduced gradients and updates on the last one.
+// Rank r of D reads its slice of every global batch (data.hpp), so the trajectory does not depend on D.
+//
+// Optimizers (TrainOptions::optim):
+//   adamw        AdamW on every parameter, even sharding (FSDP/ZeRO-3 + AdamW: the baseline)
+//   muon         single-process Muon (matrices) + AdamW (the rest) over whole tensors; world size 1 only
+//   muon-gather  Muon by gather-then-compute over even shards (DESIGN 3.2)
+//   dmuon        Muon with owner-aligned shards: each matrix updated by its owner alone (DESIGN 3.1)
+// Learning rate: linear warmup over `warmup` steps to the peak, then cosine decay to
+// min_lr_ratio·peak at the last step; Muon and AdamW groups share the schedule.
+//
+// Collective: every rank constructs the Trainer and calls the same methods in the same order.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dmuon/gpt.hpp"
+#include "dmuon/metrics_csv.hpp"
+
+namespace dmuon {
+
+namespace comm {
+class Comm;
+}
+
+enum class OptimKind { adamw, muon, muon_gather, dmuon };
+std::string_view to_string(OptimKind kind);
+// "adamw" | "muon" | "muon-gather" | "dmuon"; throws dmuon::Error naming the accepted values.
+OptimKind parse_optim_kind(std::string_view text);
+
+enum class ShardMode { z3, z2, replicated };  // shard.hpp's modes (sharded optimizers only)
+ShardMode parse_shard_mode(std::string_view text);
+
+struct TrainOptions {
+  GptConfig model;  // L=4, C=128, NH=4, T=64 by default (867k parameters)
+  OptimKind optim = OptimKind::dmuon;
+  ShardMode shard_mode = ShardMode::z3;
+  int64_t steps = 300;        // optimizer steps of the whole run (a resumed run continues to it)
+  uint64_t seed = 1;          // initialisation and batch order
+  int64_t batch = 16;         // B: sequences per global batch (divisible by world·micro_batches)
+  int micro_batches = 1;      // M: gradient accumulation
+  double lr = 0;              // peak lr of the main group: Muon's (muon*, dmuon) or AdamW's (adamw);
+                              // 0 = default_lr(optim)
+  double adamw_lr = 3e-3;     // peak lr of the AdamW group in Muon runs
+  double weight_decay = 0;    // decoupled, both groups
+  int64_t warmup = 20;        // steps of linear warmup
+  double min_lr_ratio = 0.1;  // the cosine ends at this fraction of the peak
+  int64_t val_every = 50;     // validation every this many steps (and after the last); 0: never
+  int64_t val_batches = 8;    // global batches of B sequences from the validation stream
+  std::string data;           // text file or folder; empty: the fortunes corpus
+  std::string resume;         // checkpoint folder to start from (optional)
+};
+
+// The peak learning rate `--lr` defaults to: 0.02 for Muon matrices, 3e-3 for AdamW.
+double default_lr(OptimKind kind);
+
+// Multiplier of the peak learning rate for update `step` (0-based) of `total`: (step+1)/warmup during
+// warmup, then 0.5·(1+cos(π·p))·(1−min_ratio)+min_ratio with p going 0→1 over the remaining steps.
+double lr_factor(int64_t step, int64_t total, int64_t warmup, double min_ratio);
+
+class Trainer {
+ public:
+  // Loads the corpus, builds the model and optimizer and, with options.resume, loads the checkpoint.
+  // comm: the ranks to train over; null trains in this process alone (only OptimKind::muon and
+  // adamw support that without a communicator). Throws dmuon::Error naming a bad option or file.
+  Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  const TrainOptions& options() const { return options_; }
+  int rank() const;
+  int world_size() const;
+  int64_t steps_done() const;  // completed optimizer steps (restored by resume)
+  bool done() const { return steps_done() >= options_.steps; }
+
+  // Runs the next optimizer step. Losses are means over the global batch; times are max over ranks.
+  // val_loss is set after steps that are multiples of val_every and after the last step.
+  StepMetrics train_step();
+  // Mean loss over val_batches fixed global batches of the validation stream (the same sequences at
+  // every world size: each rank evaluates its slice and the sums are combined).
+  double validation_loss();
+  // Writes a checkpoint of parameters and optimizer state (checkpoint.hpp). Between steps only.
+  void save(const std::string& dir);
+  // Every parameter's full value, in gpt_param_specs order, on every rank (collective).
+  std::vector<std::vector<float>> full_params();
+
+ private:
+  struct Impl;
+  TrainOptions options_;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dmuon

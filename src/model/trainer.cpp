@@ -1,0 +1,323 @@
+// The training loop of the GPT example (see include/dmuon/trainer.hpp): batches, the unit-by-unit
+// forward and backward through the sharded runtime's hooks, the optimizer, validation, checkpoints.
+#include "dmuon/trainer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numbers>
+#include <optional>
+
+#include "dmuon/checkpoint.hpp"
+#include "dmuon/comm.hpp"
+#include "dmuon/data.hpp"
+#include "dmuon/distributed_optim.hpp"
+#include "dmuon/error.hpp"
+#include "dmuon/optim.hpp"
+#include "dmuon/shard.hpp"
+
+namespace dmuon {
+
+std::string_view to_string(OptimKind kind) {
+  switch (kind) {
+    case OptimKind::adamw:
+      return "adamw";
+    case OptimKind::muon:
+      return "muon";
+    case OptimKind::muon_gather:
+      return "muon-gather";
+    case OptimKind::dmuon:
+      return "dmuon";
+  }
+  return "?";
+}
+
+OptimKind parse_optim_kind(std::string_view text) {
+  for (OptimKind k : {OptimKind::adamw, OptimKind::muon, OptimKind::muon_gather, OptimKind::dmuon})
+    if (text == to_string(k)) return k;
+  DMUON_FAIL("unknown optimizer '", text, "' (expected adamw, muon, muon-gather or dmuon)");
+}
+
+ShardMode parse_shard_mode(std::string_view text) {
+  if (text == "z3") return ShardMode::z3;
+  if (text == "z2") return ShardMode::z2;
+  if (text == "replicated") return ShardMode::replicated;
+  DMUON_FAIL("unknown shard mode '", text, "' (expected z3, z2 or replicated)");
+}
+
+double default_lr(OptimKind kind) { return kind == OptimKind::adamw ? 3e-3 : 0.02; }
+
+double lr_factor(int64_t step, int64_t total, int64_t warmup, double min_ratio) {
+  if (step < warmup) return static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const int64_t decay_steps = total - warmup;
+  if (decay_steps <= 1) return 1.0;
+  const double p = std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(decay_steps - 1));
+  return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + std::cos(std::numbers::pi * p));
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The validation batches are drawn with their own seed so that they never coincide with training draws.
+constexpr uint64_t kValSeedSalt = 0x5eed'0f'7a1dULL;
+
+}  // namespace
+
+struct Trainer::Impl {
+  std::shared_ptr<comm::Comm> comm;  // null: this process alone
+  TextCorpus corpus;
+  Gpt model;
+  std::optional<GptBuffers> local;                // whole parameters (single-process optimizers)
+  std::unique_ptr<shard::ShardedParams> sharded;  // this rank's shards (sharded optimizers)
+  std::unique_ptr<Optimizer> optimizer;
+  int64_t step = 0;
+
+  Impl(const TrainOptions& o, std::shared_ptr<comm::Comm> c) : comm(std::move(c)), model(o.model) {}
+
+  int rank() const { return comm ? comm->rank() : 0; }
+  int world() const { return comm ? comm->size() : 1; }
+
+  // Sums `values` over ranks, in place.
+  void sum(std::span<double> values) {
+    if (comm && comm->size() > 1) comm->all_reduce<double>(values, comm::ReduceOp::sum).wait();
+  }
+  void max(std::span<double> values) {
+    if (comm && comm->size() > 1) comm->all_reduce<double>(values, comm::ReduceOp::max).wait();
+  }
+
+  // Binds the parameters of `unit` to the runtime's gathered views (and gradients in backward).
+  void bind_unit(int unit, bool grads) {
+    for (int p : model.unit_params(unit))
+      model.bind(p, sharded->param(p).data(), grads ? sharded->grad(p).data() : nullptr);
+  }
+
+  // Forward of the bound batch over every unit; returns the seconds spent computing.
+  double forward(bool forward_only) {
+    double compute = 0;
+    for (int u = 0; u < model.num_units(); ++u) {
+      if (sharded) {
+        sharded->before_forward(u);
+        bind_unit(u, false);
+      }
+      const auto t0 = Clock::now();
+      model.forward_unit(u);
+      compute += seconds_since(t0);
+      if (sharded) {
+        sharded->after_forward(u);
+        // A forward-only pass (validation) must not leave units gathered (z2 keeps them for backward).
+        if (forward_only && sharded->options().mode == shard::Mode::z2) sharded->release(u);
+      }
+    }
+    return compute;
+  }
+
+  double backward() {
+    double compute = 0;
+    for (int u = model.num_units() - 1; u >= 0; --u) {
+      if (sharded) {
+        sharded->before_backward(u);
+        bind_unit(u, true);
+      }
+      const auto t0 = Clock::now();
+      model.backward_unit(u);
+      compute += seconds_since(t0);
+      if (sharded) sharded->after_backward(u);
+    }
+    if (sharded) sharded->finish_backward();
+    return compute;
+  }
+
+  double comm_wait_total() const {
+    double s = 0;
+    if (!sharded) return s;
+    for (int u = 0; u < sharded->num_units(); ++u)
+      s += sharded->times(u).gather_wait_s + sharded->times(u).reduce_wait_s;
+    return s;
+  }
+};
+
+namespace {
+
+OptimizerOptions optimizer_options(const TrainOptions& o) {
+  OptimizerOptions opt;
+  opt.accumulation_steps = o.micro_batches;
+  const double lr = o.lr > 0 ? o.lr : default_lr(o.optim);
+  if (o.optim == OptimKind::adamw) {
+    opt.rules = {{"*", OptimGroup::adamw}};
+    opt.adamw.lr = lr;
+  } else {
+    opt.muon.lr = lr;
+    opt.adamw.lr = o.adamw_lr;
+  }
+  opt.muon.weight_decay = o.weight_decay;
+  opt.adamw.weight_decay = o.weight_decay;
+  return opt;
+}
+
+void validate(const TrainOptions& o, int world) {
+  validate(o.model);
+  DMUON_CHECK(o.steps >= 1, "--steps must be at least 1, got ", o.steps);
+  DMUON_CHECK(o.micro_batches >= 1, "--micro-batches must be at least 1, got ", o.micro_batches);
+  DMUON_CHECK(o.batch >= 1 && o.batch % (int64_t(world) * o.micro_batches) == 0, "--batch ", o.batch,
+              " must be a positive multiple of ranks x micro-batches = ", world, " x ", o.micro_batches);
+  DMUON_CHECK(o.lr >= 0 && o.adamw_lr > 0, "learning rates must be positive, got --lr ", o.lr, " --adamw-lr ",
+              o.adamw_lr);
+  DMUON_CHECK(o.warmup >= 0 && o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--warmup must be ≥ 0 and ",
+              "--min-lr-ratio in [0, 1], got ", o.warmup, " and ", o.min_lr_ratio);
+  DMUON_CHECK(o.val_every >= 0 && o.val_batches >= 1, "--val-every must be ≥ 0 and --val-batches ≥ 1, got ",
+              o.val_every, " and ", o.val_batches);
+  DMUON_CHECK(!o.model.tied_head, "a tied head is not supported in training (units 0 and L+1 would share wte)");
+  DMUON_CHECK(o.optim != OptimKind::muon || world == 1, "--optim muon is single-process (here ", world,
+              " ranks): use dmuon or muon-gather");
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : options_(std::move(options)) {
+  const int world = comm ? comm->size() : 1;
+  validate(options_, world);
+  DMUON_CHECK(comm || options_.optim == OptimKind::muon || options_.optim == OptimKind::adamw, "--optim ",
+              to_string(options_.optim), " needs a communicator");
+  impl_ = std::make_unique<Impl>(options_, std::move(comm));
+  Impl& m = *impl_;
+  m.corpus = load_text_corpus(options_.data);
+  const int64_t T = options_.model.context;
+  DMUON_CHECK(int64_t(m.corpus.val.size()) > T + 1, "the validation part of '", options_.data, "' has ",
+              m.corpus.val.size(), " bytes, fewer than a sequence of --context ", T, " + 1");
+
+  const std::vector<ParamSpec>& specs = m.model.params();
+  const OptimizerOptions opt = optimizer_options(options_);
+  const bool single = !m.comm || options_.optim == OptimKind::muon;
+  if (single) {
+    m.local.emplace(m.model);
+    m.local->init(options_.model, specs, options_.seed);
+    m.local->bind_to(m.model);
+    std::vector<ParamRef> refs;
+    for (size_t i = 0; i < specs.size(); ++i) refs.push_back({specs[i], m.local->value(i), m.local->grad(i)});
+    if (options_.optim == OptimKind::muon)
+      m.optimizer = std::make_unique<Muon>(std::move(refs), opt);
+    else
+      m.optimizer = std::make_unique<AdamW>(std::move(refs), opt);
+  } else {
+    shard::ParamRegistry registry;
+    for (const ParamSpec& s : specs) registry.add(s);
+    shard::ShardOptions so;
+    so.mode = options_.shard_mode == ShardMode::z3   ? shard::Mode::z3
+              : options_.shard_mode == ShardMode::z2 ? shard::Mode::z2
+                                                     : shard::Mode::replicated;
+    so.layout = options_.optim == OptimKind::dmuon ? shard::Layout::owner_aligned : shard::Layout::even;
+    m.sharded = std::make_unique<shard::ShardedParams>(m.comm, std::move(registry), so);
+    std::vector<float> init;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      init.resize(specs[i].numel());
+      gpt_init_param(options_.model, specs[i], options_.seed, init.data());
+      m.sharded->load_full(static_cast<int>(i), init);
+    }
+    switch (options_.optim) {
+      case OptimKind::adamw:
+        m.optimizer = std::make_unique<ShardedAdamW>(m.comm, *m.sharded, opt);
+        break;
+      case OptimKind::muon_gather:
+        m.optimizer = std::make_unique<MuonGatherCompute>(m.comm, *m.sharded, opt);
+        break;
+      default:
+        m.optimizer = std::make_unique<DMuon>(m.comm, *m.sharded, opt);
+    }
+  }
+  if (!options_.resume.empty()) {
+    load_checkpoint(options_.resume, *m.optimizer);
+    m.step = m.optimizer->updates() + m.optimizer->skipped_steps();
+    DMUON_CHECK(m.step <= options_.steps, "checkpoint ", options_.resume, " is at step ", m.step, ", past --steps ",
+                options_.steps);
+  }
+}
+
+Trainer::~Trainer() = default;
+
+int Trainer::rank() const { return impl_->rank(); }
+int Trainer::world_size() const { return impl_->world(); }
+int64_t Trainer::steps_done() const { return impl_->step; }
+
+StepMetrics Trainer::train_step() {
+  Impl& m = *impl_;
+  const TrainOptions& o = options_;
+  DMUON_CHECK(m.step < o.steps, "train_step: all ", o.steps, " steps are done");
+  const double f = lr_factor(m.step, o.steps, o.warmup, o.min_lr_ratio);
+  const double peak = o.lr > 0 ? o.lr : default_lr(o.optim);
+  if (o.optim == OptimKind::adamw)
+    m.optimizer->set_lr(0, peak * f);
+  else
+    m.optimizer->set_lr(peak * f, o.adamw_lr * f);
+
+  const int64_t T = o.model.context;
+  const double comm_before = m.comm_wait_total();
+  double fwd_bwd = 0, optim = 0, loss_sum = 0;
+  const auto t_step = Clock::now();
+  for (int micro = 0; micro < o.micro_batches; ++micro) {
+    const TokenBatch b =
+        sample_batch(m.corpus.train, o.batch, T, o.seed, m.step, {m.rank(), m.world(), micro, o.micro_batches});
+    if (m.local) m.local->zero_grads();  // the optimizer accumulates micro-batches itself
+    m.model.set_batch(b.inputs.data(), b.targets.data(), b.rows, T);
+    fwd_bwd += m.forward(false);
+    loss_sum += m.model.loss();
+    fwd_bwd += m.backward();
+    const auto t_opt = Clock::now();
+    m.optimizer->step();
+    optim += seconds_since(t_opt);
+  }
+  StepMetrics r;
+  r.step = ++m.step;
+  double times[4] = {seconds_since(t_step), fwd_bwd, optim, m.comm_wait_total() - comm_before};
+  m.max(times);
+  r.step_s = times[0], r.fwd_bwd_s = times[1], r.optim_s = times[2], r.comm_wait_s = times[3];
+  double loss[1] = {loss_sum};
+  m.sum(loss);
+  r.train_loss = loss[0] / (o.micro_batches * m.world());
+  if ((o.val_every > 0 && r.step % o.val_every == 0) || r.step == o.steps) r.val_loss = validation_loss();
+  return r;
+}
+
+double Trainer::validation_loss() {
+  Impl& m = *impl_;
+  const TrainOptions& o = options_;
+  const int64_t T = o.model.context;
+  // The same rows per forward as training (one micro-batch), so activations are not resized.
+  double sum[1] = {0};
+  for (int64_t k = 0; k < o.val_batches; ++k) {
+    for (int micro = 0; micro < o.micro_batches; ++micro) {
+      const TokenBatch b = sample_batch(m.corpus.val, o.batch, T, o.seed ^ kValSeedSalt, k,
+                                        {m.rank(), m.world(), micro, o.micro_batches});
+      m.model.set_batch(b.inputs.data(), b.targets.data(), b.rows, T);
+      m.forward(true);
+      sum[0] += static_cast<double>(m.model.loss()) * static_cast<double>(b.rows);
+    }
+  }
+  m.sum(sum);
+  return sum[0] / static_cast<double>(o.val_batches * o.batch);
+}
+
+void Trainer::save(const std::string& dir) { save_checkpoint(dir, *impl_->optimizer); }
+
+std::vector<std::vector<float>> Trainer::full_params() {
+  Impl& m = *impl_;
+  const auto& specs = m.model.params();
+  std::vector<std::vector<float>> out(specs.size());
+  if (m.local) {
+    for (size_t i = 0; i < specs.size(); ++i) out[i].assign(m.local->value(i), m.local->value(i) + specs[i].numel());
+    return out;
+  }
+  for (int u = 0; u < m.sharded->num_units(); ++u) {  // between steps every unit is released
+    m.sharded->gather(u);
+    m.sharded->wait(u);
+    for (int p : m.model.unit_params(u)) {
+      const auto v = m.sharded->param(p);
+      out[p].assign(v.begin(), v.end());
+    }
+    m.sharded->release(u);
+  }
+  return out;
+}
+
+}  // namespace dmuon

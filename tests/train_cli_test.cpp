@@ -1,0 +1,94 @@
+// The built CLI (path from DMUON_CLI_PATH) run as a user would: `dmuon train --data <bad>` exits
+// non-zero with one clear line naming the data source and does not hang (alone and under mpirun);
+// a short run's metrics go through `dmuon compare`.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "dmuon/metrics_csv.hpp"
+#include "test_data.hpp"
+
+namespace dmuon {
+namespace {
+
+// The CLI under `timeout`: a hang becomes exit code 124 instead of a stuck test.
+test::CommandResult run(const std::string& args, int ranks = 0) {
+  std::string command = std::string(DMUON_CLI_PATH) + " " + args;
+  if (ranks > 0) command = std::string(DMUON_MPIRUN) + " -np " + std::to_string(ranks) + " " + command;
+  return test::run_command("timeout 120 " + command);
+}
+
+std::string train_args(const std::string& data) {
+  return "train --steps 2 --layers 1 --width 32 --heads 2 --context 16 --batch 4 --csv /dev/null --data '" + data + "'";
+}
+
+void expect_one_clear_line(const test::CommandResult& r, const std::string& path, const std::string& what) {
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "timed out: " << r.output;  // timeout's code: the run hung
+  EXPECT_EQ(r.output.rfind("dmuon: error: ", 0), 0u) << r.output;
+  EXPECT_NE(r.output.find(path), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(what), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find('\n'), r.output.size() - 1) << "more than one line: " << r.output;
+}
+
+TEST(TrainCli, MissingEmptyAndBinaryDataAreOneLineErrors) {
+  test::TempDir dir;
+  const std::string missing = dir.file("no-such-corpus");
+  expect_one_clear_line(run(train_args(missing)), missing, "does not exist");
+
+  const std::string empty = dir.file("empty.txt");
+  std::ofstream(empty).close();
+  expect_one_clear_line(run(train_args(empty)), empty, "empty");
+
+  const std::string binary = dir.file("binary.bin");
+  {
+    std::ofstream f(binary, std::ios::binary);
+    for (int i = 0; i < 4096; ++i) f.put(static_cast<char>(i % 7 == 0 ? 0 : i % 256));
+  }
+  expect_one_clear_line(run(train_args(binary)), binary, "binary");
+}
+
+TEST(TrainCli, BadDataOrMetricsPathUnderMpirunStopsEveryRank) {
+  test::TempDir dir;
+  const std::string missing = dir.file("no-such-corpus");
+  const test::CommandResult r = run(train_args(missing), 2);
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "timed out: " << r.output;
+  EXPECT_NE(r.output.find("dmuon: error: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(missing), std::string::npos) << r.output;
+
+  // Rank 0 cannot create the metrics file: every rank stops at once instead of waiting for it.
+  const std::string bad_csv = "/proc/no-such-folder/run.csv";
+  const test::CommandResult c =
+      run("train --steps 2 --layers 1 --width 32 --heads 2 --context 16 --batch 4 --csv " + bad_csv, 2);
+  EXPECT_NE(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.exit_code, 124) << "timed out: " << c.output;
+  EXPECT_NE(c.output.find(bad_csv), std::string::npos) << c.output;
+}
+
+// A short run end to end: `dmuon train` writes one CSV row per step (validation on the last), and
+// `dmuon compare` reads it back, prints the table and draws both plots.
+TEST(TrainCli, TrainWritesTheMetricsThatCompareTabulatesAndPlots) {
+  test::TempDir dir;
+  const std::string csv = dir.file("run.csv");
+  const std::string args = "train --optim adamw --steps 3 --layers 1 --width 32 --heads 2 --context 16 --batch 4 ";
+  const test::CommandResult train = run(args + "--progress plain --csv " + csv);
+  ASSERT_EQ(train.exit_code, 0) << train.output;
+  EXPECT_NE(train.output.find("done: 3 steps"), std::string::npos) << train.output;
+  const std::vector<StepMetrics> rows = read_metrics_csv(csv);
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_FALSE(rows[1].val_loss.has_value());
+  EXPECT_TRUE(rows[2].val_loss.has_value());
+
+  const test::CommandResult cmp = run("compare --run A=" + csv + " --run B=" + csv + " --out " + dir.path());
+  ASSERT_EQ(cmp.exit_code, 0) << cmp.output;
+  EXPECT_NE(cmp.output.find("baseline"), std::string::npos) << cmp.output;
+  EXPECT_NE(cmp.output.find("+0.0%"), std::string::npos) << cmp.output;  // a run against itself
+  EXPECT_TRUE(std::ifstream(dir.file("loss.png")).good());
+  EXPECT_TRUE(std::ifstream(dir.file("step_time.png")).good());
+}
+
+}  // namespace
+}  // namespace dmuon
