@@ -9,7 +9,8 @@ DMUON=$BUILD/dmuon
 OUT=docs/bench
 MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 MODEL=(--model qwen2.5-0.5b --layers 4)
-CACHE=$BUILD/bench-tune.json  # tuning cache of this machine (reused by later runs)
+# Tuning caches of this machine, one per BLAS thread count (np 1 runs 2 threads per rank, np 2 and 4 one).
+cache() { [ "$1" = 1 ] && echo "$BUILD/bench-tune-2threads.json" || echo "$BUILD/bench-tune-1thread.json"; }
 mkdir -p "$OUT"
 
 step() { echo "== $*" >&2; }
@@ -26,11 +27,19 @@ for np in 1 2 4; do
   steps=5
   [ "$np" = 4 ] && steps=3
   run "$OUT/optimizer-np$np.json" "${MPIRUN[@]}" -np "$np" "$DMUON" bench optimizer "${MODEL[@]}" --steps "$steps" \
-    --tune-cache "$CACHE" --json
+    --tune-cache "$(cache "$np")" --json
 done
 
 step "2. ablation, np 2"
-run "$OUT/ablation-np2.json" "${MPIRUN[@]}" -np 2 "$DMUON" bench ablation "${MODEL[@]}" --steps 3 --tune-cache "$CACHE" --json
+run "$OUT/ablation-np2.json" "${MPIRUN[@]}" -np 2 "$DMUON" bench ablation "${MODEL[@]}" --steps 3 --tune-cache "$(cache 2)" --json
+
+step "3. end to end: GPT demo (np 1 2 4) and large (np 1 2)"
+for np in 1 2 4; do
+  run "$OUT/e2e-demo-np$np.json" "${MPIRUN[@]}" -np "$np" "$DMUON" bench e2e --config demo --steps 8 --json
+done
+for np in 1 2; do
+  run "$OUT/e2e-large-np$np.json" "${MPIRUN[@]}" -np "$np" "$DMUON" bench e2e --config large --steps 5 --json
+done
 
 step "4. this-cpu profile (np 2) and simulator validation at 1 2 4 devices"
 run "$OUT/calibrate-np2.txt" "${MPIRUN[@]}" -np 2 "$DMUON" bench calibrate "${MODEL[@]}" --out "$OUT/this-cpu.json"

@@ -29,6 +29,29 @@ def ms(s):
 
 out = []
 p = out.append
+
+
+def results_section(run, name, source, columns):
+    """A heading, the command and a table of run["results"]; columns: (header, fn(result) -> text)."""
+    p(f"### {name}: {run['threads_per_rank']} BLAS thread(s) per rank"
+      + (" — **OVERSUBSCRIBED** (more ranks than cores: not comparable with np 1-2)" if run["oversubscribed"] else ""))
+    p("")
+    p(f"`{cmd(source)}`")
+    p("")
+    p("| optimizer | step ms | " + " | ".join(h for h, _ in columns) + " | vs AdamW | DMuon speedup |")
+    p("|---|---|" + "---|" * (len(columns) + 2))
+    res = {r["optimizer"]: r for r in run["results"]}
+    for opt_name in OPTS:
+        if opt_name not in res:
+            continue
+        r = res[opt_name]
+        vs = r["step_s_median"] / res["adamw"]["step_s_median"] if "adamw" in res else float("nan")
+        sp = f"{r['dmuon_speedup']:.2f}x" if "dmuon_speedup" in r else ""
+        p(f"| {opt_name} | {ms(r['step_s_median'])} | " + " | ".join(fn(r) for _, fn in columns) +
+          f" | {vs:.3f}x | {sp} |")
+    p("")
+
+
 opt = {np: load(f"optimizer-np{np}.json") for np in (1, 2, 4)}
 first = next((o for o in opt.values() if o), None)
 date = open(os.path.join(D, "date.txt")).read().strip() if os.path.exists(os.path.join(D, "date.txt")) else "?"
@@ -63,23 +86,9 @@ p("")
 for np, o in opt.items():
     if not o:
         continue
-    p(f"### np {np}: {o['threads_per_rank']} BLAS thread(s) per rank"
-      + (" — **OVERSUBSCRIBED** (more ranks than cores: times are not comparable with np 1-2)" if o["oversubscribed"] else ""))
-    p("")
-    p(f"`{cmd(f'optimizer-np{np}.json')}`")
-    p("")
-    p("| optimizer | step ms | vs AdamW | DMuon speedup | sent MB/rank | exposed ms | weight norm |")
-    p("|---|---|---|---|---|---|---|")
-    res = {r["optimizer"]: r for r in o["results"]}
-    for name in OPTS:
-        if name not in res:
-            continue
-        r = res[name]
-        vs = r["step_s_median"] / res["adamw"]["step_s_median"] if "adamw" in res else float("nan")
-        sp = f"{r['dmuon_speedup']:.2f}x" if "dmuon_speedup" in r else ""
-        p(f"| {name} | {ms(r['step_s_median'])} | {vs:.2f}x | {sp} | {r['sent_bytes_per_rank'] / 1e6:.1f} | "
-          f"{ms(r['exposed_comm_s'])} | {r['weight_norm']:.6g} |")
-    p("")
+    results_section(o, f"np {np}", f"optimizer-np{np}.json", [("sent MB/rank", lambda r: f"{r['sent_bytes_per_rank'] / 1e6:.1f}"),
+                                    ("exposed ms", lambda r: ms(r["exposed_comm_s"])),
+                                    ("weight norm", lambda r: f"{r['weight_norm']:.6g}")])
     p(f"Plan: {o['plan']['balancer']}{' (fell back to LPT)' if o['plan']['fell_back'] else ''}, predicted NS "
       f"makespan {ms(o['plan']['predicted_makespan_s'])} ms (round-robin: {ms(o['plan']['rr_predicted_makespan_s'])} ms). "
       f"Muon variants' weight norms agree within {o['muon_weight_norm_rel_spread']:.1e} (same math). "
@@ -107,11 +116,25 @@ if ab:
         p(f"| {g['group']} | {g['share_pct']:.0f}% | {g['paper_share_pct']:.0f}% |")
     p("")
 
-p("## 3. End to end")
+p("## 3. End to end (GPT example, `dmuon bench e2e`)")
 p("")
-p("Not measured: the Trainer (`dmuon train`, branch `train`) had not landed on main when this was written; "
-  "see the report of issue 7.")
+p("The Trainer of `dmuon train` (include/dmuon/trainer.hpp): forward and backward through the sharded hooks "
+  "(Z3), then the optimizer step; per step the slowest rank, median of the timed steps after 2 warm-up steps. "
+  "muon-gather-plain is the Trainer's gather-then-compute optimizer with the plain NS recurrence; dmuon uses the "
+  "Trainer's defaults (LPT owners, untuned NS options). `demo` is make demo's model (L4 C128 NH4 T64, B16); "
+  "`large` is L6 C256 NH4 T128, B16.")
 p("")
+for cfg, nps in (("demo", (1, 2, 4)), ("large", (1, 2))):
+    for np in nps:
+        e = load(f"e2e-{cfg}-np{np}.json")
+        if not e:
+            continue
+        results_section(e, f"{cfg}, np {np}", f"e2e-{cfg}-np{np}.json", [("fwd+bwd ms", lambda r: ms(r["fwd_bwd_s"])),
+                                               ("optimizer ms", lambda r: ms(r["optimizer_s"])),
+                                               ("comm wait ms", lambda r: ms(r["comm_wait_s"]))])
+        if "dmuon_overhead_vs_adamw" in e:
+            p(f"DMuon's end-to-end overhead over AdamW: {100 * e['dmuon_overhead_vs_adamw']:+.1f}%.")
+            p("")
 
 hw = load("this-cpu.json")
 sim = load("sim-this-cpu.json")

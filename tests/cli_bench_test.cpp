@@ -1,5 +1,5 @@
 // The benchmark commands end to end at 2 ranks on a tiny Qwen2-shaped model: `dmuon bench optimizer`,
-// `bench ablation` and `bench calibrate` print JSON with the expected keys and finite figures, the Muon
+// `bench ablation`, `bench e2e` and `bench calibrate` print JSON with the expected keys and finite figures, the Muon
 // variants compute the same weights, and the counted traffic matches the collectives' sizes.
 // No timing is asserted.
 #include <gtest/gtest.h>
@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "dmuon/atomic_file.hpp"
+#include "dmuon/sim.hpp"
 #include "test_data.hpp"
 
 namespace dmuon {
@@ -98,6 +99,18 @@ TEST(CliBench, AblationAtTwoRanks) {
   EXPECT_EQ(j.at("groups").size(), 3u);
 }
 
+TEST(CliBench, EndToEndAtTwoRanks) {
+  const auto j = run_json("bench e2e --config demo --steps 1 --warmup 1 --json");
+  ASSERT_TRUE(j.is_object());
+  ASSERT_EQ(j.at("results").size(), 3u);
+  for (const auto& r : j.at("results")) {
+    EXPECT_TRUE(positive_finite(r.at("step_s_median"))) << r;
+    EXPECT_TRUE(positive_finite(r.at("fwd_bwd_s"))) << r;
+    EXPECT_TRUE(positive_finite(r.at("optimizer_s"))) << r;
+  }
+  EXPECT_TRUE(positive_finite(j.at("dmuon_overhead_vs_adamw").get<double>() + 1));
+}
+
 TEST(CliBench, CalibrateWritesAProfile) {
   test::TempDir dir;
   const auto r = test::run_cli("bench calibrate --model " + tiny_model(dir) + " --out " + dir.file("hw.json"), 2);
@@ -108,7 +121,10 @@ TEST(CliBench, CalibrateWritesAProfile) {
                           "sm_count", "comm_bytes_per_element"})
     EXPECT_TRUE(positive_finite(j.at(key))) << key;
   EXPECT_LE(j.at("ns_efficiency").get<double>(), 1.0);
-  EXPECT_TRUE(j.at("sources").is_object());
+  // The simulator accepts it as a hardware profile.
+  const sim::HardwareProfile hw = sim::load_hardware_profile(dir.file("hw.json"));
+  EXPECT_EQ(hw.name, "this-cpu");
+  EXPECT_EQ(hw.sources.size(), j.at("sources").size());
 }
 
 }  // namespace

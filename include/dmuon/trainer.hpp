@@ -25,6 +25,7 @@
 
 #include "dmuon/gpt.hpp"
 #include "dmuon/metrics_csv.hpp"
+#include "dmuon/ns.hpp"
 
 namespace dmuon {
 
@@ -58,6 +59,7 @@ struct TrainOptions {
   int64_t val_batches = 8;    // global batches of B sequences from the validation stream
   std::string data;           // text file or folder; empty: the fortunes corpus
   std::string resume;         // checkpoint folder to start from (optional)
+  NsOptions ns;               // Muon's Newton–Schulz (`dmuon bench e2e` runs the plain baseline with it)
 };
 
 // The peak learning rate `--lr` defaults to: 0.02 for Muon matrices, 3e-3 for AdamW.

@@ -151,6 +151,7 @@ OptimizerOptions optimizer_options(const TrainOptions& o) {
     opt.muon.lr = lr;
     opt.adamw.lr = o.adamw_lr;
   }
+  opt.muon.ns = o.ns;
   opt.muon.weight_decay = o.weight_decay;
   opt.adamw.weight_decay = o.weight_decay;
   return opt;

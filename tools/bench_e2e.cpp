@@ -1,0 +1,144 @@
+// `dmuon bench e2e` (under mpirun): end-to-end training step time of the GPT example (the Trainer of
+// include/dmuon/trainer.hpp, the loop behind `dmuon train`) for AdamW, the paper's gather-then-compute
+// baseline with plain NS, and DMuon, side by side in one run. Per step the slowest rank (StepMetrics);
+// the median over the timed steps after `--warmup` untimed ones. Configurations: `demo` (make demo's
+// model: L4 C128 NH4 T64 B16) and `large` (L6 C256 NH4 T128 B16).
+#include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "dmuon/comm.hpp"
+#include "dmuon/linalg.hpp"
+#include "dmuon/trainer.hpp"
+#include "optim_bench.hpp"
+
+namespace dmuon::cli {
+
+namespace {
+
+struct Args {
+  std::string config = "demo";
+  std::vector<std::string> optimizers = {"adamw", "muon-gather-plain", "dmuon"};
+  int steps = 6;
+  int warmup = 2;
+  bool json = false;
+};
+
+TrainOptions train_options(const Args& a, const std::string& optimizer) {
+  TrainOptions o;
+  if (a.config == "large") {
+    o.model.layers = 6;
+    o.model.width = 256;
+    o.model.context = 128;
+  } else {
+    DMUON_CHECK(a.config == "demo", "--config must be demo or large, got '", a.config, "'");
+  }
+  o.batch = 16;
+  o.warmup = 0;
+  o.val_every = 0;
+  o.val_batches = 1;
+  o.steps = a.warmup + a.steps + 1;  // the last step (which validates) is never run
+  if (optimizer == "adamw") {
+    o.optim = OptimKind::adamw;
+  } else if (optimizer == "muon-gather-plain") {
+    o.optim = OptimKind::muon_gather;
+    o.ns.algo = NsAlgo::standard;
+    o.ns.symmetric = false;
+  } else if (optimizer == "muon-gather") {
+    o.optim = OptimKind::muon_gather;
+  } else {
+    DMUON_CHECK(optimizer == "dmuon", "--optim: unknown optimizer '", optimizer,
+                "' (adamw, muon-gather-plain, muon-gather, dmuon)");
+    o.optim = OptimKind::dmuon;
+  }
+  return o;
+}
+
+struct Result {
+  std::string name;
+  double step_s = 0, fwd_bwd_s = 0, optim_s = 0, comm_wait_s = 0;
+};
+
+double median(std::vector<double> x) {
+  std::sort(x.begin(), x.end());
+  return x[x.size() / 2];
+}
+
+void run(const Args& a) {
+  auto world = comm::world();
+  const auto policy = optim_bench::thread_policy(world->size());
+  linalg::set_threads(policy.threads_per_rank);
+  std::vector<Result> results;
+  for (const auto& name : a.optimizers) {
+    Trainer trainer(train_options(a, name), world);
+    std::vector<double> step, fb, opt, wait;
+    for (int s = 0; s < a.warmup + a.steps; ++s) {
+      const StepMetrics m = trainer.train_step();
+      if (s < a.warmup) continue;
+      step.push_back(m.step_s);
+      fb.push_back(m.fwd_bwd_s);
+      opt.push_back(m.optim_s);
+      wait.push_back(m.comm_wait_s);
+    }
+    results.push_back({name, median(step), median(fb), median(opt), median(wait)});
+  }
+  if (world->rank() != 0) return;
+  auto find = [&](const std::string& n) -> const Result* {
+    for (const auto& r : results)
+      if (r.name == n) return &r;
+    return nullptr;
+  };
+  const Result* dm = find("dmuon");
+  const Result* adamw = find("adamw");
+  const std::string label = "GPT " + a.config;
+  if (a.json) {
+    nlohmann::json out = optim_bench::run_context(label, world->size(), policy, a.steps);
+    out["results"] = nlohmann::json::array();
+    for (const auto& r : results) {
+      nlohmann::json j = {{"optimizer", r.name},
+                          {"step_s_median", r.step_s},
+                          {"fwd_bwd_s", r.fwd_bwd_s},
+                          {"optimizer_s", r.optim_s},
+                          {"comm_wait_s", r.comm_wait_s}};
+      if (dm && r.name != "dmuon") j["dmuon_speedup"] = r.step_s / dm->step_s;
+      out["results"].push_back(j);
+    }
+    if (dm && adamw) out["dmuon_overhead_vs_adamw"] = dm->step_s / adamw->step_s - 1;
+    std::printf("%s\n", out.dump(1).c_str());
+    return;
+  }
+  std::printf("training step: %s; median of %d steps after %d warm-up, slowest rank\n\n",
+              optim_bench::run_line(label, world->size(), policy).c_str(), a.steps, a.warmup);
+  std::printf("%-18s %10s %10s %10s %10s %10s %12s\n", "optimizer", "step ms", "fwd+bwd", "optimizer", "comm wait",
+              "vs AdamW", "DMuon speedup");
+  for (const auto& r : results) {
+    std::printf("%-18s %10.2f %10.2f %10.2f %10.2f %9.3fx %12s\n", r.name.c_str(), 1e3 * r.step_s, 1e3 * r.fwd_bwd_s,
+                1e3 * r.optim_s, 1e3 * r.comm_wait_s, adamw ? r.step_s / adamw->step_s : 0.0,
+                dm && r.name != "dmuon" ? (std::to_string(r.step_s / dm->step_s).substr(0, 5) + "x").c_str() : "");
+  }
+  if (dm && adamw) std::printf("\nDMuon's overhead over AdamW: %+.1f%%\n", 100 * (dm->step_s / adamw->step_s - 1));
+}
+
+Registration reg("bench", [](CLI::App& bench) {
+  auto args = std::make_shared<Args>();
+  auto* c = bench.add_subcommand("e2e",
+                                 "Training step of the GPT example: AdamW, gather-then-compute Muon (plain NS) "
+                                 "and DMuon side by side (run under mpirun)");
+  c->add_option("--config", args->config, "demo (L4 C128 T64) or large (L6 C256 T128)")->capture_default_str();
+  c->add_option("--optim", args->optimizers, "Optimizers, comma-separated: adamw,muon-gather-plain,muon-gather,dmuon")
+      ->delimiter(',')
+      ->capture_default_str();
+  c->add_option("--steps", args->steps, "Timed steps (median reported)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  c->add_option("--warmup", args->warmup, "Untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
+  c->add_flag("--json", args->json, "Print one JSON object instead of the table");
+  c->callback([args] { run(*args); });
+});
+
+}  // namespace
+
+}  // namespace dmuon::cli
