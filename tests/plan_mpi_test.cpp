@@ -1,14 +1,15 @@
-// Identical plans on every rank, computed the way the optimizer does (plan.hpp's contract):
-// rr and lpt independently on each rank; milp on rank 0, whose owner vector is broadcast and
-// expanded with plan_from_owners everywhere.
+// Identical plans on every rank: rr and lpt computed independently on each rank; milp through
+// plan_across_ranks (rank 0 solves, broadcasts the owners, the others expand them).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
 #include <cstring>
 #include <vector>
 
+#include "dmuon/comm.hpp"
 #include "dmuon/models.hpp"
 #include "dmuon/plan.hpp"
+#include "dmuon/plan_across_ranks.hpp"
 #include "test_data.hpp"
 
 namespace dmuon {
@@ -73,10 +74,7 @@ TEST(PlanMpi, MilpSolvedOnRankZeroAndBroadcastIsIdentical) {
   PlanOptions o;
   o.balancer = Balancer::milp;
   o.time_limit_s = 0.5;
-  std::vector<int> owner(m.params.size(), -1);
-  if (world_rank() == 0) owner = make_plan(m.params, m.items, ranks, o).owner;
-  MPI_Bcast(owner.data(), static_cast<int>(owner.size()), MPI_INT, 0, MPI_COMM_WORLD);
-  const Plan plan = plan_from_owners(m.params, m.items, ranks, owner, o);
+  const Plan plan = plan_across_ranks(*comm::world(), m.params, m.items, o);
   EXPECT_TRUE(same_on_all_ranks(plan.owner));
   EXPECT_TRUE(same_on_all_ranks(plan.makespan_s));
   // Every Muon matrix has exactly one owner, and this rank's batches are exactly what it owns.

@@ -5,6 +5,7 @@
 #include <sstream>
 
 #include "cli.hpp"
+#include "model_args.hpp"
 #include "dmuon/models.hpp"
 #include "dmuon/plot.hpp"
 #include "dmuon/sim.hpp"
@@ -14,8 +15,7 @@ namespace dmuon::cli {
 namespace {
 
 struct SimulateArgs {
-  std::string model;
-  int layers = 0;
+  ModelArgs model;
   std::vector<int> devices = {8, 16, 32, 64, 128, 256};
   int per_node = 8;
   std::string profile = "a800";
@@ -35,8 +35,8 @@ void print_assumptions(const sim::HardwareProfile& hw, const SimulateArgs& a) {
               hw.intra_node_bytes_per_s / 1e9, hw.inter_node_bytes_per_s / 1e9, hw.intra_node_latency_s * 1e6,
               hw.inter_node_latency_s * 1e6, hw.kernel_launch_s * 1e6);
   for (const auto& [field, source] : hw.sources) std::printf("  - %s: %s\n", field.c_str(), source.c_str());
-  std::printf("Model: %s%s, %.0f tokens per device, %d devices per node, %s, owners by %s\n", a.model.c_str(),
-              a.layers ? (" (" + std::to_string(a.layers) + " layers)").c_str() : "", a.tokens, a.per_node,
+  std::printf("Model: %s, %.0f tokens per device, %d devices per node, %s, owners by %s\n", a.model.label().c_str(),
+              a.tokens, a.per_node,
               a.zero2 ? "Z2" : "Z3", a.balancer.c_str());
   std::printf("Model of the step: forward+backward = 6*params*tokens at peak*MFU (attention T^2 ignored); ring\n"
               "all-gather/reduce-scatter for FSDP units; DMuon: per-owner pipelined broadcast and two-stage reduce;\n"
@@ -52,19 +52,21 @@ void write_plot(const std::vector<sim::SimResult>& results, const std::string& p
          << " " << s.at(sim::Optimizer::dmuon).step_s * 1e3 << "\n";
   }
   std::ostringstream script;
-  script << "set terminal pngcairo size 1100,480 font 'sans,10'\nset output '" << path << "'\n"
-         << "set multiplot layout 1,2 title '" << title << "'\nset logscale x 2\nset grid\nset key top left\n"
+  script << "set multiplot layout 1,2 title " << gnuplot_quoted(title) << "\nset logscale x 2\nset key top left\n"
          << "set xlabel 'devices'\nset ylabel 'optimizer-step speedup (x)'\n"
          << "plot '-' using 1:2 with linespoints lw 2 title 'DMuon vs muon-gather-plain'\n"
          << data.str() << "e\nset ylabel 'training step (ms)'\n"
          << "plot '-' using 1:3 with linespoints lw 2 title 'AdamW', '-' using 1:4 with linespoints lw 2 title "
             "'muon-gather-plain', '-' using 1:5 with linespoints lw 2 title 'DMuon'\n"
          << data.str() << "e\n" << data.str() << "e\n" << data.str() << "e\nunset multiplot\n";
-  run_gnuplot(script.str());
+  PlotOptions options;
+  options.width = 1100;
+  options.height = 480;
+  render_plot(script.str(), path, options);
 }
 
 void run(const SimulateArgs& a) {
-  const std::vector<ParamSpec> params = load_model_manifest(a.model, a.layers);
+  const std::vector<ParamSpec> params = a.model.load();
   const sim::HardwareProfile hw = sim::load_hardware_profile(a.profile);
   sim::SimOptions options;
   options.tokens_per_device = a.tokens;
@@ -79,7 +81,7 @@ void run(const SimulateArgs& a) {
   std::fprintf(stderr, "\r%40s\r", "");
 
   if (a.json) {
-    nlohmann::json out = {{"model", a.model}, {"layers", a.layers}, {"profile", hw.name},
+    nlohmann::json out = {{"model", a.model.label()}, {"profile", hw.name},
                           {"tokens_per_device", a.tokens}, {"devices_per_node", a.per_node},
                           {"sources", hw.sources}, {"results", nlohmann::json::array()}};
     for (const auto& r : results) {
@@ -113,7 +115,7 @@ void run(const SimulateArgs& a) {
     }
   }
   if (!a.plot.empty()) {
-    write_plot(results, a.plot, a.model + " on " + hw.name);
+    write_plot(results, a.plot, a.model.label() + " on " + hw.name);
     std::fprintf(stderr, "plot written to %s\n", a.plot.c_str());
   }
 }
@@ -121,8 +123,7 @@ void run(const SimulateArgs& a) {
 Registration reg("", [](CLI::App& app) {
   auto args = std::make_shared<SimulateArgs>();
   auto* c = app.add_subcommand("simulate", "Model one training step on a simulated cluster (8-256 devices)");
-  c->add_option("--model", args->model, "Model manifest name or path (models/*.json)")->required();
-  c->add_option("--layers", args->layers, "Keep only the first N layers of each stack (0: all)");
+  args->model.add_to(c);
   c->add_option("--devices", args->devices, "Device counts to simulate")->delimiter(',')->capture_default_str();
   c->add_option("--gpus-per-node", args->per_node, "Devices per node")->capture_default_str()->check(CLI::PositiveNumber);
   c->add_option("--profile", args->profile, "Hardware profile: a800, h200, or a path (models/hardware/*.json)")

@@ -20,7 +20,7 @@ namespace {
 
 struct TrainArgs {
   dmuon::TrainOptions train;
-  std::string optim = "dmuon", shard_mode = "z3", progress = "auto";
+  std::string optim = "dmuon", shard_mode = "z3", progress = "auto", balancer = "milp";
   std::string csv, save;
   int threads = 0;
 };
@@ -29,6 +29,7 @@ void run_train(TrainArgs& args) {
   dmuon::TrainOptions& o = args.train;
   o.optim = dmuon::parse_optim_kind(args.optim);
   o.shard_mode = dmuon::parse_shard_mode(args.shard_mode);
+  o.balancer = dmuon::parse_balancer(args.balancer);
   DMUON_CHECK(args.progress == "auto" || args.progress == "live" || args.progress == "plain",
               "--progress must be auto, live or plain, got '", args.progress, "'");
   std::shared_ptr<dmuon::comm::Comm> comm = dmuon::comm::world();
@@ -137,6 +138,7 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
       ->capture_default_str();
   c->add_option("--data", o.data, "text file or folder (default: the fortunes corpus)");
   c->add_option("--shard-mode", args->shard_mode, "z3 | z2 | replicated (sharded optimizers)")->capture_default_str();
+  c->add_option("--balancer", args->balancer, "dmuon: owner assignment rr | lpt | milp (CBC)")->capture_default_str();
   c->add_option("--save", args->save, "write a checkpoint to this folder at the end");
   c->add_option("--resume", o.resume, "start from this checkpoint folder (continues to --steps)");
   c->add_option("--csv", args->csv, "per-step metrics CSV (default runs/<optim>.csv)");

@@ -27,6 +27,14 @@ void plot_loss_curves(const std::vector<PlotRun>& runs, const std::string& png_p
 void plot_step_time_breakdown(const std::vector<PlotRun>& runs, const std::string& png_path,
                               const PlotOptions& options = {});
 
+// Renders a plot to png_path: the terminal (pngcairo, options' size, no enhanced text), output, grid
+// and title come from here; `script_body` holds the rest (plot commands, inline data). Atomic:
+// png_path is replaced only by a complete PNG.
+void render_plot(const std::string& script_body, const std::string& png_path, const PlotOptions& options = {});
+
+// `s` as a gnuplot single-quoted string (a quote inside is doubled).
+std::string gnuplot_quoted(const std::string& s);
+
 // Runs gnuplot on `script` (which must `set output` itself). Throws dmuon::Error when gnuplot cannot be
 // started (naming the executable and the Debian package) or exits with an error (with its stderr).
 void run_gnuplot(const std::string& script, const std::string& gnuplot = "gnuplot");

@@ -26,6 +26,7 @@
 #include "dmuon/gpt.hpp"
 #include "dmuon/metrics_csv.hpp"
 #include "dmuon/ns.hpp"
+#include "dmuon/plan.hpp"
 
 namespace dmuon {
 
@@ -45,6 +46,9 @@ struct TrainOptions {
   GptConfig model;  // L=4, C=128, NH=4, T=64 by default (867k parameters)
   OptimKind optim = OptimKind::dmuon;
   ShardMode shard_mode = ShardMode::z3;
+  // dmuon: how matrices get their owners (plan.hpp; rank 0 solves, every rank uses its owners).
+  // Costs are Newton–Schulz flop estimates: their ratios, not the device, decide the balance.
+  Balancer balancer = Balancer::milp;
   int64_t steps = 300;        // optimizer steps of the whole run (a resumed run continues to it)
   uint64_t seed = 1;          // initialisation and batch order
   int64_t batch = 16;         // B: sequences per global batch (divisible by world·micro_batches)

@@ -24,13 +24,6 @@ namespace dmuon {
 
 namespace {
 
-// A gnuplot single-quoted string: a quote inside is written twice.
-std::string quoted(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("''") : std::string(1, c);
-  return out + "'";
-}
-
 // A mkstemp file, removed when the object dies.
 class TempFile {
  public:
@@ -56,9 +49,9 @@ std::string script_head(const PlotOptions& o, const std::string& output) {
   std::ostringstream s;
   // noenhanced: labels such as "dmuon_np2" print literally instead of as subscripts.
   s << "set terminal pngcairo noenhanced size " << o.width << "," << o.height << "\n"
-    << "set output " << quoted(output) << "\n"
+    << "set output " << gnuplot_quoted(output) << "\n"
     << "set grid\n";
-  if (!o.title.empty()) s << "set title " << quoted(o.title) << "\n";
+  if (!o.title.empty()) s << "set title " << gnuplot_quoted(o.title) << "\n";
   return s.str();
 }
 
@@ -72,9 +65,9 @@ std::vector<std::vector<StepMetrics>> read_runs(const std::vector<PlotRun>& runs
   return data;
 }
 
-// Renders `script_body` (everything after the terminal and output) to png_path, atomically: gnuplot
-// writes a temporary file that replaces png_path only once it is complete and a PNG.
-void render(const std::string& script_body, const std::string& png_path, const PlotOptions& o) {
+}  // namespace
+
+void render_plot(const std::string& script_body, const std::string& png_path, const PlotOptions& o) {
   const std::string partial = png_path + ".partial";
   std::string png;
   try {
@@ -90,7 +83,11 @@ void render(const std::string& script_body, const std::string& png_path, const P
   write_file_atomically(png_path, png);
 }
 
-}  // namespace
+std::string gnuplot_quoted(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("''") : std::string(1, c);
+  return out + "'";
+}
 
 void run_gnuplot(const std::string& script, const std::string& gnuplot) {
   TempFile script_file(".gp"), errors(".err");
@@ -143,15 +140,15 @@ void plot_loss_curves(const std::vector<PlotRun>& runs, const std::string& png_p
     }
     s << "EOD\n";
     const std::string color = " lc " + std::to_string(r + 1);
-    plots.push_back(block + " using 1:2 with lines lw 2" + color + " title " + quoted(runs[r].label + " train"));
+    plots.push_back(block + " using 1:2 with lines lw 2" + color + " title " + gnuplot_quoted(runs[r].label + " train"));
     if (any_val) {
-      plots.push_back(block + " using 1:3 with points pt 7" + color + " title " + quoted(runs[r].label + " val"));
+      plots.push_back(block + " using 1:3 with points pt 7" + color + " title " + gnuplot_quoted(runs[r].label + " val"));
     }
   }
   s << "plot ";
   for (size_t i = 0; i < plots.size(); i++) s << (i ? ", \\\n     " : "") << plots[i];
   s << "\n";
-  render(s.str(), png_path, o);
+  render_plot(s.str(), png_path, o);
 }
 
 void plot_step_time_breakdown(const std::vector<PlotRun>& runs, const std::string& png_path, const PlotOptions& o) {
@@ -176,7 +173,7 @@ void plot_step_time_breakdown(const std::vector<PlotRun>& runs, const std::strin
   s << "EOD\n"
     << "plot $times using 2:xtic(1) title 'forward+backward', '' using 3 title 'optimizer', "
     << "'' using 4 title 'communication wait'\n";
-  render(s.str(), png_path, o);
+  render_plot(s.str(), png_path, o);
 }
 
 }  // namespace dmuon

@@ -14,6 +14,7 @@
 #include "dmuon/distributed_optim.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/optim.hpp"
+#include "dmuon/plan_across_ranks.hpp"
 #include "dmuon/shard.hpp"
 
 namespace dmuon {
@@ -209,7 +210,14 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
               : options_.shard_mode == ShardMode::z2 ? shard::Mode::z2
                                                      : shard::Mode::replicated;
     so.layout = options_.optim == OptimKind::dmuon ? shard::Layout::owner_aligned : shard::Layout::even;
-    m.sharded = std::make_unique<shard::ShardedParams>(m.comm, std::move(registry), so);
+    std::vector<int> owners;  // even layout: none
+    if (options_.optim == OptimKind::dmuon) {
+      PlanOptions plan_options;
+      plan_options.balancer = options_.balancer;
+      const auto items = make_plan_items(specs, m.comm->size(), flop_batch_time(device_profile("cpu-dev")));
+      owners = plan_across_ranks(*m.comm, specs, items, plan_options).owner;
+    }
+    m.sharded = std::make_unique<shard::ShardedParams>(m.comm, std::move(registry), so, std::move(owners));
     std::vector<float> init;
     for (size_t i = 0; i < specs.size(); ++i) {
       init.resize(specs[i].numel());
