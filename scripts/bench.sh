@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make bench`: regenerates every figure of docs/BENCHMARKS.md (about 15-25 minutes on 2 cores).
+# `make bench`: regenerates every figure of docs/BENCHMARKS.md (about 20-30 minutes on 2 otherwise idle cores).
 # Raw JSON and plots go to docs/bench/; scripts/bench_report.py then writes docs/BENCHMARKS.md.
 # Everything runs side by side in one process per command (the machine may be shared: see the report).
 set -euo pipefail
@@ -22,33 +22,36 @@ run() {  # run OUTFILE command...: stdout to OUTFILE, the command line recorded 
 }
 
 date -u +%Y-%m-%dT%H:%MZ > "$OUT/date.txt"
-step "1. optimizer step, np 1 2 4"
-for np in 1 2 4; do
-  steps=5
-  [ "$np" = 4 ] && steps=3
-  run "$OUT/optimizer-np$np.json" "${MPIRUN[@]}" -np "$np" "$DMUON" bench optimizer "${MODEL[@]}" --steps "$steps" \
-    --tune-cache "$(cache "$np")" --json
-done
-
-step "2. ablation, np 2"
-run "$OUT/ablation-np2.json" "${MPIRUN[@]}" -np 2 "$DMUON" bench ablation "${MODEL[@]}" --steps 3 --tune-cache "$(cache 2)" --json
-
-step "3. end to end: GPT demo (np 1 2 4) and large (np 1 2)"
-for np in 1 2 4; do
-  run "$OUT/e2e-demo-np$np.json" "${MPIRUN[@]}" -np "$np" "$DMUON" bench e2e --config demo --steps 8 --json
-done
-for np in 1 2; do
-  run "$OUT/e2e-large-np$np.json" "${MPIRUN[@]}" -np "$np" "$DMUON" bench e2e --config large --steps 5 --json
-done
-
-step "4. this-cpu profile (np 2) and simulator validation at 1 2 4 devices"
+# In order of importance, so that a run cut short still has the headline figures.
+optimizer() {  # optimizer NP STEPS
+  run "$OUT/optimizer-np$1.json" "${MPIRUN[@]}" -np "$1" "$DMUON" bench optimizer "${MODEL[@]}" --steps "$2" \
+    --tune-cache "$(cache "$1")" --json
+}
+e2e() {  # e2e CONFIG NP STEPS
+  run "$OUT/e2e-$1-np$2.json" "${MPIRUN[@]}" -np "$2" "$DMUON" bench e2e --config "$1" --steps "$3" --json
+}
+step "simulated Qwen2.5-7B and Pi0 on 8-256 A800s"
+run "$OUT/sim-qwen7b-a800.json" "$DMUON" simulate --model qwen2.5-7b --profile a800 --plot docs/sim-qwen7b-a800.png --json
+run "$OUT/sim-pi0-a800.json" "$DMUON" simulate --model pi0 --profile a800 --plot docs/sim-pi0-a800.png --json
+step "optimizer step, np 2"
+optimizer 2 3
+step "end to end, GPT demo, np 2"
+e2e demo 2 8
+step "this-cpu profile (np 2) and the simulator at 1 2 4 devices"
 run "$OUT/calibrate-np2.txt" "${MPIRUN[@]}" -np 2 "$DMUON" bench calibrate "${MODEL[@]}" --out "$OUT/this-cpu.json"
 run "$OUT/sim-this-cpu.json" "$DMUON" simulate "${MODEL[@]}" --profile "$OUT/this-cpu.json" --devices 1,2,4 \
   --gpus-per-node 4 --json
-
-step "5. simulated Qwen2.5-7B and Pi0 on 8-256 A800s"
-run "$OUT/sim-qwen7b-a800.json" "$DMUON" simulate --model qwen2.5-7b --profile a800 --plot docs/sim-qwen7b-a800.png --json
-run "$OUT/sim-pi0-a800.json" "$DMUON" simulate --model pi0 --profile a800 --plot docs/sim-pi0-a800.png --json
+step "ablation, np 2 (first 2 layers)"
+run "$OUT/ablation-np2.json" "${MPIRUN[@]}" -np 2 "$DMUON" bench ablation --model qwen2.5-0.5b --layers 2 --steps 2 \
+  --tune-cache "$(cache 2)" --json
+step "end to end: demo np 1 4, large np 1 2"
+e2e demo 1 8
+e2e demo 4 8
+e2e large 1 4
+e2e large 2 4
+step "optimizer step, np 1 and 4"
+optimizer 1 3
+optimizer 4 2
 
 step "report"
 python3 scripts/bench_report.py "$OUT" > docs/BENCHMARKS.md

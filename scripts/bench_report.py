@@ -66,7 +66,8 @@ if first:
 p("")
 p("Definitions (tools/optim_bench.hpp, include/dmuon/comm.hpp):")
 p("- **step**: one `optimizer.step()` after the gradients were reduced; per step the slowest rank counts; "
-  "the median over the timed steps (one untimed warm-up step first).")
+  "the median over the timed steps (one untimed warm-up step first). The variants of one table run "
+  "interleaved — all alive at once, step s of each in turn — so load changes reach them alike.")
 p("- **sent MB/rank**: bytes each rank sends in the optimizer step, computed exactly from the sizes of the "
   "collectives it issues, as a ring / pipelined chain sends them ((n-1)/n of an all-gather's or reduce-scatter's "
   "buffer, 2(n-1)/n of an all-reduce's): the nccl-tests bus convention, counted by `comm::counting`. "
@@ -81,6 +82,8 @@ p("- Threads: one BLAS thread per rank when ranks >= cores, else cores/ranks; NS
   "shape (batch 1) with that thread count by `dmuon tune`'s autotuner and cached.")
 p("")
 
+SUMMARY_AT = len(out)
+summary = []
 p("## 1. Optimizer step (Qwen2.5-0.5B shapes, first 4 layers)")
 p("")
 for np, o in opt.items():
@@ -95,14 +98,24 @@ for np, o in opt.items():
       f"DMuon's overhead over AdamW: {100 * o.get('dmuon_overhead_vs_adamw', float('nan')):+.0f}%.")
     p("")
 
+o2 = opt.get(2)
+if o2:
+    res = {r["optimizer"]: r for r in o2["results"]}
+    summary.append(f"Optimizer step, Qwen2.5-0.5B (4 layers), np 2: DMuon {ms(res['dmuon']['step_s_median'])} ms, "
+                   f"{res['muon-gather-plain']['dmuon_speedup']:.2f}x faster than muon-gather-plain (paper baseline) "
+                   f"and {res['muon-gather']['dmuon_speedup']:.2f}x faster than muon-gather (same NS engine).")
+
 ab = load("ablation-np2.json")
 if ab:
-    p("## 2. Ablation (np 2)")
+    p(f"## 2. Ablation (np 2, {ab['model']})")
     p("")
     p(f"`{cmd('ablation-np2.json')}`")
     p("")
-    p(f"DMuon {ms(ab['dmuon_step_s'])} ms; muon-gather-plain {ms(ab['muon_gather_plain_step_s'])} ms "
-      f"({ab['muon_gather_plain_step_s'] / ab['dmuon_step_s']:.2f}x). Share definition (log-time attribution): "
+    p("Each variant runs interleaved with DMuon itself; slowdown = its step / DMuon's step in that pair. "
+      "At one BLAS thread per rank batching is a loop over the same calls, so the no-batching row is a noise control.")
+    p("")
+    p(f"DMuon {ms(ab['dmuon_step_s'])} ms (median over the pairs); muon-gather-plain {ms(ab['muon_gather_plain_step_s'])} ms "
+      f"({ab['muon_gather_plain_slowdown']:.2f}x). Share definition (log-time attribution): "
       f"`{ab['share_definition']}` — a part whose removal does not slow the step gets 0.")
     p("")
     p("| part removed | variant | step ms | slowdown | share |")
@@ -110,6 +123,8 @@ if ab:
     for q in ab["parts"]:
         p(f"| {q['removed']} | {q['variant']} | {ms(q['step_s'])} | {q['slowdown']:.2f}x | {q['share_pct']:.0f}% |")
     p("")
+    summary.append("Ablation, np 2 (shares of DMuon's speedup, log-time attribution): " + "; ".join(
+        f"{g['group']} {g['share_pct']:.0f}% (paper {g['paper_share_pct']:.0f}%)" for g in ab["groups"]) + ".")
     p("| paper group | ours | paper |")
     p("|---|---|---|")
     for g in ab["groups"]:
@@ -119,9 +134,10 @@ if ab:
 p("## 3. End to end (GPT example, `dmuon bench e2e`)")
 p("")
 p("The Trainer of `dmuon train` (include/dmuon/trainer.hpp): forward and backward through the sharded hooks "
-  "(Z3), then the optimizer step; per step the slowest rank, median of the timed steps after 2 warm-up steps. "
-  "muon-gather-plain is the Trainer's gather-then-compute optimizer with the plain NS recurrence; dmuon uses the "
-  "Trainer's defaults (LPT owners, untuned NS options). `demo` is make demo's model (L4 C128 NH4 T64, B16); "
+  "(Z3), then the optimizer step; per step the slowest rank, median of the timed steps after 2 warm-up steps; "
+  "the trainers are alive at once and stepped in turn. "
+  "muon-gather-plain is the Trainer's gather-then-compute optimizer with the plain NS recurrence "
+  "(TrainOptions::ns); dmuon uses the Trainer's own owner plan and default (untuned) NS options. `demo` is make demo's model (L4 C128 NH4 T64, B16); "
   "`large` is L6 C256 NH4 T128, B16.")
 p("")
 for cfg, nps in (("demo", (1, 2, 4)), ("large", (1, 2))):
@@ -132,6 +148,11 @@ for cfg, nps in (("demo", (1, 2, 4)), ("large", (1, 2))):
         results_section(e, f"{cfg}, np {np}", f"e2e-{cfg}-np{np}.json", [("fwd+bwd ms", lambda r: ms(r["fwd_bwd_s"])),
                                                ("optimizer ms", lambda r: ms(r["optimizer_s"])),
                                                ("comm wait ms", lambda r: ms(r["comm_wait_s"]))])
+        if cfg == "demo" and np == 2 and "dmuon_overhead_vs_adamw" in e:
+            res = {r["optimizer"]: r for r in e["results"]}
+            summary.append(f"End to end, GPT demo, np 2: DMuon {100 * e['dmuon_overhead_vs_adamw']:+.1f}% step time "
+                           f"over AdamW, {res['muon-gather-plain']['dmuon_speedup']:.2f}x faster than "
+                           "muon-gather-plain.")
         if "dmuon_overhead_vs_adamw" in e:
             p(f"DMuon's end-to-end overhead over AdamW: {100 * e['dmuon_overhead_vs_adamw']:+.1f}%.")
             p("")
@@ -172,8 +193,12 @@ if hw and sim:
     p("")
     within = [e for e in errors if abs(e[2]) <= 0.25]
     p(f"{len(within)} of {len(errors)} within 25%.")
+    summary.append(f"Simulator with the `this-cpu` profile against measured optimizer steps at np 1, 2, 4: "
+                   f"{len(within)} of {len(errors)} within 25% (" + ", ".join(
+                       f"np {n} {name} {100 * e:+.0f}%" for n, name, e, _ in errors) + ").")
     p("")
 
+sims = {}
 for key, title, png in (("sim-qwen7b-a800.json", "Qwen2.5-7B", "sim-qwen7b-a800.png"),
                         ("sim-pi0-a800.json", "Pi0", "sim-pi0-a800.png")):
     s = load(key)
@@ -199,5 +224,36 @@ for key, title, png in (("sim-qwen7b-a800.json", "Qwen2.5-7B", "sim-qwen7b-a800.
     p(f"Optimizer-step speedup over muon-gather-plain: {min(sps):.2f}x - {max(sps):.2f}x (paper: 6.85x - 163x "
       "over 8-256 A800s across its models).")
     p("")
+    sims[title] = s
+    summary.append(f"Simulated {title} on 8-256 A800s: DMuon's optimizer step {min(sps):.1f}x - {max(sps):.0f}x "
+                   "faster than muon-gather-plain (paper: 6.85x - 163x).")
 
+if sims:
+    p("## Simulated clusters against the paper: what differs and why")
+    p("")
+    for title, s in sims.items():
+        r8, rl = s["results"][0], s["results"][-1]
+        eng = r8["muon-gather-plain"]["optimizer_s"] / r8["muon-gather"]["optimizer_s"]
+        own = r8["muon-gather"]["optimizer_s"] / r8["dmuon"]["optimizer_s"]
+        e2e = [r["muon-gather-plain"]["step_s"] / r["dmuon"]["step_s"] for r in s["results"]]
+        ovh = [100 * (r["dmuon"]["step_s"] / r["adamw"]["step_s"] - 1) for r in s["results"]]
+        p(f"- **{title}**: at {r8['devices']} devices the simulated speedup factors into the NS engine "
+          f"(muon-gather-plain / muon-gather = {eng:.2f}x) times owner execution (muon-gather / dmuon = {own:.2f}x, "
+          f"ideal {r8['devices']}x). End to end over muon-gather-plain: {min(e2e):.2f}x - {max(e2e):.2f}x "
+          f"(paper 1.48x - 3.01x); over AdamW: {min(ovh):+.1f}% to {max(ovh):+.1f}% (paper +2%).")
+    p("- The lower end is above the paper's 6.85x mainly through the engine factor: the simulator charges "
+      "symmetric products (SYRK, upper-triangle GEMMs) half the flops at the same efficiency. On this CPU the "
+      "measured ratio was 0.71-0.78x of sgemm, not 0.5x (DESIGN 5), and tensor-core SYRK kernels are not 2x "
+      "faster either, so the real engine factor is smaller than simulated.")
+    p("- The upper end saturates: once ranks outnumber a rank's share of matrices, DMuon's step is bounded by the "
+      "largest single matrix (the plan's lower bound), so 128 and 256 devices give nearly the same DMuon time "
+      "and the speedup grows only with the baseline's all-gather. The simulator has no per-step fixed costs "
+      "(framework overhead, synchronisation, stragglers), which in a real cluster dominate a step of a few "
+      "milliseconds and cap the measured ratio (the paper's 163x).")
+    p("- DMuon's end-to-end step below AdamW's at large scale is a modelling artefact: the simulator sends DMuon's "
+      "owner-aligned units by pipelined per-owner broadcasts and FSDP's by ring all-gathers, whose inter-node "
+      "latency terms differ; the bytes are the same (section 1 counts them: equal gradient-reduce bytes).")
+    p("")
+
+out[SUMMARY_AT:SUMMARY_AT] = ["## Headline figures", ""] + [f"- {x}" for x in summary] + [""]
 sys.stdout.write("\n".join(out) + "\n")

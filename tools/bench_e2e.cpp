@@ -1,10 +1,11 @@
 // `dmuon bench e2e` (under mpirun): end-to-end training step time of the GPT example (the Trainer of
 // include/dmuon/trainer.hpp, the loop behind `dmuon train`) for AdamW, the paper's gather-then-compute
-// baseline with plain NS, and DMuon, side by side in one run. Per step the slowest rank (StepMetrics);
-// the median over the timed steps after `--warmup` untimed ones. Configurations: `demo` (make demo's
-// model: L4 C128 NH4 T64 B16) and `large` (L6 C256 NH4 T128 B16).
+// baseline with plain NS, and DMuon, side by side in one run (all trainers alive, stepped in turn). Per step the
+// slowest rank (StepMetrics); the median over the timed steps after `--warmup` untimed ones. Configurations: `demo`
+// (make demo's model: L4 C128 NH4 T64 B16) and `large` (L6 C256 NH4 T128 B16).
 #include <algorithm>
 #include <cstdio>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -71,19 +72,25 @@ void run(const Args& a) {
   auto world = comm::world();
   const auto policy = optim_bench::thread_policy(world->size());
   linalg::set_threads(policy.threads_per_rank);
-  std::vector<Result> results;
-  for (const auto& name : a.optimizers) {
-    Trainer trainer(train_options(a, name), world);
-    std::vector<double> step, fb, opt, wait;
-    for (int s = 0; s < a.warmup + a.steps; ++s) {
-      const StepMetrics m = trainer.train_step();
-      if (s < a.warmup) continue;
-      step.push_back(m.step_s);
-      fb.push_back(m.fwd_bwd_s);
-      opt.push_back(m.optim_s);
-      wait.push_back(m.comm_wait_s);
+  // All trainers alive at once, stepped in turn, so load changes on a shared machine reach each alike.
+  std::vector<std::unique_ptr<Trainer>> trainers;
+  for (const auto& name : a.optimizers)
+    trainers.push_back(std::make_unique<Trainer>(train_options(a, name), comm::world()));  // own communicator
+  std::vector<std::vector<StepMetrics>> metrics(trainers.size());
+  for (int s = 0; s < a.warmup + a.steps; ++s)
+    for (size_t i = 0; i < trainers.size(); ++i) {
+      const StepMetrics m = trainers[i]->train_step();
+      if (s >= a.warmup) metrics[i].push_back(m);
     }
-    results.push_back({name, median(step), median(fb), median(opt), median(wait)});
+  std::vector<Result> results;
+  for (size_t i = 0; i < trainers.size(); ++i) {
+    auto med = [&](double StepMetrics::*field) {
+      std::vector<double> x;
+      for (const auto& m : metrics[i]) x.push_back(m.*field);
+      return median(x);
+    };
+    results.push_back({a.optimizers[i], med(&StepMetrics::step_s), med(&StepMetrics::fwd_bwd_s),
+                       med(&StepMetrics::optim_s), med(&StepMetrics::comm_wait_s)});
   }
   if (world->rank() != 0) return;
   auto find = [&](const std::string& n) -> const Result* {

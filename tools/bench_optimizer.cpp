@@ -48,13 +48,10 @@ void run(const Args& a) {
   auto world = comm::world();
   ob::Setup setup =
       ob::prepare(*world, a.model.load(), a.tune_cache.empty() ? default_tune_cache_path() : a.tune_cache);
-  std::vector<ob::Measurement> ms;
-  for (const auto& name : a.optimizers) {
-    if (world->rank() == 0 && !a.json) std::fprintf(stderr, "\rtiming %-20s", name.c_str());
-    ms.push_back(ob::measure(world, setup, ob::optimizer_variant(setup, name), a.steps));
-  }
+  std::vector<ob::Variant> variants;
+  for (const auto& name : a.optimizers) variants.push_back(ob::optimizer_variant(setup, name));
+  const std::vector<ob::Measurement> ms = ob::measure(world, setup, variants, a.steps);
   if (world->rank() != 0) return;
-  if (!a.json) std::fprintf(stderr, "\r%40s\r", "");
   const ob::Measurement* dm = find(ms, "dmuon");
   const ob::Measurement* adamw = find(ms, "adamw");
   const auto& tp = setup.threads;
@@ -86,7 +83,8 @@ void run(const Args& a) {
   std::printf("optimizer step: %s\n", ob::run_line(a.model.label(), world->size(), tp).c_str());
   std::printf("%s; %s\n", linalg::cpu_model().c_str(), linalg::blas_description().c_str());
   std::printf(
-      "per step the slowest rank, median of %d steps; sent = bytes each rank sends (ring arithmetic on the\n"
+      "per step the slowest rank, median of %d steps, optimizers interleaved step by step; sent = bytes each rank "
+      "sends (ring arithmetic on the\n"
       "collectives' sizes); exposed = time blocked in the communicator; DMuon owners: %s%s\n\n",
       a.steps, to_string(setup.milp.balancer).c_str(), setup.milp.fell_back ? " (fell back to LPT)" : "");
   std::printf("%-18s %10s %9s %12s %11s %12s %14s\n", "optimizer", "step ms", "vs AdamW", "DMuon speedup", "sent MB",

@@ -12,6 +12,7 @@
 #include "dmuon/distributed_optim.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
+#include "dmuon/plan_across_ranks.hpp"
 #include "dmuon/shard.hpp"
 
 namespace dmuon::cli::optim_bench {
@@ -151,13 +152,7 @@ Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::strin
   s.items = make_plan_items(s.params, d, batch_time);
   PlanOptions options;
   options.balancer = Balancer::milp;
-  std::vector<int64_t> owners(s.params.size(), -1);
-  if (world.rank() == 0) {
-    s.milp = make_plan(s.params, s.items, d, options);
-    std::copy(s.milp.owner.begin(), s.milp.owner.end(), owners.begin());
-  }
-  world.broadcast<int64_t>(owners, 0).wait();
-  if (world.rank() != 0) s.milp = plan_from_owners(s.params, s.items, d, {owners.begin(), owners.end()}, options);
+  s.milp = plan_across_ranks(world, s.params, s.items, options);
 
   const std::vector<int> rr = balance_rr(s.items, d);
   std::vector<int> rr_owners(s.params.size(), -1);
@@ -205,65 +200,90 @@ NsOptions engine_options(const Setup& setup, Engine engine, int64_t rows, int64_
   return o;
 }
 
-Measurement measure(const std::shared_ptr<comm::Comm>& world, const Setup& setup, const Variant& v, int steps) {
-  DMUON_CHECK(steps >= 1, "bench: --steps must be ≥ 1, got ", steps);
-  auto traffic = std::make_shared<comm::Traffic>();
-  auto comm = comm::counting(world, traffic);
-  shard::ParamRegistry registry;
-  for (const auto& p : setup.params) registry.add(p);
-  const bool owned = v.kind == Kind::owners;
-  shard::ShardedParams sp(
-      comm, registry,
-      {owned ? shard::Layout::owner_aligned : shard::Layout::even, shard::Mode::z2, comm::ReduceOp::average, true},
-      owned ? v.owners : std::vector<int>{});
-  OptimizerOptions options;
+namespace {
+
+// One variant's sharded parameters and optimizer, alive for the whole interleaved run.
+struct Runner {
+  std::shared_ptr<comm::Traffic> traffic = std::make_shared<comm::Traffic>();
+  std::unique_ptr<shard::ShardedParams> sp;
   std::unique_ptr<Optimizer> optimizer;
-  switch (v.kind) {
-    case Kind::adamw:
-      optimizer = std::make_unique<ShardedAdamW>(comm, sp, options);
-      break;
-    case Kind::gather:
-      optimizer = std::make_unique<MuonGatherCompute>(comm, sp, options, make_orthogonalizer(setup, v));
-      break;
-    case Kind::owners:
-      optimizer = std::make_unique<DMuon>(comm, sp, options, make_orthogonalizer(setup, v));
-      break;
+  Measurement m;
+  std::vector<double> blocked;
+
+  // Collective. Each runner talks on its own duplicate of the world communicator.
+  Runner(const Setup& setup, const Variant& v) {
+    auto comm = comm::counting(comm::world(), traffic);
+    shard::ParamRegistry registry;
+    for (const auto& p : setup.params) registry.add(p);
+    const bool owned = v.kind == Kind::owners;
+    sp = std::make_unique<shard::ShardedParams>(
+        comm, registry,
+        shard::ShardOptions{owned ? shard::Layout::owner_aligned : shard::Layout::even, shard::Mode::z2,
+                            comm::ReduceOp::average, true},
+        owned ? v.owners : std::vector<int>{});
+    OptimizerOptions options;
+    switch (v.kind) {
+      case Kind::adamw:
+        optimizer = std::make_unique<ShardedAdamW>(comm, *sp, options);
+        break;
+      case Kind::gather:
+        optimizer = std::make_unique<MuonGatherCompute>(comm, *sp, options, make_orthogonalizer(setup, v));
+        break;
+      case Kind::owners:
+        optimizer = std::make_unique<DMuon>(comm, *sp, options, make_orthogonalizer(setup, v));
+        break;
+    }
+    m.name = v.name;
   }
 
-  Measurement m;
-  m.name = v.name;
-  std::vector<double> blocked;
-  for (int s = 0; s <= steps; ++s) {  // step 0 warms up (first touch of buffers and workspaces)
+  // Gradients through the hooks, then one timed step; `record` false for the warm-up.
+  void step(comm::Comm& world, int s, bool record) {
     *traffic = {};
-    backward(sp, s);
+    backward(*sp, s);
     const double backward_sent = traffic->sent_bytes;
     std::vector<double> start = {0};
-    max_over_ranks(*world, start);  // start together
+    max_over_ranks(world, start);  // start together
     *traffic = {};
     const auto t0 = Clock::now();
     optimizer->step();
     std::vector<double> figures = {std::chrono::duration<double>(Clock::now() - t0).count(), traffic->blocked_s,
                                    traffic->sent_bytes, backward_sent};
-    max_over_ranks(*world, figures);
-    if (s == 0) continue;
+    max_over_ranks(world, figures);
+    if (!record) return;
     m.step_s.push_back(figures[0]);
     blocked.push_back(figures[1]);
     m.sent_bytes = figures[2];
     m.backward_sent_bytes = figures[3];
   }
-  auto median = [](std::vector<double> x) {
-    std::sort(x.begin(), x.end());
-    return x[x.size() / 2];
-  };
-  m.median_s = median(m.step_s);
-  m.blocked_s = median(blocked);
 
-  std::vector<double> sum_sq = {0};
-  for (int u = 0; u < sp.num_units(); ++u)
-    for (float w : sp.shard_params(u)) sum_sq[0] += static_cast<double>(w) * w;
-  world->all_reduce<double>(sum_sq, comm::ReduceOp::sum).wait();
-  m.weight_norm = std::sqrt(sum_sq[0]);
-  return m;
+  Measurement finish(comm::Comm& world) {
+    auto median = [](std::vector<double> x) {
+      std::sort(x.begin(), x.end());
+      return x[x.size() / 2];
+    };
+    m.median_s = median(m.step_s);
+    m.blocked_s = median(blocked);
+    std::vector<double> sum_sq = {0};
+    for (int u = 0; u < sp->num_units(); ++u)
+      for (float w : sp->shard_params(u)) sum_sq[0] += static_cast<double>(w) * w;
+    world.all_reduce<double>(sum_sq, comm::ReduceOp::sum).wait();
+    m.weight_norm = std::sqrt(sum_sq[0]);
+    return m;
+  }
+};
+
+}  // namespace
+
+std::vector<Measurement> measure(const std::shared_ptr<comm::Comm>& world, const Setup& setup,
+                                 const std::vector<Variant>& variants, int steps) {
+  DMUON_CHECK(steps >= 1, "bench: --steps must be ≥ 1, got ", steps);
+  std::vector<std::unique_ptr<Runner>> runners;
+  for (const Variant& v : variants) runners.push_back(std::make_unique<Runner>(setup, v));
+  for (int s = 0; s <= steps; ++s)  // step 0 warms up (first touch of buffers and workspaces)
+    for (auto& r : runners) r->step(*world, s, s > 0);
+  std::vector<Measurement> out;
+  for (auto& r : runners) out.push_back(r->finish(*world));
+  return out;
 }
 
 }  // namespace dmuon::cli::optim_bench

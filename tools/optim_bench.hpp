@@ -3,8 +3,8 @@
 // sharded-parameter hooks, and one optimizer variant at a time timed side by side in one process.
 //
 // Per step the time is the slowest rank's (max over ranks); a variant's figure is the median over the
-// timed steps (after one untimed warm-up step). Traffic is counted by comm::counting (see comm.hpp for
-// exactly what "sent bytes" and "blocked" mean).
+// timed steps (after one untimed warm-up step); variants measured together run interleaved. Traffic is counted by
+// comm::counting (see comm.hpp for exactly what "sent bytes" and "blocked" mean).
 #pragma once
 
 #include <memory>
@@ -82,8 +82,11 @@ struct Measurement {
 const std::vector<std::string>& optimizer_names();
 Variant optimizer_variant(const Setup& setup, const std::string& name);  // throws for an unknown name
 
-// Collective: runs `steps` timed steps (plus one warm-up) of `v`.
-Measurement measure(const std::shared_ptr<comm::Comm>& world, const Setup& setup, const Variant& v, int steps);
+// Collective: runs `steps` timed steps (plus one warm-up) of every variant, interleaved — step s of each
+// variant in turn, all variants alive at once — so that load changes on a shared machine reach every
+// variant alike. Memory: the sum of the variants'.
+std::vector<Measurement> measure(const std::shared_ptr<comm::Comm>& world, const Setup& setup,
+                                 const std::vector<Variant>& variants, int steps);
 
 // The run's context for JSON output: model label, ranks, cores, threads per rank, oversubscription, CPU,
 // BLAS, timed steps.
