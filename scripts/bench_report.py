@@ -184,13 +184,11 @@ if hw and sim:
     p("")
     p("| np | optimizer | measured ms | simulated ms | error |")
     p("|---|---|---|---|---|")
+    # (np, measured run, simulated row, measured results by optimizer) for every simulated device count measured
+    matched = [(row["devices"], opt[row["devices"]], row, {r["optimizer"]: r for r in opt[row["devices"]]["results"]})
+               for row in sim["results"] if opt.get(row["devices"])]
     errors = []
-    for row in sim["results"]:
-        np = row["devices"]
-        o = opt.get(np)
-        if not o:
-            continue
-        res = {r["optimizer"]: r for r in o["results"]}
+    for np, o, row, res in matched:
         for name in OPTS:
             if name not in res or name not in row:
                 continue
@@ -210,12 +208,7 @@ if hw and sim:
     p("| np | ratio | measured | simulated | error |")
     p("|---|---|---|---|---|")
     ratio_errors = []
-    for row in sim["results"]:
-        np = row["devices"]
-        o = opt.get(np)
-        if not o:
-            continue
-        res = {r["optimizer"]: r for r in o["results"]}
+    for np, o, row, res in matched:
         if "dmuon" not in res:
             continue
         for name in ("muon-gather-plain", "muon-gather"):
