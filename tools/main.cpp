@@ -1,11 +1,14 @@
 // dmuon command-line tool. Library errors arrive here as exceptions and become one line on stderr
-// and a non-zero exit code.
+// and a non-zero exit code. Under mpirun the failing rank then ends the whole job (abort_world):
+// returning would leave its peers waiting in a collective until their comm timeout, and the exit
+// handler's MPI_Finalize would wait with them.
 #include <cstdio>
 #include <exception>
 #include <map>
 #include <vector>
 
 #include "cli.hpp"
+#include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
 
 namespace dmuon::cli {
@@ -59,9 +62,11 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const dmuon::Error& e) {
     std::fprintf(stderr, "dmuon: error: %s\n", e.what());
+    dmuon::comm::abort_world(1);
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dmuon: internal error: %s\n", e.what());
+    dmuon::comm::abort_world(2);
     return 2;
   }
   return 0;
