@@ -298,6 +298,15 @@ TEST(Checkpoint, RefusesToReplaceAFolderThatIsNotACheckpoint) {
         << e.what();
   }
   EXPECT_EQ(read_file(dir.file("notes.txt")), "keep me");
+  // Nor the sibling folders a save writes into and removes.
+  for (const std::string sibling : {"ck.new", "ck.old"}) {
+    std::filesystem::create_directories(dir.file(sibling));
+    write_file_atomically(dir.file(sibling + "/notes.txt"), "keep me");
+    EXPECT_THROW(save_checkpoint(dir.file("ck"), o), Error) << sibling;
+    EXPECT_EQ(read_file(dir.file(sibling + "/notes.txt")), "keep me");
+    std::filesystem::remove_all(dir.file(sibling));
+  }
+  save_checkpoint(dir.file("ck"), o);
 }
 
 TEST(Checkpoint, RefusesParametersTheModelLacks) {

@@ -21,7 +21,8 @@
 //     then reads <dir>.new if it holds an index.json, else <dir>.old; the next save first renames
 //     that folder back to <dir>.
 //   - after the second rename: <dir> is the new checkpoint; <dir>.old is removed by the next save.
-// Because <dir> is replaced whole, a save refuses a <dir> that holds files other than a checkpoint's.
+// Because these folders are replaced or removed whole, a save refuses a <dir>, <dir>.new or <dir>.old
+// that holds files other than a checkpoint's.
 //
 // Loading reads the manifests, and for each slice this rank now holds, copies the saved slices that
 // cover it (so a checkpoint saved at 4 ranks resumes at 2 or 1, or under another owner plan). It

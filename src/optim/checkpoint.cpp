@@ -64,18 +64,23 @@ bool is_checkpoint_file(const std::string& name) {
   return name == "index.json" || std::regex_match(name, kRankFile) || std::regex_match(name, kTemporaryFile);
 }
 
+// A save replaces or removes `folder` whole (if it exists): it must hold nothing but checkpoint files.
+void check_replaceable(const std::string& folder) {
+  if (!fs::exists(folder)) return;
+  DMUON_CHECK(fs::is_directory(folder), folder,
+              ": exists and is not a folder; refusing to replace it with a checkpoint");
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    const std::string name = entry.path().filename().string();
+    DMUON_CHECK(is_checkpoint_file(name), folder, ": holds '", name,
+                "', which is not part of a checkpoint; refusing to replace the folder");
+  }
+}
+
 // Rank 0, before anything is written: finishes a swap an earlier save left half-done, refuses to
-// replace a folder that holds anything but a checkpoint, and marks a leftover staging folder incomplete.
+// replace folders that hold anything but a checkpoint, and marks a leftover staging folder incomplete.
 void prepare_save(const std::string& dir) {
   if (!fs::exists(dir) && complete_folder(dir) != dir) rename_durably(complete_folder(dir), dir);
-  if (fs::exists(dir)) {
-    DMUON_CHECK(fs::is_directory(dir), dir, ": exists and is not a folder; refusing to replace it with a checkpoint");
-    for (const auto& entry : fs::directory_iterator(dir)) {
-      const std::string name = entry.path().filename().string();
-      DMUON_CHECK(is_checkpoint_file(name), dir, ": holds '", name,
-                  "', which is not part of a checkpoint; refusing to replace the folder");
-    }
-  }
+  for (const std::string& folder : {dir, staging_folder(dir), old_folder(dir)}) check_replaceable(folder);
   fs::remove(staging_folder(dir) + "/index.json");  // a staging folder is complete only once this save says so
 }
 
