@@ -50,6 +50,15 @@ TEST(TrainCli, MissingEmptyAndBinaryDataAreOneLineErrors) {
   expect_one_clear_line(run(train_args(binary)), binary, "binary");
 }
 
+// --context 16 needs 17 bytes in each split; this file's training part is "a\n" (the split falls at the
+// last newline before 90%): an error before the first step.
+TEST(TrainCli, DataTooShortForOneSequenceIsAOneLineError) {
+  test::TempDir dir;
+  const std::string short_train = dir.file("short.txt");
+  std::ofstream(short_train) << "a\n" << std::string(100, 'x');
+  expect_one_clear_line(run(train_args(short_train)), short_train, "training part");
+}
+
 TEST(TrainCli, BadDataOrMetricsPathUnderMpirunStopsEveryRank) {
   test::TempDir dir;
   const std::string missing = dir.file("no-such-corpus");
