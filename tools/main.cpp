@@ -58,8 +58,16 @@ int main(int argc, char** argv) {
   dmuon::cli::add_registered_subcommands(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // A bad command line is one line too, like every other error.
+    std::fprintf(stderr, "dmuon: error: %s (see --help)\n", e.what());
+    return e.get_exit_code();
   } catch (const dmuon::Error& e) {
     std::fprintf(stderr, "dmuon: error: %s\n", e.what());
     dmuon::comm::abort_world(1);
