@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "dmuon/atomic_file.hpp"
@@ -173,6 +174,141 @@ TEST(Checkpoint, RefusesTruncationNamingTheFile) {
       "rank-00000.safetensors: truncated safetensors file");
 }
 
+// Replaces the shape that rank 0's manifest gives the weights of parameter `param`.
+void set_manifest_shape(const std::string& dir, const std::string& param, const std::vector<int64_t>& shape) {
+  nlohmann::json j = nlohmann::json::parse(read_file(dir + "/rank-00000.json"));
+  for (auto& slice : j["slices"]) {
+    if (slice["param"] == param && slice["kind"] == "param") slice["shape"] = shape;
+  }
+  write_file_atomically(dir + "/rank-00000.json", j.dump(1));
+}
+
+TEST(Checkpoint, RefusesCraftedManifestShapes) {
+  // 2^32 · 2^32 wraps to 0 elements unchecked; 2^62 + 1 elements cannot be allocated.
+  for (const std::vector<int64_t>& shape :
+       {std::vector<int64_t>{int64_t{1} << 32, int64_t{1} << 32}, {(int64_t{1} << 62) + 1, 1}}) {
+    const std::string expected = "rank-00000.json: tensor 'param/bias@0': shape [" + std::to_string(shape[0]) + ", " +
+                                 std::to_string(shape[1]) + "] has more than 2^40 elements";
+    expect_refused([&](const std::string& d) { set_manifest_shape(d, "bias", shape); }, expected);
+    test::TempDir dir;
+    Model m(8);
+    Optimizer o(m.refs(), test_options(), test::reference_orthogonalizer());
+    save_checkpoint(dir.path(), o);
+    set_manifest_shape(dir.path(), "bias", shape);
+    try {
+      export_checkpoint_npy(dir.path(), dir.file("out"));
+      ADD_FAILURE() << "export accepted shape [" << shape[0] << ", " << shape[1] << "]";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+  }
+  // Within bounds, but 2^39 elements when the files hold 7: refused before 2 TiB are allocated.
+  test::TempDir dir;
+  Model m(8);
+  Optimizer o(m.refs(), test_options(), test::reference_orthogonalizer());
+  save_checkpoint(dir.path(), o);
+  set_manifest_shape(dir.path(), "bias", {int64_t{1} << 39});
+  try {
+    read_checkpoint_tensors(dir.path(), "param");
+    ADD_FAILURE() << "read a 2^39-element tensor from 7 saved values";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 7 of the 549755813888 elements of param 'bias'"), std::string::npos)
+        << e.what();
+  }
+}
+
+// AdamW whose other "ranks" report a failure at the n-th collective agreement after arm(n): a save
+// then looks, on rank 0, as when another rank could not write its files.
+class OtherRankFails : public AdamW {
+ public:
+  explicit OtherRankFails(Model& m) : AdamW(m.refs(), test_options()) {}
+  void arm(int n) { countdown_ = n; }
+  void sum_across_ranks(std::span<double> values) override {
+    if (countdown_ > 0 && --countdown_ == 0) values[0] += 1;
+  }
+
+ private:
+  int countdown_ = 0;
+};
+
+// Loads `dir` into a fresh model and returns its values and the optimizer's update count.
+std::pair<std::vector<std::vector<float>>, int64_t> loaded(const std::string& dir) {
+  Model fresh(77);
+  AdamW o(fresh.refs(), test_options());
+  load_checkpoint(dir, o);
+  return {fresh.values, o.updates()};
+}
+
+TEST(Checkpoint, FailedSaveKeepsTheOldCheckpoint) {
+  test::TempDir dir;
+  const std::string ck = dir.file("ck");
+  Model m(9);
+  OtherRankFails o(m);
+  run(o, m, 0, 2);
+  save_checkpoint(ck, o);
+  const auto saved = m.values;
+  run(o, m, 2, 4);
+  // Agreement 1 prepares the folder, 2 follows every rank's writes: another rank failed to write.
+  o.arm(2);
+  EXPECT_THROW(save_checkpoint(ck, o), Error);
+  auto [values, updates] = loaded(ck);
+  EXPECT_EQ(updates, 2);
+  EXPECT_EQ(values, saved);
+  // The next save succeeds over the debris and leaves no sibling folders.
+  save_checkpoint(ck, o);
+  std::tie(values, updates) = loaded(ck);
+  EXPECT_EQ(updates, 4);
+  EXPECT_EQ(values, m.values);
+  EXPECT_FALSE(std::filesystem::exists(ck + ".new"));
+  EXPECT_FALSE(std::filesystem::exists(ck + ".old"));
+}
+
+// A save that died between its two renames leaves <ck>.old (old) and <ck>.new (new, complete) and no
+// <ck>: loading takes the new one, or the old one when the new is gone; the next save restores <ck>.
+TEST(Checkpoint, LoadsAroundASwapInterruptedBetweenItsRenames) {
+  test::TempDir dir;
+  const std::string ck = dir.file("ck");
+  Model m(10);
+  AdamW o(m.refs(), test_options());
+  run(o, m, 0, 1);
+  save_checkpoint(ck, o);
+  run(o, m, 1, 3);
+  save_checkpoint(dir.file("newer"), o);
+  std::filesystem::rename(ck, ck + ".old");
+  std::filesystem::rename(dir.file("newer"), ck + ".new");
+  EXPECT_EQ(loaded(ck).second, 3);
+  std::filesystem::remove_all(ck + ".new");
+  EXPECT_EQ(loaded(ck + "/").second, 1);
+  run(o, m, 3, 4);
+  save_checkpoint(ck, o);
+  EXPECT_EQ(loaded(ck).second, 4);
+  EXPECT_FALSE(std::filesystem::exists(ck + ".old"));
+}
+
+TEST(Checkpoint, RefusesToReplaceAFolderThatIsNotACheckpoint) {
+  test::TempDir dir;
+  write_file_atomically(dir.file("notes.txt"), "keep me");
+  Model m(11);
+  AdamW o(m.refs(), test_options());
+  try {
+    save_checkpoint(dir.path(), o);
+    ADD_FAILURE() << "saved over a folder holding notes.txt";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("holds 'notes.txt', which is not part of a checkpoint"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(read_file(dir.file("notes.txt")), "keep me");
+  // Nor the sibling folders a save writes into and removes.
+  for (const std::string sibling : {"ck.new", "ck.old"}) {
+    std::filesystem::create_directories(dir.file(sibling));
+    write_file_atomically(dir.file(sibling + "/notes.txt"), "keep me");
+    EXPECT_THROW(save_checkpoint(dir.file("ck"), o), Error) << sibling;
+    EXPECT_EQ(read_file(dir.file(sibling + "/notes.txt")), "keep me");
+    std::filesystem::remove_all(dir.file(sibling));
+  }
+  save_checkpoint(dir.file("ck"), o);
+}
+
 TEST(Checkpoint, RefusesParametersTheModelLacks) {
   test::TempDir dir;
   Model m(5);
@@ -214,6 +350,22 @@ TEST(Checkpoint, ReadsWholeTensorsForExport) {
     EXPECT_EQ(a.data, m.values[p]);
   }
   EXPECT_THROW(export_checkpoint_npy(dir.file("nothing"), dir.file("out")), Error);
+}
+
+// A name that cannot be a file name is found before anything is written: no half-exported folder.
+TEST(Checkpoint, ExportChecksEveryNameBeforeWriting) {
+  test::TempDir dir;
+  test::ToyModel m({{"a", {2}, ParamRole::elementwise, 0}, {"z/../../escape", {3}, ParamRole::elementwise, 0}}, 12);
+  AdamW o(m.refs(), test_options());
+  save_checkpoint(dir.file("ck"), o);
+  try {
+    export_checkpoint_npy(dir.file("ck"), dir.file("out"));
+    ADD_FAILURE() << "exported a parameter named z/../../escape";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parameter 'z/../../escape' cannot be a file name"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("out")));
 }
 
 }  // namespace

@@ -90,6 +90,36 @@ TEST(Npy, RejectsBadFiles) {
   expect_rejected(npy_bytes(dict, raw<float>({1, 2, 3, 4})).substr(0, 20), "truncated header");
 }
 
+// Shapes whose element count overflows or cannot be allocated: each is a dmuon::Error naming the file
+// (expect_rejected checks "bad.npy"), never a wrapped count, a crash or a std:: exception.
+TEST(Npy, RejectsOverflowingAndHugeShapes) {
+  const auto with_shape = [](const std::string& shape) {
+    return "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
+  };
+  // 2^32 · 2^32 wraps a 64-bit count to 0, which an empty payload then "matches".
+  expect_rejected(npy_bytes(with_shape("(4294967296, 4294967296)"), ""), "more than 2^40 elements");
+  // (2^62 + 1) · 4 bytes wraps to 4 bytes: one float "matches", and no vector can hold the count.
+  expect_rejected(npy_bytes(with_shape("(4611686018427387905, 1)"), raw<float>({1})), "more than 2^40 elements");
+  // Fits in int64, but no float32 tensor here is 2^41 elements.
+  expect_rejected(npy_bytes(with_shape("(2199023255552,)"), ""), "more than 2^40 elements");
+  // A dimension with more digits than an int64 holds.
+  expect_rejected(npy_bytes(with_shape("(123456789012345678901234567890, 1)"), ""), "malformed shape");
+}
+
+TEST(Npy, WriteRefusesOverflowingShapesNamingTheFile) {
+  test::TempDir dir;
+  const float one = 1;
+  for (const std::vector<int64_t>& shape : {std::vector<int64_t>{int64_t{1} << 32, int64_t{1} << 32}, {-1, 2}}) {
+    try {
+      write_npy(dir.file("huge.npy"), shape, &one);
+      ADD_FAILURE() << "write_npy accepted shape (" << shape[0] << ", " << shape[1] << ")";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("huge.npy"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(dir.file("huge.npy")));
+}
+
 TEST(Npy, MissingFileIsNamed) {
   try {
     read_npy("/nonexistent/dir/x.npy");

@@ -2,6 +2,7 @@
 // parameter groups, accumulation, clipping and the non-finite gradient policy.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <limits>
@@ -205,6 +206,54 @@ TEST(Optimizer, ClipsByGlobalNorm) {
   // small singular values by up to its slope at 0, a^5 = 3.4445^5 ≈ 490, and |O| ≤ 1, s ≤ 1.3.
   const double muon_atol = 0.02 * 1.3 * 490 * 2 * kEps;
   for (size_t p = 0; p < a.specs.size(); ++p) expect_close(a.values[p], b.values[p], muon_atol, 4 * kEps, a.specs[p].name);
+}
+
+// Several steps whose gradient norms vary (some above the bound, some below) so AdamW's second moment
+// and Muon's momentum mix gradients of different scales, and neither is invariant to the clip factor:
+// clipping must equal feeding the unclipped optimizer g·min(1, c/(‖g‖ + 1e-6)), and differ from no clipping.
+TEST(Optimizer, ClippingEqualsPrescaledGradientsOverSeveralSteps) {
+  const double clip = 1.0;
+  const std::vector<float> step_scale = {4.0f, 0.1f, 2.0f, 0.05f, 3.0f};  // ‖g‖ ≈ 4.7 × scale
+  Model clipped(6), prescaled(6), unclipped(6);
+  OptimizerOptions opt;
+  opt.clip_grad_norm = clip;
+  Optimizer oc(clipped.refs(), opt, test::reference_orthogonalizer());
+  opt.clip_grad_norm = 0;
+  Optimizer op(prescaled.refs(), opt, test::reference_orthogonalizer());
+  Optimizer ou(unclipped.refs(), opt, test::reference_orthogonalizer());
+  int clipped_steps = 0;
+  for (size_t t = 0; t < step_scale.size(); ++t) {
+    double sq = 0;
+    for (size_t p = 0; p < clipped.specs.size(); ++p)
+      for (size_t i = 0; i < clipped.grads[p].size(); ++i) {
+        const float g = step_scale[t] * Model::sample_grad(p, i, int(t));
+        clipped.grads[p][i] = unclipped.grads[p][i] = g;
+        sq += double(g) * g;
+      }
+    const double norm = std::sqrt(sq);
+    const float factor = norm > clip ? static_cast<float>(clip / (norm + 1e-6)) : 1.0f;
+    clipped_steps += norm > clip;
+    for (size_t p = 0; p < clipped.specs.size(); ++p)
+      for (size_t i = 0; i < clipped.grads[p].size(); ++i) prescaled.grads[p][i] = clipped.grads[p][i] * factor;
+    ASSERT_TRUE(oc.step());
+    ASSERT_TRUE(op.step());
+    ASSERT_TRUE(ou.step());
+    EXPECT_NEAR(oc.last_grad_norm(), norm, 1e-12 * norm) << "step " << t;
+  }
+  ASSERT_GE(clipped_steps, 2);
+  ASSERT_LT(clipped_steps, int(step_scale.size()));
+  // As in ClipsByGlobalNorm, the two factors may differ by an ulp per step; each step adds at most
+  // the Muon bound (NS slope a^5 ≈ 490 on a 2-ulp input change, lr 0.02, s ≤ 1.3) and AdamW's lr·δ.
+  const double steps = double(step_scale.size());
+  const double atol = steps * 0.02 * 1.3 * 490 * 2 * kEps, rtol = steps * 4 * kEps;
+  double largest_effect = 0;
+  for (size_t p = 0; p < clipped.specs.size(); ++p) {
+    expect_close(clipped.values[p], prescaled.values[p], atol, rtol, clipped.specs[p].name);
+    for (size_t i = 0; i < clipped.values[p].size(); ++i)
+      largest_effect = std::max(largest_effect, std::abs(double(clipped.values[p][i]) - unclipped.values[p][i]));
+  }
+  // Clipping changes the result by far more than the tolerance above.
+  EXPECT_GT(largest_effect, 100 * (atol + rtol * 4));
 }
 
 TEST(Optimizer, NonFiniteGradientRaisesNamingParameterAndRank) {

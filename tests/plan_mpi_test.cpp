@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "dmuon/comm.hpp"
@@ -86,6 +87,25 @@ TEST(PlanMpi, MilpSolvedOnRankZeroAndBroadcastIsIdentical) {
   int total = 0;
   MPI_Allreduce(&mine, &total, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   EXPECT_EQ(total, static_cast<int>(m.items.size()));
+}
+
+// make_plan fails on rank 0 only (the MILP time limit is checked there; the other ranks never
+// solve): every rank throws at once with rank 0's reason instead of waiting for owners.
+TEST(PlanMpi, FailureOnRankZeroReachesEveryRank) {
+  auto m = small_model(world_size());
+  PlanOptions o;
+  o.balancer = Balancer::milp;
+  o.time_limit_s = -1;
+  std::string message;
+  try {
+    plan_across_ranks(*comm::world(), m.params, m.items, o);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("MILP time limit must be positive, got -1 s"), std::string::npos) << message;
+  if (world_rank() != 0) {
+    EXPECT_NE(message.find("rank 0 could not make the owner plan"), std::string::npos) << message;
+  }
 }
 
 }  // namespace

@@ -98,6 +98,17 @@ TEST(Safetensors, RefusesMalformedFilesNamingFileAndTensor) {
             std::string::npos);
 }
 
+// A crafted shape whose count overflows (2^32 · 2^32 wraps to 0, matching empty offsets) or is
+// negative is refused, naming the file and the tensor.
+TEST(Safetensors, RefusesOverflowingAndNegativeShapes) {
+  EXPECT_NE(error_of(raw_file(R"({"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}})", ""))
+                .find("x.safetensors: tensor 'w': shape [4294967296, 4294967296] has more than 2^40 elements"),
+            std::string::npos);
+  EXPECT_NE(error_of(raw_file(R"({"w":{"dtype":"F32","shape":[-2,-2],"data_offsets":[0,16]}})", std::string(16, 0)))
+                .find("x.safetensors: tensor 'w': shape [-2, -2] has a negative dimension"),
+            std::string::npos);
+}
+
 TEST(Safetensors, TypedAccessChecksDtypeAndPresence) {
   SafetensorsFile f;
   const int64_t one = 1;

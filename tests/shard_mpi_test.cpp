@@ -1,10 +1,12 @@
 // Sharded parameters across ranks: registration checks, gathered views, gradient reduction to
 // owners in both layouts and all modes, Z2 = Z3, two-stage = single-stage, shard updates reaching
-// every rank through the next gather. Run under mpirun at 1..4 ranks.
+// every rank through the next gather; destruction with operations in flight. Run under mpirun at
+// 1..4 ranks.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdlib>
+#include <memory>
 
 #include "dmuon/shard.hpp"
 
@@ -202,6 +204,103 @@ TEST(Shard, ShardUpdatesReachEveryRankThroughTheNextGather) {
       sp->after_forward(u);
     }
     EXPECT_EQ(wrong, 0) << "layout " << static_cast<int>(k.layout) << " mode " << static_cast<int>(k.mode);
+  }
+}
+
+// The world communicator, with every gather and reduce of ShardedParams slowed down: its Work
+// reports completion only after kPolls tests, so an operation is reliably still in flight when
+// the code under test moves on, at every world size (one rank included). Counts the operations
+// whose handle died before they completed.
+class SlowComm : public comm::Comm {
+ public:
+  static inline int in_flight = 0;  // started, neither completed nor destroyed
+  static inline int abandoned = 0;  // destroyed before completing
+
+  explicit SlowComm(std::shared_ptr<comm::Comm> inner) : inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  const comm::Options& options() const override { return inner_->options(); }
+  comm::Comm& node() override { return inner_->node(); }
+  comm::Comm& cross() override { return inner_->cross(); }
+  const comm::Topology& topology() const override { return inner_->topology(); }
+  comm::Work all_gather_raw(const void* send, int64_t count, void* recv, comm::DType t) override {
+    return slow(inner_->all_gather_raw(send, count, recv, t));
+  }
+  comm::Work all_gatherv_raw(const void* send, void* recv, std::span<const int64_t> counts, comm::DType t) override {
+    return slow(inner_->all_gatherv_raw(send, recv, counts, t));
+  }
+  comm::Work reduce_scatterv_raw(const void* send, void* recv, std::span<const int64_t> counts, comm::DType t,
+                                 ReduceOp op) override {
+    return slow(inner_->reduce_scatterv_raw(send, recv, counts, t, op));
+  }
+  comm::Work broadcast_raw(void* buf, int64_t count, comm::DType t, int root) override {
+    return slow(inner_->broadcast_raw(buf, count, t, root));
+  }
+  comm::Work reduce_raw(const void* send, void* recv, int64_t count, comm::DType t, ReduceOp op, int root) override {
+    return slow(inner_->reduce_raw(send, recv, count, t, op, root));
+  }
+  comm::Work all_reduce_raw(const void* send, void* recv, int64_t count, comm::DType t, ReduceOp op) override {
+    return slow(inner_->all_reduce_raw(send, recv, count, t, op));
+  }
+
+ private:
+  class SlowWork : public comm::WorkState {
+   public:
+    explicit SlowWork(comm::Work inner) : inner_(std::move(inner)) { ++in_flight; }
+    ~SlowWork() override {
+      if (complete_) return;
+      --in_flight;
+      ++abandoned;
+    }
+    bool test() override {
+      if (complete_) return true;
+      complete_ = ++polls_ > kPolls && inner_.test();
+      if (complete_) --in_flight;
+      return complete_;
+    }
+    std::string describe() const override { return "slowed " + inner_.describe(); }
+
+   private:
+    static constexpr int kPolls = 50;
+    comm::Work inner_;
+    int polls_ = 0;
+    bool complete_ = false;
+  };
+  comm::Work slow(comm::Work inner) {
+    return comm::Work(std::make_shared<SlowWork>(std::move(inner)), inner_->options().timeout_s);
+  }
+  std::shared_ptr<comm::Comm> inner_;
+};
+
+// An error thrown between the hooks, with a prefetched gather (after before_forward(0)) or a
+// gradient reduce (after after_backward(last)) in flight: destroying the ShardedParams completes
+// it before freeing the buffers it writes into, instead of abandoning it under MPI.
+TEST(Shard, DestructionCompletesOperationsStillInFlight) {
+  auto slow = std::make_shared<SlowComm>(comm::world());
+  for (bool in_backward : {false, true}) {
+    SlowComm::abandoned = 0;
+    int in_flight_at_error = 0;
+    try {
+      auto sp = make(slow, Layout::owner_aligned, Mode::z3);
+      const int last = sp->num_units() - 1;
+      if (in_backward) {
+        for (int u = 0; u <= last; ++u) {
+          sp->before_forward(u);
+          sp->after_forward(u);
+        }
+        sp->before_backward(last);
+        sp->after_backward(last);  // starts the last unit's reduce
+      } else {
+        sp->before_forward(0);  // starts unit 1's gather
+      }
+      in_flight_at_error = SlowComm::in_flight;
+      throw Error("model failed");
+    } catch (const Error& e) {
+      EXPECT_STREQ(e.what(), "model failed");
+    }
+    EXPECT_GE(in_flight_at_error, 1) << "nothing was in flight: the test proves nothing";
+    EXPECT_EQ(SlowComm::abandoned, 0) << (in_backward ? "reduce" : "gather") << " abandoned in flight";
+    EXPECT_EQ(SlowComm::in_flight, 0);
   }
 }
 

@@ -1,6 +1,6 @@
 // The built CLI (path from DMUON_CLI_PATH) run as a user would: `dmuon train --data <bad>` exits
-// non-zero with one clear line naming the data source and does not hang (alone and under mpirun);
-// a short run's metrics go through `dmuon compare`.
+// non-zero with one clear line naming the data source and does not hang (alone and under mpirun,
+// also when only one rank fails); a short run's metrics go through `dmuon compare`.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -20,9 +20,9 @@ test::CommandResult run(const std::string& args, int ranks = 0) {
   return test::run_command("timeout 120 " + command);
 }
 
-std::string train_args(const std::string& data) {
-  return "train --steps 2 --layers 1 --width 32 --heads 2 --context 16 --batch 4 --csv /dev/null --data '" + data + "'";
-}
+const std::string kSmallRun = "train --steps 2 --layers 1 --width 32 --heads 2 --context 16 --batch 4 --csv /dev/null";
+
+std::string train_args(const std::string& data) { return kSmallRun + " --data '" + data + "'"; }
 
 void expect_one_clear_line(const test::CommandResult& r, const std::string& path, const std::string& what) {
   EXPECT_NE(r.exit_code, 0) << r.output;
@@ -50,6 +50,15 @@ TEST(TrainCli, MissingEmptyAndBinaryDataAreOneLineErrors) {
   expect_one_clear_line(run(train_args(binary)), binary, "binary");
 }
 
+// --context 16 needs 17 bytes in each split; this file's training part is "a\n" (the split falls at the
+// last newline before 90%): an error before the first step.
+TEST(TrainCli, DataTooShortForOneSequenceIsAOneLineError) {
+  test::TempDir dir;
+  const std::string short_train = dir.file("short.txt");
+  std::ofstream(short_train) << "a\n" << std::string(100, 'x');
+  expect_one_clear_line(run(train_args(short_train)), short_train, "training part");
+}
+
 TEST(TrainCli, BadDataOrMetricsPathUnderMpirunStopsEveryRank) {
   test::TempDir dir;
   const std::string missing = dir.file("no-such-corpus");
@@ -66,6 +75,24 @@ TEST(TrainCli, BadDataOrMetricsPathUnderMpirunStopsEveryRank) {
   EXPECT_NE(c.exit_code, 0) << c.output;
   EXPECT_NE(c.exit_code, 124) << "timed out: " << c.output;
   EXPECT_NE(c.output.find(bad_csv), std::string::npos) << c.output;
+}
+
+// Only rank 1 gets a missing corpus (mpirun's MPMD form: one program per rank, each with its own
+// arguments), so rank 0 waits for it in a collective. Rank 1 must end the whole job at once rather
+// than return from main and leave rank 0 waiting: the comm timeout here lies far beyond the 120 s
+// guard, so a job that waits for it ends with timeout's exit code 124.
+TEST(TrainCli, OneRankFailingAloneEndsTheWholeJob) {
+  test::TempDir dir;
+  const std::string missing = dir.file("no-such-corpus");
+  const std::string cli = DMUON_CLI_PATH;
+  const test::CommandResult r =
+      test::run_command("DMUON_COMM_TIMEOUT_S=600 timeout 120 " + std::string(DMUON_MPIRUN) + " -np 1 " + cli + " " +
+                        kSmallRun + " : -np 1 " + cli + " " + train_args(missing));
+  EXPECT_NE(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.exit_code, 124) << "rank 0 waited for the comm timeout: " << r.output;
+  EXPECT_NE(r.output.find("dmuon: error: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(missing), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("timed out"), std::string::npos) << "rank 0 reported a misleading timeout: " << r.output;
 }
 
 // A short run end to end: `dmuon train` writes one CSV row per step (validation on the last), and

@@ -1,8 +1,13 @@
-// The training loop in one process: the learning-rate schedule, that a tiny model learns, that a
+// The training loop in one process: the learning-rate schedule, bad options and too-short data splits
+// as errors naming them, that a tiny model learns, that a
 // resumed run reproduces the uninterrupted one bit for bit, and that the per-run summary is right.
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <fstream>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "dmuon/comm.hpp"
@@ -38,6 +43,62 @@ TEST(Train, BadOptionsAreErrorsNamingTheOption) {
   EXPECT_THROW(parse_shard_mode("z1"), Error);
   o = tiny(OptimKind::dmuon, 2);
   EXPECT_THROW(Trainer(o, nullptr), Error);  // dmuon needs a communicator
+}
+
+// The error of `set` on tiny AdamW options; "" when the Trainer accepts them.
+template <typename Set>
+std::string construction_error(Set set) {
+  TrainOptions o = tiny(OptimKind::adamw, 1);
+  set(o);
+  try {
+    Trainer t(o, nullptr);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Train, EachBadNumberIsAnErrorNamingItsOption) {
+  using ::testing::HasSubstr;
+  const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  EXPECT_THAT(construction_error([](TrainOptions& o) { o.weight_decay = -5; }), HasSubstr("--weight-decay"));
+  EXPECT_THAT(construction_error([&](TrainOptions& o) { o.weight_decay = nan; }), HasSubstr("--weight-decay"));
+  EXPECT_THAT(construction_error([&](TrainOptions& o) { o.weight_decay = inf; }), HasSubstr("--weight-decay"));
+  EXPECT_THAT(construction_error([&](TrainOptions& o) { o.lr = inf; }), HasSubstr("--lr"));
+  EXPECT_THAT(construction_error([&](TrainOptions& o) { o.adamw_lr = 0; }), HasSubstr("--adamw-lr"));
+  EXPECT_THAT(construction_error([](TrainOptions& o) { o.warmup = -1; }), HasSubstr("--warmup"));
+  EXPECT_THAT(construction_error([](TrainOptions& o) { o.min_lr_ratio = 1.5; }), HasSubstr("--min-lr-ratio"));
+  EXPECT_THAT(construction_error([](TrainOptions& o) { o.val_every = -1; }), HasSubstr("--val-every"));
+  EXPECT_THAT(construction_error([](TrainOptions& o) { o.val_batches = 0; }), HasSubstr("--val-batches"));
+  EXPECT_THAT(construction_error([](TrainOptions& o) { o.model.layers = 0; }),
+              HasSubstr("layers (--layers) must be positive, got 0"));
+  EXPECT_THAT(construction_error([](TrainOptions& o) { o.model.heads = 3; }), HasSubstr("(--heads) 3"));
+}
+
+// Splits of a corpus file: the training part ends at the last newline before 90% of the file.
+TEST(Train, EachSplitNeedsOneSequenceOfContextPlusOneBytes) {
+  using ::testing::HasSubstr;
+  test::TempDir dir;
+  const int64_t T = tiny(OptimKind::adamw, 1).model.context;
+  // Training part "a\n" (2 bytes): too short for a sequence, an error at construction naming the file.
+  const std::string short_train = dir.file("short_train.txt");
+  std::ofstream(short_train) << "a\n" << std::string(100, 'x');
+  const std::string e = construction_error([&](TrainOptions& o) { o.data = short_train; });
+  EXPECT_THAT(e, HasSubstr("training part of '" + short_train + "' has 2 bytes"));
+  // Validation part of exactly T+1 bytes: one sequence fits, so training and validation run.
+  const std::string exact_val = dir.file("exact_val.txt");
+  std::ofstream(exact_val) << std::string(150, 'x') << "\n" << std::string(T, 'y') << "\n";
+  EXPECT_EQ(construction_error([&](TrainOptions& o) { o.data = exact_val; }), "");
+  TrainOptions o = tiny(OptimKind::adamw, 1);
+  o.data = exact_val;
+  Trainer t(o, nullptr);
+  t.train_step();
+  EXPECT_TRUE(std::isfinite(t.validation_loss()));
+  // One byte less is an error naming the validation part.
+  const std::string short_val = dir.file("short_val.txt");
+  std::ofstream(short_val) << std::string(150, 'x') << "\n" << std::string(T - 1, 'y') << "\n";
+  EXPECT_THAT(construction_error([&](TrainOptions& o) { o.data = short_val; }),
+              HasSubstr("validation part of '" + short_val + "' has " + std::to_string(T) + " bytes"));
 }
 
 // From the GPT-2 initialisation the byte-level loss starts at about ln 256 = 5.55; within 40 steps

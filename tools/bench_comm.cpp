@@ -29,6 +29,9 @@ using clock_type = std::chrono::steady_clock;
 
 double seconds_since(clock_type::time_point t) { return std::chrono::duration<double>(clock_type::now() - t).count(); }
 
+// Larger buffers are a typo: each rank allocates a few of them.
+constexpr int64_t kMaxBytes = int64_t(64) << 30;
+
 int64_t parse_bytes(const std::string& text) {
   std::size_t used = 0;
   double v = 0;
@@ -44,7 +47,11 @@ int64_t parse_bytes(const std::string& text) {
                  : unit == "G"               ? 1 << 30
                                              : 0;
   DMUON_CHECK(scale > 0 && v > 0, "--bytes: '", text, "' is not a size (e.g. 4K, 1M, 64M)");
-  return static_cast<int64_t>(v * scale);
+  // Checked in double before the cast: converting a value past int64's range is undefined.
+  const double bytes = v * scale;
+  DMUON_CHECK(bytes >= 4, "--bytes: '", text, "' is less than one float32 (4 bytes)");
+  DMUON_CHECK(bytes <= double(kMaxBytes), "--bytes: '", text, "' is larger than 64G, the largest size");
+  return static_cast<int64_t>(bytes);
 }
 
 // Small integers: sums over up to 2^16 ranks stay exact in float32.
@@ -311,7 +318,7 @@ dmuon::cli::Registration reg("bench", [](CLI::App& app) {
   c->add_option("--bytes", *bytes, "Comma-separated buffer sizes (suffix K, M, G)")->capture_default_str();
   c->add_option("--iters", *iters, "Most timed iterations per size (fewer for large sizes, at least 3)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(dmuon::cli::at_least(1));
   c->add_flag("--json", *json, "Print one JSON object (rank 0)");
   c->callback([=] { run(*bytes, *iters, *json); });
 });

@@ -98,15 +98,22 @@ void run_bench(const BenchArgs& args) {
 dmuon::cli::Registration reg("bench", [](CLI::App& bench) {
   auto args = std::make_shared<BenchArgs>();
   auto* c = bench.add_subcommand("gpt", "GPT example: forward and backward time on text batches");
-  c->add_option("--layers", args->config.layers, "transformer blocks")->capture_default_str();
-  c->add_option("--width", args->config.width, "channels C")->capture_default_str();
-  c->add_option("--heads", args->config.heads, "attention heads (divide the width)")->capture_default_str();
-  c->add_option("--context", args->config.context, "sequence length T")->capture_default_str();
-  c->add_option("--batch", args->batch, "sequences per batch B")->capture_default_str();
+  const auto positive = dmuon::cli::at_least<int64_t>(1);
+  c->add_option("--layers", args->config.layers, "transformer blocks")->capture_default_str()->check(positive);
+  c->add_option("--width", args->config.width, "channels C")->capture_default_str()->check(positive);
+  c->add_option("--heads", args->config.heads, "attention heads (divide the width)")
+      ->capture_default_str()
+      ->check(positive);
+  c->add_option("--context", args->config.context, "sequence length T")->capture_default_str()->check(positive);
+  c->add_option("--batch", args->batch, "sequences per batch B")->capture_default_str()->check(positive);
   c->add_flag("--tied-head", args->config.tied_head, "share the token embedding with the output head");
   c->add_option("--data", args->data, "text file or folder (default: the fortunes corpus)");
-  c->add_option("--threads", args->threads, "BLAS threads (0: OpenBLAS's setting)")->capture_default_str();
-  c->add_option("--repeats", args->repeats, "timed forward+backward runs (median reported)")->capture_default_str();
+  c->add_option("--threads", args->threads, "BLAS threads (0: OpenBLAS's setting)")
+      ->capture_default_str()
+      ->check(dmuon::cli::thread_count());
+  c->add_option("--repeats", args->repeats, "timed forward+backward runs (median reported)")
+      ->capture_default_str()
+      ->check(dmuon::cli::at_least(1));
   c->add_flag("--json", args->json, "print one JSON object instead of the table");
   c->callback([args] { run_bench(*args); });
 });

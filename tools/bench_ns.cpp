@@ -272,11 +272,17 @@ dmuon::cli::Registration reg("bench", [](CLI::App& bench) {
   auto args = std::make_shared<BenchArgs>();
   auto* c = bench.add_subcommand("ns", "Newton-Schulz speed per shape: reference, standard (SYRK), gram, auto");
   c->add_option("--shapes", args->shapes, "comma-separated ROWSxCOLS")->capture_default_str();
-  c->add_option("--batch", args->batch, "same-shape matrices per newton_schulz_batched call")->capture_default_str();
+  c->add_option("--batch", args->batch, "same-shape matrices per newton_schulz_batched call")
+      ->capture_default_str()
+      ->check(dmuon::cli::at_least(1));
   c->add_option("--batch-mode", args->batch_mode, "best (time both, report the faster) | sequential | concurrent")
       ->capture_default_str();
-  c->add_option("--threads", args->threads, "BLAS threads (0: OpenBLAS's setting)")->capture_default_str();
-  c->add_option("--repeats", args->repeats, "timed runs per row (median reported)")->capture_default_str();
+  c->add_option("--threads", args->threads, "BLAS threads (0: OpenBLAS's setting)")
+      ->capture_default_str()
+      ->check(dmuon::cli::thread_count());
+  c->add_option("--repeats", args->repeats, "timed runs per row (median reported)")
+      ->capture_default_str()
+      ->check(dmuon::cli::at_least(1));
   c->add_flag("--json", args->json, "print one JSON object instead of the table");
   c->callback([args] { run_bench(*args); });
 });

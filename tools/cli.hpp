@@ -4,8 +4,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <charconv>
+#include <cmath>
 #include <functional>
+#include <limits>
+#include <sstream>
 #include <string>
+#include <type_traits>
 
 namespace dmuon::cli {
 
@@ -19,5 +24,56 @@ struct Registration {
 
 // Called by main(): adds every registered subcommand.
 void add_registered_subcommands(CLI::App& app);
+
+// Range checks for numeric options. CLI11 prefixes the flag, so a bad value reads
+// "--iters: must be at least 1, got 0". Values must parse as T (base 10, no overflow) and floating-point
+// ones be finite.
+// `exclusive_min`: the value must be above `min` ("must be greater than 0").
+template <typename T>
+CLI::Validator in_range(T min, T max, bool exclusive_min = false) {
+  static_assert(std::is_arithmetic_v<T>);
+  const auto show = [](T x) {
+    std::ostringstream os;
+    os << x;
+    return os.str();
+  };
+  const bool unbounded = max == std::numeric_limits<T>::max();
+  // For --help: "INT:in [1, inf)=20".
+  const std::string range = std::string("in ") + (exclusive_min ? "(" : "[") + show(min) + ", " +
+                            (unbounded ? "inf)" : show(max) + "]");
+  const std::string must =
+      exclusive_min ? "must be greater than " + show(min) + (unbounded ? "" : " and at most " + show(max))
+                    : (unbounded ? "must be at least " + show(min) : "must be between " + show(min) + " and " + show(max));
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        // from_chars, not CLI11's strtoll: an out-of-range integer is an error, not the type's maximum.
+        T v{};
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (error == std::errc::result_out_of_range) return "out of range, got " + text;
+        if (error != std::errc() || end != text.data() + text.size())
+          return std::string(std::is_unsigned_v<T>   ? "expected a non-negative integer"
+                             : std::is_integral_v<T> ? "expected an integer"
+                                                     : "expected a number") +
+                 ", got '" + text + "'";
+        if constexpr (std::is_floating_point_v<T>)
+          if (!std::isfinite(v)) return "must be a finite number, got " + text;
+        const bool ok = v <= max && (exclusive_min ? v > min : v >= min);
+        return ok ? std::string() : must + ", got " + text;
+      },
+      range, "RANGE");
+}
+
+// The value must be at least `min` ("--steps: must be at least 1, got 0").
+template <typename T>
+CLI::Validator at_least(T min) {
+  return in_range(min, std::numeric_limits<T>::max());
+}
+
+// A floating-point value that must be finite and above 0 ("--time-limit: must be greater than 0, got 0").
+inline CLI::Validator positive() { return in_range(0.0, std::numeric_limits<double>::max(), true); }
+
+// BLAS thread counts: 0 means "the current setting"; more than this is a typo, not a machine.
+constexpr int kMaxThreads = 1024;
+inline CLI::Validator thread_count() { return in_range(0, kMaxThreads); }
 
 }  // namespace dmuon::cli

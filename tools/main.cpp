@@ -1,11 +1,14 @@
 // dmuon command-line tool. Library errors arrive here as exceptions and become one line on stderr
-// and a non-zero exit code.
+// and a non-zero exit code. Under mpirun the failing rank then ends the whole job (abort_world):
+// returning would leave its peers waiting in a collective until their comm timeout, and the exit
+// handler's MPI_Finalize would wait with them.
 #include <cstdio>
 #include <exception>
 #include <map>
 #include <vector>
 
 #include "cli.hpp"
+#include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
 
 namespace dmuon::cli {
@@ -55,13 +58,23 @@ int main(int argc, char** argv) {
   dmuon::cli::add_registered_subcommands(app);
   try {
     app.parse(argc, argv);
-  } catch (const CLI::ParseError& e) {
+  } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    // A bad command line is one line too, like every other error.
+    std::fprintf(stderr, "dmuon: error: %s (see --help)\n", e.what());
+    return e.get_exit_code();
   } catch (const dmuon::Error& e) {
     std::fprintf(stderr, "dmuon: error: %s\n", e.what());
+    dmuon::comm::abort_world(1);
     return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "dmuon: internal error: %s\n", e.what());
+    dmuon::comm::abort_world(2);
     return 2;
   }
   return 0;

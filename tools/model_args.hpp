@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/models.hpp"
 
@@ -23,8 +24,7 @@ struct ModelArgs {
       auto* h = c->add_option("--hf-config", hf_config, "A Hugging Face config.json (qwen2, llama, mistral, gemma)");
       m->excludes(h);
     }
-    c->add_option("--layers", layers, "Keep only the first N layers of every layer stack (0: all)")
-        ->check(CLI::NonNegativeNumber);
+    c->add_option("--layers", layers, "Keep only the first N layers of every layer stack (0: all)")->check(at_least(0));
   }
 
   std::vector<ParamSpec> load() const {

@@ -47,13 +47,19 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
       ->capture_default_str();
   c->add_option("--coeffs", args->coeffs, "keller | you | polar-express")->capture_default_str();
   c->add_option("--steps", args->steps, "iterations; past the schedule's table its last row repeats")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(dmuon::cli::at_least(0));
   c->add_option("--restarts", args->restarts, "Gram restart steps, comma-separated ('' or none: no restarts)")
       ->capture_default_str();
   c->add_option("--safety", args->safety, "safety factor s: (a,b,c) -> (a/s, b/s^3, c/s^5), norm*s; 0: default")
-      ->capture_default_str();
-  c->add_option("--tiles", args->tiles, "tiles per side of the upper-triangle products")->capture_default_str();
-  c->add_option("--threads", args->threads, "BLAS threads (0: OpenBLAS's setting)")->capture_default_str();
+      ->capture_default_str()
+      ->check(dmuon::cli::at_least(0.0));
+  c->add_option("--tiles", args->tiles, "tiles per side of the upper-triangle products")
+      ->capture_default_str()
+      ->check(dmuon::cli::at_least(1));
+  c->add_option("--threads", args->threads, "BLAS threads (0: OpenBLAS's setting)")
+      ->capture_default_str()
+      ->check(dmuon::cli::thread_count());
   c->callback([args] { run_ns(*args); });
 });
 

@@ -98,14 +98,14 @@ Registration reg("", [](CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   auto* c = app.add_subcommand("plan", "Assign Muon matrices to owner ranks and show the predicted balance");
   args->model.add_to(c);
-  c->add_option("--ranks", args->ranks, "Number of ranks D")->required()->check(CLI::PositiveNumber);
+  c->add_option("--ranks", args->ranks, "Number of ranks D")->required()->check(at_least(1));
   c->add_option("--balancer", args->balancer, "rr, lpt, milp, or all (side by side)")
       ->check(CLI::IsMember({"rr", "lpt", "milp", "all"}));
   args->costs.add_to(c);
   c->add_option("--memory-slack", args->options.memory_slack, "Memory bound ε: a rank holds ≤ (1+ε)·S/D bytes")
-      ->check(CLI::NonNegativeNumber);
+      ->check(at_least(0.0));
   c->add_flag("--spread", args->options.spread_units, "Spread each layer's matrices over distinct owners (milp)");
-  c->add_option("--time-limit", args->options.time_limit_s, "CBC time limit in seconds")->check(CLI::PositiveNumber);
+  c->add_option("--time-limit", args->options.time_limit_s, "CBC time limit in seconds")->check(positive());
   c->add_flag("--verbose", args->options.verbose, "Show CBC's log");
   c->add_flag("--json", args->json, "Print JSON instead of tables");
   c->callback([args] { run(*args); });

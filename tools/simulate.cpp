@@ -124,13 +124,16 @@ Registration reg("", [](CLI::App& app) {
   auto args = std::make_shared<SimulateArgs>();
   auto* c = app.add_subcommand("simulate", "Model one training step on a simulated cluster (8-256 devices)");
   args->model.add_to(c);
-  c->add_option("--devices", args->devices, "Device counts to simulate")->delimiter(',')->capture_default_str();
-  c->add_option("--gpus-per-node", args->per_node, "Devices per node")->capture_default_str()->check(CLI::PositiveNumber);
+  c->add_option("--devices", args->devices, "Device counts to simulate")
+      ->delimiter(',')
+      ->capture_default_str()
+      ->check(at_least(1));
+  c->add_option("--gpus-per-node", args->per_node, "Devices per node")->capture_default_str()->check(at_least(1));
   c->add_option("--profile", args->profile, "Hardware profile: a800, h200, or a path (models/hardware/*.json)")
       ->capture_default_str();
   c->add_option("--tokens-per-device", args->tokens, "Tokens each device processes per step")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   c->add_option("--balancer", args->balancer, "DMuon owner assignment: rr, lpt or milp")->capture_default_str();
   c->add_flag("--zero2", args->zero2, "Keep gathered weights for backward (Z2) instead of gathering again (Z3)");
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");

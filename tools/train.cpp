@@ -113,29 +113,46 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   dmuon::TrainOptions& o = args->train;
   auto* c = app.add_subcommand("train", "Train the GPT example on text (run under mpirun for several ranks)");
+  using dmuon::cli::at_least;
+  using dmuon::cli::in_range;
   c->add_option("--optim", args->optim, "adamw | muon (1 rank) | muon-gather | dmuon")->capture_default_str();
-  c->add_option("--steps", o.steps, "optimizer steps in total")->capture_default_str();
-  c->add_option("--seed", o.seed, "initialisation and batch order")->capture_default_str();
-  c->add_option("--layers", o.model.layers, "transformer blocks L")->capture_default_str();
-  c->add_option("--width", o.model.width, "channels C")->capture_default_str();
-  c->add_option("--heads", o.model.heads, "attention heads (divide the width)")->capture_default_str();
-  c->add_option("--context", o.model.context, "sequence length T")->capture_default_str();
+  c->add_option("--steps", o.steps, "optimizer steps in total")->capture_default_str()->check(at_least<int64_t>(1));
+  c->add_option("--seed", o.seed, "initialisation and batch order")
+      ->capture_default_str()
+      ->check(at_least<uint64_t>(0));
+  c->add_option("--layers", o.model.layers, "transformer blocks L")->capture_default_str()->check(at_least<int64_t>(1));
+  c->add_option("--width", o.model.width, "channels C")->capture_default_str()->check(at_least<int64_t>(1));
+  c->add_option("--heads", o.model.heads, "attention heads (divide the width)")
+      ->capture_default_str()
+      ->check(at_least<int64_t>(1));
+  c->add_option("--context", o.model.context, "sequence length T")->capture_default_str()->check(at_least<int64_t>(1));
   c->add_option("--batch", o.batch, "sequences per global batch B (divisible by ranks x micro-batches)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least<int64_t>(1));
   c->add_option("--micro-batches", o.micro_batches, "gradient accumulation: micro-batches per step")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least(1));
   c->add_option("--lr", o.lr, "peak lr of Muon's matrices (muon*, dmuon) or of AdamW (adamw); 0: 0.02 / 3e-3")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least(0.0));
   c->add_option("--adamw-lr", o.adamw_lr, "peak lr of the AdamW group (embeddings, head, norms, biases) in Muon runs")
-      ->capture_default_str();
-  c->add_option("--weight-decay", o.weight_decay, "decoupled weight decay")->capture_default_str();
-  c->add_option("--warmup", o.warmup, "linear warmup steps (then cosine decay)")->capture_default_str();
+      ->capture_default_str()
+      ->check(dmuon::cli::positive());
+  c->add_option("--weight-decay", o.weight_decay, "decoupled weight decay")
+      ->capture_default_str()
+      ->check(at_least(0.0));
+  c->add_option("--warmup", o.warmup, "linear warmup steps (then cosine decay)")
+      ->capture_default_str()
+      ->check(at_least<int64_t>(0));
   c->add_option("--min-lr-ratio", o.min_lr_ratio, "the cosine ends at this fraction of the peak lr")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(in_range(0.0, 1.0));
   c->add_option("--val-every", o.val_every, "validate every this many steps (and at the end); 0: only at the end")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least<int64_t>(0));
   c->add_option("--val-batches", o.val_batches, "global batches of validation text per evaluation")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(at_least<int64_t>(1));
   c->add_option("--data", o.data, "text file or folder (default: the fortunes corpus)");
   c->add_option("--shard-mode", args->shard_mode, "z3 | z2 | replicated (sharded optimizers)")->capture_default_str();
   c->add_option("--balancer", args->balancer, "dmuon: owner assignment rr | lpt | milp (CBC)")->capture_default_str();
@@ -147,7 +164,8 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
                 "under mpirun stdout always is one: say plain when logging to a file")
       ->capture_default_str();
   c->add_option("--threads", args->threads, "BLAS threads per rank (0: 1 with several ranks, else OpenBLAS's)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(dmuon::cli::thread_count());
   c->callback([args] { run_train(*args); });
 });
 

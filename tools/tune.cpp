@@ -52,7 +52,7 @@ Registration reg("", [](CLI::App& app) {
   auto* c = app.add_subcommand("tune", "Autotune Newton-Schulz for a model's matrix shapes and cache the winners");
   args->model.add_to(c);
   c->add_option("--ranks", args->ranks, "Tune the per-rank batch sizes of D ranks (ceil(count/D))")
-      ->check(CLI::PositiveNumber);
+      ->check(at_least(1));
   args->session.add_to(c);
   c->add_flag("--json", args->json, "Print JSON instead of a table");
   c->callback([args] { run(*args); });

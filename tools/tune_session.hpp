@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cli.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/tune.hpp"
 
@@ -20,10 +21,9 @@ struct TuneSessionArgs {
   int rounds = 3;
 
   void add_to(CLI::App* c) {
-    c->add_option("--threads", threads, "BLAS threads to tune for (0: the current count)")
-        ->check(CLI::NonNegativeNumber);
+    c->add_option("--threads", threads, "BLAS threads to tune for (0: the current count)")->check(thread_count());
     c->add_option("--cache", cache, "Tuning cache (default $XDG_CACHE_HOME/dmuon/tune.json or ~/.cache/dmuon/tune.json)");
-    c->add_option("--rounds", rounds, "Timing rounds per candidate (minimum kept)")->check(CLI::PositiveNumber);
+    c->add_option("--rounds", rounds, "Timing rounds per candidate (minimum kept)")->check(at_least(1));
   }
 
   int resolved_threads() const { return threads > 0 ? threads : linalg::threads(); }

@@ -9,6 +9,10 @@ namespace dmuon {
 
 void write_file_atomically(const std::string& path, std::string_view bytes);
 
+// Renames `from` to `to` (a file, or a folder onto a missing or empty one) and fsyncs the folder
+// holding `to`, so the rename survives a crash. Throws dmuon::Error naming both.
+void rename_durably(const std::string& from, const std::string& to);
+
 // Reads a whole file; throws dmuon::Error naming the file when it cannot be opened or read.
 std::string read_file(const std::string& path);
 

@@ -9,8 +9,20 @@
 //                            logical shape, global offset (flattened, row-major) and count
 //   index.json               written last by rank 0 once every rank has finished: format, version,
 //                            world size, update and skip counters. A folder without it is incomplete.
-// Every file is written atomically (temporary file, fsync, rename). Saving first removes an old
-// index.json, so a save that dies half-way leaves a folder that refuses to load, never a mix.
+// Every file is written atomically (temporary file, fsync, rename).
+//
+// A save never touches the previous checkpoint until the new one is complete: every rank writes its
+// files into the sibling folder <dir>.new; once all ranks agree that all succeeded, rank 0 writes
+// <dir>.new/index.json, renames <dir> to <dir>.old and <dir>.new to <dir>, and removes <dir>.old.
+// Where a crash leaves things, and what happens next:
+//   - before the first rename: <dir> is the old checkpoint, untouched; <dir>.new is debris, which the
+//     next save reuses (its index.json removed first, files of ranks beyond its world size dropped).
+//   - between the renames: no <dir>; <dir>.old (old) and <dir>.new (new, complete). Loading `dir`
+//     then reads <dir>.new if it holds an index.json, else <dir>.old; the next save first renames
+//     that folder back to <dir>.
+//   - after the second rename: <dir> is the new checkpoint; <dir>.old is removed by the next save.
+// Because these folders are replaced or removed whole, a save refuses a <dir>, <dir>.new or <dir>.old
+// that holds files other than a checkpoint's.
 //
 // Loading reads the manifests, and for each slice this rank now holds, copies the saved slices that
 // cover it (so a checkpoint saved at 4 ranks resumes at 2 or 1, or under another owner plan). It

@@ -16,6 +16,12 @@
 //    MPI_THREAD_SERIALIZED; world() initialises MPI with that level if nobody has (the tests'
 //    main asks for MPI_THREAD_MULTIPLE, which also satisfies it).
 //  - Buffers. send, recv and counts must stay alive and unmodified until the Work completes.
+//  - Destruction. MPI cannot cancel a non-blocking collective (MPI_Cancel and MPI_Request_free
+//    are erroneous on one) and the peers need this rank's part of it, so an operation whose last
+//    Work handle is dropped before it completes is waited for in the destructor (polling, bounded
+//    by the timeout, never throwing); an owner of buffers calls Work::settle() before freeing
+//    them. Where waiting cannot help (the communicator already failed or the wait times out) the
+//    operation is abandoned and what MPI may still write into is leaked, never freed.
 //  - Progress: by polling. Work::test() advances the operation (MPI_Test); Work::wait() polls until
 //    done. There is no progress thread: OpenMPI 4.1's shared-memory and TCP transports move large
 //    messages only inside MPI calls, so a training loop calls test() on in-flight work at known
@@ -31,6 +37,10 @@
 //    died or never calls the collective thus turns into an error on every rank that waits for
 //    it; the communicator is then unusable, MPI is not finalised at exit, and mpirun tears down
 //    the job when the CLI exits non-zero.
+//  - One rank failing alone. A rank whose error escapes to the program's top level must not
+//    return from main() while its peers wait in a collective (the exit handler's MPI_Finalize
+//    would block with them until their timeout): the CLI prints the error and calls
+//    abort_world(), which ends every rank at once. Library code never aborts; it throws.
 //  - Counts are element counts (int64 in the API; the MPI backend refuses counts over INT_MAX).
 #pragma once
 
@@ -111,6 +121,11 @@ class Work {
   bool test();
   // Polls until complete; throws dmuon::Error after the timeout. Returns the seconds it waited.
   double wait();
+  // For destructors and cleanup: completes the operation like wait() but never throws. Returns
+  // true once it completed; false (without waiting) if the communicator already failed, or when
+  // it fails or times out now (the communicator is then marked failed). On false the operation
+  // may still write into its buffers: the caller must leak them rather than free them.
+  bool settle() noexcept;
   bool done() const { return state_ == nullptr; }
   // What the operation is and where, for messages ("all_gatherv on rank 1 of 4").
   std::string describe() const;
@@ -238,6 +253,11 @@ class Comm {
 // Initialises MPI (MPI_THREAD_SERIALIZED) if nobody has and finalises it at exit unless a
 // collective failed; without mpirun a lone process is a world of one. Collective over all ranks.
 std::shared_ptr<Comm> world(const Options& options = Options::from_env());
+
+// For a program's top level after it printed an error: with MPI initialised and more than one
+// rank in MPI_COMM_WORLD, ends every rank of the job now (MPI_Abort) with `exit_code`; otherwise
+// (a world of one, MPI not initialised or already finalised) returns and the caller exits.
+void abort_world(int exit_code);
 
 // Reduce-scatter(v) in two stages when the topology has several nodes of several ranks: a
 // reduce-scatter inside each node, then one across nodes among ranks with the same local index,

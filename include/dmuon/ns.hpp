@@ -31,7 +31,15 @@ struct NsOptions {
   int tiles = 8;                     // tiles per side of the upper-triangle products (8: DESIGN 5, 896-2048)
   NsBatchMode batch_mode = NsBatchMode::sequential;
   int threads = 0;                   // BLAS threads for this call; 0: the current setting
+
+  bool operator==(const NsOptions&) const = default;
 };
+
+// What a rows×cols call actually runs with: the algorithm resolved (ns_resolve_algo), the safety
+// factor resolved (ns_default_safety), and the fields its path ignores reset (standard: restarts and
+// tiles; plain sgemm, symmetric = false: tiles). Options with equal effective options run the same
+// kernel: newton_schulz computes with these.
+NsOptions ns_effective_options(const NsOptions& options, int64_t rows, int64_t cols);
 
 // O = orth(U). U and O are rows×cols, row-major, and may alias. `name` appears in errors
 // (NaN/Inf input is an error; an all-zero U gives an all-zero O).

@@ -94,6 +94,10 @@ class ShardedParams {
   // elementwise); empty means lpt_owners. Shard parameters start at zero (see load_full).
   ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry registry, ShardOptions options,
                 std::vector<int> owners = {});
+  // Completes every gather and reduce still in flight (Work::settle: bounded by the comm timeout,
+  // never throwing) before freeing the buffers they write into; if one cannot complete (the
+  // communicator failed), leaks the buffers instead. Not collective: it waits only for the peers
+  // to progress operations they have already posted (the hooks are collective).
   ~ShardedParams();
   ShardedParams(const ShardedParams&) = delete;
   ShardedParams& operator=(const ShardedParams&) = delete;

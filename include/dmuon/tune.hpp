@@ -31,9 +31,10 @@ struct TuneKey {
 TuneKey current_tune_key(int threads);
 
 // The configurations worth timing for `batch` rows×cols matrices with at most `max_threads` threads:
-// {standard, gram restart [2], gram restart [1,3]} × {plain sgemm, symmetric with 1, 2, 4, 8 tiles
-// of at least 128 rows} × {sequential with max_threads, sequential with 1 thread, concurrent with
-// max_threads workers (batch > 1 and max_threads > 1 only)}. Deterministic order.
+// ({standard} × {plain sgemm, symmetric} + {gram restart [2], gram restart [1,3]} × {plain sgemm,
+// symmetric with 1, 2, 4, 8 tiles of at least 128 rows}) × {sequential with max_threads, sequential
+// with 1 thread, concurrent with max_threads workers (batch > 1 and max_threads > 1 only)}: no two
+// have the same ns_effective_options. Deterministic order.
 std::vector<NsOptions> tune_candidates(int64_t rows, int64_t cols, int batch, int max_threads);
 
 // The configuration used when nothing is tuned (NsOptions's defaults with max_threads).

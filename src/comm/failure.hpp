@@ -1,5 +1,6 @@
-// A process-wide flag raised when a collective failed or timed out: MPI is then left
-// unfinalised at exit (MPI_Finalize would wait for the peers that are gone).
+// A process-wide flag raised when a collective failed, timed out or was abandoned unfinished:
+// MPI is then left unfinalised at exit (MPI_Finalize would wait for the peers that are gone), and
+// cleanup no longer waits for in-flight operations (Work::settle, MpiWork's destructor).
 #pragma once
 
 namespace dmuon::comm::detail {

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "comm/failure.hpp"
+#include "comm/polling.hpp"
 #include "dmuon/comm.hpp"
 
 namespace dmuon::comm {
@@ -95,7 +97,32 @@ void ensure_mpi_initialized() {
 // One posted MPI operation (possibly several requests) plus what it must keep alive.
 class MpiWork : public WorkState {
  public:
-  MpiWork(std::string what, int rank, int size) : what_(std::move(what)), rank_(rank), size_(size) {}
+  MpiWork(std::string what, int rank, int size, double timeout_s)
+      : what_(std::move(what)), rank_(rank), size_(size), timeout_s_(timeout_s) {}
+  // Dropped before completion: MPI cannot cancel a collective and the peers need our part, so
+  // wait for it (bounded by the timeout, never throwing; on_done is skipped, nobody reads the
+  // result). Without a live communicator, or past the timeout, abandon it: the requests and the
+  // counts MPI may still read are leaked, and the communicator is marked failed.
+  ~MpiWork() override {
+    if (done_ || requests.empty()) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized && !detail::comm_failed()) {
+      int rc = MPI_SUCCESS, flag = 0;
+      double waited_s = 0;
+      detail::poll_until(
+          [&] {
+            rc = MPI_Testall(static_cast<int>(requests.size()), requests.data(), &flag, MPI_STATUSES_IGNORE);
+            return rc != MPI_SUCCESS || flag != 0;
+          },
+          timeout_s_, waited_s);
+      if (rc == MPI_SUCCESS && flag != 0) return;
+    }
+    detail::mark_comm_failed();
+    (void)new std::vector<MPI_Request>(std::move(requests));
+    (void)new std::vector<int>(std::move(counts));
+    (void)new std::vector<int>(std::move(displs));
+  }
   bool test() override {
     if (done_) return true;
     int flag = 0;
@@ -117,6 +144,7 @@ class MpiWork : public WorkState {
  private:
   std::string what_;
   int rank_, size_;
+  double timeout_s_;
   bool done_ = false;
 };
 
@@ -269,7 +297,9 @@ class MpiComm : public Comm {
   }
 
  private:
-  std::shared_ptr<MpiWork> start(const char* what) { return std::make_shared<MpiWork>(what, rank_, size_); }
+  std::shared_ptr<MpiWork> start(const char* what) {
+    return std::make_shared<MpiWork>(what, rank_, size_, options_.timeout_s);
+  }
   Work finish(std::shared_ptr<MpiWork> w) { return Work(std::move(w), options_.timeout_s); }
 
   void check_root(int root, const char* what) const {
@@ -366,6 +396,17 @@ std::shared_ptr<Comm> world(const Options& options) {
   int rc = MPI_Comm_dup(MPI_COMM_WORLD, &dup);
   DMUON_CHECK(rc == MPI_SUCCESS, "dmuon comm: MPI_Comm_dup(MPI_COMM_WORLD) failed with code ", rc);
   return std::make_shared<MpiComm>(dup, options, true);
+}
+
+void abort_world(int exit_code) {
+  int initialized = 0, finalized = 0, size = 1;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size <= 1) return;
+  std::fflush(nullptr);  // the caller's error line must reach mpirun before the job is torn down
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
 }
 
 }  // namespace dmuon::comm

@@ -1,12 +1,11 @@
 // Backend-independent parts of the communicator: Work handles (polling, timeout, composition),
 // options from the environment, the typed interface's count checks.
-#include <chrono>
 #include <cstdlib>
 #include <deque>
 #include <string>
-#include <thread>
 
 #include "comm/failure.hpp"
+#include "comm/polling.hpp"
 #include "dmuon/comm.hpp"
 
 namespace dmuon::comm {
@@ -111,20 +110,27 @@ bool Work::test() {
 }
 
 double Work::wait() {
-  using clock = std::chrono::steady_clock;
   if (test()) return 0;
-  const auto start = clock::now();
-  const auto deadline = start + std::chrono::duration<double>(timeout_s_);
-  // Spin on test(); after a while yield the core, since ranks may outnumber cores.
-  for (int polls = 0;; ++polls) {
-    if (test()) return std::chrono::duration<double>(clock::now() - start).count();
-    if (polls > 1000) std::this_thread::yield();
-    if ((polls & 255) == 0 && clock::now() > deadline) {
-      detail::mark_comm_failed();
-      DMUON_FAIL("dmuon comm: timed out after ", timeout_s_, " s waiting for ", state_->describe(),
-                 " (a peer rank died or did not call the same collective; DMUON_COMM_TIMEOUT_S sets the limit)");
-    }
+  double waited_s = 0;
+  if (detail::poll_until([this] { return test(); }, timeout_s_, waited_s)) return waited_s;
+  detail::mark_comm_failed();
+  DMUON_FAIL("dmuon comm: timed out after ", timeout_s_, " s waiting for ", state_->describe(),
+             " (a peer rank died or did not call the same collective; DMUON_COMM_TIMEOUT_S sets the limit)");
+}
+
+bool Work::settle() noexcept {
+  try {
+    if (test()) return true;
+    // The peers may be gone: waiting would only stall the cleanup.
+    if (detail::comm_failed()) return false;
+    double waited_s = 0;
+    if (detail::poll_until([this] { return test(); }, timeout_s_, waited_s)) return true;
+  } catch (...) {
+    // test() failed. A destructor cannot report it; the caller's original error stands.
   }
+  // Abandoned: this rank's collectives no longer match its peers', so the communicator is dead.
+  detail::mark_comm_failed();
+  return false;
 }
 
 namespace {

@@ -46,11 +46,18 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
     throw;
   }
   ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    int err = errno;
+  try {
+    rename_durably(tmp, path);
+  } catch (...) {
     ::unlink(tmp.c_str());
-    DMUON_FAIL("cannot rename ", tmp, " to ", path, ": ", std::strerror(err));
+    throw;
   }
+}
+
+void rename_durably(const std::string& from, const std::string& to) {
+  const std::filesystem::path target(to);
+  const std::filesystem::path dir = target.has_parent_path() ? target.parent_path() : std::filesystem::path(".");
+  DMUON_CHECK(::rename(from.c_str(), to.c_str()) == 0, "cannot rename ", from, " to ", to, ": ", std::strerror(errno));
   int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
   if (dfd >= 0) {
     ::fsync(dfd);

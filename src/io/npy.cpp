@@ -1,10 +1,12 @@
 #include "dmuon/npy.hpp"
 
+#include <charconv>
 #include <cstring>
 #include <regex>
 
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/shape.hpp"
 
 namespace dmuon {
 
@@ -28,7 +30,12 @@ std::vector<int64_t> parse_shape(const std::string& tuple, const std::string& pa
   size_t consumed = 0;
   for (std::sregex_iterator it(inner.begin(), inner.end(), item), end; it != end; ++it) {
     DMUON_CHECK(static_cast<size_t>(it->position()) == consumed, path, ": malformed shape ", tuple);
-    shape.push_back(std::stoll((*it)[1].str()));
+    const std::string digits = (*it)[1].str();
+    int64_t d = 0;
+    const auto [stop, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), d);
+    DMUON_CHECK(ec == std::errc() && stop == digits.data() + digits.size(), path, ": malformed shape ", tuple,
+                " (dimension ", digits, " is too large)");
+    shape.push_back(d);
     consumed = it->position() + it->length();
   }
   DMUON_CHECK(inner.find_first_not_of(" ", consumed) == std::string::npos, path, ": malformed shape ", tuple);
@@ -75,8 +82,7 @@ NpyArray read_npy(const std::string& path) {
     DMUON_FAIL(path, ": unsupported dtype '", dtype, "' (supported: little-endian float32 '<f4', float64 '<f8')");
   }
   out.shape = parse_shape(shape_text, path);
-  size_t count = 1;
-  for (int64_t d : out.shape) count *= static_cast<size_t>(d);
+  const auto count = static_cast<size_t>(checked_numel(out.shape, path));
 
   const size_t data_start = header_start + header_len;
   const size_t want = count * itemsize;
@@ -120,11 +126,8 @@ NpyArray read_npy(const std::string& path) {
 
 void write_npy(const std::string& path, const std::vector<int64_t>& shape, const float* data) {
   std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (";
-  size_t count = 1;
-  for (int64_t d : shape) {
-    dict += std::to_string(d) + ", ";
-    count *= static_cast<size_t>(d);
-  }
+  const auto count = static_cast<size_t>(checked_numel(shape, path));
+  for (int64_t d : shape) dict += std::to_string(d) + ", ";
   if (shape.size() > 1) dict.resize(dict.size() - 1);  // "(3, 4)" not "(3, 4, )"
   if (shape.size() > 1) dict.back() = ')';
   else dict += ")";

@@ -1,6 +1,7 @@
 #include "dmuon/params.hpp"
 
 #include "dmuon/error.hpp"
+#include "dmuon/shape.hpp"
 
 namespace dmuon {
 
@@ -12,11 +13,7 @@ ParamRole parse_param_role(std::string_view text) {
   DMUON_FAIL("unknown parameter role '", text, "' (expected matrix or elementwise)");
 }
 
-int64_t ParamSpec::numel() const {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
+int64_t ParamSpec::numel() const { return checked_numel(shape, "parameter '" + name + "'"); }
 
 int64_t ParamSpec::rows() const { return shape.empty() ? 1 : shape[0]; }
 

@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cstring>
-#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/shape.hpp"
 
 namespace dmuon {
 
@@ -17,14 +17,7 @@ namespace {
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
 
 uint64_t numel_of(const std::vector<int64_t>& shape, const std::string& source, const std::string& name) {
-  uint64_t n = 1;
-  for (int64_t d : shape) {
-    DMUON_CHECK(d >= 0, source, ": tensor '", name, "' has a negative dimension ", d);
-    DMUON_CHECK(d == 0 || n <= std::numeric_limits<uint64_t>::max() / 16 / static_cast<uint64_t>(d), source,
-                ": tensor '", name, "' has an impossibly large shape");
-    n *= static_cast<uint64_t>(d);
-  }
-  return n;
+  return static_cast<uint64_t>(checked_numel(shape, source + ": tensor '" + name + "'"));
 }
 
 template <typename T>

@@ -9,12 +9,14 @@
 namespace dmuon {
 
 void validate(const GptConfig& c) {
+  // Each message names the field and the CLI flag (dmuon train / bench gpt) that sets it.
   DMUON_CHECK(c.vocab > 0, "GPT vocab must be positive, got ", c.vocab);
-  DMUON_CHECK(c.context > 0, "GPT context must be positive, got ", c.context);
-  DMUON_CHECK(c.layers > 0, "GPT layers must be positive, got ", c.layers);
-  DMUON_CHECK(c.heads > 0, "GPT heads must be positive, got ", c.heads);
-  DMUON_CHECK(c.width > 0, "GPT width must be positive, got ", c.width);
-  DMUON_CHECK(c.width % c.heads == 0, "GPT width ", c.width, " is not divisible by heads ", c.heads);
+  DMUON_CHECK(c.context > 0, "GPT context (--context) must be positive, got ", c.context);
+  DMUON_CHECK(c.layers > 0, "GPT layers (--layers) must be positive, got ", c.layers);
+  DMUON_CHECK(c.heads > 0, "GPT heads (--heads) must be positive, got ", c.heads);
+  DMUON_CHECK(c.width > 0, "GPT width (--width) must be positive, got ", c.width);
+  DMUON_CHECK(c.width % c.heads == 0, "GPT width (--width) ", c.width, " is not divisible by heads (--heads) ",
+              c.heads);
 }
 
 std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {

@@ -164,12 +164,15 @@ void validate(const TrainOptions& o, int world) {
   DMUON_CHECK(o.micro_batches >= 1, "--micro-batches must be at least 1, got ", o.micro_batches);
   DMUON_CHECK(o.batch >= 1 && o.batch % (int64_t(world) * o.micro_batches) == 0, "--batch ", o.batch,
               " must be a positive multiple of ranks x micro-batches = ", world, " x ", o.micro_batches);
-  DMUON_CHECK(o.lr >= 0 && o.adamw_lr > 0, "learning rates must be positive, got --lr ", o.lr, " --adamw-lr ",
-              o.adamw_lr);
-  DMUON_CHECK(o.warmup >= 0 && o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--warmup must be ≥ 0 and ",
-              "--min-lr-ratio in [0, 1], got ", o.warmup, " and ", o.min_lr_ratio);
-  DMUON_CHECK(o.val_every >= 0 && o.val_batches >= 1, "--val-every must be ≥ 0 and --val-batches ≥ 1, got ",
-              o.val_every, " and ", o.val_batches);
+  // Written so that NaN fails too; inf is rejected explicitly.
+  DMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "--lr must be finite and at least 0 (0: the default), got ", o.lr);
+  DMUON_CHECK(std::isfinite(o.adamw_lr) && o.adamw_lr > 0, "--adamw-lr must be finite and positive, got ", o.adamw_lr);
+  DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
+              "--weight-decay must be finite and at least 0, got ", o.weight_decay);
+  DMUON_CHECK(o.warmup >= 0, "--warmup must be at least 0, got ", o.warmup);
+  DMUON_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
+  DMUON_CHECK(o.val_every >= 0, "--val-every must be at least 0, got ", o.val_every);
+  DMUON_CHECK(o.val_batches >= 1, "--val-batches must be at least 1, got ", o.val_batches);
   DMUON_CHECK(!o.model.tied_head, "a tied head is not supported in training (units 0 and L+1 would share wte)");
   DMUON_CHECK(o.optim != OptimKind::muon || world == 1, "--optim muon is single-process (here ", world,
               " ranks): use dmuon or muon-gather");
@@ -186,7 +189,11 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
   Impl& m = *impl_;
   m.corpus = load_text_corpus(options_.data);
   const int64_t T = options_.model.context;
-  DMUON_CHECK(int64_t(m.corpus.val.size()) > T + 1, "the validation part of '", options_.data, "' has ",
+  // A sequence reads T+1 bytes (inputs and the targets shifted by one): each split needs at least that.
+  const std::string source = options_.data.empty() ? default_corpus_dir() : options_.data;
+  DMUON_CHECK(int64_t(m.corpus.train.size()) >= T + 1, "the training part of '", source, "' has ",
+              m.corpus.train.size(), " bytes, fewer than a sequence of --context ", T, " + 1");
+  DMUON_CHECK(int64_t(m.corpus.val.size()) >= T + 1, "the validation part of '", source, "' has ",
               m.corpus.val.size(), " bytes, fewer than a sequence of --context ", T, " + 1");
 
   const std::vector<ParamSpec>& specs = m.model.params();

@@ -172,6 +172,19 @@ float* gram_recurrence(float* x, float* y, const std::vector<NsStep>& schedule, 
 
 }  // namespace
 
+}  // namespace ns_detail
+
+NsOptions ns_effective_options(const NsOptions& options, int64_t rows, int64_t cols) {
+  NsOptions e = options;
+  e.algo = ns_resolve_algo(options.algo, rows, cols);
+  e.safety = options.safety > 0 ? options.safety : ns_default_safety(options.coeffs);
+  if (e.algo == NsAlgo::standard) e.restarts.clear();
+  if (e.algo == NsAlgo::standard || !e.symmetric) e.tiles = 1;
+  return e;
+}
+
+namespace ns_detail {
+
 void orthogonalize(const float* u, float* o, int64_t rows, int64_t cols, const NsOptions& options,
                    const std::string& name, Workspace& ws) {
   DMUON_CHECK(rows >= 0 && cols >= 0, "Newton-Schulz input '", name, "' has a negative shape ", rows, "x", cols);
@@ -185,14 +198,14 @@ void orthogonalize(const float* u, float* o, int64_t rows, int64_t cols, const N
   float* x = ws.mn[0].data();
   float* y = ws.mn[1].data();
   copy(m * n, u, x);
-  const double safety = options.safety > 0 ? options.safety : ns_default_safety(options.coeffs);
-  linalg::scale(m * n, static_cast<float>(1.0 / (norm * safety + 1e-7)), x);
+  const NsOptions e = ns_effective_options(options, rows, cols);
+  linalg::scale(m * n, static_cast<float>(1.0 / (norm * e.safety + 1e-7)), x);
 
-  const std::vector<NsStep> schedule = ns_schedule(options.coeffs, options.steps, options.safety);
-  const Products p{m, n, rows > cols, options.symmetric, options.tiles};
+  const std::vector<NsStep> schedule = ns_schedule(e.coeffs, e.steps, e.safety);
+  const Products p{m, n, rows > cols, e.symmetric, e.tiles};
   float* result = nullptr;
-  if (ns_resolve_algo(options.algo, rows, cols) == NsAlgo::gram) {
-    result = gram_recurrence(x, y, schedule, options.restarts, p, ws.mm[0].data(), ws.mm[1].data(), ws.mm[2].data(),
+  if (e.algo == NsAlgo::gram) {
+    result = gram_recurrence(x, y, schedule, e.restarts, p, ws.mm[0].data(), ws.mm[1].data(), ws.mm[2].data(),
                              ws.mm[3].data());
   } else {
     result = standard_recurrence(x, y, schedule, p, ws.mm[0].data(), ws.mm[1].data());

@@ -4,14 +4,15 @@
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
-#include <sstream>
 
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/checksum.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/npy.hpp"
 #include "dmuon/safetensors.hpp"
+#include "dmuon/shape.hpp"
 
 namespace dmuon {
 
@@ -29,17 +30,89 @@ std::string rank_stem(int rank) {
   return buf;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream os;
-  os << '[';
-  for (size_t i = 0; i < shape.size(); ++i) os << (i ? ", " : "") << shape[i];
-  return os.str() + ']';
+// "ck/" -> "ck", so that "<dir>.new" is a sibling.
+std::string folder_name(const std::string& dir) {
+  fs::path p(dir);
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  return p.string();
 }
 
-int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
+// Where a save stages the new checkpoint, and where it parks the old one during the swap.
+std::string staging_folder(const std::string& dir) { return dir + ".new"; }
+std::string old_folder(const std::string& dir) { return dir + ".old"; }
+
+bool is_complete(const std::string& dir) { return fs::exists(dir + "/index.json"); }
+
+// The folder holding the checkpoint named `dir`: `dir` itself, or, after a save that died between
+// its two renames (`dir` then missing), the complete new one in <dir>.new or else the old one in
+// <dir>.old. Anything else is `dir` (and loading it reports what is missing).
+std::string complete_folder(const std::string& dir_arg) {
+  const std::string dir = folder_name(dir_arg);
+  if (fs::exists(dir)) return dir;
+  if (is_complete(staging_folder(dir))) return staging_folder(dir);
+  if (is_complete(old_folder(dir))) return old_folder(dir);
+  return dir;
+}
+
+// rank-00000.json or rank-00000.safetensors (the rank in group 1).
+const std::regex kRankFile(R"(rank-(\d{5,})\.(json|safetensors))");
+// write_file_atomically's temporary: .<name>.tmp.XXXXXX
+const std::regex kTemporaryFile(R"(\..*\.tmp\..*)");
+
+// A file a save may replace: one it wrote itself, or write_file_atomically's leftover temporary.
+bool is_checkpoint_file(const std::string& name) {
+  return name == "index.json" || std::regex_match(name, kRankFile) || std::regex_match(name, kTemporaryFile);
+}
+
+// A save replaces or removes `folder` whole (if it exists): it must hold nothing but checkpoint files.
+void check_replaceable(const std::string& folder) {
+  if (!fs::exists(folder)) return;
+  DMUON_CHECK(fs::is_directory(folder), folder,
+              ": exists and is not a folder; refusing to replace it with a checkpoint");
+  for (const auto& entry : fs::directory_iterator(folder)) {
+    const std::string name = entry.path().filename().string();
+    DMUON_CHECK(is_checkpoint_file(name), folder, ": holds '", name,
+                "', which is not part of a checkpoint; refusing to replace the folder");
+  }
+}
+
+// Rank 0, before anything is written: finishes a swap an earlier save left half-done, refuses to
+// replace folders that hold anything but a checkpoint, and marks a leftover staging folder incomplete.
+void prepare_save(const std::string& dir) {
+  if (!fs::exists(dir) && complete_folder(dir) != dir) rename_durably(complete_folder(dir), dir);
+  for (const std::string& folder : {dir, staging_folder(dir), old_folder(dir)}) check_replaceable(folder);
+  fs::remove(staging_folder(dir) + "/index.json");  // a staging folder is complete only once this save says so
+}
+
+// Rank 0, once every rank's files are in the staging folder: drops files of ranks beyond this save's
+// world size (left by an earlier failed save), then replaces `dir` by the staging folder.
+void swap_in(const std::string& dir, int world_size) {
+  const std::string staging = staging_folder(dir), old = old_folder(dir);
+  for (const auto& entry : fs::directory_iterator(staging)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "index.json") continue;
+    std::smatch m;
+    const bool ours = std::regex_match(name, m, kRankFile) && m[1].length() < 10 && std::stoi(m[1]) < world_size;
+    if (!ours) fs::remove_all(entry.path());
+  }
+  fs::remove_all(old);
+  if (fs::exists(dir)) rename_durably(dir, old);
+  rename_durably(staging, dir);
+  fs::remove_all(old);
+}
+
+// Inside a catch block: the exception in flight, a std:: one (from std::filesystem, say) turned into
+// a dmuon::Error saying what was being done.
+std::exception_ptr caught(const std::string& doing) {
+  try {
+    throw;
+  } catch (const Error&) {
+    return std::current_exception();
+  } catch (const std::exception& e) {
+    return std::make_exception_ptr(Error(doing + ": " + e.what()));
+  } catch (...) {
+    return std::current_exception();
+  }
 }
 
 // Every rank raises if any rank failed (so none goes on alone into a collective); the failing rank
@@ -120,10 +193,13 @@ Manifest read_manifest(const std::string& dir) {
       slice.offset = field<int64_t>(s, "offset", path, "tensor '" + slice.key + "'");
       slice.count = field<int64_t>(s, "count", path, "tensor '" + slice.key + "'");
       slice.rank = r;
-      for (int64_t d : slice.shape) DMUON_CHECK(d >= 0, path, ": tensor '", slice.key, "' has a negative dimension");
-      DMUON_CHECK(slice.offset >= 0 && slice.count >= 0 && slice.offset + slice.count <= numel(slice.shape), path,
-                  ": tensor '", slice.key, "' covers [", slice.offset, ", ", slice.offset + slice.count,
-                  ") outside its shape ", shape_text(slice.shape));
+      const int64_t numel = checked_numel(slice.shape, path + ": tensor '" + slice.key + "'");
+      DMUON_CHECK(slice.offset >= 0 && slice.count >= 0 && slice.offset <= numel && slice.count <= numel - slice.offset,
+                  path, ": tensor '", slice.key, "' covers ", slice.count, " elements from offset ", slice.offset,
+                  ", outside its shape ", shape_text(slice.shape));
+      // Checked before anything is allocated for it: a slice cannot hold more values than its file has bytes.
+      DMUON_CHECK(static_cast<uint64_t>(slice.count) <= f.bytes / sizeof(float), path, ": tensor '", slice.key,
+                  "' claims ", slice.count, " values, more than its file's ", f.bytes, " bytes hold");
       m.slices.push_back(std::move(slice));
     }
   }
@@ -184,20 +260,22 @@ void assemble(const Manifest& m, SliceReader& reader, const std::string& dir, co
 
 }  // namespace
 
-void save_checkpoint(const std::string& dir, Optimizer& optimizer) {
-  DMUON_CHECK(!optimizer.accumulating(), "save_checkpoint(", dir,
+void save_checkpoint(const std::string& dir_arg, Optimizer& optimizer) {
+  DMUON_CHECK(!optimizer.accumulating(), "save_checkpoint(", dir_arg,
               "): called between micro-batches of one update; save after the update");
+  const std::string target = folder_name(dir_arg);
+  const std::string staging = staging_folder(target);
   const int rank = optimizer.rank();
   std::exception_ptr failure;
   try {
-    fs::create_directories(dir);
-    if (rank == 0) fs::remove(dir + "/index.json");
-  } catch (const std::exception& e) {
-    failure = std::make_exception_ptr(Error(dir + ": cannot prepare the checkpoint folder: " + e.what()));
+    if (rank == 0) prepare_save(target);
+  } catch (...) {
+    failure = caught(target + ": cannot prepare the checkpoint folder");
   }
-  agree(optimizer, failure, "preparing checkpoint " + dir);  // also orders the removal before any write
+  agree(optimizer, failure, "preparing checkpoint " + target);  // orders rank 0's preparation before any write
 
   try {
+    fs::create_directories(staging);
     SafetensorsFile file;
     file.metadata["format"] = kFormat;
     json slices = json::array();
@@ -210,16 +288,16 @@ void save_checkpoint(const std::string& dir, Optimizer& optimizer) {
     }
     const std::string bytes = encode_safetensors(file);
     const std::string stem = rank_stem(rank);
-    write_file_atomically(dir + "/" + stem + ".safetensors", bytes);
+    write_file_atomically(staging + "/" + stem + ".safetensors", bytes);
     const json manifest = {{"file", stem + ".safetensors"},
                            {"bytes", bytes.size()},
                            {"fnv1a64", fnv1a64_hex(bytes)},
                            {"slices", slices}};
-    write_file_atomically(dir + "/" + stem + ".json", manifest.dump(1));
+    write_file_atomically(staging + "/" + stem + ".json", manifest.dump(1));
   } catch (...) {
-    failure = std::current_exception();
+    failure = caught(staging + ": cannot write rank " + std::to_string(rank) + "'s files");
   }
-  agree(optimizer, failure, "writing checkpoint " + dir);
+  agree(optimizer, failure, "writing checkpoint " + target);
 
   if (rank == 0) {
     try {
@@ -229,12 +307,13 @@ void save_checkpoint(const std::string& dir, Optimizer& optimizer) {
                           {"updates", optimizer.updates()},
                           {"skipped", optimizer.skipped_steps()},
                           {"checksum", "fnv1a64"}};
-      write_file_atomically(dir + "/index.json", index.dump(1));
+      write_file_atomically(staging + "/index.json", index.dump(1));
+      swap_in(target, optimizer.world_size());
     } catch (...) {
-      failure = std::current_exception();
+      failure = caught(target + ": cannot move the new checkpoint into place");
     }
   }
-  agree(optimizer, failure, "writing the index of checkpoint " + dir);
+  agree(optimizer, failure, "finishing checkpoint " + target);
 }
 
 void load_checkpoint(const std::string& dir, Optimizer& optimizer) {
@@ -243,7 +322,7 @@ void load_checkpoint(const std::string& dir, Optimizer& optimizer) {
   Manifest manifest;
   std::exception_ptr failure;
   try {
-    manifest = read_manifest(dir);
+    manifest = read_manifest(complete_folder(dir));
     SliceReader reader(manifest);
     std::set<std::string> ours;
     for (size_t i = 0; i < targets.size(); ++i) {
@@ -266,15 +345,21 @@ void load_checkpoint(const std::string& dir, Optimizer& optimizer) {
 }
 
 std::map<std::string, CheckpointTensor> read_checkpoint_tensors(const std::string& dir, const std::string& kind) {
-  const Manifest manifest = read_manifest(dir);
+  const Manifest manifest = read_manifest(complete_folder(dir));
   SliceReader reader(manifest);
   std::map<std::string, CheckpointTensor> out;
   for (const SavedSlice& s : manifest.slices) {
     if (s.kind != kind || out.count(s.param)) continue;
+    // Only as many values as the slices hold can be covered: refuse before allocating the whole tensor.
+    const int64_t numel = checked_numel(s.shape, dir + ": tensor '" + s.key + "'");
+    int64_t held = 0;
+    for (const SavedSlice& o : manifest.slices) held += o.param == s.param && o.kind == kind ? o.count : 0;
+    DMUON_CHECK(held >= numel, dir, ": the checkpoint holds ", held, " of the ", numel, " elements of ", kind, " '",
+                s.param, "' ", shape_text(s.shape));
     CheckpointTensor& t = out[s.param];
     t.shape = s.shape;
-    t.data.resize(numel(s.shape));
-    assemble(manifest, reader, dir, s.param, kind, s.shape, 0, numel(s.shape), t.data.data());
+    t.data.resize(numel);
+    assemble(manifest, reader, dir, s.param, kind, s.shape, 0, numel, t.data.data());
   }
   return out;
 }
@@ -282,10 +367,14 @@ std::map<std::string, CheckpointTensor> read_checkpoint_tensors(const std::strin
 size_t export_checkpoint_npy(const std::string& dir, const std::string& out_dir) {
   const auto params = read_checkpoint_tensors(dir, "param");
   DMUON_CHECK(!params.empty(), dir, ": the checkpoint holds no parameters");
-  fs::create_directories(out_dir);
+  // Every name checked before the first write, so a bad one leaves no half-written folder. (The
+  // shapes were checked by read_checkpoint_tensors.)
   for (const auto& [name, tensor] : params) {
     DMUON_CHECK(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..", dir,
                 ": parameter '", name, "' cannot be a file name");
+  }
+  fs::create_directories(out_dir);
+  for (const auto& [name, tensor] : params) {
     write_npy(out_dir + "/" + name + ".npy", tensor.shape, tensor.data.data());
   }
   return params.size();

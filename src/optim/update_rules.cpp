@@ -8,6 +8,13 @@
 
 namespace dmuon {
 
+namespace {
+
+// torch.lerp(a, b, w) = a + w·(b − a) for w < 0.5, else b − (b − a)·(1 − w), w cast to float.
+float lerp(float a, float b, float w) { return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w); }
+
+}  // namespace
+
 void adamw_step(std::span<float> p, std::span<const float> grad, float grad_scale, std::span<float> m,
                 std::span<float> v, int64_t t, const AdamWHyper& hyper) {
   DMUON_CHECK(grad.size() == p.size() && m.size() == p.size() && v.size() == p.size(),
@@ -15,7 +22,7 @@ void adamw_step(std::span<float> p, std::span<const float> grad, float grad_scal
               m.size(), ", ", v.size(), ")");
   DMUON_CHECK(t >= 1, "adamw_step: step count ", t, " must be ≥ 1");
   const float decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
-  const float b1 = static_cast<float>(hyper.beta1), one_minus_b1 = static_cast<float>(1.0 - hyper.beta1);
+  const float one_minus_b1 = static_cast<float>(1.0 - hyper.beta1);
   const float b2 = static_cast<float>(hyper.beta2), one_minus_b2 = static_cast<float>(1.0 - hyper.beta2);
   const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(t));
   const double bias2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(t));
@@ -24,7 +31,7 @@ void adamw_step(std::span<float> p, std::span<const float> grad, float grad_scal
   const float eps = static_cast<float>(hyper.eps);
   for (size_t i = 0; i < p.size(); ++i) {
     const float g = grad[i] * grad_scale;
-    m[i] = m[i] * b1 + one_minus_b1 * g;
+    m[i] = lerp(m[i], g, one_minus_b1);  // exp_avg.lerp_(grad, 1 − β1)
     v[i] = v[i] * b2 + one_minus_b2 * g * g;
     const float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
     p[i] = p[i] * decay + (-step_size) * (m[i] / denom);
@@ -36,8 +43,6 @@ void muon_momentum(std::span<const float> grad, float grad_scale, std::span<floa
   DMUON_CHECK(grad.size() == momentum.size() && u.size() == momentum.size(),
               "muon_momentum: gradient, momentum and output sizes differ (", grad.size(), ", ", momentum.size(), ", ",
               u.size(), ")");
-  // torch.lerp(a, b, w) = a + w·(b − a) for w < 0.5, else b − (b − a)·(1 − w), w cast to float.
-  const auto lerp = [](float a, float b, float w) { return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w); };
   const float w = static_cast<float>(1.0 - hyper.momentum);  // momentum.lerp_(g, 1 − β)
   const float beta = static_cast<float>(hyper.momentum);     // nesterov: g.lerp_(momentum, β)
   for (size_t i = 0; i < grad.size(); ++i) {

@@ -72,15 +72,18 @@ std::vector<NsOptions> tune_candidates(int64_t rows, int64_t cols, int batch, in
     std::vector<int> restarts;
   };
   const std::vector<Algo> algos = {{NsAlgo::standard, {}}, {NsAlgo::gram, {2}}, {NsAlgo::gram, {1, 3}}};
-  std::vector<std::pair<bool, int>> products = {{false, 1}};  // (symmetric, tiles)
-  for (int tiles : {1, 2, 4, 8})
-    if (tiles == 1 || m / tiles >= kMinTileRows) products.push_back({true, tiles});
+  // (symmetric, tiles). Only gram's upper-triangle products are tiled: the standard recurrence
+  // ignores tiles, so it gets one symmetric candidate (ns_effective_options).
+  const std::vector<std::pair<bool, int>> untiled = {{false, 1}, {true, 1}};
+  std::vector<std::pair<bool, int>> tiled = untiled;
+  for (int tiles : {2, 4, 8})
+    if (m / tiles >= kMinTileRows) tiled.push_back({true, tiles});
   std::vector<std::pair<NsBatchMode, int>> modes = {{NsBatchMode::sequential, max_threads}};
   if (max_threads > 1) modes.push_back({NsBatchMode::sequential, 1});
   if (batch > 1 && max_threads > 1) modes.push_back({NsBatchMode::concurrent, max_threads});
   std::vector<NsOptions> out;
   for (const auto& a : algos)
-    for (const auto& [symmetric, tiles] : products)
+    for (const auto& [symmetric, tiles] : a.algo == NsAlgo::gram ? tiled : untiled)
       for (const auto& [mode, threads] : modes) {
         NsOptions o;
         o.algo = a.algo;

@@ -71,7 +71,19 @@ ShardedParams::ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry reg
   }
 }
 
-ShardedParams::~ShardedParams() = default;
+// Gathers and reduces in flight write into the units' buffers (an exception after
+// before_forward(u) leaves unit u+1's gather running). MPI cannot cancel a collective, so settle
+// every one (a bounded wait that never throws) before the buffers go; if one cannot complete, the
+// units are leaked rather than freed under MPI.
+ShardedParams::~ShardedParams() {
+  bool settled = true;
+  for (auto& u : units_) {
+    settled = u->gather_work.settle() && settled;
+    settled = u->reduce_work.settle() && settled;
+  }
+  if (!settled)
+    for (auto& u : units_) (void)u.release();
+}
 
 ShardedParams::Unit& ShardedParams::unit_at(int unit, const char* what) {
   DMUON_CHECK(unit >= 0 && unit < num_units(), what, ": unit ", unit, " is not in [0, ", num_units(), ")");
@@ -172,9 +184,9 @@ comm::Work ShardedParams::reduce_grads(int unit) {
     const int64_t at = u.layout.shard_offset[me];
     w = comm::Work::then_start(comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.data(), u.shard_grads.data(),
                                                                u.counts, comm::DType::f32, op),
-                               *comm_, [this, &u, at, me] {
+                               *comm_, [comm = comm_.get(), &u, at, me] {
                                  std::copy(u.shard_grads.begin(), u.shard_grads.end(), u.packed_grads.begin() + at);
-                                 return comm_->all_gatherv<float>(
+                                 return comm->all_gatherv<float>(
                                      std::span<const float>(u.packed_grads.data() + at, u.counts[me]), u.packed_grads,
                                      u.counts);
                                });
