@@ -3,12 +3,12 @@
 # and seed, then prints `dmuon compare`'s table (final validation loss, median step / optimizer /
 # communication times, DMuon's step-time overhead over AdamW) and draws the two plots.
 # Environment: BUILD (build folder, default build), STEPS (default 300), BATCH (sequences per step,
-# default 16), OUT (default runs/demo), NP (ranks, default 2). Newton–Schulz costs the same per step
+# default 64), OUT (default runs/demo), NP (ranks, default 2). Newton–Schulz costs the same per step
 # whatever the batch, so DMuon's overhead over AdamW shrinks as BATCH grows (docs/gpt-example.md).
 set -euo pipefail
 BUILD=${BUILD:-build}
 STEPS=${STEPS:-300}
-BATCH=${BATCH:-16}
+BATCH=${BATCH:-64}
 OUT=${OUT:-runs/demo}
 NP=${NP:-2}
 # One BLAS thread per rank (dmuon train also sets it when it sees several ranks).
