@@ -140,8 +140,8 @@ Registration reg("bench", [](CLI::App& bench) {
       ->capture_default_str();
   c->add_option("--steps", args->steps, "Timed steps (median reported)")
       ->capture_default_str()
-      ->check(CLI::PositiveNumber);
-  c->add_option("--warmup", args->warmup, "Untimed steps first")->capture_default_str()->check(CLI::NonNegativeNumber);
+      ->check(at_least(1));
+  c->add_option("--warmup", args->warmup, "Untimed steps first")->capture_default_str()->check(at_least(0));
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");
   c->callback([args] { run(*args); });
 });
