@@ -24,6 +24,10 @@ HardwareProfile test_profile() {
   hw.kernel_launch_s = 5e-6;
   hw.sm_count = 100;
   hw.comm_bytes_per_element = 2;
+  hw.syrk_speedup = 1.7;
+  hw.sym_gemm_speedup = 1.5;
+  hw.ns_bytes_per_element = 2;
+  hw.batched_kernels = true;
   return hw;
 }
 
@@ -47,8 +51,28 @@ TEST(Collectives, MatchClosedForms) {
   EXPECT_DOUBLE_EQ(ring_all_gather_s(1000, 4, link), 3 * 1.0 + 0.75 * 10);
   EXPECT_DOUBLE_EQ(ring_reduce_scatter_s(1000, 4, link), 3 * 1.0 + 0.75 * 10);
   EXPECT_DOUBLE_EQ(ring_all_reduce_s(1000, 4, link), 2 * (3 * 1.0 + 0.75 * 10));
-  EXPECT_DOUBLE_EQ(pipelined_broadcast_s(1000, 5, link), 3 * 1.0 + 10);  // ceil(log2 5) = 3
-  EXPECT_DOUBLE_EQ(pipelined_broadcast_s(1000, 8, link), 3 * 1.0 + 10);
+  EXPECT_DOUBLE_EQ(pipelined_broadcast_s(1000, 5, link), 4 * 1.0 + 10);  // a chain: 4 hops, then 10 s of bytes
+  EXPECT_DOUBLE_EQ(pipelined_broadcast_s(1000, 8, link), 7 * 1.0 + 10);
+  EXPECT_DOUBLE_EQ(ring_all_gatherv_s(300, 4, link), 3 * (1.0 + 3));     // 3 steps, each 300 bytes at most
+  EXPECT_DOUBLE_EQ(tree_all_reduce_s(1000, 5, link), 2 * (3 * 1.0 + 10));  // ceil(log2 5) = 3 levels, up and down
+}
+
+TEST(Collectives, UnevenBlocksArePacedByTheLargest) {
+  const Link link{100.0, 1.0};
+  // Even blocks: the even ring all-gather.
+  EXPECT_DOUBLE_EQ(ring_all_gatherv_s(250, 4, link), ring_all_gather_s(1000, 4, link));
+  // Two nodes of two ranks; NVLink 100 B/s and 1 s per step, network 200 B/s per node and 2 s per step.
+  HardwareProfile hw = test_profile();
+  hw.intra_node_bytes_per_s = 100;
+  hw.intra_node_latency_s = 1;
+  hw.inter_node_bytes_per_s = 200;
+  hw.inter_node_latency_s = 2;
+  // Stage 1: local rank 0 sums blocks 0 and 2 (400 bytes), rank 1 blocks 1 and 3 (50): 1·(1 + 400/100) = 5.
+  // Stage 2: the largest block (300) over 1 step on 200/2 B/s: 1·(2 + 300/100) = 5.
+  EXPECT_DOUBLE_EQ(two_stage_reduce_scatterv_s({100, 0, 300, 50}, hw, {4, 2}), 10);
+  EXPECT_DOUBLE_EQ(two_stage_reduce_scatterv_s({100, 100, 100, 100}, hw, {4, 2}),
+                   two_stage_reduce_scatter_s(400, hw, {4, 2}));
+  EXPECT_THROW(two_stage_reduce_scatterv_s({1, 2, 3}, hw, {4, 2}), Error);
 }
 
 TEST(Collectives, OneRankCommunicatesNothing) {
@@ -86,6 +110,52 @@ TEST(NsCost, BatchingAndOurEngineAreNeverSlowerThanThePlainPath) {
   EXPECT_EQ(ns_time_s(64, 64, 0, NsEngine::dmuon, hw), 0);
 }
 
+// A device whose NS costs are exactly flops (1 flop/s, no memory or occupancy limit) plus `launch` per kernel.
+HardwareProfile flop_counting_profile(double syrk, double sym_gemm, double launch) {
+  HardwareProfile hw = test_profile();
+  hw.ns_flops = 1;
+  hw.ns_efficiency = 1;
+  hw.sm_count = 1;
+  hw.hbm_bytes_per_s = 1e300;
+  hw.kernel_launch_s = launch;
+  hw.syrk_speedup = syrk;
+  hw.sym_gemm_speedup = sym_gemm;
+  return hw;
+}
+
+TEST(NsCost, MatchesHandCountedFlopsAndKernels) {
+  // X is 2×4 (m = 2, n = 4): XXᵀ costs 2m²n = 32 flops, an m×m product 2m³ = 16, Q·X 2m²n = 32.
+  const HardwareProfile hw = flop_counting_profile(2, 2, 0);
+  // Plain: 5 steps of XXᵀ, A·A, B·X, all full: 5·(32 + 16 + 32).
+  EXPECT_DOUBLE_EQ(ns_time_s(2, 4, 1, NsEngine::plain, hw), 400);
+  EXPECT_DOUBLE_EQ(ns_time_s(4, 2, 3, NsEngine::plain, hw), 1200);  // tall: the same on Xᵀ; a batch runs one by one
+  // Standard with SYRK at 2x: 5·(16 + 8 + 32) = 280. Gram with restart at 2: two XXᵀ (16 each), five squares
+  // (8 each), nine symmetric m×m products (8 each), two Q·X (32 each) = 32 + 40 + 72 + 64 = 208.
+  EXPECT_DOUBLE_EQ(ns_time_s(2, 4, 1, NsEngine::dmuon, hw), 208);
+  // Upper-triangle products no faster than the GEMM: Gram 32 + 40 + 144 + 64 = 280, standard 280.
+  EXPECT_DOUBLE_EQ(ns_time_s(2, 4, 1, NsEngine::dmuon, flop_counting_profile(2, 1, 0)), 280);
+  // Kernels, one launch each: plain 5·(3 products + 2 copies) + norm, copy in, scale, copy out = 29; Gram 39.
+  HardwareProfile only_launches = flop_counting_profile(2, 2, 1);
+  only_launches.ns_flops = 1e300;
+  EXPECT_EQ(ns_cost(2, 4, 1, NsEngine::plain, only_launches).kernels, 29);
+  EXPECT_DOUBLE_EQ(ns_cost(2, 4, 3, NsEngine::plain, only_launches).launch_s, 3 * 29);
+  const NsCost ours = ns_cost(2, 4, 3, NsEngine::dmuon, only_launches);
+  EXPECT_EQ(ours.kernels, 29);  // standard-with-SYRK: as many kernels as plain, fewer than Gram's 39
+  EXPECT_DOUBLE_EQ(ours.launch_s, 29);  // batched: one launch per operation for the whole batch
+  only_launches.batched_kernels = false;
+  EXPECT_DOUBLE_EQ(ns_cost(2, 4, 3, NsEngine::dmuon, only_launches).launch_s, 3 * 29);
+}
+
+TEST(NsCost, MemoryPassesMoveTheirBytesAtMemoryBandwidth) {
+  // Only memory costs: norm (mn) + copy in (2mn) + scale (2mn) + copy out (2mn) + 5 steps of copies
+  // (2m² + 2mn) = 7·8 + 5·(8 + 16) = 176 elements of 2 bytes, at 1 byte/s.
+  HardwareProfile hw = flop_counting_profile(2, 2, 0);
+  hw.ns_flops = 1e300;
+  hw.hbm_bytes_per_s = 1;
+  const NsCost c = ns_cost(2, 4, 1, NsEngine::plain, hw);
+  EXPECT_DOUBLE_EQ(c.passes_s, 176 * 2);
+}
+
 SimOptions quick_options() {
   SimOptions o;
   o.tokens_per_device = 2048;
@@ -105,14 +175,97 @@ TEST(Simulator, OneDeviceHasNoCommunication) {
   }
 }
 
+TEST(Simulator, ComputeUsesTheGivenForwardFlops) {
+  SimOptions o = quick_options();
+  o.unit_forward_flops = {0, 1e12, 3e12};  // embeddings, two layers
+  const HardwareProfile hw = test_profile();
+  const SimResult r = simulate_step(small_model(), hw, {1, 8}, o);
+  // Forward + backward = 3 × forward, at peak × MFU = 50 TFLOP/s.
+  EXPECT_DOUBLE_EQ(r.steps.at(Optimizer::adamw).compute_s, 3 * 4e12 / 50e12);
+  o.unit_forward_flops = {1, 2};
+  EXPECT_THROW(simulate_step(small_model(), hw, {1, 8}, o), Error);
+}
+
+TEST(Simulator, FixedCostsNeverMakeAStepFaster) {
+  const auto params = small_model();
+  HardwareProfile free = test_profile();
+  free.kernel_launch_s = 0;
+  free.intra_node_latency_s = free.inter_node_latency_s = 0;
+  for (int devices : {1, 2, 8, 16}) {
+    const SimResult base = simulate_step(params, free, {devices, 8}, quick_options());
+    for (int field = 0; field < 3; ++field) {
+      HardwareProfile hw = free;
+      double* fields[] = {&hw.kernel_launch_s, &hw.intra_node_latency_s, &hw.inter_node_latency_s};
+      *fields[field] = 20e-6;
+      const SimResult r = simulate_step(params, hw, {devices, 8}, quick_options());
+      for (Optimizer o : all_optimizers()) {
+        EXPECT_GE(r.steps.at(o).step_s, base.steps.at(o).step_s * (1 - 1e-12))
+            << to_string(o) << " at " << devices << " devices, field " << field;
+        if (field == 0) EXPECT_GT(r.steps.at(o).optimizer_launch_s, 0) << to_string(o);
+      }
+      if (field == 0) {
+        // Every optimizer launches kernels: each step gets strictly slower.
+        for (Optimizer o : all_optimizers()) EXPECT_GT(r.steps.at(o).optimizer_s, base.steps.at(o).optimizer_s);
+      }
+    }
+  }
+}
+
+TEST(Simulator, DMuonIsNeverFasterThanAdamW) {
+  // The owner-aligned layout moves the same bytes as FSDP's in blocks that are uneven, never smaller at
+  // the largest; the optimizer does AdamW's memory traffic and Newton–Schulz on top.
+  std::vector<std::pair<std::string, std::vector<ParamSpec>>> models = {
+      {"small", small_model()}, {"qwen2.5-0.5b", load_model_manifest("qwen2.5-0.5b", 2)},
+      {"qwen2.5-7b", load_model_manifest("qwen2.5-7b", 4)}};
+  std::vector<HardwareProfile> profiles = {test_profile(), load_hardware_profile("a800"),
+                                           load_hardware_profile("h200")};
+  HardwareProfile cpu = test_profile();
+  cpu.shared_cores = 2;
+  cpu.calibration_ranks = 2;
+  cpu.batched_kernels = false;
+  profiles.push_back(cpu);
+  for (const auto& [name, params] : models) {
+    for (const HardwareProfile& hw : profiles) {
+      for (int devices : {1, 2, 4, 8, 16, 64, 256}) {
+        const SimResult r = simulate_step(params, hw, {devices, 8}, quick_options());
+        const StepBreakdown& dm = r.steps.at(Optimizer::dmuon);
+        const StepBreakdown& adamw = r.steps.at(Optimizer::adamw);
+        EXPECT_GE(dm.step_s, adamw.step_s) << name << " on " << hw.name << " at " << devices << " devices";
+        EXPECT_GE(dm.step_s - dm.optimizer_s, (adamw.step_s - adamw.optimizer_s) * (1 - 1e-12))
+            << name << " on " << hw.name << " at " << devices << " devices: forward+backward";
+        EXPECT_GT(dm.optimizer_s, adamw.optimizer_s) << name << " on " << hw.name << " at " << devices;
+      }
+    }
+  }
+}
+
+TEST(HardwareProfile, SharedCoresSplitTheMachineAmongRanks) {
+  HardwareProfile hw = test_profile();
+  EXPECT_EQ(at_devices(hw, 64).peak_flops, hw.peak_flops);  // own hardware per device: unchanged
+  hw.shared_cores = 2;
+  hw.calibration_ranks = 2;  // measured with one core per rank
+  const HardwareProfile four = at_devices(hw, 4), one = at_devices(hw, 1);
+  EXPECT_DOUBLE_EQ(four.peak_flops, hw.peak_flops / 2);  // half a core each
+  EXPECT_DOUBLE_EQ(four.ns_flops, hw.ns_flops / 2);
+  EXPECT_DOUBLE_EQ(four.hbm_bytes_per_s, hw.hbm_bytes_per_s / 2);
+  EXPECT_DOUBLE_EQ(four.kernel_launch_s, hw.kernel_launch_s * 2);
+  EXPECT_DOUBLE_EQ(four.intra_node_latency_s, hw.intra_node_latency_s * 2);
+  EXPECT_DOUBLE_EQ(one.peak_flops, hw.peak_flops * 2);  // two BLAS threads
+  EXPECT_DOUBLE_EQ(one.hbm_bytes_per_s, hw.hbm_bytes_per_s);  // single-threaded code: one core either way
+  hw.calibration_ranks = 1;  // measured alone with both cores
+  EXPECT_DOUBLE_EQ(at_devices(hw, 4).peak_flops, hw.peak_flops / 4);
+  EXPECT_DOUBLE_EQ(at_devices(hw, 4).hbm_bytes_per_s, hw.hbm_bytes_per_s / 2);
+  EXPECT_THROW(at_devices(hw, 0), Error);
+}
+
 TEST(Simulator, MoreBandwidthOrFlopsIsNeverSlower) {
   const auto params = small_model();
   const HardwareProfile base = test_profile();
   std::vector<HardwareProfile> faster;
-  for (int field = 0; field < 5; ++field) {
+  for (int field = 0; field < 7; ++field) {
     HardwareProfile hw = base;
-    double* fields[] = {&hw.peak_flops, &hw.ns_flops, &hw.hbm_bytes_per_s, &hw.intra_node_bytes_per_s,
-                        &hw.inter_node_bytes_per_s};
+    double* fields[] = {&hw.peak_flops,          &hw.ns_flops,     &hw.hbm_bytes_per_s, &hw.intra_node_bytes_per_s,
+                        &hw.inter_node_bytes_per_s, &hw.syrk_speedup, &hw.sym_gemm_speedup};
     *fields[field] *= 2;
     faster.push_back(hw);
   }
@@ -145,6 +298,11 @@ TEST(HardwareProfile, ShippedProfilesLoadWithSources) {
     EXPECT_GT(hw.peak_flops, 1e14);
     EXPECT_TRUE(hw.sources.count("peak_flops")) << name;
     EXPECT_TRUE(hw.sources.count("inter_node_bytes_per_s")) << name;
+    EXPECT_TRUE(hw.sources.count("syrk_speedup")) << name;
+    EXPECT_TRUE(hw.sources.count("sym_gemm_speedup")) << name;
+    EXPECT_GT(hw.syrk_speedup, 1);
+    EXPECT_LT(hw.syrk_speedup, 2);  // not half the time: measured kernels do not reach it
+    EXPECT_EQ(hw.shared_cores, 0);
   }
 }
 

@@ -2,18 +2,25 @@
 // (include/dmuon/sim.hpp's HardwareProfile) and writes a hardware profile, `this-cpu`, whose every
 // number says how it was measured. Every rank measures at once, with the thread policy of the optimizer
 // benchmarks (optim_bench.hpp), so the figures include the contention a rank sees in `bench optimizer`;
-// the slowest rank's figure is kept.
+// the slowest rank's figure is kept. The profile records the cores and ranks it was measured with, so the
+// simulator rescales it for other rank counts (sim::at_devices).
 //   ns_flops, peak_flops: sgemm 1024³ flop rate per rank (best of 3)
 //   ns_efficiency: Σ plain-NS flops / Σ plain-NS time / ns_flops over the model's Muon shapes (the
 //     public reference recurrence, the sim's `plain` engine)
+//   syrk_speedup, sym_gemm_speedup: over the model's Muon shapes (m ≤ n), Σ time of the full sgemm /
+//     Σ time of the symmetric kernel computing the same product: X·Xᵀ (m×n) and S·S (m×m) by SYRK, and
+//     the upper-triangle product of two m×m factors (NsOptions' default tiles)
+//   mfu: forward+backward of the GPT demo model (`bench e2e --config demo`'s shapes and per-rank batch,
+//     16/ranks sequences) on every rank: 3·gpt_forward_flops / time / peak_flops
 //   hbm_bytes_per_s: AdamW over 8 M elements, 7 float32 streams (the sim's AdamW model)
 //   intra/inter-node bytes/s: ring all-gather of 16 MiB: (p−1)/p · bytes / time (one machine: both the same)
-//   latencies: all-reduce of one double / (2(p−1)) steps
-//   kernel_launch_s: plain NS on 16×16 / its 15 BLAS calls
+//   latencies: all-reduce of one double / (2⌈log2 p⌉) steps (the sim's tree all-reduce)
+//   kernel_launch_s: plain NS on 16×16 / the kernels the sim counts for it
 // Default output: models/hardware/this-cpu.json beside the executable (build/), which
 // `dmuon simulate --profile this-cpu` finds.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -23,9 +30,12 @@
 #include "cli.hpp"
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/comm.hpp"
+#include "dmuon/gpt.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/optim.hpp"
+#include "dmuon/sim.hpp"
+#include "e2e_configs.hpp"
 #include "model_args.hpp"
 #include "optim_bench.hpp"
 
@@ -95,6 +105,55 @@ void run(const Args& a) {
   }
   const double efficiency = std::min(1.0, ns_flops / ns_s / flops);
 
+  // Symmetric products against the full sgemm of the same product, at the model's shapes.
+  double full_syrk_s = 0, syrk_s = 0, full_sym_s = 0, sym_s = 0;
+  const int tiles = NsOptions{}.tiles;
+  for (const auto& [shape, count] : shapes) {
+    const int64_t m = std::min(shape.first, shape.second), k = std::max(shape.first, shape.second);
+    std::vector<float> x(m * k), c(m * m), s1(m * m), s2(m * m);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < m; ++j) s1[i * m + j] = s2[j * m + i] = x[std::min(i, j) * k + std::max(i, j)];
+    auto timed = [&](auto&& fn) {
+      sync();
+      return count * slowest(best_of(2, fn));
+    };
+    full_syrk_s += timed([&] { linalg::gemm(false, true, m, m, k, 1.0f, x.data(), k, x.data(), k, 0.0f, c.data(), m); });
+    syrk_s += timed([&] { linalg::syrk(m, k, 1.0f, x.data(), k, 0.0f, c.data(), m); });
+    const double square_full =
+        timed([&] { linalg::gemm(false, false, m, m, m, 1.0f, s1.data(), m, s1.data(), m, 0.0f, c.data(), m); });
+    full_syrk_s += square_full;
+    syrk_s += timed([&] { linalg::syrk(m, m, 1.0f, s1.data(), m, 0.0f, c.data(), m); });
+    full_sym_s += square_full;
+    sym_s += timed([&] {
+      linalg::symmetric_gemm(m, m, 1.0f, s1.data(), m, s2.data(), m, 0.0f, c.data(), m, tiles);
+    });
+  }
+
+  // Forward and backward of the GPT demo model, each rank on its share of bench e2e's batch.
+  const GptConfig gpt = e2e_gpt_config("demo");
+  Gpt model(gpt);
+  GptBuffers buffers(model);
+  buffers.init(gpt, model.params(), 1);
+  buffers.bind_to(model);
+  const int64_t batch = std::max<int64_t>(1, kE2eBatch / p), T = gpt.context;
+  std::vector<int32_t> tokens(batch * (T + 1));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 2654435761u) % gpt.vocab);
+  std::vector<int32_t> inputs, targets;
+  for (int64_t b = 0; b < batch; ++b) {
+    inputs.insert(inputs.end(), tokens.begin() + b * (T + 1), tokens.begin() + b * (T + 1) + T);
+    targets.insert(targets.end(), tokens.begin() + b * (T + 1) + 1, tokens.begin() + (b + 1) * (T + 1));
+  }
+  auto fwd_bwd = [&] {
+    buffers.zero_grads();
+    model.forward(inputs.data(), targets.data(), batch, T);
+    model.backward();
+  };
+  fwd_bwd();  // warm-up: first-touch of the activations
+  sync();
+  const double fwd_bwd_s = slowest(best_of(3, fwd_bwd));
+  const double mfu = std::min(1.0, 3 * gpt_forward_flops(gpt, T) * batch / fwd_bwd_s / flops);
+
   // AdamW streams.
   const int64_t elements = 8 << 20;
   std::vector<float> w(elements, 0.1f), g(elements, 0.01f), m(elements), v(elements);
@@ -107,7 +166,9 @@ void run(const Args& a) {
   // Tiny NS: per-call overhead.
   std::vector<float> tiny(16 * 16, 0.1f), tiny_o(tiny.size());
   for (int i = 0; i < 16; ++i) tiny[i * 17] = 1.0f;
-  const double launch = slowest(best_of(20, [&] { newton_schulz(tiny.data(), tiny_o.data(), 16, 16, plain); })) / 15;
+  const int tiny_kernels = sim::ns_cost(16, 16, 1, sim::NsEngine::plain, sim::HardwareProfile{}).kernels;
+  const double launch =
+      slowest(best_of(20, [&] { newton_schulz(tiny.data(), tiny_o.data(), 16, 16, plain); })) / tiny_kernels;
 
   // Communication (one machine: a single link).
   double link = 0, latency = 0;
@@ -122,7 +183,7 @@ void run(const Args& a) {
     sync();
     const double ar =
         slowest(best_of(50, [&] { world->all_reduce<double>(std::span<double>(&x, 1), comm::ReduceOp::sum).wait(); }));
-    latency = ar / (2.0 * (p - 1));
+    latency = ar / (2.0 * std::ceil(std::log2(static_cast<double>(p))));
   }
   if (world->rank() != 0) return;
   if (p == 1) {  // nothing to measure; any positive figure (collectives over one rank cost 0 in the sim)
@@ -138,7 +199,7 @@ void run(const Args& a) {
       {"description", "one MPI rank of this machine (" + linalg::cpu_model() + ", " + std::to_string(policy.cores) +
                           " cores) at " + std::to_string(p) + " ranks, float32"},
       {"peak_flops", flops},
-      {"mfu", 0.5},
+      {"mfu", mfu},
       {"ns_flops", flops},
       {"ns_efficiency", efficiency},
       {"hbm_bytes_per_s", hbm},
@@ -149,17 +210,35 @@ void run(const Args& a) {
       {"kernel_launch_s", launch},
       {"sm_count", 1},
       {"comm_bytes_per_element", 4},
+      {"syrk_speedup", full_syrk_s / syrk_s},
+      {"sym_gemm_speedup", full_sym_s / sym_s},
+      {"ns_bytes_per_element", 4},
+      {"batched_kernels", false},
+      {"shared_cores", policy.cores},
+      {"calibration_ranks", p},
       {"sources",
        {{"peak_flops", how + "sgemm 1024^3, best of 3"},
         {"ns_flops", how + "sgemm 1024^3, best of 3"},
         {"ns_efficiency", how + "plain standard NS (full sgemm) on the model's Muon shapes: flops / time / ns_flops"},
-        {"mfu", "ASSUMED: 0.5 of sgemm for forward/backward (not validated here)"},
+        {"mfu", how + "forward+backward of the GPT demo model (L4 C128 NH4 T64) on " + std::to_string(batch) +
+                    " sequences per rank (bench e2e's batch at this rank count): 3*gpt_forward_flops / time / "
+                    "peak_flops, best of 3"},
+        {"syrk_speedup", how + "over the model's Muon shapes, sum of sgemm times / sum of ssyrk times for X*X^T "
+                             "(m x n) and S*S (m x m), best of 2 each"},
+        {"sym_gemm_speedup", how + "over the model's Muon shapes, sum of sgemm times / sum of upper-triangle "
+                                 "product times (" + std::to_string(tiles) + " tiles) for m x m factors, best of 2 each"},
+        {"ns_bytes_per_element", "float32 Newton-Schulz on the CPU"},
+        {"batched_kernels", "the CPU runs a batch matrix by matrix (newton_schulz_batched): one call per matrix"},
+        {"shared_cores", "the cores of this machine, which every rank shares (the simulator rescales rates for "
+                         "other rank counts)"},
+        {"calibration_ranks", "ranks measuring at once in this run"},
         {"hbm_bytes_per_s", how + "AdamW step over 8M elements, 7 float32 streams"},
         {"intra_node_bytes_per_s", p > 1 ? how + "ring all-gather of 16 MiB, (p-1)/p*bytes/time" : "1 rank: unused"},
         {"inter_node_bytes_per_s", "one machine: the intra-node figure"},
-        {"intra_node_latency_s", p > 1 ? how + "all-reduce of 8 bytes / (2(p-1)) ring steps" : "1 rank: unused"},
+        {"intra_node_latency_s", p > 1 ? how + "all-reduce of 8 bytes / (2 ceil(log2 p)) tree steps" : "1 rank: unused"},
         {"inter_node_latency_s", "one machine: the intra-node figure"},
-        {"kernel_launch_s", how + "plain NS on 16x16 / 15 BLAS calls"},
+        {"kernel_launch_s", how + "plain NS on 16x16 / the " + std::to_string(tiny_kernels) +
+                                " calls (products and passes) the simulator counts for it"},
         {"sm_count", "a CPU rank: no SM occupancy limit (1)"},
         {"comm_bytes_per_element", "float32 gathers and reductions, as dmuon runs on CPU"}}}};
   const std::string out = a.out.empty() ? default_out() : a.out;

@@ -14,6 +14,7 @@
 #include "dmuon/comm.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/trainer.hpp"
+#include "e2e_configs.hpp"
 #include "optim_bench.hpp"
 
 namespace dmuon::cli {
@@ -30,14 +31,8 @@ struct Args {
 
 TrainOptions train_options(const Args& a, const std::string& optimizer) {
   TrainOptions o;
-  if (a.config == "large") {
-    o.model.layers = 6;
-    o.model.width = 256;
-    o.model.context = 128;
-  } else {
-    DMUON_CHECK(a.config == "demo", "--config must be demo or large, got '", a.config, "'");
-  }
-  o.batch = 16;
+  o.model = e2e_gpt_config(a.config);
+  o.batch = kE2eBatch;
   o.warmup = 0;
   o.val_every = 0;
   o.val_batches = 1;

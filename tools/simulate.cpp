@@ -1,12 +1,16 @@
 // dmuon simulate: one training step of a real model on a simulated cluster of 8…256 devices, for
-// each optimizer (adamw, muon-gather-plain, muon-gather, dmuon). See include/dmuon/sim.hpp.
+// each optimizer (adamw, muon-gather-plain, muon-gather, dmuon). See include/dmuon/sim.hpp and
+// docs/simulator.md. `--gpt demo|large` models the GPT example `dmuon bench e2e` trains (its parameter
+// shapes, its forward flop count, its global batch split over the devices), to set beside that benchmark.
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "cli.hpp"
-#include "model_args.hpp"
+#include "dmuon/gpt.hpp"
 #include "dmuon/models.hpp"
+#include "e2e_configs.hpp"
+#include "model_args.hpp"
 #include "dmuon/plot.hpp"
 #include "dmuon/sim.hpp"
 
@@ -24,23 +28,86 @@ struct SimulateArgs {
   bool zero2 = false;
   bool json = false;
   std::string plot;
+  std::string gpt;  // "demo" or "large": the GPT example instead of --model
+  int64_t batch = kE2eBatch;
 };
 
-void print_assumptions(const sim::HardwareProfile& hw, const SimulateArgs& a) {
+// What is simulated: parameters, and per device count the tokens and forward flops of each device.
+struct Workload {
+  std::string label;
+  std::vector<ParamSpec> params;
+  GptConfig gpt;
+  bool is_gpt = false;
+  double tokens_per_device(const SimulateArgs& a, int devices) const {
+    return is_gpt ? static_cast<double>(a.batch) * static_cast<double>(gpt.context) / devices : a.tokens;
+  }
+  // The GPT's own count (gpt_forward_flops, as `dmuon bench gpt` reports it) split over its units: the
+  // embeddings do no matmul, every block the same, the head the rest. Empty for manifests (6·P·tokens rule).
+  std::vector<double> unit_forward_flops(const SimulateArgs& a, int devices) const {
+    if (!is_gpt) return {};
+    GptConfig one = gpt, two = gpt;
+    one.layers = 1;
+    two.layers = 2;
+    const double block = gpt_forward_flops(two, gpt.context) - gpt_forward_flops(one, gpt.context);
+    const double head = gpt_forward_flops(one, gpt.context) - block;
+    const double sequences = static_cast<double>(a.batch) / devices;
+    std::vector<double> out(gpt.layers + 2, sequences * block);
+    out.front() = 0;
+    out.back() = sequences * head;
+    return out;
+  }
+};
+
+Workload workload(const SimulateArgs& a) {
+  Workload w;
+  if (a.gpt.empty()) {
+    w.label = a.model.label();
+    w.params = a.model.load();
+    return w;
+  }
+  DMUON_CHECK(a.model.model.empty() && a.model.hf_config.empty() && a.model.layers == 0,
+              "--gpt models the GPT example: give it without --model, --hf-config or --layers");
+  w.is_gpt = true;
+  w.gpt = e2e_gpt_config(a.gpt);
+  w.params = gpt_param_specs(w.gpt);
+  w.label = "GPT " + a.gpt + " (L" + std::to_string(w.gpt.layers) + " C" + std::to_string(w.gpt.width) + " NH" +
+            std::to_string(w.gpt.heads) + " T" + std::to_string(w.gpt.context) + ", " + std::to_string(a.batch) +
+            " sequences per step over all devices)";
+  return w;
+}
+
+void print_assumptions(const sim::HardwareProfile& hw, const SimulateArgs& a, const Workload& w) {
   std::printf("Hardware profile %s: %s\n", hw.name.c_str(), hw.description.c_str());
-  std::printf("  peak %.0f TFLOP/s at MFU %.0f%%; NS at %.0f TFLOP/s x %.0f%%; HBM %.0f GB/s; %d SMs\n",
+  std::printf("  peak %.3g TFLOP/s at MFU %.0f%%; NS at %.3g TFLOP/s x %.0f%%; HBM %.0f GB/s; %d SMs\n",
               hw.peak_flops / 1e12, 100 * hw.mfu, hw.ns_flops / 1e12, 100 * hw.ns_efficiency,
               hw.hbm_bytes_per_s / 1e9, hw.sm_count);
-  std::printf("  NVLink %.0f GB/s per device, network %.0f GB/s per node, latency %.0f/%.0f us, launch %.0f us\n",
+  std::printf("  NVLink %.3g GB/s per device, network %.3g GB/s per node, latency %.2g/%.2g us, launch %.2g us\n",
               hw.intra_node_bytes_per_s / 1e9, hw.inter_node_bytes_per_s / 1e9, hw.intra_node_latency_s * 1e6,
               hw.inter_node_latency_s * 1e6, hw.kernel_launch_s * 1e6);
+  std::printf("  symmetric products: SYRK %.2fx, upper-triangle GEMM %.2fx faster than the full GEMM; NS in %.0f-byte "
+              "elements; %s\n",
+              hw.syrk_speedup, hw.sym_gemm_speedup, hw.ns_bytes_per_element,
+              hw.batched_kernels ? "one kernel per operation per same-shape batch" : "one kernel per matrix");
+  if (hw.shared_cores > 0)
+    std::printf("  measured with %d ranks sharing %d cores: a run with D ranks scales BLAS rates by %d/D and\n"
+                "  single-threaded rates by min(1, %d/D)/%.2g (rates per device count: --json 'device')\n",
+                hw.calibration_ranks, hw.shared_cores, hw.calibration_ranks, hw.shared_cores,
+                std::min(1.0, static_cast<double>(hw.shared_cores) / hw.calibration_ranks));
   for (const auto& [field, source] : hw.sources) std::printf("  - %s: %s\n", field.c_str(), source.c_str());
-  std::printf("Model: %s, %.0f tokens per device, %d devices per node, %s, owners by %s\n", a.model.label().c_str(),
-              a.tokens, a.per_node,
-              a.zero2 ? "Z2" : "Z3", a.balancer.c_str());
-  std::printf("Model of the step: forward+backward = 6*params*tokens at peak*MFU (attention T^2 ignored); ring\n"
-              "all-gather/reduce-scatter for FSDP units; DMuon: per-owner pipelined broadcast and two-stage reduce;\n"
-              "one compute and one comm stream with one-unit prefetch; NS GEMMs on an HBM/SM-occupancy roofline.\n\n");
+  if (w.is_gpt) {
+    std::printf("Model: %s, %d devices per node, %s, owners by %s\n", w.label.c_str(), a.per_node,
+                a.zero2 ? "Z2" : "Z3", a.balancer.c_str());
+  } else {
+    std::printf("Model: %s, %.0f tokens per device, %d devices per node, %s, owners by %s\n", w.label.c_str(),
+                a.tokens, a.per_node, a.zero2 ? "Z2" : "Z3", a.balancer.c_str());
+  }
+  std::printf("Model of the step (docs/simulator.md): forward+backward = 3x %s at peak*MFU; per unit a ring\n"
+              "all-gatherv of its weights paced by the largest block and a two-stage reduce-scatterv of its gradients\n"
+              "(FSDP's even blocks; DMuon's owner-aligned, uneven ones); one compute and one comm stream with\n"
+              "one-unit prefetch; NS: every kernel of the algorithm on an HBM/SM-occupancy roofline plus a launch;\n"
+              "momentum, weight and AdamW updates and the gradient norm at memory bandwidth; the norm's all-reduce.\n\n",
+              w.is_gpt ? "the GPT's forward flops (gpt_forward_flops, attention included)"
+                       : "2*params*tokens (attention T^2 ignored)");
 }
 
 void write_plot(const std::vector<sim::SimResult>& results, const std::string& path, const std::string& title) {
@@ -66,37 +133,65 @@ void write_plot(const std::vector<sim::SimResult>& results, const std::string& p
 }
 
 void run(const SimulateArgs& a) {
-  const std::vector<ParamSpec> params = a.model.load();
+  const Workload w = workload(a);
   const sim::HardwareProfile hw = sim::load_hardware_profile(a.profile);
   sim::SimOptions options;
-  options.tokens_per_device = a.tokens;
   options.zero3 = !a.zero2;
   options.plan.balancer = parse_balancer(a.balancer);
+  if (w.is_gpt) {
+    for (int d : a.devices)
+      DMUON_CHECK(a.batch % d == 0, "--batch ", a.batch, " sequences do not split evenly over ", d, " devices");
+  }
 
   std::vector<sim::SimResult> results;
   for (int d : a.devices) {
     std::fprintf(stderr, "\rsimulating %d devices...", d);
-    results.push_back(sim::simulate_step(params, hw, {d, a.per_node}, options));
+    options.tokens_per_device = w.tokens_per_device(a, d);
+    options.unit_forward_flops = w.unit_forward_flops(a, d);
+    results.push_back(sim::simulate_step(w.params, hw, {d, a.per_node}, options));
   }
   std::fprintf(stderr, "\r%40s\r", "");
 
   if (a.json) {
-    nlohmann::json out = {{"model", a.model.label()}, {"profile", hw.name},
-                          {"tokens_per_device", a.tokens}, {"devices_per_node", a.per_node},
-                          {"sources", hw.sources}, {"results", nlohmann::json::array()}};
-    for (const auto& r : results) {
+    nlohmann::json out = {{"model", w.label}, {"profile", hw.name}, {"devices_per_node", a.per_node},
+                          {"sources", hw.sources}, {"results", nlohmann::json::array()},
+                          {"syrk_speedup", hw.syrk_speedup}, {"sym_gemm_speedup", hw.sym_gemm_speedup},
+                          {"kernel_launch_s", hw.kernel_launch_s}, {"batched_kernels", hw.batched_kernels}};
+    if (w.is_gpt) {
+      out["gpt"] = {{"config", a.gpt},        {"layers", w.gpt.layers},   {"width", w.gpt.width},
+                    {"heads", w.gpt.heads},   {"context", w.gpt.context}, {"batch_sequences", a.batch}};
+    } else {
+      out["tokens_per_device"] = a.tokens;
+    }
+    for (size_t i = 0; i < results.size(); ++i) {
+      const auto& r = results[i];
+      const auto& dev = r.device;
       nlohmann::json row = {{"devices", r.devices}, {"plan_gap_pct", r.plan.gap_pct},
-                            {"plan_balancer", to_string(r.plan.balancer)}, {"plan_fell_back", r.plan.fell_back}};
+                            {"plan_balancer", to_string(r.plan.balancer)}, {"plan_fell_back", r.plan.fell_back},
+                            {"tokens_per_device", w.tokens_per_device(a, r.devices)},
+                            {"device", {{"peak_flops", dev.peak_flops},
+                                        {"ns_flops", dev.ns_flops},
+                                        {"hbm_bytes_per_s", dev.hbm_bytes_per_s},
+                                        {"intra_node_bytes_per_s", dev.intra_node_bytes_per_s},
+                                        {"intra_node_latency_s", dev.intra_node_latency_s},
+                                        {"kernel_launch_s", dev.kernel_launch_s}}}};
       for (const auto& [o, s] : r.steps) {
-        row[sim::to_string(o)] = {{"step_s", s.step_s},           {"compute_s", s.compute_s},
-                                  {"exposed_comm_s", s.exposed_comm_s}, {"optimizer_s", s.optimizer_s},
-                                  {"optimizer_comm_s", s.optimizer_comm_s}, {"bytes_per_device", s.bytes_per_device}};
+        row[sim::to_string(o)] = {{"step_s", s.step_s},
+                                  {"compute_s", s.compute_s},
+                                  {"exposed_comm_s", s.exposed_comm_s},
+                                  {"optimizer_s", s.optimizer_s},
+                                  {"optimizer_comm_s", s.optimizer_comm_s},
+                                  {"optimizer_ns_s", s.optimizer_ns_s},
+                                  {"optimizer_elementwise_s", s.optimizer_elementwise_s},
+                                  {"optimizer_launch_s", s.optimizer_launch_s},
+                                  {"fwd_bwd_s", s.step_s - s.optimizer_s},
+                                  {"bytes_per_device", s.bytes_per_device}};
       }
       out["results"].push_back(row);
     }
     std::printf("%s\n", out.dump(2).c_str());
   } else {
-    print_assumptions(hw, a);
+    print_assumptions(hw, a, w);
     std::printf("%7s | %-33s | %-17s | %-32s | %s\n", "", "optimizer step (ms)", "DMuon opt speedup",
                 "training step (ms)", "DMuon e2e");
     std::printf("%7s | %10s %10s %10s | %8s %8s | %10s %10s %10s | %9s %9s\n", "devices", "gath-plain", "gather",
@@ -113,9 +208,17 @@ void run(const SimulateArgs& a) {
                   plain.step_s * 1e3, dm.step_s * 1e3, 100 * (dm.step_s / adamw.step_s - 1),
                   plain.step_s / dm.step_s);
     }
+    std::printf("\nwhere the optimizer step goes (ms: NS / elementwise updates / communication; launches inside):\n");
+    for (const auto& r : results) {
+      std::printf("%7d |", r.devices);
+      for (const auto& [o, s] : r.steps)
+        std::printf(" %s %.3g/%.3g/%.3g (%.3g)", sim::to_string(o).c_str(), s.optimizer_ns_s * 1e3,
+                    s.optimizer_elementwise_s * 1e3, s.optimizer_comm_s * 1e3, s.optimizer_launch_s * 1e3);
+      std::printf("\n");
+    }
   }
   if (!a.plot.empty()) {
-    write_plot(results, a.plot, a.model.label() + " on " + hw.name);
+    write_plot(results, a.plot, w.label + " on " + hw.name);
     std::fprintf(stderr, "plot written to %s\n", a.plot.c_str());
   }
 }
@@ -131,10 +234,16 @@ Registration reg("", [](CLI::App& app) {
   c->add_option("--gpus-per-node", args->per_node, "Devices per node")->capture_default_str()->check(at_least(1));
   c->add_option("--profile", args->profile, "Hardware profile: a800, h200, or a path (models/hardware/*.json)")
       ->capture_default_str();
-  c->add_option("--tokens-per-device", args->tokens, "Tokens each device processes per step")
-      ->capture_default_str()
-      ->check(positive());
+  auto* tokens = c->add_option("--tokens-per-device", args->tokens, "Tokens each device processes per step")
+                     ->capture_default_str()
+                     ->check(positive());
   c->add_option("--balancer", args->balancer, "DMuon owner assignment: rr, lpt or milp")->capture_default_str();
+  c->add_option("--gpt", args->gpt, "Model the GPT example of `dmuon bench e2e` instead of --model: demo or large")
+      ->check(CLI::IsMember({"demo", "large"}))
+      ->excludes(tokens);
+  c->add_option("--batch", args->batch, "With --gpt: sequences per step over all devices (as bench e2e)")
+      ->capture_default_str()
+      ->check(at_least<int64_t>(1));
   c->add_flag("--zero2", args->zero2, "Keep gathered weights for backward (Z2) instead of gathering again (Z3)");
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");
   c->add_option("--plot", args->plot, "Also draw speedup and step time against devices into this PNG");

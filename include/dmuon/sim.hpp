@@ -2,20 +2,24 @@
 // clusters this machine is not (DESIGN.md 3, issue "reproduce the paper's evaluation").
 //
 // Pure functions of (model parameters, hardware profile, topology, options): no MPI, no BLAS.
-// What it models, and every assumption, is printed by `dmuon simulate` with the result:
-//  - compute: forward 2·P_unit·tokens and backward 4·P_unit·tokens flops per unit at
-//    peak_flops·mfu (the 6·params·tokens rule; attention's T² term is ignored);
-//  - collectives: ring all-gather / reduce-scatter / all-reduce and pipelined broadcast / reduce,
-//    latency + bytes/bandwidth, on intra-node links, or across nodes on each device's share of its
-//    node's network;
+// What it models, and every assumption, is printed by `dmuon simulate` with the result
+// (docs/simulator.md derives every closed form):
+//  - compute: forward flops per unit (2·P_unit·tokens by default, or given, e.g. the GPT example's own
+//    count) and backward twice that, at peak_flops·mfu;
+//  - collectives: ring all-gather(v) / reduce-scatter(v) whose D−1 steps are paced by the largest block
+//    (even for FSDP's layout, uneven for DMuon's owner-aligned one), two-stage reduce-scatter(v) across
+//    nodes, tree all-reduce for small messages; latency + bytes/bandwidth, on intra-node links, or
+//    across nodes on each device's share of its node's network;
 //  - overlap: one compute stream and one communication stream; unit i+1's gather runs during unit
 //    i's forward, unit i's reduce-scatter during unit i−1's backward (Z3: weights gathered again
 //    for backward);
-//  - optimizer: AdamW is HBM-bound; Newton–Schulz GEMMs follow a roofline (compute at
-//    ns_flops·ns_efficiency, capped by HBM bandwidth and by SM occupancy of small shapes) plus
-//    kernel launches; DMuon runs each rank's planned matrices (the plan's makespan, batched,
-//    symmetric/Gram engine); gather-then-compute all-gathers every Muon gradient over the world and
-//    runs every matrix on every rank.
+//  - optimizer: every kernel the algorithm issues (src/ns's Newton–Schulz calls, the momentum, weight
+//    and AdamW updates, the gradient-norm pass) pays a launch; GEMMs follow a roofline (ns_flops ·
+//    ns_efficiency, capped by memory bandwidth and by SM occupancy of small shapes), symmetric products
+//    take the full GEMM's time / the profile's measured or assumed speedup, elementwise passes move
+//    their bytes at memory bandwidth; the gradient-norm all-reduce pays its latency. DMuon runs each
+//    rank's planned matrices (the plan's makespan, batched, symmetric/Gram engine); gather-then-compute
+//    all-gathers every Muon gradient over the world and runs every matrix on every rank.
 #pragma once
 
 #include <cstdint>
@@ -42,15 +46,32 @@ struct HardwareProfile {
   double inter_node_bytes_per_s = 0;  // per node, per direction (all NICs together)
   double intra_node_latency_s = 0;    // per step of a collective within a node
   double inter_node_latency_s = 0;    // per step across nodes
-  double kernel_launch_s = 0;         // per kernel
+  double kernel_launch_s = 0;         // per kernel (CPU: per BLAS / elementwise call)
   int sm_count = 1;                   // streaming multiprocessors (occupancy of small GEMMs)
   double comm_bytes_per_element = 2;  // bytes per gathered weight / reduced gradient element
+  // Symmetric products: time of the full GEMM of the same shape / time of the symmetric kernel
+  // (2 would be "half the flops at full efficiency").
+  double syrk_speedup = 1;       // C = A·Aᵀ by SYRK
+  double sym_gemm_speedup = 1;   // C = A·B known symmetric, upper block triangle only
+  double ns_bytes_per_element = 2;  // Newton–Schulz buffers (bf16 on GPUs, float32 on the CPU)
+  bool batched_kernels = true;   // a batch of same-shape matrices runs as one kernel per operation
+  // Devices that share one machine's cores (the CPU profile): 0 = every device has its own hardware.
+  // Then the rates above are per rank as measured with `calibration_ranks` ranks at once, and a run
+  // with D ranks rescales them (at_devices).
+  int shared_cores = 0;
+  int calibration_ranks = 1;
   std::map<std::string, std::string> sources;  // field -> citation or "ASSUMED: why"
 };
 
 // By name (models/hardware/<name>.json, searched like model manifests) or path. Throws
 // dmuon::Error naming the file and the missing or invalid field.
 HardwareProfile load_hardware_profile(const std::string& name_or_path);
+
+// The profile one of `devices` ranks sees. Unchanged unless hw.shared_cores > 0; then, with c cores
+// and R = calibration_ranks: BLAS rates (peak_flops, ns_flops) × R/D (the machine's BLAS throughput
+// split over D ranks: threads when D < c, time slices when D > c), single-threaded rates (memory,
+// links) × min(1, c/D)/min(1, c/R), per-call overheads and latencies ÷ that same factor.
+HardwareProfile at_devices(const HardwareProfile& hw, int devices);
 
 struct Topology {
   int devices = 1;
@@ -71,20 +92,38 @@ Link world_link(const HardwareProfile& hw, const Topology& topology);
 // reduced) buffer. Closed forms (latency α, bandwidth β):
 //   ring all-gather, reduce-scatter:  (p−1)·α + (p−1)/p · bytes/β
 //   ring all-reduce:                  2·[(p−1)·α + (p−1)/p · bytes/β]
-//   pipelined broadcast, reduce:      ⌈log2 p⌉·α + bytes/β          (0 when p = 1)
+//   ring all-gatherv, reduce-scatterv: (p−1)·(α + max_block/β)   (each step waits for its largest block)
+//   tree all-reduce (small messages):  2⌈log2 p⌉·α + 2·bytes/β     (reduce up a tree, broadcast down)
+//   pipelined (chain) broadcast, reduce: (p−1)·α + bytes/β          (0 when p = 1)
 double ring_all_gather_s(double bytes, int p, const Link& link);
 double ring_reduce_scatter_s(double bytes, int p, const Link& link);
 double ring_all_reduce_s(double bytes, int p, const Link& link);
+double ring_all_gatherv_s(double max_block_bytes, int p, const Link& link);
+double tree_all_reduce_s(double bytes, int p, const Link& link);
 double pipelined_broadcast_s(double bytes, int p, const Link& link);
 // Two-stage reduce-scatter (DESIGN 3.3): within each node over NVLink, then across nodes among
 // ranks with the same local index, each carrying 1/devices_per_node of the bytes.
 double two_stage_reduce_scatter_s(double bytes, const HardwareProfile& hw, const Topology& topology);
+// The same with uneven blocks (bytes per rank, rank r on node r / devices_per_node): stage 1 is a ring
+// reduce-scatterv over the node whose block j sums the blocks of every node's local rank j; stage 2 a
+// ring reduce-scatterv across nodes on the per-rank blocks. Even blocks give two_stage_reduce_scatter_s.
+double two_stage_reduce_scatterv_s(const std::vector<double>& block_bytes, const HardwareProfile& hw,
+                                   const Topology& topology);
 
 // Newton–Schulz time on one device for `batch` same-shape matrices run together.
 enum class NsEngine {
   plain,  // the public reference: standard recurrence, full GEMMs, one matrix per kernel
-  dmuon,  // ours: the cheaper of standard-with-SYRK and Gram (DESIGN 2.3), batched kernels
+  dmuon,  // ours: the cheaper of standard-with-SYRK and Gram (DESIGN 2.3), batched where the profile batches
 };
+// Where the time goes: GEMM/SYRK kernels (roofline), memory passes (norm, scale, copies), launches.
+struct NsCost {
+  double total_s = 0;
+  double products_s = 0;  // matrix products, without their launches
+  double passes_s = 0;    // elementwise passes, without their launches
+  double launch_s = 0;    // kernel launches (one per operation per batch, or per matrix)
+  int kernels = 0;        // operations of one matrix (what ns_cost issues per batch or per matrix)
+};
+NsCost ns_cost(int64_t rows, int64_t cols, int batch, NsEngine engine, const HardwareProfile& hw);
 double ns_time_s(int64_t rows, int64_t cols, int batch, NsEngine engine, const HardwareProfile& hw);
 
 enum class Optimizer { adamw, muon_gather_plain, muon_gather, dmuon };
@@ -93,6 +132,8 @@ const std::vector<Optimizer>& all_optimizers();
 
 struct SimOptions {
   double tokens_per_device = 4096;  // tokens each device processes per step
+  // Forward flops of each unit per device and step; empty: 2·(unit parameters)·tokens_per_device.
+  std::vector<double> unit_forward_flops;
   bool zero3 = true;                // gather weights again for backward
   PlanOptions plan;                 // how DMuon assigns owners
 };
@@ -102,7 +143,10 @@ struct StepBreakdown {
   double compute_s = 0;         // forward + backward compute
   double exposed_comm_s = 0;    // communication not hidden behind compute
   double optimizer_s = 0;       // the optimizer step (including its own communication)
-  double optimizer_comm_s = 0;  // of which communication (gather-then-compute's all-gather)
+  double optimizer_comm_s = 0;  // of which communication (gather-then-compute's all-gather, the norm's all-reduce)
+  double optimizer_ns_s = 0;    // of which Newton–Schulz (DMuon: the slowest rank's planned matrices)
+  double optimizer_elementwise_s = 0;  // of which memory-bound updates (norm, momentum, weights, AdamW)
+  double optimizer_launch_s = 0;       // launches inside optimizer_ns_s and optimizer_elementwise_s
   double bytes_per_device = 0;  // bytes each device sends in the step
 };
 
@@ -110,8 +154,10 @@ struct SimResult {
   int devices = 0;
   std::map<Optimizer, StepBreakdown> steps;
   Plan plan;  // DMuon's owner plan (makespan = the NS part of its optimizer step)
+  HardwareProfile device;  // the profile one device saw: at_devices(hw, devices)
 };
 
+// `hw` as loaded: simulate_step applies at_devices itself.
 SimResult simulate_step(const std::vector<ParamSpec>& params, const HardwareProfile& hw, const Topology& topology,
                         const SimOptions& options);
 

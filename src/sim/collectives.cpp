@@ -1,5 +1,5 @@
 // Closed-form costs of the collectives (latency + bytes/bandwidth), as in nccl-tests'
-// PERFORMANCE.md and the usual ring/pipeline analyses.
+// PERFORMANCE.md and the usual ring/tree/pipeline analyses.
 #include <algorithm>
 #include <cmath>
 
@@ -19,29 +19,48 @@ Link world_link(const HardwareProfile& hw, const Topology& topology) {
   return {std::min(hw.intra_node_bytes_per_s, per_device_network), hw.inter_node_latency_s};
 }
 
-double ring_all_gather_s(double bytes, int p, const Link& link) {
+double ring_all_gatherv_s(double max_block_bytes, int p, const Link& link) {
   if (p <= 1) return 0;
-  return (p - 1) * link.latency_s + (p - 1.0) / p * bytes / link.bytes_per_s;
+  return (p - 1) * (link.latency_s + max_block_bytes / link.bytes_per_s);
 }
+
+double ring_all_gather_s(double bytes, int p, const Link& link) { return ring_all_gatherv_s(bytes / p, p, link); }
 
 double ring_reduce_scatter_s(double bytes, int p, const Link& link) { return ring_all_gather_s(bytes, p, link); }
 
 double ring_all_reduce_s(double bytes, int p, const Link& link) { return 2 * ring_all_gather_s(bytes, p, link); }
 
+double tree_all_reduce_s(double bytes, int p, const Link& link) {
+  if (p <= 1) return 0;
+  return 2 * (std::ceil(std::log2(static_cast<double>(p))) * link.latency_s + bytes / link.bytes_per_s);
+}
+
 double pipelined_broadcast_s(double bytes, int p, const Link& link) {
   if (p <= 1) return 0;
-  return std::ceil(std::log2(static_cast<double>(p))) * link.latency_s + bytes / link.bytes_per_s;
+  // Chunks flow down a chain: the first reaches the last rank after p−1 hops, the rest follow at β.
+  return (p - 1) * link.latency_s + bytes / link.bytes_per_s;
+}
+
+double two_stage_reduce_scatterv_s(const std::vector<double>& block_bytes, const HardwareProfile& hw,
+                                   const Topology& topology) {
+  DMUON_CHECK(static_cast<int>(block_bytes.size()) == topology.devices, "two-stage reduce-scatterv: ",
+              block_bytes.size(), " blocks for ", topology.devices, " devices");
+  const int per_node = std::min(topology.devices, topology.devices_per_node);
+  // Stage 1, within each node: local rank j ends up with the node's sum of every node's rank-j block.
+  std::vector<double> local(per_node, 0.0);
+  for (size_t r = 0; r < block_bytes.size(); ++r) local[r % per_node] += block_bytes[r];
+  const Link nvlink{hw.intra_node_bytes_per_s, hw.intra_node_latency_s};
+  const double intra = ring_all_gatherv_s(*std::max_element(local.begin(), local.end()), per_node, nvlink);
+  if (topology.nodes() == 1) return intra;
+  // Stage 2: ranks with the same local index reduce across nodes, all local indices at once, so each
+  // uses 1/per_node of the node's network.
+  const Link network{hw.inter_node_bytes_per_s / per_node, hw.inter_node_latency_s};
+  return intra + ring_all_gatherv_s(*std::max_element(block_bytes.begin(), block_bytes.end()), topology.nodes(),
+                                    network);
 }
 
 double two_stage_reduce_scatter_s(double bytes, const HardwareProfile& hw, const Topology& topology) {
-  const int per_node = std::min(topology.devices, topology.devices_per_node);
-  const Link nvlink{hw.intra_node_bytes_per_s, hw.intra_node_latency_s};
-  const double intra = ring_reduce_scatter_s(bytes, per_node, nvlink);
-  if (topology.nodes() == 1) return intra;
-  // Ranks with the same local index reduce their 1/per_node share across nodes, all local indices
-  // at once, so each uses 1/per_node of the node's network.
-  const Link network{hw.inter_node_bytes_per_s / per_node, hw.inter_node_latency_s};
-  return intra + ring_reduce_scatter_s(bytes / per_node, topology.nodes(), network);
+  return two_stage_reduce_scatterv_s(std::vector<double>(topology.devices, bytes / topology.devices), hw, topology);
 }
 
 }  // namespace dmuon::sim

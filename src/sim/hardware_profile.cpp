@@ -1,4 +1,5 @@
 // Hardware profiles from models/hardware/*.json.
+#include <algorithm>
 #include <nlohmann/json.hpp>
 
 #include "dmuon/atomic_file.hpp"
@@ -46,10 +47,40 @@ HardwareProfile load_hardware_profile(const std::string& name_or_path) {
   hw.kernel_launch_s = positive_field(j, "kernel_launch_s", path);
   hw.sm_count = static_cast<int>(positive_field(j, "sm_count", path));
   hw.comm_bytes_per_element = positive_field(j, "comm_bytes_per_element", path);
+  hw.syrk_speedup = positive_field(j, "syrk_speedup", path);
+  hw.sym_gemm_speedup = positive_field(j, "sym_gemm_speedup", path);
+  hw.ns_bytes_per_element = positive_field(j, "ns_bytes_per_element", path);
+  DMUON_CHECK(j.contains("batched_kernels") && j.at("batched_kernels").is_boolean(), path,
+              ": hardware profile needs a boolean 'batched_kernels' (profiles from before the fixed-cost model: "
+              "re-run `dmuon bench calibrate`)");
+  hw.batched_kernels = j.at("batched_kernels").get<bool>();
+  // Optional: absent means devices with their own hardware.
+  if (j.contains("shared_cores")) {
+    hw.shared_cores = static_cast<int>(positive_field(j, "shared_cores", path));
+    hw.calibration_ranks = static_cast<int>(positive_field(j, "calibration_ranks", path));
+  }
   DMUON_CHECK(j.contains("sources") && j.at("sources").is_object(), path,
               ": a hardware profile cites its numbers in a 'sources' object");
   for (const auto& [key, value] : j.at("sources").items()) hw.sources[key] = value.get<std::string>();
   return hw;
+}
+
+HardwareProfile at_devices(const HardwareProfile& hw, int devices) {
+  DMUON_CHECK(devices >= 1, "at_devices: devices must be at least 1, got ", devices);
+  if (hw.shared_cores <= 0) return hw;
+  const double cores = hw.shared_cores;
+  HardwareProfile out = hw;
+  const double blas = static_cast<double>(hw.calibration_ranks) / devices;
+  const double single = std::min(1.0, cores / devices) / std::min(1.0, cores / hw.calibration_ranks);
+  out.peak_flops *= blas;
+  out.ns_flops *= blas;
+  out.hbm_bytes_per_s *= single;
+  out.intra_node_bytes_per_s *= single;
+  out.inter_node_bytes_per_s *= single;
+  out.kernel_launch_s /= single;
+  out.intra_node_latency_s /= single;
+  out.inter_node_latency_s /= single;
+  return out;
 }
 
 }  // namespace dmuon::sim
