@@ -118,13 +118,34 @@ TEST(CliBench, CalibrateWritesAProfile) {
   const auto j = nlohmann::json::parse(read_file(dir.file("hw.json")));
   for (const char* key : {"peak_flops", "mfu", "ns_flops", "ns_efficiency", "hbm_bytes_per_s", "intra_node_bytes_per_s",
                           "inter_node_bytes_per_s", "intra_node_latency_s", "inter_node_latency_s", "kernel_launch_s",
-                          "sm_count", "comm_bytes_per_element"})
+                          "sm_count", "comm_bytes_per_element", "syrk_speedup", "sym_gemm_speedup",
+                          "ns_bytes_per_element", "shared_cores", "calibration_ranks"})
     EXPECT_TRUE(positive_finite(j.at(key))) << key;
+  EXPECT_EQ(j.at("calibration_ranks").get<int>(), 2);
+  EXPECT_FALSE(j.at("batched_kernels").get<bool>());
   EXPECT_LE(j.at("ns_efficiency").get<double>(), 1.0);
   // The simulator accepts it as a hardware profile.
   const sim::HardwareProfile hw = sim::load_hardware_profile(dir.file("hw.json"));
   EXPECT_EQ(hw.name, "this-cpu");
   EXPECT_EQ(hw.sources.size(), j.at("sources").size());
+}
+
+TEST(CliBench, SimulatesTheGptExampleAsBenchE2eSplitsIt) {
+  const auto r = test::run_cli("simulate --gpt demo --profile a800 --devices 1,2,4 --gpus-per-node 4 --json", 1);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  EXPECT_EQ(j.at("gpt").at("batch_sequences").get<int>(), 16);
+  ASSERT_EQ(j.at("results").size(), 3u);
+  for (const auto& row : j.at("results")) {
+    // 16 sequences of 64 tokens over the devices.
+    EXPECT_DOUBLE_EQ(row.at("tokens_per_device").get<double>(), 16.0 * 64 / row.at("devices").get<int>()) << row;
+    for (const char* key : {"optimizer_ns_s", "optimizer_elementwise_s", "optimizer_launch_s", "fwd_bwd_s"})
+      EXPECT_TRUE(positive_finite(row.at("dmuon").at(key))) << key;
+    EXPECT_GE(row.at("dmuon").at("step_s").get<double>(), row.at("adamw").at("step_s").get<double>());
+  }
+  const auto bad = test::run_cli("simulate --gpt demo --model gpt2 --profile a800", 1);
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.output.find("--gpt"), std::string::npos) << bad.output;
 }
 
 }  // namespace
