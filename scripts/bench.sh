@@ -41,6 +41,8 @@ step "this-cpu profile (np 2) and the simulator at 1 2 4 devices"
 run "$OUT/calibrate-np2.txt" "${MPIRUN[@]}" -np 2 "$DMUON" bench calibrate "${MODEL[@]}" --out "$OUT/this-cpu.json"
 run "$OUT/sim-this-cpu.json" "$DMUON" simulate "${MODEL[@]}" --profile "$OUT/this-cpu.json" --devices 1,2,4 \
   --gpus-per-node 4 --json
+run "$OUT/sim-gpt-demo-this-cpu.json" "$DMUON" simulate --gpt demo --profile "$OUT/this-cpu.json" --devices 1,2,4 \
+  --gpus-per-node 4 --json
 step "ablation, np 2 (first 2 layers)"
 run "$OUT/ablation-np2.json" "${MPIRUN[@]}" -np 2 "$DMUON" bench ablation --model qwen2.5-0.5b --layers 2 --steps 2 \
   --tune-cache "$(cache 2)" --json
