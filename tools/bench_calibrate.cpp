@@ -4,7 +4,8 @@
 // benchmarks (optim_bench.hpp), so the figures include the contention a rank sees in `bench optimizer`;
 // the slowest rank's figure is kept. The profile records the cores and ranks it was measured with, so the
 // simulator rescales it for other rank counts (sim::at_devices).
-//   ns_flops, peak_flops: sgemm 1024³ flop rate per rank (best of 5 after a warm-up call)
+//   ns_flops, peak_flops: sgemm 1024³ flop rate per rank (best of 5 after a warm-up call), or plain NS's
+//     rate below when that is higher (all ranks busy at once: the small sgemm can read low)
 //   ns_efficiency: Σ plain-NS flops / Σ plain-NS time / ns_flops over the model's Muon shapes (the
 //     public reference recurrence, the sim's `plain` engine)
 //   syrk_speedup, sym_gemm_speedup: over the model's Muon shapes (m ≤ n), Σ time of the full sgemm /
@@ -12,7 +13,8 @@
 //     the upper-triangle product of two m×m factors (NsOptions' default tiles)
 //   mfu: forward+backward of the GPT demo model (`bench e2e --config demo`'s shapes and per-rank batch,
 //     16/ranks sequences) on every rank: 3·gpt_forward_flops / time / peak_flops
-//   hbm_bytes_per_s: AdamW over 8 M elements, 7 float32 streams (the sim's AdamW model)
+//   single_rank_speedup: rank 0 alone with every core on the whole batch (bench e2e at np 1) over that rate
+//   hbm_bytes_per_s: AdamW over a rank's share of the model's elements (≤ 64 M), 7 float32 streams
 //   intra/inter-node bytes/s: ring all-gather of 16 MiB: (p−1)/p · bytes / time (one machine: both the same)
 //   latencies: all-reduce of one double / (2⌈log2 p⌉) steps (the sim's tree all-reduce)
 //   kernel_launch_s: plain NS on 16×16 / the kernels the sim counts for it
@@ -86,12 +88,15 @@ void run(const Args& a) {
   sgemm();  // warm-up: BLAS thread start and first touch of C
   sync();
   const double gemm_s = slowest(best_of(5, sgemm));
-  const double flops = 2.0 * n * n * n / gemm_s;
+  const double sgemm_flops = 2.0 * n * n * n / gemm_s;
 
   // Plain NS over the model's Muon shapes.
   std::map<std::pair<int64_t, int64_t>, int> shapes;
-  for (const auto& s : a.model.load())
+  int64_t model_elements = 0;
+  for (const auto& s : a.model.load()) {
+    model_elements += s.numel();
     if (s.role == ParamRole::matrix) ++shapes[{s.rows(), s.cols()}];
+  }
   NsOptions plain;
   plain.algo = NsAlgo::standard;
   plain.symmetric = false;
@@ -104,7 +109,10 @@ void run(const Args& a) {
     ns_flops += count * standard_ns_flops(shape.first, shape.second, 5);
     ns_s += count * t;
   }
-  const double efficiency = std::min(1.0, ns_flops / ns_s / flops);
+  // The peak is the faster of the two: with every rank busy at once a 1024³ sgemm can read slower than the
+  // model's NS shapes, and an efficiency above 1 would be capped away, understating NS.
+  const double flops = std::max(sgemm_flops, ns_flops / ns_s);
+  const double efficiency = ns_flops / ns_s / flops;
 
   // Symmetric products against the full sgemm of the same product, at the model's shapes.
   double full_syrk_s = 0, syrk_s = 0, full_sym_s = 0, sym_s = 0;
@@ -138,30 +146,47 @@ void run(const Args& a) {
   buffers.init(gpt, model.params(), 1);
   buffers.bind_to(model);
   const int64_t batch = std::max<int64_t>(1, kE2eBatch / p), T = gpt.context;
-  std::vector<int32_t> tokens(batch * (T + 1));
+  std::vector<int32_t> tokens(kE2eBatch * (T + 1));
   for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>((i * 2654435761u) % gpt.vocab);
-  std::vector<int32_t> inputs, targets;
-  for (int64_t b = 0; b < batch; ++b) {
+  std::vector<int32_t> inputs, targets;  // (kE2eBatch, T)
+  for (int64_t b = 0; b < kE2eBatch; ++b) {
     inputs.insert(inputs.end(), tokens.begin() + b * (T + 1), tokens.begin() + b * (T + 1) + T);
     targets.insert(targets.end(), tokens.begin() + b * (T + 1) + 1, tokens.begin() + (b + 1) * (T + 1));
   }
-  auto fwd_bwd = [&] {
-    buffers.zero_grads();
-    model.forward(inputs.data(), targets.data(), batch, T);
-    model.backward();
+  auto fwd_bwd_of = [&](int64_t sequences) {
+    return [&, sequences] {
+      buffers.zero_grads();
+      model.forward(inputs.data(), targets.data(), sequences, T);
+      model.backward();
+    };
   };
-  fwd_bwd();  // warm-up: first-touch of the activations
+  fwd_bwd_of(batch)();  // warm-up: first-touch of the activations
   sync();
-  const double fwd_bwd_s = slowest(best_of(3, fwd_bwd));
-  const double mfu = std::min(1.0, 3 * gpt_forward_flops(gpt, T) * batch / fwd_bwd_s / flops);
+  const double fwd_bwd_s = slowest(best_of(3, fwd_bwd_of(batch)));
+  const double fwd_bwd_rate = 3 * gpt_forward_flops(gpt, T) * batch / fwd_bwd_s;
+  const double mfu = std::min(1.0, fwd_bwd_rate / flops);
+  // One rank alone with every core (bench e2e at np 1: the whole batch, cores BLAS threads) against a rank
+  // of this run: how much a rank gains from the cores the others leave idle (small GEMMs and the
+  // single-threaded layers gain far less than cores/ranks).
+  double single_rank_speedup = 1;
+  if (p > 1) {
+    double alone_s = 0;
+    if (world->rank() == 0) {
+      linalg::ThreadsScope all_cores(policy.cores);
+      fwd_bwd_of(kE2eBatch)();
+      alone_s = best_of(3, fwd_bwd_of(kE2eBatch));
+    }
+    single_rank_speedup = 3 * gpt_forward_flops(gpt, T) * kE2eBatch / slowest(alone_s) / fwd_bwd_rate;
+  }
 
-  // AdamW streams.
-  const int64_t elements = 8 << 20;
+  // AdamW streams over a rank's share of the model (at most 64 M elements, 1 GiB of state): on this machine the
+  // rate depends on the buffer size (8 M elements read about half the rate of 64 M), so measure at the size used.
+  const int64_t elements = std::clamp<int64_t>(model_elements / p, 1 << 20, 64 << 20);
   std::vector<float> w(elements, 0.1f), g(elements, 0.01f), m(elements), v(elements);
   AdamWHyper hyper;
   int64_t t = 0;
   sync();
-  const double adamw_s = slowest(best_of(3, [&] { adamw_step(w, g, 1.0f, m, v, ++t, hyper); }));
+  const double adamw_s = slowest(best_of(5, [&] { adamw_step(w, g, 1.0f, m, v, ++t, hyper); }));
   const double hbm = 7.0 * 4 * elements / adamw_s;
 
   // Tiny NS: per-call overhead.
@@ -217,9 +242,11 @@ void run(const Args& a) {
       {"batched_kernels", false},
       {"shared_cores", policy.cores},
       {"calibration_ranks", p},
+      {"single_rank_speedup", single_rank_speedup},
       {"sources",
-       {{"peak_flops", how + "sgemm 1024^3, best of 5 after a warm-up call"},
-        {"ns_flops", how + "sgemm 1024^3, best of 5 after a warm-up call"},
+       {{"peak_flops", how + "the larger of sgemm 1024^3 (best of 5 after a warm-up call: " +
+                          std::to_string(sgemm_flops / 1e9) + " GFLOP/s) and plain NS's rate on the model's shapes"},
+        {"ns_flops", "the same as peak_flops"},
         {"ns_efficiency", how + "plain standard NS (full sgemm) on the model's Muon shapes: flops / time / ns_flops"},
         {"mfu", how + "forward+backward of the GPT demo model (L4 C128 NH4 T64) on " + std::to_string(batch) +
                     " sequences per rank (bench e2e's batch at this rank count): 3*gpt_forward_flops / time / "
@@ -233,7 +260,13 @@ void run(const Args& a) {
         {"shared_cores", "the cores of this machine, which every rank shares (the simulator rescales rates for "
                          "other rank counts)"},
         {"calibration_ranks", "ranks measuring at once in this run"},
-        {"hbm_bytes_per_s", how + "AdamW step over 8M elements, 7 float32 streams"},
+        {"single_rank_speedup",
+         p > 1 ? how.substr(0, how.find(", all ranks")) + ": rank 0 alone with " + std::to_string(policy.cores) +
+                     " BLAS threads on the GPT demo's forward+backward of " + std::to_string(kE2eBatch) +
+                     " sequences, its flop rate / a rank's rate above (mfu); the simulator's BLAS rate at 1 rank"
+               : "1 rank: measured alone already"},
+        {"hbm_bytes_per_s", how + "AdamW step over " + std::to_string(elements) +
+                                " elements (a rank's share of the model, at most 64M), 7 float32 streams, best of 5"},
         {"intra_node_bytes_per_s", p > 1 ? how + "ring all-gather of 16 MiB, (p-1)/p*bytes/time" : "1 rank: unused"},
         {"inter_node_bytes_per_s", "one machine: the intra-node figure"},
         {"intra_node_latency_s", p > 1 ? how + "all-reduce of 8 bytes / (2 ceil(log2 p)) tree steps" : "1 rank: unused"},
