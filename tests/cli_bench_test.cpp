@@ -119,7 +119,8 @@ TEST(CliBench, CalibrateWritesAProfile) {
   for (const char* key : {"peak_flops", "mfu", "ns_flops", "ns_efficiency", "hbm_bytes_per_s", "intra_node_bytes_per_s",
                           "inter_node_bytes_per_s", "intra_node_latency_s", "inter_node_latency_s", "kernel_launch_s",
                           "sm_count", "comm_bytes_per_element", "syrk_speedup", "sym_gemm_speedup",
-                          "ns_bytes_per_element", "shared_cores", "calibration_ranks", "single_rank_speedup"})
+                          "ns_bytes_per_element", "shared_cores", "calibration_ranks", "single_rank_speedup",
+                          "single_rank_ns_speedup"})
     EXPECT_TRUE(positive_finite(j.at(key))) << key;
   EXPECT_EQ(j.at("calibration_ranks").get<int>(), 2);
   EXPECT_FALSE(j.at("batched_kernels").get<bool>());

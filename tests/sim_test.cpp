@@ -245,6 +245,7 @@ TEST(HardwareProfile, SharedCoresSplitTheMachineAmongRanks) {
   hw.shared_cores = 2;
   hw.calibration_ranks = 2;  // measured with one core per rank
   hw.single_rank_speedup = 1.5;  // a rank alone with both cores: 1.5x a rank of the pair
+  hw.single_rank_ns_speedup = 1.8;
   const HardwareProfile four = at_devices(hw, 4), one = at_devices(hw, 1);
   EXPECT_DOUBLE_EQ(four.peak_flops, hw.peak_flops / 2);  // half a core each
   EXPECT_DOUBLE_EQ(four.ns_flops, hw.ns_flops / 2);
@@ -252,10 +253,11 @@ TEST(HardwareProfile, SharedCoresSplitTheMachineAmongRanks) {
   EXPECT_DOUBLE_EQ(four.kernel_launch_s, hw.kernel_launch_s * 2);
   EXPECT_DOUBLE_EQ(four.intra_node_latency_s, hw.intra_node_latency_s * 2);
   EXPECT_DOUBLE_EQ(one.peak_flops, hw.peak_flops * 1.5);  // two BLAS threads, as measured
+  EXPECT_DOUBLE_EQ(one.ns_flops, hw.ns_flops * 1.8);
   EXPECT_DOUBLE_EQ(one.hbm_bytes_per_s, hw.hbm_bytes_per_s);  // single-threaded code: one core either way
   hw.shared_cores = 4;
   hw.calibration_ranks = 4;  // 4 cores, 4 ranks; alone 2.5x: at 2 ranks 1 + 1.5·(4/2 − 1)/(4 − 1) = 1.5x
-  hw.single_rank_speedup = 2.5;
+  hw.single_rank_ns_speedup = 2.5;
   EXPECT_DOUBLE_EQ(at_devices(hw, 2).ns_flops, hw.ns_flops * 1.5);
   EXPECT_DOUBLE_EQ(at_devices(hw, 2).hbm_bytes_per_s, hw.hbm_bytes_per_s);
   EXPECT_DOUBLE_EQ(at_devices(hw, 1).ns_flops, hw.ns_flops * 2.5);

@@ -13,7 +13,8 @@
 //     the upper-triangle product of two m×m factors (NsOptions' default tiles)
 //   mfu: forward+backward of the GPT demo model (`bench e2e --config demo`'s shapes and per-rank batch,
 //     16/ranks sequences) on every rank: 3·gpt_forward_flops / time / peak_flops
-//   single_rank_speedup: rank 0 alone with every core on the whole batch (bench e2e at np 1) over that rate
+//   single_rank_speedup: rank 0 alone with every core on the whole batch (bench e2e at np 1) over that rate;
+//     single_rank_ns_speedup the same for the 1024³ sgemm (NS products scale with threads better than the GPT)
 //   hbm_bytes_per_s: AdamW over a rank's share of the model's elements (≤ 64 M), 7 float32 streams
 //   intra/inter-node bytes/s: ring all-gather of 16 MiB: (p−1)/p · bytes / time (one machine: both the same)
 //   latencies: all-reduce of one double / (2⌈log2 p⌉) steps (the sim's tree all-reduce)
@@ -168,15 +169,19 @@ void run(const Args& a) {
   // One rank alone with every core (bench e2e at np 1: the whole batch, cores BLAS threads) against a rank
   // of this run: how much a rank gains from the cores the others leave idle (small GEMMs and the
   // single-threaded layers gain far less than cores/ranks).
-  double single_rank_speedup = 1;
+  // The same for NS-sized products: the 1024³ sgemm alone with every core against a rank's rate above.
+  double single_rank_speedup = 1, single_rank_ns_speedup = 1;
   if (p > 1) {
-    double alone_s = 0;
+    double alone_s = 0, sgemm_alone_s = 0;
     if (world->rank() == 0) {
       linalg::ThreadsScope all_cores(policy.cores);
       fwd_bwd_of(kE2eBatch)();
       alone_s = best_of(3, fwd_bwd_of(kE2eBatch));
+      sgemm();
+      sgemm_alone_s = best_of(5, sgemm);
     }
     single_rank_speedup = 3 * gpt_forward_flops(gpt, T) * kE2eBatch / slowest(alone_s) / fwd_bwd_rate;
+    single_rank_ns_speedup = gemm_s / slowest(sgemm_alone_s);
   }
 
   // AdamW streams over a rank's share of the model (at most 64 M elements, 1 GiB of state): on this machine the
@@ -243,6 +248,7 @@ void run(const Args& a) {
       {"shared_cores", policy.cores},
       {"calibration_ranks", p},
       {"single_rank_speedup", single_rank_speedup},
+      {"single_rank_ns_speedup", single_rank_ns_speedup},
       {"sources",
        {{"peak_flops", how + "the larger of sgemm 1024^3 (best of 5 after a warm-up call: " +
                           std::to_string(sgemm_flops / 1e9) + " GFLOP/s) and plain NS's rate on the model's shapes"},
@@ -264,6 +270,11 @@ void run(const Args& a) {
          p > 1 ? how.substr(0, how.find(", all ranks")) + ": rank 0 alone with " + std::to_string(policy.cores) +
                      " BLAS threads on the GPT demo's forward+backward of " + std::to_string(kE2eBatch) +
                      " sequences, its flop rate / a rank's rate above (mfu); the simulator's BLAS rate at 1 rank"
+               : "1 rank: measured alone already"},
+        {"single_rank_ns_speedup",
+         p > 1 ? how.substr(0, how.find(", all ranks")) + ": rank 0 alone with " + std::to_string(policy.cores) +
+                     " BLAS threads on sgemm 1024^3 (best of 5), over a rank's sgemm time above; the simulator's "
+                     "NS rate at 1 rank"
                : "1 rank: measured alone already"},
         {"hbm_bytes_per_s", how + "AdamW step over " + std::to_string(elements) +
                                 " elements (a rank's share of the model, at most 64M), 7 float32 streams, best of 5"},

@@ -60,7 +60,8 @@ struct HardwareProfile {
   // with D ranks rescales them (at_devices).
   int shared_cores = 0;
   int calibration_ranks = 1;
-  double single_rank_speedup = 1;  // BLAS rate of one rank alone with every core / of one calibration rank
+  double single_rank_speedup = 1;     // peak_flops of one rank alone with every core / of one calibration rank
+  double single_rank_ns_speedup = 1;  // the same for ns_flops
   std::map<std::string, std::string> sources;  // field -> citation or "ASSUMED: why"
 };
 
@@ -71,7 +72,8 @@ HardwareProfile load_hardware_profile(const std::string& name_or_path);
 // The profile one of `devices` ranks sees. Unchanged unless hw.shared_cores > 0; then, with c cores
 // and R = calibration_ranks: BLAS rates (peak_flops, ns_flops) × R/D for D ≥ R (the machine's BLAS
 // throughput split over D ranks by time slices), and for D < R linearly in R/D from 1 to
-// single_rank_speedup at D = 1 (threads help a lone rank less than R-fold); single-threaded rates
+// single_rank_speedup (peak_flops) or single_rank_ns_speedup (ns_flops) at D = 1 (threads help a lone rank
+// less than R-fold); single-threaded rates
 // (memory, links) × min(1, c/D)/min(1, c/R), per-call overheads and latencies ÷ that same factor.
 HardwareProfile at_devices(const HardwareProfile& hw, int devices);
 

@@ -59,6 +59,7 @@ HardwareProfile load_hardware_profile(const std::string& name_or_path) {
     hw.shared_cores = static_cast<int>(positive_field(j, "shared_cores", path));
     hw.calibration_ranks = static_cast<int>(positive_field(j, "calibration_ranks", path));
     hw.single_rank_speedup = positive_field(j, "single_rank_speedup", path);
+    hw.single_rank_ns_speedup = positive_field(j, "single_rank_ns_speedup", path);
   }
   DMUON_CHECK(j.contains("sources") && j.at("sources").is_object(), path,
               ": a hardware profile cites its numbers in a 'sources' object");
@@ -74,11 +75,12 @@ HardwareProfile at_devices(const HardwareProfile& hw, int devices) {
   // Fewer ranks than measured: interpolate linearly in R/D from 1 (D = R) to the measured gain of one rank
   // alone (D = 1).
   const double ranks = hw.calibration_ranks;
-  const double blas = devices >= ranks ? ranks / devices
-                                       : 1 + (hw.single_rank_speedup - 1) * (ranks / devices - 1) / (ranks - 1);
+  const auto blas = [&](double alone) {
+    return devices >= ranks ? ranks / devices : 1 + (alone - 1) * (ranks / devices - 1) / (ranks - 1);
+  };
   const double single = std::min(1.0, cores / devices) / std::min(1.0, cores / hw.calibration_ranks);
-  out.peak_flops *= blas;
-  out.ns_flops *= blas;
+  out.peak_flops *= blas(hw.single_rank_speedup);
+  out.ns_flops *= blas(hw.single_rank_ns_speedup);
   out.hbm_bytes_per_s *= single;
   out.intra_node_bytes_per_s *= single;
   out.inter_node_bytes_per_s *= single;
