@@ -2,7 +2,8 @@
 // include/dmuon/trainer.hpp, the loop behind `dmuon train`) for AdamW, the paper's gather-then-compute
 // baseline with plain NS, and DMuon, side by side in one run (all trainers alive, stepped in turn). Per step the
 // slowest rank (StepMetrics); the median over the timed steps after `--warmup` untimed ones. Configurations: `demo`
-// (make demo's model: L4 C128 NH4 T64 B16) and `large` (L6 C256 NH4 T128 B16).
+// (make demo's model and batch: L4 C128 NH4 T64 B64) and `large` (L6 C256 NH4 T128 B16); `--batch` overrides B.
+// Newton–Schulz costs the same per step whatever B, so DMuon's overhead over AdamW falls as B grows.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -22,6 +23,7 @@ namespace {
 
 struct Args {
   std::string config = "demo";
+  int64_t batch = 0;  // sequences per step; 0: the configuration's
   std::vector<std::string> optimizers = {"adamw", "muon-gather-plain", "dmuon"};
   int steps = 6;
   int warmup = 2;
@@ -34,10 +36,12 @@ TrainOptions train_options(const Args& a, const std::string& optimizer) {
     o.model.layers = 6;
     o.model.width = 256;
     o.model.context = 128;
+    o.batch = 16;
   } else {
     DMUON_CHECK(a.config == "demo", "--config must be demo or large, got '", a.config, "'");
+    o.batch = 64;  // scripts/demo.sh's BATCH
   }
-  o.batch = 16;
+  if (a.batch > 0) o.batch = a.batch;
   o.warmup = 0;
   o.val_every = 0;
   o.val_batches = 1;
@@ -100,9 +104,12 @@ void run(const Args& a) {
   };
   const Result* dm = find("dmuon");
   const Result* adamw = find("adamw");
-  const std::string label = "GPT " + a.config;
+  const int64_t batch = trainers.front()->options().batch;
+  const std::string label = "GPT " + a.config + ", " + std::to_string(batch) + " sequences per step";
   if (a.json) {
     nlohmann::json out = optim_bench::run_context(label, world->size(), policy, a.steps);
+    out["batch"] = batch;
+    out["tokens_per_step"] = batch * trainers.front()->options().model.context;
     out["results"] = nlohmann::json::array();
     for (const auto& r : results) {
       nlohmann::json j = {{"optimizer", r.name},
@@ -134,7 +141,8 @@ Registration reg("bench", [](CLI::App& bench) {
   auto* c = bench.add_subcommand("e2e",
                                  "Training step of the GPT example: AdamW, gather-then-compute Muon (plain NS) "
                                  "and DMuon side by side (run under mpirun)");
-  c->add_option("--config", args->config, "demo (L4 C128 T64) or large (L6 C256 T128)")->capture_default_str();
+  c->add_option("--config", args->config, "demo (L4 C128 T64 B64) or large (L6 C256 T128 B16)")->capture_default_str();
+  c->add_option("--batch", args->batch, "Sequences per step (default: the configuration's)")->check(positive());
   c->add_option("--optim", args->optimizers, "Optimizers, comma-separated: adamw,muon-gather-plain,muon-gather,dmuon")
       ->delimiter(',')
       ->capture_default_str();
