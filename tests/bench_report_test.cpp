@@ -35,6 +35,7 @@ const std::map<std::string, std::string> kFixture = {
 done)json"},
     {"e2e-demo-np2.json.cmd", "mpirun -np 2 build/dmuon bench e2e --config demo --json\n"},
     {"e2e-demo-np2.json", R"json({"threads_per_rank": 1, "oversubscribed": false, "dmuon_overhead_vs_adamw": 0.25,
+ "batch": 64, "tokens_per_step": 4096,
  "results": [
   {"optimizer": "adamw", "step_s_median": 0.1, "fwd_bwd_s": 0.09, "optimizer_s": 0.002, "comm_wait_s": 0.005,
    "dmuon_speedup": 0.8},
@@ -83,6 +84,10 @@ TEST(BenchReport, HeadlineFiguresTablesAndCommands) {
        "baseline) and 2.00x faster than muon-gather (same NS engine).",
        // 125 / 100 ms - 1; 200 / 125 ms.
        "- End to end, GPT demo, np 2: DMuon +25.0% step time over AdamW, 1.60x faster than muon-gather-plain.",
+       "- End to end, GPT demo, np 2, DMuon's overhead over AdamW by tokens per step: +25.0% at 4096 (paper +2%).",
+       // The tokens-per-step sweep: only the default batch ran.
+       "| 64 | 4096 | 100.0 | 125.0 | 30.0 | +25% |",
+       "- *Not run: " + dir.file("e2e-demo-np2-b256.json") + ".*",
        // Simulated / measured - 1: 500/250, 2600/2000, 960/1000, 600/500; ratios (2600/600) / (2000/500) and
        // (960/600) / (1000/500).
        "- Simulator with the `this-cpu` profile against measured optimizer steps: absolute times 2 of 4 within 25% "
