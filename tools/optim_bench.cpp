@@ -61,18 +61,38 @@ void max_over_ranks(comm::Comm& world, std::span<double> values) {
   world.all_reduce<double>(values, comm::ReduceOp::max).wait();
 }
 
+// The variant's NS: the library's tuned Orthogonalizer (the ablations switch one tuned choice off), or fixed
+// options; unbatched variants call it once per matrix.
 Orthogonalizer make_orthogonalizer(const Setup& setup, const Variant& v) {
-  return
-      [&setup, engine = v.engine, batched = v.batched](std::span<const float* const> u, std::span<float* const> o,
-                                                       int64_t rows, int64_t cols, std::span<const std::string> names) {
-        const NsOptions options = engine_options(setup, engine, rows, cols);
-        if (batched) {
-          newton_schulz_batched(u, o, rows, cols, options, names);
-          return;
-        }
-        for (size_t i = 0; i < u.size(); ++i)
-          newton_schulz(u[i], o[i], rows, cols, options, names.empty() ? "matrix" : names[i]);
-      };
+  const int threads = setup.threads.threads_per_rank;
+  Orthogonalizer orth;
+  switch (v.engine) {
+    case Engine::plain: {
+      NsOptions o;
+      o.algo = NsAlgo::standard;
+      o.symmetric = false;
+      o.threads = threads;
+      orth = ns_orthogonalizer(o);
+      break;
+    }
+    case Engine::untuned:
+      orth = ns_orthogonalizer(untuned_options(threads));
+      break;
+    case Engine::tuned:
+      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads));
+      break;
+    case Engine::tuned_gemm:
+      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads), [](NsOptions& o) { o.symmetric = false; });
+      break;
+    case Engine::tuned_standard:
+      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads), [](NsOptions& o) { o.algo = NsAlgo::standard; });
+      break;
+  }
+  if (v.batched) return orth;
+  return [orth](std::span<const float* const> u, std::span<float* const> o, int64_t rows, int64_t cols,
+                std::span<const std::string> names) {
+    for (size_t i = 0; i < u.size(); ++i) orth(u.subspan(i, 1), o.subspan(i, 1), rows, cols, names.empty() ? names : names.subspan(i, 1));
+  };
 }
 
 }  // namespace
@@ -173,31 +193,6 @@ Variant optimizer_variant(const Setup& setup, const std::string& name) {
   if (name == "muon-gather") return {name, Kind::gather, Engine::tuned, true, {}};
   if (name == "dmuon") return {name, Kind::owners, Engine::tuned, true, setup.milp.owner};
   DMUON_FAIL("--optim: unknown optimizer '", name, "' (adamw, muon-gather-plain, muon-gather, dmuon)");
-}
-
-NsOptions engine_options(const Setup& setup, Engine engine, int64_t rows, int64_t cols) {
-  const int threads = setup.threads.threads_per_rank;
-  NsOptions o;
-  switch (engine) {
-    case Engine::plain:
-      o.algo = NsAlgo::standard;
-      o.symmetric = false;
-      o.threads = threads;
-      return o;
-    case Engine::untuned:
-      return untuned_options(threads);
-    case Engine::tuned:
-      return tuned_entry(setup, rows, cols).options;
-    case Engine::tuned_gemm:
-      o = tuned_entry(setup, rows, cols).options;
-      o.symmetric = false;
-      return o;
-    case Engine::tuned_standard:
-      o = tuned_entry(setup, rows, cols).options;
-      o.algo = NsAlgo::standard;
-      return o;
-  }
-  return o;
 }
 
 namespace {

@@ -94,7 +94,4 @@ nlohmann::json run_context(const std::string& model, int ranks, const ThreadPoli
 // The same as one line for tables: "<model>, <ranks> ranks, <t> BLAS thread(s) per rank on <c> cores".
 std::string run_line(const std::string& model, int ranks, const ThreadPolicy& threads);
 
-// NsOptions of a variant for rows×cols (tuned entries per shape, threads_per_rank threads).
-NsOptions engine_options(const Setup& setup, Engine engine, int64_t rows, int64_t cols);
-
 }  // namespace dmuon::cli::optim_bench

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dmuon/ns.hpp"
+#include "dmuon/optim.hpp"
 #include "dmuon/params.hpp"
 #include "dmuon/plan.hpp"
 
@@ -128,6 +129,19 @@ std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int
 // Batch times from tuned entries, for make_plan_items (--costs measured). Asking for a (shape,
 // batch) the entries lack throws dmuon::Error naming it.
 BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries);
+
+// The NsOptions for `batch` rows×cols matrices: the kernel choice (algo, restarts, symmetric, tiles,
+// batch mode, threads) of the entry for that (shape, batch), else of that shape's entry with the nearest
+// batch (ties: the smaller), on top of `defaults`' math (coeffs, steps, safety); `defaults` alone for a
+// shape no entry has.
+NsOptions tuned_options(const std::vector<TuneEntry>& entries, int64_t rows, int64_t cols, int batch,
+                        const NsOptions& defaults);
+
+// An Orthogonalizer that runs newton_schulz_batched with tuned_options for each call's (shape, batch),
+// the production path of tuned training and of the benchmarks. `adjust` (optional) edits the chosen
+// options before the call (the ablations switch one choice off).
+Orthogonalizer tuned_orthogonalizer(std::vector<TuneEntry> entries, NsOptions defaults,
+                                    std::function<void(NsOptions&)> adjust = {});
 
 // A MeasureFn that times newton_schulz_batched on fixed random inputs. It keeps the inputs of the
 // last (shape, batch) between calls and makes one untimed warm-up run whenever that changes.
