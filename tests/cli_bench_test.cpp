@@ -100,7 +100,8 @@ TEST(CliBench, AblationAtTwoRanks) {
 }
 
 TEST(CliBench, EndToEndAtTwoRanks) {
-  const auto j = run_json("bench e2e --config demo --steps 1 --warmup 1 --json");
+  test::TempDir dir;
+  const auto j = run_json("bench e2e --config demo --steps 1 --warmup 1 --json --tune-cache " + dir.file("tune.json"));
   ASSERT_TRUE(j.is_object());
   ASSERT_EQ(j.at("results").size(), 3u);
   for (const auto& r : j.at("results")) {

@@ -131,37 +131,16 @@ Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::strin
   linalg::set_threads(threads);
   const auto requests = shape_requests(s.params);
   DMUON_CHECK(!requests.empty(), "bench: the model has no Muon matrices");
-  const TuneKey key = current_tune_key(threads);
-  std::vector<int64_t> ok = {1};
-  if (world.rank() == 0) {
-    try {
-      std::string warning;
-      TuneCache cache = TuneCache::load(tune_cache, key, &warning);
-      if (!warning.empty()) std::fprintf(stderr, "dmuon: warning: %s\n", warning.c_str());
-      const size_t before = cache.entries().size();
-      size_t shown = SIZE_MAX;
-      tune_shapes(requests, cache, make_ns_timer(), threads, 3,
-                  [&shown](size_t done, size_t total, const std::string&) {
-                    if (done != shown) std::fprintf(stderr, "tuning NS: %zu of %zu shapes done\n", done, total);
-                    shown = done;
-                  });
-      if (cache.entries().size() != before) cache.save(tune_cache);
-    } catch (const Error&) {
-      ok[0] = 0;
-      world.broadcast<int64_t>(ok, 0).wait();  // release the other ranks, then fail
-      throw;
-    }
-  }
-  world.broadcast<int64_t>(ok, 0).wait();
-  DMUON_CHECK(ok[0] == 1, "bench: rank 0 failed to tune (see its error)");
-  std::string warning;
-  const TuneCache cache = TuneCache::load(tune_cache, key, &warning);
-  for (const auto& r : requests) {
-    const TuneEntry* e = cache.find(r.rows, r.cols, 1);
-    DMUON_CHECK(e != nullptr, "bench: rank ", world.rank(), " finds no tuned entry for ", r.rows, "x", r.cols, " in ",
-                tune_cache, warning.empty() ? "" : " (" + warning + ")");
-    s.tuned.push_back(*e);
-  }
+  TuneSessionOptions tune;
+  tune.cache_path = tune_cache;
+  tune.threads = threads;
+  size_t shown = SIZE_MAX;
+  tune.progress = [&shown](size_t done, size_t total, const std::string&) {
+    if (done != shown) std::fprintf(stderr, "tuning NS: %zu of %zu shapes done\n", done, total);
+    shown = done;
+  };
+  tune.warn = [](const std::string& warning) { std::fprintf(stderr, "dmuon: warning: %s\n", warning.c_str()); };
+  s.tuned = tune_across_ranks(world, requests, tune);
 
   // With threads_per_rank threads a batch runs its matrices one after another, so a batch costs the
   // count times the tuned single-matrix time.

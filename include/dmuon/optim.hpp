@@ -205,10 +205,11 @@ class Optimizer {
 };
 
 // Single-process Muon (matrices) + AdamW (the rest), Newton–Schulz from include/dmuon/ns.hpp with
-// options.muon.ns (fixed at construction).
+// options.muon.ns (fixed at construction), or from `orth`.
 class Muon : public Optimizer {
  public:
   Muon(std::vector<ParamRef> params, OptimizerOptions options);
+  Muon(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth);
 };
 
 // `options` with a single rule that sends every parameter to AdamW.

@@ -122,6 +122,24 @@ std::vector<TuneEntry> tune_shapes(const std::vector<TuneRequest>& requests, Tun
                                    const MeasureFn& measure, int max_threads, int rounds = 3,
                                    const TuneProgressFn& progress = {});
 
+// Entries as JSON text (the cache file's entry format) and back; from_json throws dmuon::Error for
+// malformed text or an invalid entry.
+std::string tune_entries_to_json(const std::vector<TuneEntry>& entries);
+std::vector<TuneEntry> tune_entries_from_json(const std::string& text);
+
+// Where tuned entries live and how to tune the missing ones.
+struct TuneSessionOptions {
+  std::string cache_path;  // default_tune_cache_path() is the usual choice
+  int threads = 1;         // BLAS threads NS runs with (part of the cache key)
+  int rounds = 3;          // timing rounds per candidate
+  TuneProgressFn progress;
+  std::function<void(const std::string&)> warn;  // a corrupt or foreign cache file (then tuned anew)
+};
+
+// Loads the cache, tunes what it lacks for `requests` with make_ns_timer, saves it when it changed
+// (or was rejected); the entries in request order.
+std::vector<TuneEntry> tune_with_cache(const std::vector<TuneRequest>& requests, const TuneSessionOptions& options);
+
 // What a model needs tuned on D ranks: each Muon matrix shape with batch ceil(count/D), the
 // batch make_plan_items asks about. Sorted by shape.
 std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int ranks);
