@@ -28,7 +28,8 @@ optimizer() {  # optimizer NP STEPS
     --tune-cache "$(cache "$1")" --json
 }
 e2e() {  # e2e CONFIG NP STEPS
-  run "$OUT/e2e-$1-np$2.json" "${MPIRUN[@]}" -np "$2" "$DMUON" bench e2e --config "$1" --steps "$3" --json
+  run "$OUT/e2e-$1-np$2.json" "${MPIRUN[@]}" -np "$2" "$DMUON" bench e2e --config "$1" --steps "$3" \
+    --tune-cache "$(cache "$2")" --json
 }
 step "simulated Qwen2.5-7B and Pi0 on 8-256 A800s"
 run "$OUT/sim-qwen7b-a800.json" "$DMUON" simulate --model qwen2.5-7b --profile a800 --plot docs/sim-qwen7b-a800.png --json

@@ -183,6 +183,8 @@ struct Runner {
   std::unique_ptr<Optimizer> optimizer;
   Measurement m;
   std::vector<double> blocked;
+  std::vector<std::vector<double>> ns_s;  // per rank, per timed step
+  Kind kind = Kind::owners;
 
   // Collective. Each runner talks on its own duplicate of the world communicator.
   Runner(const Setup& setup, const Variant& v) {
@@ -195,6 +197,10 @@ struct Runner {
         shard::ShardOptions{owned ? shard::Layout::owner_aligned : shard::Layout::even, shard::Mode::z2,
                             comm::ReduceOp::average, true},
         owned ? v.owners : std::vector<int>{});
+    if (owned) {
+      for (const RankPlan& r : plan_from_owners(setup.params, setup.items, comm->size(), v.owners, {}).per_rank)
+        m.predicted_ns_s_per_rank.push_back(r.time_s);
+    }
     OptimizerOptions options;
     switch (v.kind) {
       case Kind::adamw:
@@ -208,6 +214,7 @@ struct Runner {
         break;
     }
     m.name = v.name;
+    kind = v.kind;
   }
 
   // Gradients through the hooks, then one timed step; `record` false for the warm-up.
@@ -223,7 +230,11 @@ struct Runner {
     std::vector<double> figures = {std::chrono::duration<double>(Clock::now() - t0).count(), traffic->blocked_s,
                                    traffic->sent_bytes, backward_sent};
     max_over_ranks(world, figures);
+    std::vector<double> ns_mine = {optimizer->last_stats().ns_s}, ns_all(world.size());
+    world.all_gather<double>(ns_mine, ns_all).wait();
     if (!record) return;
+    ns_s.resize(ns_all.size());
+    for (size_t r = 0; r < ns_all.size(); ++r) ns_s[r].push_back(ns_all[r]);
     m.step_s.push_back(figures[0]);
     blocked.push_back(figures[1]);
     m.sent_bytes = figures[2];
@@ -237,6 +248,8 @@ struct Runner {
     };
     m.median_s = median(m.step_s);
     m.blocked_s = median(blocked);
+    if (kind != Kind::adamw)
+      for (const auto& per_step : ns_s) m.ns_s_per_rank.push_back(median(per_step));
     std::vector<double> sum_sq = {0};
     for (int u = 0; u < sp->num_units(); ++u)
       for (float w : sp->shard_params(u)) sum_sq[0] += static_cast<double>(w) * w;
