@@ -184,9 +184,8 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
       ->capture_default_str()
       ->check(dmuon::cli::thread_count());
   c->add_flag("--tune,!--no-tune", args->tune,
-              "Muon runs: tuned NS kernels and measured owner costs (rank 0 tunes shapes missing from the cache "
-              "at startup, about a second for the demo model)")
-      ->capture_default_str();
+              "Muon runs: tuned NS kernels and measured owner costs, on by default (rank 0 tunes shapes missing "
+              "from the cache at startup: about half a second for the demo model)");
   c->add_option("--tune-cache", o.tune_cache,
                 "tuning cache file (default $XDG_CACHE_HOME/dmuon/tune.json or ~/.cache/dmuon/tune.json)");
   c->callback([args] { run_train(*args); });
