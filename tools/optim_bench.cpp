@@ -85,13 +85,15 @@ Orthogonalizer make_orthogonalizer(const Setup& setup, const Variant& v) {
       orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads), [](NsOptions& o) { o.symmetric = false; });
       break;
     case Engine::tuned_standard:
-      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads), [](NsOptions& o) { o.algo = NsAlgo::standard; });
+      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads),
+                                  [](NsOptions& o) { o.algo = NsAlgo::standard; });
       break;
   }
   if (v.batched) return orth;
   return [orth](std::span<const float* const> u, std::span<float* const> o, int64_t rows, int64_t cols,
                 std::span<const std::string> names) {
-    for (size_t i = 0; i < u.size(); ++i) orth(u.subspan(i, 1), o.subspan(i, 1), rows, cols, names.empty() ? names : names.subspan(i, 1));
+    for (size_t i = 0; i < u.size(); ++i)
+      orth(u.subspan(i, 1), o.subspan(i, 1), rows, cols, names.empty() ? names : names.subspan(i, 1));
   };
 }
 

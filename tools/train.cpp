@@ -47,7 +47,8 @@ void run_train(TrainArgs& args) {
     const dmuon::TuneSessionOptions bar =
         dmuon::cli::session_options(o.tune_cache.empty() ? dmuon::default_tune_cache_path() : o.tune_cache, 0);
     o.tune_progress = [bar, started = false](size_t done, size_t total, const std::string& what) mutable {
-      if (!started) std::fprintf(stderr, "tuning Newton-Schulz for the model's shapes (cache %s)\n", bar.cache_path.c_str());
+      if (!started)
+        std::fprintf(stderr, "tuning Newton-Schulz for the model's shapes (cache %s)\n", bar.cache_path.c_str());
       started = true;
       bar.progress(done, total, what);
     };

@@ -24,8 +24,9 @@ Plan plan_across_ranks(comm::Comm& comm, const std::vector<ParamSpec>& params, c
                        const PlanOptions& options);
 
 // Collective. Rank 0 runs tune_with_cache (progress and warnings are rank 0's) while the other
-// ranks wait, and broadcasts the entries; every rank returns the same entries, in request order. Failures reach every rank as in
-// plan_across_ranks ("rank r: rank 0 could not tune Newton-Schulz (cache PATH): ...").
+// ranks wait, and broadcasts the entries; every rank returns the same entries, in request order.
+// Failures reach every rank as in plan_across_ranks ("rank r: rank 0 could not tune Newton-Schulz
+// (cache PATH): ..."). The waiting ranks wait within the comm timeout (DMUON_COMM_TIMEOUT_S).
 std::vector<TuneEntry> tune_across_ranks(comm::Comm& comm, const std::vector<TuneRequest>& requests,
                                          const TuneSessionOptions& options);
 
