@@ -28,11 +28,12 @@ optimizer() {  # optimizer NP STEPS
     --tune-cache "$(cache "$1")" --json
 }
 e2e() {  # e2e CONFIG NP STEPS
-  run "$OUT/e2e-$1-np$2.json" "${MPIRUN[@]}" -np "$2" "$DMUON" bench e2e --config "$1" --steps "$3" --json
+  run "$OUT/e2e-$1-np$2.json" "${MPIRUN[@]}" -np "$2" "$DMUON" bench e2e --config "$1" --steps "$3" \
+    --tune-cache "$(cache "$2")" --json
 }
 e2e_batch() {  # e2e_batch SEQUENCES STEPS: AdamW and DMuon on the demo model at np 2 with another batch
   run "$OUT/e2e-demo-np2-b$1.json" "${MPIRUN[@]}" -np 2 "$DMUON" bench e2e --config demo --batch "$1" \
-    --optim adamw,dmuon --steps "$2" --json
+    --optim adamw,dmuon --steps "$2" --tune-cache "$(cache 2)" --json
 }
 step "simulated Qwen2.5-7B and Pi0 on 8-256 A800s"
 run "$OUT/sim-qwen7b-a800.json" "$DMUON" simulate --model qwen2.5-7b --profile a800 --plot docs/sim-qwen7b-a800.png --json

@@ -28,6 +28,8 @@ struct Args {
   int steps = 6;
   int warmup = 2;
   bool json = false;
+  bool tune = true;        // muon-gather and dmuon: tuned NS and (dmuon) measured owner costs, as `dmuon train`
+  std::string tune_cache;  // empty: default_tune_cache_path()
 };
 
 TrainOptions train_options(const Args& a, const std::string& optimizer) {
@@ -54,11 +56,15 @@ TrainOptions train_options(const Args& a, const std::string& optimizer) {
     o.ns.symmetric = false;
   } else if (optimizer == "muon-gather") {
     o.optim = OptimKind::muon_gather;
+    o.tune = a.tune;
   } else {
     DMUON_CHECK(optimizer == "dmuon", "--optim: unknown optimizer '", optimizer,
                 "' (adamw, muon-gather-plain, muon-gather, dmuon)");
     o.optim = OptimKind::dmuon;
+    o.tune = a.tune;
   }
+  o.tune_cache = a.tune_cache;
+  o.tune_warn = [](const std::string& warning) { std::fprintf(stderr, "dmuon: warning: %s\n", warning.c_str()); };
   return o;
 }
 
@@ -110,6 +116,7 @@ void run(const Args& a) {
     nlohmann::json out = optim_bench::run_context(label, world->size(), policy, a.steps);
     out["batch"] = batch;
     out["tokens_per_step"] = batch * trainers.front()->options().model.context;
+    out["tuned"] = a.tune;
     out["results"] = nlohmann::json::array();
     for (const auto& r : results) {
       nlohmann::json j = {{"optimizer", r.name},
@@ -124,8 +131,9 @@ void run(const Args& a) {
     std::printf("%s\n", out.dump(1).c_str());
     return;
   }
-  std::printf("training step: %s; median of %d steps after %d warm-up, slowest rank\n\n",
-              optim_bench::run_line(label, world->size(), policy).c_str(), a.steps, a.warmup);
+  std::printf("training step: %s; median of %d steps after %d warm-up, slowest rank; muon-gather and dmuon %s\n\n",
+              optim_bench::run_line(label, world->size(), policy).c_str(), a.steps, a.warmup,
+              a.tune ? "tuned (NS kernels, dmuon's owners from measured costs)" : "untuned (--no-tune)");
   std::printf("%-18s %10s %10s %10s %10s %10s %12s\n", "optimizer", "step ms", "fwd+bwd", "optimizer", "comm wait",
               "vs AdamW", "DMuon speedup");
   for (const auto& r : results) {
@@ -151,6 +159,10 @@ Registration reg("bench", [](CLI::App& bench) {
       ->check(at_least(1));
   c->add_option("--warmup", args->warmup, "Untimed steps first")->capture_default_str()->check(at_least(0));
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");
+  c->add_flag("--tune,!--no-tune", args->tune,
+              "muon-gather and dmuon: tuned NS kernels, dmuon's owners from measured costs, on by default (as "
+              "dmuon train); --no-tune: default NS and flop-cost owners");
+  c->add_option("--tune-cache", args->tune_cache, "Tuning cache (default $XDG_CACHE_HOME/dmuon/tune.json)");
   c->callback([args] { run(*args); });
 });
 
