@@ -26,7 +26,8 @@ Instance make_instance(const std::vector<double>& times, const std::vector<int64
   Instance in;
   for (size_t i = 0; i < times.size(); ++i) {
     const int unit = units.empty() ? 0 : units[i];
-    in.params.push_back({"m" + std::to_string(i), {4, 4}, ParamRole::matrix, unit});
+    const std::string name = std::string("m").append(std::to_string(i));  // not "m" + ...: GCC 12 -Wrestrict
+    in.params.push_back({name, {4, 4}, ParamRole::matrix, unit});
     in.items.push_back({static_cast<int>(i), 4, 4, unit, times[i], bytes.empty() ? 64 : bytes[i]});
   }
   return in;
