@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make bench`: regenerates every figure of docs/BENCHMARKS.md (about 20-30 minutes on 2 otherwise idle cores).
-# Raw JSON and plots go to docs/bench/; scripts/bench_report.py then writes docs/BENCHMARKS.md.
+# Raw JSON and plots go to docs/bench/; `dmuon bench report` then writes docs/BENCHMARKS.md.
 # Everything runs side by side in one process per command (the machine may be shared: see the report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +28,12 @@ optimizer() {  # optimizer NP STEPS
     --tune-cache "$(cache "$1")" --json
 }
 e2e() {  # e2e CONFIG NP STEPS
-  run "$OUT/e2e-$1-np$2.json" "${MPIRUN[@]}" -np "$2" "$DMUON" bench e2e --config "$1" --steps "$3" --json
+  run "$OUT/e2e-$1-np$2.json" "${MPIRUN[@]}" -np "$2" "$DMUON" bench e2e --config "$1" --steps "$3" \
+    --tune-cache "$(cache "$2")" --json
+}
+e2e_batch() {  # e2e_batch SEQUENCES STEPS: AdamW and DMuon on the demo model at np 2 with another batch
+  run "$OUT/e2e-demo-np2-b$1.json" "${MPIRUN[@]}" -np 2 "$DMUON" bench e2e --config demo --batch "$1" \
+    --optim adamw,dmuon --steps "$2" --tune-cache "$(cache 2)" --json
 }
 step "simulated Qwen2.5-7B and Pi0 on 8-256 A800s"
 run "$OUT/sim-qwen7b-a800.json" "$DMUON" simulate --model qwen2.5-7b --profile a800 --plot docs/sim-qwen7b-a800.png --json
@@ -37,6 +42,10 @@ step "optimizer step, np 2"
 optimizer 2 3
 step "end to end, GPT demo, np 2"
 e2e demo 2 8
+step "end to end, GPT demo, np 2: tokens per step"
+e2e_batch 16 8
+e2e_batch 128 6
+e2e_batch 256 6
 step "this-cpu profile (np 2) and the simulator at 1 2 4 devices"
 run "$OUT/calibrate-np2.txt" "${MPIRUN[@]}" -np 2 "$DMUON" bench calibrate "${MODEL[@]}" --out "$OUT/this-cpu.json"
 run "$OUT/sim-this-cpu.json" "$DMUON" simulate "${MODEL[@]}" --profile "$OUT/this-cpu.json" --devices 1,2,4 \
@@ -56,5 +65,4 @@ optimizer 1 3
 optimizer 4 2
 
 step "report"
-python3 scripts/bench_report.py "$OUT" > docs/BENCHMARKS.md
-echo "docs/BENCHMARKS.md written" >&2
+"$DMUON" bench report --dir "$OUT" --out docs/BENCHMARKS.md

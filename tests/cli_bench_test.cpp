@@ -77,6 +77,18 @@ TEST(CliBench, OptimizerAtTwoRanks) {
   const double extra = by_name["muon-gather"].at("sent_bytes_per_rank").get<double>() -
                        by_name["dmuon"].at("sent_bytes_per_rank").get<double>();
   EXPECT_DOUBLE_EQ(extra, kMatrixElements * 4 / 2);
+  // DMuon's NS per rank: measured in the step (each rank owns matrices here, so a positive time) beside
+  // the owner plan's prediction; the gather variants run NS on every rank and predict nothing.
+  const auto& dmuon = by_name["dmuon"];
+  ASSERT_EQ(dmuon.at("ns_s_per_rank").size(), 2u) << dmuon;
+  ASSERT_EQ(dmuon.at("predicted_ns_s_per_rank").size(), 2u) << dmuon;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(positive_finite(dmuon.at("ns_s_per_rank")[r])) << dmuon;
+    EXPECT_TRUE(positive_finite(dmuon.at("predicted_ns_s_per_rank")[r])) << dmuon;
+  }
+  EXPECT_EQ(by_name["muon-gather"].at("ns_s_per_rank").size(), 2u);
+  EXPECT_FALSE(by_name["muon-gather"].contains("predicted_ns_s_per_rank"));
+  EXPECT_FALSE(by_name["adamw"].contains("ns_s_per_rank"));
   // The gradient reduce before the step moves the same bytes in both layouts (DESIGN 3.1).
   EXPECT_DOUBLE_EQ(by_name["dmuon"].at("backward_sent_bytes_per_rank").get<double>(),
                    by_name["adamw"].at("backward_sent_bytes_per_rank").get<double>());
@@ -100,7 +112,8 @@ TEST(CliBench, AblationAtTwoRanks) {
 }
 
 TEST(CliBench, EndToEndAtTwoRanks) {
-  const auto j = run_json("bench e2e --config demo --steps 1 --warmup 1 --json");
+  test::TempDir dir;
+  const auto j = run_json("bench e2e --config demo --steps 1 --warmup 1 --json --tune-cache " + dir.file("tune.json"));
   ASSERT_TRUE(j.is_object());
   ASSERT_EQ(j.at("results").size(), 3u);
   for (const auto& r : j.at("results")) {
@@ -135,11 +148,11 @@ TEST(CliBench, SimulatesTheGptExampleAsBenchE2eSplitsIt) {
   const auto r = test::run_cli("simulate --gpt demo --profile a800 --devices 1,2,4 --gpus-per-node 4 --json", 1);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const auto j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
-  EXPECT_EQ(j.at("gpt").at("batch_sequences").get<int>(), 16);
+  EXPECT_EQ(j.at("gpt").at("batch_sequences").get<int>(), 64);  // bench e2e --config demo's batch
   ASSERT_EQ(j.at("results").size(), 3u);
   for (const auto& row : j.at("results")) {
-    // 16 sequences of 64 tokens over the devices.
-    EXPECT_DOUBLE_EQ(row.at("tokens_per_device").get<double>(), 16.0 * 64 / row.at("devices").get<int>()) << row;
+    // 64 sequences of 64 tokens over the devices.
+    EXPECT_DOUBLE_EQ(row.at("tokens_per_device").get<double>(), 64.0 * 64 / row.at("devices").get<int>()) << row;
     for (const char* key : {"optimizer_ns_s", "optimizer_elementwise_s", "optimizer_launch_s", "fwd_bwd_s"})
       EXPECT_TRUE(positive_finite(row.at("dmuon").at(key))) << key;
     EXPECT_GE(row.at("dmuon").at("step_s").get<double>(), row.at("adamw").at("step_s").get<double>());

@@ -105,5 +105,13 @@ TEST(CliOptions, PlanTuneAndSimulateRejectOutOfRangeNumbersNamingTheFlag) {
     expect_rejected(b);
 }
 
+// Numbers are decimal: CLI11 alone would read "010" as octal 8.
+TEST(CliOptions, LeadingZerosAreDecimal) {
+  const test::CommandResult r =
+      test::run_command("timeout 60 " + std::string(DMUON_CLI_PATH) + " plan --model gpt2 --ranks 010 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"ranks\": 10"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace dmuon

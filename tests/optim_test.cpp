@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cfloat>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
+#include <thread>
 
 #include "dmuon/error.hpp"
 #include "dmuon/optim.hpp"
@@ -180,6 +182,26 @@ TEST(Optimizer, AccumulatingFourMicroBatchesEqualsOneBigBatch) {
   // sqrt(v) so a relative gradient change δ moves an element by about lr·δ, Muon by lr·s·|O|·δ/σ_min
   // of the momentum; 1e-5 relative over 3 steps covers both on these well-conditioned matrices.
   for (size_t p = 0; p < big.specs.size(); ++p) expect_close(micro.values[p], big.values[p], 1e-5, 1e-5, big.specs[p].name);
+}
+
+// last_stats counts the matrices handed to the Orthogonalizer in the last update and the time spent in
+// it (an orthogonalizer that sleeps makes the time measurable without asserting on speed).
+TEST(Optimizer, LastStatsCountOrthogonalizedMatricesAndTheirTime) {
+  Model m(3);
+  const Orthogonalizer ref = test::reference_orthogonalizer();
+  int calls = 0;
+  Optimizer opt(m.refs(), {}, [&](std::span<const float* const> u, std::span<float* const> o, int64_t rows,
+                                  int64_t cols, std::span<const std::string> names) {
+    ++calls;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    ref(u, o, rows, cols, names);
+  });
+  EXPECT_EQ(opt.last_stats().ns_matrices, 0);
+  m.set_grads(0);
+  ASSERT_TRUE(opt.step());
+  EXPECT_EQ(calls, 2);  // two shapes, one call each
+  EXPECT_EQ(opt.last_stats().ns_matrices, 2);
+  EXPECT_GE(opt.last_stats().ns_s, 2 * 0.002);
 }
 
 TEST(Optimizer, ClipsByGlobalNorm) {

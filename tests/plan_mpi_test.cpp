@@ -4,13 +4,16 @@
 #include <mpi.h>
 
 #include <cstring>
+#include <filesystem>
 #include <string>
+#include <unistd.h>
 #include <vector>
 
 #include "dmuon/comm.hpp"
 #include "dmuon/models.hpp"
 #include "dmuon/plan.hpp"
 #include "dmuon/plan_across_ranks.hpp"
+#include "dmuon/tune.hpp"
 #include "test_data.hpp"
 
 namespace dmuon {
@@ -105,6 +108,60 @@ TEST(PlanMpi, FailureOnRankZeroReachesEveryRank) {
   EXPECT_NE(message.find("MILP time limit must be positive, got -1 s"), std::string::npos) << message;
   if (world_rank() != 0) {
     EXPECT_NE(message.find("rank 0 could not make the owner plan"), std::string::npos) << message;
+  }
+}
+
+// Rank 0 tunes (real timings of two tiny shapes, one round) and writes the cache; every rank returns
+// the same entries, the cache file holds them, and a second call is served from the file.
+TEST(TuneMpi, RankZeroTunesAndEveryRankGetsTheSameEntries) {
+  std::string dir;
+  if (world_rank() == 0)  // rank 0's name for a folder every rank sees (save creates it)
+    dir = (std::filesystem::temp_directory_path() / ("dmuon-tune-mpi-" + std::to_string(getpid()))).string();
+  std::vector<int> name(dir.begin(), dir.end());
+  int n = static_cast<int>(name.size());
+  MPI_Bcast(&n, 1, MPI_INT, 0, MPI_COMM_WORLD);
+  name.resize(n);
+  MPI_Bcast(name.data(), n, MPI_INT, 0, MPI_COMM_WORLD);
+  dir.assign(name.begin(), name.end());
+  TuneSessionOptions o;
+  o.cache_path = dir + "/tune.json";
+  o.rounds = 1;
+  const std::vector<TuneRequest> requests = {{8, 16, 2}, {16, 8, 1}};
+  const auto entries = tune_across_ranks(*comm::world(), requests, o);
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_TRUE(same_on_all_ranks(entries[0].seconds));
+  EXPECT_TRUE(same_on_all_ranks(entries[1].seconds));
+  EXPECT_TRUE(same_on_all_ranks(std::vector<int>{static_cast<int>(entries[0].options.algo), entries[0].options.tiles,
+                                                 entries[0].options.symmetric ? 1 : 0}));
+  EXPECT_EQ(entries[1].rows, 16);
+  if (world_rank() == 0) {
+    std::string warning;
+    const TuneCache saved = TuneCache::load(o.cache_path, current_tune_key(o.threads), &warning);
+    EXPECT_EQ(warning, "");
+    ASSERT_NE(saved.find(8, 16, 2), nullptr);
+    EXPECT_EQ(saved.find(8, 16, 2)->seconds, entries[0].seconds);
+  }
+  const auto again = tune_across_ranks(*comm::world(), requests, o);  // from the file: the same times
+  EXPECT_EQ(again[0].seconds, entries[0].seconds);
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (world_rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Rank 0 cannot write the cache (its folder would be under a file): every rank throws with its reason.
+TEST(TuneMpi, FailureOnRankZeroReachesEveryRank) {
+  TuneSessionOptions o;
+  o.cache_path = "/dev/null/dmuon/tune.json";
+  o.rounds = 1;
+  std::string message;
+  try {
+    tune_across_ranks(*comm::world(), {{8, 8, 1}}, o);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("/dev/null/dmuon"), std::string::npos) << message;
+  if (world_rank() != 0) {
+    EXPECT_NE(message.find("rank 0 could not tune Newton-Schulz (cache /dev/null/dmuon/tune.json)"), std::string::npos)
+        << message;
   }
 }
 

@@ -26,7 +26,8 @@ Instance make_instance(const std::vector<double>& times, const std::vector<int64
   Instance in;
   for (size_t i = 0; i < times.size(); ++i) {
     const int unit = units.empty() ? 0 : units[i];
-    in.params.push_back({"m" + std::to_string(i), {4, 4}, ParamRole::matrix, unit});
+    const std::string name = std::string("m").append(std::to_string(i));  // not "m" + ...: GCC 12 -Wrestrict
+    in.params.push_back({name, {4, 4}, ParamRole::matrix, unit});
     in.items.push_back({static_cast<int>(i), 4, 4, unit, times[i], bytes.empty() ? 64 : bytes[i]});
   }
   return in;
@@ -270,6 +271,27 @@ TEST(Plan, LptAndRrAreDeterministic) {
   const int64_t cap = memory_cap_bytes(in.items, 6, 0.25);
   EXPECT_EQ(balance_lpt(in.items, 6, cap), balance_lpt(in.items, 6, cap));
   EXPECT_EQ(balance_rr(in.items, 6), balance_rr(in.items, 6));
+}
+
+// ShardedParams' default owners: LPT on flop costs (d 6x6 > a 4x8 = b 8x4 > c 2x2 > e 1x1), longest
+// first onto the least-loaded rank with memory room, ties to the lowest rank, elementwise −1. Memory:
+// 12 bytes per element; at 2 ranks the cap is 1.25·1260/2 = 787 bytes.
+TEST(Plan, DefaultOwnersAreLptOnFlopCosts) {
+  auto m = [](std::string name, int64_t r, int64_t c, int unit) {
+    return ParamSpec{std::move(name), {r, c}, ParamRole::matrix, unit};
+  };
+  const std::vector<ParamSpec> specs = {m("a", 4, 8, 0), m("b", 8, 4, 0), {"n", {3}, ParamRole::elementwise, 0},
+                                        m("c", 2, 2, 1), m("d", 6, 6, 1), m("e", 1, 1, 1)};
+  ASSERT_GT(ns_flops_estimate(6, 6), ns_flops_estimate(4, 8));
+  ASSERT_EQ(ns_flops_estimate(4, 8), ns_flops_estimate(8, 4));
+  ASSERT_GT(ns_flops_estimate(4, 8), ns_flops_estimate(2, 2));
+  ASSERT_GT(ns_flops_estimate(2, 2), ns_flops_estimate(1, 1));
+  // d→0 (4320 flops); a→1 (1664); b→1 (3328 < 4320); c→0: rank 1 would hold 768 + 48 bytes > cap;
+  // e→1 (3328 < 4480, 780 bytes).
+  EXPECT_EQ(default_owners(specs, 2), (std::vector<int>{1, 1, -1, 0, 0, 1}));
+  // More ranks than matrices: each matrix alone, ranks 5.. own nothing.
+  EXPECT_EQ(default_owners(specs, 8), (std::vector<int>{1, 2, -1, 3, 0, 4}));
+  EXPECT_EQ(default_owners(specs, 1), (std::vector<int>{0, 0, -1, 0, 0, 0}));
 }
 
 // DESIGN 2.3's table, in units of m³ for 5 steps: min(standard sym, Gram restart [2] sym).

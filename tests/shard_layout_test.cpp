@@ -1,9 +1,10 @@
-// Pure layout arithmetic (no MPI): coverage, alignment, explicit small cases, LPT owners.
+// Pure layout arithmetic (no MPI): coverage, alignment, explicit small cases.
 #include "dmuon/shard_layout.hpp"
 
 #include <gtest/gtest.h>
 
 #include "dmuon/error.hpp"
+#include "dmuon/plan.hpp"  // default_owners
 
 namespace dmuon::shard {
 namespace {
@@ -71,7 +72,7 @@ TEST(ShardLayout, EvenLayoutExplicitPieces) {
 TEST(ShardLayout, OwnerAlignedKeepsMatricesWholeInTheOwnersShard) {
   auto specs = model();
   for (int d = 1; d <= 7; ++d) {
-    auto owners = lpt_owners(specs, d);
+    auto owners = default_owners(specs, d);
     for (int u = 0; u < 3; ++u) {
       auto l = owner_aligned_layout(specs, owners, u, d);
       expect_exact_cover(specs, l);
@@ -119,18 +120,6 @@ TEST(ShardLayout, OwnerAlignedRejectsABadOwnerNamingTheParameter) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("l.up"), std::string::npos) << e.what();
   }
-}
-
-TEST(ShardLayout, LptOwnersIsGreedyByGramCostWithLowRankTies) {
-  // costs m²n: a 4x8 → 128, b 8x4 → 128, c 2x2 → 8, d 6x6 → 216, e 1x1 → 1.
-  std::vector<ParamSpec> specs = {matrix("a", 4, 8, 0), matrix("b", 8, 4, 0), vec("n", 3, 0),
-                                  matrix("c", 2, 2, 1), matrix("d", 6, 6, 1), matrix("e", 1, 1, 1)};
-  // order d(216) a(128) b(128) c(8) e(1): d→0, a→1, b→1? no: loads after a: {216,128} → b→1 (256),
-  // c→0 (224), e→0 (225).
-  EXPECT_EQ(lpt_owners(specs, 2), (std::vector<int>{1, 1, -1, 0, 0, 0}));
-  // More ranks than matrices: each matrix alone, ranks 5.. own nothing.
-  EXPECT_EQ(lpt_owners(specs, 8), (std::vector<int>{1, 2, -1, 3, 0, 4}));
-  EXPECT_EQ(lpt_owners(specs, 1), (std::vector<int>{0, 0, -1, 0, 0, 0}));
 }
 
 }  // namespace

@@ -201,7 +201,9 @@ TEST(Simulator, FixedCostsNeverMakeAStepFaster) {
       for (Optimizer o : all_optimizers()) {
         EXPECT_GE(r.steps.at(o).step_s, base.steps.at(o).step_s * (1 - 1e-12))
             << to_string(o) << " at " << devices << " devices, field " << field;
-        if (field == 0) EXPECT_GT(r.steps.at(o).optimizer_launch_s, 0) << to_string(o);
+        if (field == 0) {
+          EXPECT_GT(r.steps.at(o).optimizer_launch_s, 0) << to_string(o);
+        }
       }
       if (field == 0) {
         // Every optimizer launches kernels: each step gets strictly slower.

@@ -20,7 +20,9 @@ test::CommandResult run(const std::string& args, int ranks = 0) {
   return test::run_command("timeout 120 " + command);
 }
 
-const std::string kSmallRun = "train --steps 2 --layers 1 --width 32 --heads 2 --context 16 --batch 4 --csv /dev/null";
+// --no-tune: these runs stay away from the user's tuning cache (TunedRun... uses its own).
+const std::string kSmallRun =
+    "train --steps 2 --layers 1 --width 32 --heads 2 --context 16 --batch 4 --no-tune --csv /dev/null";
 
 std::string train_args(const std::string& data) { return kSmallRun + " --data '" + data + "'"; }
 
@@ -71,7 +73,7 @@ TEST(TrainCli, BadDataOrMetricsPathUnderMpirunStopsEveryRank) {
   // Rank 0 cannot create the metrics file: every rank stops at once instead of waiting for it.
   const std::string bad_csv = "/proc/no-such-folder/run.csv";
   const test::CommandResult c =
-      run("train --steps 2 --layers 1 --width 32 --heads 2 --context 16 --batch 4 --csv " + bad_csv, 2);
+      run("train --steps 2 --layers 1 --width 32 --heads 2 --context 16 --batch 4 --no-tune --csv " + bad_csv, 2);
   EXPECT_NE(c.exit_code, 0) << c.output;
   EXPECT_NE(c.exit_code, 124) << "timed out: " << c.output;
   EXPECT_NE(c.output.find(bad_csv), std::string::npos) << c.output;
@@ -115,6 +117,24 @@ TEST(TrainCli, TrainWritesTheMetricsThatCompareTabulatesAndPlots) {
   EXPECT_NE(cmp.output.find("+0.0%"), std::string::npos) << cmp.output;  // a run against itself
   EXPECT_TRUE(std::ifstream(dir.file("loss.png")).good());
   EXPECT_TRUE(std::ifstream(dir.file("step_time.png")).good());
+}
+
+// Tuning is on by default: rank 0 tunes the model's shapes into --tune-cache with progress on stderr,
+// and a second run finds every shape in the cache.
+TEST(TrainCli, TunedRunWritesTheCacheAndReusesIt) {
+  test::TempDir dir;
+  const std::string cache = dir.file("cache/tune.json");
+  const std::string args = "train --steps 1 --layers 1 --width 32 --heads 2 --context 16 --batch 4 --progress plain "
+                           "--csv /dev/null --tune-cache " + cache;
+  const test::CommandResult first = run(args, 2);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_NE(first.output.find("tuning Newton-Schulz for the model's shapes (cache " + cache + ")"), std::string::npos)
+      << first.output;
+  EXPECT_NE(first.output.find("tuned Newton-Schulz: 4 shape(s) ready in"), std::string::npos) << first.output;
+  EXPECT_TRUE(std::ifstream(cache).good());
+  const test::CommandResult second = run(args, 2);
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("(cached)"), std::string::npos) << second.output;
 }
 
 }  // namespace

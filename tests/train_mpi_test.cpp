@@ -16,11 +16,14 @@
 
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "dmuon/comm.hpp"
 #include "dmuon/gpt.hpp"
+#include "dmuon/linalg.hpp"
+#include "dmuon/tune.hpp"
 #include "dmuon/trainer.hpp"
 #include "tiny_training.hpp"
 
@@ -46,13 +49,14 @@ struct Case {
 };
 
 // The distributed run over all ranks and the single-process reference agree over 5 steps: losses,
-// validation loss and every parameter tensor.
-void expect_equal_to_reference(const Case& c) {
+// validation loss and every parameter tensor. `adjust` edits the distributed run's options.
+void expect_equal_to_reference(const Case& c, const std::function<void(TrainOptions&)>& adjust = {}) {
   const std::string what = std::string(to_string(c.distributed)) + " mode " + std::to_string(int(c.mode)) +
                            " M=" + std::to_string(c.micro_batches);
   TrainOptions o = tiny(c.distributed, 5);
   o.shard_mode = c.mode;
   o.micro_batches = c.micro_batches;
+  if (adjust) adjust(o);
   Trainer dist(o, comm::world());
   TrainOptions r = tiny(c.reference, 5);
   Trainer ref(r, nullptr);
@@ -77,6 +81,19 @@ void expect_equal_to_reference(const Case& c) {
   EXPECT_NEAR(dist.validation_loss(), ref.validation_loss(), 1e-5 * ref.validation_loss()) << what;
 }
 
+// A folder every rank sees: rank 0 names it, everyone receives the name.
+std::string shared_temp_dir(const std::string& tag) {
+  char buf[256] = {};
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  if (rank == 0) {
+    const auto p = std::filesystem::temp_directory_path() / ("dmuon-train-" + tag + "-" + std::to_string(getpid()));
+    std::snprintf(buf, sizeof buf, "%s", p.c_str());
+  }
+  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
+  return buf;
+}
+
 TEST(TrainMpi, DMuonEqualsSingleProcessMuon) {
   expect_equal_to_reference({OptimKind::dmuon, OptimKind::muon, ShardMode::z3, 1});
 }
@@ -94,17 +111,59 @@ TEST(TrainMpi, ShardedAdamWEqualsSingleProcessAdamW) {
   expect_equal_to_reference({OptimKind::adamw, OptimKind::adamw, ShardMode::z3, 1});
 }
 
-// A folder every rank sees: rank 0 names it, everyone receives the name.
-std::string shared_temp_dir(const std::string& tag) {
-  char buf[256] = {};
+// A hand-written tuning cache that picks non-default kernels (standard recurrence with plain sgemm,
+// Gram with restarts [1,3], Gram without symmetric products) and unequal batch times: the trainer
+// must run with exactly these entries (nothing retuned), plan DMuon's owners from their times, and
+// still equal single-process Muon with the default kernel (the kernels differ only by rounding).
+TEST(TrainMpi, TunedDMuonFromACacheEqualsSingleProcessMuon) {
+  const std::string dir = shared_temp_dir("tuned");
+  const std::string cache_path = dir + "/tune.json";
+  TrainOptions o = tiny(OptimKind::dmuon, 5);
+  const auto specs = gpt_param_specs(o.model);
+  int ranks = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  TuneCache cache(current_tune_key(linalg::threads()));
+  const auto requests = tune_requests(specs, ranks);
+  for (size_t k = 0; k < requests.size(); ++k) {
+    TuneEntry e;
+    e.rows = requests[k].rows, e.cols = requests[k].cols, e.batch = requests[k].batch;
+    e.options.threads = linalg::threads();
+    if (k % 3 == 0) e.options.algo = NsAlgo::standard, e.options.symmetric = false;
+    if (k % 3 == 1) e.options.algo = NsAlgo::gram, e.options.restarts = {1, 3}, e.options.tiles = 1;
+    if (k % 3 == 2) e.options.algo = NsAlgo::gram, e.options.symmetric = false;
+    e.seconds = 1e-3 * (1 + 3 * k);  // far from any flop estimate, and unequal per shape
+    e.default_seconds = 2 * e.seconds;
+    cache.put(e);
+  }
+  ASSERT_GE(requests.size(), 3u);  // every kind of kernel above is used
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  if (rank == 0) {
-    const auto p = std::filesystem::temp_directory_path() / ("dmuon-train-" + tag + "-" + std::to_string(getpid()));
-    std::snprintf(buf, sizeof buf, "%s", p.c_str());
+  if (rank == 0) cache.save(cache_path);
+  MPI_Barrier(MPI_COMM_WORLD);
+
+  o.tune = true;
+  o.tune_cache = cache_path;
+  o.balancer = Balancer::lpt;  // deterministic, so the expected plan can be rebuilt here
+  {
+    Trainer t(o, comm::world());
+    ASSERT_EQ(t.tuned().size(), cache.entries().size());
+    for (size_t k = 0; k < t.tuned().size(); ++k) {
+      EXPECT_EQ(t.tuned()[k].options, cache.entries()[k].options) << k;
+      EXPECT_EQ(t.tuned()[k].seconds, cache.entries()[k].seconds) << k;
+    }
+    PlanOptions po;
+    po.balancer = Balancer::lpt;
+    const Plan expected =
+        make_plan(specs, make_plan_items(specs, ranks, tuned_batch_time(cache.entries())), ranks, po);
+    EXPECT_EQ(t.plan().owner, expected.owner);
+    EXPECT_DOUBLE_EQ(t.plan().makespan_s, expected.makespan_s);
   }
-  MPI_Bcast(buf, sizeof buf, MPI_CHAR, 0, MPI_COMM_WORLD);
-  return buf;
+  expect_equal_to_reference({OptimKind::dmuon, OptimKind::muon, ShardMode::z3, 1}, [&](TrainOptions& d) {
+    d.tune = true;
+    d.tune_cache = cache_path;
+  });
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (rank == 0) std::filesystem::remove_all(dir);
 }
 
 TEST(TrainMpi, ResumeReproducesTheUninterruptedRunBitForBit) {

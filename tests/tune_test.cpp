@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <set>
@@ -265,6 +266,60 @@ TEST(TuneShapes, RealTimerRunsEveryCandidate) {
   ASSERT_EQ(entries.size(), 1u);
   EXPECT_GT(entries[0].seconds, 0);
   EXPECT_LE(entries[0].seconds, entries[0].default_seconds);  // the untuned config competes too
+}
+
+// The tuned choice: exact (shape, batch), else the nearest batch of that shape (ties: the smaller),
+// else the defaults; the defaults' math (steps, coeffs) always stays.
+TEST(TunedOptions, PicksTheEntryOfTheShapeAndNearestBatch) {
+  std::vector<TuneEntry> entries(3);
+  entries[0].rows = 16, entries[0].cols = 32, entries[0].batch = 1;
+  entries[0].options.algo = NsAlgo::standard;
+  entries[1].rows = 16, entries[1].cols = 32, entries[1].batch = 3;
+  entries[1].options.algo = NsAlgo::gram, entries[1].options.restarts = {1, 3};
+  entries[2].rows = 32, entries[2].cols = 16, entries[2].batch = 2;
+  entries[2].options.symmetric = false;
+  NsOptions defaults;
+  defaults.steps = 7;
+  defaults.threads = 2;
+  EXPECT_EQ(tuned_options(entries, 16, 32, 1, defaults).algo, NsAlgo::standard);
+  EXPECT_EQ(tuned_options(entries, 16, 32, 3, defaults).restarts, (std::vector<int>{1, 3}));
+  EXPECT_EQ(tuned_options(entries, 16, 32, 2, defaults).algo, NsAlgo::standard);  // tie: batch 1
+  EXPECT_EQ(tuned_options(entries, 16, 32, 9, defaults).restarts, (std::vector<int>{1, 3}));
+  EXPECT_EQ(tuned_options(entries, 16, 32, 9, defaults).steps, 7);
+  EXPECT_EQ(tuned_options(entries, 16, 32, 9, defaults).threads, 0);  // the entry's threads
+  EXPECT_FALSE(tuned_options(entries, 32, 16, 5, defaults).symmetric);
+  EXPECT_EQ(tuned_options(entries, 16, 16, 1, defaults), defaults);  // shape not tuned
+}
+
+// The tuned Orthogonalizer runs exactly newton_schulz_batched with the chosen options: bit-identical
+// to that call, and different from the defaults' kernel, so the choice is really applied.
+TEST(TunedOptions, OrthogonalizerRunsTheChosenKernel) {
+  const int64_t rows = 24, cols = 40;
+  std::vector<float> u(2 * rows * cols);
+  for (size_t i = 0; i < u.size(); ++i) u[i] = static_cast<float>(std::sin(0.37 * i + 0.1 * (i % 7)));
+  const std::vector<const float*> in = {u.data(), u.data() + rows * cols};
+  auto run = [&](const Orthogonalizer& orth) {
+    std::vector<float> o(u.size());
+    const std::vector<float*> out = {o.data(), o.data() + rows * cols};
+    orth(in, out, rows, cols, {});
+    return o;
+  };
+  TuneEntry e;
+  e.rows = rows, e.cols = cols, e.batch = 2;
+  e.options.algo = NsAlgo::standard;
+  e.options.symmetric = false;
+  NsOptions defaults;
+  defaults.algo = NsAlgo::gram;
+  NsOptions chosen = defaults;
+  chosen.algo = NsAlgo::standard;
+  chosen.symmetric = false;
+  chosen.tiles = e.options.tiles;
+  const auto tuned = run(tuned_orthogonalizer({e}, defaults));
+  EXPECT_EQ(tuned, run(ns_orthogonalizer(chosen)));
+  EXPECT_NE(tuned, run(ns_orthogonalizer(defaults)));
+  // adjust edits the choice: back to Gram gives the defaults' kernel.
+  EXPECT_EQ(run(tuned_orthogonalizer({e}, defaults, [](NsOptions& o) { o.algo = NsAlgo::gram, o.symmetric = true; })),
+            run(ns_orthogonalizer(defaults)));
 }
 
 TEST(TuneKey, NamesThisMachine) {

@@ -2,7 +2,8 @@
 // include/dmuon/trainer.hpp, the loop behind `dmuon train`) for AdamW, the paper's gather-then-compute
 // baseline with plain NS, and DMuon, side by side in one run (all trainers alive, stepped in turn). Per step the
 // slowest rank (StepMetrics); the median over the timed steps after `--warmup` untimed ones. Configurations: `demo`
-// (make demo's model: L4 C128 NH4 T64 B16) and `large` (L6 C256 NH4 T128 B16).
+// (make demo's model and batch: L4 C128 NH4 T64 B64) and `large` (L6 C256 NH4 T128 B16); `--batch` overrides B.
+// Newton–Schulz costs the same per step whatever B, so DMuon's overhead over AdamW falls as B grows.
 #include <algorithm>
 #include <cstdio>
 #include <memory>
@@ -23,16 +24,20 @@ namespace {
 
 struct Args {
   std::string config = "demo";
+  int64_t batch = 0;  // sequences per step; 0: the configuration's
   std::vector<std::string> optimizers = {"adamw", "muon-gather-plain", "dmuon"};
   int steps = 6;
   int warmup = 2;
   bool json = false;
+  bool tune = true;        // muon-gather and dmuon: tuned NS and (dmuon) measured owner costs, as `dmuon train`
+  std::string tune_cache;  // empty: default_tune_cache_path()
 };
 
 TrainOptions train_options(const Args& a, const std::string& optimizer) {
   TrainOptions o;
-  o.model = e2e_gpt_config(a.config);
-  o.batch = kE2eBatch;
+  const E2eConfig config = e2e_config(a.config);
+  o.model = config.model;
+  o.batch = a.batch > 0 ? a.batch : config.batch;
   o.warmup = 0;
   o.val_every = 0;
   o.val_batches = 1;
@@ -45,11 +50,15 @@ TrainOptions train_options(const Args& a, const std::string& optimizer) {
     o.ns.symmetric = false;
   } else if (optimizer == "muon-gather") {
     o.optim = OptimKind::muon_gather;
+    o.tune = a.tune;
   } else {
     DMUON_CHECK(optimizer == "dmuon", "--optim: unknown optimizer '", optimizer,
                 "' (adamw, muon-gather-plain, muon-gather, dmuon)");
     o.optim = OptimKind::dmuon;
+    o.tune = a.tune;
   }
+  o.tune_cache = a.tune_cache;
+  o.tune_warn = [](const std::string& warning) { std::fprintf(stderr, "dmuon: warning: %s\n", warning.c_str()); };
   return o;
 }
 
@@ -95,9 +104,13 @@ void run(const Args& a) {
   };
   const Result* dm = find("dmuon");
   const Result* adamw = find("adamw");
-  const std::string label = "GPT " + a.config;
+  const int64_t batch = trainers.front()->options().batch;
+  const std::string label = "GPT " + a.config + ", " + std::to_string(batch) + " sequences per step";
   if (a.json) {
     nlohmann::json out = optim_bench::run_context(label, world->size(), policy, a.steps);
+    out["batch"] = batch;
+    out["tokens_per_step"] = batch * trainers.front()->options().model.context;
+    out["tuned"] = a.tune;
     out["results"] = nlohmann::json::array();
     for (const auto& r : results) {
       nlohmann::json j = {{"optimizer", r.name},
@@ -112,8 +125,9 @@ void run(const Args& a) {
     std::printf("%s\n", out.dump(1).c_str());
     return;
   }
-  std::printf("training step: %s; median of %d steps after %d warm-up, slowest rank\n\n",
-              optim_bench::run_line(label, world->size(), policy).c_str(), a.steps, a.warmup);
+  std::printf("training step: %s; median of %d steps after %d warm-up, slowest rank; muon-gather and dmuon %s\n\n",
+              optim_bench::run_line(label, world->size(), policy).c_str(), a.steps, a.warmup,
+              a.tune ? "tuned (NS kernels, dmuon's owners from measured costs)" : "untuned (--no-tune)");
   std::printf("%-18s %10s %10s %10s %10s %10s %12s\n", "optimizer", "step ms", "fwd+bwd", "optimizer", "comm wait",
               "vs AdamW", "DMuon speedup");
   for (const auto& r : results) {
@@ -129,7 +143,8 @@ Registration reg("bench", [](CLI::App& bench) {
   auto* c = bench.add_subcommand("e2e",
                                  "Training step of the GPT example: AdamW, gather-then-compute Muon (plain NS) "
                                  "and DMuon side by side (run under mpirun)");
-  c->add_option("--config", args->config, "demo (L4 C128 T64) or large (L6 C256 T128)")->capture_default_str();
+  c->add_option("--config", args->config, "demo (L4 C128 T64 B64) or large (L6 C256 T128 B16)")->capture_default_str();
+  c->add_option("--batch", args->batch, "Sequences per step (default: the configuration's)")->check(positive());
   c->add_option("--optim", args->optimizers, "Optimizers, comma-separated: adamw,muon-gather-plain,muon-gather,dmuon")
       ->delimiter(',')
       ->capture_default_str();
@@ -138,6 +153,10 @@ Registration reg("bench", [](CLI::App& bench) {
       ->check(at_least(1));
   c->add_option("--warmup", args->warmup, "Untimed steps first")->capture_default_str()->check(at_least(0));
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");
+  c->add_flag("--tune,!--no-tune", args->tune,
+              "muon-gather and dmuon: tuned NS kernels, dmuon's owners from measured costs, on by default (as "
+              "dmuon train); --no-tune: default NS and flop-cost owners");
+  c->add_option("--tune-cache", args->tune_cache, "Tuning cache (default $XDG_CACHE_HOME/dmuon/tune.json)");
   c->callback([args] { run(*args); });
 });
 

@@ -74,6 +74,8 @@ void run(const Args& a) {
                           {"backward_sent_bytes_per_rank", m.backward_sent_bytes},
                           {"weight_norm", m.weight_norm}};
       if (dm && m.name != "dmuon") r["dmuon_speedup"] = m.median_s / dm->median_s;
+      if (!m.ns_s_per_rank.empty()) r["ns_s_per_rank"] = m.ns_s_per_rank;
+      if (!m.predicted_ns_s_per_rank.empty()) r["predicted_ns_s_per_rank"] = m.predicted_ns_s_per_rank;
       out["results"].push_back(r);
     }
     if (dm && adamw) out["dmuon_overhead_vs_adamw"] = dm->median_s / adamw->median_s - 1;
@@ -94,6 +96,15 @@ void run(const Args& a) {
     const std::string sp = dm && m.name != "dmuon" ? std::to_string(m.median_s / dm->median_s).substr(0, 5) + "x" : "";
     std::printf("%-18s %10.2f %9s %12s %11.2f %12.2f %14.6g\n", m.name.c_str(), 1e3 * m.median_s, vs.c_str(),
                 sp.c_str(), m.sent_bytes / 1e6, 1e3 * m.blocked_s, m.weight_norm);
+  }
+  for (const auto& m : ms) {
+    if (m.predicted_ns_s_per_rank.empty()) continue;
+    std::printf("\n%s: Newton-Schulz per rank, predicted (owner plan from the tune cache) vs measured in the step "
+                "(median)\n%6s %14s %13s %10s\n", m.name.c_str(), "rank", "predicted ms", "measured ms", "error");
+    for (size_t r = 0; r < m.ns_s_per_rank.size(); ++r) {
+      const double p = m.predicted_ns_s_per_rank[r], x = m.ns_s_per_rank[r];
+      std::printf("%6zu %14.2f %13.2f %9.1f%%\n", r, 1e3 * p, 1e3 * x, x > 0 ? 100 * (p - x) / x : 0.0);
+    }
   }
   std::printf("\nMuon variants' weight norms agree within %.1e (relative).\n", muon_norm_spread(ms));
   if (dm && adamw) std::printf("DMuon's overhead over AdamW: %+.1f%%\n", 100 * (dm->median_s / adamw->median_s - 1));

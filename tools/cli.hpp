@@ -25,6 +25,9 @@ struct Registration {
 // Called by main(): adds every registered subcommand.
 void add_registered_subcommands(CLI::App& app);
 
+// Called by main() once every option exists: integer options read "010" as ten, not octal 8.
+void read_integers_as_decimal(CLI::App& app);
+
 // Range checks for numeric options. CLI11 prefixes the flag, so a bad value reads
 // "--iters: must be at least 1, got 0". Values must parse as T (base 10, no overflow) and floating-point
 // ones be finite.

@@ -2,9 +2,11 @@
 // and a non-zero exit code. Under mpirun the failing rank then ends the whole job (abort_world):
 // returning would leave its peers waiting in a collective until their comm timeout, and the exit
 // handler's MPI_Finalize would wait with them.
+#include <charconv>
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <string>
 #include <vector>
 
 #include "cli.hpp"
@@ -49,6 +51,24 @@ void add_registered_subcommands(CLI::App& app) {
   }
 }
 
+void read_integers_as_decimal(CLI::App& app) {
+  // CLI11 converts integers with strtoll's base 0, which reads "010" as 8. A transform runs before the
+  // conversion and the range checks, and replaces a decimal text by its canonical form.
+  const CLI::Validator decimal(
+      [](std::string& text) {
+        long long v = 0;
+        const auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (error == std::errc() && end == text.data() + text.size()) text = std::to_string(v);
+        return std::string();
+      },
+      "");
+  for (CLI::Option* option : app.get_options()) {
+    const std::string type = option->get_type_name();
+    if (type.rfind("INT", 0) == 0 || type.rfind("UINT", 0) == 0) option->transform(decimal);
+  }
+  for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) read_integers_as_decimal(*sub);
+}
+
 }  // namespace dmuon::cli
 
 int main(int argc, char** argv) {
@@ -56,6 +76,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "dmuon 0.1.0");
   dmuon::cli::add_registered_subcommands(app);
+  dmuon::cli::read_integers_as_decimal(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -61,18 +61,40 @@ void max_over_ranks(comm::Comm& world, std::span<double> values) {
   world.all_reduce<double>(values, comm::ReduceOp::max).wait();
 }
 
+// The variant's NS: the library's tuned Orthogonalizer (the ablations switch one tuned choice off), or fixed
+// options; unbatched variants call it once per matrix.
 Orthogonalizer make_orthogonalizer(const Setup& setup, const Variant& v) {
-  return
-      [&setup, engine = v.engine, batched = v.batched](std::span<const float* const> u, std::span<float* const> o,
-                                                       int64_t rows, int64_t cols, std::span<const std::string> names) {
-        const NsOptions options = engine_options(setup, engine, rows, cols);
-        if (batched) {
-          newton_schulz_batched(u, o, rows, cols, options, names);
-          return;
-        }
-        for (size_t i = 0; i < u.size(); ++i)
-          newton_schulz(u[i], o[i], rows, cols, options, names.empty() ? "matrix" : names[i]);
-      };
+  const int threads = setup.threads.threads_per_rank;
+  Orthogonalizer orth;
+  switch (v.engine) {
+    case Engine::plain: {
+      NsOptions o;
+      o.algo = NsAlgo::standard;
+      o.symmetric = false;
+      o.threads = threads;
+      orth = ns_orthogonalizer(o);
+      break;
+    }
+    case Engine::untuned:
+      orth = ns_orthogonalizer(untuned_options(threads));
+      break;
+    case Engine::tuned:
+      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads));
+      break;
+    case Engine::tuned_gemm:
+      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads), [](NsOptions& o) { o.symmetric = false; });
+      break;
+    case Engine::tuned_standard:
+      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads),
+                                  [](NsOptions& o) { o.algo = NsAlgo::standard; });
+      break;
+  }
+  if (v.batched) return orth;
+  return [orth](std::span<const float* const> u, std::span<float* const> o, int64_t rows, int64_t cols,
+                std::span<const std::string> names) {
+    for (size_t i = 0; i < u.size(); ++i)
+      orth(u.subspan(i, 1), o.subspan(i, 1), rows, cols, names.empty() ? names : names.subspan(i, 1));
+  };
 }
 
 }  // namespace
@@ -111,37 +133,16 @@ Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::strin
   linalg::set_threads(threads);
   const auto requests = shape_requests(s.params);
   DMUON_CHECK(!requests.empty(), "bench: the model has no Muon matrices");
-  const TuneKey key = current_tune_key(threads);
-  std::vector<int64_t> ok = {1};
-  if (world.rank() == 0) {
-    try {
-      std::string warning;
-      TuneCache cache = TuneCache::load(tune_cache, key, &warning);
-      if (!warning.empty()) std::fprintf(stderr, "dmuon: warning: %s\n", warning.c_str());
-      const size_t before = cache.entries().size();
-      size_t shown = SIZE_MAX;
-      tune_shapes(requests, cache, make_ns_timer(), threads, 3,
-                  [&shown](size_t done, size_t total, const std::string&) {
-                    if (done != shown) std::fprintf(stderr, "tuning NS: %zu of %zu shapes done\n", done, total);
-                    shown = done;
-                  });
-      if (cache.entries().size() != before) cache.save(tune_cache);
-    } catch (const Error&) {
-      ok[0] = 0;
-      world.broadcast<int64_t>(ok, 0).wait();  // release the other ranks, then fail
-      throw;
-    }
-  }
-  world.broadcast<int64_t>(ok, 0).wait();
-  DMUON_CHECK(ok[0] == 1, "bench: rank 0 failed to tune (see its error)");
-  std::string warning;
-  const TuneCache cache = TuneCache::load(tune_cache, key, &warning);
-  for (const auto& r : requests) {
-    const TuneEntry* e = cache.find(r.rows, r.cols, 1);
-    DMUON_CHECK(e != nullptr, "bench: rank ", world.rank(), " finds no tuned entry for ", r.rows, "x", r.cols, " in ",
-                tune_cache, warning.empty() ? "" : " (" + warning + ")");
-    s.tuned.push_back(*e);
-  }
+  TuneSessionOptions tune;
+  tune.cache_path = tune_cache;
+  tune.threads = threads;
+  size_t shown = SIZE_MAX;
+  tune.progress = [&shown](size_t done, size_t total, const std::string&) {
+    if (done != shown) std::fprintf(stderr, "tuning NS: %zu of %zu shapes done\n", done, total);
+    shown = done;
+  };
+  tune.warn = [](const std::string& warning) { std::fprintf(stderr, "dmuon: warning: %s\n", warning.c_str()); };
+  s.tuned = tune_across_ranks(world, requests, tune);
 
   // With threads_per_rank threads a batch runs its matrices one after another, so a batch costs the
   // count times the tuned single-matrix time.
@@ -175,31 +176,6 @@ Variant optimizer_variant(const Setup& setup, const std::string& name) {
   DMUON_FAIL("--optim: unknown optimizer '", name, "' (adamw, muon-gather-plain, muon-gather, dmuon)");
 }
 
-NsOptions engine_options(const Setup& setup, Engine engine, int64_t rows, int64_t cols) {
-  const int threads = setup.threads.threads_per_rank;
-  NsOptions o;
-  switch (engine) {
-    case Engine::plain:
-      o.algo = NsAlgo::standard;
-      o.symmetric = false;
-      o.threads = threads;
-      return o;
-    case Engine::untuned:
-      return untuned_options(threads);
-    case Engine::tuned:
-      return tuned_entry(setup, rows, cols).options;
-    case Engine::tuned_gemm:
-      o = tuned_entry(setup, rows, cols).options;
-      o.symmetric = false;
-      return o;
-    case Engine::tuned_standard:
-      o = tuned_entry(setup, rows, cols).options;
-      o.algo = NsAlgo::standard;
-      return o;
-  }
-  return o;
-}
-
 namespace {
 
 // One variant's sharded parameters and optimizer, alive for the whole interleaved run.
@@ -209,6 +185,8 @@ struct Runner {
   std::unique_ptr<Optimizer> optimizer;
   Measurement m;
   std::vector<double> blocked;
+  std::vector<std::vector<double>> ns_s;  // per rank, per timed step
+  Kind kind = Kind::owners;
 
   // Collective. Each runner talks on its own duplicate of the world communicator.
   Runner(const Setup& setup, const Variant& v) {
@@ -221,6 +199,10 @@ struct Runner {
         shard::ShardOptions{owned ? shard::Layout::owner_aligned : shard::Layout::even, shard::Mode::z2,
                             comm::ReduceOp::average, true},
         owned ? v.owners : std::vector<int>{});
+    if (owned) {
+      for (const RankPlan& r : plan_from_owners(setup.params, setup.items, comm->size(), v.owners, {}).per_rank)
+        m.predicted_ns_s_per_rank.push_back(r.time_s);
+    }
     OptimizerOptions options;
     switch (v.kind) {
       case Kind::adamw:
@@ -234,6 +216,7 @@ struct Runner {
         break;
     }
     m.name = v.name;
+    kind = v.kind;
   }
 
   // Gradients through the hooks, then one timed step; `record` false for the warm-up.
@@ -249,7 +232,11 @@ struct Runner {
     std::vector<double> figures = {std::chrono::duration<double>(Clock::now() - t0).count(), traffic->blocked_s,
                                    traffic->sent_bytes, backward_sent};
     max_over_ranks(world, figures);
+    std::vector<double> ns_mine = {optimizer->last_stats().ns_s}, ns_all(world.size());
+    world.all_gather<double>(ns_mine, ns_all).wait();
     if (!record) return;
+    ns_s.resize(ns_all.size());
+    for (size_t r = 0; r < ns_all.size(); ++r) ns_s[r].push_back(ns_all[r]);
     m.step_s.push_back(figures[0]);
     blocked.push_back(figures[1]);
     m.sent_bytes = figures[2];
@@ -263,6 +250,8 @@ struct Runner {
     };
     m.median_s = median(m.step_s);
     m.blocked_s = median(blocked);
+    if (kind != Kind::adamw)
+      for (const auto& per_step : ns_s) m.ns_s_per_rank.push_back(median(per_step));
     std::vector<double> sum_sq = {0};
     for (int u = 0; u < sp->num_units(); ++u)
       for (float w : sp->shard_params(u)) sum_sq[0] += static_cast<double>(w) * w;

@@ -75,6 +75,10 @@ struct Measurement {
   double blocked_s = 0;            // median over steps of the max over ranks: exposed communication
   double backward_sent_bytes = 0;  // the gradient reduce before each step (max over ranks)
   double weight_norm = 0;          // ‖all weights‖_F after the last step (equal across Muon variants)
+  // Muon variants, per rank: its NS seconds in the step (Optimizer::last_stats, median over steps) and,
+  // with owners, the plan's predicted NS load for them (per_rank time_s from the tuned costs).
+  std::vector<double> ns_s_per_rank;
+  std::vector<double> predicted_ns_s_per_rank;
 };
 
 // The optimizers of `dmuon bench optimizer`: adamw, muon-gather-plain (the paper's baseline: gather-then-compute,
@@ -93,8 +97,5 @@ std::vector<Measurement> measure(const std::shared_ptr<comm::Comm>& world, const
 nlohmann::json run_context(const std::string& model, int ranks, const ThreadPolicy& threads, int steps);
 // The same as one line for tables: "<model>, <ranks> ranks, <t> BLAS thread(s) per rank on <c> cores".
 std::string run_line(const std::string& model, int ranks, const ThreadPolicy& threads);
-
-// NsOptions of a variant for rows×cols (tuned entries per shape, threads_per_rank threads).
-NsOptions engine_options(const Setup& setup, Engine engine, int64_t rows, int64_t cols);
 
 }  // namespace dmuon::cli::optim_bench

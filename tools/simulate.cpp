@@ -29,7 +29,7 @@ struct SimulateArgs {
   bool json = false;
   std::string plot;
   std::string gpt;  // "demo" or "large": the GPT example instead of --model
-  int64_t batch = kE2eBatch;
+  int64_t batch = 0;  // with --gpt: sequences per step over all devices; 0: the configuration's (bench e2e's)
 };
 
 // What is simulated: parameters, and per device count the tokens and forward flops of each device.
@@ -37,20 +37,21 @@ struct Workload {
   std::string label;
   std::vector<ParamSpec> params;
   GptConfig gpt;
+  int64_t batch = 0;  // GPT: sequences per step over all devices
   bool is_gpt = false;
   double tokens_per_device(const SimulateArgs& a, int devices) const {
-    return is_gpt ? static_cast<double>(a.batch) * static_cast<double>(gpt.context) / devices : a.tokens;
+    return is_gpt ? static_cast<double>(batch) * static_cast<double>(gpt.context) / devices : a.tokens;
   }
   // The GPT's own count (gpt_forward_flops, as `dmuon bench gpt` reports it) split over its units: the
   // embeddings do no matmul, every block the same, the head the rest. Empty for manifests (6·P·tokens rule).
-  std::vector<double> unit_forward_flops(const SimulateArgs& a, int devices) const {
+  std::vector<double> unit_forward_flops(int devices) const {
     if (!is_gpt) return {};
     GptConfig one = gpt, two = gpt;
     one.layers = 1;
     two.layers = 2;
     const double block = gpt_forward_flops(two, gpt.context) - gpt_forward_flops(one, gpt.context);
     const double head = gpt_forward_flops(one, gpt.context) - block;
-    const double sequences = static_cast<double>(a.batch) / devices;
+    const double sequences = static_cast<double>(batch) / devices;
     std::vector<double> out(gpt.layers + 2, sequences * block);
     out.front() = 0;
     out.back() = sequences * head;
@@ -68,10 +69,12 @@ Workload workload(const SimulateArgs& a) {
   DMUON_CHECK(a.model.model.empty() && a.model.hf_config.empty() && a.model.layers == 0,
               "--gpt models the GPT example: give it without --model, --hf-config or --layers");
   w.is_gpt = true;
-  w.gpt = e2e_gpt_config(a.gpt);
+  const E2eConfig config = e2e_config(a.gpt);
+  w.gpt = config.model;
+  w.batch = a.batch > 0 ? a.batch : config.batch;
   w.params = gpt_param_specs(w.gpt);
   w.label = "GPT " + a.gpt + " (L" + std::to_string(w.gpt.layers) + " C" + std::to_string(w.gpt.width) + " NH" +
-            std::to_string(w.gpt.heads) + " T" + std::to_string(w.gpt.context) + ", " + std::to_string(a.batch) +
+            std::to_string(w.gpt.heads) + " T" + std::to_string(w.gpt.context) + ", " + std::to_string(w.batch) +
             " sequences per step over all devices)";
   return w;
 }
@@ -140,14 +143,14 @@ void run(const SimulateArgs& a) {
   options.plan.balancer = parse_balancer(a.balancer);
   if (w.is_gpt) {
     for (int d : a.devices)
-      DMUON_CHECK(a.batch % d == 0, "--batch ", a.batch, " sequences do not split evenly over ", d, " devices");
+      DMUON_CHECK(w.batch % d == 0, "--batch ", w.batch, " sequences do not split evenly over ", d, " devices");
   }
 
   std::vector<sim::SimResult> results;
   for (int d : a.devices) {
     std::fprintf(stderr, "\rsimulating %d devices...", d);
     options.tokens_per_device = w.tokens_per_device(a, d);
-    options.unit_forward_flops = w.unit_forward_flops(a, d);
+    options.unit_forward_flops = w.unit_forward_flops(d);
     results.push_back(sim::simulate_step(w.params, hw, {d, a.per_node}, options));
   }
   std::fprintf(stderr, "\r%40s\r", "");
@@ -159,7 +162,7 @@ void run(const SimulateArgs& a) {
                           {"kernel_launch_s", hw.kernel_launch_s}, {"batched_kernels", hw.batched_kernels}};
     if (w.is_gpt) {
       out["gpt"] = {{"config", a.gpt},        {"layers", w.gpt.layers},   {"width", w.gpt.width},
-                    {"heads", w.gpt.heads},   {"context", w.gpt.context}, {"batch_sequences", a.batch}};
+                    {"heads", w.gpt.heads},   {"context", w.gpt.context}, {"batch_sequences", w.batch}};
     } else {
       out["tokens_per_device"] = a.tokens;
     }
@@ -241,8 +244,8 @@ Registration reg("", [](CLI::App& app) {
   c->add_option("--gpt", args->gpt, "Model the GPT example of `dmuon bench e2e` instead of --model: demo or large")
       ->check(CLI::IsMember({"demo", "large"}))
       ->excludes(tokens);
-  c->add_option("--batch", args->batch, "With --gpt: sequences per step over all devices (as bench e2e)")
-      ->capture_default_str()
+  c->add_option("--batch", args->batch,
+                "With --gpt: sequences per step over all devices (default: the configuration's, as bench e2e)")
       ->check(at_least<int64_t>(1));
   c->add_flag("--zero2", args->zero2, "Keep gathered weights for backward (Z2) instead of gathering again (Z3)");
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "tune_session.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
@@ -23,6 +24,7 @@ struct TrainArgs {
   std::string optim = "dmuon", shard_mode = "z3", progress = "auto", balancer = "milp";
   std::string csv, save;
   int threads = 0;
+  bool tune = true;
 };
 
 void run_train(TrainArgs& args) {
@@ -39,8 +41,24 @@ void run_train(TrainArgs& args) {
   else if (comm->size() > 1)
     dmuon::linalg::set_threads(1);
 
+  o.tune = args.tune;
+  if (o.tune && o.optim != dmuon::OptimKind::adamw && comm->rank() == 0) {
+    // Nothing is printed before the first progress call, so an error before tuning stays one line.
+    const dmuon::TuneSessionOptions bar =
+        dmuon::cli::session_options(o.tune_cache.empty() ? dmuon::default_tune_cache_path() : o.tune_cache, 0);
+    o.tune_progress = [bar, started = false](size_t done, size_t total, const std::string& what) mutable {
+      if (!started)
+        std::fprintf(stderr, "tuning Newton-Schulz for the model's shapes (cache %s)\n", bar.cache_path.c_str());
+      started = true;
+      bar.progress(done, total, what);
+    };
+    o.tune_warn = bar.warn;
+  }
   dmuon::Trainer trainer(o, comm);
   const bool root = trainer.rank() == 0;
+  if (root && o.tune && o.optim != dmuon::OptimKind::adamw)
+    std::fprintf(stderr, "\ntuned Newton-Schulz: %zu shape(s) ready in %.2f s\n", trainer.tuned().size(),
+                 trainer.tune_seconds());
   const std::string csv_path = args.csv.empty() ? "runs/" + args.optim + ".csv" : args.csv;
   std::optional<dmuon::MetricsCsvWriter> csv;
   std::optional<dmuon::ProgressDisplay> progress;
@@ -166,6 +184,11 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
   c->add_option("--threads", args->threads, "BLAS threads per rank (0: 1 with several ranks, else OpenBLAS's)")
       ->capture_default_str()
       ->check(dmuon::cli::thread_count());
+  c->add_flag("--tune,!--no-tune", args->tune,
+              "Muon runs: tuned NS kernels and measured owner costs, on by default (rank 0 tunes shapes missing "
+              "from the cache at startup: about half a second for the demo model)");
+  c->add_option("--tune-cache", o.tune_cache,
+                "tuning cache file (default $XDG_CACHE_HOME/dmuon/tune.json or ~/.cache/dmuon/tune.json)");
   c->callback([args] { run_train(*args); });
 });
 

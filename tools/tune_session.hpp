@@ -1,6 +1,6 @@
 // Options and steps shared by `dmuon tune` and `dmuon plan --costs measured`: pick the thread count
 // and cache file, load the cache (a corrupt or foreign one is a warning), tune what is missing with
-// a progress bar on stderr, and save the cache atomically when anything was tuned.
+// a progress bar on stderr, and save the cache atomically when anything was tuned (tune_with_cache).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -14,6 +14,22 @@
 #include "dmuon/tune.hpp"
 
 namespace dmuon::cli {
+
+// Tuning with a progress bar on stderr (redrawn in place; the caller ends the line) and warnings on stderr.
+inline TuneSessionOptions session_options(const std::string& cache_path, int threads) {
+  TuneSessionOptions o;
+  o.cache_path = cache_path;
+  o.threads = threads;
+  o.progress = [](size_t done, size_t total, const std::string& what) {
+    constexpr int kWidth = 30;
+    const int filled = total ? static_cast<int>(kWidth * done / total) : kWidth;
+    std::fprintf(stderr, "\r[%s%s] %zu/%zu %-48s", std::string(filled, '#').c_str(),
+                 std::string(kWidth - filled, '.').c_str(), done, total, what.c_str());
+    std::fflush(stderr);
+  };
+  o.warn = [](const std::string& warning) { std::fprintf(stderr, "dmuon: warning: %s\n", warning.c_str()); };
+  return o;
+}
 
 struct TuneSessionArgs {
   int threads = 0;  // 0: BLAS's current count
@@ -32,20 +48,10 @@ struct TuneSessionArgs {
   std::vector<TuneEntry> tune(const std::vector<TuneRequest>& requests) const {
     const int n = resolved_threads();
     linalg::set_threads(n);
-    std::string warning;
-    TuneCache cache = TuneCache::load(cache_path(), current_tune_key(n), &warning);
-    if (!warning.empty()) std::fprintf(stderr, "dmuon: warning: %s\n", warning.c_str());
-    const size_t before = cache.entries().size();
-    auto progress = [](size_t done, size_t total, const std::string& what) {
-      constexpr int kWidth = 30;
-      const int filled = total ? static_cast<int>(kWidth * done / total) : kWidth;
-      std::fprintf(stderr, "\r[%s%s] %zu/%zu %-48s", std::string(filled, '#').c_str(),
-                   std::string(kWidth - filled, '.').c_str(), done, total, what.c_str());
-      std::fflush(stderr);
-    };
-    auto entries = tune_shapes(requests, cache, make_ns_timer(), n, rounds, progress);
+    TuneSessionOptions o = session_options(cache_path(), n);
+    o.rounds = rounds;
+    auto entries = tune_with_cache(requests, o);
     std::fprintf(stderr, "\n");
-    if (cache.entries().size() != before || !warning.empty()) cache.save(cache_path());
     return entries;
   }
 };

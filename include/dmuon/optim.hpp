@@ -144,6 +144,13 @@ class Optimizer {
   // Learning rates for the next updates (a schedule lives in the training loop).
   void set_lr(double muon_lr, double adamw_lr);
 
+  // What this rank did in the last update (benchmarks compare it with the owner plan's prediction).
+  struct Stats {
+    double ns_s = 0;          // wall seconds in the Orthogonalizer (Newton–Schulz), all batches together
+    int64_t ns_matrices = 0;  // matrices it orthogonalized (DMuon: the ones this rank owns)
+  };
+  const Stats& last_stats() const { return stats_; }
+
   const OptimizerOptions& options() const { return options_; }
   OptimGroup group_of(const std::string& name) const;  // throws for an unknown name
   int64_t updates() const { return updates_; }             // updates applied (AdamW's t)
@@ -202,13 +209,15 @@ class Optimizer {
   int64_t updates_ = 0;
   int64_t skipped_ = 0;
   double last_grad_norm_ = 0;
+  Stats stats_;
 };
 
 // Single-process Muon (matrices) + AdamW (the rest), Newton–Schulz from include/dmuon/ns.hpp with
-// options.muon.ns (fixed at construction).
+// options.muon.ns (fixed at construction), or from `orth`.
 class Muon : public Optimizer {
  public:
   Muon(std::vector<ParamRef> params, OptimizerOptions options);
+  Muon(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth);
 };
 
 // `options` with a single rule that sends every parameter to AdamW.

@@ -115,6 +115,12 @@ Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>
 Plan plan_from_owners(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
                       const std::vector<int>& owner, const PlanOptions& options);
 
+// The owners used when none are given (shard::ShardedParams' default): make_plan with the lpt balancer
+// (default memory slack) on flop costs (ns_flops_estimate on the "cpu-dev" profile; only their ratios
+// matter). Deterministic: every rank computes the same table without communicating. −1 for
+// elementwise parameters.
+std::vector<int> default_owners(const std::vector<ParamSpec>& params, int ranks);
+
 // The memory bound of PlanOptions::memory_slack for these items.
 int64_t memory_cap_bytes(const std::vector<PlanItem>& items, int ranks, double memory_slack);
 

@@ -91,7 +91,8 @@ struct UnitTimes {
 class ShardedParams {
  public:
   // Collective: verifies the registry across ranks. owners[p] is the owner of matrix p (-1 for
-  // elementwise); empty means lpt_owners. Shard parameters start at zero (see load_full).
+  // elementwise); empty means default_owners (plan.hpp: LPT on flop costs). Shard parameters start
+  // at zero (see load_full).
   ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry registry, ShardOptions options,
                 std::vector<int> owners = {});
   // Completes every gather and reduce still in flight (Work::settle: bounded by the comm timeout,

@@ -69,10 +69,4 @@ UnitLayout even_layout(const std::vector<ParamSpec>& specs, int unit, int world_
 UnitLayout owner_aligned_layout(const std::vector<ParamSpec>& specs, const std::vector<int>& owners, int unit,
                                 int world_size);
 
-// Owner of every matrix parameter by greedy longest-processing-time over all units: matrices in
-// decreasing cost m²·n (m = min(rows, cols), n = max: the Gram-space Newton–Schulz cost), ties by
-// registry index; each goes to the rank with the least cost so far, ties to the lowest rank.
-// Elementwise parameters get -1. Deterministic: every rank computes the same table.
-std::vector<int> lpt_owners(const std::vector<ParamSpec>& specs, int world_size);
-
 }  // namespace dmuon::shard

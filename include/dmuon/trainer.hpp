@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,6 +28,7 @@
 #include "dmuon/metrics_csv.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/plan.hpp"
+#include "dmuon/tune.hpp"
 
 namespace dmuon {
 
@@ -64,6 +66,15 @@ struct TrainOptions {
   std::string data;           // text file or folder; empty: the fortunes corpus
   std::string resume;         // checkpoint folder to start from (optional)
   NsOptions ns;               // Muon's Newton–Schulz (`dmuon bench e2e` runs the plain baseline with it)
+  // Muon runs: NS kernels from the tuning cache (tune.hpp) over ns's math, and DMuon's owners planned
+  // from the tuned batch times (tuned_batch_time: measured load balancing) instead of flop estimates.
+  // Rank 0 tunes the shapes the cache lacks while the other ranks wait (tune_across_ranks); every
+  // rank then uses its entries. Requests: each Muon shape at the batch one rank runs (dmuon: ceil of
+  // count/ranks; muon, muon-gather: the whole count).
+  bool tune = false;
+  std::string tune_cache;                             // empty: default_tune_cache_path()
+  TuneProgressFn tune_progress;                       // rank 0: tuning progress (optional)
+  std::function<void(const std::string&)> tune_warn;  // rank 0: a corrupt or foreign cache (optional)
 };
 
 // The peak learning rate `--lr` defaults to: 0.02 for Muon matrices, 3e-3 for AdamW.
@@ -99,6 +110,12 @@ class Trainer {
   void save(const std::string& dir);
   // Every parameter's full value, in gpt_param_specs order, on every rank (collective).
   std::vector<std::vector<float>> full_params();
+  // With options.tune: the entries every rank runs with (request order) and the seconds the tuning
+  // step took on this rank (rank 0 tuning, or the others waiting for it; cache hits only: milliseconds).
+  const std::vector<TuneEntry>& tuned() const;
+  double tune_seconds() const;
+  // The owner plan DMuon runs with (empty for other optimizers); per-rank time_s is its predicted NS load.
+  const Plan& plan() const;
 
  private:
   struct Impl;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dmuon/ns.hpp"
+#include "dmuon/optim.hpp"
 #include "dmuon/params.hpp"
 #include "dmuon/plan.hpp"
 
@@ -121,6 +122,24 @@ std::vector<TuneEntry> tune_shapes(const std::vector<TuneRequest>& requests, Tun
                                    const MeasureFn& measure, int max_threads, int rounds = 3,
                                    const TuneProgressFn& progress = {});
 
+// Entries as JSON text (the cache file's entry format) and back; from_json throws dmuon::Error for
+// malformed text or an invalid entry.
+std::string tune_entries_to_json(const std::vector<TuneEntry>& entries);
+std::vector<TuneEntry> tune_entries_from_json(const std::string& text);
+
+// Where tuned entries live and how to tune the missing ones.
+struct TuneSessionOptions {
+  std::string cache_path;  // default_tune_cache_path() is the usual choice
+  int threads = 1;         // BLAS threads NS runs with (part of the cache key)
+  int rounds = 3;          // timing rounds per candidate
+  TuneProgressFn progress;
+  std::function<void(const std::string&)> warn;  // a corrupt or foreign cache file (then tuned anew)
+};
+
+// Loads the cache, tunes what it lacks for `requests` with make_ns_timer, saves it when it changed
+// (or was rejected); the entries in request order.
+std::vector<TuneEntry> tune_with_cache(const std::vector<TuneRequest>& requests, const TuneSessionOptions& options);
+
 // What a model needs tuned on D ranks: each Muon matrix shape with batch ceil(count/D), the
 // batch make_plan_items asks about. Sorted by shape.
 std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int ranks);
@@ -128,6 +147,19 @@ std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int
 // Batch times from tuned entries, for make_plan_items (--costs measured). Asking for a (shape,
 // batch) the entries lack throws dmuon::Error naming it.
 BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries);
+
+// The NsOptions for `batch` rows×cols matrices: the kernel choice (algo, restarts, symmetric, tiles,
+// batch mode, threads) of the entry for that (shape, batch), else of that shape's entry with the nearest
+// batch (ties: the smaller), on top of `defaults`' math (coeffs, steps, safety); `defaults` alone for a
+// shape no entry has.
+NsOptions tuned_options(const std::vector<TuneEntry>& entries, int64_t rows, int64_t cols, int batch,
+                        const NsOptions& defaults);
+
+// An Orthogonalizer that runs newton_schulz_batched with tuned_options for each call's (shape, batch),
+// the production path of tuned training and of the benchmarks. `adjust` (optional) edits the chosen
+// options before the call (the ablations switch one choice off).
+Orthogonalizer tuned_orthogonalizer(std::vector<TuneEntry> entries, NsOptions defaults,
+                                    std::function<void(NsOptions&)> adjust = {});
 
 // A MeasureFn that times newton_schulz_batched on fixed random inputs. It keeps the inputs of the
 // last (shape, batch) between calls and makes one untimed warm-up run whenever that changes.

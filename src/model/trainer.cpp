@@ -13,6 +13,7 @@
 #include "dmuon/data.hpp"
 #include "dmuon/distributed_optim.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/linalg.hpp"
 #include "dmuon/optim.hpp"
 #include "dmuon/plan_across_ranks.hpp"
 #include "dmuon/shard.hpp"
@@ -73,6 +74,9 @@ struct Trainer::Impl {
   std::optional<GptBuffers> local;                // whole parameters (single-process optimizers)
   std::unique_ptr<shard::ShardedParams> sharded;  // this rank's shards (sharded optimizers)
   std::unique_ptr<Optimizer> optimizer;
+  std::vector<TuneEntry> tuned;  // options.tune: what every rank runs with
+  double tune_s = 0;
+  Plan plan;                     // dmuon: the owners and their predicted NS loads
   int64_t step = 0;
 
   Impl(const TrainOptions& o, std::shared_ptr<comm::Comm> c) : comm(std::move(c)), model(o.model) {}
@@ -199,6 +203,21 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
   const std::vector<ParamSpec>& specs = m.model.params();
   const OptimizerOptions opt = optimizer_options(options_);
   const bool single = !m.comm || options_.optim == OptimKind::muon;
+  // The NS every Muon optimizer runs: tuned kernels (rank 0 tunes, every rank gets its entries) or opt.muon.ns.
+  Orthogonalizer orth = ns_orthogonalizer(opt.muon.ns);
+  if (options_.tune && options_.optim != OptimKind::adamw) {
+    const auto t0 = Clock::now();
+    TuneSessionOptions session;
+    session.cache_path = options_.tune_cache.empty() ? default_tune_cache_path() : options_.tune_cache;
+    session.threads = linalg::threads();
+    session.progress = options_.tune_progress;
+    session.warn = options_.tune_warn;
+    // The batch one rank orthogonalizes per shape: its owned share (dmuon) or every matrix.
+    const auto requests = tune_requests(specs, options_.optim == OptimKind::dmuon ? world : 1);
+    m.tuned = m.comm ? tune_across_ranks(*m.comm, requests, session) : tune_with_cache(requests, session);
+    m.tune_s = seconds_since(t0);
+    orth = tuned_orthogonalizer(m.tuned, opt.muon.ns);
+  }
   if (single) {
     m.local.emplace(m.model);
     m.local->init(options_.model, specs, options_.seed);
@@ -206,7 +225,7 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
     std::vector<ParamRef> refs;
     for (size_t i = 0; i < specs.size(); ++i) refs.push_back({specs[i], m.local->value(i), m.local->grad(i)});
     if (options_.optim == OptimKind::muon)
-      m.optimizer = std::make_unique<Muon>(std::move(refs), opt);
+      m.optimizer = std::make_unique<Muon>(std::move(refs), opt, orth);
     else
       m.optimizer = std::make_unique<AdamW>(std::move(refs), opt);
   } else {
@@ -221,8 +240,11 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
     if (options_.optim == OptimKind::dmuon) {
       PlanOptions plan_options;
       plan_options.balancer = options_.balancer;
-      const auto items = make_plan_items(specs, m.comm->size(), flop_batch_time(device_profile("cpu-dev")));
-      owners = plan_across_ranks(*m.comm, specs, items, plan_options).owner;
+      // Measured costs when tuned (DESIGN's measured load balancing); else flop estimates, whose
+      // ratios, not the device, decide the balance.
+      const BatchTimeFn cost = options_.tune ? tuned_batch_time(m.tuned) : flop_batch_time(device_profile("cpu-dev"));
+      m.plan = plan_across_ranks(*m.comm, specs, make_plan_items(specs, m.comm->size(), cost), plan_options);
+      owners = m.plan.owner;
     }
     m.sharded = std::make_unique<shard::ShardedParams>(m.comm, std::move(registry), so, std::move(owners));
     std::vector<float> init;
@@ -236,10 +258,10 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
         m.optimizer = std::make_unique<ShardedAdamW>(m.comm, *m.sharded, opt);
         break;
       case OptimKind::muon_gather:
-        m.optimizer = std::make_unique<MuonGatherCompute>(m.comm, *m.sharded, opt);
+        m.optimizer = std::make_unique<MuonGatherCompute>(m.comm, *m.sharded, opt, orth);
         break;
       default:
-        m.optimizer = std::make_unique<DMuon>(m.comm, *m.sharded, opt);
+        m.optimizer = std::make_unique<DMuon>(m.comm, *m.sharded, opt, orth);
     }
   }
   if (!options_.resume.empty()) {
@@ -255,6 +277,9 @@ Trainer::~Trainer() = default;
 int Trainer::rank() const { return impl_->rank(); }
 int Trainer::world_size() const { return impl_->world(); }
 int64_t Trainer::steps_done() const { return impl_->step; }
+const std::vector<TuneEntry>& Trainer::tuned() const { return impl_->tuned; }
+double Trainer::tune_seconds() const { return impl_->tune_s; }
+const Plan& Trainer::plan() const { return impl_->plan; }
 
 StepMetrics Trainer::train_step() {
   Impl& m = *impl_;

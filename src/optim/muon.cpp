@@ -13,4 +13,7 @@ Orthogonalizer ns_orthogonalizer(const NsOptions& options) {
 Muon::Muon(std::vector<ParamRef> params, OptimizerOptions options)
     : Optimizer(std::move(params), options, ns_orthogonalizer(options.muon.ns)) {}
 
+Muon::Muon(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth)
+    : Optimizer(std::move(params), std::move(options), std::move(orth)) {}
+
 }  // namespace dmuon

@@ -1,6 +1,7 @@
 // The optimizer step shared by every variant: micro-batch accumulation, the global gradient norm
 // (clipping and the non-finite check, agreed across ranks), AdamW on elementwise parameters, and
 // Muon on matrices (single process here; distributed variants override muon_inputs).
+#include <chrono>
 #include <cmath>
 #include <map>
 #include <set>
@@ -181,6 +182,7 @@ std::vector<Optimizer::MuonMatrix> Optimizer::muon_inputs(float grad_scale) {
 
 void Optimizer::update_muon(float grad_scale) {
   std::vector<MuonMatrix> matrices = muon_inputs(grad_scale);
+  stats_ = {};
   std::map<std::pair<int64_t, int64_t>, std::vector<MuonMatrix*>> by_shape;
   for (MuonMatrix& m : matrices) by_shape[{m.spec->rows(), m.spec->cols()}].push_back(&m);
   for (auto& [shape, batch] : by_shape) {
@@ -191,7 +193,10 @@ void Optimizer::update_muon(float grad_scale) {
       io.push_back(m->full.data());
       names.push_back(m->spec->name);
     }
+    const auto t0 = std::chrono::steady_clock::now();
     orth_(std::vector<const float*>(io.begin(), io.end()), io, rows, cols, names);
+    stats_.ns_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stats_.ns_matrices += static_cast<int64_t>(batch.size());
     const double scale = muon_scale(rows, cols, options_.muon.scale);
     for (MuonMatrix* m : batch) {
       if (!m->slot) continue;

@@ -275,6 +275,32 @@ std::vector<TuneEntry> tune_shapes(const std::vector<TuneRequest>& requests, Tun
   return out;
 }
 
+std::vector<TuneEntry> tune_with_cache(const std::vector<TuneRequest>& requests, const TuneSessionOptions& options) {
+  std::string warning;
+  TuneCache cache = TuneCache::load(options.cache_path, current_tune_key(options.threads), &warning);
+  if (!warning.empty() && options.warn) options.warn(warning);
+  const size_t before = cache.entries().size();
+  auto entries = tune_shapes(requests, cache, make_ns_timer(), options.threads, options.rounds, options.progress);
+  if (cache.entries().size() != before || !warning.empty()) cache.save(options.cache_path);
+  return entries;
+}
+
+std::string tune_entries_to_json(const std::vector<TuneEntry>& entries) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& e : entries) j.push_back(entry_to_json(e));
+  return j.dump();
+}
+
+std::vector<TuneEntry> tune_entries_from_json(const std::string& text) {
+  std::vector<TuneEntry> out;
+  try {
+    for (const auto& e : nlohmann::json::parse(text)) out.push_back(entry_from_json(e));
+  } catch (const std::exception& e) {
+    DMUON_FAIL("malformed tuning entries (", e.what(), ")");
+  }
+  return out;
+}
+
 std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int ranks) {
   DMUON_CHECK(ranks >= 1, "rank count must be at least 1, got ", ranks);
   std::map<std::pair<int64_t, int64_t>, int> count;

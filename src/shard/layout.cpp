@@ -115,26 +115,4 @@ UnitLayout owner_aligned_layout(const std::vector<ParamSpec>& specs, const std::
   return l;
 }
 
-std::vector<int> lpt_owners(const std::vector<ParamSpec>& specs, int world_size) {
-  check_world(world_size);
-  std::vector<int> owners(specs.size(), -1);
-  std::vector<int> matrices;
-  std::vector<double> cost(specs.size(), 0);
-  for (int p = 0; p < static_cast<int>(specs.size()); ++p) {
-    if (specs[p].role != ParamRole::matrix) continue;
-    const double m = static_cast<double>(std::min(specs[p].rows(), specs[p].cols()));
-    const double n = static_cast<double>(std::max(specs[p].rows(), specs[p].cols()));
-    cost[p] = m * m * n;
-    matrices.push_back(p);
-  }
-  std::stable_sort(matrices.begin(), matrices.end(), [&](int a, int b) { return cost[a] > cost[b]; });
-  std::vector<double> load(world_size, 0);
-  for (int p : matrices) {
-    const int r = static_cast<int>(std::min_element(load.begin(), load.end()) - load.begin());
-    owners[p] = r;
-    load[r] += cost[p];
-  }
-  return owners;
-}
-
 }  // namespace dmuon::shard

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <map>
 
+#include "dmuon/plan.hpp"
 #include "dmuon/shard.hpp"
 
 namespace dmuon::shard {
@@ -48,7 +49,7 @@ ShardedParams::ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry reg
   registry_.verify_across(*comm_);
   const auto& specs = registry_.specs();
   const int d = comm_->size();
-  if (owners_.empty()) owners_ = lpt_owners(specs, d);
+  if (owners_.empty()) owners_ = default_owners(specs, d);
   DMUON_CHECK(owners_.size() == specs.size(), "owner table has ", owners_.size(), " entries for ", specs.size(),
               " parameters");
   for (int u = 0; u < registry_.num_units(); ++u) {
