@@ -25,7 +25,7 @@ const std::map<std::string, std::string> kFixture = {
  "plan": {"balancer": "milp", "fell_back": false, "predicted_makespan_s": 0.4, "rr_predicted_makespan_s": 0.6},
  "results": [
   {"optimizer": "dmuon", "step_s_median": 0.5, "sent_bytes_per_rank": 1e6, "exposed_comm_s": 0.002,
-   "weight_norm": 2.5},
+   "weight_norm": 2.5, "ns_s_per_rank": [0.45, 0.5], "predicted_ns_s_per_rank": [0.4, 0.4]},
   {"optimizer": "adamw", "step_s_median": 0.25, "sent_bytes_per_rank": 16, "exposed_comm_s": 0.001,
    "weight_norm": 3.0, "dmuon_speedup": 0.5},
   {"optimizer": "muon-gather-plain", "step_s_median": 2.0, "sent_bytes_per_rank": 3e6, "exposed_comm_s": 0.01,
@@ -89,7 +89,7 @@ TEST(BenchReport, HeadlineFiguresTablesAndCommands) {
        "- End to end, GPT demo, np 2: DMuon +25.0% step time over AdamW, 1.60x faster than muon-gather-plain.",
        "- End to end, GPT demo, np 2, DMuon's overhead over AdamW by tokens per step: +25.0% at 4096 (paper +2%).",
        // The tokens-per-step sweep: only the default batch ran.
-       "| 64 | 4096 | 100.0 | 125.0 | 30.0 | +25% |",
+       "| 64 | 4096 | 100.0 | 125.0 | 30.0 | +25.0% |",
        "- *Not run: " + dir.file("e2e-demo-np2-b256.json") + ".*",
        // Simulated / measured - 1: 500/250, 2600/2000, 960/1000, 600/500; ratios (2600/600) / (2000/500) and
        // (960/600) / (1000/500).
@@ -114,6 +114,9 @@ TEST(BenchReport, HeadlineFiguresTablesAndCommands) {
        "| dmuon | 500.0 | 1.0 | 2.0 | 2.5 | 2.000x |  |",
        "Plan: milp, predicted NS makespan 400.0 ms (round-robin: 600.0 ms). Muon variants' weight norms agree within "
        "1.0e-09 (same math). DMuon's overhead over AdamW: +100%.",
+       // 400 / 450 - 1, 400 / 500 - 1.
+       "DMuon's Newton-Schulz per rank, predicted by the plan from the tune cache / measured in the step: rank 0 "
+       "400.0 / 450.0 ms (-11%), rank 1 400.0 / 500.0 ms (-20%).",
        "| muon-gather-plain | 200.0 | 90.0 | 100.0 | 5.0 | 2.000x | 1.60x |",
        "sgemm 50 GFLOP/s per rank, plain-NS efficiency 0.50, AdamW stream 10.0 GB/s, link 2.00 GB/s, latency 5.0 us, "
        "per-call 2.0 us.",

@@ -260,6 +260,21 @@ void introduction(Report& r, const Inputs& in, const std::optional<Value>& first
 
 using OptimizerRuns = std::map<int, std::optional<Value>>;  // by rank count
 
+// DMuon's Newton-Schulz time per rank: the plan's prediction (tune cache times) against the time measured inside
+// the step (Optimizer::last_stats), when the run reports both.
+void per_rank_ns(Report& r, const Value& dmuon, bool oversubscribed) {
+  if (!dmuon.has("ns_s_per_rank") || !dmuon.has("predicted_ns_s_per_rank")) return;
+  const auto measured = dmuon["ns_s_per_rank"].list(), predicted = dmuon["predicted_ns_s_per_rank"].list();
+  std::vector<std::string> cells;
+  for (size_t i = 0; i < measured.size() && i < predicted.size(); ++i)
+    cells.push_back(fmt("rank %zu %s / %s ms (%s)", i, ms(predicted[i].num()).c_str(), ms(measured[i].num()).c_str(),
+                        pct(predicted[i].num() / measured[i].num() - 1).c_str()));
+  r.p("DMuon's Newton-Schulz per rank, predicted by the plan from the tune cache / measured in the step: " +
+      join(cells, ", ") + "." +
+      (oversubscribed ? " The tune cache times one rank on a core of its own; here ranks share cores." : ""));
+  r.p();
+}
+
 // Section 1: the optimizer step at each rank count.
 void optimizer_section(Report& r, const Inputs& in, const OptimizerRuns& runs) {
   r.p("## 1. Optimizer step (Qwen2.5-0.5B shapes, first 4 layers)");
@@ -288,6 +303,7 @@ void optimizer_section(Report& r, const Inputs& in, const OptimizerRuns& runs) {
         fmt("Muon variants' weight norms agree within %.1e (same math).", (*run)["muon_weight_norm_rel_spread"].num()) +
         overhead);
     r.p();
+    per_rank_ns(r, result(*run, "dmuon"), (*run)["oversubscribed"].flag());
   }
   if (runs.count(2) && runs.at(2)) {
     const Value& o = *runs.at(2);
@@ -372,7 +388,7 @@ void batch_sweep(Report& r, const Inputs& in) {
                 {"adamw step ms", step("adamw", "step_s_median")},
                 {"dmuon step ms", step("dmuon", "step_s_median")},
                 {"dmuon optimizer ms", step("dmuon", "optimizer_s")},
-                {"DMuon vs AdamW", [](const Value& v) { return pct(v["dmuon_overhead_vs_adamw"].num()); }}},
+                {"DMuon vs AdamW", [](const Value& v) { return fmt("%+.1f%%", 100 * v["dmuon_overhead_vs_adamw"].num()); }}},
                runs);
   for (const auto& f : files) r.p("- `" + in.command(f) + "`");
   r.p();
@@ -588,10 +604,10 @@ std::vector<Column<Value>> cluster_columns() {
           {"e2e vs gather-plain", speedup("muon-gather-plain", "step_s")}};
 }
 
-// Section 5, one model on simulated clusters of 8-256 A800s. Returns its simulation, if it ran.
-std::optional<Value> cluster_section(Report& r, const Inputs& in, const std::string& name, const std::string& title,
-                                     const std::string& plot) {
-  r.p("## 5. Simulated " + title + " on 8-256 A800s");
+// Section `number` (5, 6): one model on simulated clusters of 8-256 A800s. Returns its simulation, if it ran.
+std::optional<Value> cluster_section(Report& r, const Inputs& in, int number, const std::string& name,
+                                     const std::string& title, const std::string& plot) {
+  r.p(fmt("## %d. Simulated ", number) + title + " on 8-256 A800s");
   r.p();
   const auto sim = in.json(name);
   if (!sim) {
@@ -681,9 +697,10 @@ std::string render(const Inputs& in) {
   e2e_section(r, in);
   validation_section(r, in, runs);
   std::vector<std::pair<std::string, Value>> sims;
+  int section = 5;
   for (const auto& [name, title, plot] : {std::tuple{"sim-qwen7b-a800.json", "Qwen2.5-7B", "sim-qwen7b-a800.png"},
                                           std::tuple{"sim-pi0-a800.json", "Pi0", "sim-pi0-a800.png"}})
-    if (auto sim = cluster_section(r, in, name, title, plot)) sims.emplace_back(title, *sim);
+    if (auto sim = cluster_section(r, in, section++, name, title, plot)) sims.emplace_back(title, *sim);
   paper_comparison(r, sims);
 
   std::vector<std::string> headline = {"## Headline figures", ""};

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unistd.h>
 
 #include "cli.hpp"
 #include "dmuon/gpt.hpp"
@@ -147,13 +148,14 @@ void run(const SimulateArgs& a) {
   }
 
   std::vector<sim::SimResult> results;
+  const bool live = isatty(fileno(stderr));  // a log file gets no progress line
   for (int d : a.devices) {
-    std::fprintf(stderr, "\rsimulating %d devices...", d);
+    if (live) std::fprintf(stderr, "\rsimulating %d devices...", d);
     options.tokens_per_device = w.tokens_per_device(a, d);
     options.unit_forward_flops = w.unit_forward_flops(d);
     results.push_back(sim::simulate_step(w.params, hw, {d, a.per_node}, options));
   }
-  std::fprintf(stderr, "\r%40s\r", "");
+  if (live) std::fprintf(stderr, "\r%40s\r", "");
 
   if (a.json) {
     nlohmann::json out = {{"model", w.label}, {"profile", hw.name}, {"devices_per_node", a.per_node},

@@ -1,1 +1,1 @@
-mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 build/dmuon bench e2e --config demo --steps 8 --json
+mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 build/dmuon bench e2e --config demo --steps 8 --tune-cache build/bench-tune-1thread.json --json
