@@ -370,15 +370,15 @@ void batch_sweep(Report& r, const Inputs& in) {
       "np 2, AdamW and DMuon interleaved:");
   r.p();
   std::vector<std::string> files;
+  std::vector<Value> runs;
   for (const char* name : {"e2e-demo-np2-b16.json", "e2e-demo-np2.json", "e2e-demo-np2-b128.json",
                            "e2e-demo-np2-b256.json"})
-    if (in.json(name)) {
+    if (auto run = in.json(name)) {
       files.push_back(name);
+      runs.push_back(*run);
     } else {
       r.p(fmt("- *Not run: %s.*", in.path(name).c_str()));
     }
-  std::vector<Value> runs;
-  for (const auto& f : files) runs.push_back(*in.json(f));
   const auto step = [](const char* optimizer, const char* key) {
     return [=](const Value& v) { return ms(result(v, optimizer)[key].num()); };
   };
