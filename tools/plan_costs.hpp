@@ -20,8 +20,11 @@ struct CostArgs {
 
   void add_to(CLI::App* c) {
     c->add_option("--costs", source, "Where NS times come from: measured (tuned here) or flops (--device)")
+        ->capture_default_str()
         ->check(CLI::IsMember({"measured", "flops"}));
-    c->add_option("--device", device, "Device profile for --costs flops")->check(CLI::IsMember(device_profile_names()));
+    c->add_option("--device", device, "Device profile for --costs flops")
+        ->capture_default_str()
+        ->check(CLI::IsMember(device_profile_names()));
     tuning.add_to(c);
   }
 
@@ -32,7 +35,9 @@ struct CostArgs {
 
   std::string describe() const {
     if (source == "flops") return "flops on " + device;
-    return "measured, " + std::to_string(tuning.resolved_threads()) + " threads (" + tuning.cache_path() + ")";
+    const std::string cache = tuning.cache_path();
+    return "measured, " + std::to_string(tuning.resolved_threads()) + " threads (" + (cache.empty() ? "no cache" : cache) +
+           ")";
   }
 };
 

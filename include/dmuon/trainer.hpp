@@ -53,7 +53,7 @@ struct TrainOptions {
   Balancer balancer = Balancer::milp;
   int64_t steps = 300;        // optimizer steps of the whole run (a resumed run continues to it)
   uint64_t seed = 1;          // initialisation and batch order
-  int64_t batch = 16;         // B: sequences per global batch (divisible by world·micro_batches)
+  int64_t batch = 64;         // B: sequences per global batch (divisible by world·micro_batches); make demo's
   int micro_batches = 1;      // M: gradient accumulation
   double lr = 0;              // peak lr of the main group: Muon's (muon*, dmuon) or AdamW's (adamw);
                               // 0 = default_lr(optim)
@@ -72,9 +72,9 @@ struct TrainOptions {
   // rank then uses its entries. Requests: each Muon shape at the batch one rank runs (dmuon: ceil of
   // count/ranks; muon, muon-gather: the whole count).
   bool tune = false;
-  std::string tune_cache;                             // empty: default_tune_cache_path()
+  std::string tune_cache;                             // empty: TuneSessionOptions::cache_path's default
   TuneProgressFn tune_progress;                       // rank 0: tuning progress (optional)
-  std::function<void(const std::string&)> tune_warn;  // rank 0: a corrupt or foreign cache (optional)
+  std::function<void(const std::string&)> tune_warn;  // rank 0: TuneSessionOptions::warn (optional)
 };
 
 // The peak learning rate `--lr` defaults to: 0.02 for Muon matrices, 3e-3 for AdamW.
@@ -86,7 +86,8 @@ double lr_factor(int64_t step, int64_t total, int64_t warmup, double min_ratio);
 
 class Trainer {
  public:
-  // Loads the corpus, builds the model and optimizer and, with options.resume, loads the checkpoint.
+  // Loads the corpus, builds the model and optimizer and, with options.resume, loads the checkpoint
+  // (checked against the model and optimizer before tuning, so a mismatch costs no tuning time).
   // comm: the ranks to train over; null trains in this process alone (only OptimKind::muon and
   // adamw support that without a communicator). Throws dmuon::Error naming a bad option or file.
   Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm);

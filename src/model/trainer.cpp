@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numbers>
 #include <optional>
+#include <set>
 
 #include "dmuon/checkpoint.hpp"
 #include "dmuon/comm.hpp"
@@ -16,6 +17,7 @@
 #include "dmuon/linalg.hpp"
 #include "dmuon/optim.hpp"
 #include "dmuon/plan_across_ranks.hpp"
+#include "dmuon/shape.hpp"
 #include "dmuon/shard.hpp"
 
 namespace dmuon {
@@ -182,6 +184,34 @@ void validate(const TrainOptions& o, int world) {
               " ranks): use dmuon or muon-gather");
 }
 
+// Before any tuning or allocation: the checkpoint to resume from holds every parameter of this model
+// with its shape and the state its optimizer group keeps (Muon matrices: momentum; AdamW: m and v),
+// nothing else, and is not past --steps. load_checkpoint checks the data itself later.
+void check_resume(const TrainOptions& o, const std::vector<ParamSpec>& specs) {
+  const CheckpointContents saved = read_checkpoint_contents(o.resume);
+  DMUON_CHECK(saved.steps() <= o.steps, "checkpoint ", o.resume, " is at step ", saved.steps(), ", past --steps ",
+              o.steps);
+  std::set<std::string> names;
+  for (const ParamSpec& spec : specs) {
+    names.insert(spec.name);
+    const auto it = saved.params.find(spec.name);
+    DMUON_CHECK(it != saved.params.end(), "checkpoint ", o.resume, " lacks parameter '", spec.name,
+                "' (saved from another model?)");
+    DMUON_CHECK(it->second.shape == spec.shape, "checkpoint ", o.resume, " holds parameter '", spec.name,
+                "' with shape ", shape_text(it->second.shape), ", this model's is ", shape_text(spec.shape),
+                " (saved with other --width, --heads or --context?)");
+    const bool muon = o.optim != OptimKind::adamw && spec.role == ParamRole::matrix;
+    for (const char* kind : muon ? std::vector<const char*>{"param", "muon.momentum"}
+                                 : std::vector<const char*>{"param", "adamw.m", "adamw.v"}) {
+      DMUON_CHECK(it->second.kinds.count(kind), "checkpoint ", o.resume, " has no ", kind, " for parameter '",
+                  spec.name, "' (saved by another --optim? this run: ", to_string(o.optim), ")");
+    }
+  }
+  for (const auto& [name, param] : saved.params)
+    DMUON_CHECK(names.count(name), "checkpoint ", o.resume, " holds parameter '", name,
+                "', which this model does not have (saved from another model?)");
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : options_(std::move(options)) {
@@ -205,10 +235,11 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
   const bool single = !m.comm || options_.optim == OptimKind::muon;
   // The NS every Muon optimizer runs: tuned kernels (rank 0 tunes, every rank gets its entries) or opt.muon.ns.
   Orthogonalizer orth = ns_orthogonalizer(opt.muon.ns);
+  if (!options_.resume.empty()) check_resume(options_, specs);
   if (options_.tune && options_.optim != OptimKind::adamw) {
     const auto t0 = Clock::now();
     TuneSessionOptions session;
-    session.cache_path = options_.tune_cache.empty() ? default_tune_cache_path() : options_.tune_cache;
+    session.cache_path = options_.tune_cache;
     session.threads = linalg::threads();
     session.progress = options_.tune_progress;
     session.warn = options_.tune_warn;
@@ -267,8 +298,6 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
   if (!options_.resume.empty()) {
     load_checkpoint(options_.resume, *m.optimizer);
     m.step = m.optimizer->updates() + m.optimizer->skipped_steps();
-    DMUON_CHECK(m.step <= options_.steps, "checkpoint ", options_.resume, " is at step ", m.step, ", past --steps ",
-                options_.steps);
   }
 }
 
