@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <unistd.h>
 
 #include "cli.hpp"
 #include "dmuon/gpt.hpp"
@@ -150,7 +151,9 @@ void run(const SimulateArgs& a) {
 
   std::vector<sim::SimResult> results;
   {
-    CountProgress progress(stderr, parse_progress_mode(a.progress));
+    // JSON is often read from stdout and stderr together: in a log, auto stays quiet with --json.
+    const bool quiet = a.json && a.progress == "auto" && !isatty(fileno(stderr));
+    CountProgress progress(quiet ? nullptr : stderr, parse_progress_mode(a.progress));
     for (size_t i = 0; i < a.devices.size(); ++i) {
       const int d = a.devices[i];
       progress.update(i, a.devices.size(), "simulating " + std::to_string(d) + " devices");
@@ -260,7 +263,7 @@ Registration reg("", [](CLI::App& app) {
   c->add_flag("--zero2", args->zero2, "Keep gathered weights for backward (Z2) instead of gathering again (Z3)");
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");
   c->add_option("--plot", args->plot, "Also draw speedup and step time against devices into this PNG (default: none)");
-  c->add_option("--progress", args->progress, "Progress on stderr: auto (live on a terminal), live or plain")
+  c->add_option("--progress", args->progress, "Progress on stderr: auto (live on a terminal, else plain, or none with --json), live or plain")
       ->capture_default_str()
       ->check(CLI::IsMember({"auto", "live", "plain"}));
   c->callback([args] { run(*args); });

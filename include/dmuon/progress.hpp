@@ -52,6 +52,7 @@ class ProgressDisplay {
 // in place (at most every 0.1 s, and on every item finished); plain, one line per item finished.
 class CountProgress {
  public:
+  // out: null shows nothing.
   CountProgress(std::FILE* out, ProgressMode mode);
   // `done` of `total` items finished; `what`: the current one.
   void update(size_t done, size_t total, const std::string& what);

@@ -143,9 +143,10 @@ void ProgressDisplay::finish() {
 ProgressDisplay::~ProgressDisplay() { finish(); }
 
 CountProgress::CountProgress(std::FILE* out, ProgressMode mode)
-    : out_(out), live_(is_live(mode, out)), last_draw_(std::chrono::steady_clock::now()) {}
+    : out_(out), live_(out && is_live(mode, out)), last_draw_(std::chrono::steady_clock::now()) {}
 
 void CountProgress::update(size_t done, size_t total, const std::string& what) {
+  if (!out_) return;
   const bool finished_one = done > last_done_;
   last_done_ = std::max(last_done_, done);
   if (!live_) {
