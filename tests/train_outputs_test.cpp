@@ -15,10 +15,10 @@
 namespace dmuon {
 namespace {
 
+// The CLI (under mpirun with ranks > 0) under `timeout`: a hang fails as exit code 124.
 test::CommandResult run(const std::string& args, int ranks = 0) {
-  std::string command = std::string(DMUON_CLI_PATH) + " " + args;
-  if (ranks > 0) command = std::string(DMUON_MPIRUN) + " -np " + std::to_string(ranks) + " " + command;
-  return test::run_command("timeout 120 " + command);
+  const std::string mpirun = ranks > 0 ? std::string(DMUON_MPIRUN) + " -np " + std::to_string(ranks) + " " : "";
+  return test::run_command("timeout 120 " + mpirun + DMUON_CLI_PATH + " " + args);
 }
 
 const std::string kTiny = "train --layers 1 --width 32 --heads 2 --context 16 --batch 4 --progress plain ";

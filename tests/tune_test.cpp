@@ -163,12 +163,16 @@ TEST(TuneCache, RoundTripAndLookupByShapeAndBatch) {
   EXPECT_EQ(back.to_json(), c.to_json());
 }
 
-TEST(TuneCache, MissingFileIsEmptyWithoutWarning) {
+// A missing file, or an empty one (nothing to lose), is an empty cache.
+TEST(TuneCache, MissingOrEmptyFileIsEmptyWithoutWarning) {
   test::TempDir dir;
-  std::string warning;
-  auto c = TuneCache::load(dir.file("none.json"), key(), &warning);
-  EXPECT_TRUE(c.entries().empty());
-  EXPECT_EQ(warning, "");
+  write_file_atomically(dir.file("empty.json"), "");
+  for (const char* name : {"none.json", "empty.json"}) {
+    std::string warning;
+    auto c = TuneCache::load(dir.file(name), key(), &warning);
+    EXPECT_TRUE(c.entries().empty()) << name;
+    EXPECT_EQ(warning, "") << name;
+  }
 }
 
 TEST(TuneCache, CorruptFilesOfOursWarnAndStartEmpty) {
@@ -197,7 +201,7 @@ TEST(TuneCache, CorruptFilesOfOursWarnAndStartEmpty) {
 }
 
 // A file that is not a tuning cache (notes, someone else's JSON) is not replaced: an error naming it,
-// and the file keeps its bytes. An empty file holds nothing to lose.
+// and the file keeps its bytes.
 TEST(TuneCache, RefusesAFileThatIsNotATuningCache) {
   test::TempDir dir;
   for (const std::string text : {std::string("my notes\n"), std::string(R"({"hello": 1})")}) {
@@ -212,11 +216,6 @@ TEST(TuneCache, RefusesAFileThatIsNotATuningCache) {
     }
     EXPECT_EQ(read_file(path), text);
   }
-  const std::string empty = dir.file("empty.json");
-  write_file_atomically(empty, "");
-  std::string warning;
-  EXPECT_TRUE(TuneCache::load(empty, key(), &warning).entries().empty());
-  EXPECT_EQ(warning, "");
 }
 
 // One file holds several settings: tuning for another thread count adds a setting beside the first
