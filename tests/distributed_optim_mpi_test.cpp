@@ -267,11 +267,11 @@ TEST(DistributedMuon, EachMatrixIsOrthogonalizedOnceOnItsOwner) {
     auto sp = sharded(c.layout, c.mode);
     std::vector<double> times(all.size(), 0);  // per parameter: how often this rank orthogonalized it
     const Orthogonalizer ns = ns_orthogonalizer(NsOptions{});
-    const Orthogonalizer counting = [&](std::span<const float* const> u, std::span<float* const> o, int64_t rows,
-                                        int64_t cols, std::span<const std::string> names) {
+    const Orthogonalizer counting = [&](Backend& backend, std::span<const MatView> u, std::span<const MatView> o,
+                                        std::span<const std::string> names, double* norms) {
       for (const std::string& name : names)
         for (size_t p = 0; p < all.size(); ++p) times[p] += all[p].name == name;
-      ns(u, o, rows, cols, names);
+      ns(backend, u, o, names, norms);
     };
     std::unique_ptr<Optimizer> opt;
     if (c.gather_compute) opt = std::make_unique<MuonGatherCompute>(world(), *sp, options(NsAlgo::standard), counting);

@@ -420,10 +420,11 @@ TEST(AdamW, ShardedEqualsWholeBitForBit) {
 // −adamw_lr·g/(|g| + eps) (m̂ = g, v̂ = g²).
 // The reference orthogonalizer, keeping each matrix's O by name in `out`.
 Orthogonalizer recording_orthogonalizer(std::map<std::string, std::vector<float>>& out) {
-  return [&out, ref = test::reference_orthogonalizer()](std::span<const float* const> u, std::span<float* const> o,
-                                                         int64_t rows, int64_t cols, std::span<const std::string> names) {
-    ref(u, o, rows, cols, names);
-    for (size_t i = 0; i < names.size(); ++i) out[names[i]].assign(o[i], o[i] + rows * cols);
+  return [&out, ref = test::reference_orthogonalizer()](Backend& backend, std::span<const MatView> u,
+                                                         std::span<const MatView> o, std::span<const std::string> names,
+                                                         double* norms) {
+    ref(backend, u, o, names, norms);
+    for (size_t i = 0; i < names.size(); ++i) out[names[i]].assign(o[i].f32(), o[i].f32() + o[i].elements());
   };
 }
 
