@@ -4,7 +4,6 @@
 // slowest rank (StepMetrics); the median over the timed steps after `--warmup` untimed ones. Configurations: `demo`
 // (make demo's model and batch: L4 C128 NH4 T64 B64) and `large` (L6 C256 NH4 T128 B16); `--batch` overrides B.
 // Newton–Schulz costs the same per step whatever B, so DMuon's overhead over AdamW falls as B grows.
-#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -14,6 +13,7 @@
 #include "cli.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/linalg.hpp"
+#include "dmuon/statistics.hpp"
 #include "dmuon/trainer.hpp"
 #include "e2e_configs.hpp"
 #include "optim_bench.hpp"
@@ -66,11 +66,6 @@ struct Result {
   std::string name;
   double step_s = 0, fwd_bwd_s = 0, optim_s = 0, comm_wait_s = 0;
 };
-
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
-}
 
 void run(const Args& a) {
   auto world = comm::world();

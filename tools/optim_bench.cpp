@@ -14,6 +14,7 @@
 #include "dmuon/linalg.hpp"
 #include "dmuon/plan_across_ranks.hpp"
 #include "dmuon/shard.hpp"
+#include "dmuon/statistics.hpp"
 
 namespace dmuon::cli::optim_bench {
 
@@ -244,10 +245,6 @@ struct Runner {
   }
 
   Measurement finish(comm::Comm& world) {
-    auto median = [](std::vector<double> x) {
-      std::sort(x.begin(), x.end());
-      return x[x.size() / 2];
-    };
     m.median_s = median(m.step_s);
     m.blocked_s = median(blocked);
     if (kind != Kind::adamw)
