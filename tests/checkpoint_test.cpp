@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -43,6 +44,20 @@ void run(Optimizer& o, Model& m, int from, int to) {
     m.set_grads(t);
     ASSERT_TRUE(o.step());
   }
+}
+
+// The published FNV-1a 64 test vectors (http://www.isthe.com/chongo/tech/comp/fnv/): every user of the
+// hash (checkpoint checksums, the GPT example's per-parameter streams, cross-rank checks) shares them.
+TEST(Checksum, Fnv1a64MatchesKnownAnswers) {
+  EXPECT_EQ(fnv1a64(""), 0xcbf29ce484222325ull);
+  EXPECT_EQ(fnv1a64("a"), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(fnv1a64("foobar"), 0x85944171f73967e8ull);
+  EXPECT_EQ(fnv1a64_hex("a"), "af63dc4c8601ec8c");
+  EXPECT_EQ(fnv1a64("bar", fnv1a64("foo")), fnv1a64("foobar"));  // continuing a hash
+  const int64_t values[2] = {3, -7};
+  std::string bytes(sizeof values, '\0');
+  std::memcpy(bytes.data(), values, sizeof values);
+  EXPECT_EQ(fnv1a64_values(values, 2), fnv1a64(bytes));
 }
 
 TEST(Checkpoint, SaveReloadContinueIsBitIdentical) {
