@@ -155,7 +155,7 @@ TEST(Checkpoint, RefusesCorruptTruncatedAndMismatched) {
                  "rank-00000.safetensors: checksum mismatch");
   expect_refused([](const std::string& d) { std::filesystem::remove(d + "/index.json"); }, "index.json: missing");
   expect_refused([](const std::string& d) { write_file_atomically(d + "/rank-00000.json", "{\"file\": 3"); },
-                 "rank-00000.json: malformed JSON");
+                 "rank-00000.json: not valid JSON");
   // A model whose w2 is 4×3 instead of 3×4: the file and tensor are named.
   expect_refused(nothing, "rank-00000.safetensors: tensor 'param/w2@0' has shape [3, 4], the model's 'w2' has [4, 3]",
                  test_options(), true);

@@ -20,6 +20,7 @@
 #include "cli.hpp"
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/error.hpp"
+#include "io/json_file.hpp"
 
 namespace dmuon::cli {
 
@@ -139,12 +140,8 @@ class Inputs {
     const auto begin = text.find('{'), end = text.rfind('}');
     if (begin == std::string::npos) return std::nullopt;
     const auto length = end < begin ? 0 : end - begin + 1;  // end is npos (huge) when there is no '}'
-    try {
-      return Value(std::make_shared<const nlohmann::json>(nlohmann::json::parse(text.substr(begin, length))),
-                   path(name));
-    } catch (const nlohmann::json::parse_error& e) {
-      DMUON_FAIL(path(name), ": not valid JSON: ", e.what());
-    }
+    return Value(std::make_shared<const nlohmann::json>(parse_json(text.substr(begin, length), path(name))),
+                 path(name));
   }
   // The command line bench.sh recorded for output `name`.
   std::string command(const std::string& name) const { return text_or(name + ".cmd", "(not run)"); }
