@@ -227,7 +227,9 @@ TEST(Plan, BadInputsAreErrors) {
   bad.items[1].param = 7;
   EXPECT_THAT([&] { make_plan(bad.params, bad.items, 2, {}); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("parameter index 7")));
-  EXPECT_THROW(parse_balancer("greedy"), Error);
+  EXPECT_THAT([] { parse_balancer("greedy"); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("unknown balancer 'greedy' (valid: rr, lpt, milp)")));
+  for (Balancer b : {Balancer::rr, Balancer::lpt, Balancer::milp}) EXPECT_EQ(parse_balancer(to_string(b)), b);
   EXPECT_THAT([&] { plan_from_owners(in.params, in.items, 2, {0, 5}, {}); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("m1")));
   EXPECT_THROW(plan_from_owners(in.params, in.items, 2, {0}, {}), Error);
