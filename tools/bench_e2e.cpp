@@ -42,19 +42,15 @@ TrainOptions train_options(const Args& a, const std::string& optimizer) {
   o.val_every = 0;
   o.val_batches = 1;
   o.steps = a.warmup + a.steps + 1;  // the last step (which validates) is never run
-  if (optimizer == "adamw") {
-    o.optim = OptimKind::adamw;
-  } else if (optimizer == "muon-gather-plain") {
-    o.optim = OptimKind::muon_gather;
+  namespace ob = optim_bench;
+  const ob::Variant& variant = ob::optimizer_spec(optimizer);
+  o.optim = variant.kind == ob::Kind::adamw    ? OptimKind::adamw
+            : variant.kind == ob::Kind::gather ? OptimKind::muon_gather
+                                               : OptimKind::dmuon;
+  if (variant.engine == ob::Engine::plain) {
     o.ns.algo = NsAlgo::standard;
     o.ns.symmetric = false;
-  } else if (optimizer == "muon-gather") {
-    o.optim = OptimKind::muon_gather;
-    o.tune = a.tune;
-  } else {
-    DMUON_CHECK(optimizer == "dmuon", "--optim: unknown optimizer '", optimizer,
-                "' (adamw, muon-gather-plain, muon-gather, dmuon)");
-    o.optim = OptimKind::dmuon;
+  } else if (o.optim != OptimKind::adamw) {
     o.tune = a.tune;
   }
   o.tune_cache = a.tune_cache;

@@ -21,13 +21,12 @@
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/error.hpp"
 #include "io/json_file.hpp"
+#include "optim_bench.hpp"
 
 namespace dmuon::cli {
 
 namespace {
 
-// The optimizers of the benchmarks, in the order of every table.
-const std::vector<std::string> kOptimizers = {"adamw", "muon-gather-plain", "muon-gather", "dmuon"};
 // Simulated figures within this relative error of the measured ones count as matching.
 constexpr double kSimTolerance = 0.25;
 
@@ -219,7 +218,7 @@ void results_table(Report& r, const Inputs& in, const Value& run, const std::str
                    return v.has("dmuon_speedup") ? fmt("%.2fx", v["dmuon_speedup"].num()) : std::string();
                  }});
   std::vector<Value> ordered;
-  for (const auto& o : kOptimizers)
+  for (const auto& o : optim_bench::optimizer_names())
     if (rows.count(o)) ordered.push_back(rows.at(o));
   table(r, all, ordered);
 }
@@ -468,7 +467,7 @@ std::pair<std::vector<SimCheck>, std::vector<SimCheck>> sim_checks(const Value& 
     const bool oversubscribed = (*run->second)["oversubscribed"].flag();
     const auto measured = by_optimizer(*run->second);
     const auto measured_s = [&](const std::string& name) { return measured.at(name)["step_s_median"].num(); };
-    for (const auto& name : kOptimizers)
+    for (const auto& name : optim_bench::optimizer_names())
       if (measured.count(name) && row.has(name))
         absolute.push_back({np, name, measured_s(name), simulated(row, name, sim_key), oversubscribed});
     if (!measured.count("dmuon")) continue;
