@@ -11,6 +11,7 @@
 
 #include "dmuon/error.hpp"
 #include "dmuon/plan.hpp"
+#include "dmuon/sim.hpp"
 
 namespace dmuon {
 namespace {
@@ -321,7 +322,19 @@ TEST(CostModel, ItemsTakeTheirShareOfTheExpectedBatch) {
   EXPECT_DOUBLE_EQ(items[3].time_s, 2.0);      // alone: batch 1
   EXPECT_EQ(items[0].bytes, 3 * 8 * 16 * 4);
   EXPECT_EQ(items[2].unit, 3);
-  EXPECT_THROW(device_profile("tpu"), Error);
+}
+
+// The planner's device rates are the simulator's hardware profiles (models/hardware/*.json), not a second table.
+TEST(Plan, DeviceProfilesAreTheHardwareProfiles) {
+  for (const char* name : {"a800", "h200"}) {
+    const DeviceProfile d = device_profile(name);
+    const sim::HardwareProfile hw = sim::load_hardware_profile(name);
+    EXPECT_EQ(d.name, hw.name);
+    EXPECT_EQ(d.peak_flops, hw.ns_flops) << name;
+    EXPECT_EQ(d.efficiency, hw.ns_efficiency) << name;
+  }
+  EXPECT_THAT([] { device_profile("tpu"); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("no hardware profile 'tpu'")));
 }
 
 }  // namespace

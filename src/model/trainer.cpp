@@ -230,7 +230,7 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
       plan_options.balancer = options_.balancer;
       // Measured costs when tuned (DESIGN's measured load balancing); else flop estimates, whose
       // ratios, not the device, decide the balance.
-      const BatchTimeFn cost = options_.tune ? tuned_batch_time(m.tuned) : flop_batch_time(device_profile("cpu-dev"));
+      const BatchTimeFn cost = options_.tune ? tuned_batch_time(m.tuned) : relative_flop_batch_time();
       m.plan = plan_across_ranks(*m.comm, specs, make_plan_items(specs, m.comm->size(), cost), plan_options);
       owners = m.plan.owner;
     }

@@ -230,7 +230,7 @@ Plan plan_from_owners(const std::vector<ParamSpec>& params, const std::vector<Pl
 std::vector<int> default_owners(const std::vector<ParamSpec>& params, int ranks) {
   PlanOptions options;
   options.balancer = Balancer::lpt;
-  return make_plan(params, make_plan_items(params, ranks, flop_batch_time(device_profile("cpu-dev"))), ranks, options)
+  return make_plan(params, make_plan_items(params, ranks, relative_flop_batch_time()), ranks, options)
       .owner;
 }
 
