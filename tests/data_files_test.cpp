@@ -32,7 +32,7 @@ std::string plan_args(const std::string& model, const std::string& device) {
 TEST(DataFiles, TheCliFindsModelsFromAnotherWorkingDirectory) {
   const auto r = run_in_root(quoted(DMUON_CLI_PATH) + plan_args("qwen2.5-0.5b", "h200"));
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  const auto sim = run_in_root(quoted(DMUON_CLI_PATH) + " simulate --model gpt2 --profile a800 --devices 8");
+  const auto sim = run_in_root(quoted(DMUON_CLI_PATH) + " simulate --model gpt2 --profile a800 --devices 8 --balancer lpt");
   EXPECT_EQ(sim.exit_code, 0) << sim.output;
 }
 
