@@ -237,7 +237,8 @@ void introduction(Report& r, const Inputs& in, const std::optional<Value>& first
   r.p();
   r.p("Definitions (tools/optim_bench.hpp, include/dmuon/comm.hpp):");
   r.p("- **step**: one `optimizer.step()` after the gradients were reduced; per step the slowest rank counts; "
-      "the median over the timed steps (one untimed warm-up step first). The variants of one table run "
+      "the median over the timed steps (one untimed warm-up step first; for an even count of steps the mean of "
+      "the two middle ones, include/dmuon/statistics.hpp). The variants of one table run "
       "interleaved — all alive at once, step s of each in turn — so load changes reach them alike.");
   r.p("- **sent MB/rank**: bytes each rank sends in the optimizer step, computed exactly from the sizes of the "
       "collectives it issues, as a ring / pipelined chain sends them ((n-1)/n of an all-gather's or "
