@@ -57,7 +57,7 @@ void run_bench(const BenchArgs& args) {
   }
   int64_t params = 0;
   for (const auto& s : model.params()) params += s.numel();
-  const double f = median(fwd), b = median(bwd);
+  const double f = dmuon::median(fwd), b = dmuon::median(bwd);
   const double flops = 3.0 * dmuon::gpt_forward_flops(c, T) * static_cast<double>(B);
   nlohmann::json out = {{"blas", dmuon::linalg::blas_description()},
                         {"cpu", dmuon::linalg::cpu_model()},

@@ -189,7 +189,7 @@ std::vector<Row> bench_shape(Shape s, const BenchArgs& args) {
       cpu[i].push_back(t.cpu);
     }
   }
-  for (size_t i = 0; i < n_paths; ++i) rows[i].seconds = {median(wall[i]), median(cpu[i])};
+  for (size_t i = 0; i < n_paths; ++i) rows[i].seconds = {dmuon::median(wall[i]), dmuon::median(cpu[i])};
   return rows;
 }
 
