@@ -125,10 +125,7 @@ Registration reg("bench", [](CLI::App& bench) {
   c->add_option("--tune-cache", args->tune_cache, "Tuning cache (default: dmuon tune's)");
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");
   c->callback([args] {
-    const auto& known = optim_bench::optimizer_names();
-    for (const auto& name : args->optimizers)
-      DMUON_CHECK(std::find(known.begin(), known.end(), name) != known.end(), "--optim: unknown optimizer '", name,
-                  "' (adamw, muon-gather-plain, muon-gather, dmuon)");
+    for (const auto& name : args->optimizers) optim_bench::optimizer_spec(name);  // throws for an unknown name
     run(*args);
   });
 });
