@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -49,6 +50,13 @@ void newton_schulz(const float* u, float* o, int64_t rows, int64_t cols, const N
 // The same for k same-shape matrices. Results are bit-identical to k calls of newton_schulz.
 void newton_schulz_batched(std::span<const float* const> u, std::span<float* const> o, int64_t rows, int64_t cols,
                            const NsOptions& options, std::span<const std::string> names = {});
+
+// O_i = orth(U_i) for a batch of same-shape rows×cols matrices (the Muon update's Newton–Schulz).
+// A parameter, so tests can use a float64 reference and another backend its own kernels.
+using Orthogonalizer = std::function<void(std::span<const float* const> u, std::span<float* const> o,
+                                          int64_t rows, int64_t cols, std::span<const std::string> names)>;
+// newton_schulz_batched with `options`.
+Orthogonalizer ns_orthogonalizer(const NsOptions& options);
 
 // One row of a coefficient schedule: p(x) = a·x + b·x³ + c·x⁵.
 struct NsStep {

@@ -70,12 +70,7 @@ double muon_scale(int64_t rows, int64_t cols, MuonScale scale);
 // W ← W·(1 − lr·wd) − lr·s·O on n values.
 void muon_apply(std::span<float> w, std::span<const float> o, const MuonHyper& hyper, double s);
 
-// O_i = orth(U_i) for a batch of same-shape rows×cols matrices (the Muon update's Newton–Schulz).
-// A parameter, so tests can use a float64 reference and another backend its own kernels.
-using Orthogonalizer = std::function<void(std::span<const float* const> u, std::span<float* const> o,
-                                          int64_t rows, int64_t cols, std::span<const std::string> names)>;
-// newton_schulz_batched with `options`.
-Orthogonalizer ns_orthogonalizer(const NsOptions& options);
+// Orthogonalizer (O_i = orth(U_i) for a batch of same-shape matrices) is declared in ns.hpp.
 
 // ---- the optimizer ----
 
