@@ -1,6 +1,7 @@
 // Per-matrix NS costs for the planner: flop estimates and per-shape batching (DESIGN 2.3, 2.6).
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "dmuon/error.hpp"
 #include "dmuon/plan.hpp"
@@ -49,6 +50,16 @@ BatchTimeFn flop_batch_time(const DeviceProfile& device) {
               device.name, "' needs peak_flops > 0 and 0 < efficiency ≤ 1");
   const double rate = device.peak_flops * device.efficiency;
   return [rate](int64_t rows, int64_t cols, int batch) { return batch * ns_flops_estimate(rows, cols) / rate; };
+}
+
+BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries) {
+  std::map<std::tuple<int64_t, int64_t, int>, double> seconds;
+  for (const auto& e : entries) seconds[{e.rows, e.cols, e.batch}] = e.seconds;
+  return [seconds](int64_t rows, int64_t cols, int batch) {
+    auto it = seconds.find({rows, cols, batch});
+    DMUON_CHECK(it != seconds.end(), "no tuned time for shape ", rows, "x", cols, " batch ", batch);
+    return it->second;
+  };
 }
 
 std::vector<PlanItem> make_plan_items(const std::vector<ParamSpec>& params, int ranks, const BatchTimeFn& batch_time) {
