@@ -13,6 +13,7 @@
 #include "dmuon/checkpoint.hpp"
 #include "dmuon/distributed_optim.hpp"
 #include "dmuon/linalg.hpp"
+#include "dmuon/plan.hpp"  // default_owners
 #include "test_data.hpp"
 #include "toy_model.hpp"
 
@@ -67,8 +68,11 @@ void assign(std::vector<float>& dst, const std::vector<float>& src) { std::copy(
 std::unique_ptr<shard::ShardedParams> sharded(Layout layout, Mode mode, std::shared_ptr<comm::Comm> comm = world()) {
   shard::ParamRegistry reg;
   for (const ParamSpec& s : specs()) reg.add(s);
+  std::vector<int> owners;  // the even layout places none
+  if (layout == Layout::owner_aligned) owners = default_owners(reg.specs(), comm->size());
   auto sp = std::make_unique<shard::ShardedParams>(std::move(comm), reg,
-                                                   shard::ShardOptions{layout, mode, comm::ReduceOp::sum, true});
+                                                   shard::ShardOptions{layout, mode, comm::ReduceOp::sum, true},
+                                                   owners);
   test::ToyModel init(specs(), 7);
   for (int p = 0; p < sp->registry().size(); ++p) sp->load_full(p, init.values[p]);
   return sp;
