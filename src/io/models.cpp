@@ -2,14 +2,15 @@
 // Linear weights are (out_features, in_features) as PyTorch stores them; GPT-2's Conv1D is (in, out).
 #include "dmuon/models.hpp"
 
-
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/data_files.hpp"
 #include "dmuon/error.hpp"
+#include "io/hf_config.hpp"
 
 namespace dmuon {
 
