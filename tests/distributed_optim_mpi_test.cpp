@@ -12,9 +12,9 @@
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/checkpoint.hpp"
 #include "dmuon/distributed_optim.hpp"
-#include "dmuon/linalg.hpp"
 #include "dmuon/plan.hpp"  // default_owners
 #include "test_data.hpp"
+#include "test_world.hpp"
 #include "toy_model.hpp"
 
 namespace dmuon {
@@ -23,13 +23,7 @@ namespace {
 using shard::Layout;
 using shard::Mode;
 
-std::shared_ptr<comm::Comm> world() {
-  static std::shared_ptr<comm::Comm> w = [] {
-    linalg::set_threads(1);
-    return comm::world();
-  }();
-  return w;
-}
+using test::world;
 
 // Units: 0 embeddings; 1 a layer with every kind of shape; 2 a head (a matrix moved to AdamW by a
 // rule) and one more wide matrix (batched with unit 1's). Two 8×8 matrices share a batch too.

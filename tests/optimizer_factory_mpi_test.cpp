@@ -9,20 +9,14 @@
 #include <string>
 
 #include "dmuon/error.hpp"
-#include "dmuon/linalg.hpp"
 #include "dmuon/plan_across_ranks.hpp"
+#include "test_world.hpp"
 #include "toy_model.hpp"
 
 namespace dmuon {
 namespace {
 
-std::shared_ptr<comm::Comm> world() {
-  static std::shared_ptr<comm::Comm> w = [] {
-    linalg::set_threads(1);
-    return comm::world();
-  }();
-  return w;
-}
+using test::world;
 
 // Two units: embeddings; a layer with matrices of three shapes (two alike) and elementwise parameters.
 std::vector<ParamSpec> specs() {
