@@ -14,6 +14,7 @@
 #include "dmuon/distributed_optim.hpp"
 #include "dmuon/plan.hpp"  // default_owners
 #include "test_data.hpp"
+#include "hook_pass.hpp"
 #include "test_world.hpp"
 #include "toy_model.hpp"
 
@@ -77,21 +78,11 @@ std::unique_ptr<shard::ShardedParams> sharded(Layout layout, Mode mode, std::sha
 // into parameter `poison` on the last rank.
 void backward(shard::ShardedParams& sp, int t, int poison = -1, const comm::Comm& comm = *world()) {
   const int rank = comm.rank();
-  for (int u = 0; u < sp.num_units(); ++u) {
-    sp.before_forward(u);
-    sp.after_forward(u);
-  }
-  for (int u = sp.num_units() - 1; u >= 0; --u) {
-    sp.before_backward(u);
-    for (int p : sp.layout(u).params) {
-      auto g = sp.grad(p);
-      const std::vector<float> v = gradient(p, t, g.size());
-      for (size_t i = 0; i < g.size(); ++i) g[i] = rank == 0 ? v[i] : 0.0f;
-      if (p == poison && rank == comm.size() - 1) g[0] = std::numeric_limits<float>::quiet_NaN();
-    }
-    sp.after_backward(u);
-  }
-  sp.finish_backward();
+  test::hook_pass(sp, [&](int p, std::span<float> g) {
+    const std::vector<float> v = gradient(p, t, g.size());
+    for (size_t i = 0; i < g.size(); ++i) g[i] = rank == 0 ? v[i] : 0.0f;
+    if (p == poison && rank == comm.size() - 1) g[0] = std::numeric_limits<float>::quiet_NaN();
+  });
 }
 
 // Every parameter's full value, gathered.

@@ -10,6 +10,7 @@
 
 #include "dmuon/error.hpp"
 #include "dmuon/plan_across_ranks.hpp"
+#include "hook_pass.hpp"
 #include "test_world.hpp"
 #include "toy_model.hpp"
 
@@ -53,19 +54,9 @@ test::ToyModel reference(OptimKind kind) {
 // Gradients of step t through the hooks: rank 0 writes them, the others zeros, and the reduce sums,
 // so every kind sees exactly the reference's gradient.
 void backward(shard::ShardedParams& sp, int t, int rank) {
-  for (int u = 0; u < sp.num_units(); ++u) {
-    sp.before_forward(u);
-    sp.after_forward(u);
-  }
-  for (int u = sp.num_units() - 1; u >= 0; --u) {
-    sp.before_backward(u);
-    for (int p : sp.layout(u).params) {
-      auto g = sp.grad(p);
-      for (size_t i = 0; i < g.size(); ++i) g[i] = rank == 0 ? test::ToyModel::sample_grad(p, i, t) : 0.0f;
-    }
-    sp.after_backward(u);
-  }
-  sp.finish_backward();
+  test::hook_pass(sp, [&](int p, std::span<float> g) {
+    for (size_t i = 0; i < g.size(); ++i) g[i] = rank == 0 ? test::ToyModel::sample_grad(p, i, t) : 0.0f;
+  });
 }
 
 OptimizerStackOptions stack_options(OptimKind kind) {
