@@ -11,7 +11,7 @@
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/metrics_csv.hpp"
-#include "dmuon/plot.hpp"
+#include "console/plot.hpp"
 
 namespace {
 

@@ -17,7 +17,7 @@
 #include "cli.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
-#include "dmuon/progress.hpp"
+#include "console/progress.hpp"
 
 namespace dmuon::cli {
 

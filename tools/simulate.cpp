@@ -12,8 +12,8 @@
 #include "dmuon/models.hpp"
 #include "e2e_configs.hpp"
 #include "model_args.hpp"
-#include "dmuon/plot.hpp"
-#include "dmuon/progress.hpp"
+#include "console/plot.hpp"
+#include "console/progress.hpp"
 #include "dmuon/sim.hpp"
 
 namespace dmuon::cli {

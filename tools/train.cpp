@@ -11,12 +11,14 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "console/progress.hpp"
 #include "tune_session.hpp"
 #include "dmuon/checkpoint.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
-#include "dmuon/progress.hpp"
+#include "dmuon/metrics_csv.hpp"
+#include "dmuon/rank_agreement.hpp"
 #include "dmuon/trainer.hpp"
 
 namespace {
@@ -33,18 +35,12 @@ struct TrainArgs {
 // Rank 0 runs `check`; every rank learns whether it passed, so none waits in a collective for a rank 0
 // that has stopped. Rank 0 raises its own error, the others a pointer to it.
 void check_on_rank0(dmuon::comm::Comm& comm, const std::function<void()>& check, const std::string& what) {
-  std::string error;
-  if (comm.rank() == 0) {
-    try {
-      check();
-    } catch (const dmuon::Error& e) {
-      error = e.what();
-    }
-  }
-  double failed[1] = {error.empty() ? 0.0 : 1.0};
-  comm.all_reduce<double>(failed, dmuon::comm::ReduceOp::sum).wait();
-  if (!error.empty()) throw dmuon::Error(error);
-  DMUON_CHECK(failed[0] == 0, "rank 0 found a problem with ", what, " (its error says why)");
+  const std::exception_ptr failure = dmuon::comm::capture_failure(
+      [&] {
+        if (comm.rank() == 0) check();
+      },
+      what);
+  dmuon::comm::throw_if_any_failed(comm, failure, "rank 0 found a problem with " + what + " (its error says why)");
 }
 
 void run_train(TrainArgs& args) {

@@ -13,7 +13,7 @@
 #include "cli.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
-#include "dmuon/progress.hpp"
+#include "console/progress.hpp"
 #include "dmuon/tune.hpp"
 
 namespace dmuon::cli {
