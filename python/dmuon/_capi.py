@@ -105,6 +105,8 @@ class Orthogonalizer:
     default path, None for no tuning.
     """
 
+    _handle = None
+
     def __init__(self, coeffs="keller", algo="auto", steps=5, threads=1, tune_cache=""):
         handle = ctypes.c_void_p()
         _check(_lib.dmuon_ns_create(coeffs.encode(), algo.encode(), int(steps), int(threads),
