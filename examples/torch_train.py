@@ -35,7 +35,7 @@ class Block(nn.Module):
         q, k, v = self.attn["qkv"](self.ln1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))  # (B, NH, T, hs)
         att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.heads)  # (B, NH, T, T)
-        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), float("-inf")).softmax(dim=-1)
+        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf")).softmax(dim=-1)
         y = (att @ v).transpose(1, 2).reshape(B, T, C)
         x = x + self.attn["proj"](y)
         return x + self.mlp["proj"](F.gelu(self.mlp["fc"](self.ln2(x)), approximate="tanh"))
@@ -60,7 +60,7 @@ class Gpt(nn.Module):
 
     def forward(self, idx, targets):  # idx, targets are (B, T) bytes
         T = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(T))
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
         for block in self.blocks:
             x = block(x)
         logits = self.head(self.ln_f(x))  # (B, T, V)

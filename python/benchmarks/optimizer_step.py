@@ -37,10 +37,11 @@ KELLER = (3.4445, -4.7750, 2.0315)
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
-def zeropower_via_newtonschulz5(g, steps=5):
-    """The public reference: the plain quintic recurrence in float32 torch ops (DESIGN 2.1)."""
+def zeropower_via_newtonschulz5(g, steps=5, dtype=torch.float32):
+    """The public reference: the plain quintic recurrence in torch ops (DESIGN 2.1); float32 on the
+    CPU (bf16 matmuls are slow there), bf16 on GPUs as KellerJordan/Muon."""
     a, b, c = KELLER
-    x = g.float()
+    x = g.to(dtype)
     transposed = x.size(0) > x.size(1)
     if transposed:
         x = x.T
@@ -55,11 +56,12 @@ class ReferenceMuon(torch.optim.Optimizer):
     """KellerJordan/Muon's DDP Muon: same-shape parameters in groups, dealt round-robin (largest first);
     each rank updates its own and all_gathers the parameters. Scale as DMuon's match_rms_adamw."""
 
-    def __init__(self, params, lr=0.02, momentum=0.95):
+    def __init__(self, params, lr=0.02, momentum=0.95, ns_dtype=torch.float32):
         # by shape rather than KellerJordan's numel: gloo's all_gather needs equal shapes
         shapes = sorted({tuple(p.shape) for p in params}, key=lambda s: (-math.prod(s), s))
         groups = [dict(params=[p for p in params if tuple(p.shape) == shape]) for shape in shapes]
         super().__init__(groups, dict(lr=lr, momentum=momentum))
+        self.ns_dtype = ns_dtype
         self.world, self.rank = dist.get_world_size(), dist.get_rank()
 
     @torch.no_grad()
@@ -75,7 +77,7 @@ class ReferenceMuon(torch.optim.Optimizer):
                     buf = st.setdefault("momentum_buffer", torch.zeros_like(p))
                     buf.lerp_(p.grad, 1 - group["momentum"])
                     u = p.grad.lerp(buf, group["momentum"])
-                    o = zeropower_via_newtonschulz5(u.view(u.shape[0], -1)).view_as(p)
+                    o = zeropower_via_newtonschulz5(u.view(u.shape[0], -1), dtype=self.ns_dtype).view_as(p)
                     p.add_(o, alpha=-group["lr"] * 0.2 * max(p.shape[0], p[0].numel()) ** 0.5)
                 if self.world > 1:
                     dist.all_gather(padded[base:base + self.world], padded[base + self.rank])
