@@ -78,6 +78,17 @@ DMUON_C_API const char* dmuon_ns_warning(const dmuon_ns* ns);
 DMUON_C_API int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* const* in, void* const* out,
                  int64_t batch, int64_t rows, int64_t cols, const char* const* names);
 
+/* ---- AdamW ---- */
+
+/* One AdamW step on n elements, the rule of torch.optim.AdamW (bias-corrected, decoupled decay;
+ * include/dmuon/optim.hpp adamw_step), in one pass: p ← p·(1 − lr·wd); m ← β1·m + (1−β1)·g;
+ * v ← β2·v + (1−β2)·g²; p ← p − lr/(1−β1^step)·m/(sqrt(v)/sqrt(1−β2^step) + eps), with
+ * g = grad·grad_scale. p, exp_avg, exp_avg_sq are updated in place; step ≥ 1. Device, dtype and
+ * stream as for dmuon_ns_run. */
+DMUON_C_API int dmuon_adamw_step(int device, int dtype, void* stream, void* p, const void* grad, void* exp_avg,
+                                 void* exp_avg_sq, int64_t n, int64_t step, double lr, double beta1, double beta2,
+                                 double eps, double weight_decay, float grad_scale);
+
 /* ---- planning ---- */
 
 /* Owner rank of each of n Muon matrices (rows[i]×cols[i]) on world_size ranks, as dmuon's planner

@@ -14,6 +14,7 @@ from dmuon._capi import (
     DmuonError,
     Orthogonalizer,
     UnsupportedError,
+    adamw_step,
     default_tune_cache_path,
     model_params,
     plan_owners,
@@ -25,5 +26,5 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEVICE_CPU", "DEVICE_CUDA", "DTYPE_BF16", "DTYPE_F32", "DmuonError", "Orthogonalizer", "UnsupportedError",
-    "default_tune_cache_path", "model_params", "plan_owners", "supports", "tune",
+    "adamw_step", "default_tune_cache_path", "model_params", "plan_owners", "supports", "tune",
 ]

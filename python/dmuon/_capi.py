@@ -50,6 +50,9 @@ def _load():
         "dmuon_ns_warning": (c_char_p, [c_void_p]),
         "dmuon_ns_run": (c_int, [c_void_p, c_int, c_int, c_void_p, ctypes.POINTER(c_void_p),
                                  ctypes.POINTER(c_void_p), c_i64, c_i64, c_i64, ctypes.POINTER(c_char_p)]),
+        "dmuon_adamw_step": (c_int, [c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_i64, c_i64,
+                                     ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double,
+                                     ctypes.c_double, ctypes.c_float]),
         "dmuon_plan_owners": (c_int, [c_i64, p_i64, p_i64, c_int, c_char_p, c_char_p, c_char_p, c_int,
                                       ctypes.c_double, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(c_int)]),
         "dmuon_tune": (c_int, [c_i64, p_i64, p_i64, ctypes.POINTER(ctypes.c_int32), c_int, c_int, c_char_p]),
@@ -132,6 +135,13 @@ class Orthogonalizer:
 
     def __del__(self):
         self.close()
+
+
+def adamw_step(p, grad, exp_avg, exp_avg_sq, n, step, lr, betas, eps, weight_decay, grad_scale=1.0,
+               device=DEVICE_CPU, dtype=DTYPE_F32, stream=None):
+    """One fused AdamW step (torch.optim.AdamW's rule) on n elements given as data pointers (ints)."""
+    _check(_lib.dmuon_adamw_step(device, dtype, stream, p, grad, exp_avg, exp_avg_sq, int(n), int(step), float(lr),
+                                 float(betas[0]), float(betas[1]), float(eps), float(weight_decay), float(grad_scale)))
 
 
 def plan_owners(shapes, world_size, balancer="milp", costs="auto", tune_cache="", threads=1, time_limit_s=2.0):

@@ -15,6 +15,7 @@
 #include "dmuon/error.hpp"
 #include "dmuon/models.hpp"
 #include "dmuon/ns.hpp"
+#include "dmuon/optim.hpp"
 #include "dmuon/plan.hpp"
 #include "dmuon/tune.hpp"
 
@@ -166,6 +167,21 @@ int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* 
         ns->tuned.empty() ? ns->defaults
                           : dmuon::tuned_options(ns->tuned, rows, cols, static_cast<int>(batch), ns->defaults);
     dmuon::newton_schulz_batched(u, o, rows, cols, options, labels);
+  });
+}
+
+int dmuon_adamw_step(int device, int dtype, void* stream, void* p, const void* grad, void* exp_avg,
+                     void* exp_avg_sq, int64_t n, int64_t step, double lr, double beta1, double beta2, double eps,
+                     double weight_decay, float grad_scale) {
+  return guarded("dmuon_adamw_step", [&] {
+    check_device_dtype(device, dtype, stream);
+    require(n >= 0, "n must be >= 0, got " + std::to_string(n));
+    if (n == 0) return;
+    require(p && grad && exp_avg && exp_avg_sq, "p, grad, exp_avg and exp_avg_sq must be given");
+    const size_t count = static_cast<size_t>(n);
+    dmuon::AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
+    dmuon::adamw_step({static_cast<float*>(p), count}, {static_cast<const float*>(grad), count}, grad_scale,
+                      {static_cast<float*>(exp_avg), count}, {static_cast<float*>(exp_avg_sq), count}, step, hyper);
   });
 }
 

@@ -80,6 +80,26 @@ def test_bad_arguments_and_non_finite_input():
         run(dmuon.Orthogonalizer(threads=1, tune_cache=None), batch, names=["layer7"])
 
 
+@pytest.mark.parametrize("weight_decay,grad_scale", [(0.0, 1.0), (0.1, 0.5)])
+def test_adamw_step_matches_torch_adamw(weight_decay, grad_scale):
+    gen = torch.Generator().manual_seed(6)
+    p0 = torch.randn(1000, generator=gen)
+    ours, theirs = p0.clone(), torch.nn.Parameter(p0.clone())
+    m, v = torch.zeros(1000), torch.zeros(1000)
+    opt = torch.optim.AdamW([theirs], lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
+    for step in range(1, 6):
+        g = torch.randn(1000, generator=gen)
+        dmuon.adamw_step(ours.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), 1000, step, 1e-2, (0.9, 0.95),
+                         1e-8, weight_decay, grad_scale)
+        theirs.grad = g * grad_scale
+        opt.step()
+    # the same float32 rule, rounded as torch does: equal to a few ulps
+    torch.testing.assert_close(ours, theirs.detach(), rtol=4e-7, atol=1e-8)
+    with pytest.raises(dmuon.UnsupportedError, match="cuda"):
+        dmuon.adamw_step(ours.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), 1000, 6, 1e-2, (0.9, 0.95),
+                         1e-8, 0.0, device=dmuon.DEVICE_CUDA)
+
+
 def test_plan_owners():
     shapes = [(896, 4864)] * 4 + [(128, 896)] * 2
     rr, tuned = dmuon.plan_owners(shapes, 3, balancer="rr", costs="flop")

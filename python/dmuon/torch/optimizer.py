@@ -13,6 +13,7 @@ import math
 import torch
 
 import dmuon
+from dmuon.torch.adamw import adamw_update
 from dmuon.torch.collectives import Group
 from dmuon.torch.layout import describe
 from dmuon.torch.muon_step import MuonSlot, MuonStep, engine_target, muon_scale
@@ -122,7 +123,8 @@ class DMuon(torch.optim.Optimizer):
             self._stepped[i] = True
         for i in active:
             if not self._groups[i]["use_muon"]:
-                self._adamw(i, grads[i], grad_scale)
+                layout = self._layouts[i]
+                adamw_update(layout.local(layout.tensor), grads[i], self.state[layout.tensor], self._groups[i], grad_scale)
         muon = MuonStep(self.comm, self.ns, lambda s: self.state[s.layout.tensor], grads, grad_scale)
         active = set(active)
         muon.run([[self._muon[i] for i in bucket if i in active] for bucket in self._buckets])
@@ -164,30 +166,6 @@ class DMuon(torch.optim.Optimizer):
             grad_scale = self.clip_grad_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
         active = [i for i in range(n) if totals[1 + c.world + i] > 0]
         return active, grad_scale
-
-    def _adamw(self, i, grad, grad_scale):
-        """torch.optim.AdamW's single-tensor update on this rank's values."""
-        g = self._groups[i]
-        layout = self._layouts[i]
-        p = layout.local(layout.tensor)
-        grad = torch.zeros_like(p) if grad is None else grad
-        if grad_scale != 1.0:
-            grad = grad * grad_scale
-        st = self.state[layout.tensor]
-        if "step" not in st:
-            st["step"] = 0
-            st["exp_avg"] = torch.zeros_like(p)
-            st["exp_avg_sq"] = torch.zeros_like(p)
-        st["step"] += 1
-        lr, (beta1, beta2), eps, wd = g["lr"], g["betas"], g["eps"], g["weight_decay"]
-        if wd:
-            p.mul_(1.0 - lr * wd)
-        st["exp_avg"].lerp_(grad, 1.0 - beta1)
-        st["exp_avg_sq"].mul_(beta2).addcmul_(grad, grad, value=1.0 - beta2)
-        bias1 = 1.0 - beta1 ** st["step"]
-        bias2 = 1.0 - beta2 ** st["step"]
-        denom = (st["exp_avg_sq"].sqrt() / math.sqrt(bias2)).add_(eps)
-        p.addcdiv_(st["exp_avg"], denom, value=-lr / bias1)
 
     # ---- checkpoints ----
 
