@@ -147,10 +147,10 @@ def run_variant(kind, specs, rank, world, steps):
     matrix = {name for name, _, is_matrix in specs if is_matrix}
     ns_ms = None
     if kind == "adamw":
-        opt = torch.optim.AdamW([p for _, p in named], lr=3e-4, betas=(0.9, 0.95))
+        opt = torch.optim.AdamW([p for _, p in named], lr=3e-4, betas=(0.9, 0.95), weight_decay=0.0)
     elif kind == "reference-muon":
         opt = Combined(ReferenceMuon([p for n, p in named if n in matrix]),
-                       torch.optim.AdamW([p for n, p in named if n not in matrix], lr=3e-4, betas=(0.9, 0.95)))
+                       torch.optim.AdamW([p for n, p in named if n not in matrix], lr=3e-4, betas=(0.9, 0.95), weight_decay=0.0))
     else:
         opt = DMuon([{"params": [(n, p) for n, p in named if n in matrix], "use_muon": True},
                      {"params": [(n, p) for n, p in named if n not in matrix], "use_muon": False}])
