@@ -9,7 +9,7 @@ side by side in one run (numbers for notes, not a test):
   dmuon-sharded    dmuon.torch.DMuon on dim-0 shards (the FSDP2 case; AdamW then runs on shards too)
 
     mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 /usr/bin/python3 \\
-        python/benchmarks/optimizer_step.py [--tune] [--json]
+        python/benchmarks/optimizer_step.py [--autotune] [--json]
 
 Gradients are seeded random values, identical on every rank (as after DDP's all-reduce). A step's
 time is the slowest rank's (barrier before, all_reduce MAX after); the table shows the median over
@@ -171,15 +171,16 @@ def main():
     parser.add_argument("--steps", type=int, default=3, help="timed steps per optimizer (after one warm-up)")
     parser.add_argument("--threads", type=int, default=1, help="torch and BLAS threads per rank")
     parser.add_argument("--optimizers", default="adamw,reference-muon,dmuon,dmuon-sharded")
-    parser.add_argument("--tune", action="store_true",
-                        help="rank 0 first tunes DMuon's shapes into the default tuning cache (alone; minutes)")
+    parser.add_argument("--autotune", action="store_true",
+                        help="rank 0 first tunes DMuon's shapes into the default tuning cache (alone; minutes). "
+                        "Not --tune: mpirun takes --tune anywhere on its command line")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
 
     rank, world = init_process_group_from_mpirun("gloo")
     torch.set_num_threads(args.threads)
     specs = model_params(args.model, args.layers)
-    if args.tune:
+    if args.autotune:
         counts = {}
         for _, shape, is_matrix in specs:
             if is_matrix:
@@ -199,7 +200,7 @@ def main():
         numel = sum(math.prod(s) for _, s, _ in specs)
         context = {"model": pathlib.Path(args.model).stem, "layers": args.layers, "parameters": numel,
                    "matrices": sum(1 for s in specs if s[2]), "ranks": world, "threads_per_rank": args.threads,
-                   "torch": torch.__version__, "timed_steps": args.steps, "tuned": args.tune}
+                   "torch": torch.__version__, "timed_steps": args.steps, "tuned": args.autotune}
         if args.json:
             print(json.dumps({"context": context, "results": rows}, indent=1))
         else:
