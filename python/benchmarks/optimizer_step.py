@@ -177,7 +177,8 @@ def main():
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     args = parser.parse_args()
 
-    rank, world = init_process_group_from_mpirun("gloo")
+    # the other ranks wait in a barrier while rank 0 tunes
+    rank, world = init_process_group_from_mpirun("gloo", timeout_s=3600 if args.autotune else 120)
     torch.set_num_threads(args.threads)
     specs = model_params(args.model, args.layers)
     if args.autotune:
