@@ -25,7 +25,6 @@ import sys
 import torch
 import torch.distributed as dist
 
-import dmuon
 from dmuon.torch import DMuon, Sharded, chunk_rows
 from dmuon.torch.mpirun import init_process_group_from_mpirun
 
