@@ -38,7 +38,8 @@ def _load():
     if not path.exists():
         raise ImportError(f"dmuon: {path} not found (build the dmuon_c target, or set DMUON_C_LIBRARY)")
     lib = ctypes.CDLL(str(path))
-    c_int, c_i64, c_char_p, c_void_p, c_size_t = ctypes.c_int, ctypes.c_int64, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t
+    c_int, c_i64, c_char_p, c_void_p = ctypes.c_int, ctypes.c_int64, ctypes.c_char_p, ctypes.c_void_p
+    c_size_t = ctypes.c_size_t
     p_i64 = ctypes.POINTER(c_i64)
     signatures = {
         "dmuon_abi_version": (c_int, []),

@@ -124,7 +124,8 @@ class DMuon(torch.optim.Optimizer):
         for i in active:
             if not self._groups[i]["use_muon"]:
                 layout = self._layouts[i]
-                adamw_update(layout.local(layout.tensor), grads[i], self.state[layout.tensor], self._groups[i], grad_scale)
+                adamw_update(layout.local(layout.tensor), grads[i], self.state[layout.tensor], self._groups[i],
+                             grad_scale)
         muon = MuonStep(self.comm, self.ns, lambda s: self.state[s.layout.tensor], grads, grad_scale)
         active = set(active)
         muon.run([[self._muon[i] for i in bucket if i in active] for bucket in self._buckets])
@@ -223,7 +224,8 @@ class DMuon(torch.optim.Optimizer):
                              f"{len(self.param_groups)}; first difference at index {diff})")
         for g, saved in zip(self.param_groups, saved_groups):
             if g["use_muon"] != saved["use_muon"]:
-                raise ValueError(f"DMuon.load_state_dict: group of '{g['names'][0]}' is Muon in one, AdamW in the other")
+                raise ValueError(f"DMuon.load_state_dict: the group of '{g['names'][0]}' is Muon in one state, "
+                                 "AdamW in the other")
             for k, v in saved.items():
                 if k not in ("params", "names"):
                     g[k] = v
