@@ -211,8 +211,9 @@ def main():
             print("|---|---|---|---|---|---|")
             for r in rows:
                 ns = f"{r['ns_ms_max_rank']:.1f}" if r["ns_ms_max_rank"] is not None else ""
-                print(f"| {r['optimizer']} | {r['step_ms']:.1f} | {ns} | {r.get('vs_adamw', float('nan')):.2f}x | "
-                      f"{r.get('speedup_over_reference_muon', float('nan')):.2f}x | {r['weight_norm']:.6f} |")
+                ratios = [f"{r[k]:.2f}x" if k in r else "" for k in ("vs_adamw", "speedup_over_reference_muon")]
+                print(f"| {r['optimizer']} | {r['step_ms']:.1f} | {ns} | {ratios[0]} | {ratios[1]} | "
+                      f"{r['weight_norm']:.6f} |")
     dist.destroy_process_group()
     return 0
 
