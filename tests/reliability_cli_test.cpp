@@ -44,15 +44,16 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-// A step of this model takes milliseconds. --val-every 0: no validation unless a test asks.
+// A step of this model takes about a millisecond.
 const std::string kTiny =
-    "train --layers 1 --width 16 --heads 2 --context 16 --batch 4 --warmup 2 --seed 5 --no-tune --progress plain "
-    "--val-every 0 --val-batches 1";
-// Validation of many batches after every step: slow steps (validation changes no state), so that a
-// signal sent while the job runs lands mid-run.
-const std::string kSlowSteps = " --val-every 1 --val-batches 400";
+    "train --layers 1 --width 16 --heads 2 --context 16 --batch 4 --warmup 2 --seed 5 --no-tune --progress plain";
 
-std::string train(int steps, const std::string& more) { return kTiny + " --steps " + std::to_string(steps) + " " + more; }
+// `slow`: validation of many batches after every step makes steps slow (validation changes no
+// state), so that a signal sent while the job runs lands mid-run.
+std::string train(int steps, const std::string& more, bool slow = false) {
+  return kTiny + " --steps " + std::to_string(steps) +
+         (slow ? " --val-every 1 --val-batches 40 " : " --val-every 0 --val-batches 1 ") + more;
+}
 
 std::string cli_command(const std::string& args, int ranks) {
   std::string command = std::string(DMUON_CLI_PATH) + " " + args;
@@ -72,11 +73,14 @@ test::CommandResult run_stderr(const std::string& args, int ranks = 0, const std
 
 size_t count_lines(const std::string& text) { return std::count(text.begin(), text.end(), '\n'); }
 
-// Parameters and optimizer state of a checkpoint: its rank files, concatenated in rank order.
+// Parameters and optimizer state of a checkpoint: its rank files, concatenated in rank order. A save
+// killed just before its last rename leaves the complete checkpoint in <checkpoint>.new, where
+// loading finds it too (checkpoint.hpp).
 std::string state_bytes(const std::string& checkpoint) {
+  const std::string dir = fs::exists(checkpoint + "/index.json") ? checkpoint : checkpoint + ".new";
   std::string bytes;
-  for (int r = 0; fs::exists(checkpoint + "/rank-0000" + std::to_string(r) + ".safetensors"); ++r)
-    bytes += read_file(checkpoint + "/rank-0000" + std::to_string(r) + ".safetensors");
+  for (int r = 0; fs::exists(dir + "/rank-0000" + std::to_string(r) + ".safetensors"); ++r)
+    bytes += read_file(dir + "/rank-0000" + std::to_string(r) + ".safetensors");
   return bytes;
 }
 
@@ -288,7 +292,7 @@ struct StopCase {
   int expected_exit;                     // of the launched process
 };
 
-// A run with --save-every 5 gets the signal after its third step: every rank finishes the step,
+// A run of 200 slow steps with --save-every 5 gets the signal after its third step: every rank finishes the step,
 // the checkpoint of that step is written, one line says where it stopped and how to go on, and
 // running the same command with --resume ends bit-exactly where the uninterrupted run does.
 TEST(ReliabilityCli, AStopSignalEndsTheStepWithACheckpointAndTheResumedRunIsBitExact) {
@@ -299,15 +303,15 @@ TEST(ReliabilityCli, AStopSignalEndsTheStepWithACheckpointAndTheResumedRunIsBitE
       {"SIGTERM to one rank of two", 2, "", SIGTERM, true, 75},
       // mpirun answers SIGTERM by signalling the ranks after odls_base_sigkill_timeout seconds,
       // SIGKILL following as many seconds later; its own status is then 1.
-      {"SIGTERM to mpirun", 2, "OMPI_MCA_odls_base_sigkill_timeout=5", SIGTERM, false, 1},
+      {"SIGTERM to mpirun", 2, "OMPI_MCA_odls_base_sigkill_timeout=2", SIGTERM, false, 1},
   };
   for (const StopCase& c : cases) {
     SCOPED_TRACE(c.name);
     test::TempDir dir;
-    const int steps = 30;
+    const int steps = 200;
     const std::string whole = reference_run(dir, steps, c.ranks);
     const std::string ck = dir.file("ck"), csv = dir.file("run.csv");
-    const std::string args = train(steps, "--save " + ck + " --save-every 5 --csv " + csv) + kSlowSteps;
+    const std::string args = train(steps, "--save " + ck + " --save-every 5 --csv " + csv, true);
     Background job("env " + c.env + " " + cli_command(args, c.ranks), dir.file("out.txt"));
     ASSERT_TRUE(wait_for([&] { return csv_rows(csv) >= 3; })) << job.output();
     pid_t target = job.pid();
@@ -321,7 +325,7 @@ TEST(ReliabilityCli, AStopSignalEndsTheStepWithACheckpointAndTheResumedRunIsBitE
     const std::string out = job.output();
     ASSERT_EQ(code, c.expected_exit) << out;
     std::smatch m;
-    const std::regex line("dmuon train: stopped by (SIG[A-Z0-9]+) after step (\\d+) of 30; checkpoint (\\S+); to go on, "
+    const std::regex line("dmuon train: stopped by (SIG[A-Z0-9]+) after step (\\d+) of 200; checkpoint (\\S+); to go on, "
                           "rerun the same command with --resume (\\S+)\n");
     ASSERT_TRUE(std::regex_search(out, m, line)) << out;
     const int stopped_at = std::stoi(m[2]);
@@ -339,8 +343,7 @@ TEST(ReliabilityCli, AStopSignalEndsTheStepWithACheckpointAndTheResumedRunIsBitE
 TEST(ReliabilityCli, ASecondSignalEndsTheProcessAtOnce) {
   test::TempDir dir;
   const std::string csv = dir.file("run.csv");
-  Background job(cli_command(train(30, "--save " + dir.file("ck") + " --csv " + csv) + kSlowSteps, 0),
-                 dir.file("out.txt"));
+  Background job(cli_command(train(200, "--save " + dir.file("ck") + " --csv " + csv, true), 0), dir.file("out.txt"));
   ASSERT_TRUE(wait_for([&] { return csv_rows(csv) >= 2; })) << job.output();
   ASSERT_EQ(::kill(job.pid(), SIGTERM), 0);
   ASSERT_TRUE(wait_for([&] { return job.output().find("stopping after the current step") != std::string::npos; }));
@@ -357,7 +360,7 @@ TEST(ReliabilityCli, ADeadOrHungRankEndsTheJobAndTheLastCheckpointLoads) {
     test::TempDir dir;
     const std::string ck = dir.file("ck");
     Background job("env DMUON_COMM_TIMEOUT_S=5 " +
-                       cli_command(train(1000, "--save " + ck + " --save-every 2 --csv /dev/null") + kSlowSteps, 2),
+                       cli_command(train(1000, "--save " + ck + " --save-every 2 --csv /dev/null", true), 2),
                    dir.file("out.txt"));
     ASSERT_TRUE(wait_for([&] { return newest_checkpoint_step(ck).has_value(); })) << job.output();
     const auto ranks = children_of(job.pid());

@@ -5,7 +5,7 @@
 #include <unistd.h>
 
 #include <csignal>
-#include <cstdio>
+#include <initializer_list>
 
 namespace dmuon::cli {
 
