@@ -49,10 +49,12 @@ const std::string kTiny =
     "train --layers 1 --width 16 --heads 2 --context 16 --batch 4 --warmup 2 --seed 5 --no-tune --progress plain";
 
 // `slow`: validation of many batches after every step makes steps slow (validation changes no
-// state), so that a signal sent while the job runs lands mid-run.
+// state), so that a signal sent while the job runs lands mid-run. Replicated parameters: validation
+// then needs no gathers, which crawl when ranks outnumber idle cores.
+const std::string kReplicated = " --shard-mode replicated ";
 std::string train(int steps, const std::string& more, bool slow = false) {
   return kTiny + " --steps " + std::to_string(steps) +
-         (slow ? " --val-every 1 --val-batches 40 " : " --val-every 0 --val-batches 1 ") + more;
+         (slow ? " --val-every 1 --val-batches 40" + kReplicated : " --val-every 0 --val-batches 1 ") + more;
 }
 
 std::string cli_command(const std::string& args, int ranks) {
@@ -292,9 +294,10 @@ struct StopCase {
   int expected_exit;                     // of the launched process
 };
 
-// A run of 200 slow steps with --save-every 5 gets the signal after its third step: every rank finishes the step,
-// the checkpoint of that step is written, one line says where it stopped and how to go on, and
-// running the same command with --resume ends bit-exactly where the uninterrupted run does.
+// A run of 200 slow steps with --save-every 5 gets the signal after its third step: every rank
+// finishes the step, the checkpoint of that step is written, one line says where it stopped and how
+// to go on, and running the same command with --resume ends bit-exactly where the uninterrupted
+// run does.
 TEST(ReliabilityCli, AStopSignalEndsTheStepWithACheckpointAndTheResumedRunIsBitExact) {
   const std::vector<StopCase> cases = {
       {"SIGTERM, one process", 0, "", SIGTERM, false, 75},
@@ -309,7 +312,7 @@ TEST(ReliabilityCli, AStopSignalEndsTheStepWithACheckpointAndTheResumedRunIsBitE
     SCOPED_TRACE(c.name);
     test::TempDir dir;
     const int steps = 200;
-    const std::string whole = reference_run(dir, steps, c.ranks);
+    const std::string whole = reference_run(dir, steps, c.ranks, kReplicated);
     const std::string ck = dir.file("ck"), csv = dir.file("run.csv");
     const std::string args = train(steps, "--save " + ck + " --save-every 5 --csv " + csv, true);
     Background job("env " + c.env + " " + cli_command(args, c.ranks), dir.file("out.txt"));
@@ -333,7 +336,8 @@ TEST(ReliabilityCli, AStopSignalEndsTheStepWithACheckpointAndTheResumedRunIsBitE
     EXPECT_EQ(m[3].str(), checkpoint_for_step(ck, stopped_at)) << out;
     EXPECT_EQ(m[4].str(), ck) << out;
     EXPECT_EQ(newest_checkpoint_step(ck), stopped_at) << out;
-    const auto resumed = run(train(steps, "--resume " + ck + " --save " + ck + " --csv " + dir.file("rest.csv")), c.ranks);
+    const auto resumed =
+        run(train(steps, "--resume " + ck + " --save " + ck + " --csv " + dir.file("rest.csv") + kReplicated), c.ranks);
     ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
     EXPECT_EQ(state_bytes(checkpoint_for_step(ck, steps)), state_bytes(whole));
     expect_same_losses(losses(dir.file("rest.csv")), losses(dir.file("whole.csv")), c.name);

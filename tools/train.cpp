@@ -30,7 +30,7 @@ struct TrainArgs {
 
 // One line: where a run stopped by a signal stopped, and how to go on from there.
 void report_stop(const dmuon::Trainer& trainer, const std::string& save) {
-  const char* signal = dmuon::cli::stop_signal_name(dmuon::cli::stop_signal_received());
+  const char* signal = dmuon::cli::stop_signal_name(trainer.stop_requested());  // any rank's
   const long long step = trainer.steps_done(), steps = trainer.options().steps;
   if (save.empty())
     std::fprintf(stderr, "dmuon train: stopped by %s after step %lld of %lld; no checkpoint (no --save), so it cannot be resumed\n",
@@ -69,7 +69,7 @@ void run_train(TrainArgs& args) {
   }
   o.save_dir = args.save;
   dmuon::cli::install_stop_signals(comm->rank() == 0);
-  o.stop_signal = [] { return dmuon::cli::stop_signal_received() != 0; };
+  o.stop_signal = [] { return dmuon::cli::stop_signal_received(); };
   dmuon::Trainer trainer(o, comm);
   const bool root = trainer.rank() == 0;
   if (root && o.tune && o.optim != dmuon::OptimKind::adamw)

@@ -77,9 +77,10 @@ struct TrainOptions {
   std::string save_dir;
   int64_t save_every = 0;
   int keep = 2;
-  // Polled by every rank after each step (a signal handler's flag, say); when it returns true on
-  // any rank, every rank learns so after the same step (stop_requested() below). Optional.
-  std::function<bool()> stop_signal;
+  // Polled by every rank after each step: 0, or a positive code asking to stop (the number of a
+  // signal the rank caught, say); when any rank returns one, every rank learns the largest after
+  // the same step (stop_requested() below). Optional.
+  std::function<int()> stop_signal;
   NsOptions ns;               // Muon's Newton–Schulz (`dmuon bench e2e` runs the plain baseline with it)
   // Muon runs: NS kernels from the tuning cache (tune.hpp) over ns's math, and DMuon's owners planned
   // from the tuned batch times (tuned_batch_time: measured load balancing) instead of flop estimates.
@@ -126,9 +127,9 @@ class Trainer {
   void save(const std::string& dir);
   // The newest complete checkpoint this run wrote to save_dir (empty before the first).
   const std::string& last_checkpoint() const;
-  // Whether any rank's stop_signal returned true during the last step (the same on every rank).
-  // Then, with save_dir, train_step has written a complete checkpoint of that step before returning.
-  bool stop_requested() const;
+  // The largest code any rank's stop_signal returned during the last step, or 0 (the same on every
+  // rank). When non-zero, with save_dir, train_step has written a complete checkpoint of that step.
+  int stop_requested() const;
   // Every parameter's full value, in gpt_param_specs order, on every rank (collective).
   std::vector<std::vector<float>> full_params();
   // With options.tune: the entries every rank runs with (request order) and the seconds the tuning

@@ -80,7 +80,7 @@ struct Trainer::Impl {
   double tune_s = 0;
   Plan plan;                     // dmuon: the owners and their predicted NS loads
   int64_t step = 0;
-  bool stop = false;             // a rank's stop_signal fired during the last step
+  int stop = 0;                  // the largest stop_signal code of the last step over ranks
 
   // A periodic checkpoint whose files a background thread writes while the next step runs.
   struct PendingSave {
@@ -323,7 +323,7 @@ const std::vector<TuneEntry>& Trainer::tuned() const { return impl_->tuned; }
 double Trainer::tune_seconds() const { return impl_->tune_s; }
 const Plan& Trainer::plan() const { return impl_->plan; }
 const std::string& Trainer::last_checkpoint() const { return impl_->last_checkpoint; }
-bool Trainer::stop_requested() const { return impl_->stop; }
+int Trainer::stop_requested() const { return impl_->stop; }
 
 StepMetrics Trainer::train_step() {
   Impl& m = *impl_;
@@ -354,12 +354,12 @@ StepMetrics Trainer::train_step() {
   }
   StepMetrics r;
   r.step = ++m.step;
-  // The stop flag rides on the times' max-reduction: any rank's signal stops every rank after this step.
-  const bool stop_here = o.stop_signal && o.stop_signal();
-  double times[5] = {seconds_since(t_step), fwd_bwd, optim, m.comm_wait_total() - comm_before, stop_here ? 1.0 : 0.0};
+  // The stop code rides on the times' max-reduction: any rank's signal stops every rank after this step.
+  const int stop_here = o.stop_signal ? std::max(0, o.stop_signal()) : 0;
+  double times[5] = {seconds_since(t_step), fwd_bwd, optim, m.comm_wait_total() - comm_before, double(stop_here)};
   m.max(times);
   r.step_s = times[0], r.fwd_bwd_s = times[1], r.optim_s = times[2], r.comm_wait_s = times[3];
-  m.stop = times[4] > 0;
+  m.stop = static_cast<int>(times[4]);
   double loss[1] = {loss_sum};
   m.sum(loss);
   r.train_loss = loss[0] / (o.micro_batches * m.world());
