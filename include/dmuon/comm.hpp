@@ -14,7 +14,7 @@
 //        This catches mixed dtypes and disagreeing counts; it costs one small blocking all-gather.
 //  - Threads. One thread at a time uses a Comm and its Work handles. MPI must provide at least
 //    MPI_THREAD_SERIALIZED; world() initialises MPI with that level if nobody has (the tests'
-//    main asks for MPI_THREAD_MULTIPLE, which also satisfies it).
+//    main asks for the same level, so they run what production runs).
 //  - Buffers. send, recv and counts must stay alive and unmodified until the Work completes.
 //  - Destruction. MPI cannot cancel a non-blocking collective (MPI_Cancel and MPI_Request_free
 //    are erroneous on one) and the peers need this rank's part of it, so an operation whose last
@@ -253,6 +253,12 @@ class Comm {
 // Initialises MPI (MPI_THREAD_SERIALIZED) if nobody has and finalises it at exit unless a
 // collective failed; without mpirun a lone process is a world of one. Collective over all ranks.
 std::shared_ptr<Comm> world(const Options& options = Options::from_env());
+
+// A world of one: this process alone (a duplicate of MPI_COMM_SELF, with trivial node and cross groups),
+// however many ranks mpirun started. Single-process runs take it, so that one rank goes through the
+// same code as many (the Trainer without a communicator; single-process references in the tests).
+// Initialises MPI as world() does. Not collective.
+std::shared_ptr<Comm> self(const Options& options = Options::from_env());
 
 // For a program's top level after it printed an error: with MPI initialised and more than one
 // rank in MPI_COMM_WORLD, ends every rank of the job now (MPI_Abort) with `exit_code`; otherwise

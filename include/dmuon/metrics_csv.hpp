@@ -1,8 +1,6 @@
-// Per-step training metrics as CSV, one row per optimizer step:
+// The trainer's per-step metrics (StepMetrics, trainer.hpp) as CSV, one row per optimizer step:
 //   step,train_loss,val_loss,step_s,fwd_bwd_s,optim_s,comm_wait_s
-// val_loss is empty on steps without evaluation. Times are wall-clock seconds of this rank (step_s: the
-// whole step; fwd_bwd_s: forward and backward compute; optim_s: the optimizer; comm_wait_s: time blocked
-// on communication that did not overlap compute).
+// val_loss is empty on steps without evaluation.
 #pragma once
 
 #include <cstdint>
@@ -11,14 +9,10 @@
 #include <string>
 #include <vector>
 
-namespace dmuon {
+#include "dmuon/statistics.hpp"  // median
+#include "dmuon/trainer.hpp"
 
-struct StepMetrics {
-  int64_t step = 0;
-  double train_loss = 0;
-  std::optional<double> val_loss;
-  double step_s = 0, fwd_bwd_s = 0, optim_s = 0, comm_wait_s = 0;
-};
+namespace dmuon {
 
 // Writes the header on construction and flushes every row, so a run that dies keeps what it measured.
 // Throws dmuon::Error naming the path when the file cannot be created or written.
@@ -36,9 +30,6 @@ class MetricsCsvWriter {
 // Reads a file written by MetricsCsvWriter; throws dmuon::Error naming the path and line when the header
 // or a row is malformed.
 std::vector<StepMetrics> read_metrics_csv(const std::string& path);
-
-// The middle value (mean of the two middle ones for an even count); 0 for none.
-double median(std::vector<double> values);
 
 // A run's headline figures: its last validation loss and the medians of the per-step times.
 struct RunSummary {

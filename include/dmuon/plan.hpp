@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dmuon/params.hpp"
+#include "dmuon/tune.hpp"
 
 namespace dmuon {
 
@@ -36,18 +37,25 @@ struct DeviceProfile {
   double peak_flops = 0;  // flop/s
   double efficiency = 0;  // 0 < efficiency ≤ 1
 };
-// Known profiles: "cpu-dev" (DESIGN 5), "a100-tf32", "h100-tf32", "h100-fp32", "h200-tf32".
-DeviceProfile device_profile(const std::string& name);
-std::vector<std::string> device_profile_names();
+// The NS rate of a hardware profile, the simulator's (models/hardware/<name>.json, found as
+// data_files.hpp says, or a path): its ns_flops and ns_efficiency. Throws dmuon::Error naming the file.
+DeviceProfile device_profile(const std::string& name_or_path);
 
-// Flops of 5-step NS for one rows×cols matrix on the cheaper of the two algorithms, with
-// symmetric products at half cost (DESIGN 2.3 table, m = min dim, n = max dim):
-//   standard, sym:       steps·(3m²n + m³)
-//   Gram, restart [2]:   6m²n + 2.8·steps·m³
+// Flops of NS for one rows×cols matrix on the cheaper of the two algorithms with NsOptions' defaults
+// (symmetric products: SYRK, 8 upper-triangle tiles; Gram restart [2]), as the engine executes them:
+// recorded by running it on the recording backend (ns_kernel_calls). For large m they approach DESIGN
+// 2.3's table (m = min dim, n = max dim): standard steps·(3m²n + m³), Gram 6m²n + 2.8·steps·m³.
 double ns_flops_estimate(int64_t rows, int64_t cols, int steps = 5);
 
 // Batch time from flops and a device profile (linear in the batch size).
 BatchTimeFn flop_batch_time(const DeviceProfile& device);
+// Flops alone, in units of 10^12 (a 1 TFLOP/s device): for owners where no device is known, since
+// the balancers depend only on the ratios of the costs.
+BatchTimeFn relative_flop_batch_time();
+
+// Batch times from tuned entries (tune.hpp: measured load balancing, --costs measured). Asking for a
+// (shape, batch) the entries lack throws dmuon::Error naming it.
+BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries);
 
 // The Muon matrices of `params` as plan items. A shape's matrices are expected to run in batches of
 // ceil(count/ranks) per rank, so each item's time is batch_time(shape, that batch) / that batch.
@@ -115,7 +123,8 @@ Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>
 Plan plan_from_owners(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
                       const std::vector<int>& owner, const PlanOptions& options);
 
-// The owners used when none are given (shard::ShardedParams' default): make_plan with the lpt balancer
+// Owners without a solver or measurements (a caller of shard::ShardedParams with no plan of its own, the
+// tests): make_plan with the lpt balancer
 // (default memory slack) on flop costs (ns_flops_estimate on the "cpu-dev" profile; only their ratios
 // matter). Deterministic: every rank computes the same table without communicating. −1 for
 // elementwise parameters.

@@ -14,6 +14,7 @@
 
 #include "comm/failure.hpp"
 #include "comm/polling.hpp"
+#include "dmuon/checksum.hpp"
 #include "dmuon/comm.hpp"
 
 namespace dmuon::comm {
@@ -170,9 +171,7 @@ std::string to_string(const Signature& s) {
 }
 
 int64_t hash_counts(std::span<const int64_t> counts) {
-  uint64_t h = 1469598103934665603ull;
-  for (int64_t c : counts) h = (h ^ static_cast<uint64_t>(c)) * 1099511628211ull;
-  return static_cast<int64_t>(h >> 1);
+  return static_cast<int64_t>(fnv1a64_values(counts.data(), counts.size()) >> 1);
 }
 
 class MpiComm : public Comm {
@@ -395,6 +394,14 @@ std::shared_ptr<Comm> world(const Options& options) {
   MPI_Comm dup = MPI_COMM_NULL;
   int rc = MPI_Comm_dup(MPI_COMM_WORLD, &dup);
   DMUON_CHECK(rc == MPI_SUCCESS, "dmuon comm: MPI_Comm_dup(MPI_COMM_WORLD) failed with code ", rc);
+  return std::make_shared<MpiComm>(dup, options, true);
+}
+
+std::shared_ptr<Comm> self(const Options& options) {
+  ensure_mpi_initialized();
+  MPI_Comm dup = MPI_COMM_NULL;
+  int rc = MPI_Comm_dup(MPI_COMM_SELF, &dup);
+  DMUON_CHECK(rc == MPI_SUCCESS, "dmuon comm: MPI_Comm_dup(MPI_COMM_SELF) failed with code ", rc);
   return std::make_shared<MpiComm>(dup, options, true);
 }
 

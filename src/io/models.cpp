@@ -2,14 +2,15 @@
 // Linear weights are (out_features, in_features) as PyTorch stores them; GPT-2's Conv1D is (in, out).
 #include "dmuon/models.hpp"
 
-
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "dmuon/atomic_file.hpp"
 #include "dmuon/data_files.hpp"
 #include "dmuon/error.hpp"
+#include "io/hf_config.hpp"
+#include "io/json_file.hpp"
 
 namespace dmuon {
 
@@ -310,13 +311,7 @@ std::vector<ParamSpec> params_from_hf_config(const nlohmann::json& config, const
 }
 
 std::vector<ParamSpec> load_hf_config(const std::string& path, int layers) {
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    DMUON_FAIL(path, ": not valid JSON (", e.what(), ")");
-  }
-  return params_from_hf_config(config, path, layers);
+  return params_from_hf_config(read_json_file(path), path, layers);
 }
 
 std::string find_model_manifest(const std::string& name_or_path) {
@@ -325,12 +320,7 @@ std::string find_model_manifest(const std::string& name_or_path) {
 
 std::vector<ParamSpec> load_model_manifest(const std::string& name_or_path, int layers) {
   const std::string path = find_model_manifest(name_or_path);
-  nlohmann::json manifest;
-  try {
-    manifest = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    DMUON_FAIL(path, ": not valid JSON (", e.what(), ")");
-  }
+  const nlohmann::json manifest = read_json_file(path);
   DMUON_CHECK(manifest.is_object() && manifest.contains("components") && manifest.at("components").is_array() &&
                   !manifest.at("components").empty(),
               path, ": a manifest needs a non-empty 'components' array");

@@ -12,8 +12,10 @@
 #include "dmuon/error.hpp"
 #include "dmuon/fault_injection.hpp"
 #include "dmuon/npy.hpp"
+#include "dmuon/rank_agreement.hpp"
 #include "dmuon/safetensors.hpp"
 #include "dmuon/shape.hpp"
+#include "io/json_file.hpp"
 
 namespace dmuon {
 
@@ -103,27 +105,14 @@ void swap_in(const std::string& dir, int world_size) {
   fault::point("removed the replaced checkpoint");
 }
 
-// Inside a catch block: the exception in flight, a std:: one (from std::filesystem, say) turned into
-// a dmuon::Error saying what was being done.
-std::exception_ptr caught(const std::string& doing) {
-  try {
-    throw;
-  } catch (const Error&) {
-    return std::current_exception();
-  } catch (const std::exception& e) {
-    return std::make_exception_ptr(Error(doing + ": " + e.what()));
-  } catch (...) {
-    return std::current_exception();
-  }
-}
-
 // Every rank raises if any rank failed (so none goes on alone into a collective); the failing rank
-// raises its own error, the others a pointer to it.
+// raises its own error, the others a pointer to it. The flags are summed through the optimizer, whose
+// ranks are the checkpoint's.
 void agree(Optimizer& optimizer, const std::exception_ptr& failure, const std::string& what) {
   double failed[1] = {failure ? 1.0 : 0.0};
   optimizer.sum_across_ranks(failed);
-  if (failure) std::rethrow_exception(failure);
-  DMUON_CHECK(failed[0] == 0, what, " failed on another rank (its error says why); this is rank ", optimizer.rank());
+  comm::throw_if_any_failed(failure, failed[0], optimizer.rank(),
+                            what + " failed on another rank (its error says why)");
 }
 
 struct SavedSlice {
@@ -168,21 +157,7 @@ std::string read_checked(const std::string& path, uint64_t bytes, const std::str
 
 json read_json(const std::string& path) {
   DMUON_CHECK(fs::exists(path), path, ": missing (the checkpoint is incomplete or not a dmuon checkpoint)");
-  try {
-    return json::parse(read_file(path));
-  } catch (const json::exception& e) {
-    DMUON_FAIL(path, ": malformed JSON: ", e.what());
-  }
-}
-
-// j[key] as T, or an error naming the file and what was being read.
-template <typename T>
-T field(const json& j, const char* key, const std::string& path, const std::string& what) {
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    DMUON_FAIL(path, ": ", what, " lacks a valid '", key, "'");
-  }
+  return read_json_file(path);
 }
 
 Manifest read_manifest(const std::string& dir) {
@@ -190,17 +165,17 @@ Manifest read_manifest(const std::string& dir) {
   const std::string index_path = dir + "/index.json";
   const json index = read_json(index_path);
   DMUON_CHECK(index.is_object() && index.value("format", "") == kFormat, index_path, ": not a ", kFormat, " index");
-  const int version = field<int>(index, "version", index_path, "the index");
+  const int version = json_field<int>(index, "version", index_path, "the index");
   DMUON_CHECK(version == kVersion, index_path, ": version ", version, " (this build reads version ", kVersion, ")");
-  m.world_size = field<int>(index, "world_size", index_path, "the index");
-  m.updates = field<int64_t>(index, "updates", index_path, "the index");
-  m.skipped = field<int64_t>(index, "skipped", index_path, "the index");
-  const std::string sum = field<std::string>(index, "index_fnv1a64", index_path, "the index");
+  m.world_size = json_field<int>(index, "world_size", index_path, "the index");
+  m.updates = json_field<int64_t>(index, "updates", index_path, "the index");
+  m.skipped = json_field<int64_t>(index, "skipped", index_path, "the index");
+  const std::string sum = json_field<std::string>(index, "index_fnv1a64", index_path, "the index");
   DMUON_CHECK(index_checksum(index) == sum, index_path, ": checksum mismatch (FNV-1a 64 of its values ",
               index_checksum(index), ", the file says ", sum, "): the index is corrupt");
   DMUON_CHECK(m.world_size >= 1 && m.updates >= 0 && m.skipped >= 0, index_path,
               ": world_size must be ≥ 1 and counters ≥ 0");
-  const auto manifests = field<std::vector<json>>(index, "manifests", index_path, "the index");
+  const auto manifests = json_field<std::vector<json>>(index, "manifests", index_path, "the index");
   DMUON_CHECK(manifests.size() == static_cast<size_t>(m.world_size), index_path, ": ", manifests.size(),
               " manifests for world_size ", m.world_size);
   for (int r = 0; r < m.world_size; ++r) {
@@ -208,30 +183,25 @@ Manifest read_manifest(const std::string& dir) {
     const json& listed = manifests[r];
     DMUON_CHECK(listed.is_object() && listed.value("file", "") == rank_stem(r) + ".json", index_path,
                 ": manifest ", r, " is not listed as ", rank_stem(r), ".json");
-    const std::string text = read_checked(path, field<uint64_t>(listed, "bytes", index_path, "a manifest entry"),
-                                          field<std::string>(listed, "fnv1a64", index_path, "a manifest entry"),
+    const std::string text = read_checked(path, json_field<uint64_t>(listed, "bytes", index_path, "a manifest entry"),
+                                          json_field<std::string>(listed, "fnv1a64", index_path, "a manifest entry"),
                                           "the index");
-    json j;
-    try {
-      j = json::parse(text);
-    } catch (const json::exception& e) {
-      DMUON_FAIL(path, ": malformed JSON: ", e.what());
-    }
+    const json j = parse_json(text, path);
     SavedFile f;
     DMUON_CHECK(j.is_object(), path, ": the manifest is not a JSON object");
-    f.path = dir + "/" + field<std::string>(j, "file", path, "the manifest");
-    f.bytes = field<uint64_t>(j, "bytes", path, "the manifest");
-    f.checksum = field<std::string>(j, "fnv1a64", path, "the manifest");
+    f.path = dir + "/" + json_field<std::string>(j, "file", path, "the manifest");
+    f.bytes = json_field<uint64_t>(j, "bytes", path, "the manifest");
+    f.checksum = json_field<std::string>(j, "fnv1a64", path, "the manifest");
     m.files.push_back(f);
     DMUON_CHECK(j.contains("slices") && j["slices"].is_array(), path, ": the manifest lacks a 'slices' array");
     for (const json& s : j["slices"]) {
       SavedSlice slice;
-      slice.param = field<std::string>(s, "param", path, "a slice");
-      slice.kind = field<std::string>(s, "kind", path, "slice of '" + slice.param + "'");
-      slice.key = field<std::string>(s, "key", path, "slice of '" + slice.param + "'");
-      slice.shape = field<std::vector<int64_t>>(s, "shape", path, "tensor '" + slice.key + "'");
-      slice.offset = field<int64_t>(s, "offset", path, "tensor '" + slice.key + "'");
-      slice.count = field<int64_t>(s, "count", path, "tensor '" + slice.key + "'");
+      slice.param = json_field<std::string>(s, "param", path, "a slice");
+      slice.kind = json_field<std::string>(s, "kind", path, "slice of '" + slice.param + "'");
+      slice.key = json_field<std::string>(s, "key", path, "slice of '" + slice.param + "'");
+      slice.shape = json_field<std::vector<int64_t>>(s, "shape", path, "tensor '" + slice.key + "'");
+      slice.offset = json_field<int64_t>(s, "offset", path, "tensor '" + slice.key + "'");
+      slice.count = json_field<int64_t>(s, "count", path, "tensor '" + slice.key + "'");
       slice.rank = r;
       const int64_t numel = checked_numel(slice.shape, path + ": tensor '" + slice.key + "'");
       DMUON_CHECK(slice.offset >= 0 && slice.count >= 0 && slice.offset <= numel && slice.count <= numel - slice.offset,
@@ -312,12 +282,11 @@ CheckpointWriter::CheckpointWriter(const std::string& dir_arg, Optimizer& optimi
   world_size_ = optimizer.world_size();
   updates_ = optimizer.updates();
   skipped_ = optimizer.skipped_steps();
-  std::exception_ptr failure;
-  try {
-    if (rank_ == 0) prepare_save(target_);
-  } catch (...) {
-    failure = caught(target_ + ": cannot prepare the checkpoint folder");
-  }
+  const std::exception_ptr failure = comm::capture_failure(
+      [&] {
+        if (rank_ == 0) prepare_save(target_);
+      },
+      target_ + ": cannot prepare the checkpoint folder");
   agree(optimizer, failure, "preparing checkpoint " + target_);  // orders rank 0's preparation before any write
   for (const StateSlice& s : optimizer.state_slices()) {
     if (s.count == 0) continue;  // a parameter this rank holds nothing of (another rank saves it)
@@ -329,7 +298,7 @@ CheckpointWriter::~CheckpointWriter() = default;
 
 void CheckpointWriter::write() noexcept {
   const std::string staging = staging_folder(target_);
-  try {
+  failure_ = comm::capture_failure([&] {
     fs::create_directories(staging);
     SafetensorsFile file;
     file.metadata["format"] = kFormat;
@@ -351,16 +320,14 @@ void CheckpointWriter::write() noexcept {
                            {"fnv1a64", fnv1a64_hex(bytes)},
                            {"slices", slices}};
     write_file_atomically(staging + "/" + stem + ".json", manifest.dump(1));
-  } catch (...) {
-    failure_ = caught(staging + ": cannot write rank " + std::to_string(rank_) + "'s files");
-  }
+  }, staging + ": cannot write rank " + std::to_string(rank_) + "'s files");
 }
 
 void CheckpointWriter::finish(const std::function<void()>& after_swap) {
   agree(optimizer_, failure_, "writing checkpoint " + target_);
   std::exception_ptr failure;
   if (rank_ == 0) {
-    try {
+    failure = comm::capture_failure([&] {
       const std::string staging = staging_folder(target_);
       json manifests = json::array();
       for (int r = 0; r < world_size_; ++r) {  // every rank's manifest is complete: all agreed
@@ -375,9 +342,7 @@ void CheckpointWriter::finish(const std::function<void()>& after_swap) {
       write_file_atomically(staging + "/index.json", index.dump(1));
       swap_in(target_, world_size_);
       if (after_swap) after_swap();
-    } catch (...) {
-      failure = caught(target_ + ": cannot move the new checkpoint into place");
-    }
+    }, target_ + ": cannot move the new checkpoint into place");
   }
   agree(optimizer_, failure, "finishing checkpoint " + target_);
 }
@@ -392,8 +357,7 @@ void load_checkpoint(const std::string& dir, Optimizer& optimizer) {
   std::vector<StateSlice> targets = optimizer.state_slices();
   std::vector<std::vector<float>> staged(targets.size());
   Manifest manifest;
-  std::exception_ptr failure;
-  try {
+  const std::exception_ptr failure = comm::capture_failure([&] {
     manifest = read_manifest(complete_folder(dir));
     SliceReader reader(manifest);
     std::set<std::string> ours;
@@ -407,9 +371,7 @@ void load_checkpoint(const std::string& dir, Optimizer& optimizer) {
       DMUON_CHECK(ours.count(s.param), manifest.files[s.rank].path, ": tensor '", s.key, "' belongs to parameter '",
                   s.param, "', which the model does not have");
     }
-  } catch (...) {
-    failure = std::current_exception();
-  }
+  }, dir + ": cannot load the checkpoint");
   agree(optimizer, failure, "loading checkpoint " + dir);
   // Everything validated on every rank: commit.
   for (size_t i = 0; i < targets.size(); ++i) std::copy(staged[i].begin(), staged[i].end(), targets[i].data);

@@ -1,6 +1,6 @@
-// The per-tensor AdamW and Muon definitions, written to round as PyTorch does in float32
-// (torch.optim.AdamW single-tensor path; KellerJordan/Muon's lerp_ calls), so the golden tensors
-// match to a few ulps rather than by luck.
+// The per-tensor AdamW and Muon definitions on host spans (optim.hpp): checks and torch's rounding of the
+// per-step constants here, the elementwise loops in the CPU backend (src/backend/cpu/update_rules.cpp), so the
+// optimizers and these definitions run the same code.
 #include <cmath>
 
 #include "dmuon/error.hpp"
@@ -8,34 +8,26 @@
 
 namespace dmuon {
 
-namespace {
-
-// torch.lerp(a, b, w) = a + w·(b − a) for w < 0.5, else b − (b − a)·(1 − w), w cast to float.
-float lerp(float a, float b, float w) { return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w); }
-
-}  // namespace
+AdamWStepConstants adamw_step_constants(const AdamWHyper& hyper, int64_t t) {
+  DMUON_CHECK(t >= 1, "adamw_step: step count ", t, " must be ≥ 1");
+  const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(t));
+  const double bias2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(t));
+  return {static_cast<float>(1.0 - hyper.lr * hyper.weight_decay),
+          static_cast<float>(1.0 - hyper.beta1),
+          static_cast<float>(hyper.beta2),
+          static_cast<float>(1.0 - hyper.beta2),
+          static_cast<float>(hyper.lr / bias1),
+          static_cast<float>(std::sqrt(bias2)),
+          static_cast<float>(hyper.eps)};
+}
 
 void adamw_step(std::span<float> p, std::span<const float> grad, float grad_scale, std::span<float> m,
                 std::span<float> v, int64_t t, const AdamWHyper& hyper) {
   DMUON_CHECK(grad.size() == p.size() && m.size() == p.size() && v.size() == p.size(),
               "adamw_step: parameter, gradient and state sizes differ (", p.size(), ", ", grad.size(), ", ",
               m.size(), ", ", v.size(), ")");
-  DMUON_CHECK(t >= 1, "adamw_step: step count ", t, " must be ≥ 1");
-  const float decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
-  const float one_minus_b1 = static_cast<float>(1.0 - hyper.beta1);
-  const float b2 = static_cast<float>(hyper.beta2), one_minus_b2 = static_cast<float>(1.0 - hyper.beta2);
-  const double bias1 = 1.0 - std::pow(hyper.beta1, static_cast<double>(t));
-  const double bias2 = 1.0 - std::pow(hyper.beta2, static_cast<double>(t));
-  const float step_size = static_cast<float>(hyper.lr / bias1);
-  const float bias2_sqrt = static_cast<float>(std::sqrt(bias2));
-  const float eps = static_cast<float>(hyper.eps);
-  for (size_t i = 0; i < p.size(); ++i) {
-    const float g = grad[i] * grad_scale;
-    m[i] = lerp(m[i], g, one_minus_b1);  // exp_avg.lerp_(grad, 1 − β1)
-    v[i] = v[i] * b2 + one_minus_b2 * g * g;
-    const float denom = std::sqrt(v[i]) / bias2_sqrt + eps;
-    p[i] = p[i] * decay + (-step_size) * (m[i] / denom);
-  }
+  cpu_backend().adamw_step(p.data(), grad.data(), grad_scale, m.data(), v.data(), static_cast<int64_t>(p.size()),
+                           adamw_step_constants(hyper, t));
 }
 
 void muon_momentum(std::span<const float> grad, float grad_scale, std::span<float> momentum, std::span<float> u,
@@ -43,13 +35,9 @@ void muon_momentum(std::span<const float> grad, float grad_scale, std::span<floa
   DMUON_CHECK(grad.size() == momentum.size() && u.size() == momentum.size(),
               "muon_momentum: gradient, momentum and output sizes differ (", grad.size(), ", ", momentum.size(), ", ",
               u.size(), ")");
-  const float w = static_cast<float>(1.0 - hyper.momentum);  // momentum.lerp_(g, 1 − β)
-  const float beta = static_cast<float>(hyper.momentum);     // nesterov: g.lerp_(momentum, β)
-  for (size_t i = 0; i < grad.size(); ++i) {
-    const float g = grad[i] * grad_scale;
-    momentum[i] = lerp(momentum[i], g, w);
-    u[i] = hyper.nesterov ? lerp(g, momentum[i], beta) : momentum[i];
-  }
+  cpu_backend().muon_momentum(grad.data(), grad_scale, momentum.data(), u.data(), static_cast<int64_t>(grad.size()),
+                              static_cast<float>(1.0 - hyper.momentum), static_cast<float>(hyper.momentum),
+                              hyper.nesterov);
 }
 
 double muon_scale(int64_t rows, int64_t cols, MuonScale scale) {
@@ -60,10 +48,9 @@ double muon_scale(int64_t rows, int64_t cols, MuonScale scale) {
 
 void muon_apply(std::span<float> w, std::span<const float> o, const MuonHyper& hyper, double s) {
   DMUON_CHECK(w.size() == o.size(), "muon_apply: weight has ", w.size(), " values, update ", o.size());
-  const float decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay);
-  const float scale = static_cast<float>(s);
-  const float neg_lr = static_cast<float>(-hyper.lr);
-  for (size_t i = 0; i < w.size(); ++i) w[i] = w[i] * decay + neg_lr * (o[i] * scale);
+  cpu_backend().muon_apply(w.data(), o.data(), static_cast<int64_t>(w.size()),
+                           static_cast<float>(1.0 - hyper.lr * hyper.weight_decay), static_cast<float>(-hyper.lr),
+                           static_cast<float>(s));
 }
 
 }  // namespace dmuon

@@ -1,0 +1,352 @@
+// The training loop of the GPT example (see include/dmuon/trainer.hpp): batches, the unit-by-unit
+// forward and backward through the sharded runtime's hooks, the optimizer, validation, checkpoints.
+#include "dmuon/trainer.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <numbers>
+#include <optional>
+#include <thread>
+
+#include "dmuon/checkpoint.hpp"
+#include "dmuon/checkpoint_rotation.hpp"
+#include "dmuon/comm.hpp"
+#include "dmuon/data.hpp"
+#include "dmuon/error.hpp"
+#include "dmuon/linalg.hpp"
+#include "dmuon/optim.hpp"
+#include "dmuon/optimizer_factory.hpp"
+#include "dmuon/plan_across_ranks.hpp"
+#include "dmuon/shard.hpp"
+#include "io/enum_names.hpp"
+
+namespace dmuon {
+
+namespace {
+constexpr EnumName<ShardMode> kShardModeNames[] = {
+    {ShardMode::z3, "z3"}, {ShardMode::z2, "z2"}, {ShardMode::replicated, "replicated"}};
+}  // namespace
+
+ShardMode parse_shard_mode(std::string_view text) { return parse_name(kShardModeNames, "shard mode", text); }
+
+double default_lr(OptimKind kind) { return kind == OptimKind::adamw ? 3e-3 : 0.02; }
+
+double lr_factor(int64_t step, int64_t total, int64_t warmup, double min_ratio) {
+  if (step < warmup) return static_cast<double>(step + 1) / static_cast<double>(warmup);
+  const int64_t decay_steps = total - warmup;
+  if (decay_steps <= 1) return 1.0;
+  const double p = std::min(1.0, static_cast<double>(step - warmup) / static_cast<double>(decay_steps - 1));
+  return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + std::cos(std::numbers::pi * p));
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The validation batches are drawn with their own seed so that they never coincide with training draws.
+constexpr uint64_t kValSeedSalt = 0x5eed'0f'7a1dULL;
+
+}  // namespace
+
+struct Trainer::Impl {
+  std::shared_ptr<comm::Comm> comm;  // the ranks; a world of one when the Trainer got none
+  TextCorpus corpus;
+  Gpt model;
+  OptimizerStack stack;          // this rank's shards and the optimizer over them
+  std::vector<TuneEntry> tuned;  // options.tune: what every rank runs with
+  double tune_s = 0;
+  Plan plan;                     // dmuon: the owners and their predicted NS loads
+  int64_t step = 0;
+  int stop = 0;                  // the largest stop_signal code of the last step over ranks
+
+  // A periodic checkpoint whose files a background thread writes while the next step runs.
+  struct PendingSave {
+    std::unique_ptr<CheckpointWriter> writer;
+    std::thread thread;
+  };
+  std::optional<PendingSave> pending;
+  std::string last_checkpoint;
+
+  Impl(const TrainOptions& o, std::shared_ptr<comm::Comm> c) : comm(std::move(c)), model(o.model) {}
+  // An unfinished background save is left as debris (step-N.new), which resuming ignores.
+  ~Impl() {
+    if (pending && pending->thread.joinable()) pending->thread.join();
+  }
+
+  // Collective: completes the background save, if any (index, swap, pruning to `keep`).
+  void finish_save(const TrainOptions& o) {
+    if (!pending) return;
+    pending->thread.join();
+    const std::unique_ptr<CheckpointWriter> writer = std::move(pending->writer);
+    pending.reset();
+    writer->finish([&] { prune_checkpoints(o.save_dir, o.keep); });
+    last_checkpoint = writer->dir();
+  }
+
+  // Collective: a checkpoint of the current step into save_dir, written now or in the background.
+  void start_save(const TrainOptions& o, bool background) {
+    finish_save(o);
+    auto writer = std::make_unique<CheckpointWriter>(checkpoint_for_step(o.save_dir, step), *stack.optimizer);
+    if (background) {
+      CheckpointWriter* w = writer.get();
+      pending.emplace(PendingSave{std::move(writer), std::thread([w] { w->write(); })});
+      return;
+    }
+    writer->write();
+    writer->finish([&] { prune_checkpoints(o.save_dir, o.keep); });
+    last_checkpoint = writer->dir();
+  }
+
+  int rank() const { return comm->rank(); }
+  int world() const { return comm->size(); }
+  shard::ShardedParams& sharded() { return *stack.params; }
+
+  // Sums `values` over ranks, in place.
+  void sum(std::span<double> values) { comm->all_reduce<double>(values, comm::ReduceOp::sum).wait(); }
+  void max(std::span<double> values) { comm->all_reduce<double>(values, comm::ReduceOp::max).wait(); }
+
+  // Binds the parameters of `unit` to the runtime's gathered views (and gradients in backward).
+  void bind_unit(int unit, bool grads) {
+    for (int p : model.unit_params(unit))
+      model.bind(p, sharded().param(p).data(), grads ? sharded().grad(p).data() : nullptr);
+  }
+
+  // Forward of the bound batch over every unit; returns the seconds spent computing.
+  double forward(bool forward_only) {
+    double compute = 0;
+    for (int u = 0; u < model.num_units(); ++u) {
+      sharded().before_forward(u);
+      bind_unit(u, false);
+      const auto t0 = Clock::now();
+      model.forward_unit(u);
+      compute += seconds_since(t0);
+      sharded().after_forward(u);
+      // A forward-only pass (validation) must not leave units gathered (z2 keeps them for backward).
+      if (forward_only && sharded().options().mode == shard::Mode::z2) sharded().release(u);
+    }
+    return compute;
+  }
+
+  double backward() {
+    double compute = 0;
+    for (int u = model.num_units() - 1; u >= 0; --u) {
+      sharded().before_backward(u);
+      bind_unit(u, true);
+      const auto t0 = Clock::now();
+      model.backward_unit(u);
+      compute += seconds_since(t0);
+      sharded().after_backward(u);
+    }
+    sharded().finish_backward();
+    return compute;
+  }
+
+  double comm_wait_total() {
+    double s = 0;
+    for (int u = 0; u < sharded().num_units(); ++u)
+      s += sharded().times(u).gather_wait_s + sharded().times(u).reduce_wait_s;
+    return s;
+  }
+};
+
+namespace {
+
+OptimizerOptions optimizer_options(const TrainOptions& o) {
+  OptimizerOptions opt;
+  opt.accumulation_steps = o.micro_batches;
+  const double lr = o.lr > 0 ? o.lr : default_lr(o.optim);
+  if (o.optim == OptimKind::adamw) {
+    opt.rules = {{"*", OptimGroup::adamw}};
+    opt.adamw.lr = lr;
+  } else {
+    opt.muon.lr = lr;
+    opt.adamw.lr = o.adamw_lr;
+  }
+  opt.muon.ns = o.ns;
+  opt.muon.weight_decay = o.weight_decay;
+  opt.adamw.weight_decay = o.weight_decay;
+  return opt;
+}
+
+void validate(const TrainOptions& o, int world) {
+  validate(o.model);
+  DMUON_CHECK(o.steps >= 1, "--steps must be at least 1, got ", o.steps);
+  DMUON_CHECK(o.micro_batches >= 1, "--micro-batches must be at least 1, got ", o.micro_batches);
+  DMUON_CHECK(o.batch >= 1 && o.batch % (int64_t(world) * o.micro_batches) == 0, "--batch ", o.batch,
+              " must be a positive multiple of ranks x micro-batches = ", world, " x ", o.micro_batches);
+  // Written so that NaN fails too; inf is rejected explicitly.
+  DMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "--lr must be finite and at least 0 (0: the default), got ", o.lr);
+  DMUON_CHECK(std::isfinite(o.adamw_lr) && o.adamw_lr > 0, "--adamw-lr must be finite and positive, got ", o.adamw_lr);
+  DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
+              "--weight-decay must be finite and at least 0, got ", o.weight_decay);
+  DMUON_CHECK(o.warmup >= 0, "--warmup must be at least 0, got ", o.warmup);
+  DMUON_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
+  DMUON_CHECK(o.val_every >= 0, "--val-every must be at least 0, got ", o.val_every);
+  DMUON_CHECK(o.val_batches >= 1, "--val-batches must be at least 1, got ", o.val_batches);
+  DMUON_CHECK(o.save_every >= 0, "--save-every must be at least 0, got ", o.save_every);
+  DMUON_CHECK(o.save_every == 0 || !o.save_dir.empty(), "--save-every needs --save DIR");
+  DMUON_CHECK(o.keep >= 1, "--keep must be at least 1, got ", o.keep);
+  DMUON_CHECK(!o.model.tied_head, "a tied head is not supported in training (units 0 and L+1 would share wte)");
+}
+
+}  // namespace
+
+Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : options_(std::move(options)) {
+  if (!comm) comm = comm::self();
+  validate(options_, comm->size());
+  impl_ = std::make_unique<Impl>(options_, std::move(comm));
+  Impl& m = *impl_;
+  m.corpus = load_text_corpus(options_.data);
+  const int64_t T = options_.model.context;
+  // A sequence reads T+1 bytes (inputs and the targets shifted by one): each split needs at least that.
+  const std::string source = options_.data.empty() ? default_corpus_dir() : options_.data;
+  DMUON_CHECK(int64_t(m.corpus.train.size()) >= T + 1, "the training part of '", source, "' has ",
+              m.corpus.train.size(), " bytes, fewer than a sequence of --context ", T, " + 1");
+  DMUON_CHECK(int64_t(m.corpus.val.size()) >= T + 1, "the validation part of '", source, "' has ",
+              m.corpus.val.size(), " bytes, fewer than a sequence of --context ", T, " + 1");
+
+  const std::vector<ParamSpec>& specs = m.model.params();
+  OptimizerStackOptions stack;
+  stack.kind = options_.optim;
+  stack.mode = options_.shard_mode == ShardMode::z3   ? shard::Mode::z3
+               : options_.shard_mode == ShardMode::z2 ? shard::Mode::z2
+                                                      : shard::Mode::replicated;
+  stack.optimizer = optimizer_options(options_);
+  // The NS every Muon optimizer runs: tuned kernels (rank 0 tunes, every rank gets its entries) or opt.muon.ns.
+  if (options_.tune && options_.optim != OptimKind::adamw) {
+    const auto t0 = Clock::now();
+    TuneSessionOptions session;
+    session.cache_path = options_.tune_cache.empty() ? default_tune_cache_path() : options_.tune_cache;
+    session.threads = linalg::threads();
+    session.progress = options_.tune_progress;
+    session.warn = options_.tune_warn;
+    // The batch one rank orthogonalizes per shape: its owned share (dmuon) or every matrix.
+    const auto requests = tune_requests(specs, options_.optim == OptimKind::dmuon ? m.world() : 1);
+    m.tuned = tune_across_ranks(*m.comm, requests, session);
+    m.tune_s = seconds_since(t0);
+    stack.orth = tuned_orthogonalizer(m.tuned, stack.optimizer.muon.ns);
+  }
+  if (options_.optim == OptimKind::dmuon) {
+    PlanOptions plan_options;
+    plan_options.balancer = options_.balancer;
+    // Measured costs when tuned (DESIGN's measured load balancing); else flop estimates, whose
+    // ratios, not the device, decide the balance.
+    const BatchTimeFn cost = options_.tune ? tuned_batch_time(m.tuned) : relative_flop_batch_time();
+    m.plan = plan_across_ranks(*m.comm, specs, make_plan_items(specs, m.world(), cost), plan_options);
+    stack.owners = m.plan.owner;
+  }
+  m.stack = make_optimizer_stack(m.comm, specs, stack);
+  std::vector<float> init;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    init.resize(specs[i].numel());
+    gpt_init_param(options_.model, specs[i], options_.seed, init.data());
+    m.sharded().load_full(static_cast<int>(i), init);
+  }
+  if (!options_.resume.empty()) {
+    load_checkpoint(newest_checkpoint(options_.resume), *m.stack.optimizer);
+    m.step = m.stack.optimizer->updates() + m.stack.optimizer->skipped_steps();
+    DMUON_CHECK(m.step <= options_.steps, "checkpoint ", options_.resume, " is at step ", m.step, ", past --steps ",
+                options_.steps);
+  }
+}
+
+Trainer::~Trainer() = default;
+
+int Trainer::rank() const { return impl_->rank(); }
+int Trainer::world_size() const { return impl_->world(); }
+int64_t Trainer::steps_done() const { return impl_->step; }
+const std::vector<TuneEntry>& Trainer::tuned() const { return impl_->tuned; }
+double Trainer::tune_seconds() const { return impl_->tune_s; }
+const Plan& Trainer::plan() const { return impl_->plan; }
+const std::string& Trainer::last_checkpoint() const { return impl_->last_checkpoint; }
+int Trainer::stop_requested() const { return impl_->stop; }
+
+StepMetrics Trainer::train_step() {
+  Impl& m = *impl_;
+  const TrainOptions& o = options_;
+  DMUON_CHECK(m.step < o.steps, "train_step: all ", o.steps, " steps are done");
+  const double f = lr_factor(m.step, o.steps, o.warmup, o.min_lr_ratio);
+  const double peak = o.lr > 0 ? o.lr : default_lr(o.optim);
+  if (o.optim == OptimKind::adamw)
+    m.stack.optimizer->set_lr(0, peak * f);
+  else
+    m.stack.optimizer->set_lr(peak * f, o.adamw_lr * f);
+
+  const int64_t T = o.model.context;
+  const double comm_before = m.comm_wait_total();
+  double fwd_bwd = 0, optim = 0, loss_sum = 0;
+  const auto t_step = Clock::now();
+  for (int micro = 0; micro < o.micro_batches; ++micro) {
+    const TokenBatch b =
+        sample_batch(m.corpus.train, o.batch, T, o.seed, m.step, {m.rank(), m.world(), micro, o.micro_batches});
+    m.model.set_batch(b.inputs.data(), b.targets.data(), b.rows, T);
+    fwd_bwd += m.forward(false);
+    loss_sum += m.model.loss();
+    fwd_bwd += m.backward();
+    const auto t_opt = Clock::now();
+    m.stack.optimizer->step();
+    optim += seconds_since(t_opt);
+  }
+  StepMetrics r;
+  r.step = ++m.step;
+  // The stop code rides on the times' max-reduction: any rank's signal stops every rank after this step.
+  const int stop_here = o.stop_signal ? std::max(0, o.stop_signal()) : 0;
+  double times[5] = {seconds_since(t_step), fwd_bwd, optim, m.comm_wait_total() - comm_before, double(stop_here)};
+  m.max(times);
+  r.step_s = times[0], r.fwd_bwd_s = times[1], r.optim_s = times[2], r.comm_wait_s = times[3];
+  m.stop = static_cast<int>(times[4]);
+  double loss[1] = {loss_sum};
+  m.sum(loss);
+  r.train_loss = loss[0] / (o.micro_batches * m.world());
+  if ((o.val_every > 0 && r.step % o.val_every == 0) || r.step == o.steps) r.val_loss = validation_loss();
+  if (!o.save_dir.empty()) {
+    m.finish_save(o);  // the previous step's, written while this step ran
+    const bool last = r.step == o.steps;
+    if (last || m.stop || (o.save_every > 0 && r.step % o.save_every == 0)) m.start_save(o, !(last || m.stop));
+  }
+  return r;
+}
+
+double Trainer::validation_loss() {
+  Impl& m = *impl_;
+  const TrainOptions& o = options_;
+  const int64_t T = o.model.context;
+  // The same rows per forward as training (one micro-batch), so activations are not resized.
+  double sum[1] = {0};
+  for (int64_t k = 0; k < o.val_batches; ++k) {
+    for (int micro = 0; micro < o.micro_batches; ++micro) {
+      const TokenBatch b = sample_batch(m.corpus.val, o.batch, T, o.seed ^ kValSeedSalt, k,
+                                        {m.rank(), m.world(), micro, o.micro_batches});
+      m.model.set_batch(b.inputs.data(), b.targets.data(), b.rows, T);
+      m.forward(true);
+      sum[0] += static_cast<double>(m.model.loss()) * static_cast<double>(b.rows);
+    }
+  }
+  m.sum(sum);
+  return sum[0] / static_cast<double>(o.val_batches * o.batch);
+}
+
+void Trainer::save(const std::string& dir) {
+  impl_->finish_save(options_);
+  save_checkpoint(dir, *impl_->stack.optimizer);
+}
+
+std::vector<std::vector<float>> Trainer::full_params() {
+  Impl& m = *impl_;
+  const auto& specs = m.model.params();
+  std::vector<std::vector<float>> out(specs.size());
+  for (int u = 0; u < m.sharded().num_units(); ++u) {  // between steps every unit is released
+    m.sharded().gather(u);
+    m.sharded().wait(u);
+    for (int p : m.model.unit_params(u)) {
+      const auto v = m.sharded().param(p);
+      out[p].assign(v.begin(), v.end());
+    }
+    m.sharded().release(u);
+  }
+  return out;
+}
+
+}  // namespace dmuon

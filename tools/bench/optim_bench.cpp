@@ -1,0 +1,281 @@
+// The optimizer-step harness of `dmuon bench optimizer` and `dmuon bench ablation` (optim_bench.hpp).
+#include "optim_bench.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <thread>
+
+#include "dmuon/error.hpp"
+#include "dmuon/linalg.hpp"
+#include "dmuon/plan_across_ranks.hpp"
+#include "dmuon/shard.hpp"
+#include "dmuon/statistics.hpp"
+
+namespace dmuon::cli::optim_bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::vector<TuneRequest> shape_requests(const std::vector<ParamSpec>& params) {
+  std::map<std::pair<int64_t, int64_t>, bool> shapes;
+  for (const auto& p : params)
+    if (p.role == ParamRole::matrix) shapes[{p.rows(), p.cols()}] = true;
+  std::vector<TuneRequest> out;
+  for (const auto& [shape, _] : shapes) out.push_back({shape.first, shape.second, 1});
+  return out;
+}
+
+const TuneEntry& tuned_entry(const Setup& s, int64_t rows, int64_t cols) {
+  for (const auto& e : s.tuned)
+    if (e.rows == rows && e.cols == cols) return e;
+  DMUON_FAIL("bench: no tuned configuration for shape ", rows, "x", cols);
+}
+
+// Seeded synthetic gradients, different per parameter and step: xorshift64 mapped to [-1, 1).
+void fill_gradient(std::span<float> g, uint64_t seed) {
+  uint64_t x = seed * 0x9E3779B97F4A7C15ull + 0x2545F4914F6CDD1Dull;
+  for (float& v : g) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    v = static_cast<float>(static_cast<int64_t>(x >> 40) - (1 << 23)) * (1.0f / (1 << 23));
+  }
+}
+
+// One backward's worth of gradients through the hooks (last unit first), reduced to the shards.
+void backward(shard::ShardedParams& sp, int step) {
+  for (int u = sp.num_units() - 1; u >= 0; --u) {
+    sp.before_backward(u);
+    for (int p : sp.layout(u).params) fill_gradient(sp.grad(p), static_cast<uint64_t>(p) * 7919 + step);
+    sp.after_backward(u);
+  }
+  sp.finish_backward();
+}
+
+void max_over_ranks(comm::Comm& world, std::span<double> values) {
+  world.all_reduce<double>(values, comm::ReduceOp::max).wait();
+}
+
+// The variant's NS: the library's tuned Orthogonalizer (the ablations switch one tuned choice off), or fixed
+// options; unbatched variants call it once per matrix.
+Orthogonalizer make_orthogonalizer(const Setup& setup, const Variant& v) {
+  const int threads = setup.threads.threads_per_rank;
+  Orthogonalizer orth;
+  switch (v.engine) {
+    case Engine::plain: {
+      NsOptions o;
+      o.algo = NsAlgo::standard;
+      o.symmetric = false;
+      o.threads = threads;
+      orth = ns_orthogonalizer(o);
+      break;
+    }
+    case Engine::untuned:
+      orth = ns_orthogonalizer(untuned_options(threads));
+      break;
+    case Engine::tuned:
+      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads));
+      break;
+    case Engine::tuned_gemm:
+      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads), [](NsOptions& o) { o.symmetric = false; });
+      break;
+    case Engine::tuned_standard:
+      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads),
+                                  [](NsOptions& o) { o.algo = NsAlgo::standard; });
+      break;
+  }
+  if (v.batched) return orth;
+  return [orth](Backend& backend, std::span<const MatView> u, std::span<const MatView> o,
+                std::span<const std::string> names, double* norms) {
+    for (size_t i = 0; i < u.size(); ++i)
+      orth(backend, u.subspan(i, 1), o.subspan(i, 1), names.empty() ? names : names.subspan(i, 1),
+           norms ? norms + i : nullptr);
+  };
+}
+
+}  // namespace
+
+ThreadPolicy thread_policy(int ranks) {
+  ThreadPolicy p;
+  p.cores = std::max(1u, std::thread::hardware_concurrency());
+  p.threads_per_rank = std::max(1, p.cores / std::max(1, ranks));
+  p.oversubscribed = ranks > p.cores;
+  return p;
+}
+
+nlohmann::json run_context(const std::string& model, int ranks, const ThreadPolicy& threads, int steps) {
+  return {{"model", model},
+          {"ranks", ranks},
+          {"cores", threads.cores},
+          {"threads_per_rank", threads.threads_per_rank},
+          {"oversubscribed", threads.oversubscribed},
+          {"cpu", linalg::cpu_model()},
+          {"blas", linalg::blas_description()},
+          {"steps", steps}};
+}
+
+std::string run_line(const std::string& model, int ranks, const ThreadPolicy& threads) {
+  return model + ", " + std::to_string(ranks) + " ranks, " + std::to_string(threads.threads_per_rank) +
+         " BLAS thread(s) per rank on " + std::to_string(threads.cores) + " cores" +
+         (threads.oversubscribed ? " (OVERSUBSCRIBED)" : "");
+}
+
+Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::string& tune_cache) {
+  Setup s;
+  s.params = std::move(params);
+  s.threads = thread_policy(world.size());
+  s.tune_cache = tune_cache;
+  const int threads = s.threads.threads_per_rank;
+  linalg::set_threads(threads);
+  const auto requests = shape_requests(s.params);
+  DMUON_CHECK(!requests.empty(), "bench: the model has no Muon matrices");
+  TuneSessionOptions tune;
+  tune.cache_path = tune_cache;
+  tune.threads = threads;
+  size_t shown = SIZE_MAX;
+  tune.progress = [&shown](size_t done, size_t total, const std::string&) {
+    if (done != shown) std::fprintf(stderr, "tuning NS: %zu of %zu shapes done\n", done, total);
+    shown = done;
+  };
+  tune.warn = [](const std::string& warning) { std::fprintf(stderr, "dmuon: warning: %s\n", warning.c_str()); };
+  s.tuned = tune_across_ranks(world, requests, tune);
+
+  // With threads_per_rank threads a batch runs its matrices one after another, so a batch costs the
+  // count times the tuned single-matrix time.
+  const BatchTimeFn batch_time = [&s](int64_t rows, int64_t cols, int batch) {
+    return batch * tuned_entry(s, rows, cols).seconds;
+  };
+  const int d = world.size();
+  s.items = make_plan_items(s.params, d, batch_time);
+  PlanOptions options;
+  options.balancer = Balancer::milp;
+  s.milp = plan_across_ranks(world, s.params, s.items, options);
+
+  const std::vector<int> rr = balance_rr(s.items, d);
+  std::vector<int> rr_owners(s.params.size(), -1);
+  for (size_t i = 0; i < s.items.size(); ++i) rr_owners[s.items[i].param] = rr[i];
+  options.balancer = Balancer::rr;
+  s.rr = plan_from_owners(s.params, s.items, d, rr_owners, options);
+  return s;
+}
+
+namespace {
+const std::vector<Variant>& optimizers() {
+  static const std::vector<Variant> table = {{"adamw", OptimKind::adamw, Engine::tuned, true, {}},
+                                             {"muon-gather-plain", OptimKind::muon_gather, Engine::plain, false, {}},
+                                             {"muon-gather", OptimKind::muon_gather, Engine::tuned, true, {}},
+                                             {"dmuon", OptimKind::dmuon, Engine::tuned, true, {}}};
+  return table;
+}
+}  // namespace
+
+const std::vector<std::string>& optimizer_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const Variant& v : optimizers()) out.push_back(v.name);
+    return out;
+  }();
+  return names;
+}
+
+const Variant& optimizer_spec(const std::string& name) {
+  std::string known;
+  for (const Variant& v : optimizers()) {
+    if (v.name == name) return v;
+    known += (known.empty() ? "" : ", ") + v.name;
+  }
+  DMUON_FAIL("--optim: unknown optimizer '", name, "' (", known, ")");
+}
+
+Variant optimizer_variant(const Setup& setup, const std::string& name) {
+  Variant v = optimizer_spec(name);
+  if (v.kind == OptimKind::dmuon) v.owners = setup.milp.owner;
+  return v;
+}
+
+namespace {
+
+// One variant's sharded parameters and optimizer, alive for the whole interleaved run.
+struct Runner {
+  std::shared_ptr<comm::Traffic> traffic = std::make_shared<comm::Traffic>();
+  OptimizerStack stack;
+  Measurement m;
+  std::vector<double> blocked;
+  std::vector<std::vector<double>> ns_s;  // per rank, per timed step
+  OptimKind kind = OptimKind::dmuon;
+
+  // Collective. Each runner talks on its own duplicate of the world communicator.
+  Runner(const Setup& setup, const Variant& v) {
+    auto comm = comm::counting(comm::world(), traffic);
+    OptimizerStackOptions options;
+    options.kind = v.kind;
+    options.mode = shard::Mode::z2;
+    if (v.kind != OptimKind::adamw) options.orth = make_orthogonalizer(setup, v);
+    options.owners = v.owners;
+    stack = make_optimizer_stack(comm, setup.params, options);
+    if (v.kind == OptimKind::dmuon) {
+      for (const RankPlan& r : plan_from_owners(setup.params, setup.items, comm->size(), v.owners, {}).per_rank)
+        m.predicted_ns_s_per_rank.push_back(r.time_s);
+    }
+    m.name = v.name;
+    kind = v.kind;
+  }
+
+  // Gradients through the hooks, then one timed step; `record` false for the warm-up.
+  void step(comm::Comm& world, int s, bool record) {
+    *traffic = {};
+    backward(*stack.params, s);
+    const double backward_sent = traffic->sent_bytes;
+    std::vector<double> start = {0};
+    max_over_ranks(world, start);  // start together
+    *traffic = {};
+    const auto t0 = Clock::now();
+    stack.optimizer->step();
+    std::vector<double> figures = {std::chrono::duration<double>(Clock::now() - t0).count(), traffic->blocked_s,
+                                   traffic->sent_bytes, backward_sent};
+    max_over_ranks(world, figures);
+    std::vector<double> ns_mine = {stack.optimizer->last_stats().ns_s}, ns_all(world.size());
+    world.all_gather<double>(ns_mine, ns_all).wait();
+    if (!record) return;
+    ns_s.resize(ns_all.size());
+    for (size_t r = 0; r < ns_all.size(); ++r) ns_s[r].push_back(ns_all[r]);
+    m.step_s.push_back(figures[0]);
+    blocked.push_back(figures[1]);
+    m.sent_bytes = figures[2];
+    m.backward_sent_bytes = figures[3];
+  }
+
+  Measurement finish(comm::Comm& world) {
+    m.median_s = median(m.step_s);
+    m.blocked_s = median(blocked);
+    if (kind != OptimKind::adamw)
+      for (const auto& per_step : ns_s) m.ns_s_per_rank.push_back(median(per_step));
+    std::vector<double> sum_sq = {0};
+    for (int u = 0; u < stack.params->num_units(); ++u)
+      for (float w : stack.params->shard_params(u)) sum_sq[0] += static_cast<double>(w) * w;
+    world.all_reduce<double>(sum_sq, comm::ReduceOp::sum).wait();
+    m.weight_norm = std::sqrt(sum_sq[0]);
+    return m;
+  }
+};
+
+}  // namespace
+
+std::vector<Measurement> measure(const std::shared_ptr<comm::Comm>& world, const Setup& setup,
+                                 const std::vector<Variant>& variants, int steps) {
+  DMUON_CHECK(steps >= 1, "bench: --steps must be ≥ 1, got ", steps);
+  std::vector<std::unique_ptr<Runner>> runners;
+  for (const Variant& v : variants) runners.push_back(std::make_unique<Runner>(setup, v));
+  for (int s = 0; s <= steps; ++s)  // step 0 warms up (first touch of buffers and workspaces)
+    for (auto& r : runners) r->step(*world, s, s > 0);
+  std::vector<Measurement> out;
+  for (auto& r : runners) out.push_back(r->finish(*world));
+  return out;
+}
+
+}  // namespace dmuon::cli::optim_bench

@@ -1,0 +1,135 @@
+// `dmuon bench optimizer` (under mpirun): one optimizer step on a real model's shapes (models/*.json) with
+// seeded synthetic gradients, for AdamW, the gather-then-compute baselines and DMuon, side by side in one
+// run (optim_bench.hpp: per step the slowest rank, median over steps; traffic from comm::counting).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "dmuon/linalg.hpp"
+#include "model_args.hpp"
+#include "optim_bench.hpp"
+
+namespace dmuon::cli {
+
+namespace {
+
+namespace ob = optim_bench;
+
+struct Args {
+  ModelArgs model;
+  std::vector<std::string> optimizers = ob::optimizer_names();
+  int steps = 5;
+  std::string tune_cache;
+  bool json = false;
+};
+
+const ob::Measurement* find(const std::vector<ob::Measurement>& ms, const std::string& name) {
+  for (const auto& m : ms)
+    if (m.name == name) return &m;
+  return nullptr;
+}
+
+// Largest relative difference of the weight norms among the Muon variants (they compute the same math).
+double muon_norm_spread(const std::vector<ob::Measurement>& ms) {
+  double lo = INFINITY, hi = -INFINITY;
+  for (const auto& m : ms) {
+    if (m.name == "adamw") continue;
+    lo = std::min(lo, m.weight_norm);
+    hi = std::max(hi, m.weight_norm);
+  }
+  return hi >= lo && hi > 0 ? (hi - lo) / hi : 0;
+}
+
+void run(const Args& a) {
+  auto world = comm::world();
+  ob::Setup setup =
+      ob::prepare(*world, a.model.load(), a.tune_cache.empty() ? default_tune_cache_path() : a.tune_cache);
+  std::vector<ob::Variant> variants;
+  for (const auto& name : a.optimizers) variants.push_back(ob::optimizer_variant(setup, name));
+  const std::vector<ob::Measurement> ms = ob::measure(world, setup, variants, a.steps);
+  if (world->rank() != 0) return;
+  const ob::Measurement* dm = find(ms, "dmuon");
+  const ob::Measurement* adamw = find(ms, "adamw");
+  const auto& tp = setup.threads;
+
+  if (a.json) {
+    nlohmann::json out = ob::run_context(a.model.label(), world->size(), tp, a.steps);
+    out.update({{"plan",
+                 {{"balancer", to_string(setup.milp.balancer)},
+                  {"fell_back", setup.milp.fell_back},
+                  {"predicted_makespan_s", setup.milp.makespan_s},
+                  {"rr_predicted_makespan_s", setup.rr.makespan_s}}},
+                {"muon_weight_norm_rel_spread", muon_norm_spread(ms)},
+                {"results", nlohmann::json::array()}});
+    for (const auto& m : ms) {
+      nlohmann::json r = {{"optimizer", m.name},
+                          {"step_s_median", m.median_s},
+                          {"step_s", m.step_s},
+                          {"sent_bytes_per_rank", m.sent_bytes},
+                          {"exposed_comm_s", m.blocked_s},
+                          {"backward_sent_bytes_per_rank", m.backward_sent_bytes},
+                          {"weight_norm", m.weight_norm}};
+      if (dm && m.name != "dmuon") r["dmuon_speedup"] = m.median_s / dm->median_s;
+      if (!m.ns_s_per_rank.empty()) r["ns_s_per_rank"] = m.ns_s_per_rank;
+      if (!m.predicted_ns_s_per_rank.empty()) r["predicted_ns_s_per_rank"] = m.predicted_ns_s_per_rank;
+      out["results"].push_back(r);
+    }
+    if (dm && adamw) out["dmuon_overhead_vs_adamw"] = dm->median_s / adamw->median_s - 1;
+    std::printf("%s\n", out.dump(1).c_str());
+    return;
+  }
+  std::printf("optimizer step: %s\n", ob::run_line(a.model.label(), world->size(), tp).c_str());
+  std::printf("%s; %s\n", linalg::cpu_model().c_str(), linalg::blas_description().c_str());
+  std::printf(
+      "per step the slowest rank, median of %d steps, optimizers interleaved step by step; sent = bytes each rank "
+      "sends (ring arithmetic on the\n"
+      "collectives' sizes); exposed = time blocked in the communicator; DMuon owners: %s%s\n\n",
+      a.steps, to_string(setup.milp.balancer).c_str(), setup.milp.fell_back ? " (fell back to LPT)" : "");
+  std::printf("%-18s %10s %9s %12s %11s %12s %14s\n", "optimizer", "step ms", "vs AdamW", "DMuon speedup", "sent MB",
+              "exposed ms", "weight norm");
+  for (const auto& m : ms) {
+    const std::string vs = adamw ? std::to_string(m.median_s / adamw->median_s).substr(0, 5) + "x" : "-";
+    const std::string sp = dm && m.name != "dmuon" ? std::to_string(m.median_s / dm->median_s).substr(0, 5) + "x" : "";
+    std::printf("%-18s %10.2f %9s %12s %11.2f %12.2f %14.6g\n", m.name.c_str(), 1e3 * m.median_s, vs.c_str(),
+                sp.c_str(), m.sent_bytes / 1e6, 1e3 * m.blocked_s, m.weight_norm);
+  }
+  for (const auto& m : ms) {
+    if (m.predicted_ns_s_per_rank.empty()) continue;
+    std::printf("\n%s: Newton-Schulz per rank, predicted (owner plan from the tune cache) vs measured in the step "
+                "(median)\n%6s %14s %13s %10s\n", m.name.c_str(), "rank", "predicted ms", "measured ms", "error");
+    for (size_t r = 0; r < m.ns_s_per_rank.size(); ++r) {
+      const double p = m.predicted_ns_s_per_rank[r], x = m.ns_s_per_rank[r];
+      std::printf("%6zu %14.2f %13.2f %9.1f%%\n", r, 1e3 * p, 1e3 * x, x > 0 ? 100 * (p - x) / x : 0.0);
+    }
+  }
+  std::printf("\nMuon variants' weight norms agree within %.1e (relative).\n", muon_norm_spread(ms));
+  if (dm && adamw) std::printf("DMuon's overhead over AdamW: %+.1f%%\n", 100 * (dm->median_s / adamw->median_s - 1));
+}
+
+Registration reg("bench", [](CLI::App& bench) {
+  auto args = std::make_shared<Args>();
+  auto* c = bench.add_subcommand("optimizer",
+                                 "Optimizer step on a model's shapes: AdamW, gather-then-compute Muon "
+                                 "and DMuon side by side (run under mpirun)");
+  args->model.add_to(c);
+  c->add_option("--optim", args->optimizers, "Optimizers, comma-separated: adamw,muon-gather-plain,muon-gather,dmuon")
+      ->delimiter(',')
+      ->capture_default_str();
+  c->add_option("--steps", args->steps, "Timed steps (median reported; one more untimed warm-up)")
+      ->capture_default_str()
+      ->check(at_least(1));
+  c->add_option("--tune-cache", args->tune_cache, "Tuning cache (default: dmuon tune's)");
+  c->add_flag("--json", args->json, "Print one JSON object instead of the table");
+  c->callback([args] {
+    for (const auto& name : args->optimizers) optim_bench::optimizer_spec(name);  // throws for an unknown name
+    run(*args);
+  });
+});
+
+}  // namespace
+
+}  // namespace dmuon::cli
