@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages dmuon needs, only those missing. Idempotent and non-interactive:
 # `apt-get update` runs at most once, and only when something has to be installed.
+# --fuzz: also clang and libFuzzer (make fuzz); the test suite never needs them.
 set -euo pipefail
 
 packages=(
@@ -16,6 +17,9 @@ packages=(
   gnuplot-nox                # PNG plots
   fortunes                   # default training corpus (English text)
 )
+if [ "${1:-}" = "--fuzz" ]; then
+  packages+=(clang-14 libclang-rt-14-dev)  # libFuzzer, ASan and UBSan runtimes for clang
+fi
 
 missing=()
 for p in "${packages[@]}"; do

@@ -11,6 +11,7 @@
 
 #include "cli.hpp"
 #include "console/progress.hpp"
+#include "stop_signals.hpp"
 #include "tune_session.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
@@ -28,6 +29,18 @@ struct TrainArgs {
   int threads = 0;
   bool tune = true;
 };
+
+// One line: where a run stopped by a signal stopped, and how to go on from there.
+void report_stop(const dmuon::Trainer& trainer, const std::string& save) {
+  const char* signal = dmuon::cli::stop_signal_name(trainer.stop_requested());  // any rank's
+  const long long step = trainer.steps_done(), steps = trainer.options().steps;
+  if (save.empty())
+    std::fprintf(stderr, "dmuon train: stopped by %s after step %lld of %lld; no checkpoint (no --save), so it cannot be resumed\n",
+                 signal, step, steps);
+  else
+    std::fprintf(stderr, "dmuon train: stopped by %s after step %lld of %lld; checkpoint %s; to go on, rerun the same "
+                 "command with --resume %s\n", signal, step, steps, trainer.last_checkpoint().c_str(), save.c_str());
+}
 
 void run_train(TrainArgs& args) {
   dmuon::TrainOptions& o = args.train;
@@ -56,6 +69,9 @@ void run_train(TrainArgs& args) {
     };
     o.tune_warn = bar.warn;
   }
+  o.save_dir = args.save;
+  dmuon::cli::install_stop_signals(comm->rank() == 0);
+  o.stop_signal = [] { return dmuon::cli::stop_signal_received(); };
   dmuon::Trainer trainer(o, comm);
   const bool root = trainer.rank() == 0;
   if (root && o.tune && o.optim != dmuon::OptimKind::adamw)
@@ -101,12 +117,17 @@ void run_train(TrainArgs& args) {
   }
   std::vector<double> step_s;
   std::optional<double> last_val;
-  while (!trainer.done()) {
+  std::string noted_checkpoint;
+  while (!trainer.done() && !trainer.stop_requested()) {
     const dmuon::StepMetrics r = trainer.train_step();
     step_s.push_back(r.step_s);
     if (!root) continue;
     csv->write(r);
     progress->update(r.step, r.train_loss);
+    if (trainer.last_checkpoint() != noted_checkpoint) {
+      noted_checkpoint = trainer.last_checkpoint();
+      progress->note("checkpoint " + noted_checkpoint + " complete");
+    }
     if (r.val_loss) {
       last_val = r.val_loss;
       char line[160];
@@ -114,12 +135,18 @@ void run_train(TrainArgs& args) {
       progress->note(line);
     }
   }
-  if (!args.save.empty()) trainer.save(args.save);
+  if (trainer.stop_requested()) {
+    if (root) {
+      progress->finish();
+      report_stop(trainer, args.save);
+    }
+    throw dmuon::cli::ExitStatus{dmuon::cli::kStoppedExitCode};
+  }
   if (root) {
     progress->finish();
     std::printf("done: %zu steps, median step %.1f ms (max over ranks), final validation loss %s; metrics %s%s%s\n",
                 step_s.size(), 1e3 * dmuon::median(step_s), last_val ? std::to_string(*last_val).c_str() : "n/a",
-                csv_path.c_str(), args.save.empty() ? "" : "; checkpoint ", args.save.c_str());
+                csv_path.c_str(), args.save.empty() ? "" : "; checkpoint ", trainer.last_checkpoint().c_str());
   }
 }
 
@@ -170,8 +197,19 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
   c->add_option("--data", o.data, "text file or folder (default: the fortunes corpus)");
   c->add_option("--shard-mode", args->shard_mode, "z3 | z2 | replicated (sharded optimizers)")->capture_default_str();
   c->add_option("--balancer", args->balancer, "dmuon: owner assignment rr | lpt | milp (CBC)")->capture_default_str();
-  c->add_option("--save", args->save, "write a checkpoint to this folder at the end");
-  c->add_option("--resume", o.resume, "start from this checkpoint folder (continues to --steps)");
+  c->add_option("--save", args->save,
+                "write checkpoints into this folder (DIR/step-N) after the last step, on SIGTERM/SIGINT and with "
+                "--save-every");
+  c->add_option("--save-every", o.save_every, "also checkpoint every this many steps, written in the background "
+                "(0: only at the end)")
+      ->capture_default_str()
+      ->check(at_least<int64_t>(0));
+  c->add_option("--keep", o.keep, "checkpoints kept in the --save folder (older ones are removed)")
+      ->capture_default_str()
+      ->check(at_least(1));
+  c->add_option("--resume", o.resume,
+                "start from this checkpoint, or from the newest complete one in this --save folder (continues to "
+                "--steps)");
   c->add_option("--csv", args->csv, "per-step metrics CSV (default runs/<optim>.csv)");
   c->add_option("--progress", args->progress,
                 "auto | live (redrawn line) | plain (periodic lines); auto is live on a terminal, and "

@@ -6,8 +6,11 @@
 #include <chrono>
 #include <cmath>
 #include <numbers>
+#include <optional>
+#include <thread>
 
 #include "dmuon/checkpoint.hpp"
+#include "dmuon/checkpoint_rotation.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/data.hpp"
 #include "dmuon/error.hpp"
@@ -56,8 +59,45 @@ struct Trainer::Impl {
   double tune_s = 0;
   Plan plan;                     // dmuon: the owners and their predicted NS loads
   int64_t step = 0;
+  int stop = 0;                  // the largest stop_signal code of the last step over ranks
+
+  // A periodic checkpoint whose files a background thread writes while the next step runs.
+  struct PendingSave {
+    std::unique_ptr<CheckpointWriter> writer;
+    std::thread thread;
+  };
+  std::optional<PendingSave> pending;
+  std::string last_checkpoint;
 
   Impl(const TrainOptions& o, std::shared_ptr<comm::Comm> c) : comm(std::move(c)), model(o.model) {}
+  // An unfinished background save is left as debris (step-N.new), which resuming ignores.
+  ~Impl() {
+    if (pending && pending->thread.joinable()) pending->thread.join();
+  }
+
+  // Collective: completes the background save, if any (index, swap, pruning to `keep`).
+  void finish_save(const TrainOptions& o) {
+    if (!pending) return;
+    pending->thread.join();
+    const std::unique_ptr<CheckpointWriter> writer = std::move(pending->writer);
+    pending.reset();
+    writer->finish([&] { prune_checkpoints(o.save_dir, o.keep); });
+    last_checkpoint = writer->dir();
+  }
+
+  // Collective: a checkpoint of the current step into save_dir, written now or in the background.
+  void start_save(const TrainOptions& o, bool background) {
+    finish_save(o);
+    auto writer = std::make_unique<CheckpointWriter>(checkpoint_for_step(o.save_dir, step), *stack.optimizer);
+    if (background) {
+      CheckpointWriter* w = writer.get();
+      pending.emplace(PendingSave{std::move(writer), std::thread([w] { w->write(); })});
+      return;
+    }
+    writer->write();
+    writer->finish([&] { prune_checkpoints(o.save_dir, o.keep); });
+    last_checkpoint = writer->dir();
+  }
 
   int rank() const { return comm->rank(); }
   int world() const { return comm->size(); }
@@ -145,6 +185,9 @@ void validate(const TrainOptions& o, int world) {
   DMUON_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
   DMUON_CHECK(o.val_every >= 0, "--val-every must be at least 0, got ", o.val_every);
   DMUON_CHECK(o.val_batches >= 1, "--val-batches must be at least 1, got ", o.val_batches);
+  DMUON_CHECK(o.save_every >= 0, "--save-every must be at least 0, got ", o.save_every);
+  DMUON_CHECK(o.save_every == 0 || !o.save_dir.empty(), "--save-every needs --save DIR");
+  DMUON_CHECK(o.keep >= 1, "--keep must be at least 1, got ", o.keep);
   DMUON_CHECK(!o.model.tied_head, "a tied head is not supported in training (units 0 and L+1 would share wte)");
 }
 
@@ -202,7 +245,7 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
     m.sharded().load_full(static_cast<int>(i), init);
   }
   if (!options_.resume.empty()) {
-    load_checkpoint(options_.resume, *m.stack.optimizer);
+    load_checkpoint(newest_checkpoint(options_.resume), *m.stack.optimizer);
     m.step = m.stack.optimizer->updates() + m.stack.optimizer->skipped_steps();
     DMUON_CHECK(m.step <= options_.steps, "checkpoint ", options_.resume, " is at step ", m.step, ", past --steps ",
                 options_.steps);
@@ -217,6 +260,8 @@ int64_t Trainer::steps_done() const { return impl_->step; }
 const std::vector<TuneEntry>& Trainer::tuned() const { return impl_->tuned; }
 double Trainer::tune_seconds() const { return impl_->tune_s; }
 const Plan& Trainer::plan() const { return impl_->plan; }
+const std::string& Trainer::last_checkpoint() const { return impl_->last_checkpoint; }
+int Trainer::stop_requested() const { return impl_->stop; }
 
 StepMetrics Trainer::train_step() {
   Impl& m = *impl_;
@@ -246,13 +291,21 @@ StepMetrics Trainer::train_step() {
   }
   StepMetrics r;
   r.step = ++m.step;
-  double times[4] = {seconds_since(t_step), fwd_bwd, optim, m.comm_wait_total() - comm_before};
+  // The stop code rides on the times' max-reduction: any rank's signal stops every rank after this step.
+  const int stop_here = o.stop_signal ? std::max(0, o.stop_signal()) : 0;
+  double times[5] = {seconds_since(t_step), fwd_bwd, optim, m.comm_wait_total() - comm_before, double(stop_here)};
   m.max(times);
   r.step_s = times[0], r.fwd_bwd_s = times[1], r.optim_s = times[2], r.comm_wait_s = times[3];
+  m.stop = static_cast<int>(times[4]);
   double loss[1] = {loss_sum};
   m.sum(loss);
   r.train_loss = loss[0] / (o.micro_batches * m.world());
   if ((o.val_every > 0 && r.step % o.val_every == 0) || r.step == o.steps) r.val_loss = validation_loss();
+  if (!o.save_dir.empty()) {
+    m.finish_save(o);  // the previous step's, written while this step ran
+    const bool last = r.step == o.steps;
+    if (last || m.stop || (o.save_every > 0 && r.step % o.save_every == 0)) m.start_save(o, !(last || m.stop));
+  }
   return r;
 }
 
@@ -275,7 +328,10 @@ double Trainer::validation_loss() {
   return sum[0] / static_cast<double>(o.val_batches * o.batch);
 }
 
-void Trainer::save(const std::string& dir) { save_checkpoint(dir, *impl_->stack.optimizer); }
+void Trainer::save(const std::string& dir) {
+  impl_->finish_save(options_);
+  save_checkpoint(dir, *impl_->stack.optimizer);
+}
 
 std::vector<std::vector<float>> Trainer::full_params() {
   Impl& m = *impl_;
