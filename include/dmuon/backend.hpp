@@ -124,9 +124,10 @@ class Backend {
   // torch.optim.AdamW's single-tensor step (m.lerp_(g, 1−β1), v ← β2·v + (1−β2)·g², …).
   virtual void adamw_step(float* p, const float* grad, float grad_scale, float* m, float* v, int64_t n,
                           const AdamWStepConstants& k) = 0;
-  // M ← lerp(M, g, 1−β); U ← nesterov ? lerp(g, M, β) : M. u may alias grad.
-  virtual void muon_momentum(const float* grad, float grad_scale, float* momentum, float* u, int64_t n, float beta,
-                             bool nesterov) = 0;
+  // M ← lerp(M, g, 1−β); U ← nesterov ? lerp(g, M, β) : M. u may alias grad. 1−β and β come rounded
+  // from double separately (as torch's lerp_ weights are), so both are passed.
+  virtual void muon_momentum(const float* grad, float grad_scale, float* momentum, float* u, int64_t n,
+                             float one_minus_beta, float beta, bool nesterov) = 0;
   // W ← W·decay + neg_lr·(O·scale).
   virtual void muon_apply(float* w, const float* o, int64_t n, float decay, float neg_lr, float scale) = 0;
 
