@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "dmuon/backend.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/optim.hpp"
 #include "dmuon/params.hpp"
@@ -30,6 +31,9 @@ struct TuneKey {
 };
 // This process's key for `threads` BLAS threads (linalg::cpu_model, linalg::blas_description).
 TuneKey current_tune_key(int threads);
+// The key of timings taken on `backend`: current_tune_key(threads) on the CPU; on a GPU (src/plan/tune_key_gpu.cpp)
+// cpu = the GPU's name, blas = the CUDA runtime, driver and cuBLAS versions, threads = 1, dtype = "bfloat16".
+TuneKey tune_key_for(Backend& backend, int threads);
 
 // The configurations worth timing for `batch` rows×cols matrices with at most `max_threads` threads:
 // ({standard} × {plain sgemm, symmetric} + {gram restart [2], gram restart [1,3]} × {plain sgemm,

@@ -65,20 +65,25 @@ int device_count() {
   return n;
 }
 
-std::string device_description(int index) {
+std::string device_name(int index) {
   cudaDeviceProp prop{};
   DMUON_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
-  int runtime = 0, driver = 0, cublas = 0;
+  return prop.name;
+}
+
+std::string library_versions() {
+  int runtime = 0, driver = 0, major = 0, minor = 0, patch = 0;
   DMUON_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
   DMUON_CUDA_CHECK(cudaDriverGetVersion(&driver));
-  DMUON_CUBLAS_CHECK(cublasGetProperty(MAJOR_VERSION, &cublas));
-  int minor = 0, patch = 0;
+  DMUON_CUBLAS_CHECK(cublasGetProperty(MAJOR_VERSION, &major));
   DMUON_CUBLAS_CHECK(cublasGetProperty(MINOR_VERSION, &minor));
   DMUON_CUBLAS_CHECK(cublasGetProperty(PATCH_LEVEL, &patch));
   auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
-  return std::string(prop.name) + ", CUDA runtime " + version(runtime) + ", driver " + version(driver) + ", cuBLAS " +
-         std::to_string(cublas) + "." + std::to_string(minor) + "." + std::to_string(patch);
+  return "CUDA runtime " + version(runtime) + ", driver " + version(driver) + ", cuBLAS " + std::to_string(major) +
+         "." + std::to_string(minor) + "." + std::to_string(patch);
 }
+
+std::string device_description(int index) { return device_name(index) + ", " + library_versions(); }
 
 Backend& process_backend(int index) {
   static std::mutex mutex;

@@ -93,6 +93,10 @@ class CudaBackend final : public Backend {
 
 // The number of CUDA devices this process sees (0 without a driver or device: never throws).
 int device_count();
+// "NVIDIA H200" for device `index`.
+std::string device_name(int index);
+// "CUDA runtime 13.0, driver 13.0, cuBLAS 13.1.0".
+std::string library_versions();
 // "NVIDIA H200, CUDA runtime 13.0, driver 13.0, cuBLAS 13.1.0" for device `index`.
 std::string device_description(int index);
 // The process's backend for `index` (created on first use, kept for the process); backend_for's cuda branch.
