@@ -51,11 +51,13 @@ if(NOT DMUON_CUDA STREQUAL "OFF")
                                                    INTERFACE_INCLUDE_DIRECTORIES ${NCCL_INCLUDE_DIR})
       file(STRINGS ${NCCL_INCLUDE_DIR}/nccl.h _nccl_version REGEX "^#define NCCL_(MAJOR|MINOR|PATCH) ")
       string(REGEX REPLACE "[^0-9;]" "" _nccl_version "${_nccl_version}")
-      string(REPLACE ";" "." DMUON_NCCL_VERSION "${_nccl_version}")
+      string(REPLACE ";" "." _nccl_version "${_nccl_version}")
+      set(_nccl_found "NCCL ${_nccl_version} (${NCCL_LIBRARY})")
+    else()
+      set(_nccl_found "no NCCL (GPU-only build)")
     endif()
     message(STATUS "dmuon: CUDA backend ON: nvcc ${CMAKE_CUDA_COMPILER_VERSION} (${CMAKE_CUDA_COMPILER}), "
-                   "CUDA toolkit ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, "
-                   "NCCL ${DMUON_NCCL_VERSION} (${NCCL_LIBRARY})")
+                   "CUDA toolkit ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, ${_nccl_found}")
   elseif(DMUON_CUDA STREQUAL "ON")
     message(FATAL_ERROR "dmuon: DMUON_CUDA=ON but not found: ${_dmuon_cuda_missing}")
   else()
@@ -84,4 +86,17 @@ function(dmuon_add_cuda_sources target)
     target_compile_definitions(${target} PUBLIC DMUON_HAVE_NCCL)
     target_link_libraries(${target} PRIVATE dmuon::nccl)
   endif()
+endfunction()
+
+# dmuon_gpu_check (tools/gpu_only): the GPU checks and `bench ns` on the GPU over `library`, with the ctest
+# `gpu_check` (exit 77 without a device: reported as skipped).
+function(dmuon_add_gpu_check library)
+  add_executable(dmuon_gpu_check ${PROJECT_SOURCE_DIR}/tools/gpu_only/gpu_check.cpp
+                                 ${PROJECT_SOURCE_DIR}/tools/device_ns_bench.cpp)
+  target_include_directories(dmuon_gpu_check PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tools
+                                                     ${PROJECT_SOURCE_DIR}/tests/support)
+  target_link_libraries(dmuon_gpu_check PRIVATE ${library} CUDA::cudart CUDA::cublas)
+  enable_testing()
+  add_test(NAME gpu_check COMMAND dmuon_gpu_check test)
+  set_tests_properties(gpu_check PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)
 endfunction()

@@ -85,19 +85,6 @@ std::string library_versions() {
 
 std::string device_description(int index) { return device_name(index) + ", " + library_versions(); }
 
-Backend& process_backend(int index) {
-  static std::mutex mutex;
-  static std::vector<CudaBackend*> backends;
-  std::lock_guard<std::mutex> lock(mutex);
-  const int n = device_count();
-  DMUON_CHECK(index >= 0 && index < n, "device cuda:", index, " does not exist: this machine has ", n,
-              " usable CUDA device(s)");
-  if (backends.empty()) backends.resize(n, nullptr);
-  // Never destroyed: a static destructor would run after the CUDA runtime has shut down.
-  if (backends[index] == nullptr) backends[index] = new CudaBackend(index, env_flag("DMUON_CUDA_TF32"));
-  return *backends[index];
-}
-
 CudaBackend::CudaBackend(int device, bool tf32) : device_(device), tf32_(tf32) {
   activate();
   DMUON_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -367,3 +354,20 @@ double CudaBackend::time_on_device(const std::function<void()>& enqueue) {
 }
 
 }  // namespace dmuon::cuda
+
+namespace dmuon {
+
+Backend& cuda_backend(int index) {
+  static std::mutex mutex;
+  static std::vector<cuda::CudaBackend*> backends;
+  std::lock_guard<std::mutex> lock(mutex);
+  const int n = cuda::device_count();
+  DMUON_CHECK(index >= 0 && index < n, "device cuda:", index, " does not exist: this machine has ", n,
+              " usable CUDA device(s)");
+  if (backends.empty()) backends.resize(n, nullptr);
+  // Never destroyed: a static destructor would run after the CUDA runtime has shut down.
+  if (backends[index] == nullptr) backends[index] = new cuda::CudaBackend(index, cuda::env_flag("DMUON_CUDA_TF32"));
+  return *backends[index];
+}
+
+}  // namespace dmuon

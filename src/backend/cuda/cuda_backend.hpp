@@ -99,7 +99,10 @@ std::string device_name(int index);
 std::string library_versions();
 // "NVIDIA H200, CUDA runtime 13.0, driver 13.0, cuBLAS 13.1.0" for device `index`.
 std::string device_description(int index);
-// The process's backend for `index` (created on first use, kept for the process); backend_for's cuda branch.
-Backend& process_backend(int index);
-
 }  // namespace dmuon::cuda
+
+namespace dmuon {
+// The process's backend for CUDA device `index` (created on first use, kept for the process): backend_for's
+// cuda branch (src/backend/backend.cpp). Throws naming the device when this machine has no such device.
+Backend& cuda_backend(int index);
+}  // namespace dmuon
