@@ -190,11 +190,11 @@ TEST(Optimizer, LastStatsCountOrthogonalizedMatricesAndTheirTime) {
   Model m(3);
   const Orthogonalizer ref = test::reference_orthogonalizer();
   int calls = 0;
-  Optimizer opt(m.refs(), {}, [&](std::span<const float* const> u, std::span<float* const> o, int64_t rows,
-                                  int64_t cols, std::span<const std::string> names) {
+  Optimizer opt(m.refs(), {}, [&](Backend& backend, std::span<const MatView> u, std::span<const MatView> o,
+                                  std::span<const std::string> names, double* norms) {
     ++calls;
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    ref(u, o, rows, cols, names);
+    ref(backend, u, o, names, norms);
   });
   EXPECT_EQ(opt.last_stats().ns_matrices, 0);
   m.set_grads(0);

@@ -294,14 +294,21 @@ TEST(Plan, DefaultOwnersAreLptOnFlopCosts) {
   EXPECT_EQ(default_owners(specs, 1), (std::vector<int>{0, 0, -1, 0, 0, 0}));
 }
 
-// DESIGN 2.3's table, in units of m³ for 5 steps: min(standard sym, Gram restart [2] sym).
+// DESIGN 2.3's table, in units of m³ for 5 steps: min(standard sym, Gram restart [2] sym). The estimate counts
+// what the engine executes (SYRK's diagonal, 8 tiles of the upper triangle rather than exactly half), so it
+// lies a few percent above the idealised table; tests/ns_record_test.cpp checks the exact closed forms.
 TEST(CostModel, FlopsMatchDesignTable) {
   const int64_t m = 512;
   const double m3 = double(m) * m * m;
-  EXPECT_DOUBLE_EQ(ns_flops_estimate(m, m) / m3, 20);
-  EXPECT_DOUBLE_EQ(ns_flops_estimate(m, 2 * m) / m3, 26);
-  EXPECT_DOUBLE_EQ(ns_flops_estimate(4 * m, m) / m3, 38);  // transposed: same cost
-  EXPECT_DOUBLE_EQ(ns_flops_estimate(m, 8 * m) / m3, 62);
+  const struct {
+    int64_t rows, cols;
+    double table;
+  } rows[] = {{m, m, 20}, {m, 2 * m, 26}, {4 * m, m, 38}, {m, 8 * m, 62}};
+  for (const auto& r : rows) {
+    EXPECT_GE(ns_flops_estimate(r.rows, r.cols) / m3, r.table) << r.rows << "x" << r.cols;
+    EXPECT_LE(ns_flops_estimate(r.rows, r.cols) / m3, 1.12 * r.table) << r.rows << "x" << r.cols;
+  }
+  EXPECT_EQ(ns_flops_estimate(4 * m, m), ns_flops_estimate(m, 4 * m));  // transposed: same cost
 }
 
 TEST(CostModel, ItemsTakeTheirShareOfTheExpectedBatch) {

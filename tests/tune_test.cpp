@@ -297,11 +297,13 @@ TEST(TunedOptions, OrthogonalizerRunsTheChosenKernel) {
   const int64_t rows = 24, cols = 40;
   std::vector<float> u(2 * rows * cols);
   for (size_t i = 0; i < u.size(); ++i) u[i] = static_cast<float>(std::sin(0.37 * i + 0.1 * (i % 7)));
-  const std::vector<const float*> in = {u.data(), u.data() + rows * cols};
   auto run = [&](const Orthogonalizer& orth) {
     std::vector<float> o(u.size());
-    const std::vector<float*> out = {o.data(), o.data() + rows * cols};
-    orth(in, out, rows, cols, {});
+    const std::vector<MatView> in = {f32_view(DeviceKind::cpu, u.data(), rows, cols),
+                                     f32_view(DeviceKind::cpu, u.data() + rows * cols, rows, cols)};
+    const std::vector<MatView> out = {f32_view(DeviceKind::cpu, o.data(), rows, cols),
+                                      f32_view(DeviceKind::cpu, o.data() + rows * cols, rows, cols)};
+    orth(cpu_backend(), in, out, {}, nullptr);
     return o;
   };
   TuneEntry e;

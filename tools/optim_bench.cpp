@@ -90,10 +90,11 @@ Orthogonalizer make_orthogonalizer(const Setup& setup, const Variant& v) {
       break;
   }
   if (v.batched) return orth;
-  return [orth](std::span<const float* const> u, std::span<float* const> o, int64_t rows, int64_t cols,
-                std::span<const std::string> names) {
+  return [orth](Backend& backend, std::span<const MatView> u, std::span<const MatView> o,
+                std::span<const std::string> names, double* norms) {
     for (size_t i = 0; i < u.size(); ++i)
-      orth(u.subspan(i, 1), o.subspan(i, 1), rows, cols, names.empty() ? names : names.subspan(i, 1));
+      orth(backend, u.subspan(i, 1), o.subspan(i, 1), names.empty() ? names : names.subspan(i, 1),
+           norms ? norms + i : nullptr);
   };
 }
 

@@ -68,10 +68,13 @@ class MuonGatherCompute : public ShardedOptimizer {
                     Orthogonalizer orth);
 
  protected:
-  std::vector<MuonMatrix> muon_inputs(float grad_scale) override;
+  std::vector<MuonMatrix> muon_matrices() override;  // every Muon matrix, whole
+  void prepare_muon_inputs(float grad_scale, std::span<MuonMatrix> matrices) override;
 
  private:
   std::vector<std::vector<ParamRef>> pieces_;  // [rank][k]: rank's piece of the k-th Muon matrix
+  std::vector<int64_t> counts_;                // [rank]: values of its pieces, all matrices
+  Buffer send_, recv_;                         // my pieces' U; every rank's, rank by rank
 };
 
 }  // namespace dmuon

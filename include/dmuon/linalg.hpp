@@ -1,5 +1,7 @@
-// Dense linear algebra on host memory, row-major, over BLAS (OpenBLAS). Everything above
-// src/linalg calls these wrappers, never cblas directly, so a GPU backend can replace them.
+// The CPU backend's kernels (src/backend/cpu): dense linear algebra on host memory, row-major, over
+// BLAS (OpenBLAS), and its thread control. The Newton–Schulz engine and the optimizers reach them only
+// through the Backend interface (backend.hpp); host-only code (the CPU GPT example, benchmarks of the
+// kernels themselves) calls them directly. Nothing outside src/backend/cpu includes cblas.
 #pragma once
 
 #include <cstdint>

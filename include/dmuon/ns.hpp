@@ -1,12 +1,17 @@
 // Newton–Schulz orthogonalization (DESIGN.md section 2): the standard quintic recurrence and the
-// Gram-space recurrence, on one matrix or a batch of same-shape matrices. float32, host memory,
-// row-major. The optimizer calls only this header; kernels live in src/ns and src/linalg.
+// Gram-space recurrence, on one matrix or a batch of same-shape matrices, on any Backend (DESIGN 6):
+// row-major views, operands in float32 or (where the backend supports it) bfloat16 with float32
+// accumulation. The optimizer calls only this header; the recurrences live in src/ns, the kernels in
+// the backends (src/backend).
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "dmuon/backend.hpp"
 
 namespace dmuon {
 
@@ -17,8 +22,8 @@ enum class NsAlgo {
 };
 enum class NsCoeffs { keller, you, polar_express };
 enum class NsBatchMode {
-  sequential,  // one matrix after another, each BLAS call using all configured threads
-  concurrent,  // matrices spread over threads, each BLAS call single-threaded
+  sequential,  // one queue: on the CPU one matrix after another, each BLAS call using all threads
+  concurrent,  // matrices spread over `threads` queues (CPU: threads with single-threaded BLAS calls)
 };
 
 struct NsOptions {
@@ -30,7 +35,8 @@ struct NsOptions {
   bool symmetric = true;             // SYRK and upper-triangle products; false: plain sgemm everywhere
   int tiles = 8;                     // tiles per side of the upper-triangle products (8: DESIGN 5, 896-2048)
   NsBatchMode batch_mode = NsBatchMode::sequential;
-  int threads = 0;                   // BLAS threads for this call; 0: the current setting
+  int threads = 0;                   // backend parallelism (CPU: BLAS threads) for this call; 0: the current
+  DType dtype = DType::f32;          // storage of the iterates (bf16: GPU backends; accumulation stays float32)
 
   bool operator==(const NsOptions&) const = default;
 };
@@ -41,14 +47,38 @@ struct NsOptions {
 // kernel: newton_schulz computes with these.
 NsOptions ns_effective_options(const NsOptions& options, int64_t rows, int64_t cols);
 
-// O = orth(U). U and O are rows×cols, row-major, and may alias. `name` appears in errors
-// (NaN/Inf input is an error; an all-zero U gives an all-zero O).
+// O_i = orth(U_i) for k same-shape rows×cols matrices on `backend` (float32 views, each contiguous;
+// O_i may alias U_i). The batch runs as batched kernels of up to backend.preferred_batch() matrices on
+// backend.parallelism()-wide queues (options.batch_mode, options.threads); every matrix's result is
+// bit-identical to a batch of one. An all-zero U gives an all-zero O. Non-finite input: without `norms`
+// the call reads the k input norms once and throws dmuon::Error naming the matrix (`names`, else
+// "batch[i]"), the row and the column; with `norms` (k doubles in backend memory) it writes ‖U_i‖_F there
+// and leaves the check to the caller, who reads them when it wants (the optimizer: once per step).
+void newton_schulz_batched(Backend& backend, std::span<const MatView> u, std::span<const MatView> o,
+                           const NsOptions& options, std::span<const std::string> names = {},
+                           double* norms = nullptr);
+
+// Host-memory conveniences on cpu_backend(): O = orth(U) for one rows×cols matrix, and for k of them.
 void newton_schulz(const float* u, float* o, int64_t rows, int64_t cols, const NsOptions& options,
                    const std::string& name = "matrix");
-
-// The same for k same-shape matrices. Results are bit-identical to k calls of newton_schulz.
 void newton_schulz_batched(std::span<const float* const> u, std::span<float* const> o, int64_t rows, int64_t cols,
                            const NsOptions& options, std::span<const std::string> names = {});
+
+// O_i = orth(U_i) for a batch of same-shape matrices on a backend (the Muon update's Newton–Schulz), with
+// newton_schulz_batched's contract, `norms` included. A parameter, so tests can use a float64 reference,
+// the autotuner its per-shape choice, and a backend its own kernels.
+using Orthogonalizer = std::function<void(Backend& backend, std::span<const MatView> u, std::span<const MatView> o,
+                                          std::span<const std::string> names, double* norms)>;
+// newton_schulz_batched with `options`.
+Orthogonalizer ns_orthogonalizer(const NsOptions& options);
+
+// The Newton–Schulz workspaces pooled for reuse (per backend, a few m×n and m×m buffers per queue) are
+// kept up to this many bytes in all; more is freed when a call returns it. Default 1 GiB, or
+// DMUON_NS_WORKSPACE_MB. ns_release_workspaces() frees every pooled workspace now (e.g. after training), or
+// only `backend`'s: call it before destroying a backend of your own that ran Newton–Schulz.
+void ns_set_workspace_limit(size_t bytes);
+void ns_release_workspaces(const Backend* backend = nullptr);
+size_t ns_pooled_workspace_bytes();
 
 // One row of a coefficient schedule: p(x) = a·x + b·x³ + c·x⁵.
 struct NsStep {

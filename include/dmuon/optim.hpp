@@ -10,6 +10,9 @@
 //
 // Distributed variants (sharded parameters, owner-aligned or gather-then-compute) derive from
 // Optimizer and change only where buffers live, how ranks agree, and how Muon's NS is placed.
+// Parameters, gradients and the optimizer state live in one Backend's memory (DESIGN 6: host memory on
+// the CPU backend, device memory on a GPU); the update runs as that backend's kernels, and the host reads
+// two small arrays per update (the gradients' sums of squares and the Newton–Schulz input norms).
 //
 // The per-tensor update functions below are the slow, obvious definitions every optimizer in this
 // module (single-process, sharded, distributed) is tested against.
@@ -22,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "dmuon/backend.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/params.hpp"
 
@@ -51,7 +55,10 @@ struct MuonHyper {
   NsOptions ns;
 };
 
-// ---- the per-tensor definitions ----
+// ---- the per-tensor definitions (host memory, on cpu_backend()'s kernels) ----
+
+// AdamW's per-step constants for update t ≥ 1, rounded to float as torch.optim.AdamW rounds them.
+AdamWStepConstants adamw_step_constants(const AdamWHyper& hyper, int64_t t);
 
 // One AdamW step on n values, as torch.optim.AdamW: p ← p·(1−lr·wd); m ← β1·m + (1−β1)·g;
 // v ← β2·v + (1−β2)·g²; p ← p − (lr/(1−β1^t))·m / (sqrt(v)/sqrt(1−β2^t) + eps).
@@ -70,18 +77,12 @@ double muon_scale(int64_t rows, int64_t cols, MuonScale scale);
 // W ← W·(1 − lr·wd) − lr·s·O on n values.
 void muon_apply(std::span<float> w, std::span<const float> o, const MuonHyper& hyper, double s);
 
-// O_i = orth(U_i) for a batch of same-shape rows×cols matrices (the Muon update's Newton–Schulz).
-// A parameter, so tests can use a float64 reference and another backend its own kernels.
-using Orthogonalizer = std::function<void(std::span<const float* const> u, std::span<float* const> o,
-                                          int64_t rows, int64_t cols, std::span<const std::string> names)>;
-// newton_schulz_batched with `options`.
-Orthogonalizer ns_orthogonalizer(const NsOptions& options);
-
 // ---- the optimizer ----
 
 // A parameter as the optimizer sees it. `values` and `grad` hold the elements [offset, offset+count)
 // of the flattened (row-major) tensor: the whole tensor in single-process or replicated use, a
-// shard otherwise. The optimizer never owns this memory; it must outlive the optimizer.
+// shard otherwise. They point into the optimizer's backend's memory. The optimizer never owns this
+// memory; it must outlive the optimizer.
 struct ParamRef {
   ParamSpec spec;
   float* values = nullptr;
@@ -124,15 +125,16 @@ struct StateSlice {
   std::string kind;                // "param", "muon.momentum", "adamw.m", "adamw.v"
   std::vector<int64_t> shape;      // full logical shape of the parameter
   int64_t offset = 0;              // first flattened element held here
-  float* data = nullptr;           // count values
+  float* data = nullptr;           // count values, in the optimizer's backend's memory
   int64_t count = 0;
 };
 
 class Optimizer {
  public:
   // Single process: every ParamRef of the Muon group holds its whole tensor. `orth` may be empty
-  // when no parameter is in the Muon group.
-  Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth);
+  // when no parameter is in the Muon group. Every pointer of `params` is in `backend`'s memory.
+  Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth,
+            Backend& backend = cpu_backend());
   virtual ~Optimizer() = default;
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
@@ -146,7 +148,8 @@ class Optimizer {
 
   // What this rank did in the last update (benchmarks compare it with the owner plan's prediction).
   struct Stats {
-    double ns_s = 0;          // wall seconds in the Orthogonalizer (Newton–Schulz), all batches together
+    double ns_s = 0;          // wall seconds in the Orthogonalizer (Newton–Schulz), all batches together, until
+                              // their results are complete on the device
     int64_t ns_matrices = 0;  // matrices it orthogonalized (DMuon: the ones this rank owns)
   };
   const Stats& last_stats() const { return stats_; }
@@ -163,48 +166,74 @@ class Optimizer {
   bool accumulating() const { return micro_ != 0; }  // between micro-batches of one update
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
+  Backend& backend() const { return *backend_; }
   // Sums values element-wise across the optimizer's ranks (single process: leaves them). Collective:
   // every rank calls it in the same order.
   virtual void sum_across_ranks(std::span<double> values);
 
  protected:
+  // One parameter's state, each buffer `count` values in the backend's memory (allocated once).
   struct Slot {
     ParamRef ref;
     OptimGroup group;
-    std::vector<float> momentum;    // Muon
-    std::vector<float> m, v;        // AdamW
-    std::vector<float> accumulated; // sum of micro-batch gradients (accumulation_steps > 1)
+    Buffer momentum;     // Muon
+    Buffer m, v;         // AdamW
+    Buffer accumulated;  // sum of micro-batch gradients (accumulation_steps > 1)
   };
 
-  // A Muon matrix to orthogonalize: U (then O, in place) as a whole rows×cols matrix, and the slot
-  // whose local slice [offset, offset+count) of it this rank applies (null: none here).
+  // A Muon matrix this rank orthogonalizes: U (then O, in place) as a whole rows×cols matrix, and
+  // the slot whose local slice [offset, offset+count) of it this rank applies (null: none here).
   struct MuonMatrix {
     Slot* slot = nullptr;
     const ParamSpec* spec = nullptr;
-    std::vector<float> full;  // (rows, cols)
+    Buffer full;  // (rows, cols), allocated once
   };
-  // The Muon step: momentum on every local slice with gradient g·grad_scale, then the whole U of
-  // every matrix this rank orthogonalizes. Single process: each Muon slot, whole. Distributed
-  // variants gather (or own) them.
-  virtual std::vector<MuonMatrix> muon_inputs(float grad_scale);
+  // The Muon matrices this rank orthogonalizes, asked once (at the first update). Single process:
+  // each Muon slot that holds its whole matrix. Distributed variants gather (or own) them.
+  virtual std::vector<MuonMatrix> muon_matrices();
+  // For this update: momentum on every local slice with gradient g·grad_scale, then every MuonMatrix's
+  // U in its `full` buffer. Single process: momentum straight into `full`.
+  virtual void prepare_muon_inputs(float grad_scale, std::span<MuonMatrix> matrices);
   // Points each slot's ref.values (and, with grads, ref.grad) at the current buffers; for owners of
   // buffers that move between steps (sharded parameters). Single process: they never move.
   virtual void refresh_views(bool grads);
 
   const float* effective_grad(const Slot& s) const;
+  // Momentum of slot s with g·grad_scale, U into u (count values).
+  void momentum_into(Slot& s, float grad_scale, float* u);
   std::vector<Slot>& slots() { return slots_; }
   Orthogonalizer& orthogonalizer() { return orth_; }
   int rank_ = 0;
   int world_size_ = 1;
 
  private:
+  // Same-shape Muon matrices, orthogonalized in one Orthogonalizer call (DESIGN 2.6).
+  struct ShapeBatch {
+    int64_t rows = 0, cols = 0;
+    std::vector<MuonMatrix*> matrices;
+    std::vector<MatView> views;      // each matrix's full U
+    std::vector<std::string> names;  // for errors
+    size_t first_norm = 0;           // its matrices' slots in ns_norms_
+  };
+  // Σ g² of every slot (device), read once; throws or skips on a non-finite gradient. Returns false to skip.
+  bool gradient_norm(float mean_scale);
   void update_adamw(float grad_scale);
-  // muon_inputs, NS in batches of same-shape matrices (DESIGN 2.6), W ← W·(1 − lr·wd) − lr·s·O.
+  // Momentum and U, NS in batches of same-shape matrices, one read of the NS input norms,
+  // W ← W·(1 − lr·wd) − lr·s·O.
   void update_muon(float grad_scale);
+  // muon_ and batches_, built at the first update.
+  void plan_muon();
 
   OptimizerOptions options_;
   Orthogonalizer orth_;
+  Backend* backend_;
   std::vector<Slot> slots_;
+  std::vector<MuonMatrix> muon_;
+  std::vector<ShapeBatch> batches_;
+  bool muon_planned_ = false;
+  // Device doubles, two float32 slots each: per-slot Σ g², per-Muon-matrix ‖U‖_F; and their host copies.
+  Buffer grad_sums_, ns_norms_;
+  std::vector<double> host_sums_, host_norms_;
   int micro_ = 0;
   int64_t updates_ = 0;
   int64_t skipped_ = 0;
@@ -217,7 +246,7 @@ class Optimizer {
 class Muon : public Optimizer {
  public:
   Muon(std::vector<ParamRef> params, OptimizerOptions options);
-  Muon(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth);
+  Muon(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth, Backend& backend = cpu_backend());
 };
 
 // `options` with a single rule that sends every parameter to AdamW.
@@ -226,7 +255,7 @@ OptimizerOptions all_adamw(OptimizerOptions options);
 // AdamW for every parameter, whatever its role; shard-local, so ParamRefs may hold any slices.
 class AdamW : public Optimizer {
  public:
-  AdamW(std::vector<ParamRef> params, OptimizerOptions options);
+  AdamW(std::vector<ParamRef> params, OptimizerOptions options, Backend& backend = cpu_backend());
 };
 
 }  // namespace dmuon

@@ -40,10 +40,10 @@ struct DeviceProfile {
 DeviceProfile device_profile(const std::string& name);
 std::vector<std::string> device_profile_names();
 
-// Flops of 5-step NS for one rows×cols matrix on the cheaper of the two algorithms, with
-// symmetric products at half cost (DESIGN 2.3 table, m = min dim, n = max dim):
-//   standard, sym:       steps·(3m²n + m³)
-//   Gram, restart [2]:   6m²n + 2.8·steps·m³
+// Flops of NS for one rows×cols matrix on the cheaper of the two algorithms with NsOptions' defaults
+// (symmetric products: SYRK, 8 upper-triangle tiles; Gram restart [2]), as the engine executes them:
+// recorded by running it on the recording backend (ns_kernel_calls). For large m they approach DESIGN
+// 2.3's table (m = min dim, n = max dim): standard steps·(3m²n + m³), Gram 6m²n + 2.8·steps·m³.
 double ns_flops_estimate(int64_t rows, int64_t cols, int steps = 5);
 
 // Batch time from flops and a device profile (linear in the batch size).

@@ -1,51 +1,16 @@
-// Newton–Schulz on one matrix (DESIGN 2.1, 2.2): normalisation and input checks, the standard recurrence, the
-// Gram-space recurrence, and the workspace pool they draw their buffers from.
+// Newton–Schulz on a chunk of same-shape matrices (DESIGN 2.1, 2.2): normalisation and input checks, the
+// standard recurrence and the Gram-space recurrence as batched backend kernels, and the option checks.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
-#include <mutex>
 #include <utility>
 
 #include "dmuon/error.hpp"
-#include "dmuon/linalg.hpp"
 #include "ns/workspace.hpp"
 
 namespace dmuon {
 namespace ns_detail {
 
-void Workspace::reserve(int64_t m, int64_t n) {
-  for (auto& b : mn) {
-    if (b.size() < static_cast<size_t>(m * n)) b.resize(m * n);
-  }
-  for (auto& b : mm) {
-    if (b.size() < static_cast<size_t>(m * m)) b.resize(m * m);
-  }
-}
-
-namespace {
-std::mutex pool_mutex;
-std::vector<std::unique_ptr<Workspace>>& pool() {
-  static std::vector<std::unique_ptr<Workspace>> free_workspaces;
-  return free_workspaces;
-}
-}  // namespace
-
-WorkspaceLease::WorkspaceLease() {
-  std::lock_guard<std::mutex> lock(pool_mutex);
-  if (pool().empty()) {
-    ws_ = std::make_unique<Workspace>();
-  } else {
-    ws_ = std::move(pool().back());
-    pool().pop_back();
-  }
-}
-
-WorkspaceLease::~WorkspaceLease() {
-  std::lock_guard<std::mutex> lock(pool_mutex);
-  pool().push_back(std::move(ws_));
-}
-
-void check_options(const NsOptions& options) {
+void check_options(const NsOptions& options, const Backend& backend) {
   DMUON_CHECK(options.steps >= 0, "Newton-Schulz steps must be non-negative, got ", options.steps);
   DMUON_CHECK(options.tiles >= 1, "Newton-Schulz tiles must be at least 1, got ", options.tiles);
   DMUON_CHECK(std::isfinite(options.safety) && options.safety >= 0,
@@ -53,69 +18,68 @@ void check_options(const NsOptions& options) {
               "schedule's default), got ",
               options.safety);
   for (int r : options.restarts) DMUON_CHECK(r >= 0, "Newton-Schulz restart steps must be non-negative, got ", r);
+  DMUON_CHECK(backend.supports(options.dtype), "Newton-Schulz in ", to_string(options.dtype), " is not supported by ",
+              to_string(backend.device()), " (", backend.description(), ")");
 }
 
 namespace {
 
-// The products of the recurrences on X (m×n, m ≤ n), as SYRK / upper-triangle gemm, or full gemm when
-// options.symmetric is false (the cost of the public reference code). A tall input U (n×m) is used in place
-// as X = Uᵀ through BLAS transpose flags, so it is never transposed in memory.
+// The products of the recurrences on X (m×n, m ≤ n), for every matrix of a chunk at once, as SYRK /
+// upper-triangle gemm, or full gemm when options.symmetric is false (the cost of the public reference code). A
+// tall input U (n×m) is used in place as X = Uᵀ through transpose flags, so it is never transposed in memory.
 struct Products {
+  Backend& be;
   int64_t m, n;
   bool tall;  // X is stored as Xᵀ (n×m row-major)
   bool symmetric;
   int tiles;
 
   // C(m×m) = alpha·X·Xᵀ + beta·C.
-  void gram(float alpha, const float* x, float beta, float* c) const {
-    const int64_t ld = tall ? m : n;
+  void gram(float alpha, const MatView& x, float beta, const MatView& c) const {
     if (symmetric) {
-      if (tall) {
-        linalg::syrk_transposed(m, n, alpha, x, ld, beta, c, m);
-      } else {
-        linalg::syrk(m, n, alpha, x, ld, beta, c, m);
-      }
+      be.syrk(tall, alpha, x, beta, c);
     } else {
-      linalg::gemm(tall, !tall, m, m, n, alpha, x, ld, x, ld, beta, c, m);
+      be.gemm(tall, !tall, alpha, x, x, beta, c);
     }
   }
   // C(m×m) = alpha·S·S + beta·C for symmetric S (S·S = S·Sᵀ).
-  void square(float alpha, const float* s, float beta, float* c) const {
+  void square(float alpha, const MatView& s, float beta, const MatView& c) const {
     if (symmetric) {
-      linalg::syrk(m, m, alpha, s, m, beta, c, m);
+      be.syrk(false, alpha, s, beta, c);
     } else {
-      linalg::gemm(false, false, m, m, m, alpha, s, m, s, m, beta, c, m);
+      be.gemm(false, false, alpha, s, s, beta, c);
     }
   }
   // Y(m×n) = S·X + beta·Y for symmetric S (m×m); stored tall, Yᵀ = Xᵀ·S + beta·Yᵀ.
-  void left(const float* s, const float* x, float beta, float* y) const {
+  void left(const MatView& s, const MatView& x, float beta, const MatView& y) const {
     if (tall) {
-      linalg::gemm(false, false, n, m, m, 1.0f, x, m, s, m, beta, y, m);
+      be.gemm(false, false, 1.0f, x, s, beta, y);
     } else {
-      linalg::gemm(false, false, m, n, m, 1.0f, s, m, x, n, beta, y, n);
+      be.gemm(false, false, 1.0f, s, x, beta, y);
     }
   }
   // C = alpha·A·B + beta·C for m×m factors whose product is symmetric.
-  void sym(float alpha, const float* a, const float* b, float beta, float* c) const {
+  void sym(float alpha, const MatView& a, const MatView& b, float beta, const MatView& c) const {
     if (symmetric) {
-      linalg::symmetric_gemm(m, m, alpha, a, m, b, m, beta, c, m, tiles);
+      be.symmetric_gemm(alpha, a, b, beta, c, tiles);
     } else {
-      linalg::gemm(false, false, m, m, m, alpha, a, m, b, m, beta, c, m);
+      be.gemm(false, false, alpha, a, b, beta, c);
     }
+  }
+  // to ← from, whole chunk.
+  void copy(const MatView& from, const MatView& to) const {
+    be.copy(to.data, from.data, static_cast<size_t>(from.count * from.batch_stride) * dtype_size(from.dtype));
   }
 };
 
-void copy(int64_t n, const float* from, float* to) { std::memcpy(to, from, n * sizeof(float)); }
-
-// DESIGN 2.1 on X (m×n, m ≤ n, normalised). Returns the buffer holding the result (x or y).
-float* standard_recurrence(float* x, float* y, const std::vector<NsStep>& schedule, const Products& p, float* a_mat,
-                           float* b_mat) {
-  const int64_t m = p.m;
+// DESIGN 2.1 on X (m×n, m ≤ n, normalised). Returns the view holding the result (x or y).
+MatView standard_recurrence(MatView x, MatView y, const std::vector<NsStep>& schedule, const Products& p,
+                            const MatView& a_mat, const MatView& b_mat) {
   for (const NsStep& s : schedule) {
     p.gram(1.0f, x, 0.0f, a_mat);  // A = X·Xᵀ
-    copy(m * m, a_mat, b_mat);
+    p.copy(a_mat, b_mat);
     p.square(float(s.c), a_mat, float(s.b), b_mat);  // B = b·A + c·A·A
-    copy(m * p.n, x, y);
+    p.copy(x, y);
     p.left(b_mat, x, float(s.a), y);  // X ← a·X + B·X
     std::swap(x, y);
   }
@@ -123,10 +87,9 @@ float* standard_recurrence(float* x, float* y, const std::vector<NsStep>& schedu
 }
 
 // DESIGN 2.2 on X (m×n, m ≤ n, normalised): iterates X_t = Q_t·X on m×m matrices, re-forming X and R = X·Xᵀ
-// at each restart step. Returns the buffer holding the result (x or y).
-float* gram_recurrence(float* x, float* y, const std::vector<NsStep>& schedule, const std::vector<int>& restarts,
-                       const Products& p, float* r, float* z, float* q, float* t) {
-  const int64_t m = p.m;
+// at each restart step. Returns the view holding the result (x or y).
+MatView gram_recurrence(MatView x, MatView y, const std::vector<NsStep>& schedule, const std::vector<int>& restarts,
+                        const Products& p, MatView r, MatView z, MatView q, MatView t) {
   const auto restart_at = [&](size_t step) {
     return step > 0 && std::find(restarts.begin(), restarts.end(), static_cast<int>(step)) != restarts.end();
   };
@@ -140,21 +103,21 @@ float* gram_recurrence(float* x, float* y, const std::vector<NsStep>& schedule, 
       p.gram(1.0f, x, 0.0f, r);
       have_q = false;
     }
-    copy(m * m, r, z);
+    p.copy(r, z);
     p.square(c, r, b, z);  // Z = b·R + c·R·R
     if (!have_q) {
-      copy(m * m, z, q);
-      linalg::add_identity(m, a, q, m);  // Q = Z + a·I
+      p.copy(z, q);
+      p.be.add_identity(q, a);  // Q = Z + a·I
       have_q = true;
     } else {
-      copy(m * m, q, t);
+      p.copy(q, t);
       p.sym(1.0f, q, z, a, t);  // Q ← Q·Z + a·Q
       std::swap(q, t);
     }
     if (step + 1 < schedule.size() && !restart_at(step + 1)) {
-      copy(m * m, r, t);
+      p.copy(r, t);
       p.sym(1.0f, r, z, a, t);  // RZ = R·Z + a·R
-      copy(m * m, t, r);
+      p.copy(t, r);
       p.sym(1.0f, z, t, a, r);  // R ← Z·RZ + a·RZ
     }
   }
@@ -163,14 +126,67 @@ float* gram_recurrence(float* x, float* y, const std::vector<NsStep>& schedule, 
   return y;
 }
 
-[[noreturn]] void fail_non_finite(const float* u, int64_t rows, int64_t cols, const std::string& name) {
+// The error for a non-finite input, naming the first bad element (reads U to the host: the error path only).
+[[noreturn]] void fail_non_finite(Backend& be, const MatView& u, const std::string& name) {
+  std::vector<float> host(static_cast<size_t>(u.elements()));
+  be.copy_to_host(host.data(), u.data, host.size() * sizeof(float));
   int64_t i = 0;
-  while (i < rows * cols && std::isfinite(u[i])) ++i;
-  DMUON_FAIL("Newton-Schulz input '", name, "' (", rows, "x", cols, ") has a non-finite value ", u[i], " at row ",
-             i / cols, ", column ", i % cols);
+  while (i < u.elements() && std::isfinite(host[i])) ++i;
+  DMUON_FAIL("Newton-Schulz input '", name, "' (", u.rows, "x", u.cols, ") has a non-finite value ",
+             i < u.elements() ? host[i] : NAN, " at row ", i / u.cols, ", column ", i % u.cols);
+}
+
+// to ← from for one matrix, converting the dtype where the iterates are stored in another.
+void load(Backend& be, const MatView& from, const MatView& to) {
+  if (from.dtype == to.dtype) {
+    be.copy(to.data, from.data, static_cast<size_t>(from.elements()) * dtype_size(from.dtype));
+  } else {
+    be.convert(from, to);
+  }
 }
 
 }  // namespace
+
+void orthogonalize_chunk(Backend& be, std::span<const MatView> u, std::span<const MatView> o, Chunk chunk,
+                         const NsOptions& options, std::span<const std::string> names, double* norms, Workspace& ws) {
+  const int64_t k = static_cast<int64_t>(chunk.count);
+  const int64_t rows = u[0].rows, cols = u[0].cols;
+  // Work on X (m×n) with m ≤ n: Uᵀ when U is tall, kept in U's layout (see Products).
+  const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
+  const NsOptions e = ns_effective_options(options, rows, cols);
+  ws.reserve(m, n, k, e.dtype);
+
+  // Norms of the chunk's matrices: in the caller's array at their batch index, else in the workspace.
+  double* norm = norms ? norms + chunk.first : ws.norm_slots();
+  const size_t norm_stride = norms ? chunk.stride : 1;
+  for (int64_t j = 0; j < k; ++j) be.frobenius_norms(u[chunk.at(j)], norm + j * norm_stride);
+  if (!norms) {
+    ws.host_norms.resize(k);
+    be.copy_to_host(ws.host_norms.data(), norm, k * sizeof(double));
+    for (int64_t j = 0; j < k; ++j) {
+      if (std::isfinite(ws.host_norms[j])) continue;
+      const size_t i = chunk.at(j);
+      fail_non_finite(be, u[i], names.empty() ? "batch[" + std::to_string(i) + "]" : names[i]);
+    }
+  }
+
+  MatView x = ws.mn[0].view(rows, cols, k), y = ws.mn[1].view(rows, cols, k);
+  for (int64_t j = 0; j < k; ++j) load(be, u[chunk.at(j)], x.matrix(j));
+  if (norm_stride == 1) {
+    be.scale_by_inverse_norm(x, norm, e.safety, 1e-7);
+  } else {
+    for (int64_t j = 0; j < k; ++j) be.scale_by_inverse_norm(x.matrix(j), norm + j * norm_stride, e.safety, 1e-7);
+  }
+
+  const std::vector<NsStep> schedule = ns_schedule(e.coeffs, e.steps, e.safety);
+  const Products p{be, m, n, rows > cols, e.symmetric, e.tiles};
+  MatView mm[4];
+  for (int j = 0; j < 4; ++j) mm[j] = ws.mm[j].view(m, m, k);
+  const MatView result = e.algo == NsAlgo::gram
+                             ? gram_recurrence(x, y, schedule, e.restarts, p, mm[0], mm[1], mm[2], mm[3])
+                             : standard_recurrence(x, y, schedule, p, mm[0], mm[1]);
+  for (int64_t j = 0; j < k; ++j) load(be, result.matrix(j), o[chunk.at(j)]);
+}
 
 }  // namespace ns_detail
 
@@ -181,46 +197,6 @@ NsOptions ns_effective_options(const NsOptions& options, int64_t rows, int64_t c
   if (e.algo == NsAlgo::standard) e.restarts.clear();
   if (e.algo == NsAlgo::standard || !e.symmetric) e.tiles = 1;
   return e;
-}
-
-namespace ns_detail {
-
-void orthogonalize(const float* u, float* o, int64_t rows, int64_t cols, const NsOptions& options,
-                   const std::string& name, Workspace& ws) {
-  DMUON_CHECK(rows >= 0 && cols >= 0, "Newton-Schulz input '", name, "' has a negative shape ", rows, "x", cols);
-  if (rows == 0 || cols == 0) return;
-  const double norm = linalg::norm2(rows * cols, u);
-  if (!std::isfinite(norm)) fail_non_finite(u, rows, cols, name);
-
-  // Work on X (m×n) with m ≤ n: Uᵀ when U is tall, kept in U's layout (see Products).
-  const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
-  ws.reserve(m, n);
-  float* x = ws.mn[0].data();
-  float* y = ws.mn[1].data();
-  copy(m * n, u, x);
-  const NsOptions e = ns_effective_options(options, rows, cols);
-  linalg::scale(m * n, static_cast<float>(1.0 / (norm * e.safety + 1e-7)), x);
-
-  const std::vector<NsStep> schedule = ns_schedule(e.coeffs, e.steps, e.safety);
-  const Products p{m, n, rows > cols, e.symmetric, e.tiles};
-  float* result = nullptr;
-  if (e.algo == NsAlgo::gram) {
-    result = gram_recurrence(x, y, schedule, e.restarts, p, ws.mm[0].data(), ws.mm[1].data(), ws.mm[2].data(),
-                             ws.mm[3].data());
-  } else {
-    result = standard_recurrence(x, y, schedule, p, ws.mm[0].data(), ws.mm[1].data());
-  }
-  copy(m * n, result, o);
-}
-
-}  // namespace ns_detail
-
-void newton_schulz(const float* u, float* o, int64_t rows, int64_t cols, const NsOptions& options,
-                   const std::string& name) {
-  ns_detail::check_options(options);
-  linalg::ThreadsScope threads(options.threads);
-  ns_detail::WorkspaceLease ws;
-  ns_detail::orthogonalize(u, o, rows, cols, options, name, *ws);
 }
 
 double standard_ns_flops(int64_t rows, int64_t cols, int steps) {

@@ -98,43 +98,43 @@ MuonGatherCompute::MuonGatherCompute(std::shared_ptr<comm::Comm> comm, shard::Sh
   }
 }
 
-std::vector<Optimizer::MuonMatrix> MuonGatherCompute::muon_inputs(float grad_scale) {
-  const int world = comm().size();
-  const std::vector<std::vector<ParamRef>>& pieces = pieces_;
-  std::vector<Slot*> muon;  // registry order, as in pieces_
-  for (Slot& s : slots()) {
-    if (s.group == OptimGroup::muon) muon.push_back(&s);
-  }
-  // Momentum on my pieces, packed in matrix order: that is my block of the all-gather.
-  std::vector<int64_t> counts(world, 0);
-  for (int r = 0; r < world; ++r) {
-    for (const ParamRef& piece : pieces[r]) counts[r] += piece.count;
-  }
-  std::vector<float> send(counts[rank_]);
-  int64_t at = 0;
-  for (Slot* s : muon) {
-    const size_t n = s->ref.count;
-    muon_momentum({effective_grad(*s), n}, grad_scale, s->momentum, {send.data() + at, n}, options().muon);
-    at += n;
-  }
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  std::vector<float> recv(total);
-  comm().all_gatherv<float>(send, recv, counts).wait();
-  // Reassemble every whole U: rank r's block holds its pieces in matrix order.
+std::vector<Optimizer::MuonMatrix> MuonGatherCompute::muon_matrices() {
   std::vector<MuonMatrix> out;
-  for (Slot* s : muon) out.push_back({s->ref.count > 0 ? s : nullptr, &s->ref.spec, std::vector<float>(s->ref.spec.numel())});
+  for (Slot& s : slots()) {
+    if (s.group != OptimGroup::muon) continue;
+    out.push_back({s.ref.count > 0 ? &s : nullptr, &s.ref.spec, Buffer(backend(), DType::f32, s.ref.spec.numel())});
+  }
+  counts_.assign(world_size_, 0);
+  int64_t total = 0;
+  for (int r = 0; r < world_size_; ++r) {
+    for (const ParamRef& piece : pieces_[r]) counts_[r] += piece.count;
+    total += counts_[r];
+  }
+  send_ = Buffer(backend(), DType::f32, counts_[rank_]);
+  recv_ = Buffer(backend(), DType::f32, total);
+  return out;
+}
+
+void MuonGatherCompute::prepare_muon_inputs(float grad_scale, std::span<MuonMatrix> matrices) {
+  // Momentum on my pieces, packed in matrix order (registry order, as pieces_): my block of the all-gather.
+  int64_t at = 0;
+  for (MuonMatrix& m : matrices) {
+    if (!m.slot) continue;
+    momentum_into(*m.slot, grad_scale, send_.f32() + at);
+    at += m.slot->ref.count;
+  }
+  comm().all_gatherv<float>({send_.f32(), size_t(send_.size())}, {recv_.f32(), size_t(recv_.size())}, counts_).wait();
+  // Reassemble every whole U: rank r's block holds its pieces in matrix order.
   int64_t block = 0;
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < world_size_; ++r) {
     int64_t in_block = block;
-    for (size_t k = 0; k < muon.size(); ++k) {
-      const ParamRef& piece = pieces[r][k];
-      std::copy(recv.begin() + in_block, recv.begin() + in_block + piece.count, out[k].full.begin() + piece.offset);
+    for (size_t k = 0; k < matrices.size(); ++k) {
+      const ParamRef& piece = pieces_[r][k];
+      backend().copy(matrices[k].full.f32() + piece.offset, recv_.f32() + in_block, piece.count * sizeof(float));
       in_block += piece.count;
     }
-    block += counts[r];
+    block += counts_[r];
   }
-  return out;
 }
 
 }  // namespace dmuon

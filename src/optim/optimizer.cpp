@@ -1,6 +1,8 @@
 // The optimizer step shared by every variant: micro-batch accumulation, the global gradient norm
 // (clipping and the non-finite check, agreed across ranks), AdamW on elementwise parameters, and
-// Muon on matrices (single process here; distributed variants override muon_inputs).
+// Muon on matrices (single process here; distributed variants override muon_matrices and
+// prepare_muon_inputs). Every loop over values is a backend kernel; the host reads two small arrays
+// per update and allocates nothing after the first.
 #include <chrono>
 #include <cmath>
 #include <map>
@@ -19,27 +21,20 @@ OptimGroup assign_group(const std::vector<GroupRule>& rules, const ParamSpec& sp
   return spec.role == ParamRole::matrix ? OptimGroup::muon : OptimGroup::adamw;
 }
 
-// Σ (g_i·scale)² in double; four partial sums break the add latency chain (the order differs from a
-// plain loop by rounding in the last bits of a double, far below what float32 clipping can see).
-double sum_of_squares(const float* g, int64_t n, float scale) {
-  double acc[4] = {0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + 4 <= n; i += 4) {
-    for (int k = 0; k < 4; ++k) {
-      const double x = static_cast<double>(g[i + k] * scale);
-      acc[k] += x * x;
-    }
-  }
-  for (; i < n; ++i) {
-    const double x = static_cast<double>(g[i] * scale);
-    acc[0] += x * x;
-  }
-  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+// A zeroed state buffer of n float32 values.
+Buffer zeros(Backend& backend, int64_t n) {
+  Buffer b(backend, DType::f32, n);
+  if (n > 0) backend.fill(b.view(1, n), 0.0f);
+  return b;
 }
+
+// n doubles in backend memory, as 2n float32 slots (Buffer holds float types only).
+Buffer doubles(Backend& backend, size_t n) { return Buffer(backend, DType::f32, static_cast<int64_t>(2 * n)); }
+double* as_doubles(const Buffer& b) { return reinterpret_cast<double*>(b.data()); }
 }  // namespace
 
-Optimizer::Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth)
-    : options_(std::move(options)), orth_(std::move(orth)) {
+Optimizer::Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth, Backend& backend)
+    : options_(std::move(options)), orth_(std::move(orth)), backend_(&backend) {
   DMUON_CHECK(options_.accumulation_steps >= 1, "accumulation_steps must be ≥ 1, got ", options_.accumulation_steps);
   DMUON_CHECK(options_.clip_grad_norm >= 0, "clip_grad_norm must be ≥ 0 (0: off), got ", options_.clip_grad_norm);
   const MuonHyper& mu = options_.muon;
@@ -60,14 +55,16 @@ Optimizer::Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Ort
       DMUON_CHECK(p.spec.shape.size() >= 2, "parameter '", p.spec.name, "' has ", p.spec.shape.size(),
                   " dimension(s); Muon needs a matrix (move it to AdamW with a GroupRule)");
       DMUON_CHECK(orth_, "parameter '", p.spec.name, "' is in the Muon group but the optimizer has no Orthogonalizer");
-      s.momentum.assign(p.count, 0.0f);
+      s.momentum = zeros(backend, p.count);
     } else {
-      s.m.assign(p.count, 0.0f);
-      s.v.assign(p.count, 0.0f);
+      s.m = zeros(backend, p.count);
+      s.v = zeros(backend, p.count);
     }
-    if (options_.accumulation_steps > 1) s.accumulated.assign(p.count, 0.0f);
+    if (options_.accumulation_steps > 1) s.accumulated = zeros(backend, p.count);
     slots_.push_back(std::move(s));
   }
+  grad_sums_ = doubles(backend, slots_.size());
+  host_sums_.resize(slots_.size());
 }
 
 OptimGroup Optimizer::group_of(const std::string& name) const {
@@ -91,7 +88,7 @@ void Optimizer::set_counters(int64_t updates, int64_t skipped) {
 }
 
 const float* Optimizer::effective_grad(const Slot& s) const {
-  return options_.accumulation_steps > 1 ? s.accumulated.data() : s.ref.grad;
+  return options_.accumulation_steps > 1 ? s.accumulated.f32() : s.ref.grad;
 }
 
 OptimizerOptions all_adamw(OptimizerOptions options) {
@@ -99,11 +96,10 @@ OptimizerOptions all_adamw(OptimizerOptions options) {
   return options;
 }
 
-AdamW::AdamW(std::vector<ParamRef> params, OptimizerOptions options)
-    : Optimizer(std::move(params), all_adamw(std::move(options)), Orthogonalizer{}) {}
+AdamW::AdamW(std::vector<ParamRef> params, OptimizerOptions options, Backend& backend)
+    : Optimizer(std::move(params), all_adamw(std::move(options)), Orthogonalizer{}, backend) {}
 
 void Optimizer::sum_across_ranks(std::span<double>) {}
-
 void Optimizer::refresh_views(bool) {}
 
 bool Optimizer::step() {
@@ -115,24 +111,38 @@ bool Optimizer::step() {
   const int k = options_.accumulation_steps;
   ++micro_;
   if (k > 1) {
-    for (Slot& s : slots_) {
-      for (int64_t i = 0; i < s.ref.count; ++i) s.accumulated[i] = (micro_ == 1 ? 0.0f : s.accumulated[i]) + s.ref.grad[i];
-    }
+    for (Slot& s : slots_) backend_->accumulate(s.accumulated.f32(), s.ref.grad, s.ref.count, micro_ == 1);
     if (micro_ < k) return false;
   }
   micro_ = 0;
   const float mean_scale = 1.0f / static_cast<float>(k);
+  if (!gradient_norm(mean_scale)) return false;
+  float scale = mean_scale;
+  if (options_.clip_grad_norm > 0 && last_grad_norm_ > options_.clip_grad_norm) {
+    // As torch.nn.utils.clip_grad_norm_: multiply by max_norm / (norm + 1e-6).
+    scale = static_cast<float>(mean_scale * (options_.clip_grad_norm / (last_grad_norm_ + 1e-6)));
+  }
+  ++updates_;
+  update_adamw(scale);
+  update_muon(scale);
+  return true;
+}
 
+bool Optimizer::gradient_norm(float mean_scale) {
+  double* sums = as_doubles(grad_sums_);
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    backend_->sum_of_squares(effective_grad(slots_[i]), slots_[i].ref.count, mean_scale, sums + i);
+  }
+  backend_->copy_to_host(host_sums_.data(), sums, host_sums_.size() * sizeof(double));
   // totals = {Σ g², parameters with a non-finite gradient}, summed over ranks so all decide alike.
   double totals[2] = {0, 0};
   const std::string* bad = nullptr;
-  for (const Slot& s : slots_) {
-    const double sq = sum_of_squares(effective_grad(s), s.ref.count, mean_scale);
-    if (!std::isfinite(sq)) {
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    if (!std::isfinite(host_sums_[i])) {
       totals[1] += 1;
-      if (!bad) bad = &s.ref.spec.name;
+      if (!bad) bad = &slots_[i].ref.spec.name;
     } else {
-      totals[0] += sq;
+      totals[0] += host_sums_[i];
     }
   }
   sum_across_ranks(totals);
@@ -147,61 +157,87 @@ bool Optimizer::step() {
                "; this is rank ", rank_);
   }
   last_grad_norm_ = std::sqrt(totals[0]);
-  float scale = mean_scale;
-  if (options_.clip_grad_norm > 0 && last_grad_norm_ > options_.clip_grad_norm) {
-    // As torch.nn.utils.clip_grad_norm_: multiply by max_norm / (norm + 1e-6).
-    scale = static_cast<float>(mean_scale * (options_.clip_grad_norm / (last_grad_norm_ + 1e-6)));
-  }
-  ++updates_;
-  update_adamw(scale);
-  update_muon(scale);
   return true;
 }
 
 void Optimizer::update_adamw(float grad_scale) {
+  const AdamWStepConstants k = adamw_step_constants(options_.adamw, updates_);
   for (Slot& s : slots_) {
     if (s.group != OptimGroup::adamw || s.ref.count == 0) continue;
-    const size_t n = s.ref.count;
-    adamw_step({s.ref.values, n}, {effective_grad(s), n}, grad_scale, s.m, s.v, updates_, options_.adamw);
+    backend_->adamw_step(s.ref.values, effective_grad(s), grad_scale, s.m.f32(), s.v.f32(), s.ref.count, k);
   }
 }
 
-std::vector<Optimizer::MuonMatrix> Optimizer::muon_inputs(float grad_scale) {
+void Optimizer::momentum_into(Slot& s, float grad_scale, float* u) {
+  const MuonHyper& mu = options_.muon;
+  backend_->muon_momentum(effective_grad(s), grad_scale, s.momentum.f32(), u, s.ref.count,
+                          static_cast<float>(1.0 - mu.momentum), static_cast<float>(mu.momentum), mu.nesterov);
+}
+
+std::vector<Optimizer::MuonMatrix> Optimizer::muon_matrices() {
   std::vector<MuonMatrix> out;
   for (Slot& s : slots_) {
     if (s.group != OptimGroup::muon || s.ref.count == 0) continue;
     const int64_t n = s.ref.spec.numel();
     DMUON_CHECK(s.ref.count == n, "parameter '", s.ref.spec.name, "' holds ", s.ref.count, " of ", n,
                 " elements on rank ", rank_, "; this optimizer needs whole Muon matrices");
-    MuonMatrix m{&s, &s.ref.spec, std::vector<float>(n)};
-    muon_momentum({effective_grad(s), size_t(n)}, grad_scale, s.momentum, m.full, options_.muon);
-    out.push_back(std::move(m));
+    out.push_back({&s, &s.ref.spec, Buffer(*backend_, DType::f32, n)});
   }
   return out;
 }
 
-void Optimizer::update_muon(float grad_scale) {
-  std::vector<MuonMatrix> matrices = muon_inputs(grad_scale);
-  stats_ = {};
-  std::map<std::pair<int64_t, int64_t>, std::vector<MuonMatrix*>> by_shape;
-  for (MuonMatrix& m : matrices) by_shape[{m.spec->rows(), m.spec->cols()}].push_back(&m);
+void Optimizer::prepare_muon_inputs(float grad_scale, std::span<MuonMatrix> matrices) {
+  for (MuonMatrix& m : matrices) momentum_into(*m.slot, grad_scale, m.full.f32());
+}
+
+void Optimizer::plan_muon() {
+  muon_ = muon_matrices();
+  std::map<std::pair<int64_t, int64_t>, ShapeBatch> by_shape;
+  for (MuonMatrix& m : muon_) {
+    ShapeBatch& b = by_shape[{m.spec->rows(), m.spec->cols()}];
+    b.rows = m.spec->rows(), b.cols = m.spec->cols();
+    b.matrices.push_back(&m);
+    b.views.push_back(m.full.view(b.rows, b.cols));
+    b.names.push_back(m.spec->name);
+  }
+  size_t at = 0;
   for (auto& [shape, batch] : by_shape) {
-    const auto [rows, cols] = shape;
-    std::vector<float*> io;
-    std::vector<std::string> names;
-    for (MuonMatrix* m : batch) {
-      io.push_back(m->full.data());
-      names.push_back(m->spec->name);
+    batch.first_norm = at;
+    at += batch.matrices.size();
+    batches_.push_back(std::move(batch));
+  }
+  ns_norms_ = doubles(*backend_, muon_.size());
+  host_norms_.resize(muon_.size());
+  muon_planned_ = true;
+}
+
+void Optimizer::update_muon(float grad_scale) {
+  if (!muon_planned_) plan_muon();
+  prepare_muon_inputs(grad_scale, muon_);
+  stats_ = {};
+  double* norms = as_doubles(ns_norms_);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (const ShapeBatch& b : batches_) {
+    orth_(*backend_, b.views, b.views, b.names, norms + b.first_norm);
+    stats_.ns_matrices += static_cast<int64_t>(b.matrices.size());
+  }
+  // One read per update: the NS input norms (which also waits for the NS to finish on a device).
+  backend_->copy_to_host(host_norms_.data(), norms, host_norms_.size() * sizeof(double));
+  stats_.ns_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const ShapeBatch& b : batches_) {
+    for (size_t i = 0; i < b.matrices.size(); ++i) {
+      DMUON_CHECK(std::isfinite(host_norms_[b.first_norm + i]), "Newton-Schulz input '", b.names[i],
+                  "' (the Muon update of a finite gradient) is not finite on rank ", rank_, " at update ", updates_);
     }
-    const auto t0 = std::chrono::steady_clock::now();
-    orth_(std::vector<const float*>(io.begin(), io.end()), io, rows, cols, names);
-    stats_.ns_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    stats_.ns_matrices += static_cast<int64_t>(batch.size());
-    const double scale = muon_scale(rows, cols, options_.muon.scale);
-    for (MuonMatrix* m : batch) {
+  }
+  const MuonHyper& mu = options_.muon;
+  const float decay = static_cast<float>(1.0 - mu.lr * mu.weight_decay), neg_lr = static_cast<float>(-mu.lr);
+  for (const ShapeBatch& b : batches_) {
+    const float scale = static_cast<float>(muon_scale(b.rows, b.cols, mu.scale));
+    for (MuonMatrix* m : b.matrices) {
       if (!m->slot) continue;
       const ParamRef& r = m->slot->ref;
-      muon_apply({r.values, size_t(r.count)}, {m->full.data() + r.offset, size_t(r.count)}, options_.muon, scale);
+      backend_->muon_apply(r.values, m->full.f32() + r.offset, r.count, decay, neg_lr, scale);
     }
   }
 }
@@ -213,10 +249,10 @@ std::vector<StateSlice> Optimizer::state_slices() {
     const ParamRef& r = s.ref;
     out.push_back({r.spec.name, "param", r.spec.shape, r.offset, r.values, r.count});
     if (s.group == OptimGroup::muon) {
-      out.push_back({r.spec.name, "muon.momentum", r.spec.shape, r.offset, s.momentum.data(), r.count});
+      out.push_back({r.spec.name, "muon.momentum", r.spec.shape, r.offset, s.momentum.f32(), r.count});
     } else {
-      out.push_back({r.spec.name, "adamw.m", r.spec.shape, r.offset, s.m.data(), r.count});
-      out.push_back({r.spec.name, "adamw.v", r.spec.shape, r.offset, s.v.data(), r.count});
+      out.push_back({r.spec.name, "adamw.m", r.spec.shape, r.offset, s.m.f32(), r.count});
+      out.push_back({r.spec.name, "adamw.v", r.spec.shape, r.offset, s.v.f32(), r.count});
     }
   }
   return out;

@@ -2,6 +2,7 @@
 #include <algorithm>
 #include <map>
 
+#include "dmuon/backend_record.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/plan.hpp"
 
@@ -37,11 +38,12 @@ std::vector<std::string> device_profile_names() {
 }
 
 double ns_flops_estimate(int64_t rows, int64_t cols, int steps) {
-  const double m = static_cast<double>(std::min(rows, cols));
-  const double n = static_cast<double>(std::max(rows, cols));
-  const double standard_sym = steps * (3 * m * m * n + m * m * m);
-  const double gram = 6 * m * m * n + 2.8 * steps * m * m * m;
-  return std::min(standard_sym, gram);
+  NsOptions o;
+  o.steps = steps;
+  o.algo = NsAlgo::standard;
+  const double standard = total_flops(ns_kernel_calls(rows, cols, 1, o));
+  o.algo = NsAlgo::gram;
+  return std::min(standard, total_flops(ns_kernel_calls(rows, cols, 1, o)));
 }
 
 BatchTimeFn flop_batch_time(const DeviceProfile& device) {

@@ -29,11 +29,12 @@ NsOptions tuned_options(const std::vector<TuneEntry>& entries, int64_t rows, int
 Orthogonalizer tuned_orthogonalizer(std::vector<TuneEntry> entries, NsOptions defaults,
                                     std::function<void(NsOptions&)> adjust) {
   return [entries = std::move(entries), defaults = std::move(defaults), adjust = std::move(adjust)](
-             std::span<const float* const> u, std::span<float* const> o, int64_t rows, int64_t cols,
-             std::span<const std::string> names) {
-    NsOptions options = tuned_options(entries, rows, cols, static_cast<int>(u.size()), defaults);
+             Backend& backend, std::span<const MatView> u, std::span<const MatView> o,
+             std::span<const std::string> names, double* norms) {
+    if (u.empty()) return;
+    NsOptions options = tuned_options(entries, u[0].rows, u[0].cols, static_cast<int>(u.size()), defaults);
     if (adjust) adjust(options);
-    newton_schulz_batched(u, o, rows, cols, options, names);
+    newton_schulz_batched(backend, u, o, options, names, norms);
   };
 }
 

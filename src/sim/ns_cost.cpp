@@ -1,6 +1,6 @@
-// Newton–Schulz time on one device: the kernels src/ns/newton_schulz.cpp issues for one matrix (its
-// matrix products and its memory passes: norm, scale, copies), each on a roofline and each paying one
-// launch. Products: compute at ns_flops·ns_efficiency scaled by how many SMs the output tiles fill,
+// Newton–Schulz time on one device: the kernels the NS engine issues for one matrix (its matrix products and
+// its memory passes: norm, scale, copies), recorded by running it on the recording backend
+// (backend_record.hpp), each on a roofline and each paying one launch. Products: compute at ns_flops·ns_efficiency scaled by how many SMs the output tiles fill,
 // capped by memory traffic; a symmetric product takes the full product's time / the profile's speedup.
 // Passes move their bytes at memory bandwidth. With batched kernels a batch of same-shape matrices runs
 // each operation once for the whole batch; otherwise (the CPU, and the plain engine) matrix by matrix.
@@ -8,6 +8,7 @@
 #include <cmath>
 #include <vector>
 
+#include "dmuon/backend_record.hpp"
 #include "dmuon/sim.hpp"
 
 namespace dmuon::sim {
@@ -47,58 +48,27 @@ double kernel_time_s(const Kernel& g, int batch, const HardwareProfile& hw) {
   return full;
 }
 
-// Around either recurrence on X (m×n, m ≤ n): ‖U‖ (one read), X = U (copy), X /= ‖U‖ (scale); at the end
-// O = result (copy).
-void add_normalise_and_copy_out(std::vector<Kernel>& out, double m, double n) {
-  out.insert(out.begin(), {pass(m * n), pass(2 * m * n), pass(2 * m * n)});
-  out.push_back(pass(2 * m * n));
-}
-
-// Standard recurrence: A = XXᵀ, B = bA + cA·A (B = A copied, then accumulated), Y = X copied, X = aY + B·X.
-std::vector<Kernel> standard_kernels(double m, double n, bool symmetric) {
-  const Product sym = symmetric ? Product::syrk : Product::full;
+// The kernels newton_schulz_batched issues for one rows×cols matrix (the real engine on the recording
+// backend), as roofline kernels: products keep their shape and kind, passes the float32 elements they move.
+std::vector<Kernel> engine_kernels(int64_t rows, int64_t cols, const NsOptions& options) {
   std::vector<Kernel> out;
-  for (int t = 0; t < kSteps; ++t) {
-    out.push_back(gemm(m, m, n, sym));
-    out.push_back(pass(2 * m * m));
-    out.push_back(gemm(m, m, m, sym));
-    out.push_back(pass(2 * m * n));
-    out.push_back(gemm(m, n, m, Product::full));
+  for (const KernelCall& c : ns_kernel_calls(rows, cols, 1, options)) {
+    switch (c.kind) {
+      case KernelCall::Kind::gemm: out.push_back(gemm(c.m, c.n, c.k, Product::full)); break;
+      case KernelCall::Kind::syrk: out.push_back(gemm(c.m, c.n, c.k, Product::syrk)); break;
+      case KernelCall::Kind::symmetric_gemm: out.push_back(gemm(c.m, c.n, c.k, Product::sym_gemm)); break;
+      case KernelCall::Kind::pass: out.push_back(pass(c.bytes / sizeof(float) / c.count)); break;
+    }
   }
-  add_normalise_and_copy_out(out, m, n);
   return out;
 }
 
-// Gram recurrence with a restart at step 2 (DESIGN 2.2), as gram_recurrence issues it.
-std::vector<Kernel> gram_kernels(double m, double n) {
-  const int restart = 2;
-  std::vector<Kernel> out{gemm(m, m, n, Product::syrk)};  // R = XXᵀ
-  bool have_q = false;
-  for (int t = 0; t < kSteps; ++t) {
-    if (t == restart) {
-      out.push_back(gemm(m, n, m, Product::full));  // X = Q·X
-      out.push_back(gemm(m, m, n, Product::syrk));  // R = XXᵀ
-      have_q = false;
-    }
-    out.push_back(pass(2 * m * m));                   // Z = R (copy)
-    out.push_back(gemm(m, m, m, Product::syrk));      // Z = bZ + cR·R
-    out.push_back(pass(2 * m * m));                   // Q = Z or T = Q (copy)
-    if (have_q) {
-      out.push_back(gemm(m, m, m, Product::sym_gemm));  // Q = Q·Z + aQ
-    } else {
-      out.push_back(pass(2 * m));  // Q += aI
-    }
-    have_q = true;
-    if (t < kSteps - 1 && t + 1 != restart) {
-      out.push_back(pass(2 * m * m));                   // T = R
-      out.push_back(gemm(m, m, m, Product::sym_gemm));  // RZ = R·Z + aR
-      out.push_back(pass(2 * m * m));                   // R = RZ
-      out.push_back(gemm(m, m, m, Product::sym_gemm));  // R = Z·RZ + aRZ
-    }
-  }
-  out.push_back(gemm(m, n, m, Product::full));  // O = Q·X
-  add_normalise_and_copy_out(out, m, n);
-  return out;
+NsOptions engine_options(NsAlgo algo, bool symmetric) {
+  NsOptions o;
+  o.algo = algo;
+  o.symmetric = symmetric;
+  o.steps = kSteps;
+  return o;
 }
 
 NsCost sequence_cost(const std::vector<Kernel>& kernels, int batch, const HardwareProfile& hw) {
@@ -124,15 +94,13 @@ NsCost times(NsCost c, double k) {
 }  // namespace
 
 NsCost ns_cost(int64_t rows, int64_t cols, int batch, NsEngine engine, const HardwareProfile& hw) {
-  const double m = static_cast<double>(std::min(rows, cols));
-  const double n = static_cast<double>(std::max(rows, cols));
-  if (batch <= 0 || m == 0) return {};
+  if (batch <= 0 || rows <= 0 || cols <= 0) return {};
   if (engine == NsEngine::plain) {
     // The public reference: one matrix per call, full GEMMs.
-    return times(sequence_cost(standard_kernels(m, n, false), 1, hw), batch);
+    return times(sequence_cost(engine_kernels(rows, cols, engine_options(NsAlgo::standard, false)), 1, hw), batch);
   }
-  const NsCost standard = sequence_cost(standard_kernels(m, n, true), batch, hw);
-  const NsCost gram = sequence_cost(gram_kernels(m, n), batch, hw);
+  const NsCost standard = sequence_cost(engine_kernels(rows, cols, engine_options(NsAlgo::standard, true)), batch, hw);
+  const NsCost gram = sequence_cost(engine_kernels(rows, cols, engine_options(NsAlgo::gram, true)), batch, hw);
   return gram.total_s < standard.total_s ? gram : standard;
 }
 

@@ -5,18 +5,20 @@
 #include <span>
 #include <string>
 
-#include "dmuon/optim.hpp"
+#include "dmuon/ns.hpp"
 #include "ns_reference.hpp"
 
 namespace dmuon::test {
 
 inline Orthogonalizer reference_orthogonalizer() {
-  return [](std::span<const float* const> u, std::span<float* const> o, int64_t rows, int64_t cols,
-            std::span<const std::string>) {
+  return [](Backend&, std::span<const MatView> u, std::span<const MatView> o, std::span<const std::string>,
+            double* norms) {
     const std::vector<NsStep> schedule = ns_schedule(NsCoeffs::keller, 5);
     for (size_t i = 0; i < u.size(); ++i) {
-      const std::vector<float> x = to_floats(standard_ns_reference(from_floats(u[i], rows, cols), schedule, 1.0));
-      std::copy(x.begin(), x.end(), o[i]);
+      const MatD in = from_floats(u[i].f32(), u[i].rows, u[i].cols);
+      if (norms) norms[i] = frobenius(in);
+      const std::vector<float> x = to_floats(standard_ns_reference(in, schedule, 1.0));
+      std::copy(x.begin(), x.end(), o[i].f32());
     }
   };
 }

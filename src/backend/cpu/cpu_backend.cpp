@@ -1,0 +1,239 @@
+// The CPU backend's memory, products, elementwise operations and queue (cpu_backend.hpp), each a thin
+// loop over the batch around the linalg.hpp functions, so the engine on this backend makes exactly the
+// BLAS calls it made before the seam.
+#include "backend/cpu/cpu_backend.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "dmuon/error.hpp"
+#include "dmuon/linalg.hpp"
+
+namespace dmuon {
+
+namespace {
+
+// Host memory aligned for vector loads (64 bytes: one cache line, any AVX-512 load).
+constexpr size_t kAlignment = 64;
+
+// A float32 host view, checked.
+const MatView& host_f32(const MatView& v, const char* op) {
+  DMUON_CHECK(v.device == DeviceKind::cpu, "cpu backend ", op, ": a view on device ", to_string(v.device));
+  DMUON_CHECK(v.dtype == DType::f32, "cpu backend ", op, ": ", to_string(v.dtype),
+              " is not supported on the CPU (float32 only)");
+  DMUON_CHECK(v.rows >= 0 && v.cols >= 0 && v.count >= 0 && v.ld >= v.cols, "cpu backend ", op, ": bad view ",
+              v.rows, "x", v.cols, " ld ", v.ld, " count ", v.count);
+  return v;
+}
+
+float* at(const MatView& v, int64_t i) { return v.f32() + i * v.batch_stride; }
+
+void check_count(const MatView& a, const MatView& c, const char* op) {
+  DMUON_CHECK(a.count == c.count, "cpu backend ", op, ": batches of ", a.count, " and ", c.count, " matrices");
+}
+
+class DoneEvent final : public Event {
+ public:
+  void wait() override {}
+};
+
+}  // namespace
+
+std::string CpuBackend::description() const {
+  return "cpu: " + linalg::cpu_model() + ", OpenBLAS " + linalg::blas_description() + ", " +
+         std::to_string(linalg::threads()) + " threads";
+}
+
+void* CpuBackend::allocate(size_t bytes) {
+  const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);
+  DMUON_CHECK(p, "cpu backend: out of host memory allocating ", bytes, " bytes");
+  return p;
+}
+
+void CpuBackend::deallocate(void* p) noexcept { std::free(p); }
+
+void CpuBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
+  if (bytes && dst != src) std::memmove(dst, src, bytes);
+}
+void CpuBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  if (bytes && dst != src) std::memmove(dst, src, bytes);
+}
+void CpuBackend::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes && dst != src) std::memmove(dst, src, bytes);
+}
+
+void CpuBackend::convert(const MatView& in, const MatView& out) {
+  host_f32(in, "convert");
+  host_f32(out, "convert");
+  DMUON_CHECK(in.rows == out.rows && in.cols == out.cols && in.count == out.count, "cpu backend convert: ", in.rows,
+              "x", in.cols, " into ", out.rows, "x", out.cols);
+  for (int64_t b = 0; b < in.count; ++b) {
+    for (int64_t r = 0; r < in.rows; ++r) {
+      std::memmove(at(out, b) + r * out.ld, at(in, b) + r * in.ld, in.cols * sizeof(float));
+    }
+  }
+}
+
+void CpuBackend::fill(const MatView& x, float value) {
+  host_f32(x, "fill");
+  for (int64_t b = 0; b < x.count; ++b) {
+    for (int64_t r = 0; r < x.rows; ++r) {
+      float* row = at(x, b) + r * x.ld;
+      for (int64_t j = 0; j < x.cols; ++j) row[j] = value;
+    }
+  }
+}
+
+void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const MatView& a, const MatView& b, float beta,
+                      const MatView& c) {
+  host_f32(a, "gemm");
+  host_f32(b, "gemm");
+  host_f32(c, "gemm");
+  const int64_t m = c.rows, n = c.cols, k = trans_a ? a.rows : a.cols;
+  DMUON_CHECK((trans_a ? a.cols : a.rows) == m && (trans_b ? b.cols : b.rows) == k && (trans_b ? b.rows : b.cols) == n,
+              "cpu backend gemm: op(A) ", (trans_a ? a.cols : a.rows), "x", k, ", op(B) ", (trans_b ? b.cols : b.rows),
+              "x", (trans_b ? b.rows : b.cols), ", C ", m, "x", n);
+  check_count(a, c, "gemm");
+  check_count(b, c, "gemm");
+  for (int64_t i = 0; i < c.count; ++i) {
+    linalg::gemm(trans_a, trans_b, m, n, k, alpha, at(a, i), a.ld, at(b, i), b.ld, beta, at(c, i), c.ld);
+  }
+}
+
+void CpuBackend::syrk(bool trans, float alpha, const MatView& a, float beta, const MatView& c) {
+  host_f32(a, "syrk");
+  host_f32(c, "syrk");
+  const int64_t n = trans ? a.cols : a.rows, k = trans ? a.rows : a.cols;
+  DMUON_CHECK(c.rows == n && c.cols == n, "cpu backend syrk: C is ", c.rows, "x", c.cols, ", op(A) has ", n, " rows");
+  check_count(a, c, "syrk");
+  for (int64_t i = 0; i < c.count; ++i) {
+    if (trans) {
+      linalg::syrk_transposed(n, k, alpha, at(a, i), a.ld, beta, at(c, i), c.ld);
+    } else {
+      linalg::syrk(n, k, alpha, at(a, i), a.ld, beta, at(c, i), c.ld);
+    }
+  }
+}
+
+void CpuBackend::symmetric_gemm(float alpha, const MatView& a, const MatView& b, float beta, const MatView& c,
+                                int tiles) {
+  host_f32(a, "symmetric_gemm");
+  host_f32(b, "symmetric_gemm");
+  host_f32(c, "symmetric_gemm");
+  const int64_t m = c.rows, k = a.cols;
+  DMUON_CHECK(c.cols == m && a.rows == m && b.rows == k && b.cols == m, "cpu backend symmetric_gemm: A ", a.rows,
+              "x", a.cols, ", B ", b.rows, "x", b.cols, ", C ", c.rows, "x", c.cols);
+  check_count(a, c, "symmetric_gemm");
+  check_count(b, c, "symmetric_gemm");
+  for (int64_t i = 0; i < c.count; ++i) {
+    linalg::symmetric_gemm(m, k, alpha, at(a, i), a.ld, at(b, i), b.ld, beta, at(c, i), c.ld, tiles);
+  }
+}
+
+void CpuBackend::scale(const MatView& x, float alpha) {
+  host_f32(x, "scale");
+  for (int64_t b = 0; b < x.count; ++b) {
+    if (x.ld == x.cols) {
+      linalg::scale(x.rows * x.cols, alpha, at(x, b));
+    } else {
+      for (int64_t r = 0; r < x.rows; ++r) linalg::scale(x.cols, alpha, at(x, b) + r * x.ld);
+    }
+  }
+}
+
+void CpuBackend::add_identity(const MatView& c, float alpha) {
+  host_f32(c, "add_identity");
+  DMUON_CHECK(c.rows == c.cols, "cpu backend add_identity: C is ", c.rows, "x", c.cols);
+  for (int64_t b = 0; b < c.count; ++b) linalg::add_identity(c.rows, alpha, at(c, b), c.ld);
+}
+
+void CpuBackend::mirror_upper(const MatView& c) {
+  host_f32(c, "mirror_upper");
+  DMUON_CHECK(c.rows == c.cols, "cpu backend mirror_upper: C is ", c.rows, "x", c.cols);
+  for (int64_t b = 0; b < c.count; ++b) linalg::mirror_upper(c.rows, at(c, b), c.ld);
+}
+
+void CpuBackend::transpose(const MatView& in, const MatView& out) {
+  host_f32(in, "transpose");
+  host_f32(out, "transpose");
+  DMUON_CHECK(out.rows == in.cols && out.cols == in.rows, "cpu backend transpose: ", in.rows, "x", in.cols, " into ",
+              out.rows, "x", out.cols);
+  check_count(in, out, "transpose");
+  for (int64_t b = 0; b < in.count; ++b) {
+    if (in.ld == in.cols && out.ld == out.cols) {
+      linalg::transpose(in.rows, in.cols, at(in, b), at(out, b));
+    } else {
+      for (int64_t i = 0; i < in.rows; ++i) {
+        for (int64_t j = 0; j < in.cols; ++j) at(out, b)[j * out.ld + i] = at(in, b)[i * in.ld + j];
+      }
+    }
+  }
+}
+
+void CpuBackend::frobenius_norms(const MatView& x, double* norms) {
+  host_f32(x, "frobenius_norms");
+  for (int64_t b = 0; b < x.count; ++b) {
+    if (x.ld == x.cols) {
+      norms[b] = linalg::norm2(x.rows * x.cols, at(x, b));
+    } else {
+      double sum = 0;
+      for (int64_t r = 0; r < x.rows; ++r) {
+        const double row = linalg::norm2(x.cols, at(x, b) + r * x.ld);
+        sum += row * row;
+      }
+      norms[b] = std::sqrt(sum);
+    }
+  }
+}
+
+void CpuBackend::scale_by_inverse_norm(const MatView& x, const double* norms, double safety, double eps) {
+  for (int64_t b = 0; b < x.count; ++b) scale(x.matrix(b), static_cast<float>(1.0 / (norms[b] * safety + eps)));
+}
+
+std::unique_ptr<Event> CpuBackend::record_event() { return std::make_unique<DoneEvent>(); }
+
+void CpuBackend::run_concurrently(int workers, const std::function<void(Backend& queue, int worker)>& fn) {
+  if (workers <= 1) {
+    fn(*this, 0);
+    return;
+  }
+  // OpenBLAS keeps one process-wide thread count: set it to 1 here, once, before the workers start
+  // (calling openblas_set_num_threads from inside them would race), and restore it after they join.
+  linalg::ThreadsScope single(1);
+  std::vector<std::exception_ptr> errors(workers);
+  const auto work = [&](int w) {
+    try {
+      fn(*this, w);
+    } catch (...) {
+      errors[w] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> pool;
+  for (int w = 1; w < workers; ++w) pool.emplace_back(work, w);
+  work(0);  // the calling thread is worker 0
+  for (auto& t : pool) t.join();
+  for (const auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+int CpuBackend::parallelism() const { return linalg::threads(); }
+
+int CpuBackend::set_parallelism(int n) {
+  const int previous = linalg::threads();
+  if (n > 0) linalg::set_threads(n);
+  return previous;
+}
+
+Backend& cpu_backend() {
+  static CpuBackend backend;
+  return backend;
+}
+
+}  // namespace dmuon

@@ -1,0 +1,99 @@
+// The Newton–Schulz workspace pool (workspace.hpp, ns.hpp's limit): leased per queue, kept for reuse up to a
+// byte limit, released on request.
+#include <cstdlib>
+#include <mutex>
+
+#include "ns/workspace.hpp"
+
+namespace dmuon {
+namespace ns_detail {
+
+namespace {
+
+void grow(Buffer& b, Backend& backend, int64_t size, DType dtype) {
+  if (b.size() < size || b.dtype() != dtype) b = Buffer(backend, dtype, size);
+}
+
+size_t default_limit() {
+  const char* mb = std::getenv("DMUON_NS_WORKSPACE_MB");
+  return (mb && *mb ? std::strtoull(mb, nullptr, 10) : 1024) << 20;
+}
+
+struct Pool {
+  std::mutex mutex;
+  std::vector<std::unique_ptr<Workspace>> free;  // oldest first
+  size_t limit = default_limit();
+
+  size_t bytes() const {
+    size_t total = 0;
+    for (const auto& ws : free) total += ws->bytes();
+    return total;
+  }
+  // Frees the oldest workspaces until the pool holds at most `limit` bytes.
+  void trim() {
+    while (!free.empty() && bytes() > limit) free.erase(free.begin());
+  }
+};
+
+Pool& pool() {
+  static Pool p;
+  return p;
+}
+
+}  // namespace
+
+void Workspace::reserve(int64_t m, int64_t n, int64_t batch, DType dtype) {
+  for (Buffer& b : mn) grow(b, *backend, m * n * batch, dtype);
+  for (Buffer& b : mm) grow(b, *backend, m * m * batch, dtype);
+  grow(norms, *backend, 2 * batch, DType::f32);
+}
+
+size_t Workspace::bytes() const {
+  size_t total = static_cast<size_t>(norms.size()) * 4;
+  for (const Buffer& b : mn) total += static_cast<size_t>(b.size()) * dtype_size(b.dtype());
+  for (const Buffer& b : mm) total += static_cast<size_t>(b.size()) * dtype_size(b.dtype());
+  return total;
+}
+
+WorkspaceLease::WorkspaceLease(Backend& backend) {
+  Pool& p = pool();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  for (auto it = p.free.rbegin(); it != p.free.rend(); ++it) {
+    if ((*it)->backend == &backend) {
+      ws_ = std::move(*it);
+      p.free.erase(std::next(it).base());
+      return;
+    }
+  }
+  ws_ = std::make_unique<Workspace>(backend);
+}
+
+WorkspaceLease::~WorkspaceLease() {
+  Pool& p = pool();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  p.free.push_back(std::move(ws_));
+  p.trim();
+}
+
+}  // namespace ns_detail
+
+void ns_set_workspace_limit(size_t bytes) {
+  auto& p = ns_detail::pool();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  p.limit = bytes;
+  p.trim();
+}
+
+void ns_release_workspaces(const Backend* backend) {
+  auto& p = ns_detail::pool();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  std::erase_if(p.free, [&](const auto& ws) { return !backend || ws->backend == backend; });
+}
+
+size_t ns_pooled_workspace_bytes() {
+  auto& p = ns_detail::pool();
+  std::lock_guard<std::mutex> lock(p.mutex);
+  return p.bytes();
+}
+
+}  // namespace dmuon

@@ -1,0 +1,327 @@
+// Backend conformance (as ggml's test-backend-ops): every operation of the Backend interface against a float64
+// reference computed here on the host, on odd shapes, row strides larger than the width, strided batches and
+// zero sizes. Data moves only through the interface (copy_from_host / copy_to_host), so any backend can run it:
+// the CPU backend always, the CUDA backend where this build has it and a device is present (else skipped).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "dmuon/backend.hpp"
+#include "dmuon/error.hpp"
+
+namespace dmuon {
+namespace {
+
+// Tolerance of a float32 result accumulated over k terms of size ~1: |x − ref| ≤ k·ε·scale (Higham's bound
+// for a dot product, with the inputs' magnitudes bounded by 1).
+double tol(int64_t k, double scale = 1.0) { return 4.0 * static_cast<double>(std::max<int64_t>(k, 1)) * 6e-8 * scale; }
+
+// A host image of a strided batch: count matrices of rows×cols with row stride ld, batch stride stride.
+struct Host {
+  int64_t rows, cols, ld, count, stride;
+  std::vector<float> v;
+  Host(int64_t r, int64_t c, int64_t l, int64_t n, uint32_t seed) : rows(r), cols(c), ld(l), count(n) {
+    stride = rows * ld + 3;  // a gap between matrices, never touched
+    v.assign(static_cast<size_t>(std::max<int64_t>(stride * count, 1)), 0.0f);
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+    for (float& x : v) x = d(rng);
+  }
+  float& at(int64_t b, int64_t i, int64_t j) { return v[b * stride + i * ld + j]; }
+  double get(int64_t b, int64_t i, int64_t j) const { return v[b * stride + i * ld + j]; }
+};
+
+class Conformance : public ::testing::TestWithParam<DeviceKind> {
+ protected:
+  void SetUp() override {
+    try {
+      be_ = &backend_for(GetParam());
+    } catch (const Error& e) {
+      GTEST_SKIP() << "no " << to_string(GetParam()) << " backend here: " << e.what();
+    }
+  }
+  // Device copy of a host image; the view matches its layout.
+  MatView upload(const Host& h) {
+    buffers_.emplace_back(*be_, DType::f32, static_cast<int64_t>(h.v.size()));
+    be_->copy_from_host(buffers_.back().data(), h.v.data(), h.v.size() * sizeof(float));
+    return {buffers_.back().data(), be_->device(), DType::f32, h.rows, h.cols, h.ld, h.count, h.stride};
+  }
+  void download(const MatView& v, Host& h) {
+    be_->copy_to_host(h.v.data(), v.data, h.v.size() * sizeof(float));
+  }
+  float* upload(const std::vector<float>& x) {
+    buffers_.emplace_back(*be_, DType::f32, static_cast<int64_t>(x.size()));
+    be_->copy_from_host(buffers_.back().data(), x.data(), x.size() * sizeof(float));
+    return buffers_.back().f32();
+  }
+  std::vector<float> download(const float* p, size_t n) {
+    std::vector<float> out(n);
+    be_->copy_to_host(out.data(), p, n * sizeof(float));
+    return out;
+  }
+  double* device_doubles(size_t n) {
+    buffers_.emplace_back(*be_, DType::f32, static_cast<int64_t>(2 * n));
+    return reinterpret_cast<double*>(buffers_.back().data());
+  }
+  std::vector<double> download_doubles(const double* p, size_t n) {
+    std::vector<double> out(n);
+    be_->copy_to_host(out.data(), p, n * sizeof(double));
+    return out;
+  }
+
+  Backend* be_ = nullptr;
+  std::vector<Buffer> buffers_;
+};
+
+TEST_P(Conformance, GemmAllTransposesStridesAndBatches) {
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      const int64_t m = 7, n = 5, k = 9, count = 3;
+      Host a(ta ? k : m, ta ? m : k, (ta ? m : k) + 2, count, 1);
+      Host b(tb ? n : k, tb ? k : n, (tb ? k : n) + 1, count, 2);
+      Host c(m, n, n + 3, count, 3);
+      const Host c0 = c;
+      const MatView cv = upload(c);
+      be_->gemm(ta, tb, 0.75f, upload(a), upload(b), -0.5f, cv);
+      download(cv, c);
+      for (int64_t bi = 0; bi < count; ++bi) {
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double ref = -0.5 * c0.get(bi, i, j);
+            for (int64_t p = 0; p < k; ++p) {
+              ref += 0.75 * (ta ? a.get(bi, p, i) : a.get(bi, i, p)) * (tb ? b.get(bi, j, p) : b.get(bi, p, j));
+            }
+            ASSERT_NEAR(c.get(bi, i, j), ref, tol(k)) << "ta " << ta << " tb " << tb << " at " << bi << "," << i
+                                                      << "," << j;
+          }
+        }
+        // The gap between matrices and the padding of each row are untouched.
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = n; j < c.ld; ++j) ASSERT_EQ(c.get(bi, i, j), c0.get(bi, i, j));
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Conformance, GemmZeroSizes) {
+  Host a(0, 4, 4, 1, 1), b(4, 3, 3, 1, 2), c(0, 3, 3, 1, 3);
+  be_->gemm(false, false, 1.0f, upload(a), upload(b), 0.0f, upload(c));  // m = 0: nothing to do
+  Host a2(2, 0, 1, 1, 4), b2(0, 3, 3, 1, 5), c2(2, 3, 3, 1, 6);
+  const MatView cv = upload(c2);
+  be_->gemm(false, false, 1.0f, upload(a2), upload(b2), 0.5f, cv);  // k = 0: C = beta·C
+  Host out = c2;
+  download(cv, out);
+  for (int64_t i = 0; i < 2; ++i) {
+    for (int64_t j = 0; j < 3; ++j) EXPECT_FLOAT_EQ(out.get(0, i, j), 0.5f * c2.get(0, i, j));
+  }
+}
+
+TEST_P(Conformance, SyrkBothWaysIsTheFullSymmetricProduct) {
+  for (const bool trans : {false, true}) {
+    const int64_t n = 11, k = 6, count = 2;
+    Host a(trans ? k : n, trans ? n : k, (trans ? n : k) + 1, count, 7);
+    Host c(n, n, n + 2, count, 8);
+    for (int64_t b = 0; b < count; ++b) {  // beta·C must be symmetric
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < i; ++j) c.at(b, i, j) = c.at(b, j, i);
+      }
+    }
+    const Host c0 = c;
+    const MatView cv = upload(c);
+    be_->syrk(trans, 0.75f, upload(a), -0.5f, cv);
+    download(cv, c);
+    for (int64_t b = 0; b < count; ++b) {
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t j = 0; j < n; ++j) {
+          double ref = -0.5 * c0.get(b, i, j);
+          for (int64_t p = 0; p < k; ++p) {
+            ref += 0.75 * (trans ? a.get(b, p, i) * a.get(b, p, j) : a.get(b, i, p) * a.get(b, j, p));
+          }
+          ASSERT_NEAR(c.get(b, i, j), ref, tol(k)) << "trans " << trans << " at " << b << "," << i << "," << j;
+        }
+      }
+    }
+  }
+}
+
+TEST_P(Conformance, SymmetricGemmOfCommutingFactorsAnyTileCount) {
+  // S and S² commute, so S·S² is symmetric; tile counts that do not divide m, and more tiles than rows.
+  const int64_t m = 13;
+  Host s(m, m, m, 1, 9);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < i; ++j) s.at(0, i, j) = s.at(0, j, i);
+  }
+  Host s2(m, m, m + 1, 1, 10);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < m; ++j) {
+      double x = 0;
+      for (int64_t p = 0; p < m; ++p) x += s.get(0, i, p) * s.get(0, p, j);
+      s2.at(0, i, j) = static_cast<float>(x);
+    }
+  }
+  for (const int tiles : {1, 3, 4, 20}) {
+    Host c(m, m, m, 1, 11);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < i; ++j) c.at(0, i, j) = c.at(0, j, i);
+    }
+    const Host c0 = c;
+    const MatView cv = upload(c);
+    be_->symmetric_gemm(1.5f, upload(s), upload(s2), 0.25f, cv, tiles);
+    download(cv, c);
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < m; ++j) {
+        double ref = 0.25 * c0.get(0, i, j);
+        for (int64_t p = 0; p < m; ++p) ref += 1.5 * s.get(0, i, p) * s2.get(0, p, j);
+        ASSERT_NEAR(c.get(0, i, j), ref, tol(m, 4.0 * m)) << "tiles " << tiles << " at " << i << "," << j;
+      }
+    }
+  }
+}
+
+TEST_P(Conformance, ElementwiseOnStridedBatches) {
+  const int64_t r = 5, c = 5, count = 2;
+  Host x(r, c, c + 2, count, 12);
+  const Host x0 = x;
+  MatView v = upload(x);
+  be_->scale(v, -2.0f);
+  be_->add_identity(v, 0.5f);
+  download(v, x);
+  for (int64_t b = 0; b < count; ++b) {
+    for (int64_t i = 0; i < r; ++i) {
+      for (int64_t j = 0; j < c; ++j) {
+        EXPECT_FLOAT_EQ(x.get(b, i, j), -2.0f * x0.get(b, i, j) + (i == j ? 0.5f : 0.0f));
+      }
+      for (int64_t j = c; j < x.ld; ++j) EXPECT_EQ(x.get(b, i, j), x0.get(b, i, j));  // padding untouched
+    }
+  }
+  be_->mirror_upper(v);
+  download(v, x);
+  for (int64_t b = 0; b < count; ++b) {
+    for (int64_t i = 0; i < r; ++i) {
+      for (int64_t j = 0; j < i; ++j) EXPECT_EQ(x.get(b, i, j), x.get(b, j, i));
+    }
+  }
+  be_->fill(v, 3.0f);
+  download(v, x);
+  EXPECT_EQ(x.get(1, 4, 4), 3.0f);
+  EXPECT_EQ(x.get(0, 0, 0), 3.0f);
+}
+
+TEST_P(Conformance, TransposeOddShape) {
+  Host in(7, 37, 40, 2, 13), out(37, 7, 9, 2, 14);
+  const MatView ov = upload(out);
+  be_->transpose(upload(in), ov);
+  download(ov, out);
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t i = 0; i < 7; ++i) {
+      for (int64_t j = 0; j < 37; ++j) ASSERT_EQ(out.get(b, j, i), in.get(b, i, j));
+    }
+  }
+}
+
+TEST_P(Conformance, NormsStayOnTheDeviceAndFlagNonFinite) {
+  Host x(6, 9, 11, 3, 15);
+  x.at(2, 3, 4) = NAN;
+  const MatView v = upload(x);
+  double* norms = device_doubles(3);
+  be_->frobenius_norms(v, norms);
+  const std::vector<double> got = download_doubles(norms, 3);
+  for (int64_t b = 0; b < 2; ++b) {
+    double sum = 0;
+    for (int64_t i = 0; i < 6; ++i) {
+      for (int64_t j = 0; j < 9; ++j) sum += x.get(b, i, j) * x.get(b, i, j);
+    }
+    EXPECT_NEAR(got[b], std::sqrt(sum), 1e-12 * std::sqrt(sum));
+  }
+  EXPECT_FALSE(std::isfinite(got[2]));
+  // x_i ← x_i / (‖x_i‖·safety + eps), rounded as DESIGN 2.1's normalisation: the factor in double, then float.
+  be_->scale_by_inverse_norm(v.first(2), norms, 1.5, 1e-7);
+  Host y = x;
+  download(v, y);
+  for (int64_t b = 0; b < 2; ++b) {
+    const float f = static_cast<float>(1.0 / (got[b] * 1.5 + 1e-7));
+    EXPECT_EQ(y.get(b, 2, 3), static_cast<float>(x.get(b, 2, 3)) * f);
+  }
+}
+
+TEST_P(Conformance, UpdateRulesAgainstDoubleReferences) {
+  const int64_t n = 37;
+  std::mt19937 rng(16);
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  auto random = [&] {
+    std::vector<float> x(n);
+    for (float& e : x) e = d(rng);
+    return x;
+  };
+  const std::vector<float> g = random(), p0 = random(), m0 = random(), mom0 = random();
+  std::vector<float> v0 = random();
+  for (float& e : v0) e = std::abs(e);
+  const float gs = 0.5f;
+
+  double* sum = device_doubles(1);
+  be_->sum_of_squares(upload(g), n, gs, sum);
+  double ref_sum = 0;
+  for (float e : g) ref_sum += double(e * gs) * double(e * gs);
+  EXPECT_NEAR(download_doubles(sum, 1)[0], ref_sum, 1e-12 * ref_sum);
+
+  float* acc = upload(m0);
+  be_->accumulate(acc, upload(g), n, true);
+  be_->accumulate(acc, upload(g), n, false);
+  const std::vector<float> accumulated = download(acc, n);
+  for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(accumulated[i], 2 * g[i]);
+
+  const AdamWStepConstants k{0.99f, 0.1f, 0.95f, 0.05f, 0.01f, 0.3f, 1e-8f};
+  float *p = upload(p0), *m = upload(m0), *v = upload(v0);
+  be_->adamw_step(p, upload(g), gs, m, v, n, k);
+  const std::vector<float> p1 = download(p, n), m1 = download(m, n), v1 = download(v, n);
+  for (int64_t i = 0; i < n; ++i) {
+    const double gi = double(g[i]) * gs;
+    const double mi = m0[i] + 0.1 * (gi - m0[i]), vi = 0.95 * v0[i] + 0.05 * gi * gi;
+    const double pi = p0[i] * 0.99 - 0.01 * mi / (std::sqrt(vi) / 0.3 + 1e-8);
+    EXPECT_NEAR(m1[i], mi, 1e-6);
+    EXPECT_NEAR(v1[i], vi, 1e-6);
+    EXPECT_NEAR(p1[i], pi, 1e-5 * (1 + std::abs(pi)));
+  }
+
+  for (const bool nesterov : {false, true}) {
+    float* mom = upload(mom0);
+    float* u = upload(std::vector<float>(n, 0.0f));
+    be_->muon_momentum(upload(g), gs, mom, u, n, 0.05f, 0.95f, nesterov);
+    const std::vector<float> mom1 = download(mom, n), u1 = download(u, n);
+    for (int64_t i = 0; i < n; ++i) {
+      const double gi = double(g[i]) * gs, mi = 0.95 * mom0[i] + 0.05 * gi;
+      EXPECT_NEAR(mom1[i], mi, 1e-6);
+      EXPECT_NEAR(u1[i], nesterov ? 0.05 * gi + 0.95 * mi : mi, 1e-6);
+    }
+  }
+
+  float* w = upload(p0);
+  be_->muon_apply(w, upload(g), n, 0.98f, -0.02f, 1.5f);
+  const std::vector<float> w1 = download(w, n);
+  for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(w1[i], 0.98 * p0[i] - 0.02 * 1.5 * g[i], 1e-6);
+}
+
+TEST_P(Conformance, CopiesAndEvents) {
+  const std::vector<float> x = {1, 2, 3, 4, 5};
+  float* a = upload(x);
+  float* b = upload(std::vector<float>(5, 0.0f));
+  be_->copy(b, a, 5 * sizeof(float));
+  be_->record_event()->wait();
+  EXPECT_EQ(download(b, 5), x);
+  be_->synchronize();
+}
+
+TEST_P(Conformance, RunConcurrentlyRunsEveryWorkerOnce) {
+  std::vector<int> seen(3, 0);
+  be_->run_concurrently(3, [&](Backend&, int w) { seen[w] += 1; });
+  EXPECT_EQ(seen, std::vector<int>({1, 1, 1}));
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::Values(DeviceKind::cpu, DeviceKind::cuda),
+                         [](const auto& info) { return to_string(info.param); });
+
+}  // namespace
+}  // namespace dmuon
