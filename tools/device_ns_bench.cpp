@@ -14,14 +14,19 @@ namespace dmuon {
 namespace {
 
 std::string describe_path(const NsOptions& o) {
-  std::string s = o.algo == NsAlgo::gram ? "gram" : o.algo == NsAlgo::standard ? "standard" : "auto";
+  std::ostringstream os;
+  os << (o.algo == NsAlgo::gram ? "gram" : o.algo == NsAlgo::standard ? "standard" : "auto");
   if (o.algo == NsAlgo::gram) {
-    s += " r[";
-    for (size_t i = 0; i < o.restarts.size(); ++i) s += (i ? "," : "") + std::to_string(o.restarts[i]);
-    s += "]";
+    os << " r[";
+    for (size_t i = 0; i < o.restarts.size(); ++i) os << (i ? "," : "") << o.restarts[i];
+    os << "]";
   }
-  s += o.symmetric ? " sym t" + std::to_string(o.tiles) : " full";
-  return s + " " + to_string(o.dtype);
+  if (o.symmetric)
+    os << " sym t" << o.tiles;
+  else
+    os << " full";
+  os << " " << to_string(o.dtype);
+  return os.str();
 }
 
 std::string json_string(const std::string& s) {
