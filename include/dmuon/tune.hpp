@@ -138,6 +138,8 @@ struct TuneSessionOptions {
   int rounds = 3;          // timing rounds per candidate
   TuneProgressFn progress;
   std::function<void(const std::string&)> warn;  // a corrupt or foreign cache file (then tuned anew)
+  Backend* backend = nullptr;  // tune on this backend (a GPU: key tune_key_for, timer make_ns_timer(backend, dtype))
+  DType dtype = DType::f32;    // the iterates' dtype there
 };
 
 // Loads the cache, tunes what it lacks for `requests` with make_ns_timer, saves it when it changed
@@ -168,5 +170,8 @@ Orthogonalizer tuned_orthogonalizer(std::vector<TuneEntry> entries, NsOptions de
 // A MeasureFn that times newton_schulz_batched on fixed random inputs. It keeps the inputs of the
 // last (shape, batch) between calls and makes one untimed warm-up run whenever that changes.
 MeasureFn make_ns_timer();
+// The same on `backend`'s memory with `dtype` iterates (every candidate runs in that dtype), timed on the device
+// (time_on: CUDA events on a GPU). src/plan/tune_measure_device.cpp.
+MeasureFn make_ns_timer(Backend& backend, DType dtype);
 
 }  // namespace dmuon
