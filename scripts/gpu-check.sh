@@ -5,7 +5,8 @@
 #  1. probes what exists (GPU, nvcc, NCCL, the Debian libraries of the full build, torch) -> probe.txt
 #  2. builds: the full project when every library is there, else the GPU subset (-DDMUON_GPU_ONLY=ON: CUDA and
 #     the C++ standard library only) -> build.log
-#  3. runs the GPU tests -> tests.log
+#  3. runs the GPU tests (dmuon_gpu_check test: products and Newton–Schulz vs float64; with the full build also
+#     the GoogleTest suites: conformance vs the CPU backend, NCCL) -> tests.log
 #  4. dmuon bench ns --device cuda on 896x4864, 4864x896, 4096x4096, 4096x14336, 14336x4096 and a batch of
 #     28 x 896x896, and the single-GPU optimizer step on qwen2.5-0.5b shapes -> bench_ns*.json, bench_optimizer.json
 #  5. anchors in PyTorch: the bf16 quintic Newton–Schulz of DESIGN 2.1 and torch.matmul's bf16 rate
@@ -82,7 +83,7 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
 COMMON=("${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDMUON_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=90-real;90-virtual")
 [ -n "$NCCL_ROOT_HINT" ] && COMMON+=(-DNCCL_ROOT="$NCCL_ROOT_HINT")
 MODE=full
-TARGETS=(dmuon_cli cublas_calls_test cuda_backend_test cuda_ns_test comm_nccl_mpi_test)
+TARGETS=(dmuon_cli dmuon_gpu_check cublas_calls_test cuda_backend_test backend_conformance_test comm_nccl_mpi_test)
 if [ "$DRY_RUN" != 1 ] && ! cmake -S . -B "$BUILD" "${COMMON[@]}" >"$RESULTS/configure-full.log" 2>&1; then
   MODE=gpu-only
   BUILD=$BUILD-only
@@ -94,7 +95,7 @@ step build 240 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
 
 # ---- 3. GPU tests ----
 if [ "$MODE" = full ]; then
-  step tests 90 bash -c "cd '$BUILD' && ctest --output-on-failure -R 'cublas_calls|cuda_|nccl' --timeout 60"
+  step tests 120 bash -c "cd '$BUILD' && ctest --output-on-failure -R 'gpu_check|cublas_calls|cuda_backend|backend_conformance|comm_nccl' --timeout 90"
   CLI=("$BUILD/dmuon")
 else
   step tests 90 "$BUILD/dmuon_gpu_check" test

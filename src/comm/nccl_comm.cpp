@@ -10,6 +10,7 @@
 #include "backend/cuda/check.hpp"
 #include "backend/cuda/cuda_backend.hpp"
 #include "backend/cuda/kernels.hpp"
+#include "comm/collective_checks.hpp"
 #include "comm/failure.hpp"
 #include "comm/polling.hpp"
 #include "dmuon/comm_nccl.hpp"
@@ -287,8 +288,7 @@ class NcclComm : public Comm {
     return true;
   }
   std::vector<int64_t> displacements(std::span<const int64_t> counts, const char* what) const {
-    DMUON_CHECK(counts.size() == static_cast<size_t>(size_), what, " on rank ", rank_, ": ", counts.size(),
-                " per-rank counts for ", size_, " ranks");
+    detail::check_per_rank_counts(counts, size_, rank_, what);
     std::vector<int64_t> displs;
     int64_t total = 0;
     for (int64_t c : counts) {
@@ -298,13 +298,8 @@ class NcclComm : public Comm {
     }
     return displs;
   }
-  void check_root(int root, const char* what) const {
-    DMUON_CHECK(root >= 0 && root < size_, what, " on rank ", rank_, ": root ", root, " is not a rank of ", size_);
-  }
-  void check_op(DType t, ReduceOp op, const char* what) const {
-    DMUON_CHECK(op != ReduceOp::average || t == DType::f32 || t == DType::f64, what, " on rank ", rank_,
-                ": average needs a floating dtype, got ", to_string(t));
-  }
+  void check_root(int root, const char* what) const { detail::check_root(root, size_, rank_, what); }
+  void check_op(DType t, ReduceOp op, const char* what) const { detail::check_reduce_op(t, op, rank_, what); }
 
   ncclComm_t comm_;
   cuda::CudaBackend& backend_;
