@@ -87,7 +87,8 @@ class RecordingBackend final : public Backend {
 };
 
 // The kernels newton_schulz_batched issues for `batch` rows×cols matrices with `options` on a backend that
-// batches `preferred_batch` matrices per call (the real engine, run on a RecordingBackend).
+// batches `preferred_batch` matrices per call (the real engine, run on a RecordingBackend), with the input
+// norms left on the device as the optimizer's step leaves them.
 std::vector<KernelCall> ns_kernel_calls(int64_t rows, int64_t cols, int batch, const NsOptions& options,
                                         int64_t preferred_batch = 1);
 

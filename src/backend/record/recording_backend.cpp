@@ -139,7 +139,9 @@ std::vector<KernelCall> ns_kernel_calls(int64_t rows, int64_t cols, int batch, c
   }
   NsOptions o = options;
   o.threads = 0;
-  newton_schulz_batched(rec, views, views, o);
+  // The norms stay on the device, as in the optimizer's step (its one read per update is not NS's).
+  const Buffer norms(rec, DType::f32, 2 * static_cast<int64_t>(batch));
+  newton_schulz_batched(rec, views, views, o, {}, reinterpret_cast<double*>(norms.data()));
   buffers.clear();
   ns_release_workspaces(&rec);
   return rec.calls();
