@@ -83,7 +83,8 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
 COMMON=("${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDMUON_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=90-real;90-virtual")
 [ -n "$NCCL_ROOT_HINT" ] && COMMON+=(-DNCCL_ROOT="$NCCL_ROOT_HINT")
 MODE=full
-TARGETS=(dmuon_cli dmuon_gpu_check cublas_calls_test cuda_backend_test backend_conformance_test comm_nccl_mpi_test)
+TARGETS=(dmuon_cli dmuon_gpu_check cublas_calls_test cuda_backend_test cuda_optim_test backend_conformance_test
+         comm_nccl_mpi_test)
 if [ "$DRY_RUN" != 1 ] && ! cmake -S . -B "$BUILD" "${COMMON[@]}" >"$RESULTS/configure-full.log" 2>&1; then
   MODE=gpu-only
   BUILD=$BUILD-only
@@ -95,7 +96,7 @@ step build 240 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
 
 # ---- 3. GPU tests ----
 if [ "$MODE" = full ]; then
-  step tests 120 bash -c "cd '$BUILD' && ctest --output-on-failure -R 'gpu_check|cublas_calls|cuda_backend|backend_conformance|comm_nccl' --timeout 90"
+  step tests 120 bash -c "cd '$BUILD' && ctest --output-on-failure -R 'gpu_check|cublas_calls|cuda_|backend_conformance|comm_nccl' --timeout 90"
   CLI=("$BUILD/dmuon")
 else
   step tests 90 "$BUILD/dmuon_gpu_check" test
