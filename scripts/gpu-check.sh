@@ -12,7 +12,8 @@
 #  5. anchors in PyTorch: the bf16 quintic Newton–Schulz of DESIGN 2.1 and torch.matmul's bf16 rate
 #     -> torch_anchor.json; python/benchmarks/gpu_check_torch.py too when it exists
 #  6. prints a short table last (summary.txt).
-# Every step has its own time limit; a failing step is logged and the script goes on.
+# Every step has its own time limit, cut to what is left of the whole run's budget (DMUON_GPU_CHECK_BUDGET_S,
+# default 450 s; a step with less than 15 s left is skipped); a failing step is logged and the script goes on.
 set -uo pipefail
 
 RESULTS=${1:-${OUT:-}}
@@ -28,6 +29,8 @@ BUILD=${DMUON_GPU_BUILD:-build-gpu}
 JOBS=$(nproc)
 START=$(date +%s)
 DRY_RUN=${DMUON_GPU_CHECK_DRY_RUN:-0}  # 1: probe and print the plan, run nothing (for machines without a GPU)
+BUDGET=${DMUON_GPU_CHECK_BUDGET_S:-450}
+FORCE_MODE=${DMUON_GPU_CHECK_MODE:-}   # gpu-only: skip the full build even where its libraries exist
 declare -A STATUS
 
 say() { echo "[gpu-check $(($(date +%s) - START))s] $*"; }
@@ -35,6 +38,13 @@ say() { echo "[gpu-check $(($(date +%s) - START))s] $*"; }
 step() {
   local name=$1 limit=$2
   shift 2
+  local left=$((BUDGET - ($(date +%s) - START)))
+  if [ "$left" -lt 15 ]; then
+    STATUS[$name]="skipped (time budget spent)"
+    say "$name: ${STATUS[$name]}"
+    return 1
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   if [ "$DRY_RUN" = 1 ]; then
     say "would run ($name, ${limit}s): $*"
     STATUS[$name]="dry-run"
@@ -45,6 +55,7 @@ step() {
   local rc=$?
   case $rc in
     0) STATUS[$name]="ok" ;;
+    77) STATUS[$name]="skipped (no CUDA device)" ;;
     124 | 137) STATUS[$name]="timed out after ${limit}s" ;;
     *) STATUS[$name]="failed (exit $rc)" ;;
   esac
@@ -85,7 +96,8 @@ COMMON=("${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDMUON_CUDA=ON "-DCMAKE_CUDA_ARC
 MODE=full
 TARGETS=(dmuon_cli dmuon_gpu_check cublas_calls_test cuda_backend_test cuda_optim_test backend_conformance_test
          comm_nccl_mpi_test)
-if [ "$DRY_RUN" != 1 ] && ! cmake -S . -B "$BUILD" "${COMMON[@]}" >"$RESULTS/configure-full.log" 2>&1; then
+if [ "$FORCE_MODE" = gpu-only ] ||
+  { [ "$DRY_RUN" != 1 ] && ! cmake -S . -B "$BUILD" "${COMMON[@]}" >"$RESULTS/configure-full.log" 2>&1; }; then
   MODE=gpu-only
   BUILD=$BUILD-only
   TARGETS=(dmuon_gpu_check)
@@ -114,8 +126,7 @@ json bench_ns 120 "${CLI[@]}" bench ns --device cuda --shapes 896x4864,4864x896,
   --repeats 20
 json bench_ns_batch 45 "${CLI[@]}" bench ns --device cuda --shapes 896x896 --batch 28 --repeats 20
 if [ "$MODE" = full ]; then
-  json bench_optimizer 60 "${CLI[@]}" bench optimizer --device cuda --model qwen2.5-0.5b --optim adamw,muon-gather-plain \
-    --steps 5
+  json bench_optimizer 60 "${CLI[@]}" bench optimizer --device cuda --model qwen2.5-0.5b --optim adamw,muon --steps 5
 else
   STATUS[bench_optimizer]="skipped (needs the full build)"
 fi
