@@ -36,7 +36,7 @@ T value(int rank, int64_t i) {
 
 template <typename T>
 class CommTyped : public ::testing::Test {};
-using Types = ::testing::Types<float, double, int64_t>;
+using Types = ::testing::Types<float, double, int64_t, uint8_t>;
 TYPED_TEST_SUITE(CommTyped, Types);
 
 TYPED_TEST(CommTyped, AllGatherConcatenatesRankBlocks) {

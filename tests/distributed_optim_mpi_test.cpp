@@ -1,12 +1,16 @@
 // DMuon and MuonGatherCompute against single-process Muon, at every world size the suite runs
 // (1..4): a model of mixed shapes (wide, tall, square, tiny matrices, a matrix moved to AdamW, 1-D
-// and 2-D elementwise parameters), 20 steps of seeded random gradients, clipping by the global norm,
-// standard and Gram NS; plus the non-finite policies and checkpoints across world sizes.
+// and 2-D elementwise parameters), 20 steps of seeded random gradients that differ on every rank and
+// average to the reference's, steps above and below the clipping bound, standard and Gram NS: the
+// weights, the reported gradient norm and every optimizer state buffer. Plus where NS runs (each Muon
+// matrix once, on its planned owner), DMuon's refusals, the non-finite policies and checkpoints across
+// world sizes.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <map>
 #include <random>
 
 #include "dmuon/atomic_file.hpp"
@@ -46,16 +50,43 @@ OptimizerOptions options(NsAlgo algo) {
   o.muon.ns.algo = algo;
   o.adamw.weight_decay = 0.1;
   o.rules = {{"head", OptimGroup::adamw}};
-  o.clip_grad_norm = 4.0;  // below the gradients' norm (504 N(0,1) values: about 22), so every step clips
+  o.clip_grad_norm = 4.0;  // see step_scale
   return o;
 }
 
-// Seeded random gradient of parameter p at step t, the same on every rank.
+// The mean gradient's scale at step t: 504 N(0,1) values have norm about 22, so steps at scale 1 clip
+// and every third step (norm about 2.2) does not. A reduction that summed over D ranks instead of
+// averaging would clip those too (norm 2.2·D), and would scale the optimizer state by D.
+float step_scale(int t) { return t % 3 == 1 ? 0.1f : 1.0f; }
+
+// Seeded N(0,1) values, n of them.
+std::vector<double> normal_values(uint32_t seed, int64_t n) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> d;
+  std::vector<double> g(n);
+  for (double& x : g) x = d(rng);
+  return g;
+}
+
+// The mean gradient of parameter p at step t: what the single-process reference is given.
 std::vector<float> gradient(int p, int t, int64_t n) {
-  std::mt19937 rng(1000 * t + p);
-  std::normal_distribution<float> d;
   std::vector<float> g(n);
-  for (float& x : g) x = d(rng);
+  const std::vector<double> z = normal_values(1000 * t + p, n);
+  for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(step_scale(t) * z[i]);
+  return g;
+}
+
+// Rank r's gradient of parameter p at step t among `ranks`: the mean gradient plus a rank's own
+// deviation e_r − mean(e) of the same size, so every rank's differs and their mean is the mean gradient.
+std::vector<float> rank_gradient(int p, int t, int64_t n, int r, int ranks) {
+  std::vector<float> g = gradient(p, t, n);
+  std::vector<double> mean(n, 0.0), mine;
+  for (int q = 0; q < ranks; ++q) {
+    const std::vector<double> e = normal_values(7919 * (t + 1) + 101 * p + 13 * q + 5, n);
+    for (int64_t i = 0; i < n; ++i) mean[i] += e[i] / ranks;
+    if (q == r) mine = e;
+  }
+  for (int64_t i = 0; i < n; ++i) g[i] += static_cast<float>(step_scale(t) * (mine[i] - mean[i]));
   return g;
 }
 
@@ -68,15 +99,15 @@ std::unique_ptr<shard::ShardedParams> sharded(Layout layout, Mode mode, std::sha
   shard::ParamRegistry reg;
   for (const ParamSpec& s : specs()) reg.add(s);
   auto sp = std::make_unique<shard::ShardedParams>(std::move(comm), reg,
-                                                   shard::ShardOptions{layout, mode, comm::ReduceOp::sum, true});
+                                                   shard::ShardOptions{layout, mode, comm::ReduceOp::average, true});
   test::ToyModel init(specs(), 7);
   for (int p = 0; p < sp->registry().size(); ++p) sp->load_full(p, init.values[p]);
   return sp;
 }
 
-// Forward and backward through the hooks; rank 0 alone contributes gradient t (a sum over ranks
-// of it and zeros is exact, so every variant sees the same reduced gradient). `poison` puts a NaN
-// into parameter `poison` on the last rank.
+// Forward and backward through the hooks; every rank contributes its own gradient (rank_gradient),
+// which the hooks average over ranks. `poison` puts a NaN into element 0 of parameter `poison` on the
+// last rank.
 void backward(shard::ShardedParams& sp, int t, int poison = -1, const comm::Comm& comm = *world()) {
   const int rank = comm.rank();
   for (int u = 0; u < sp.num_units(); ++u) {
@@ -87,8 +118,8 @@ void backward(shard::ShardedParams& sp, int t, int poison = -1, const comm::Comm
     sp.before_backward(u);
     for (int p : sp.layout(u).params) {
       auto g = sp.grad(p);
-      const std::vector<float> v = gradient(p, t, g.size());
-      for (size_t i = 0; i < g.size(); ++i) g[i] = rank == 0 ? v[i] : 0.0f;
+      const std::vector<float> v = rank_gradient(p, t, g.size(), rank, comm.size());
+      std::copy(v.begin(), v.end(), g.begin());
       if (p == poison && rank == comm.size() - 1) g[0] = std::numeric_limits<float>::quiet_NaN();
     }
     sp.after_backward(u);
@@ -113,9 +144,26 @@ void set_gradients(test::ToyModel& m, int t) {
   for (size_t p = 0; p < m.grads.size(); ++p) assign(m.grads[p], gradient(p, t, m.grads[p].size()));
 }
 
-// Single-process Muon for `steps` steps from the same start.
-test::ToyModel reference(NsAlgo algo, int steps, int poison_step = -1, int poison = -1) {
-  test::ToyModel m(specs(), 7);
+// Every optimizer state buffer of a rank's pieces: (param, kind) -> (offset, values). The values
+// themselves (kind "param") are compared through full_values.
+using State = std::map<std::pair<std::string, std::string>, std::pair<int64_t, std::vector<float>>>;
+State state_of(Optimizer& o) {
+  State out;
+  for (const StateSlice& s : o.state_slices())
+    if (s.kind != "param") out[{s.param, s.kind}] = {s.offset, std::vector<float>(s.data, s.data + s.count)};
+  return out;
+}
+
+// Single-process Muon for `steps` steps from the same start: its weights, state, and the gradient
+// norm it reported at each update.
+struct Reference {
+  test::ToyModel model{specs(), 7};
+  State state;
+  std::vector<double> grad_norms;
+};
+Reference reference(NsAlgo algo, int steps, int poison_step = -1, int poison = -1) {
+  Reference ref;
+  test::ToyModel& m = ref.model;
   OptimizerOptions o = options(algo);
   o.nonfinite = NonFinitePolicy::skip;
   Muon muon(m.refs(), o);
@@ -123,14 +171,42 @@ test::ToyModel reference(NsAlgo algo, int steps, int poison_step = -1, int poiso
     set_gradients(m, t);
     if (t == poison_step) m.grads[poison][0] = std::numeric_limits<float>::quiet_NaN();
     muon.step();
+    ref.grad_norms.push_back(muon.last_grad_norm());
   }
-  return m;
+  ref.state = state_of(muon);
+  return ref;
+}
+
+// The brute-force norm of step t's mean gradient over every parameter, in double.
+double mean_gradient_norm(int t) {
+  double sq = 0;
+  for (size_t p = 0; p < specs().size(); ++p)
+    for (float g : gradient(p, t, specs()[p].numel())) sq += double(g) * g;
+  return std::sqrt(sq);
+}
+
+// This rank's pieces of every state buffer against the same range of the reference's whole buffers,
+// ‖x − ref‖ / ‖ref‖ ≤ 1e-5 per buffer (as expect_equal_model, for the same reasons).
+void expect_equal_state(Optimizer& o, const State& ref, const std::string& what) {
+  for (const auto& [key, piece] : state_of(o)) {
+    ASSERT_TRUE(ref.count(key)) << what << ": the reference has no " << key.first << " " << key.second;
+    const auto& [offset, values] = piece;
+    const std::vector<float>& whole = ref.at(key).second;
+    double d = 0, n = 0;
+    for (size_t i = 0; i < values.size(); ++i) {
+      d += std::pow(double(values[i]) - whole[offset + i], 2);
+      n += std::pow(double(whole[offset + i]), 2);
+    }
+    EXPECT_LE(std::sqrt(d), 1e-5 * std::sqrt(n)) << what << ": " << key.first << " " << key.second << " ["
+                                                 << offset << ", +" << values.size() << ") on rank " << o.rank();
+  }
 }
 
 // ‖x − ref‖ / ‖ref‖ ≤ 1e-5 per tensor: float32 rounding of 20 steps (a few ulps per step) through
 // NS, which may amplify an ulp-level change of the clipping factor (a norm summed in another
 // order) by up to a^5 ≈ 490 along small singular values.
 void expect_equal_model(const std::vector<std::vector<float>>& x, const test::ToyModel& ref, const std::string& what) {
+  ASSERT_EQ(x.size(), ref.values.size()) << what;
   for (size_t p = 0; p < x.size(); ++p) {
     double d = 0, n = 0;
     for (size_t i = 0; i < x[p].size(); ++i) {
@@ -161,22 +237,101 @@ std::unique_ptr<Optimizer> make_optimizer(const Case& c, shard::ShardedParams& s
 TEST(DistributedMuon, EqualsSingleProcessMuon) {
   constexpr int kSteps = 20;
   for (NsAlgo algo : {NsAlgo::standard, NsAlgo::gram}) {
-    const test::ToyModel ref = reference(algo, kSteps);
+    const Reference ref = reference(algo, kSteps);
     for (const Case& c : kCases) {
+      const std::string what = std::string(c.name) + (algo == NsAlgo::gram ? ", gram" : ", standard");
       auto sp = sharded(c.layout, c.mode);
       auto opt = make_optimizer(c, *sp, options(algo));
+      int unclipped = 0;
       for (int t = 0; t < kSteps; ++t) {
         backward(*sp, t);
         ASSERT_TRUE(opt->step());
+        const double norm = mean_gradient_norm(t);
+        unclipped += norm < options(algo).clip_grad_norm;
+        EXPECT_NEAR(opt->last_grad_norm(), norm, 1e-5 * norm) << what << " step " << t;
+        EXPECT_NEAR(opt->last_grad_norm(), ref.grad_norms[t], 1e-5 * norm) << what << " step " << t;
       }
-      expect_equal_model(full_values(*sp), ref, std::string(c.name) + (algo == NsAlgo::gram ? ", gram" : ", standard"));
+      EXPECT_GE(unclipped, kSteps / 4) << "too few steps below the clipping bound";
+      expect_equal_model(full_values(*sp), ref.model, what);
+      expect_equal_state(*opt, ref.state, what);
     }
   }
 }
 
+// NS runs once per Muon matrix: DMuon on its planned owner only (the owners ShardedParams holds), so
+// each rank's last_stats count is its share of the plan and the counts add up to the Muon matrices;
+// gather-then-compute on every rank.
+TEST(DistributedMuon, EachMatrixIsOrthogonalizedOnceOnItsOwner) {
+  const std::vector<ParamSpec> all = specs();
+  for (const Case& c : kCases) {
+    auto sp = sharded(c.layout, c.mode);
+    std::vector<double> times(all.size(), 0);  // per parameter: how often this rank orthogonalized it
+    const Orthogonalizer ns = ns_orthogonalizer(NsOptions{});
+    const Orthogonalizer counting = [&](Backend& backend, std::span<const MatView> u, std::span<const MatView> o,
+                                        std::span<const std::string> names, double* norms) {
+      for (const std::string& name : names)
+        for (size_t p = 0; p < all.size(); ++p) times[p] += all[p].name == name;
+      ns(backend, u, o, names, norms);
+    };
+    std::unique_ptr<Optimizer> opt;
+    if (c.gather_compute) opt = std::make_unique<MuonGatherCompute>(world(), *sp, options(NsAlgo::standard), counting);
+    else opt = std::make_unique<DMuon>(world(), *sp, options(NsAlgo::standard), counting);
+    backward(*sp, 0);
+    ASSERT_TRUE(opt->step());
+    const int me = world()->rank();
+    int64_t muon = 0, mine = 0;
+    for (size_t p = 0; p < all.size(); ++p) {
+      if (opt->group_of(all[p].name) != OptimGroup::muon) {
+        EXPECT_EQ(times[p], 0) << c.name << ": " << all[p].name << " is AdamW's, on rank " << me;
+        continue;
+      }
+      ++muon;
+      const bool here = c.gather_compute || sp->owners()[p] == me;
+      mine += here;
+      EXPECT_EQ(times[p], here ? 1 : 0) << c.name << ": " << all[p].name << " on rank " << me;
+    }
+    EXPECT_EQ(muon, 6);
+    EXPECT_EQ(opt->last_stats().ns_matrices, mine) << c.name << " on rank " << me;
+    std::vector<double> counted = {double(opt->last_stats().ns_matrices)};
+    world()->all_reduce<double>(counted, comm::ReduceOp::sum).wait();
+    EXPECT_EQ(counted[0], c.gather_compute ? muon * world()->size() : muon) << c.name;
+    world()->all_reduce<double>(times, comm::ReduceOp::sum).wait();
+    for (size_t p = 0; p < all.size(); ++p) {
+      if (opt->group_of(all[p].name) == OptimGroup::muon && !c.gather_compute) {
+        EXPECT_EQ(times[p], 1) << c.name << ": " << all[p].name << " orthogonalized " << times[p] << " times";
+      }
+    }
+  }
+}
+
+// DMuon refuses, on every rank alike, the even layout (it splits matrices) and a parameter of role
+// elementwise moved into the Muon group (the owner-aligned layout splits it).
+TEST(DistributedMuon, DMuonRefusesLayoutsThatSplitItsMatrices) {
+  const auto refusal = [](auto make) -> std::string {
+    try {
+      make();
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  auto even = sharded(Layout::even, Mode::z3);
+  EXPECT_NE(refusal([&] { DMuon d(world(), *even, options(NsAlgo::standard)); })
+                .find("DMuon needs the owner-aligned layout (the even layout splits matrices"),
+            std::string::npos);
+  auto owned = sharded(Layout::owner_aligned, Mode::z3);
+  OptimizerOptions o = options(NsAlgo::standard);
+  o.rules.insert(o.rules.begin(), GroupRule{"embed", OptimGroup::muon});
+  EXPECT_NE(refusal([&] { DMuon d(world(), *owned, o); })
+                .find("parameter 'embed' is in the Muon group but its role is elementwise"),
+            std::string::npos);
+  // The same options are fine for the gather variant on the even layout, which holds whole matrices' pieces.
+  EXPECT_EQ(refusal([&] { MuonGatherCompute g(world(), *even, o); }), "(no error)");
+}
+
 TEST(DistributedMuon, NonFiniteGradientSkipsOnEveryRank) {
   const int poison = 3;  // l.q: owned by one rank, whose NaN every rank must hear about
-  const test::ToyModel ref = reference(NsAlgo::standard, 6, 2, poison);
+  const Reference ref = reference(NsAlgo::standard, 6, 2, poison);
   for (const Case& c : kCases) {
     auto sp = sharded(c.layout, c.mode);
     OptimizerOptions o = options(NsAlgo::standard);
@@ -188,23 +343,37 @@ TEST(DistributedMuon, NonFiniteGradientSkipsOnEveryRank) {
     }
     EXPECT_EQ(opt->skipped_steps(), 1) << c.name;
     EXPECT_EQ(opt->updates(), 5) << c.name;
-    expect_equal_model(full_values(*sp), ref, c.name);
+    expect_equal_model(full_values(*sp), ref.model, c.name);
+    expect_equal_state(*opt, ref.state, c.name);
   }
 }
 
+// The rank whose shard holds the NaN (after the reduce: l.q's owner under DMuon, the holder of its first
+// element in the even layout) names the parameter and itself; every other rank says another rank did.
 TEST(DistributedMuon, NonFiniteGradientFailsOnEveryRank) {
+  const int poison = 3;  // l.q, unit 1; the NaN is its element 0
+  const int me = world()->rank();
   for (const Case& c : kCases) {
     auto sp = sharded(c.layout, c.mode);
+    int holder = -1;
+    for (int r = 0; r < world()->size(); ++r)
+      for (const shard::LocalPiece& piece : sp->layout(1).local_pieces(r))
+        if (piece.param == poison && piece.offset_in_param == 0) holder = r;
+    ASSERT_GE(holder, 0) << c.name;
+    if (!c.gather_compute) {
+      EXPECT_EQ(holder, sp->owners()[poison]) << c.name;
+    }
     auto opt = make_optimizer(c, *sp, options(NsAlgo::standard));
-    backward(*sp, 0, 3);
+    backward(*sp, 0, poison);
     try {
       opt->step();
       ADD_FAILURE() << c.name << ": a NaN gradient must raise on every rank";
     } catch (const Error& e) {
-      const std::string what = e.what();
-      EXPECT_TRUE(what.find("non-finite gradient in parameter 'l.q' on rank") != std::string::npos ||
-                  what.find("non-finite gradient on another rank") != std::string::npos)
-          << what;
+      const std::string want =
+          me == holder ? "non-finite gradient in parameter 'l.q' on rank " + std::to_string(me) + " at update 1"
+                       : "non-finite gradient on another rank at update 1 (that rank's error names the parameter); "
+                         "this is rank " + std::to_string(me);
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << c.name << ": " << e.what();
     }
   }
 }
@@ -338,7 +507,7 @@ TEST(DistributedMuon, CheckpointReshardsToHalfThenOneRank) {
     single.step();
   }
   EXPECT_EQ(single.updates(), 12);
-  const test::ToyModel ref = reference(NsAlgo::standard, 12);
+  const test::ToyModel ref = reference(NsAlgo::standard, 12).model;
   expect_equal_model(alone.values, ref, "saved at " + std::to_string(world()->size()) + ", resumed at " +
                                       std::to_string(half_size) + " then 1");
   std::vector<double> barrier = {0};

@@ -126,9 +126,15 @@ TEST(GptLayers, SoftmaxCrossEntropyBackward) {
     return loss_scale * softmax_crossentropy_forward(losses.data(), probs.data(), logits.data(), targets.data(), N, V);
   };
   const double loss = f();
-  // The mean loss equals the mean of −log probs[target].
+  // From the logits in float64: the mean loss is the mean over rows of log Σ_v e^{logit_v} − logit_target,
+  // and probs are the softmax.
   double ref = 0;
-  for (int64_t i = 0; i < N; i++) ref -= std::log(static_cast<double>(probs[i * V + targets[i]]));
+  for (int64_t i = 0; i < N; i++) {
+    double z = 0;
+    for (int64_t v = 0; v < V; v++) z += std::exp(static_cast<double>(logits[i * V + v]));
+    ref += std::log(z) - logits[i * V + targets[i]];
+    for (int64_t v = 0; v < V; v++) EXPECT_NEAR(probs[i * V + v], std::exp(logits[i * V + v]) / z, 1e-6) << i << ", " << v;
+  }
   EXPECT_NEAR(loss / loss_scale, ref / N, 1e-5);
   std::vector<float> dlogits(N * V, 0.0f);
   softmax_crossentropy_backward(dlogits.data(), probs.data(), targets.data(), loss_scale, N, V);

@@ -29,10 +29,19 @@ TEST(Models, ManifestCountsMatchPublishedCounts) {
   EXPECT_EQ(count_params(load_model_manifest(manifest("qwen2.5-0.5b"))), 494032768);   // 0.49B
   EXPECT_EQ(count_params(load_model_manifest(manifest("qwen2.5-7b"))), 7615616512);    // 7.62B
   EXPECT_EQ(count_params(load_model_manifest(manifest("gpt2"))), 124439808);           // 124M
-  // pi0: PaliGemma-3B-224 (2,923,335,408) + Gemma-300M expert and action projections, about 3.3B.
-  const int64_t pi0 = count_params(load_model_manifest(manifest("pi0")));
-  EXPECT_GT(pi0, 3.2e9);
-  EXPECT_LT(pi0, 3.35e9);
+  // pi0 from its sources (models/pi0.json): PaliGemma-3B-224 (2,923,335,408, published), the Gemma-300M
+  // action expert without embeddings (openpi gemma_300m: width 1024, 18 layers, 8 query heads and 1 KV
+  // head of 256, MLP 4096; per layer q, k, v, o, gate, up, down and two RMSNorm weights; a final norm),
+  // and the action projections of openpi's pi0.py (action_dim 32).
+  const int64_t width = 1024, head = 256, mlp = 4096;
+  const int64_t expert_layer = width * 8 * head + 2 * width * 1 * head + 8 * head * width + 3 * width * mlp + 2 * width;
+  const int64_t expert = 18 * expert_layer + width;
+  const int64_t projections = (32 * width + width)                 // state_proj
+                              + (32 * width + width)               // action_in_proj
+                              + (2 * width * width + width)        // action_time_mlp_in
+                              + (width * width + width)            // action_time_mlp_out
+                              + (width * 32 + 32);                 // action_out_proj
+  EXPECT_EQ(count_params(load_model_manifest(manifest("pi0"))), 2923335408 + expert + projections);
   // WALL-OSS: Qwen2.5-VL-3B (3,754,622,976) plus a 2048-wide MLP expert in each of 36 layers.
   const int64_t wall = count_params(load_model_manifest(manifest("wall-oss")));
   EXPECT_EQ(wall, 3754622976 + 36 * 3 * 2048 * 2048);

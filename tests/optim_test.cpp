@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -152,36 +153,119 @@ TEST(ParamGroups, RoleDefaultsAndRulesMoveParameters) {
   }
 }
 
+// Every optimizer state buffer by "<param> <kind>" (muon.momentum, adamw.m, adamw.v; not the values).
+std::map<std::string, std::vector<float>> state_of(Optimizer& o) {
+  std::map<std::string, std::vector<float>> out;
+  for (const StateSlice& s : o.state_slices())
+    if (s.kind != "param") out[s.param + " " + s.kind].assign(s.data, s.data + s.count);
+  return out;
+}
+
+// The optimizer state a and b hold agrees buffer by buffer within atol + rtol·|b|.
+void expect_same_state(Optimizer& a, Optimizer& b, double atol, double rtol, const std::string& what) {
+  const auto sa = state_of(a), sb = state_of(b);
+  ASSERT_EQ(sa.size(), sb.size()) << what;
+  for (const auto& [key, values] : sb) {
+    ASSERT_TRUE(sa.count(key)) << what << ": no " << key;
+    expect_close(sa.at(key), values, atol, rtol, what + ": " + key);
+  }
+}
+
+// ‖g‖ in double over every parameter of a model.
+double norm_of(const std::vector<std::vector<double>>& g) {
+  double sq = 0;
+  for (const auto& p : g)
+    for (double x : p) sq += x * x;
+  return std::sqrt(sq);
+}
+
+// Four micro-batches of 3 samples against one batch of 12 (the gradient of a batch is the mean of its
+// samples' gradients), with clipping at 1 and step scales that put some updates above the bound and
+// some below. AdamW and Muon hardly see a uniform scale of the gradient, so a sum over micro-batches
+// instead of their mean would pass a comparison of weights alone; it cannot pass these: the norm the
+// optimizer reports is the brute-force norm of the 12-sample mean, the steps below the bound are not
+// clipped (a 4× larger sum would be), and every state buffer (Muon's momentum, AdamW's m and v, all
+// linear or quadratic in the gradient's scale) equals the one-batch optimizer's.
 TEST(Optimizer, AccumulatingFourMicroBatchesEqualsOneBigBatch) {
-  // Gradient of a batch = mean of per-sample gradients; 4 micro-batches of 3 samples vs 1 of 12.
+  const double clip = 1.0;
+  const std::vector<float> step_scale = {2.0f, 0.15f, 1.0f, 0.1f};  // mean-gradient norms about 4.5 × scale
   Model big(2), micro(2);
   OptimizerOptions opt;
+  opt.clip_grad_norm = clip;
   Optimizer ob(big.refs(), opt, test::reference_orthogonalizer());
   opt.accumulation_steps = 4;
   Optimizer om(micro.refs(), opt, test::reference_orthogonalizer());
-  for (int t = 0; t < 3; ++t) {
+  int below = 0;
+  for (int t = 0; t < int(step_scale.size()); ++t) {
+    std::vector<std::vector<double>> mean(big.specs.size());  // the 12-sample mean gradient, in double
     for (size_t p = 0; p < big.specs.size(); ++p)
       for (size_t i = 0; i < big.grads[p].size(); ++i) {
         float sum = 0;
-        for (int j = 0; j < 12; ++j) sum += big.sample_grad(p, i, t, j);
+        for (int j = 0; j < 12; ++j) sum += step_scale[t] * big.sample_grad(p, i, t, j);
         big.grads[p][i] = sum / 12;
+        double exact = 0;
+        for (int j = 0; j < 12; ++j) exact += double(step_scale[t]) * big.sample_grad(p, i, t, j);
+        mean[p].push_back(exact / 12);
       }
     EXPECT_TRUE(ob.step());
     for (int mb = 0; mb < 4; ++mb) {
       for (size_t p = 0; p < micro.specs.size(); ++p)
         for (size_t i = 0; i < micro.grads[p].size(); ++i) {
           float sum = 0;
-          for (int j = 0; j < 3; ++j) sum += micro.sample_grad(p, i, t, 3 * mb + j);
+          for (int j = 0; j < 3; ++j) sum += step_scale[t] * micro.sample_grad(p, i, t, 3 * mb + j);
           micro.grads[p][i] = sum / 3;
         }
       EXPECT_EQ(om.step(), mb == 3);
     }
+    const double norm = norm_of(mean);
+    below += norm < clip;
+    EXPECT_NEAR(om.last_grad_norm(), norm, 1e-6 * norm) << "step " << t;
+    EXPECT_NEAR(ob.last_grad_norm(), norm, 1e-6 * norm) << "step " << t;
   }
-  EXPECT_EQ(om.updates(), 3);
+  ASSERT_GE(below, 1);
+  ASSERT_LT(below, int(step_scale.size()));
+  EXPECT_EQ(om.updates(), 4);
   // The two gradient means differ by summation order (≲ 12 ulps of the gradient); AdamW divides by
   // sqrt(v) so a relative gradient change δ moves an element by about lr·δ, Muon by lr·s·|O|·δ/σ_min
-  // of the momentum; 1e-5 relative over 3 steps covers both on these well-conditioned matrices.
+  // of the momentum; 1e-5 relative over 4 steps covers both on these well-conditioned matrices. The
+  // state is linear (momentum, m) or quadratic (v) in the gradient: its rounding is a few ulps.
   for (size_t p = 0; p < big.specs.size(); ++p) expect_close(micro.values[p], big.values[p], 1e-5, 1e-5, big.specs[p].name);
+  expect_same_state(om, ob, 1e-9, 1e-5, "accumulated vs one batch");
+}
+
+// A non-finite gradient in one micro-batch skips that whole update on every call that completes it;
+// the next update starts its accumulation afresh, so it equals an optimizer that never saw the
+// poisoned micro-batches.
+TEST(Optimizer, NonFiniteSkipWithAccumulationDropsTheWholeUpdate) {
+  Model m(9), clean(9);
+  OptimizerOptions opt;
+  opt.nonfinite = NonFinitePolicy::skip;
+  opt.accumulation_steps = 3;
+  Optimizer o(m.refs(), opt, test::reference_orthogonalizer());
+  Optimizer oc(clean.refs(), opt, test::reference_orthogonalizer());
+  const auto micro_batch = [](Model& model, int t, int mb) {
+    for (size_t p = 0; p < model.specs.size(); ++p)
+      for (size_t i = 0; i < model.grads[p].size(); ++i) model.grads[p][i] = Model::sample_grad(p, i, t, mb);
+  };
+  const auto before = m.values;
+  for (int mb = 0; mb < 3; ++mb) {  // update 0: micro-batch 1 holds an infinity
+    micro_batch(m, 0, mb);
+    if (mb == 1) m.grads[1][2] = std::numeric_limits<float>::infinity();
+    EXPECT_FALSE(o.step()) << "micro-batch " << mb;
+  }
+  EXPECT_EQ(o.skipped_steps(), 1);
+  EXPECT_EQ(o.updates(), 0);
+  EXPECT_EQ(m.values, before);
+  for (int t = 1; t <= 2; ++t)
+    for (int mb = 0; mb < 3; ++mb) {
+      micro_batch(m, t, mb), micro_batch(clean, t, mb);
+      EXPECT_EQ(o.step(), mb == 2) << "update " << t << " micro-batch " << mb;
+      EXPECT_EQ(oc.step(), mb == 2);
+    }
+  EXPECT_EQ(o.updates(), 2);
+  EXPECT_EQ(o.skipped_steps(), 1);
+  EXPECT_EQ(m.values, clean.values);
+  expect_same_state(o, oc, 0, 0, "after a skipped update");
 }
 
 // last_stats counts the matrices handed to the Orthogonalizer in the last update and the time spent in
@@ -228,6 +312,14 @@ TEST(Optimizer, ClipsByGlobalNorm) {
   // small singular values by up to its slope at 0, a^5 = 3.4445^5 ≈ 490, and |O| ≤ 1, s ≤ 1.3.
   const double muon_atol = 0.02 * 1.3 * 490 * 2 * kEps;
   for (size_t p = 0; p < a.specs.size(); ++p) expect_close(a.values[p], b.values[p], muon_atol, 4 * kEps, a.specs[p].name);
+  // The weights after one step hardly see the factor (AdamW's first step and NS are scale-invariant);
+  // the state does: momentum = (1 − β)·g·factor, m = (1 − β1)·g·factor, v = (1 − β2)·(g·factor)².
+  expect_same_state(oa, ob, 0, 4 * kEps, "clipped vs prescaled");
+  const auto state = state_of(oa);
+  const std::vector<float>& m = state.at("layers.0.bias adamw.m");
+  for (size_t i = 0; i < m.size(); ++i) EXPECT_FLOAT_EQ(m[i], 0.1f * (a.grads[2][i] * factor)) << i;
+  const std::vector<float>& mom = state.at("layers.0.w muon.momentum");
+  for (size_t i = 0; i < mom.size(); ++i) EXPECT_FLOAT_EQ(mom[i], 0.05f * (a.grads[0][i] * factor)) << i;
 }
 
 // Several steps whose gradient norms vary (some above the bound, some below) so AdamW's second moment
@@ -323,17 +415,50 @@ TEST(AdamW, ShardedEqualsWholeBitForBit) {
   EXPECT_EQ(split.values, whole.values);
 }
 
-TEST(Optimizer, LearningRateChangesPerStep) {
-  Model a(6), b(6);
+// set_lr(muon_lr, adamw_lr) sets each group's rate exactly: on a first step (no decay) a Muon matrix
+// moves by −muon_lr·s·O (O what the orthogonalizer returned) and an AdamW element by
+// −adamw_lr·g/(|g| + eps) (m̂ = g, v̂ = g²).
+// The reference orthogonalizer, keeping each matrix's O by name in `out`.
+Orthogonalizer recording_orthogonalizer(std::map<std::string, std::vector<float>>& out) {
+  return [&out, ref = test::reference_orthogonalizer()](Backend& backend, std::span<const MatView> u,
+                                                         std::span<const MatView> o, std::span<const std::string> names,
+                                                         double* norms) {
+    ref(backend, u, o, names, norms);
+    for (size_t i = 0; i < names.size(); ++i) out[names[i]].assign(o[i].f32(), o[i].f32() + o[i].elements());
+  };
+}
+
+TEST(Optimizer, SetLrSetsEachGroupsRate) {
+  Model a(6);
+  const auto start = a.values;
   Optimizer oa(a.refs(), OptimizerOptions{}, test::reference_orthogonalizer());
-  Optimizer ob(b.refs(), OptimizerOptions{}, test::reference_orthogonalizer());
   oa.set_lr(0, 0);
-  for (auto& g : a.grads) std::fill(g.begin(), g.end(), 1.0f);
-  oa.step();
-  EXPECT_EQ(a.values, b.values);  // lr 0: nothing moves (no decay either)
-  oa.set_lr(0.02, 1e-3);
-  oa.step();
-  EXPECT_NE(a.values, b.values);
+  for (size_t p = 0; p < a.grads.size(); ++p)
+    for (size_t i = 0; i < a.grads[p].size(); ++i) a.grads[p][i] = Model::sample_grad(p, i, 0);
+  ASSERT_TRUE(oa.step());
+  EXPECT_EQ(a.values, start);  // lr 0: nothing moves (no decay either)
+
+  Model b(6);
+  std::map<std::string, std::vector<float>> orthogonalized;
+  Optimizer ob(b.refs(), OptimizerOptions{}, recording_orthogonalizer(orthogonalized));
+  const double muon_lr = 0.05, adamw_lr = 0.003;  // neither group's default, and not each other's
+  ob.set_lr(muon_lr, adamw_lr);
+  for (size_t p = 0; p < b.grads.size(); ++p) std::copy(a.grads[p].begin(), a.grads[p].end(), b.grads[p].begin());
+  ASSERT_TRUE(ob.step());
+  for (size_t p = 0; p < b.specs.size(); ++p) {
+    const ParamSpec& spec = b.specs[p];
+    for (size_t i = 0; i < b.values[p].size(); ++i) {
+      const double moved = double(b.values[p][i]) - start[p][i];
+      double want;
+      if (ob.group_of(spec.name) == OptimGroup::muon) {
+        want = -muon_lr * muon_scale(spec.rows(), spec.cols(), MuonScale::original) * orthogonalized.at(spec.name)[i];
+      } else {
+        const double g = b.grads[p][i];
+        want = -adamw_lr * g / (std::abs(g) + 1e-8);
+      }
+      EXPECT_NEAR(moved, want, 4 * kEps * (std::abs(start[p][i]) + std::abs(want))) << spec.name << "[" << i << "]";
+    }
+  }
 }
 
 }  // namespace

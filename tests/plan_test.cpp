@@ -265,12 +265,16 @@ TEST(Plan, PlanFromOwnersReproducesThePlan) {
   for (int r = 0; r < 5; ++r) EXPECT_EQ(a.per_rank[r].bytes, b.per_rank[r].bytes);
 }
 
-TEST(Plan, LptAndRrAreDeterministic) {
-  std::mt19937 rng(9);
-  auto in = make_instance(random_times(50, rng, 4));
-  const int64_t cap = memory_cap_bytes(in.items, 6, 0.25);
-  EXPECT_EQ(balance_lpt(in.items, 6, cap), balance_lpt(in.items, 6, cap));
-  EXPECT_EQ(balance_rr(in.items, 6), balance_rr(in.items, 6));
+// Worked by hand on 2 ranks. LPT on times 5, 1, 4, 3, 2: 5→0; 4→1; 3→1 (4 < 5); 2→0 (5 < 7); 1→0 (7 = 7,
+// the lower rank). RR deals the largest first (sizes 4, 64, 16, 64, 1; equal sizes by parameter index):
+// params 1, 3, 2, 0, 4 get ranks 0, 1, 0, 1, 0.
+TEST(Plan, LptAndRrGiveTheirHandWorkedAssignments) {
+  const auto in = make_instance({5, 1, 4, 3, 2});
+  EXPECT_EQ(balance_lpt(in.items, 2, memory_cap_bytes(in.items, 2, 0.25)), (std::vector<int>{0, 0, 1, 1, 0}));
+  std::vector<PlanItem> sized;
+  const int64_t sides[] = {2, 8, 4, 8, 1};
+  for (int i = 0; i < 5; ++i) sized.push_back({i, sides[i], sides[i], 0, 1.0, 64});
+  EXPECT_EQ(balance_rr(sized, 2), (std::vector<int>{1, 0, 0, 1, 0}));
 }
 
 // ShardedParams' default owners: LPT on flop costs (d 6x6 > a 4x8 = b 8x4 > c 2x2 > e 1x1), longest

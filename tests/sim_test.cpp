@@ -163,6 +163,44 @@ SimOptions quick_options() {
   return o;
 }
 
+// One AdamW step worked by hand from the closed forms of sim.hpp (docs/simulator.md): 2 devices on one
+// node, units of 1000 and 3000 elementwise parameters, 1000 tokens per device, ZeRO-3.
+//   link (one node): 1e9 B/s, 1e-5 s per step; 2 bytes per element; compute at 1e12 · 0.5 flop/s.
+//   forward: 2·1000·1000/5e11 = 4 µs and 2·3000·1000/5e11 = 12 µs; backward twice that; compute 48 µs.
+//   gather = reduce = (p−1)·(α + largest block/β): unit 0 10 + 1 = 11 µs, unit 1 10 + 3 = 13 µs.
+//   one stream each for compute and communication (µs): gather 0 [0, 11]; fwd 0 [11, 15]; gather 1
+//   [11, 24]; fwd 1 [24, 36]; backward 1 [36, 60] while gather 0 again [36, 47]; reduce 1 [60, 73];
+//   backward 0 [60, 68]; reduce 0 [73, 84]. End 84 µs: exposed communication 84 − 48 = 36 µs.
+//   bytes per device: 8000 bytes of units · (p−1)/p · 3 collectives (gather, gather again, reduce) = 12000.
+//   optimizer: norm all-reduce as a tree 2·⌈log2 2⌉·α + 2·16/β = 20.032 µs; norm pass over 2000 local
+//   elements 2000·4/1e11 + 1 µs launch = 1.08 µs; AdamW 2000·7·4/1e11 + 1 µs = 1.56 µs; total 22.672 µs.
+TEST(Simulator, AdamWStepWorkedByHand) {
+  HardwareProfile hw = test_profile();
+  hw.peak_flops = 1e12, hw.mfu = 0.5, hw.hbm_bytes_per_s = 1e11;
+  hw.intra_node_bytes_per_s = 1e9, hw.intra_node_latency_s = 1e-5, hw.kernel_launch_s = 1e-6;
+  hw.comm_bytes_per_element = 2;
+  const std::vector<ParamSpec> params = {{"a", {1000}, ParamRole::elementwise, 0},
+                                         {"b", {3000}, ParamRole::elementwise, 1}};
+  SimOptions o;
+  o.tokens_per_device = 1000;
+  const SimResult r = simulate_step(params, hw, {2, 8}, o);
+  const StepBreakdown& s = r.steps.at(Optimizer::adamw);
+  const auto near = [](double x, double want) { EXPECT_NEAR(x, want, 1e-12 * want) << "want " << want; };
+  near(s.compute_s, 48e-6);
+  near(s.exposed_comm_s, 36e-6);
+  near(s.bytes_per_device, 12000);
+  near(s.optimizer_comm_s, 20.032e-6);
+  near(s.optimizer_elementwise_s, 1.08e-6 + 1.56e-6);
+  near(s.optimizer_launch_s, 2e-6);
+  EXPECT_EQ(s.optimizer_ns_s, 0);
+  near(s.optimizer_s, 22.672e-6);
+  near(s.step_s, 84e-6 + 22.672e-6);
+  // No matrices: DMuon's owner-aligned layout is the even one, so its forward and backward are AdamW's.
+  const StepBreakdown& d = r.steps.at(Optimizer::dmuon);
+  near(d.step_s - d.optimizer_s, 84e-6);
+  near(d.bytes_per_device, 12000);
+}
+
 TEST(Simulator, OneDeviceHasNoCommunication) {
   const SimResult r = simulate_step(small_model(), test_profile(), {1, 8}, quick_options());
   for (Optimizer o : all_optimizers()) {

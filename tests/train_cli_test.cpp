@@ -1,9 +1,12 @@
 // The built CLI (path from DMUON_CLI_PATH) run as a user would: `dmuon train --data <bad>` exits
 // non-zero with one clear line naming the data source and does not hang (alone and under mpirun,
-// also when only one rank fails); a short run's metrics go through `dmuon compare`.
+// also when only one rank fails); a short run writes its metrics; `dmuon compare` tabulates two runs of known
+// figures.
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -97,9 +100,22 @@ TEST(TrainCli, OneRankFailingAloneEndsTheWholeJob) {
   EXPECT_EQ(r.output.find("timed out"), std::string::npos) << "rank 0 reported a misleading timeout: " << r.output;
 }
 
-// A short run end to end: `dmuon train` writes one CSV row per step (validation on the last), and
-// `dmuon compare` reads it back, prints the table and draws both plots.
-TEST(TrainCli, TrainWritesTheMetricsThatCompareTabulatesAndPlots) {
+// The words of the first output line that starts with `label` and a space (empty if none).
+std::vector<std::string> row_of(const std::string& output, const std::string& label) {
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(label + " ", 0) != 0) continue;
+    std::istringstream words(line);
+    std::vector<std::string> out;
+    for (std::string w; words >> w;) out.push_back(w);
+    return out;
+  }
+  return {};
+}
+
+// A short run end to end: `dmuon train` writes one CSV row per step (validation on the last).
+TEST(TrainCli, TrainWritesOneMetricsRowPerStep) {
   test::TempDir dir;
   const std::string csv = dir.file("run.csv");
   const std::string args = "train --optim adamw --steps 3 --layers 1 --width 32 --heads 2 --context 16 --batch 4 ";
@@ -108,13 +124,38 @@ TEST(TrainCli, TrainWritesTheMetricsThatCompareTabulatesAndPlots) {
   EXPECT_NE(train.output.find("done: 3 steps"), std::string::npos) << train.output;
   const std::vector<StepMetrics> rows = read_metrics_csv(csv);
   ASSERT_EQ(rows.size(), 3u);
+  for (int64_t i = 0; i < 3; ++i) EXPECT_EQ(rows[i].step, i + 1);
   EXPECT_FALSE(rows[1].val_loss.has_value());
   EXPECT_TRUE(rows[2].val_loss.has_value());
+}
 
-  const test::CommandResult cmp = run("compare --run A=" + csv + " --run B=" + csv + " --out " + dir.path());
+// `dmuon compare` on two runs whose figures are known: per run the last validation loss and the medians
+// of each time (an odd count: the middle value; an even one: the mean of the two middle values), and
+// the second run's step time against the first's; it draws both plots.
+TEST(TrainCli, CompareTabulatesKnownMediansAndPlots) {
+  test::TempDir dir;
+  {
+    MetricsCsvWriter a(dir.file("a.csv"));
+    a.write({1, 3.0, std::nullopt, 0.010, 0.006, 0.002, 0.001});
+    a.write({2, 2.8, 2.9, 0.030, 0.020, 0.004, 0.003});
+    a.write({3, 2.6, std::nullopt, 0.020, 0.010, 0.003, 0.002});
+    MetricsCsvWriter b(dir.file("b.csv"));
+    b.write({1, 3.1, std::nullopt, 0.025, 0.010, 0.004, 0.000});
+    b.write({2, 2.7, 2.5, 0.100, 0.050, 0.004, 0.010});
+    b.write({3, 2.4, std::nullopt, 0.026, 0.012, 0.004, 0.001});
+    b.write({4, 2.2, 2.25, 0.020, 0.014, 0.004, 0.003});
+  }
+  const test::CommandResult cmp =
+      run("compare --run A=" + dir.file("a.csv") + " --run B=" + dir.file("b.csv") + " --out " + dir.path());
   ASSERT_EQ(cmp.exit_code, 0) << cmp.output;
-  EXPECT_NE(cmp.output.find("baseline"), std::string::npos) << cmp.output;
-  EXPECT_NE(cmp.output.find("+0.0%"), std::string::npos) << cmp.output;  // a run against itself
+  // run, steps, val loss, step ms, fwd+bwd ms, optim ms, comm wait ms, step vs first. B's step median is
+  // (25 + 26)/2 = 25.5 ms, 27.5% above A's 20 ms.
+  EXPECT_EQ(row_of(cmp.output, "A"),
+            (std::vector<std::string>{"A", "3", "2.9000", "20.0", "10.0", "3.0", "2.0", "baseline"}))
+      << cmp.output;
+  EXPECT_EQ(row_of(cmp.output, "B"),
+            (std::vector<std::string>{"B", "4", "2.2500", "25.5", "13.0", "4.0", "2.0", "+27.5%"}))
+      << cmp.output;
   EXPECT_TRUE(std::ifstream(dir.file("loss.png")).good());
   EXPECT_TRUE(std::ifstream(dir.file("step_time.png")).good());
 }

@@ -259,13 +259,33 @@ TEST(TuneShapes, RequestsAreTheBatchesThePlannerAsksFor) {
               ::testing::ThrowsMessage<Error>(HasSubstr("no tuned time for shape 64x128 batch 3")));
 }
 
-// The real clock on a tiny shape: every candidate runs through the NS engine without error.
-TEST(TuneShapes, RealTimerRunsEveryCandidate) {
+// The real clock on a tiny shape: every candidate (the untuned configuration and each of
+// tune_candidates) runs through the NS engine, and the entry reports what the clock measured: the
+// winner's time is the least of all timings, taken by the configuration it names, and default_seconds
+// is the untuned configuration's own time.
+TEST(TuneShapes, RealTimerRunsEveryCandidateAndReportsItsTimes) {
   TuneCache cache(key());
-  auto entries = tune_shapes({{24, 40, 2}}, cache, make_ns_timer(), 2, 1);
+  const MeasureFn timer = make_ns_timer();
+  std::vector<std::pair<NsOptions, double>> timed;
+  const MeasureFn recording = [&](const NsOptions& o, int64_t rows, int64_t cols, int batch) {
+    timed.emplace_back(o, timer(o, rows, cols, batch));
+    return timed.back().second;
+  };
+  const auto entries = tune_shapes({{24, 40, 2}}, cache, recording, 2, 1);
   ASSERT_EQ(entries.size(), 1u);
-  EXPECT_GT(entries[0].seconds, 0);
-  EXPECT_LE(entries[0].seconds, entries[0].default_seconds);  // the untuned config competes too
+  std::vector<NsOptions> expected = {untuned_options(2)};
+  for (const NsOptions& o : tune_candidates(24, 40, 2, 2)) expected.push_back(o);
+  ASSERT_EQ(timed.size(), expected.size());  // one round: each candidate once, in order
+  double fastest = INFINITY;
+  for (size_t i = 0; i < timed.size(); ++i) {
+    EXPECT_EQ(timed[i].first, expected[i]) << i;
+    EXPECT_GT(timed[i].second, 0) << describe(timed[i].first);
+    fastest = std::min(fastest, timed[i].second);
+  }
+  EXPECT_EQ(entries[0].seconds, fastest);
+  EXPECT_EQ(entries[0].default_seconds, timed[0].second);
+  const auto winner = std::find_if(timed.begin(), timed.end(), [&](const auto& t) { return t.second == fastest; });
+  EXPECT_EQ(entries[0].options, winner->first);
 }
 
 // The tuned choice: exact (shape, batch), else the nearest batch of that shape (ties: the smaller),

@@ -14,7 +14,7 @@
 //        This catches mixed dtypes and disagreeing counts; it costs one small blocking all-gather.
 //  - Threads. One thread at a time uses a Comm and its Work handles. MPI must provide at least
 //    MPI_THREAD_SERIALIZED; world() initialises MPI with that level if nobody has (the tests'
-//    main asks for MPI_THREAD_MULTIPLE, which also satisfies it).
+//    main asks for the same level, so they run what production runs).
 //  - Buffers. send, recv and counts must stay alive and unmodified until the Work completes.
 //  - Destruction. MPI cannot cancel a non-blocking collective (MPI_Cancel and MPI_Request_free
 //    are erroneous on one) and the peers need this rank's part of it, so an operation whose last
