@@ -12,11 +12,9 @@
 #include <limits>
 #include <vector>
 
+#include "cuda_device.hpp"
 #include "dmuon/backend.hpp"
 #include "strided_batch.hpp"
-#ifdef DMUON_HAVE_CUDA
-#include "backend/cuda/cuda_backend.hpp"
-#endif
 
 namespace dmuon {
 namespace {
@@ -91,12 +89,9 @@ void expect_same_bits(const std::vector<float>& got, const std::vector<float>& w
 class CudaBackendTest : public ::testing::Test {
  protected:
   void SetUp() override {
-#ifndef DMUON_HAVE_CUDA
-    GTEST_SKIP() << "this build has no CUDA backend (DMUON_CUDA=OFF or no CUDA toolkit)";
-#else
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine (cudaGetDeviceCount)";
-    gpu = &backend_for(DeviceKind::cuda, 0);
-#endif
+    std::string why;
+    gpu = test::cuda_backend_or_null(&why);
+    if (gpu == nullptr) GTEST_SKIP() << why;
   }
   Backend* gpu = nullptr;
   Backend& cpu = cpu_backend();

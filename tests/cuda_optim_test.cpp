@@ -9,12 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "cuda_device.hpp"
 #include "dmuon/backend.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/optim.hpp"
-#ifdef DMUON_HAVE_CUDA
-#include "backend/cuda/cuda_backend.hpp"
-#endif
 
 namespace dmuon {
 namespace {
@@ -64,12 +62,9 @@ std::vector<float> run_steps(Backend& backend, int steps, Make make) {
 class CudaOptim : public ::testing::Test {
  protected:
   void SetUp() override {
-#ifndef DMUON_HAVE_CUDA
-    GTEST_SKIP() << "this build has no CUDA backend (DMUON_CUDA=OFF or no CUDA toolkit)";
-#else
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device on this machine (cudaGetDeviceCount)";
-    gpu = &backend_for(DeviceKind::cuda, 0);
-#endif
+    std::string why;
+    gpu = test::cuda_backend_or_null(&why);
+    if (gpu == nullptr) GTEST_SKIP() << why;
   }
   Backend* gpu = nullptr;
 };
