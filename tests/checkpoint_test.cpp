@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -43,6 +44,20 @@ void run(Optimizer& o, Model& m, int from, int to) {
     m.set_grads(t);
     ASSERT_TRUE(o.step());
   }
+}
+
+// The published FNV-1a 64 test vectors (http://www.isthe.com/chongo/tech/comp/fnv/): every user of the
+// hash (checkpoint checksums, the GPT example's per-parameter streams, cross-rank checks) shares them.
+TEST(Checksum, Fnv1a64MatchesKnownAnswers) {
+  EXPECT_EQ(fnv1a64(""), 0xcbf29ce484222325ull);
+  EXPECT_EQ(fnv1a64("a"), 0xaf63dc4c8601ec8cull);
+  EXPECT_EQ(fnv1a64("foobar"), 0x85944171f73967e8ull);
+  EXPECT_EQ(fnv1a64_hex("a"), "af63dc4c8601ec8c");
+  EXPECT_EQ(fnv1a64("bar", fnv1a64("foo")), fnv1a64("foobar"));  // continuing a hash
+  const int64_t values[2] = {3, -7};
+  std::string bytes(sizeof values, '\0');
+  std::memcpy(bytes.data(), values, sizeof values);
+  EXPECT_EQ(fnv1a64_values(values, 2), fnv1a64(bytes));
 }
 
 TEST(Checkpoint, SaveReloadContinueIsBitIdentical) {
@@ -140,7 +155,7 @@ TEST(Checkpoint, RefusesCorruptTruncatedAndMismatched) {
                  "rank-00000.safetensors: checksum mismatch");
   expect_refused([](const std::string& d) { std::filesystem::remove(d + "/index.json"); }, "index.json: missing");
   expect_refused([](const std::string& d) { write_file_atomically(d + "/rank-00000.json", "{\"file\": 3"); },
-                 "rank-00000.json: malformed JSON");
+                 "rank-00000.json: not valid JSON");
   // A model whose w2 is 4×3 instead of 3×4: the file and tensor are named.
   expect_refused(nothing, "rank-00000.safetensors: tensor 'param/w2@0' has shape [3, 4], the model's 'w2' has [4, 3]",
                  test_options(), true);

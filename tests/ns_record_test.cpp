@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "dmuon/backend_record.hpp"
+#include "dmuon/ns.hpp"
 
 namespace dmuon {
 namespace {

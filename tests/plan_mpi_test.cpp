@@ -57,7 +57,7 @@ struct Model {
 Model small_model(int ranks) {
   Model m;
   m.params = load_model_manifest(test::data_path("../../models/qwen2.5-0.5b.json"), 3);
-  m.items = make_plan_items(m.params, ranks, flop_batch_time(device_profile("cpu-dev")));
+  m.items = make_plan_items(m.params, ranks, relative_flop_batch_time());
   return m;
 }
 

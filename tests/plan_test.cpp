@@ -11,6 +11,7 @@
 
 #include "dmuon/error.hpp"
 #include "dmuon/plan.hpp"
+#include "dmuon/sim.hpp"
 
 namespace dmuon {
 namespace {
@@ -227,7 +228,9 @@ TEST(Plan, BadInputsAreErrors) {
   bad.items[1].param = 7;
   EXPECT_THAT([&] { make_plan(bad.params, bad.items, 2, {}); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("parameter index 7")));
-  EXPECT_THROW(parse_balancer("greedy"), Error);
+  EXPECT_THAT([] { parse_balancer("greedy"); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("unknown balancer 'greedy' (valid: rr, lpt, milp)")));
+  for (Balancer b : {Balancer::rr, Balancer::lpt, Balancer::milp}) EXPECT_EQ(parse_balancer(to_string(b)), b);
   EXPECT_THAT([&] { plan_from_owners(in.params, in.items, 2, {0, 5}, {}); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("m1")));
   EXPECT_THROW(plan_from_owners(in.params, in.items, 2, {0}, {}), Error);
@@ -330,7 +333,19 @@ TEST(CostModel, ItemsTakeTheirShareOfTheExpectedBatch) {
   EXPECT_DOUBLE_EQ(items[3].time_s, 2.0);      // alone: batch 1
   EXPECT_EQ(items[0].bytes, 3 * 8 * 16 * 4);
   EXPECT_EQ(items[2].unit, 3);
-  EXPECT_THROW(device_profile("tpu"), Error);
+}
+
+// The planner's device rates are the simulator's hardware profiles (models/hardware/*.json), not a second table.
+TEST(Plan, DeviceProfilesAreTheHardwareProfiles) {
+  for (const char* name : {"a800", "h200"}) {
+    const DeviceProfile d = device_profile(name);
+    const sim::HardwareProfile hw = sim::load_hardware_profile(name);
+    EXPECT_EQ(d.name, hw.name);
+    EXPECT_EQ(d.peak_flops, hw.ns_flops) << name;
+    EXPECT_EQ(d.efficiency, hw.ns_efficiency) << name;
+  }
+  EXPECT_THAT([] { device_profile("tpu"); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("no hardware profile 'tpu'")));
 }
 
 }  // namespace

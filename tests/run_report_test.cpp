@@ -174,6 +174,7 @@ TEST(RunSummary, TakesTheLastValidationLossAndMedianTimes) {
   EXPECT_DOUBLE_EQ(s.optim_s, 0.25);
   EXPECT_EQ(median({}), 0);
   EXPECT_EQ(median({3, 1, 2}), 2);
+  EXPECT_EQ(median({4, 1, 3, 2}), 2.5);  // even count: the mean of the two middle values (statistics.hpp)
 }
 
 }  // namespace

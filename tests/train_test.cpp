@@ -39,7 +39,11 @@ TEST(Train, BadOptionsAreErrorsNamingTheOption) {
   o.batch = 7;
   o.micro_batches = 2;
   EXPECT_THROW(Trainer(o, nullptr), Error);
-  EXPECT_THROW(parse_optim_kind("sgd"), Error);
+  EXPECT_THAT([] { parse_optim_kind("sgd"); },
+              ::testing::ThrowsMessage<Error>(
+                  ::testing::HasSubstr("unknown optimizer 'sgd' (valid: adamw, muon, muon-gather, dmuon)")));
+  for (OptimKind k : {OptimKind::adamw, OptimKind::muon, OptimKind::muon_gather, OptimKind::dmuon})
+    EXPECT_EQ(parse_optim_kind(to_string(k)), k);
   EXPECT_THROW(parse_shard_mode("z1"), Error);
   o = tiny(OptimKind::dmuon, 2);
   EXPECT_THROW(Trainer(o, nullptr), Error);  // dmuon needs a communicator

@@ -17,6 +17,7 @@
 
 #include "cli.hpp"
 #include "dmuon/linalg.hpp"
+#include "dmuon/statistics.hpp"
 #include "model_args.hpp"
 #include "optim_bench.hpp"
 
@@ -82,8 +83,7 @@ void run(const Args& a) {
     slowdown.push_back(ratio);
   }
   if (world->rank() != 0) return;
-  std::sort(full_times.begin(), full_times.end());
-  const double full_s = full_times[full_times.size() / 2];
+  const double full_s = median(full_times);
 
   std::vector<double> logs;
   double total = 0;

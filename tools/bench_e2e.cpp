@@ -4,7 +4,6 @@
 // slowest rank (StepMetrics); the median over the timed steps after `--warmup` untimed ones. Configurations: `demo`
 // (make demo's model and batch: L4 C128 NH4 T64 B64) and `large` (L6 C256 NH4 T128 B16); `--batch` overrides B.
 // Newton–Schulz costs the same per step whatever B, so DMuon's overhead over AdamW falls as B grows.
-#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -14,6 +13,7 @@
 #include "cli.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/linalg.hpp"
+#include "dmuon/statistics.hpp"
 #include "dmuon/trainer.hpp"
 #include "e2e_configs.hpp"
 #include "optim_bench.hpp"
@@ -42,19 +42,15 @@ TrainOptions train_options(const Args& a, const std::string& optimizer) {
   o.val_every = 0;
   o.val_batches = 1;
   o.steps = a.warmup + a.steps + 1;  // the last step (which validates) is never run
-  if (optimizer == "adamw") {
-    o.optim = OptimKind::adamw;
-  } else if (optimizer == "muon-gather-plain") {
-    o.optim = OptimKind::muon_gather;
+  namespace ob = optim_bench;
+  const ob::Variant& variant = ob::optimizer_spec(optimizer);
+  o.optim = variant.kind == ob::Kind::adamw    ? OptimKind::adamw
+            : variant.kind == ob::Kind::gather ? OptimKind::muon_gather
+                                               : OptimKind::dmuon;
+  if (variant.engine == ob::Engine::plain) {
     o.ns.algo = NsAlgo::standard;
     o.ns.symmetric = false;
-  } else if (optimizer == "muon-gather") {
-    o.optim = OptimKind::muon_gather;
-    o.tune = a.tune;
-  } else {
-    DMUON_CHECK(optimizer == "dmuon", "--optim: unknown optimizer '", optimizer,
-                "' (adamw, muon-gather-plain, muon-gather, dmuon)");
-    o.optim = OptimKind::dmuon;
+  } else if (o.optim != OptimKind::adamw) {
     o.tune = a.tune;
   }
   o.tune_cache = a.tune_cache;
@@ -66,11 +62,6 @@ struct Result {
   std::string name;
   double step_s = 0, fwd_bwd_s = 0, optim_s = 0, comm_wait_s = 0;
 };
-
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
-}
 
 void run(const Args& a) {
   auto world = comm::world();

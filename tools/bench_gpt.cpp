@@ -1,7 +1,6 @@
 // `dmuon bench gpt`: forward and backward time of the GPT example on real text batches, to size training
 // runs (e.g. the demo). Reports the median over repeats of one forward, one backward and their sum, the
 // tokens per second and the achieved GFLOP/s (gpt_forward_flops, backward counted as twice forward).
-#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
@@ -14,6 +13,7 @@
 #include "dmuon/error.hpp"
 #include "dmuon/gpt.hpp"
 #include "dmuon/linalg.hpp"
+#include "dmuon/statistics.hpp"
 
 namespace {
 
@@ -28,12 +28,6 @@ struct BenchArgs {
 };
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 void run_bench(const BenchArgs& args) {
   DMUON_CHECK(args.repeats >= 1, "--repeats must be at least 1, got ", args.repeats);
@@ -63,7 +57,7 @@ void run_bench(const BenchArgs& args) {
   }
   int64_t params = 0;
   for (const auto& s : model.params()) params += s.numel();
-  const double f = median(fwd), b = median(bwd);
+  const double f = dmuon::median(fwd), b = dmuon::median(bwd);
   const double flops = 3.0 * dmuon::gpt_forward_flops(c, T) * static_cast<double>(B);
   nlohmann::json out = {{"blas", dmuon::linalg::blas_description()},
                         {"cpu", dmuon::linalg::cpu_model()},

@@ -24,6 +24,7 @@
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/ns.hpp"
+#include "dmuon/statistics.hpp"
 
 namespace {
 
@@ -82,12 +83,6 @@ class Stopwatch {
   Clock::time_point wall0_;
   double cpu0_;
 };
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 // Best-of-`repeats` GFLOP/s of a 2048³ sgemm with the current BLAS threads (wall and cpu).
 Timing sgemm_peak_gflops(int repeats) {
@@ -197,7 +192,7 @@ std::vector<Row> bench_shape(Shape s, const BenchArgs& args) {
       cpu[i].push_back(t.cpu);
     }
   }
-  for (size_t i = 0; i < n_paths; ++i) rows[i].seconds = {median(wall[i]), median(cpu[i])};
+  for (size_t i = 0; i < n_paths; ++i) rows[i].seconds = {dmuon::median(wall[i]), dmuon::median(cpu[i])};
   return rows;
 }
 

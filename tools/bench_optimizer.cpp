@@ -161,10 +161,7 @@ Registration reg("bench", [](CLI::App& bench) {
   c->callback([args, optim] {
     args->optim_given = optim->count() > 0;
     if (args->device.gpu()) return run(*args);  // bench_optimizer_on_device checks its names
-    const auto& known = optim_bench::optimizer_names();
-    for (const auto& name : args->optimizers)
-      DMUON_CHECK(std::find(known.begin(), known.end(), name) != known.end(), "--optim: unknown optimizer '", name,
-                  "' (adamw, muon-gather-plain, muon-gather, dmuon)");
+    for (const auto& name : args->optimizers) optim_bench::optimizer_spec(name);  // throws for an unknown name
     run(*args);
   });
 });

@@ -20,13 +20,13 @@
 #include "cli.hpp"
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/error.hpp"
+#include "io/json_file.hpp"
+#include "optim_bench.hpp"
 
 namespace dmuon::cli {
 
 namespace {
 
-// The optimizers of the benchmarks, in the order of every table.
-const std::vector<std::string> kOptimizers = {"adamw", "muon-gather-plain", "muon-gather", "dmuon"};
 // Simulated figures within this relative error of the measured ones count as matching.
 constexpr double kSimTolerance = 0.25;
 
@@ -139,12 +139,8 @@ class Inputs {
     const auto begin = text.find('{'), end = text.rfind('}');
     if (begin == std::string::npos) return std::nullopt;
     const auto length = end < begin ? 0 : end - begin + 1;  // end is npos (huge) when there is no '}'
-    try {
-      return Value(std::make_shared<const nlohmann::json>(nlohmann::json::parse(text.substr(begin, length))),
-                   path(name));
-    } catch (const nlohmann::json::parse_error& e) {
-      DMUON_FAIL(path(name), ": not valid JSON: ", e.what());
-    }
+    return Value(std::make_shared<const nlohmann::json>(parse_json(text.substr(begin, length), path(name))),
+                 path(name));
   }
   // The command line bench.sh recorded for output `name`.
   std::string command(const std::string& name) const { return text_or(name + ".cmd", "(not run)"); }
@@ -222,7 +218,7 @@ void results_table(Report& r, const Inputs& in, const Value& run, const std::str
                    return v.has("dmuon_speedup") ? fmt("%.2fx", v["dmuon_speedup"].num()) : std::string();
                  }});
   std::vector<Value> ordered;
-  for (const auto& o : kOptimizers)
+  for (const auto& o : optim_bench::optimizer_names())
     if (rows.count(o)) ordered.push_back(rows.at(o));
   table(r, all, ordered);
 }
@@ -241,7 +237,8 @@ void introduction(Report& r, const Inputs& in, const std::optional<Value>& first
   r.p();
   r.p("Definitions (tools/optim_bench.hpp, include/dmuon/comm.hpp):");
   r.p("- **step**: one `optimizer.step()` after the gradients were reduced; per step the slowest rank counts; "
-      "the median over the timed steps (one untimed warm-up step first). The variants of one table run "
+      "the median over the timed steps (one untimed warm-up step first; for an even count of steps the mean of "
+      "the two middle ones, include/dmuon/statistics.hpp). The variants of one table run "
       "interleaved — all alive at once, step s of each in turn — so load changes reach them alike.");
   r.p("- **sent MB/rank**: bytes each rank sends in the optimizer step, computed exactly from the sizes of the "
       "collectives it issues, as a ring / pipelined chain sends them ((n-1)/n of an all-gather's or "
@@ -471,7 +468,7 @@ std::pair<std::vector<SimCheck>, std::vector<SimCheck>> sim_checks(const Value& 
     const bool oversubscribed = (*run->second)["oversubscribed"].flag();
     const auto measured = by_optimizer(*run->second);
     const auto measured_s = [&](const std::string& name) { return measured.at(name)["step_s_median"].num(); };
-    for (const auto& name : kOptimizers)
+    for (const auto& name : optim_bench::optimizer_names())
       if (measured.count(name) && row.has(name))
         absolute.push_back({np, name, measured_s(name), simulated(row, name, sim_key), oversubscribed});
     if (!measured.count("dmuon")) continue;

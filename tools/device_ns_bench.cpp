@@ -1,13 +1,13 @@
 // Newton–Schulz speed on a device backend (device_ns_bench.hpp).
 #include "device_ns_bench.hpp"
 
-#include <algorithm>
 #include <cstdio>
 #include <random>
 #include <sstream>
 
 #include "dmuon/device_timing.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/statistics.hpp"
 
 namespace dmuon {
 
@@ -63,8 +63,7 @@ double median_seconds_on(Backend& backend, int warmup, int repeats, const std::f
   for (int i = 0; i < warmup; ++i) run();
   std::vector<double> s;
   for (int i = 0; i < repeats; ++i) s.push_back(time_on(backend, run));
-  std::sort(s.begin(), s.end());
-  return s[s.size() / 2];
+  return median(s);
 }
 
 double measure_product_gflops(Backend& backend, DType dtype, int64_t n, int repeats) {

@@ -45,7 +45,8 @@ NsOptions device_ns_path_options(const std::string& path, DType dtype);
 DeviceNsReport bench_ns_on_device(Backend& backend, const std::vector<std::pair<int64_t, int64_t>>& shapes, int batch,
                                   int repeats, DType dtype);
 
-// Seconds per call of `run` on `backend`: `warmup` untimed calls, then the median of `repeats` timed ones.
+// Seconds per call of `run` on `backend`: `warmup` untimed calls, then the median (statistics.hpp) of `repeats`
+// timed ones.
 double median_seconds_on(Backend& backend, int warmup, int repeats, const std::function<void()>& run);
 
 // GFLOP/s of an n×n×n product with `dtype` operands and float32 accumulation (the peak the rows compare to).

@@ -1,13 +1,13 @@
 // The single-device optimizer step benchmark (device_optim_bench.hpp).
 #include "device_optim_bench.hpp"
 
-#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
 
 #include "dmuon/device_timing.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/statistics.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/optim.hpp"
 
@@ -56,9 +56,7 @@ std::vector<DeviceStepResult> bench_optimizer_on_device(Backend& backend, const 
     DeviceStepResult r;
     r.optimizer = name;
     for (int s = 0; s < steps; ++s) r.step_s.push_back(time_on(backend, [&] { opt->step(); }));
-    std::vector<double> sorted = r.step_s;
-    std::sort(sorted.begin(), sorted.end());
-    r.step_s_median = sorted[sorted.size() / 2];
+    r.step_s_median = median(r.step_s);
     r.ns_s = opt->last_stats().ns_s;
     std::vector<float> host(static_cast<size_t>(total));
     values.download(host);

@@ -14,6 +14,7 @@
 #include "dmuon/linalg.hpp"
 #include "dmuon/plan_across_ranks.hpp"
 #include "dmuon/shard.hpp"
+#include "dmuon/statistics.hpp"
 
 namespace dmuon::cli::optim_bench {
 
@@ -164,17 +165,38 @@ Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::strin
   return s;
 }
 
+namespace {
+const std::vector<Variant>& optimizers() {
+  static const std::vector<Variant> table = {{"adamw", Kind::adamw, Engine::tuned, true, {}},
+                                             {"muon-gather-plain", Kind::gather, Engine::plain, false, {}},
+                                             {"muon-gather", Kind::gather, Engine::tuned, true, {}},
+                                             {"dmuon", Kind::owners, Engine::tuned, true, {}}};
+  return table;
+}
+}  // namespace
+
 const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names = {"adamw", "muon-gather-plain", "muon-gather", "dmuon"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (const Variant& v : optimizers()) out.push_back(v.name);
+    return out;
+  }();
   return names;
 }
 
+const Variant& optimizer_spec(const std::string& name) {
+  std::string known;
+  for (const Variant& v : optimizers()) {
+    if (v.name == name) return v;
+    known += (known.empty() ? "" : ", ") + v.name;
+  }
+  DMUON_FAIL("--optim: unknown optimizer '", name, "' (", known, ")");
+}
+
 Variant optimizer_variant(const Setup& setup, const std::string& name) {
-  if (name == "adamw") return {name, Kind::adamw, Engine::tuned, true, {}};
-  if (name == "muon-gather-plain") return {name, Kind::gather, Engine::plain, false, {}};
-  if (name == "muon-gather") return {name, Kind::gather, Engine::tuned, true, {}};
-  if (name == "dmuon") return {name, Kind::owners, Engine::tuned, true, setup.milp.owner};
-  DMUON_FAIL("--optim: unknown optimizer '", name, "' (adamw, muon-gather-plain, muon-gather, dmuon)");
+  Variant v = optimizer_spec(name);
+  if (v.kind == Kind::owners) v.owners = setup.milp.owner;
+  return v;
 }
 
 namespace {
@@ -245,10 +267,6 @@ struct Runner {
   }
 
   Measurement finish(comm::Comm& world) {
-    auto median = [](std::vector<double> x) {
-      std::sort(x.begin(), x.end());
-      return x[x.size() / 2];
-    };
     m.median_s = median(m.step_s);
     m.blocked_s = median(blocked);
     if (kind != Kind::adamw)

@@ -81,10 +81,14 @@ struct Measurement {
   std::vector<double> predicted_ns_s_per_rank;
 };
 
-// The optimizers of `dmuon bench optimizer`: adamw, muon-gather-plain (the paper's baseline: gather-then-compute,
-// plain NS, one matrix per call), muon-gather (the same with the tuned batched engine), dmuon (MILP owners, tuned).
+// The optimizers every benchmark compares (bench optimizer, ablation and e2e, and the report's tables, in this
+// order): adamw, muon-gather-plain (the paper's baseline: gather-then-compute, plain NS, one matrix per call),
+// muon-gather (the same with the tuned batched engine), dmuon (MILP owners, tuned).
 const std::vector<std::string>& optimizer_names();
-Variant optimizer_variant(const Setup& setup, const std::string& name);  // throws for an unknown name
+// How `name` runs, without owners; throws "--optim: unknown optimizer ..." naming the known ones.
+const Variant& optimizer_spec(const std::string& name);
+// The same with dmuon's owners from setup.milp.
+Variant optimizer_variant(const Setup& setup, const std::string& name);
 
 // Collective: runs `steps` timed steps (plus one warm-up) of every variant, interleaved — step s of each
 // variant in turn, all variants alive at once — so that load changes on a shared machine reach every

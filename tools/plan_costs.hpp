@@ -15,13 +15,14 @@ namespace dmuon::cli {
 
 struct CostArgs {
   std::string source = "flops";
-  std::string device = "h100-tf32";
+  std::string device = "h200";
   TuneSessionArgs tuning;
 
   void add_to(CLI::App* c) {
     c->add_option("--costs", source, "Where NS times come from: measured (tuned here) or flops (--device)")
         ->check(CLI::IsMember({"measured", "flops"}));
-    c->add_option("--device", device, "Device profile for --costs flops")->check(CLI::IsMember(device_profile_names()));
+    c->add_option("--device", device, "Hardware profile for --costs flops: a800, h200, or a path (models/hardware/*.json)")
+        ->capture_default_str();
     tuning.add_to(c);
   }
 

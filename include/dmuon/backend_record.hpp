@@ -1,5 +1,6 @@
 // A backend that executes nothing and records every kernel call (DESIGN 6): the planner's cost model and the
-// simulator run the real Newton–Schulz engine on it to get the kernel sequence, so they cannot drift from it.
+// simulator run the real Newton–Schulz engine on it (ns.hpp: ns_kernel_calls) to get the kernel sequence, so
+// they cannot drift from it.
 #pragma once
 
 #include <cstdint>
@@ -7,7 +8,6 @@
 #include <vector>
 
 #include "dmuon/backend.hpp"
-#include "dmuon/ns.hpp"
 
 namespace dmuon {
 
@@ -85,14 +85,5 @@ class RecordingBackend final : public Backend {
   int64_t preferred_batch_;
   uintptr_t next_address_ = 4096;
 };
-
-// The kernels newton_schulz_batched issues for `batch` rows×cols matrices with `options` on a backend that
-// batches `preferred_batch` matrices per call (the real engine, run on a RecordingBackend), with the input
-// norms left on the device as the optimizer's step leaves them.
-std::vector<KernelCall> ns_kernel_calls(int64_t rows, int64_t cols, int batch, const NsOptions& options,
-                                        int64_t preferred_batch = 1);
-
-// Σ flops of calls (executed flops; full_flops = false) or of the same products done as full gemms.
-double total_flops(const std::vector<KernelCall>& calls, bool full = false);
 
 }  // namespace dmuon

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "dmuon/statistics.hpp"  // median
+
 namespace dmuon {
 
 struct StepMetrics {
@@ -36,9 +38,6 @@ class MetricsCsvWriter {
 // Reads a file written by MetricsCsvWriter; throws dmuon::Error naming the path and line when the header
 // or a row is malformed.
 std::vector<StepMetrics> read_metrics_csv(const std::string& path);
-
-// The middle value (mean of the two middle ones for an even count); 0 for none.
-double median(std::vector<double> values);
 
 // A run's headline figures: its last validation loss and the medians of the per-step times.
 struct RunSummary {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "dmuon/backend.hpp"
+#include "dmuon/backend_record.hpp"
 
 namespace dmuon {
 
@@ -113,5 +114,14 @@ std::vector<int> parse_ns_restarts(const std::string& list);
 
 // Flops of the plain standard recurrence (full GEMMs): steps·(4m²n + 2m³), m = min, n = max dim.
 double standard_ns_flops(int64_t rows, int64_t cols, int steps);
+
+// The kernels newton_schulz_batched issues for `batch` rows×cols matrices with `options` on a backend that
+// batches `preferred_batch` matrices per call (the real engine, run on a RecordingBackend), with the input
+// norms left on the device as the optimizer's step leaves them.
+std::vector<KernelCall> ns_kernel_calls(int64_t rows, int64_t cols, int batch, const NsOptions& options,
+                                        int64_t preferred_batch = 1);
+
+// Σ flops of calls (executed flops; full_flops = false) or of the same products done as full gemms.
+double total_flops(const std::vector<KernelCall>& calls, bool full = false);
 
 }  // namespace dmuon

@@ -36,9 +36,9 @@ struct DeviceProfile {
   double peak_flops = 0;  // flop/s
   double efficiency = 0;  // 0 < efficiency ≤ 1
 };
-// Known profiles: "cpu-dev" (DESIGN 5), "a100-tf32", "h100-tf32", "h100-fp32", "h200-tf32".
-DeviceProfile device_profile(const std::string& name);
-std::vector<std::string> device_profile_names();
+// The NS rate of a hardware profile, the simulator's (models/hardware/<name>.json, found as
+// data_files.hpp says, or a path): its ns_flops and ns_efficiency. Throws dmuon::Error naming the file.
+DeviceProfile device_profile(const std::string& name_or_path);
 
 // Flops of NS for one rows×cols matrix on the cheaper of the two algorithms with NsOptions' defaults
 // (symmetric products: SYRK, 8 upper-triangle tiles; Gram restart [2]), as the engine executes them:
@@ -48,6 +48,9 @@ double ns_flops_estimate(int64_t rows, int64_t cols, int steps = 5);
 
 // Batch time from flops and a device profile (linear in the batch size).
 BatchTimeFn flop_batch_time(const DeviceProfile& device);
+// Flops alone, in units of 10^12 (a 1 TFLOP/s device): for owners where no device is known, since
+// the balancers depend only on the ratios of the costs.
+BatchTimeFn relative_flop_batch_time();
 
 // The Muon matrices of `params` as plan items. A shape's matrices are expected to run in batches of
 // ceil(count/ranks) per rank, so each item's time is batch_time(shape, that batch) / that batch.

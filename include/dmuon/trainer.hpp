@@ -114,7 +114,8 @@ class Trainer {
   // step took on this rank (rank 0 tuning, or the others waiting for it; cache hits only: milliseconds).
   const std::vector<TuneEntry>& tuned() const;
   double tune_seconds() const;
-  // The owner plan DMuon runs with (empty for other optimizers); per-rank time_s is its predicted NS load.
+  // The owner plan DMuon runs with (empty for other optimizers); per-rank time_s is its predicted NS load
+  // (seconds when tuned; untuned, relative_flop_batch_time's units of 10^12 flops).
   const Plan& plan() const;
 
  private:

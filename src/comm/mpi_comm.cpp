@@ -15,6 +15,7 @@
 #include "comm/collective_checks.hpp"
 #include "comm/failure.hpp"
 #include "comm/polling.hpp"
+#include "dmuon/checksum.hpp"
 #include "dmuon/comm.hpp"
 
 namespace dmuon::comm {
@@ -171,9 +172,7 @@ std::string to_string(const Signature& s) {
 }
 
 int64_t hash_counts(std::span<const int64_t> counts) {
-  uint64_t h = 1469598103934665603ull;
-  for (int64_t c : counts) h = (h ^ static_cast<uint64_t>(c)) * 1099511628211ull;
-  return static_cast<int64_t>(h >> 1);
+  return static_cast<int64_t>(fnv1a64_values(counts.data(), counts.size()) >> 1);
 }
 
 class MpiComm : public Comm {

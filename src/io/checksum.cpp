@@ -4,8 +4,8 @@
 
 namespace dmuon {
 
-uint64_t fnv1a64(std::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
+uint64_t fnv1a64(std::string_view bytes, uint64_t hash) {
+  uint64_t h = hash;
   for (unsigned char c : bytes) {
     h ^= c;
     h *= 0x100000001b3ull;

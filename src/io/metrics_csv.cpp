@@ -71,13 +71,6 @@ std::vector<StepMetrics> read_metrics_csv(const std::string& path) {
   return rows;
 }
 
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
-}
-
 RunSummary summarize_run(const std::vector<StepMetrics>& rows) {
   RunSummary s;
   s.steps = static_cast<int64_t>(rows.size());

@@ -7,9 +7,9 @@
 #include <map>
 #include <sstream>
 
-#include "dmuon/atomic_file.hpp"
 #include "dmuon/data_files.hpp"
 #include "dmuon/error.hpp"
+#include "io/json_file.hpp"
 
 namespace dmuon {
 
@@ -306,13 +306,7 @@ std::vector<ParamSpec> params_from_hf_config(const nlohmann::json& config, const
 }
 
 std::vector<ParamSpec> load_hf_config(const std::string& path, int layers) {
-  nlohmann::json config;
-  try {
-    config = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    DMUON_FAIL(path, ": not valid JSON (", e.what(), ")");
-  }
-  return params_from_hf_config(config, path, layers);
+  return params_from_hf_config(read_json_file(path), path, layers);
 }
 
 std::string find_model_manifest(const std::string& name_or_path) {
@@ -321,12 +315,7 @@ std::string find_model_manifest(const std::string& name_or_path) {
 
 std::vector<ParamSpec> load_model_manifest(const std::string& name_or_path, int layers) {
   const std::string path = find_model_manifest(name_or_path);
-  nlohmann::json manifest;
-  try {
-    manifest = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    DMUON_FAIL(path, ": not valid JSON (", e.what(), ")");
-  }
+  const nlohmann::json manifest = read_json_file(path);
   DMUON_CHECK(manifest.is_object() && manifest.contains("components") && manifest.at("components").is_array() &&
                   !manifest.at("components").empty(),
               path, ": a manifest needs a non-empty 'components' array");

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <string>
 
+#include "dmuon/checksum.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/gpt.hpp"
 #include "model/random.hpp"
@@ -74,7 +75,7 @@ void gpt_init_param(const GptConfig& c, const ParamSpec& spec, uint64_t seed, fl
     // GPT-2: residual projections are scaled so the residual stream's variance does not grow with depth.
     const bool residual = ends_with(name, "attn.proj.weight") || ends_with(name, "mlp.proj.weight");
     const double std = residual ? 0.02 / std::sqrt(2.0 * static_cast<double>(c.layers)) : 0.02;
-    model::Rng rng(model::mix64(seed) ^ model::hash_name(name));
+    model::Rng rng(model::mix64(seed) ^ fnv1a64(name));
     for (int64_t i = 0; i < n; i++) out[i] = static_cast<float>(std * rng.normal());
   }
 }

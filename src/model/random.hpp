@@ -4,7 +4,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <string_view>
 
 namespace dmuon::model {
 
@@ -14,13 +13,6 @@ inline uint64_t mix64(uint64_t x) {
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
-}
-
-// FNV-1a hash of a string, to derive a per-parameter stream from its name.
-inline uint64_t hash_name(std::string_view s) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : s) h = (h ^ c) * 0x100000001b3ull;
-  return h;
 }
 
 class Rng {

@@ -17,35 +17,23 @@
 #include "dmuon/optim.hpp"
 #include "dmuon/plan_across_ranks.hpp"
 #include "dmuon/shard.hpp"
+#include "io/enum_names.hpp"
 
 namespace dmuon {
 
-std::string_view to_string(OptimKind kind) {
-  switch (kind) {
-    case OptimKind::adamw:
-      return "adamw";
-    case OptimKind::muon:
-      return "muon";
-    case OptimKind::muon_gather:
-      return "muon-gather";
-    case OptimKind::dmuon:
-      return "dmuon";
-  }
-  return "?";
-}
+namespace {
+constexpr EnumName<OptimKind> kOptimKindNames[] = {{OptimKind::adamw, "adamw"},
+                                                   {OptimKind::muon, "muon"},
+                                                   {OptimKind::muon_gather, "muon-gather"},
+                                                   {OptimKind::dmuon, "dmuon"}};
+constexpr EnumName<ShardMode> kShardModeNames[] = {
+    {ShardMode::z3, "z3"}, {ShardMode::z2, "z2"}, {ShardMode::replicated, "replicated"}};
+}  // namespace
 
-OptimKind parse_optim_kind(std::string_view text) {
-  for (OptimKind k : {OptimKind::adamw, OptimKind::muon, OptimKind::muon_gather, OptimKind::dmuon})
-    if (text == to_string(k)) return k;
-  DMUON_FAIL("unknown optimizer '", text, "' (expected adamw, muon, muon-gather or dmuon)");
-}
+std::string_view to_string(OptimKind kind) { return name_of(kOptimKindNames, kind); }
+OptimKind parse_optim_kind(std::string_view text) { return parse_name(kOptimKindNames, "optimizer", text); }
 
-ShardMode parse_shard_mode(std::string_view text) {
-  if (text == "z3") return ShardMode::z3;
-  if (text == "z2") return ShardMode::z2;
-  if (text == "replicated") return ShardMode::replicated;
-  DMUON_FAIL("unknown shard mode '", text, "' (expected z3, z2 or replicated)");
-}
+ShardMode parse_shard_mode(std::string_view text) { return parse_name(kShardModeNames, "shard mode", text); }
 
 double default_lr(OptimKind kind) { return kind == OptimKind::adamw ? 3e-3 : 0.02; }
 
@@ -242,7 +230,7 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
       plan_options.balancer = options_.balancer;
       // Measured costs when tuned (DESIGN's measured load balancing); else flop estimates, whose
       // ratios, not the device, decide the balance.
-      const BatchTimeFn cost = options_.tune ? tuned_batch_time(m.tuned) : flop_batch_time(device_profile("cpu-dev"));
+      const BatchTimeFn cost = options_.tune ? tuned_batch_time(m.tuned) : relative_flop_batch_time();
       m.plan = plan_across_ranks(*m.comm, specs, make_plan_items(specs, m.comm->size(), cost), plan_options);
       owners = m.plan.owner;
     }

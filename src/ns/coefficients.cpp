@@ -4,6 +4,7 @@
 
 #include "dmuon/error.hpp"
 #include "dmuon/ns.hpp"
+#include "io/enum_names.hpp"
 
 namespace dmuon {
 
@@ -69,58 +70,24 @@ NsAlgo ns_resolve_algo(NsAlgo algo, int64_t rows, int64_t cols) {
   return n >= 2 * m ? NsAlgo::gram : NsAlgo::standard;
 }
 
-std::string to_string(NsAlgo algo) {
-  switch (algo) {
-    case NsAlgo::standard:
-      return "standard";
-    case NsAlgo::gram:
-      return "gram";
-    case NsAlgo::automatic:
-      return "auto";
-  }
-  return "?";
-}
-
-std::string to_string(NsCoeffs coeffs) {
-  switch (coeffs) {
-    case NsCoeffs::keller:
-      return "keller";
-    case NsCoeffs::you:
-      return "you";
-    case NsCoeffs::polar_express:
-      return "polar-express";
-  }
-  return "?";
-}
-
-std::string to_string(NsBatchMode mode) { return mode == NsBatchMode::sequential ? "sequential" : "concurrent"; }
-
 namespace {
-template <typename Enum, size_t N>
-Enum parse_name(const std::string& what, const std::string& name, const Enum (&values)[N]) {
-  std::string valid;
-  for (Enum v : values) {
-    if (to_string(v) == name) return v;
-    valid += (valid.empty() ? "" : ", ") + to_string(v);
-  }
-  DMUON_FAIL("unknown ", what, " '", name, "' (valid: ", valid, ")");
-}
+constexpr EnumName<NsAlgo> kAlgoNames[] = {
+    {NsAlgo::standard, "standard"}, {NsAlgo::gram, "gram"}, {NsAlgo::automatic, "auto"}};
+constexpr EnumName<NsCoeffs> kCoeffsNames[] = {
+    {NsCoeffs::keller, "keller"}, {NsCoeffs::you, "you"}, {NsCoeffs::polar_express, "polar-express"}};
+constexpr EnumName<NsBatchMode> kBatchModeNames[] = {
+    {NsBatchMode::sequential, "sequential"}, {NsBatchMode::concurrent, "concurrent"}};
 }  // namespace
 
-NsAlgo parse_ns_algo(const std::string& name) {
-  const NsAlgo values[] = {NsAlgo::standard, NsAlgo::gram, NsAlgo::automatic};
-  return parse_name("Newton-Schulz algorithm", name, values);
-}
+std::string to_string(NsAlgo algo) { return std::string(name_of(kAlgoNames, algo)); }
+std::string to_string(NsCoeffs coeffs) { return std::string(name_of(kCoeffsNames, coeffs)); }
+std::string to_string(NsBatchMode mode) { return std::string(name_of(kBatchModeNames, mode)); }
 
+NsAlgo parse_ns_algo(const std::string& name) { return parse_name(kAlgoNames, "Newton-Schulz algorithm", name); }
 NsCoeffs parse_ns_coeffs(const std::string& name) {
-  const NsCoeffs values[] = {NsCoeffs::keller, NsCoeffs::you, NsCoeffs::polar_express};
-  return parse_name("Newton-Schulz coefficient schedule", name, values);
+  return parse_name(kCoeffsNames, "Newton-Schulz coefficient schedule", name);
 }
-
-NsBatchMode parse_ns_batch_mode(const std::string& name) {
-  const NsBatchMode values[] = {NsBatchMode::sequential, NsBatchMode::concurrent};
-  return parse_name("batch mode", name, values);
-}
+NsBatchMode parse_ns_batch_mode(const std::string& name) { return parse_name(kBatchModeNames, "batch mode", name); }
 
 std::vector<int> parse_ns_restarts(const std::string& list) {
   std::vector<int> steps;

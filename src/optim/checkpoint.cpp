@@ -13,6 +13,7 @@
 #include "dmuon/npy.hpp"
 #include "dmuon/safetensors.hpp"
 #include "dmuon/shape.hpp"
+#include "io/json_file.hpp"
 
 namespace dmuon {
 
@@ -146,21 +147,7 @@ struct Manifest {
 
 json read_json(const std::string& path) {
   DMUON_CHECK(fs::exists(path), path, ": missing (the checkpoint is incomplete or not a dmuon checkpoint)");
-  try {
-    return json::parse(read_file(path));
-  } catch (const json::exception& e) {
-    DMUON_FAIL(path, ": malformed JSON: ", e.what());
-  }
-}
-
-// j[key] as T, or an error naming the file and what was being read.
-template <typename T>
-T field(const json& j, const char* key, const std::string& path, const std::string& what) {
-  try {
-    return j.at(key).get<T>();
-  } catch (const json::exception&) {
-    DMUON_FAIL(path, ": ", what, " lacks a valid '", key, "'");
-  }
+  return read_json_file(path);
 }
 
 Manifest read_manifest(const std::string& dir) {
@@ -168,30 +155,30 @@ Manifest read_manifest(const std::string& dir) {
   const std::string index_path = dir + "/index.json";
   const json index = read_json(index_path);
   DMUON_CHECK(index.is_object() && index.value("format", "") == kFormat, index_path, ": not a ", kFormat, " index");
-  const int version = field<int>(index, "version", index_path, "the index");
+  const int version = json_field<int>(index, "version", index_path, "the index");
   DMUON_CHECK(version == kVersion, index_path, ": version ", version, " (this build reads version ", kVersion, ")");
-  m.world_size = field<int>(index, "world_size", index_path, "the index");
-  m.updates = field<int64_t>(index, "updates", index_path, "the index");
-  m.skipped = field<int64_t>(index, "skipped", index_path, "the index");
+  m.world_size = json_field<int>(index, "world_size", index_path, "the index");
+  m.updates = json_field<int64_t>(index, "updates", index_path, "the index");
+  m.skipped = json_field<int64_t>(index, "skipped", index_path, "the index");
   DMUON_CHECK(m.world_size >= 1 && m.updates >= 0 && m.skipped >= 0, index_path,
               ": world_size must be ≥ 1 and counters ≥ 0");
   for (int r = 0; r < m.world_size; ++r) {
     const std::string path = dir + "/" + rank_stem(r) + ".json";
     const json j = read_json(path);
     SavedFile f;
-    f.path = dir + "/" + field<std::string>(j, "file", path, "the manifest");
-    f.bytes = field<uint64_t>(j, "bytes", path, "the manifest");
-    f.checksum = field<std::string>(j, "fnv1a64", path, "the manifest");
+    f.path = dir + "/" + json_field<std::string>(j, "file", path, "the manifest");
+    f.bytes = json_field<uint64_t>(j, "bytes", path, "the manifest");
+    f.checksum = json_field<std::string>(j, "fnv1a64", path, "the manifest");
     m.files.push_back(f);
     DMUON_CHECK(j.contains("slices") && j["slices"].is_array(), path, ": the manifest lacks a 'slices' array");
     for (const json& s : j["slices"]) {
       SavedSlice slice;
-      slice.param = field<std::string>(s, "param", path, "a slice");
-      slice.kind = field<std::string>(s, "kind", path, "slice of '" + slice.param + "'");
-      slice.key = field<std::string>(s, "key", path, "slice of '" + slice.param + "'");
-      slice.shape = field<std::vector<int64_t>>(s, "shape", path, "tensor '" + slice.key + "'");
-      slice.offset = field<int64_t>(s, "offset", path, "tensor '" + slice.key + "'");
-      slice.count = field<int64_t>(s, "count", path, "tensor '" + slice.key + "'");
+      slice.param = json_field<std::string>(s, "param", path, "a slice");
+      slice.kind = json_field<std::string>(s, "kind", path, "slice of '" + slice.param + "'");
+      slice.key = json_field<std::string>(s, "key", path, "slice of '" + slice.param + "'");
+      slice.shape = json_field<std::vector<int64_t>>(s, "shape", path, "tensor '" + slice.key + "'");
+      slice.offset = json_field<int64_t>(s, "offset", path, "tensor '" + slice.key + "'");
+      slice.count = json_field<int64_t>(s, "count", path, "tensor '" + slice.key + "'");
       slice.rank = r;
       const int64_t numel = checked_numel(slice.shape, path + ": tensor '" + slice.key + "'");
       DMUON_CHECK(slice.offset >= 0 && slice.count >= 0 && slice.offset <= numel && slice.count <= numel - slice.offset,

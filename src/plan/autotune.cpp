@@ -15,6 +15,7 @@
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/tune.hpp"
+#include "io/json_file.hpp"
 
 namespace dmuon {
 
@@ -177,7 +178,7 @@ TuneCache TuneCache::load(const std::string& path, const TuneKey& key, std::stri
   };
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(read_file(path));
+    j = read_json_file(path);
   } catch (const std::exception& e) {
     return reject(std::string("is unreadable or not JSON (") + e.what() + ")");
   }

@@ -6,25 +6,17 @@
 
 #include "dmuon/error.hpp"
 #include "dmuon/plan.hpp"
+#include "io/enum_names.hpp"
 #include "milp.hpp"
 
 namespace dmuon {
 
-std::string to_string(Balancer b) {
-  switch (b) {
-    case Balancer::rr: return "rr";
-    case Balancer::lpt: return "lpt";
-    case Balancer::milp: return "milp";
-  }
-  return "?";
-}
+namespace {
+constexpr EnumName<Balancer> kBalancerNames[] = {{Balancer::rr, "rr"}, {Balancer::lpt, "lpt"}, {Balancer::milp, "milp"}};
+}  // namespace
 
-Balancer parse_balancer(const std::string& text) {
-  if (text == "rr") return Balancer::rr;
-  if (text == "lpt") return Balancer::lpt;
-  if (text == "milp") return Balancer::milp;
-  DMUON_FAIL("unknown balancer '", text, "' (expected rr, lpt or milp)");
-}
+std::string to_string(Balancer b) { return std::string(name_of(kBalancerNames, b)); }
+Balancer parse_balancer(const std::string& text) { return parse_name(kBalancerNames, "balancer", text); }
 
 namespace {
 
@@ -238,7 +230,7 @@ Plan plan_from_owners(const std::vector<ParamSpec>& params, const std::vector<Pl
 std::vector<int> default_owners(const std::vector<ParamSpec>& params, int ranks) {
   PlanOptions options;
   options.balancer = Balancer::lpt;
-  return make_plan(params, make_plan_items(params, ranks, flop_batch_time(device_profile("cpu-dev"))), ranks, options)
+  return make_plan(params, make_plan_items(params, ranks, relative_flop_batch_time()), ranks, options)
       .owner;
 }
 

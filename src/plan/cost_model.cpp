@@ -3,38 +3,20 @@
 #include <map>
 
 #include "dmuon/backend_record.hpp"
+#include "dmuon/ns.hpp"
+#include "dmuon/data_files.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/plan.hpp"
+#include "io/json_file.hpp"
 
 namespace dmuon {
 
-namespace {
-// Peak rates are the vendors' dense figures; efficiencies are what NS's GEMM/SYRK mix reaches
-// on large shapes (cpu-dev: measured, DESIGN 5; GPUs: assumed, to be replaced by a GPU tune).
-const std::vector<DeviceProfile>& profiles() {
-  static const std::vector<DeviceProfile> table = {
-      {"cpu-dev", 240e9, 0.8},       // 2 EPYC cores, OpenBLAS sgemm about 240 GFLOP/s
-      {"a100-tf32", 156e12, 0.6},    // A100 SXM TF32 tensor cores
-      {"h100-tf32", 494.7e12, 0.6},  // H100 SXM TF32 tensor cores (dense)
-      {"h100-fp32", 66.9e12, 0.8},   // H100 SXM CUDA-core fp32
-      {"h200-tf32", 494.7e12, 0.65}, // H200: H100's compute, more memory bandwidth
-  };
-  return table;
-}
-}  // namespace
-
-DeviceProfile device_profile(const std::string& name) {
-  for (const auto& p : profiles())
-    if (p.name == name) return p;
-  std::string known;
-  for (const auto& n : device_profile_names()) known += (known.empty() ? "" : ", ") + n;
-  DMUON_FAIL("unknown device profile '", name, "' (known: ", known, ")");
-}
-
-std::vector<std::string> device_profile_names() {
-  std::vector<std::string> names;
-  for (const auto& p : profiles()) names.push_back(p.name);
-  return names;
+DeviceProfile device_profile(const std::string& name_or_path) {
+  const std::string path = find_models_file("hardware", name_or_path, "hardware profile");
+  const nlohmann::json j = read_json_file(path);
+  DMUON_CHECK(j.is_object(), path, ": a hardware profile is a JSON object");
+  return {j.value("name", name_or_path), json_field<double>(j, "ns_flops", path, "the hardware profile"),
+          json_field<double>(j, "ns_efficiency", path, "the hardware profile")};
 }
 
 double ns_flops_estimate(int64_t rows, int64_t cols, int steps) {
@@ -52,6 +34,8 @@ BatchTimeFn flop_batch_time(const DeviceProfile& device) {
   const double rate = device.peak_flops * device.efficiency;
   return [rate](int64_t rows, int64_t cols, int batch) { return batch * ns_flops_estimate(rows, cols) / rate; };
 }
+
+BatchTimeFn relative_flop_batch_time() { return flop_batch_time({"1 TFLOP/s", 1e12, 1}); }
 
 std::vector<PlanItem> make_plan_items(const std::vector<ParamSpec>& params, int ranks, const BatchTimeFn& batch_time) {
   DMUON_CHECK(ranks >= 1, "rank count must be at least 1, got ", ranks);

@@ -5,23 +5,17 @@
 #include <map>
 #include <sstream>
 
+#include "dmuon/checksum.hpp"
 #include "dmuon/shard.hpp"
 
 namespace dmuon::shard {
 
 namespace {
-uint64_t fnv(uint64_t h, const void* data, std::size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (std::size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
 int64_t hash_spec(const ParamSpec& s) {
-  uint64_t h = 1469598103934665603ull;
-  h = fnv(h, s.name.data(), s.name.size());
+  uint64_t h = fnv1a64(s.name);
   const int64_t meta[3] = {static_cast<int64_t>(s.shape.size()), static_cast<int64_t>(s.role), s.unit};
-  h = fnv(h, meta, sizeof meta);
-  h = fnv(h, s.shape.data(), s.shape.size() * sizeof(int64_t));
+  h = fnv1a64_values(meta, 3, h);
+  h = fnv1a64_values(s.shape.data(), s.shape.size(), h);
   return static_cast<int64_t>(h >> 1);
 }
 
@@ -59,11 +53,8 @@ int ParamRegistry::find(std::string_view name) const {
 void ParamRegistry::verify_across(comm::Comm& comm) const {
   const int n = comm.size();
   std::vector<int64_t> hashes(specs_.size());
-  uint64_t total = 1469598103934665603ull;
-  for (std::size_t i = 0; i < specs_.size(); ++i) {
-    hashes[i] = hash_spec(specs_[i]);
-    total = fnv(total, &hashes[i], sizeof(int64_t));
-  }
+  for (std::size_t i = 0; i < specs_.size(); ++i) hashes[i] = hash_spec(specs_[i]);
+  const uint64_t total = fnv1a64_values(hashes.data(), hashes.size());
   const int64_t mine[2] = {size(), static_cast<int64_t>(total >> 1)};
   std::vector<int64_t> all(2 * static_cast<std::size_t>(n));
   comm.all_gather<int64_t>(mine, all).wait();

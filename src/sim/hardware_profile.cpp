@@ -2,10 +2,10 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 
-#include "dmuon/atomic_file.hpp"
 #include "dmuon/data_files.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/sim.hpp"
+#include "io/json_file.hpp"
 
 namespace dmuon::sim {
 
@@ -25,12 +25,7 @@ double fraction_field(const nlohmann::json& j, const char* key, const std::strin
 
 HardwareProfile load_hardware_profile(const std::string& name_or_path) {
   const std::string path = find_models_file("hardware", name_or_path, "hardware profile");
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(read_file(path));
-  } catch (const nlohmann::json::exception& e) {
-    DMUON_FAIL(path, ": not valid JSON (", e.what(), ")");
-  }
+  const nlohmann::json j = read_json_file(path);
   DMUON_CHECK(j.is_object(), path, ": a hardware profile is a JSON object");
   HardwareProfile hw;
   hw.name = j.value("name", name_or_path);

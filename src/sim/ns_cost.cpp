@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "dmuon/backend_record.hpp"
+#include "dmuon/ns.hpp"
 #include "dmuon/sim.hpp"
 
 namespace dmuon::sim {

@@ -5,6 +5,7 @@
 
 #include "dmuon/error.hpp"
 #include "dmuon/sim.hpp"
+#include "io/enum_names.hpp"
 
 namespace dmuon::sim {
 
@@ -145,19 +146,21 @@ Elementwise muon_momentum_and_apply(double elements, const HardwareProfile& hw) 
 
 }  // namespace
 
-std::string to_string(Optimizer o) {
-  switch (o) {
-    case Optimizer::adamw: return "adamw";
-    case Optimizer::muon_gather_plain: return "muon-gather-plain";
-    case Optimizer::muon_gather: return "muon-gather";
-    case Optimizer::dmuon: return "dmuon";
-  }
-  return "?";
-}
+namespace {
+constexpr EnumName<Optimizer> kOptimizerNames[] = {{Optimizer::adamw, "adamw"},
+                                                   {Optimizer::muon_gather_plain, "muon-gather-plain"},
+                                                   {Optimizer::muon_gather, "muon-gather"},
+                                                   {Optimizer::dmuon, "dmuon"}};
+}  // namespace
+
+std::string to_string(Optimizer o) { return std::string(name_of(kOptimizerNames, o)); }
 
 const std::vector<Optimizer>& all_optimizers() {
-  static const std::vector<Optimizer> all = {Optimizer::adamw, Optimizer::muon_gather_plain, Optimizer::muon_gather,
-                                             Optimizer::dmuon};
+  static const std::vector<Optimizer> all = [] {
+    std::vector<Optimizer> out;
+    for (const auto& entry : kOptimizerNames) out.push_back(entry.value);
+    return out;
+  }();
   return all;
 }
 

@@ -127,30 +127,4 @@ void RecordingBackend::run_concurrently(int workers, const std::function<void(Ba
   for (int w = 0; w < std::max(1, workers); ++w) fn(*this, w);
 }
 
-std::vector<KernelCall> ns_kernel_calls(int64_t rows, int64_t cols, int batch, const NsOptions& options,
-                                        int64_t preferred_batch) {
-  DMUON_CHECK(rows >= 0 && cols >= 0 && batch >= 0, "ns_kernel_calls: shape ", rows, "x", cols, " batch ", batch);
-  RecordingBackend rec(preferred_batch);
-  std::vector<Buffer> buffers;
-  std::vector<MatView> views;
-  for (int i = 0; i < batch; ++i) {
-    buffers.emplace_back(rec, DType::f32, rows * cols);
-    views.push_back(buffers.back().view(rows, cols));
-  }
-  NsOptions o = options;
-  o.threads = 0;
-  // The norms stay on the device, as in the optimizer's step (its one read per update is not NS's).
-  const Buffer norms(rec, DType::f32, 2 * static_cast<int64_t>(batch));
-  newton_schulz_batched(rec, views, views, o, {}, reinterpret_cast<double*>(norms.data()));
-  buffers.clear();
-  ns_release_workspaces(&rec);
-  return rec.calls();
-}
-
-double total_flops(const std::vector<KernelCall>& calls, bool full) {
-  double sum = 0;
-  for (const KernelCall& c : calls) sum += full ? c.full_flops : c.flops;
-  return sum;
-}
-
 }  // namespace dmuon
