@@ -67,25 +67,17 @@ else()
   message(STATUS "dmuon: CUDA backend OFF (DMUON_CUDA=OFF)")
 endif()
 
-# Adds the CUDA backend's sources to `target` (the library): everything under src/backend/cuda needs the
-# toolkit except the call descriptors (cublas_calls.cpp), which the CPU test of the row-major mapping uses in
-# every build; src/comm/nccl_comm.cpp needs NCCL.
+# Adds the CUDA backend's kernels and host code (src/backend/cuda/*.cu, compiled by nvcc) to `target` (the
+# backend layer, or dmuon_gpu). Its call descriptors (cublas_calls.cpp) are plain C++ in every build.
 function(dmuon_add_cuda_sources target)
-  file(GLOB _cuda_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu
-       ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cpp)
-  list(FILTER _cuda_sources EXCLUDE REGEX "/cublas_calls\\.cpp$")
+  file(GLOB _cuda_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu)
   add_library(${target}_cuda OBJECT ${_cuda_sources})
   target_include_directories(${target}_cuda PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(${target}_cuda PRIVATE CUDA::cudart CUDA::cublas)
   target_sources(${target} PRIVATE $<TARGET_OBJECTS:${target}_cuda>)
   target_compile_definitions(${target} PUBLIC DMUON_HAVE_CUDA)
-  target_link_libraries(${target} PRIVATE CUDA::cudart CUDA::cublas)
-  if(DMUON_HAVE_NCCL)
-    target_sources(${target}_cuda PRIVATE ${PROJECT_SOURCE_DIR}/src/comm/nccl_comm.cpp)
-    target_link_libraries(${target}_cuda PRIVATE dmuon::nccl)
-    target_compile_definitions(${target} PUBLIC DMUON_HAVE_NCCL)
-    target_link_libraries(${target} PRIVATE dmuon::nccl)
-  endif()
+  # Public: code above the backend (tests, the tuner's GPU key) includes the backend's CUDA header.
+  target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublas)
 endfunction()
 
 # dmuon_gpu_check (tools/gpu_only): the GPU checks and `bench ns` on the GPU over `library`, with the ctest

@@ -16,8 +16,10 @@
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/checkpoint.hpp"
 #include "dmuon/distributed_optim.hpp"
-#include "dmuon/linalg.hpp"
+#include "dmuon/plan.hpp"  // default_owners
 #include "test_data.hpp"
+#include "hook_pass.hpp"
+#include "test_world.hpp"
 #include "toy_model.hpp"
 
 namespace dmuon {
@@ -26,13 +28,7 @@ namespace {
 using shard::Layout;
 using shard::Mode;
 
-std::shared_ptr<comm::Comm> world() {
-  static std::shared_ptr<comm::Comm> w = [] {
-    linalg::set_threads(1);
-    return comm::world();
-  }();
-  return w;
-}
+using test::world;
 
 // Units: 0 embeddings; 1 a layer with every kind of shape; 2 a head (a matrix moved to AdamW by a
 // rule) and one more wide matrix (batched with unit 1's). Two 8×8 matrices share a batch too.
@@ -98,8 +94,11 @@ void assign(std::vector<float>& dst, const std::vector<float>& src) { std::copy(
 std::unique_ptr<shard::ShardedParams> sharded(Layout layout, Mode mode, std::shared_ptr<comm::Comm> comm = world()) {
   shard::ParamRegistry reg;
   for (const ParamSpec& s : specs()) reg.add(s);
+  std::vector<int> owners;  // the even layout places none
+  if (layout == Layout::owner_aligned) owners = default_owners(reg.specs(), comm->size());
   auto sp = std::make_unique<shard::ShardedParams>(std::move(comm), reg,
-                                                   shard::ShardOptions{layout, mode, comm::ReduceOp::average, true});
+                                                   shard::ShardOptions{layout, mode, comm::ReduceOp::average, true},
+                                                   owners);
   test::ToyModel init(specs(), 7);
   for (int p = 0; p < sp->registry().size(); ++p) sp->load_full(p, init.values[p]);
   return sp;
@@ -110,21 +109,11 @@ std::unique_ptr<shard::ShardedParams> sharded(Layout layout, Mode mode, std::sha
 // last rank.
 void backward(shard::ShardedParams& sp, int t, int poison = -1, const comm::Comm& comm = *world()) {
   const int rank = comm.rank();
-  for (int u = 0; u < sp.num_units(); ++u) {
-    sp.before_forward(u);
-    sp.after_forward(u);
-  }
-  for (int u = sp.num_units() - 1; u >= 0; --u) {
-    sp.before_backward(u);
-    for (int p : sp.layout(u).params) {
-      auto g = sp.grad(p);
-      const std::vector<float> v = rank_gradient(p, t, g.size(), rank, comm.size());
-      std::copy(v.begin(), v.end(), g.begin());
-      if (p == poison && rank == comm.size() - 1) g[0] = std::numeric_limits<float>::quiet_NaN();
-    }
-    sp.after_backward(u);
-  }
-  sp.finish_backward();
+  test::hook_pass(sp, [&](int p, std::span<float> g) {
+    const std::vector<float> v = rank_gradient(p, t, g.size(), rank, comm.size());
+    std::copy(v.begin(), v.end(), g.begin());
+    if (p == poison && rank == comm.size() - 1) g[0] = std::numeric_limits<float>::quiet_NaN();
+  });
 }
 
 // Every parameter's full value, gathered.

@@ -8,6 +8,7 @@
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/models.hpp"
+#include "io/hf_config.hpp"  // params_from_hf_config
 #include "test_data.hpp"
 
 namespace dmuon {

@@ -280,7 +280,7 @@ TEST(Plan, LptAndRrGiveTheirHandWorkedAssignments) {
   EXPECT_EQ(balance_rr(sized, 2), (std::vector<int>{1, 0, 0, 1, 0}));
 }
 
-// ShardedParams' default owners: LPT on flop costs (d 6x6 > a 4x8 = b 8x4 > c 2x2 > e 1x1), longest
+// default_owners: LPT on flop costs (d 6x6 > a 4x8 = b 8x4 > c 2x2 > e 1x1), longest
 // first onto the least-loaded rank with memory room, ties to the lowest rank, elementwise −1. Memory:
 // 12 bytes per element; at 2 ranks the cap is 1.25·1260/2 = 787 bytes.
 TEST(Plan, DefaultOwnersAreLptOnFlopCosts) {

@@ -9,8 +9,8 @@
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/metrics_csv.hpp"
-#include "dmuon/plot.hpp"
-#include "dmuon/progress.hpp"
+#include "console/plot.hpp"
+#include "console/progress.hpp"
 #include "test_data.hpp"
 
 namespace dmuon {

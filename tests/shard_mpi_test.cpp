@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 
+#include "dmuon/plan.hpp"  // default_owners
 #include "dmuon/shard.hpp"
 
 namespace dmuon::shard {
@@ -38,7 +39,10 @@ float real_grad(int rank, int p, int64_t i) { return std::sin(0.1f * (rank + 1) 
 
 std::unique_ptr<ShardedParams> make(std::shared_ptr<comm::Comm> c, Layout layout, Mode mode,
                                     ReduceOp op = ReduceOp::sum, bool two_stage = true) {
-  auto sp = std::make_unique<ShardedParams>(std::move(c), model(), ShardOptions{layout, mode, op, two_stage});
+  const ParamRegistry reg = model();
+  std::vector<int> owners;  // the even layout places none
+  if (layout == Layout::owner_aligned) owners = default_owners(reg.specs(), c->size());
+  auto sp = std::make_unique<ShardedParams>(std::move(c), reg, ShardOptions{layout, mode, op, two_stage}, owners);
   for (int p = 0; p < sp->registry().size(); ++p) {
     std::vector<float> v(sp->registry().specs()[p].numel());
     for (std::size_t i = 0; i < v.size(); ++i) v[i] = initial(p, i);
@@ -338,7 +342,7 @@ TEST(Shard, RegistrationMismatchIsReportedOnEveryRank) {
     }
     std::string message;
     try {
-      ShardedParams sp(c, reg, ShardOptions{});
+      ShardedParams sp(c, reg, ShardOptions{}, default_owners(reg.specs(), c->size()));
     } catch (const Error& e) {
       message = e.what();
     }

@@ -1,6 +1,7 @@
 // The training loop over ranks equals the single-process definition: every rank runs the reference
-// (single-process Muon or AdamW over whole tensors, no communicator) beside the distributed run on
-// all ranks, and the two must agree at every world size.
+// (Muon or AdamW in a Trainer without a communicator: a world of one, which train_test checks against
+// the single-process loop over whole tensors) beside the distributed run on all ranks, and the two
+// must agree at every world size.
 //
 // Tolerances. Ranks compute their slice of the batch and the runtime averages the slices'
 // gradients, where one process averages over the whole batch: the same sums in another order, so

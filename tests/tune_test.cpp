@@ -12,6 +12,7 @@
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/models.hpp"
+#include "dmuon/plan.hpp"  // make_plan_items, tuned_batch_time
 #include "dmuon/tune.hpp"
 #include "test_data.hpp"
 

@@ -10,7 +10,7 @@
 #include "cli.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/metrics_csv.hpp"
-#include "dmuon/plot.hpp"
+#include "console/plot.hpp"
 
 namespace {
 

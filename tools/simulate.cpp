@@ -12,7 +12,7 @@
 #include "dmuon/models.hpp"
 #include "e2e_configs.hpp"
 #include "model_args.hpp"
-#include "dmuon/plot.hpp"
+#include "console/plot.hpp"
 #include "dmuon/sim.hpp"
 
 namespace dmuon::cli {

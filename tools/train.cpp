@@ -10,11 +10,13 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "console/progress.hpp"
 #include "tune_session.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
-#include "dmuon/progress.hpp"
+#include "dmuon/metrics_csv.hpp"
+#include "dmuon/rank_agreement.hpp"
 #include "dmuon/trainer.hpp"
 
 namespace {
@@ -64,22 +66,16 @@ void run_train(TrainArgs& args) {
   std::optional<dmuon::ProgressDisplay> progress;
   // Rank 0 creates the metrics file; every rank learns whether it could, so none waits in a
   // collective for a rank 0 that has stopped.
-  std::string csv_error;
-  if (root) {
-    try {
-      const auto csv_dir = std::filesystem::path(csv_path).parent_path();
-      if (!csv_dir.empty()) std::filesystem::create_directories(csv_dir);
-      csv.emplace(csv_path);
-    } catch (const dmuon::Error& e) {
-      csv_error = e.what();
-    } catch (const std::exception& e) {  // std::filesystem_error
-      csv_error = "cannot create the folder of metrics file " + csv_path + ": " + e.what();
-    }
-  }
-  double csv_failed[1] = {csv_error.empty() ? 0.0 : 1.0};
-  comm->all_reduce<double>(csv_failed, dmuon::comm::ReduceOp::sum).wait();
-  if (!csv_error.empty()) throw dmuon::Error(csv_error);
-  DMUON_CHECK(csv_failed[0] == 0, "rank 0 cannot write the metrics file ", csv_path, " (its error says why)");
+  const std::exception_ptr csv_failure = dmuon::comm::capture_failure(
+      [&] {
+        if (!root) return;
+        const auto csv_dir = std::filesystem::path(csv_path).parent_path();
+        if (!csv_dir.empty()) std::filesystem::create_directories(csv_dir);
+        csv.emplace(csv_path);
+      },
+      "cannot create the folder of metrics file " + csv_path);
+  dmuon::comm::throw_if_any_failed(*comm, csv_failure,
+                                   "rank 0 cannot write the metrics file " + csv_path + " (its error says why)");
   if (root) {
     int64_t params = 0;
     for (const auto& s : dmuon::gpt_param_specs(o.model)) params += s.numel();

@@ -254,6 +254,12 @@ class Comm {
 // collective failed; without mpirun a lone process is a world of one. Collective over all ranks.
 std::shared_ptr<Comm> world(const Options& options = Options::from_env());
 
+// A world of one: this process alone (a duplicate of MPI_COMM_SELF, with trivial node and cross groups),
+// however many ranks mpirun started. Single-process runs take it, so that one rank goes through the
+// same code as many (the Trainer without a communicator; single-process references in the tests).
+// Initialises MPI as world() does. Not collective.
+std::shared_ptr<Comm> self(const Options& options = Options::from_env());
+
 // For a program's top level after it printed an error: with MPI initialised and more than one
 // rank in MPI_COMM_WORLD, ends every rank of the job now (MPI_Abort) with `exit_code`; otherwise
 // (a world of one, MPI not initialised or already finalised) returns and the caller exits.

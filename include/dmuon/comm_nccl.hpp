@@ -18,8 +18,11 @@
 
 #include <memory>
 
-#include "dmuon/backend.hpp"
 #include "dmuon/comm.hpp"
+
+namespace dmuon {
+class Backend;  // dmuon/backend.hpp (the backend layer; this header is the comm layer's)
+}
 
 namespace dmuon::comm {
 

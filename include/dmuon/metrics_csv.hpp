@@ -1,8 +1,6 @@
-// Per-step training metrics as CSV, one row per optimizer step:
+// The trainer's per-step metrics (StepMetrics, trainer.hpp) as CSV, one row per optimizer step:
 //   step,train_loss,val_loss,step_s,fwd_bwd_s,optim_s,comm_wait_s
-// val_loss is empty on steps without evaluation. Times are wall-clock seconds of this rank (step_s: the
-// whole step; fwd_bwd_s: forward and backward compute; optim_s: the optimizer; comm_wait_s: time blocked
-// on communication that did not overlap compute).
+// val_loss is empty on steps without evaluation.
 #pragma once
 
 #include <cstdint>
@@ -12,15 +10,9 @@
 #include <vector>
 
 #include "dmuon/statistics.hpp"  // median
+#include "dmuon/trainer.hpp"
 
 namespace dmuon {
-
-struct StepMetrics {
-  int64_t step = 0;
-  double train_loss = 0;
-  std::optional<double> val_loss;
-  double step_s = 0, fwd_bwd_s = 0, optim_s = 0, comm_wait_s = 0;
-};
 
 // Writes the header on construction and flushes every row, so a run that dies keeps what it measured.
 // Throws dmuon::Error naming the path when the file cannot be created or written.

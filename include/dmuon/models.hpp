@@ -17,8 +17,6 @@
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "dmuon/params.hpp"
 
 namespace dmuon {
@@ -26,15 +24,7 @@ namespace dmuon {
 // The model_type values params_from_hf_config accepts, for messages.
 std::vector<std::string> supported_model_types();
 
-// Expands one config. `layers` > 0 keeps only the first `layers` layers of every layer stack
-// (for small runs); 0 keeps all. `prefix` overrides the model type's default name prefix
-// ("model." for the llama family); `first_unit` numbers the units. `origin` names the file in errors.
-// Throws dmuon::Error for an unknown model_type (listing the supported ones) or missing fields
-// (listing all of them).
-std::vector<ParamSpec> params_from_hf_config(const nlohmann::json& config, const std::string& origin, int layers = 0,
-                                             int first_unit = 0, const std::string* prefix = nullptr);
-
-// Reads a Hugging Face config.json and expands it.
+// Reads a Hugging Face config.json and expands it (src/io/hf_config.hpp: params_from_hf_config).
 std::vector<ParamSpec> load_hf_config(const std::string& path, int layers = 0);
 
 // Path of a manifest: `name_or_path` itself if it is a file, else <name>.json in the models/

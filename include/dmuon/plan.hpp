@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "dmuon/params.hpp"
+#include "dmuon/tune.hpp"
 
 namespace dmuon {
 
@@ -51,6 +52,10 @@ BatchTimeFn flop_batch_time(const DeviceProfile& device);
 // Flops alone, in units of 10^12 (a 1 TFLOP/s device): for owners where no device is known, since
 // the balancers depend only on the ratios of the costs.
 BatchTimeFn relative_flop_batch_time();
+
+// Batch times from tuned entries (tune.hpp: measured load balancing, --costs measured). Asking for a
+// (shape, batch) the entries lack throws dmuon::Error naming it.
+BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries);
 
 // The Muon matrices of `params` as plan items. A shape's matrices are expected to run in batches of
 // ceil(count/ranks) per rank, so each item's time is batch_time(shape, that batch) / that batch.
@@ -118,7 +123,8 @@ Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>
 Plan plan_from_owners(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
                       const std::vector<int>& owner, const PlanOptions& options);
 
-// The owners used when none are given (shard::ShardedParams' default): make_plan with the lpt balancer
+// Owners without a solver or measurements (a caller of shard::ShardedParams with no plan of its own, the
+// tests): make_plan with the lpt balancer
 // (default memory slack) on flop costs (ns_flops_estimate on the "cpu-dev" profile; only their ratios
 // matter). Deterministic: every rank computes the same table without communicating. −1 for
 // elementwise parameters.

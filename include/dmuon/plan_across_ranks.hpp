@@ -1,14 +1,12 @@
-// Owner plans and tuned NS entries that every rank agrees on. The planner itself (plan.hpp) is pure,
-// and milp with a time limit may answer differently on different ranks, so rank 0 solves and
-// broadcasts the owners. Tuning times kernels, and ranks timing at once on shared cores distort each
-// other's timings, so rank 0 tunes alone and broadcasts the entries.
+// Owner plans that every rank agrees on. The planner itself (plan.hpp) is pure, and milp with a time
+// limit may answer differently on different ranks, so rank 0 solves and broadcasts the owners
+// (comm::from_rank0). Tuned NS entries are agreed on the same way: tune.hpp's tune_across_ranks.
 #pragma once
 
 #include <vector>
 
 #include "dmuon/comm.hpp"
 #include "dmuon/plan.hpp"
-#include "dmuon/tune.hpp"
 
 namespace dmuon {
 
@@ -22,12 +20,5 @@ namespace dmuon {
 // carrying rank 0's message ("rank 0 could not make the owner plan: ..."); no rank waits.
 Plan plan_across_ranks(comm::Comm& comm, const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items,
                        const PlanOptions& options);
-
-// Collective. Rank 0 runs tune_with_cache (progress and warnings are rank 0's) while the other
-// ranks wait, and broadcasts the entries; every rank returns the same entries, in request order.
-// Failures reach every rank as in plan_across_ranks ("rank r: rank 0 could not tune Newton-Schulz
-// (cache PATH): ..."). The waiting ranks wait within the comm timeout (DMUON_COMM_TIMEOUT_S).
-std::vector<TuneEntry> tune_across_ranks(comm::Comm& comm, const std::vector<TuneRequest>& requests,
-                                         const TuneSessionOptions& options);
 
 }  // namespace dmuon

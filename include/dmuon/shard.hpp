@@ -90,11 +90,12 @@ struct UnitTimes {
 
 class ShardedParams {
  public:
-  // Collective: verifies the registry across ranks. owners[p] is the owner of matrix p (-1 for
-  // elementwise); empty means default_owners (plan.hpp: LPT on flop costs). Shard parameters start
-  // at zero (see load_full).
+  // Collective: verifies the registry across ranks. owners[p] is the rank that owns matrix p (−1 for
+  // elementwise parameters), the same on every rank: the planner's answer (plan.hpp: plan_across_ranks,
+  // or default_owners). The owner-aligned layout needs one per parameter; the even layout places no
+  // owners and takes an empty table. Shard parameters start at zero (see load_full).
   ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry registry, ShardOptions options,
-                std::vector<int> owners = {});
+                std::vector<int> owners);
   // Completes every gather and reduce still in flight (Work::settle: bounded by the comm timeout,
   // never throwing) before freeing the buffers they write into; if one cannot complete (the
   // communicator failed), leaks the buffers instead. Not collective: it waits only for the peers
@@ -105,7 +106,7 @@ class ShardedParams {
 
   const ParamRegistry& registry() const { return registry_; }
   const ShardOptions& options() const { return options_; }
-  const std::vector<int>& owners() const { return owners_; }
+  const std::vector<int>& owners() const { return owners_; }  // empty for the even layout
   int num_units() const { return static_cast<int>(units_.size()); }
   const UnitLayout& layout(int unit) const;
   // My shard's parameter ranges in unit `unit` (layout(unit).local_pieces(rank)).

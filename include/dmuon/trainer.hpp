@@ -7,9 +7,10 @@
 // Optimizer::step(), which accumulates the M reduced gradients and updates on the last one.
 // Rank r of D reads its slice of every global batch (data.hpp), so the trajectory does not depend on D.
 //
-// Optimizers (TrainOptions::optim):
+// Optimizers (TrainOptions::optim), built by make_optimizer_stack (optimizer_factory.hpp) for one rank
+// or many alike:
 //   adamw        AdamW on every parameter, even sharding (FSDP/ZeRO-3 + AdamW: the baseline)
-//   muon         single-process Muon (matrices) + AdamW (the rest) over whole tensors; world size 1 only
+//   muon         single-process Muon (matrices) + AdamW (the rest); world size 1 only
 //   muon-gather  Muon by gather-then-compute over even shards (DESIGN 3.2)
 //   dmuon        Muon with owner-aligned shards: each matrix updated by its owner alone (DESIGN 3.1)
 // Learning rate: linear warmup over `warmup` steps to the peak, then cosine decay to
@@ -21,25 +22,18 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "dmuon/gpt.hpp"
-#include "dmuon/metrics_csv.hpp"
 #include "dmuon/ns.hpp"
+#include "dmuon/optimizer_factory.hpp"
 #include "dmuon/plan.hpp"
 #include "dmuon/tune.hpp"
 
 namespace dmuon {
-
-namespace comm {
-class Comm;
-}
-
-enum class OptimKind { adamw, muon, muon_gather, dmuon };
-std::string_view to_string(OptimKind kind);
-// "adamw" | "muon" | "muon-gather" | "dmuon"; throws dmuon::Error naming the accepted values.
-OptimKind parse_optim_kind(std::string_view text);
 
 enum class ShardMode { z3, z2, replicated };  // shard.hpp's modes (sharded optimizers only)
 ShardMode parse_shard_mode(std::string_view text);
@@ -77,6 +71,17 @@ struct TrainOptions {
   std::function<void(const std::string&)> tune_warn;  // rank 0: a corrupt or foreign cache (optional)
 };
 
+// What one optimizer step measured (the rows of the metrics CSV, metrics_csv.hpp). Times are wall-clock
+// seconds, max over ranks (step_s: the whole step; fwd_bwd_s: forward and backward compute; optim_s: the
+// optimizer; comm_wait_s: time blocked on communication that did not overlap compute). val_loss is set
+// on steps with evaluation.
+struct StepMetrics {
+  int64_t step = 0;
+  double train_loss = 0;
+  std::optional<double> val_loss;
+  double step_s = 0, fwd_bwd_s = 0, optim_s = 0, comm_wait_s = 0;
+};
+
 // The peak learning rate `--lr` defaults to: 0.02 for Muon matrices, 3e-3 for AdamW.
 double default_lr(OptimKind kind);
 
@@ -87,8 +92,8 @@ double lr_factor(int64_t step, int64_t total, int64_t warmup, double min_ratio);
 class Trainer {
  public:
   // Loads the corpus, builds the model and optimizer and, with options.resume, loads the checkpoint.
-  // comm: the ranks to train over; null trains in this process alone (only OptimKind::muon and
-  // adamw support that without a communicator). Throws dmuon::Error naming a bad option or file.
+  // comm: the ranks to train over; null trains in this process alone (comm::self(), a world of one,
+  // through the same code as many ranks). Throws dmuon::Error naming a bad option or file.
   Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm);
   ~Trainer();
   Trainer(const Trainer&) = delete;

@@ -15,11 +15,13 @@
 
 #include "dmuon/backend.hpp"
 #include "dmuon/ns.hpp"
-#include "dmuon/optim.hpp"
 #include "dmuon/params.hpp"
-#include "dmuon/plan.hpp"
 
 namespace dmuon {
+
+namespace comm {
+class Comm;
+}
 
 // What makes timings comparable: results from another machine, BLAS, thread count or dtype are foreign.
 struct TuneKey {
@@ -146,13 +148,17 @@ struct TuneSessionOptions {
 // (or was rejected); the entries in request order.
 std::vector<TuneEntry> tune_with_cache(const std::vector<TuneRequest>& requests, const TuneSessionOptions& options);
 
-// What a model needs tuned on D ranks: each Muon matrix shape with batch ceil(count/D), the
-// batch make_plan_items asks about. Sorted by shape.
-std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int ranks);
+// Collective. Rank 0 runs tune_with_cache (progress and warnings are rank 0's) while the other
+// ranks wait, and broadcasts the entries; every rank returns the same entries, in request order.
+// Timings taken by several ranks at once on shared cores distort each other, hence rank 0 alone.
+// Failures reach every rank as in comm::from_rank0 ("rank 0 could not tune Newton-Schulz (cache
+// PATH): ...; this is rank r"). The waiting ranks wait within the comm timeout (DMUON_COMM_TIMEOUT_S).
+std::vector<TuneEntry> tune_across_ranks(comm::Comm& comm, const std::vector<TuneRequest>& requests,
+                                         const TuneSessionOptions& options);
 
-// Batch times from tuned entries, for make_plan_items (--costs measured). Asking for a (shape,
-// batch) the entries lack throws dmuon::Error naming it.
-BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries);
+// What a model needs tuned on D ranks: each Muon matrix shape with batch ceil(count/D), the
+// batch make_plan_items (plan.hpp) asks about. Sorted by shape.
+std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int ranks);
 
 // The NsOptions for `batch` rows×cols matrices: the kernel choice (algo, restarts, symmetric, tiles,
 // batch mode, threads) of the entry for that (shape, batch), else of that shape's entry with the nearest

@@ -390,6 +390,14 @@ std::shared_ptr<Comm> world(const Options& options) {
   return std::make_shared<MpiComm>(dup, options, true);
 }
 
+std::shared_ptr<Comm> self(const Options& options) {
+  ensure_mpi_initialized();
+  MPI_Comm dup = MPI_COMM_NULL;
+  int rc = MPI_Comm_dup(MPI_COMM_SELF, &dup);
+  DMUON_CHECK(rc == MPI_SUCCESS, "dmuon comm: MPI_Comm_dup(MPI_COMM_SELF) failed with code ", rc);
+  return std::make_shared<MpiComm>(dup, options, true);
+}
+
 void abort_world(int exit_code) {
   int initialized = 0, finalized = 0, size = 1;
   MPI_Initialized(&initialized);

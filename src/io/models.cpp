@@ -2,13 +2,14 @@
 // Linear weights are (out_features, in_features) as PyTorch stores them; GPT-2's Conv1D is (in, out).
 #include "dmuon/models.hpp"
 
-
 #include <functional>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "dmuon/data_files.hpp"
 #include "dmuon/error.hpp"
+#include "io/hf_config.hpp"
 #include "io/json_file.hpp"
 
 namespace dmuon {

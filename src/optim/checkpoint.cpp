@@ -11,6 +11,7 @@
 #include "dmuon/checksum.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/npy.hpp"
+#include "dmuon/rank_agreement.hpp"
 #include "dmuon/safetensors.hpp"
 #include "dmuon/shape.hpp"
 #include "io/json_file.hpp"
@@ -102,27 +103,14 @@ void swap_in(const std::string& dir, int world_size) {
   fs::remove_all(old);
 }
 
-// Inside a catch block: the exception in flight, a std:: one (from std::filesystem, say) turned into
-// a dmuon::Error saying what was being done.
-std::exception_ptr caught(const std::string& doing) {
-  try {
-    throw;
-  } catch (const Error&) {
-    return std::current_exception();
-  } catch (const std::exception& e) {
-    return std::make_exception_ptr(Error(doing + ": " + e.what()));
-  } catch (...) {
-    return std::current_exception();
-  }
-}
-
 // Every rank raises if any rank failed (so none goes on alone into a collective); the failing rank
-// raises its own error, the others a pointer to it.
+// raises its own error, the others a pointer to it. The flags are summed through the optimizer, whose
+// ranks are the checkpoint's.
 void agree(Optimizer& optimizer, const std::exception_ptr& failure, const std::string& what) {
   double failed[1] = {failure ? 1.0 : 0.0};
   optimizer.sum_across_ranks(failed);
-  if (failure) std::rethrow_exception(failure);
-  DMUON_CHECK(failed[0] == 0, what, " failed on another rank (its error says why); this is rank ", optimizer.rank());
+  comm::throw_if_any_failed(failure, failed[0], optimizer.rank(),
+                            what + " failed on another rank (its error says why)");
 }
 
 struct SavedSlice {
@@ -253,15 +241,14 @@ void save_checkpoint(const std::string& dir_arg, Optimizer& optimizer) {
   const std::string target = folder_name(dir_arg);
   const std::string staging = staging_folder(target);
   const int rank = optimizer.rank();
-  std::exception_ptr failure;
-  try {
-    if (rank == 0) prepare_save(target);
-  } catch (...) {
-    failure = caught(target + ": cannot prepare the checkpoint folder");
-  }
+  std::exception_ptr failure = comm::capture_failure(
+      [&] {
+        if (rank == 0) prepare_save(target);
+      },
+      target + ": cannot prepare the checkpoint folder");
   agree(optimizer, failure, "preparing checkpoint " + target);  // orders rank 0's preparation before any write
 
-  try {
+  failure = comm::capture_failure([&] {
     fs::create_directories(staging);
     SafetensorsFile file;
     file.metadata["format"] = kFormat;
@@ -281,13 +268,11 @@ void save_checkpoint(const std::string& dir_arg, Optimizer& optimizer) {
                            {"fnv1a64", fnv1a64_hex(bytes)},
                            {"slices", slices}};
     write_file_atomically(staging + "/" + stem + ".json", manifest.dump(1));
-  } catch (...) {
-    failure = caught(staging + ": cannot write rank " + std::to_string(rank) + "'s files");
-  }
+  }, staging + ": cannot write rank " + std::to_string(rank) + "'s files");
   agree(optimizer, failure, "writing checkpoint " + target);
 
   if (rank == 0) {
-    try {
+    failure = comm::capture_failure([&] {
       const json index = {{"format", kFormat},
                           {"version", kVersion},
                           {"world_size", optimizer.world_size()},
@@ -296,9 +281,7 @@ void save_checkpoint(const std::string& dir_arg, Optimizer& optimizer) {
                           {"checksum", "fnv1a64"}};
       write_file_atomically(staging + "/index.json", index.dump(1));
       swap_in(target, optimizer.world_size());
-    } catch (...) {
-      failure = caught(target + ": cannot move the new checkpoint into place");
-    }
+    }, target + ": cannot move the new checkpoint into place");
   }
   agree(optimizer, failure, "finishing checkpoint " + target);
 }
@@ -307,8 +290,7 @@ void load_checkpoint(const std::string& dir, Optimizer& optimizer) {
   std::vector<StateSlice> targets = optimizer.state_slices();
   std::vector<std::vector<float>> staged(targets.size());
   Manifest manifest;
-  std::exception_ptr failure;
-  try {
+  const std::exception_ptr failure = comm::capture_failure([&] {
     manifest = read_manifest(complete_folder(dir));
     SliceReader reader(manifest);
     std::set<std::string> ours;
@@ -322,9 +304,7 @@ void load_checkpoint(const std::string& dir, Optimizer& optimizer) {
       DMUON_CHECK(ours.count(s.param), manifest.files[s.rank].path, ": tensor '", s.key, "' belongs to parameter '",
                   s.param, "', which the model does not have");
     }
-  } catch (...) {
-    failure = std::current_exception();
-  }
+  }, dir + ": cannot load the checkpoint");
   agree(optimizer, failure, "loading checkpoint " + dir);
   // Everything validated on every rank: commit.
   for (size_t i = 0; i < targets.size(); ++i) std::copy(staged[i].begin(), staged[i].end(), targets[i].data);

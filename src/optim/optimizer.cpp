@@ -10,6 +10,7 @@
 
 #include "dmuon/error.hpp"
 #include "dmuon/optim.hpp"
+#include "dmuon/rank_agreement.hpp"
 
 namespace dmuon {
 
@@ -151,10 +152,15 @@ bool Optimizer::gradient_norm(float mean_scale) {
       ++skipped_;
       return false;
     }
-    DMUON_CHECK(!bad, "non-finite gradient in parameter '", bad ? *bad : "", "' on rank ", rank_, " at update ",
-                updates_ + 1);
-    DMUON_FAIL("non-finite gradient on another rank at update ", updates_ + 1, " (that rank's error names the parameter)",
-               "; this is rank ", rank_);
+    const std::exception_ptr mine = comm::capture_failure(
+        [&] {
+          DMUON_CHECK(!bad, "non-finite gradient in parameter '", bad ? *bad : "", "' on rank ", rank_, " at update ",
+                      updates_ + 1);
+        },
+        "the non-finite gradient check");
+    comm::throw_if_any_failed(mine, totals[1], rank_,
+                              "non-finite gradient on another rank at update " + std::to_string(updates_ + 1) +
+                                  " (that rank's error names the parameter)");
   }
   last_grad_norm_ = std::sqrt(totals[0]);
   return true;

@@ -1,6 +1,7 @@
 // Per-matrix NS costs for the planner: flop estimates and per-shape batching (DESIGN 2.3, 2.6).
 #include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "dmuon/backend_record.hpp"
 #include "dmuon/ns.hpp"
@@ -36,6 +37,16 @@ BatchTimeFn flop_batch_time(const DeviceProfile& device) {
 }
 
 BatchTimeFn relative_flop_batch_time() { return flop_batch_time({"1 TFLOP/s", 1e12, 1}); }
+
+BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries) {
+  std::map<std::tuple<int64_t, int64_t, int>, double> seconds;
+  for (const auto& e : entries) seconds[{e.rows, e.cols, e.batch}] = e.seconds;
+  return [seconds](int64_t rows, int64_t cols, int batch) {
+    auto it = seconds.find({rows, cols, batch});
+    DMUON_CHECK(it != seconds.end(), "no tuned time for shape ", rows, "x", cols, " batch ", batch);
+    return it->second;
+  };
+}
 
 std::vector<PlanItem> make_plan_items(const std::vector<ParamSpec>& params, int ranks, const BatchTimeFn& batch_time) {
   DMUON_CHECK(ranks >= 1, "rank count must be at least 1, got ", ranks);

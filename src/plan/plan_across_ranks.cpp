@@ -4,14 +4,14 @@
 #include <cstring>
 #include <string>
 
-#include "from_rank0.hpp"
+#include "dmuon/rank_agreement.hpp"
 
 namespace dmuon {
 
 Plan plan_across_ranks(comm::Comm& comm, const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items,
                        const PlanOptions& options) {
   Plan plan;
-  const std::string bytes = detail::from_rank0(
+  const std::string bytes = comm::from_rank0(
       comm,
       [&] {
         plan = make_plan(params, items, comm.size(), options);
@@ -24,14 +24,6 @@ Plan plan_across_ranks(comm::Comm& comm, const std::vector<ParamSpec>& params, c
   std::vector<int> owner(bytes.size() / sizeof(int));
   std::memcpy(owner.data(), bytes.data(), owner.size() * sizeof(int));
   return plan_from_owners(params, items, comm.size(), owner, options);
-}
-
-std::vector<TuneEntry> tune_across_ranks(comm::Comm& comm, const std::vector<TuneRequest>& requests,
-                                         const TuneSessionOptions& options) {
-  const std::string json = detail::from_rank0(
-      comm, [&] { return tune_entries_to_json(tune_with_cache(requests, options)); },
-      "tune Newton-Schulz (cache " + options.cache_path + ")");
-  return tune_entries_from_json(json);
 }
 
 }  // namespace dmuon

@@ -3,7 +3,6 @@
 #include <cstring>
 #include <map>
 
-#include "dmuon/plan.hpp"
 #include "dmuon/shard.hpp"
 
 namespace dmuon::shard {
@@ -49,9 +48,13 @@ ShardedParams::ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry reg
   registry_.verify_across(*comm_);
   const auto& specs = registry_.specs();
   const int d = comm_->size();
-  if (owners_.empty()) owners_ = default_owners(specs, d);
-  DMUON_CHECK(owners_.size() == specs.size(), "owner table has ", owners_.size(), " entries for ", specs.size(),
-              " parameters");
+  if (options_.layout == Layout::owner_aligned) {
+    DMUON_CHECK(owners_.size() == specs.size(), "the owner-aligned layout needs an owner per parameter (the planner's, ",
+                "plan.hpp): the owner table has ", owners_.size(), " entries for ", specs.size(), " parameters");
+  } else {
+    DMUON_CHECK(owners_.empty(), "the even layout places no owners, got an owner table of ", owners_.size(),
+                " entries");
+  }
   for (int u = 0; u < registry_.num_units(); ++u) {
     auto unit = std::make_unique<Unit>();
     unit->layout =

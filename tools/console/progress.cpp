@@ -1,4 +1,4 @@
-#include "dmuon/progress.hpp"
+#include "console/progress.hpp"
 
 #include <unistd.h>
 

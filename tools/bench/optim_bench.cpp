@@ -9,7 +9,6 @@
 #include <map>
 #include <thread>
 
-#include "dmuon/distributed_optim.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/plan_across_ranks.hpp"
@@ -167,10 +166,10 @@ Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::strin
 
 namespace {
 const std::vector<Variant>& optimizers() {
-  static const std::vector<Variant> table = {{"adamw", Kind::adamw, Engine::tuned, true, {}},
-                                             {"muon-gather-plain", Kind::gather, Engine::plain, false, {}},
-                                             {"muon-gather", Kind::gather, Engine::tuned, true, {}},
-                                             {"dmuon", Kind::owners, Engine::tuned, true, {}}};
+  static const std::vector<Variant> table = {{"adamw", OptimKind::adamw, Engine::tuned, true, {}},
+                                             {"muon-gather-plain", OptimKind::muon_gather, Engine::plain, false, {}},
+                                             {"muon-gather", OptimKind::muon_gather, Engine::tuned, true, {}},
+                                             {"dmuon", OptimKind::dmuon, Engine::tuned, true, {}}};
   return table;
 }
 }  // namespace
@@ -195,7 +194,7 @@ const Variant& optimizer_spec(const std::string& name) {
 
 Variant optimizer_variant(const Setup& setup, const std::string& name) {
   Variant v = optimizer_spec(name);
-  if (v.kind == Kind::owners) v.owners = setup.milp.owner;
+  if (v.kind == OptimKind::dmuon) v.owners = setup.milp.owner;
   return v;
 }
 
@@ -204,39 +203,24 @@ namespace {
 // One variant's sharded parameters and optimizer, alive for the whole interleaved run.
 struct Runner {
   std::shared_ptr<comm::Traffic> traffic = std::make_shared<comm::Traffic>();
-  std::unique_ptr<shard::ShardedParams> sp;
-  std::unique_ptr<Optimizer> optimizer;
+  OptimizerStack stack;
   Measurement m;
   std::vector<double> blocked;
   std::vector<std::vector<double>> ns_s;  // per rank, per timed step
-  Kind kind = Kind::owners;
+  OptimKind kind = OptimKind::dmuon;
 
   // Collective. Each runner talks on its own duplicate of the world communicator.
   Runner(const Setup& setup, const Variant& v) {
     auto comm = comm::counting(comm::world(), traffic);
-    shard::ParamRegistry registry;
-    for (const auto& p : setup.params) registry.add(p);
-    const bool owned = v.kind == Kind::owners;
-    sp = std::make_unique<shard::ShardedParams>(
-        comm, registry,
-        shard::ShardOptions{owned ? shard::Layout::owner_aligned : shard::Layout::even, shard::Mode::z2,
-                            comm::ReduceOp::average, true},
-        owned ? v.owners : std::vector<int>{});
-    if (owned) {
+    OptimizerStackOptions options;
+    options.kind = v.kind;
+    options.mode = shard::Mode::z2;
+    if (v.kind != OptimKind::adamw) options.orth = make_orthogonalizer(setup, v);
+    options.owners = v.owners;
+    stack = make_optimizer_stack(comm, setup.params, options);
+    if (v.kind == OptimKind::dmuon) {
       for (const RankPlan& r : plan_from_owners(setup.params, setup.items, comm->size(), v.owners, {}).per_rank)
         m.predicted_ns_s_per_rank.push_back(r.time_s);
-    }
-    OptimizerOptions options;
-    switch (v.kind) {
-      case Kind::adamw:
-        optimizer = std::make_unique<ShardedAdamW>(comm, *sp, options);
-        break;
-      case Kind::gather:
-        optimizer = std::make_unique<MuonGatherCompute>(comm, *sp, options, make_orthogonalizer(setup, v));
-        break;
-      case Kind::owners:
-        optimizer = std::make_unique<DMuon>(comm, *sp, options, make_orthogonalizer(setup, v));
-        break;
     }
     m.name = v.name;
     kind = v.kind;
@@ -245,17 +229,17 @@ struct Runner {
   // Gradients through the hooks, then one timed step; `record` false for the warm-up.
   void step(comm::Comm& world, int s, bool record) {
     *traffic = {};
-    backward(*sp, s);
+    backward(*stack.params, s);
     const double backward_sent = traffic->sent_bytes;
     std::vector<double> start = {0};
     max_over_ranks(world, start);  // start together
     *traffic = {};
     const auto t0 = Clock::now();
-    optimizer->step();
+    stack.optimizer->step();
     std::vector<double> figures = {std::chrono::duration<double>(Clock::now() - t0).count(), traffic->blocked_s,
                                    traffic->sent_bytes, backward_sent};
     max_over_ranks(world, figures);
-    std::vector<double> ns_mine = {optimizer->last_stats().ns_s}, ns_all(world.size());
+    std::vector<double> ns_mine = {stack.optimizer->last_stats().ns_s}, ns_all(world.size());
     world.all_gather<double>(ns_mine, ns_all).wait();
     if (!record) return;
     ns_s.resize(ns_all.size());
@@ -269,11 +253,11 @@ struct Runner {
   Measurement finish(comm::Comm& world) {
     m.median_s = median(m.step_s);
     m.blocked_s = median(blocked);
-    if (kind != Kind::adamw)
+    if (kind != OptimKind::adamw)
       for (const auto& per_step : ns_s) m.ns_s_per_rank.push_back(median(per_step));
     std::vector<double> sum_sq = {0};
-    for (int u = 0; u < sp->num_units(); ++u)
-      for (float w : sp->shard_params(u)) sum_sq[0] += static_cast<double>(w) * w;
+    for (int u = 0; u < stack.params->num_units(); ++u)
+      for (float w : stack.params->shard_params(u)) sum_sq[0] += static_cast<double>(w) * w;
     world.all_reduce<double>(sum_sq, comm::ReduceOp::sum).wait();
     m.weight_norm = std::sqrt(sum_sq[0]);
     return m;

@@ -43,21 +43,20 @@ struct Part {
 
 std::vector<Part> parts(const ob::Setup& s) {
   using ob::Engine;
-  using ob::Kind;
   const std::vector<int>& milp = s.milp.owner;
   return {
-      {"symmetric products", "symmetric kernels", 48, {"no-symmetric", Kind::owners, Engine::tuned_gemm, true, milp}},
-      {"Gram space", "symmetric kernels", 48, {"no-gram", Kind::owners, Engine::tuned_standard, true, milp}},
-      {"batching", "autotuning + batching", 16, {"no-batching", Kind::owners, Engine::tuned, false, milp}},
-      {"autotuning", "autotuning + batching", 16, {"no-tuning", Kind::owners, Engine::untuned, true, milp}},
+      {"symmetric products", "symmetric kernels", 48, {"no-symmetric", OptimKind::dmuon, Engine::tuned_gemm, true, milp}},
+      {"Gram space", "symmetric kernels", 48, {"no-gram", OptimKind::dmuon, Engine::tuned_standard, true, milp}},
+      {"batching", "autotuning + batching", 16, {"no-batching", OptimKind::dmuon, Engine::tuned, false, milp}},
+      {"autotuning", "autotuning + batching", 16, {"no-tuning", OptimKind::dmuon, Engine::untuned, true, milp}},
       {"MILP balancing",
        "owner scheduling + load balancing",
        32,
-       {"rr-owners", Kind::owners, Engine::tuned, true, s.rr.owner}},
+       {"rr-owners", OptimKind::dmuon, Engine::tuned, true, s.rr.owner}},
       {"owner execution",
        "owner scheduling + load balancing",
        32,
-       {"gather-compute", Kind::gather, Engine::tuned, true, {}}},
+       {"gather-compute", OptimKind::muon_gather, Engine::tuned, true, {}}},
   };
 }
 

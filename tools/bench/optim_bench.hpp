@@ -14,6 +14,7 @@
 
 #include "dmuon/comm.hpp"
 #include "dmuon/ns.hpp"
+#include "dmuon/optimizer_factory.hpp"
 #include "dmuon/params.hpp"
 #include "dmuon/plan.hpp"
 #include "dmuon/tune.hpp"
@@ -53,18 +54,12 @@ enum class Engine {
   tuned_standard,  // tuned, with the standard recurrence instead of Gram space
 };
 
-enum class Kind {
-  adamw,   // ShardedAdamW, even layout
-  gather,  // MuonGatherCompute, even layout (DESIGN 3.2)
-  owners,  // DMuon, owner-aligned layout
-};
-
 struct Variant {
   std::string name;
-  Kind kind = Kind::owners;
+  OptimKind kind = OptimKind::dmuon;  // adamw, muon_gather or dmuon (optimizer_factory.hpp)
   Engine engine = Engine::tuned;
   bool batched = true;      // false: one matrix per NS call
-  std::vector<int> owners;  // Kind::owners: per parameter (from a Plan)
+  std::vector<int> owners;  // dmuon: per parameter (from a Plan)
 };
 
 struct Measurement {

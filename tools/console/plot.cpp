@@ -1,4 +1,4 @@
-#include "dmuon/plot.hpp"
+#include "console/plot.hpp"
 
 #include <fcntl.h>
 #include <spawn.h>

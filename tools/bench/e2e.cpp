@@ -44,9 +44,7 @@ TrainOptions train_options(const Args& a, const std::string& optimizer) {
   o.steps = a.warmup + a.steps + 1;  // the last step (which validates) is never run
   namespace ob = optim_bench;
   const ob::Variant& variant = ob::optimizer_spec(optimizer);
-  o.optim = variant.kind == ob::Kind::adamw    ? OptimKind::adamw
-            : variant.kind == ob::Kind::gather ? OptimKind::muon_gather
-                                               : OptimKind::dmuon;
+  o.optim = variant.kind;
   if (variant.engine == ob::Engine::plain) {
     o.ns.algo = NsAlgo::standard;
     o.ns.symmetric = false;

@@ -6,15 +6,14 @@
 #include <chrono>
 #include <cmath>
 #include <numbers>
-#include <optional>
 
 #include "dmuon/checkpoint.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/data.hpp"
-#include "dmuon/distributed_optim.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/optim.hpp"
+#include "dmuon/optimizer_factory.hpp"
 #include "dmuon/plan_across_ranks.hpp"
 #include "dmuon/shard.hpp"
 #include "io/enum_names.hpp"
@@ -22,16 +21,9 @@
 namespace dmuon {
 
 namespace {
-constexpr EnumName<OptimKind> kOptimKindNames[] = {{OptimKind::adamw, "adamw"},
-                                                   {OptimKind::muon, "muon"},
-                                                   {OptimKind::muon_gather, "muon-gather"},
-                                                   {OptimKind::dmuon, "dmuon"}};
 constexpr EnumName<ShardMode> kShardModeNames[] = {
     {ShardMode::z3, "z3"}, {ShardMode::z2, "z2"}, {ShardMode::replicated, "replicated"}};
 }  // namespace
-
-std::string_view to_string(OptimKind kind) { return name_of(kOptimKindNames, kind); }
-OptimKind parse_optim_kind(std::string_view text) { return parse_name(kOptimKindNames, "optimizer", text); }
 
 ShardMode parse_shard_mode(std::string_view text) { return parse_name(kShardModeNames, "shard mode", text); }
 
@@ -56,12 +48,10 @@ constexpr uint64_t kValSeedSalt = 0x5eed'0f'7a1dULL;
 }  // namespace
 
 struct Trainer::Impl {
-  std::shared_ptr<comm::Comm> comm;  // null: this process alone
+  std::shared_ptr<comm::Comm> comm;  // the ranks; a world of one when the Trainer got none
   TextCorpus corpus;
   Gpt model;
-  std::optional<GptBuffers> local;                // whole parameters (single-process optimizers)
-  std::unique_ptr<shard::ShardedParams> sharded;  // this rank's shards (sharded optimizers)
-  std::unique_ptr<Optimizer> optimizer;
+  OptimizerStack stack;          // this rank's shards and the optimizer over them
   std::vector<TuneEntry> tuned;  // options.tune: what every rank runs with
   double tune_s = 0;
   Plan plan;                     // dmuon: the owners and their predicted NS loads
@@ -69,39 +59,32 @@ struct Trainer::Impl {
 
   Impl(const TrainOptions& o, std::shared_ptr<comm::Comm> c) : comm(std::move(c)), model(o.model) {}
 
-  int rank() const { return comm ? comm->rank() : 0; }
-  int world() const { return comm ? comm->size() : 1; }
+  int rank() const { return comm->rank(); }
+  int world() const { return comm->size(); }
+  shard::ShardedParams& sharded() { return *stack.params; }
 
   // Sums `values` over ranks, in place.
-  void sum(std::span<double> values) {
-    if (comm && comm->size() > 1) comm->all_reduce<double>(values, comm::ReduceOp::sum).wait();
-  }
-  void max(std::span<double> values) {
-    if (comm && comm->size() > 1) comm->all_reduce<double>(values, comm::ReduceOp::max).wait();
-  }
+  void sum(std::span<double> values) { comm->all_reduce<double>(values, comm::ReduceOp::sum).wait(); }
+  void max(std::span<double> values) { comm->all_reduce<double>(values, comm::ReduceOp::max).wait(); }
 
   // Binds the parameters of `unit` to the runtime's gathered views (and gradients in backward).
   void bind_unit(int unit, bool grads) {
     for (int p : model.unit_params(unit))
-      model.bind(p, sharded->param(p).data(), grads ? sharded->grad(p).data() : nullptr);
+      model.bind(p, sharded().param(p).data(), grads ? sharded().grad(p).data() : nullptr);
   }
 
   // Forward of the bound batch over every unit; returns the seconds spent computing.
   double forward(bool forward_only) {
     double compute = 0;
     for (int u = 0; u < model.num_units(); ++u) {
-      if (sharded) {
-        sharded->before_forward(u);
-        bind_unit(u, false);
-      }
+      sharded().before_forward(u);
+      bind_unit(u, false);
       const auto t0 = Clock::now();
       model.forward_unit(u);
       compute += seconds_since(t0);
-      if (sharded) {
-        sharded->after_forward(u);
-        // A forward-only pass (validation) must not leave units gathered (z2 keeps them for backward).
-        if (forward_only && sharded->options().mode == shard::Mode::z2) sharded->release(u);
-      }
+      sharded().after_forward(u);
+      // A forward-only pass (validation) must not leave units gathered (z2 keeps them for backward).
+      if (forward_only && sharded().options().mode == shard::Mode::z2) sharded().release(u);
     }
     return compute;
   }
@@ -109,24 +92,21 @@ struct Trainer::Impl {
   double backward() {
     double compute = 0;
     for (int u = model.num_units() - 1; u >= 0; --u) {
-      if (sharded) {
-        sharded->before_backward(u);
-        bind_unit(u, true);
-      }
+      sharded().before_backward(u);
+      bind_unit(u, true);
       const auto t0 = Clock::now();
       model.backward_unit(u);
       compute += seconds_since(t0);
-      if (sharded) sharded->after_backward(u);
+      sharded().after_backward(u);
     }
-    if (sharded) sharded->finish_backward();
+    sharded().finish_backward();
     return compute;
   }
 
-  double comm_wait_total() const {
+  double comm_wait_total() {
     double s = 0;
-    if (!sharded) return s;
-    for (int u = 0; u < sharded->num_units(); ++u)
-      s += sharded->times(u).gather_wait_s + sharded->times(u).reduce_wait_s;
+    for (int u = 0; u < sharded().num_units(); ++u)
+      s += sharded().times(u).gather_wait_s + sharded().times(u).reduce_wait_s;
     return s;
   }
 };
@@ -166,17 +146,13 @@ void validate(const TrainOptions& o, int world) {
   DMUON_CHECK(o.val_every >= 0, "--val-every must be at least 0, got ", o.val_every);
   DMUON_CHECK(o.val_batches >= 1, "--val-batches must be at least 1, got ", o.val_batches);
   DMUON_CHECK(!o.model.tied_head, "a tied head is not supported in training (units 0 and L+1 would share wte)");
-  DMUON_CHECK(o.optim != OptimKind::muon || world == 1, "--optim muon is single-process (here ", world,
-              " ranks): use dmuon or muon-gather");
 }
 
 }  // namespace
 
 Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : options_(std::move(options)) {
-  const int world = comm ? comm->size() : 1;
-  validate(options_, world);
-  DMUON_CHECK(comm || options_.optim == OptimKind::muon || options_.optim == OptimKind::adamw, "--optim ",
-              to_string(options_.optim), " needs a communicator");
+  if (!comm) comm = comm::self();
+  validate(options_, comm->size());
   impl_ = std::make_unique<Impl>(options_, std::move(comm));
   Impl& m = *impl_;
   m.corpus = load_text_corpus(options_.data);
@@ -189,10 +165,13 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
               m.corpus.val.size(), " bytes, fewer than a sequence of --context ", T, " + 1");
 
   const std::vector<ParamSpec>& specs = m.model.params();
-  const OptimizerOptions opt = optimizer_options(options_);
-  const bool single = !m.comm || options_.optim == OptimKind::muon;
+  OptimizerStackOptions stack;
+  stack.kind = options_.optim;
+  stack.mode = options_.shard_mode == ShardMode::z3   ? shard::Mode::z3
+               : options_.shard_mode == ShardMode::z2 ? shard::Mode::z2
+                                                      : shard::Mode::replicated;
+  stack.optimizer = optimizer_options(options_);
   // The NS every Muon optimizer runs: tuned kernels (rank 0 tunes, every rank gets its entries) or opt.muon.ns.
-  Orthogonalizer orth = ns_orthogonalizer(opt.muon.ns);
   if (options_.tune && options_.optim != OptimKind::adamw) {
     const auto t0 = Clock::now();
     TuneSessionOptions session;
@@ -201,60 +180,30 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
     session.progress = options_.tune_progress;
     session.warn = options_.tune_warn;
     // The batch one rank orthogonalizes per shape: its owned share (dmuon) or every matrix.
-    const auto requests = tune_requests(specs, options_.optim == OptimKind::dmuon ? world : 1);
-    m.tuned = m.comm ? tune_across_ranks(*m.comm, requests, session) : tune_with_cache(requests, session);
+    const auto requests = tune_requests(specs, options_.optim == OptimKind::dmuon ? m.world() : 1);
+    m.tuned = tune_across_ranks(*m.comm, requests, session);
     m.tune_s = seconds_since(t0);
-    orth = tuned_orthogonalizer(m.tuned, opt.muon.ns);
+    stack.orth = tuned_orthogonalizer(m.tuned, stack.optimizer.muon.ns);
   }
-  if (single) {
-    m.local.emplace(m.model);
-    m.local->init(options_.model, specs, options_.seed);
-    m.local->bind_to(m.model);
-    std::vector<ParamRef> refs;
-    for (size_t i = 0; i < specs.size(); ++i) refs.push_back({specs[i], m.local->value(i), m.local->grad(i)});
-    if (options_.optim == OptimKind::muon)
-      m.optimizer = std::make_unique<Muon>(std::move(refs), opt, orth);
-    else
-      m.optimizer = std::make_unique<AdamW>(std::move(refs), opt);
-  } else {
-    shard::ParamRegistry registry;
-    for (const ParamSpec& s : specs) registry.add(s);
-    shard::ShardOptions so;
-    so.mode = options_.shard_mode == ShardMode::z3   ? shard::Mode::z3
-              : options_.shard_mode == ShardMode::z2 ? shard::Mode::z2
-                                                     : shard::Mode::replicated;
-    so.layout = options_.optim == OptimKind::dmuon ? shard::Layout::owner_aligned : shard::Layout::even;
-    std::vector<int> owners;  // even layout: none
-    if (options_.optim == OptimKind::dmuon) {
-      PlanOptions plan_options;
-      plan_options.balancer = options_.balancer;
-      // Measured costs when tuned (DESIGN's measured load balancing); else flop estimates, whose
-      // ratios, not the device, decide the balance.
-      const BatchTimeFn cost = options_.tune ? tuned_batch_time(m.tuned) : relative_flop_batch_time();
-      m.plan = plan_across_ranks(*m.comm, specs, make_plan_items(specs, m.comm->size(), cost), plan_options);
-      owners = m.plan.owner;
-    }
-    m.sharded = std::make_unique<shard::ShardedParams>(m.comm, std::move(registry), so, std::move(owners));
-    std::vector<float> init;
-    for (size_t i = 0; i < specs.size(); ++i) {
-      init.resize(specs[i].numel());
-      gpt_init_param(options_.model, specs[i], options_.seed, init.data());
-      m.sharded->load_full(static_cast<int>(i), init);
-    }
-    switch (options_.optim) {
-      case OptimKind::adamw:
-        m.optimizer = std::make_unique<ShardedAdamW>(m.comm, *m.sharded, opt);
-        break;
-      case OptimKind::muon_gather:
-        m.optimizer = std::make_unique<MuonGatherCompute>(m.comm, *m.sharded, opt, orth);
-        break;
-      default:
-        m.optimizer = std::make_unique<DMuon>(m.comm, *m.sharded, opt, orth);
-    }
+  if (options_.optim == OptimKind::dmuon) {
+    PlanOptions plan_options;
+    plan_options.balancer = options_.balancer;
+    // Measured costs when tuned (DESIGN's measured load balancing); else flop estimates, whose
+    // ratios, not the device, decide the balance.
+    const BatchTimeFn cost = options_.tune ? tuned_batch_time(m.tuned) : relative_flop_batch_time();
+    m.plan = plan_across_ranks(*m.comm, specs, make_plan_items(specs, m.world(), cost), plan_options);
+    stack.owners = m.plan.owner;
+  }
+  m.stack = make_optimizer_stack(m.comm, specs, stack);
+  std::vector<float> init;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    init.resize(specs[i].numel());
+    gpt_init_param(options_.model, specs[i], options_.seed, init.data());
+    m.sharded().load_full(static_cast<int>(i), init);
   }
   if (!options_.resume.empty()) {
-    load_checkpoint(options_.resume, *m.optimizer);
-    m.step = m.optimizer->updates() + m.optimizer->skipped_steps();
+    load_checkpoint(options_.resume, *m.stack.optimizer);
+    m.step = m.stack.optimizer->updates() + m.stack.optimizer->skipped_steps();
     DMUON_CHECK(m.step <= options_.steps, "checkpoint ", options_.resume, " is at step ", m.step, ", past --steps ",
                 options_.steps);
   }
@@ -276,9 +225,9 @@ StepMetrics Trainer::train_step() {
   const double f = lr_factor(m.step, o.steps, o.warmup, o.min_lr_ratio);
   const double peak = o.lr > 0 ? o.lr : default_lr(o.optim);
   if (o.optim == OptimKind::adamw)
-    m.optimizer->set_lr(0, peak * f);
+    m.stack.optimizer->set_lr(0, peak * f);
   else
-    m.optimizer->set_lr(peak * f, o.adamw_lr * f);
+    m.stack.optimizer->set_lr(peak * f, o.adamw_lr * f);
 
   const int64_t T = o.model.context;
   const double comm_before = m.comm_wait_total();
@@ -287,13 +236,12 @@ StepMetrics Trainer::train_step() {
   for (int micro = 0; micro < o.micro_batches; ++micro) {
     const TokenBatch b =
         sample_batch(m.corpus.train, o.batch, T, o.seed, m.step, {m.rank(), m.world(), micro, o.micro_batches});
-    if (m.local) m.local->zero_grads();  // the optimizer accumulates micro-batches itself
     m.model.set_batch(b.inputs.data(), b.targets.data(), b.rows, T);
     fwd_bwd += m.forward(false);
     loss_sum += m.model.loss();
     fwd_bwd += m.backward();
     const auto t_opt = Clock::now();
-    m.optimizer->step();
+    m.stack.optimizer->step();
     optim += seconds_since(t_opt);
   }
   StepMetrics r;
@@ -327,24 +275,20 @@ double Trainer::validation_loss() {
   return sum[0] / static_cast<double>(o.val_batches * o.batch);
 }
 
-void Trainer::save(const std::string& dir) { save_checkpoint(dir, *impl_->optimizer); }
+void Trainer::save(const std::string& dir) { save_checkpoint(dir, *impl_->stack.optimizer); }
 
 std::vector<std::vector<float>> Trainer::full_params() {
   Impl& m = *impl_;
   const auto& specs = m.model.params();
   std::vector<std::vector<float>> out(specs.size());
-  if (m.local) {
-    for (size_t i = 0; i < specs.size(); ++i) out[i].assign(m.local->value(i), m.local->value(i) + specs[i].numel());
-    return out;
-  }
-  for (int u = 0; u < m.sharded->num_units(); ++u) {  // between steps every unit is released
-    m.sharded->gather(u);
-    m.sharded->wait(u);
+  for (int u = 0; u < m.sharded().num_units(); ++u) {  // between steps every unit is released
+    m.sharded().gather(u);
+    m.sharded().wait(u);
     for (int p : m.model.unit_params(u)) {
-      const auto v = m.sharded->param(p);
+      const auto v = m.sharded().param(p);
       out[p].assign(v.begin(), v.end());
     }
-    m.sharded->release(u);
+    m.sharded().release(u);
   }
   return out;
 }

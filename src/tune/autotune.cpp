@@ -7,7 +7,6 @@
 #include <limits>
 #include <map>
 #include <sstream>
-#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -312,16 +311,6 @@ std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int
   std::vector<TuneRequest> out;
   for (const auto& [shape, n] : count) out.push_back({shape.first, shape.second, (n + ranks - 1) / ranks});
   return out;
-}
-
-BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries) {
-  std::map<std::tuple<int64_t, int64_t, int>, double> seconds;
-  for (const auto& e : entries) seconds[{e.rows, e.cols, e.batch}] = e.seconds;
-  return [seconds](int64_t rows, int64_t cols, int batch) {
-    auto it = seconds.find({rows, cols, batch});
-    DMUON_CHECK(it != seconds.end(), "no tuned time for shape ", rows, "x", cols, " batch ", batch);
-    return it->second;
-  };
 }
 
 }  // namespace dmuon

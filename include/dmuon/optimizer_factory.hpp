@@ -1,0 +1,55 @@
+// The optimizer stack of one kind: the sharded parameters (shard.hpp) and the optimizer over them
+// (distributed_optim.hpp), built the same way for a world of one and for many ranks. The GPT trainer
+// (trainer.hpp) and `dmuon bench optimizer` build theirs here.
+//
+//   adamw        ShardedAdamW on every parameter over even shards (FSDP/ZeRO + AdamW: the baseline)
+//   muon         single-process Muon (matrices) + AdamW (the rest): a world of one only. Built as DMuon
+//                with every matrix owned by that one rank, which is the single-process definition
+//                (tests/optimizer_factory_mpi_test.cpp compares it with dmuon::Muon)
+//   muon-gather  MuonGatherCompute over even shards: gather-then-compute (DESIGN 3.2)
+//   dmuon        DMuon over owner-aligned shards: each matrix updated by its owner alone (DESIGN 3.1);
+//                the owners come from the planner (plan.hpp: plan_across_ranks)
+//
+//   auto stack = dmuon::make_optimizer_stack(comm, specs, {.kind = dmuon::OptimKind::dmuon, .owners = plan.owner});
+//   for (int p = 0; p < n; ++p) stack.params->load_full(p, initial[p]);
+//   for (...) { /* forward and backward through stack.params' hooks */ stack.optimizer->step(); }
+#pragma once
+
+#include <memory>
+#include <string_view>
+#include <vector>
+
+#include "dmuon/comm.hpp"
+#include "dmuon/ns.hpp"
+#include "dmuon/optim.hpp"
+#include "dmuon/params.hpp"
+#include "dmuon/shard.hpp"
+
+namespace dmuon {
+
+enum class OptimKind { adamw, muon, muon_gather, dmuon };
+std::string_view to_string(OptimKind kind);
+// "adamw" | "muon" | "muon-gather" | "dmuon"; throws dmuon::Error naming the accepted values.
+OptimKind parse_optim_kind(std::string_view text);
+
+struct OptimizerStackOptions {
+  OptimKind kind = OptimKind::dmuon;
+  shard::Mode mode = shard::Mode::z3;                    // how parameters are gathered (shard.hpp)
+  comm::ReduceOp grad_reduce = comm::ReduceOp::average;  // sum or average over ranks
+  bool two_stage = true;                                 // two-stage gradient reduce on two-level topologies
+  OptimizerOptions optimizer;                            // adamw: every parameter goes to AdamW
+  Orthogonalizer orth;                                   // Muon kinds; empty: ns_orthogonalizer(optimizer.muon.ns)
+  std::vector<int> owners;  // dmuon: the owning rank of each parameter, −1 for elementwise; others: empty
+};
+
+struct OptimizerStack {
+  std::unique_ptr<shard::ShardedParams> params;  // this rank's shards; parameters start at zero (load_full)
+  std::unique_ptr<Optimizer> optimizer;          // updates params' shards in place; holds a reference to params
+};
+
+// Collective: every rank passes the same specs and options. Throws dmuon::Error for muon on several
+// ranks and for dmuon without an owner per parameter (or owners given to another kind).
+OptimizerStack make_optimizer_stack(std::shared_ptr<comm::Comm> comm, const std::vector<ParamSpec>& specs,
+                                    const OptimizerStackOptions& options);
+
+}  // namespace dmuon

@@ -1,0 +1,25 @@
+cmake_minimum_required(VERSION 3.25)
+# Fails when a public header (include/dmuon/*.hpp) includes or names a private dependency of the
+# library: MPI, nlohmann's JSON, BLAS or CBC. Run by ctest (tests/CMakeLists.txt).
+#   cmake -DINCLUDE_DIR=<repo>/include/dmuon -P public_headers_test.cmake
+file(GLOB headers ${INCLUDE_DIR}/*.hpp)
+if(NOT headers)
+  message(FATAL_ERROR "no public headers under ${INCLUDE_DIR}")
+endif()
+set(problems "")
+foreach(header IN LISTS headers)
+  file(STRINGS ${header} lines REGEX "#[ \t]*include|nlohmann::|MPI_[A-Z][a-z]|cblas_|Cbc")
+  foreach(line IN LISTS lines)
+    if(line MATCHES "^[ \t]*//")
+      continue()  # a comment may name MPI's functions
+    endif()
+    if(line MATCHES "[<\"](mpi\\.h|nlohmann/|cblas\\.h|openblas|coin/)" OR line MATCHES "nlohmann::|MPI_[A-Z][a-z]|cblas_|Cbc")
+      get_filename_component(name ${header} NAME)
+      string(APPEND problems "include/dmuon/${name}: ${line}\n")
+    endif()
+  endforeach()
+endforeach()
+if(problems)
+  message(FATAL_ERROR "public headers expose private dependencies of the library:\n${problems}")
+endif()
+message(STATUS "checked public headers: none exposes MPI, nlohmann, BLAS or CBC")

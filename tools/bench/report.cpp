@@ -1,0 +1,75 @@
+// dmuon bench report: docs/BENCHMARKS.md from what `make bench` (scripts/bench.sh) leaves in docs/bench/:
+// <name>.json, the output of one benchmark command; <name>.cmd, that command's line; date.txt.
+// A benchmark whose file is missing or holds no JSON (a run cut short) gets a note in place of its section, so a
+// partial run still gives a report; a malformed file, a missing key or a wrong type is an error naming the file
+// and the key.
+// The sections live in tools/bench/report/ (sections.hpp), written with document.hpp's table writer.
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "cli.hpp"
+#include "dmuon/atomic_file.hpp"
+#include "report/sections.hpp"
+
+namespace dmuon::cli {
+
+namespace {
+
+using namespace report;
+
+std::string render(const Inputs& in) {
+  OptimizerRuns runs;
+  std::optional<Value> first;
+  for (int np : {1, 2, 4}) {
+    runs[np] = in.json(fmt("optimizer-np%d.json", np));
+    if (!first) first = runs[np];
+  }
+  Report r;
+  introduction(r, in, first);
+  const size_t headline_at = r.lines.size();
+  optimizer_section(r, in, runs);
+  ablation_section(r, in);
+  e2e_section(r, in);
+  validation_section(r, in, runs);
+  std::vector<std::pair<std::string, Value>> sims;
+  int section = 5;
+  for (const auto& [name, title, plot] : {std::tuple{"sim-qwen7b-a800.json", "Qwen2.5-7B", "sim-qwen7b-a800.png"},
+                                          std::tuple{"sim-pi0-a800.json", "Pi0", "sim-pi0-a800.png"}})
+    if (auto sim = cluster_section(r, in, section++, name, title, plot)) sims.emplace_back(title, *sim);
+  paper_comparison(r, sims);
+
+  std::vector<std::string> headline = {"## Headline figures", ""};
+  for (const auto& h : r.headline) headline.push_back("- " + h);
+  headline.push_back("");
+  r.lines.insert(r.lines.begin() + headline_at, headline.begin(), headline.end());
+  return join(r.lines, "\n") + "\n";
+}
+
+struct Args {
+  std::string dir = "docs/bench";
+  std::string out;
+};
+
+Registration reg("bench", [](CLI::App& bench) {
+  auto args = std::make_shared<Args>();
+  auto* c = bench.add_subcommand("report", "Write docs/BENCHMARKS.md from the raw output of make bench");
+  c->add_option("--dir", args->dir, "Folder of the raw benchmark output (scripts/bench.sh)")->capture_default_str();
+  c->add_option("--out", args->out, "Write the report to this file (atomically) instead of stdout");
+  c->callback([args] {
+    const std::string text = render(Inputs(args->dir));
+    if (args->out.empty()) {
+      std::fwrite(text.data(), 1, text.size(), stdout);
+    } else {
+      write_file_atomically(args->out, text);
+      std::fprintf(stderr, "%s written\n", args->out.c_str());
+    }
+  });
+});
+
+}  // namespace
+
+}  // namespace dmuon::cli
