@@ -33,7 +33,7 @@ struct TuneKey {
 };
 // This process's key for `threads` BLAS threads (linalg::cpu_model, linalg::blas_description).
 TuneKey current_tune_key(int threads);
-// The key of timings taken on `backend`: current_tune_key(threads) on the CPU; on a GPU (src/plan/tune_key_gpu.cpp)
+// The key of timings taken on `backend`: current_tune_key(threads) on the CPU; on a GPU (src/tune/tune_key_gpu.cpp)
 // cpu = the GPU's name, blas = the CUDA runtime, driver and cuBLAS versions, threads = 1, dtype = "bfloat16".
 TuneKey tune_key_for(Backend& backend, int threads);
 
@@ -177,7 +177,7 @@ Orthogonalizer tuned_orthogonalizer(std::vector<TuneEntry> entries, NsOptions de
 // last (shape, batch) between calls and makes one untimed warm-up run whenever that changes.
 MeasureFn make_ns_timer();
 // The same on `backend`'s memory with `dtype` iterates (every candidate runs in that dtype), timed on the device
-// (time_on: CUDA events on a GPU). src/plan/tune_measure_device.cpp.
+// (time_on: CUDA events on a GPU). src/tune/tune_measure_device.cpp.
 MeasureFn make_ns_timer(Backend& backend, DType dtype);
 
 }  // namespace dmuon

@@ -35,7 +35,7 @@ void launch_muon_momentum(const float* grad, float grad_scale, float* momentum, 
 void launch_muon_apply(float* w, const float* o, int64_t n, float decay, float neg_lr, float scale,
                        cudaStream_t stream);
 
-// ---- communication helpers (nccl_comm.cpp) ----
+// ---- communication helpers (src/nccl/nccl_comm.cpp) ----
 enum class ReduceKind { sum, average, max, min };
 enum class ElementKind { f32, f64, i64, u8 };
 // out[i] = op over b of blocks[b·n + i], b = 0..count−1 in that order (average: the sum divided by count).
