@@ -54,6 +54,7 @@ Registration reg("", [](CLI::App& app) {
   c->add_option("--ranks", args->ranks, "Tune the per-rank batch sizes of D ranks (ceil(count/D))")
       ->check(at_least(1));
   args->session.add_to(c);
+  args->session.device.add_to(c);
   c->add_flag("--json", args->json, "Print JSON instead of a table");
   c->callback([args] { run(*args); });
 });

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "device_args.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/tune.hpp"
 
@@ -35,6 +36,7 @@ struct TuneSessionArgs {
   int threads = 0;  // 0: BLAS's current count
   std::string cache;
   int rounds = 3;
+  DeviceArgs device;  // tune on a GPU (dmuon tune --device cuda)
 
   void add_to(CLI::App* c) {
     c->add_option("--threads", threads, "BLAS threads to tune for (0: the current count)")->check(thread_count());
@@ -42,14 +44,18 @@ struct TuneSessionArgs {
     c->add_option("--rounds", rounds, "Timing rounds per candidate (minimum kept)")->check(at_least(1));
   }
 
-  int resolved_threads() const { return threads > 0 ? threads : linalg::threads(); }
+  int resolved_threads() const { return device.gpu() ? 1 : threads > 0 ? threads : linalg::threads(); }
   std::string cache_path() const { return cache.empty() ? default_tune_cache_path() : cache; }
 
   std::vector<TuneEntry> tune(const std::vector<TuneRequest>& requests) const {
     const int n = resolved_threads();
-    linalg::set_threads(n);
+    if (!device.gpu()) linalg::set_threads(n);
     TuneSessionOptions o = session_options(cache_path(), n);
     o.rounds = rounds;
+    if (device.gpu()) {
+      o.backend = &device.backend();
+      o.dtype = device.iterates();
+    }
     auto entries = tune_with_cache(requests, o);
     std::fprintf(stderr, "\n");
     return entries;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "dmuon/backend.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/params.hpp"
 
@@ -32,6 +33,9 @@ struct TuneKey {
 };
 // This process's key for `threads` BLAS threads (linalg::cpu_model, linalg::blas_description).
 TuneKey current_tune_key(int threads);
+// The key of timings taken on `backend`: current_tune_key(threads) on the CPU; on a GPU (src/tune/tune_key_gpu.cpp)
+// cpu = the GPU's name, blas = the CUDA runtime, driver and cuBLAS versions, threads = 1, dtype = "bfloat16".
+TuneKey tune_key_for(Backend& backend, int threads);
 
 // The configurations worth timing for `batch` rows×cols matrices with at most `max_threads` threads:
 // ({standard} × {plain sgemm, symmetric} + {gram restart [2], gram restart [1,3]} × {plain sgemm,
@@ -136,6 +140,8 @@ struct TuneSessionOptions {
   int rounds = 3;          // timing rounds per candidate
   TuneProgressFn progress;
   std::function<void(const std::string&)> warn;  // a corrupt or foreign cache file (then tuned anew)
+  Backend* backend = nullptr;  // tune on this backend (a GPU: key tune_key_for, timer make_ns_timer(backend, dtype))
+  DType dtype = DType::f32;    // the iterates' dtype there
 };
 
 // Loads the cache, tunes what it lacks for `requests` with make_ns_timer, saves it when it changed
@@ -170,5 +176,8 @@ Orthogonalizer tuned_orthogonalizer(std::vector<TuneEntry> entries, NsOptions de
 // A MeasureFn that times newton_schulz_batched on fixed random inputs. It keeps the inputs of the
 // last (shape, batch) between calls and makes one untimed warm-up run whenever that changes.
 MeasureFn make_ns_timer();
+// The same on `backend`'s memory with `dtype` iterates (every candidate runs in that dtype), timed on the device
+// (time_on: CUDA events on a GPU). src/tune/tune_measure_device.cpp.
+MeasureFn make_ns_timer(Backend& backend, DType dtype);
 
 }  // namespace dmuon

@@ -277,10 +277,12 @@ std::vector<TuneEntry> tune_shapes(const std::vector<TuneRequest>& requests, Tun
 
 std::vector<TuneEntry> tune_with_cache(const std::vector<TuneRequest>& requests, const TuneSessionOptions& options) {
   std::string warning;
-  TuneCache cache = TuneCache::load(options.cache_path, current_tune_key(options.threads), &warning);
+  const TuneKey key = options.backend ? tune_key_for(*options.backend, options.threads) : current_tune_key(options.threads);
+  TuneCache cache = TuneCache::load(options.cache_path, key, &warning);
   if (!warning.empty() && options.warn) options.warn(warning);
   const size_t before = cache.entries().size();
-  auto entries = tune_shapes(requests, cache, make_ns_timer(), options.threads, options.rounds, options.progress);
+  const MeasureFn measure = options.backend ? make_ns_timer(*options.backend, options.dtype) : make_ns_timer();
+  auto entries = tune_shapes(requests, cache, measure, options.threads, options.rounds, options.progress);
   if (cache.entries().size() != before || !warning.empty()) cache.save(options.cache_path);
   return entries;
 }
