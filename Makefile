@@ -3,7 +3,7 @@
 BUILD ?= build
 JOBS ?= $(shell nproc)
 
-.PHONY: deps build test demo clean
+.PHONY: deps build test test-sanitize demo clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -16,14 +16,43 @@ build: deps
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS)
 
+# The whole suite again, every binary built with -fsanitize=address,undefined (UB is an error), MPI
+# tests included. LeakSanitizer skips OpenMPI's and hwloc's known leaks (scripts/sanitize/lsan.supp);
+# nothing of dmuon's is suppressed.
+SANITIZE_BUILD ?= $(BUILD)-sanitize
+# fast_unwind_on_malloc=0: OpenMPI's libraries have no frame pointers, and without full stacks
+# their leaks show as "<unknown module>", which no suppression can name.
+SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
+	LSAN_OPTIONS=suppressions=$(CURDIR)/scripts/sanitize/lsan.supp:print_suppressions=0 \
+	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+test-sanitize: deps
+	@cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=Release -DDMUON_SANITIZE=address,undefined \
+		> $(SANITIZE_BUILD).configure.log 2>&1 || (cat $(SANITIZE_BUILD).configure.log; exit 1)
+	cmake --build $(SANITIZE_BUILD) -j $(JOBS)
+	cd $(SANITIZE_BUILD) && $(SANITIZE_ENV) ctest --output-on-failure -j $(JOBS)
+
 # Trains the GPT example with AdamW and with DMuon on 2 ranks and compares them (scripts/demo.sh).
 demo: build
 	BUILD=$(BUILD) bash scripts/demo.sh
 
 clean:
-	rm -rf $(BUILD) $(BUILD).configure.log
+	rm -rf $(BUILD) $(BUILD).configure.log $(SANITIZE_BUILD) $(SANITIZE_BUILD).configure.log
 
 # Regenerates docs/BENCHMARKS.md and its figures (scripts/bench.sh; about 15-25 minutes on 2 cores).
 .PHONY: bench
 bench: build
 	BUILD=$(BUILD) bash scripts/bench.sh
+
+# libFuzzer targets for every parser (tests/fuzz), built with clang in build-fuzz/; `make fuzz-run`
+# runs each for FUZZ_SECONDS at nice 19, FUZZ_JOBS at once (scripts/fuzz.sh). Not part of `make test`:
+# the committed corpora are replayed there by the fuzz_replay.* tests, built with g++.
+FUZZ_BUILD ?= build-fuzz
+.PHONY: fuzz fuzz-run
+fuzz:
+	@bash scripts/install-deps.sh --fuzz
+	@CC=clang-14 CXX=clang++-14 cmake -S . -B $(FUZZ_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DDMUON_FUZZ=ON \
+		> $(FUZZ_BUILD).configure.log 2>&1 || (cat $(FUZZ_BUILD).configure.log; exit 1)
+	cmake --build $(FUZZ_BUILD) --target fuzzers -j $(JOBS)
+
+fuzz-run: fuzz
+	FUZZ_BUILD=$(FUZZ_BUILD) bash scripts/fuzz.sh

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the Debian packages dmuon needs, only those missing. Idempotent and non-interactive:
 # `apt-get update` runs at most once, and only when something has to be installed.
+# --fuzz: also clang and libFuzzer (make fuzz); the test suite never needs them.
 set -euo pipefail
 
 packages=(
@@ -11,10 +12,14 @@ packages=(
   nlohmann-json3-dev         # JSON (caches, plans, --json output)
   libcli11-dev               # command line
   libgtest-dev libgmock-dev  # tests
+  python3-torch python3-numpy python3-pytest  # python/dmuon and its tests (Debian: torch 1.13, CPU, gloo)
   libbenchmark-dev           # microbenchmarks
   gnuplot-nox                # PNG plots
   fortunes                   # default training corpus (English text)
 )
+if [ "${1:-}" = "--fuzz" ]; then
+  packages+=(clang-14 libclang-rt-14-dev)  # libFuzzer, ASan and UBSan runtimes for clang
+fi
 
 missing=()
 for p in "${packages[@]}"; do

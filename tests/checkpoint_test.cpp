@@ -143,6 +143,21 @@ void expect_refused(const std::function<void(const std::string&)>& damage, const
   EXPECT_EQ(of.updates(), 0);
 }
 
+// After a test edits a manifest on purpose: lists its new size and checksum in the index and gives
+// the index its new checksum, as a save would have (checkpoint.hpp), so the edit reaches the checks
+// behind the checksums.
+void reseal(const std::string& dir) {
+  nlohmann::json index = nlohmann::json::parse(read_file(dir + "/index.json"));
+  for (auto& entry : index["manifests"]) {
+    const std::string bytes = read_file(dir + "/" + entry["file"].get<std::string>());
+    entry["bytes"] = bytes.size();
+    entry["fnv1a64"] = fnv1a64_hex(bytes);
+  }
+  index.erase("index_fnv1a64");
+  index["index_fnv1a64"] = fnv1a64_hex(index.dump());
+  write_file_atomically(dir + "/index.json", index.dump(1));
+}
+
 void flip_byte(const std::string& path, size_t from_end) {
   std::string bytes = read_file(path);
   bytes[bytes.size() - from_end] ^= 0x10;
@@ -155,7 +170,13 @@ TEST(Checkpoint, RefusesCorruptTruncatedAndMismatched) {
                  "rank-00000.safetensors: checksum mismatch");
   expect_refused([](const std::string& d) { std::filesystem::remove(d + "/index.json"); }, "index.json: missing");
   expect_refused([](const std::string& d) { write_file_atomically(d + "/rank-00000.json", "{\"file\": 3"); },
-                 "rank-00000.json: not valid JSON");
+                 "rank-00000.json: 10 bytes, the index says");
+  expect_refused(
+      [](const std::string& d) {
+        write_file_atomically(d + "/rank-00000.json", "{\"file\": 3");
+        reseal(d);
+      },
+      "rank-00000.json: not valid JSON");
   // A model whose w2 is 4×3 instead of 3×4: the file and tensor are named.
   expect_refused(nothing, "rank-00000.safetensors: tensor 'param/w2@0' has shape [3, 4], the model's 'w2' has [4, 3]",
                  test_options(), true);
@@ -185,6 +206,7 @@ TEST(Checkpoint, RefusesTruncationNamingTheFile) {
         patch("bytes", "200");
         patch("fnv1a64", "\"" + fnv1a64_hex(b) + "\"");
         write_file_atomically(d + "/rank-00000.json", j);
+        reseal(d);
       },
       "rank-00000.safetensors: truncated safetensors file");
 }
@@ -196,6 +218,33 @@ void set_manifest_shape(const std::string& dir, const std::string& param, const 
     if (slice["param"] == param && slice["kind"] == "param") slice["shape"] = shape;
   }
   write_file_atomically(dir + "/rank-00000.json", j.dump(1));
+  reseal(dir);
+}
+
+// One character of `path` replaced: the first occurrence of `from` (which must be there) by `to`.
+void replace_once(const std::string& path, const std::string& from, const std::string& to) {
+  std::string text = read_file(path);
+  const size_t at = text.find(from);
+  ASSERT_NE(at, std::string::npos) << from << " not in " << path << ":\n" << text;
+  text.replace(at, from.size(), to);
+  write_file_atomically(path, text);
+}
+
+// Every byte that affects a loaded value is under a checksum: a flipped digit in the index's step
+// counter, in a manifest's shape or offset, or in the data file's JSON header is refused, naming
+// the file (without the index's own checksum, "updates": 3 -> 4 loaded as step 4).
+TEST(Checkpoint, RefusesAFlippedDigitInTheIndexAManifestOrAHeader) {
+  expect_refused([](const std::string& d) { replace_once(d + "/index.json", "\"updates\": 3", "\"updates\": 4"); },
+                 "index.json: checksum mismatch");
+  expect_refused([](const std::string& d) { replace_once(d + "/index.json", "\"world_size\": 1", "\"world_size\": 2"); },
+                 "index.json: checksum mismatch");
+  expect_refused([](const std::string& d) { replace_once(d + "/rank-00000.json", "\"offset\": 0", "\"offset\": 1"); },
+                 "rank-00000.json: checksum mismatch");
+  expect_refused([](const std::string& d) { replace_once(d + "/rank-00000.json", "   5,\n", "   6,\n"); },
+                 "rank-00000.json: checksum mismatch");
+  expect_refused(
+      [](const std::string& d) { replace_once(d + "/rank-00000.safetensors", "\"shape\":[7]", "\"shape\":[6]"); },
+      "rank-00000.safetensors: checksum mismatch");
 }
 
 TEST(Checkpoint, RefusesCraftedManifestShapes) {

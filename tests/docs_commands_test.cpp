@@ -76,6 +76,7 @@ std::vector<Quoted> quoted_in(const fs::path& file) {
     const auto w = words(c);
     const size_t at = dmuon_at(w);
     if (w.empty() || w[0] == "#" || at == std::string::npos) continue;
+    if (at + 1 < w.size() && w[at + 1].back() == ':') continue;  // the tool's output ("dmuon train: stopped ...")
     bool has_option = false;
     for (size_t i = at + 1; i < w.size(); ++i) has_option = has_option || w[i].rfind("-", 0) == 0;
     if (has_option) out.push_back({fs::relative(file, kRoot).string(), join(w)});
@@ -102,6 +103,7 @@ const std::map<std::string, std::string> kNotRun = {
     {"bench e2e --config large", "tunes the large GPT's shapes first: about a minute on 2 cores"},
     {"bench ablation", "every part of DMuon removed in turn: minutes even at one layer"},
     {"bench calibrate", "measures every rate of the simulator's profile: minutes"},
+    {"bench ns --device cuda", "needs a CUDA device (scripts/gpu-check.sh runs it on one)"},
     {"bench optimizer", "tunes Qwen2.5-0.5B's 896x4864 shapes: tens of seconds even at one layer and one round"},
     {"tune", "tunes Qwen2.5-0.5B's 896x4864 shapes: tens of seconds even at one layer and one round"},
 };

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "dmuon/checkpoint_rotation.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/gpt.hpp"
 #include "dmuon/linalg.hpp"
@@ -185,6 +186,58 @@ TEST(TrainMpi, ResumeReproducesTheUninterruptedRunBitForBit) {
   Trainer t(rest, comm::world());
   EXPECT_EQ(t.steps_done(), 3);
   for (int s = 3; s < 6; ++s) EXPECT_EQ(t.train_step().train_loss, expected[s]) << "step " << s + 1;
+  MPI_Barrier(MPI_COMM_WORLD);
+  if (t.rank() == 0) std::filesystem::remove_all(dir);
+}
+
+// Determinism at every world size: the same run twice gives bit-identical losses and parameters
+// (the reductions' order is fixed by the world size, not by timing).
+TEST(TrainMpi, TheSameSeedTwiceGivesBitIdenticalLossesAndParameters) {
+  for (OptimKind k : {OptimKind::dmuon, OptimKind::adamw}) {
+    std::vector<double> losses[2];
+    std::vector<std::vector<float>> params[2];
+    for (int run = 0; run < 2; ++run) {
+      TrainOptions o = tiny(k, 3);
+      o.micro_batches = 2;
+      Trainer t(o, comm::world());
+      while (!t.done()) losses[run].push_back(t.train_step().train_loss);
+      params[run] = t.full_params();
+    }
+    EXPECT_EQ(losses[0], losses[1]) << to_string(k);
+    EXPECT_EQ(params[0], params[1]) << to_string(k);
+  }
+}
+
+// A stop signal seen by the last rank alone stops every rank after the same step, with a complete
+// checkpoint (written in the background of step 3, finished at the stop) that resumes bit for bit.
+TEST(TrainMpi, AStopSignalOnOneRankStopsEveryRankAfterTheSameStepWithACheckpoint) {
+  const std::string dir = shared_temp_dir("stop");
+  const TrainOptions o = tiny(OptimKind::dmuon, 6);
+  std::vector<double> expected;
+  std::vector<std::vector<float>> params;
+  {
+    Trainer whole(o, comm::world());
+    while (!whole.done()) expected.push_back(whole.train_step().train_loss);
+    params = whole.full_params();
+  }
+  const bool last_rank = comm::world()->rank() == comm::world()->size() - 1;
+  TrainOptions stopped = o;
+  stopped.save_dir = dir;
+  stopped.save_every = 2;
+  int polls = 0;
+  stopped.stop_signal = [&] { return last_rank && ++polls == 4; };
+  {
+    Trainer t(stopped, comm::world());
+    while (!t.done() && !t.stop_requested()) t.train_step();
+    EXPECT_EQ(t.steps_done(), 4);
+    EXPECT_EQ(t.last_checkpoint(), checkpoint_for_step(dir, 4));
+  }
+  TrainOptions rest = o;
+  rest.resume = dir;
+  Trainer t(rest, comm::world());
+  ASSERT_EQ(t.steps_done(), 4);
+  for (int s = 4; s < 6; ++s) EXPECT_EQ(t.train_step().train_loss, expected[s]) << "step " << s + 1;
+  EXPECT_EQ(t.full_params(), params);
   MPI_Barrier(MPI_COMM_WORLD);
   if (t.rank() == 0) std::filesystem::remove_all(dir);
 }

@@ -1,7 +1,8 @@
-// `dmuon train` never loses work to an output it cannot write: the --save folder, the --csv file and
-// the --resume checkpoint are checked before tuning and step 1 (a refused run leaves no tuning cache,
-// no metrics and no step behind it); a resumed run appends to its metrics; a checkpoint already at
-// --steps is one line that touches no file; an unusable tuning cache is a warning, not the end.
+// `dmuon train` never loses work to an output it cannot write: the --save folder (of step-N
+// checkpoints), the --csv file and the --resume checkpoint are checked before tuning and step 1 (a
+// refused run leaves no tuning cache, no metrics and no step behind it); a resumed run appends to its
+// metrics; a checkpoint already at --steps is one line that touches no file; an unusable tuning cache
+// is a warning, not the end.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -34,7 +35,8 @@ void expect_one_error_line(const test::CommandResult& r, const std::string& what
 }
 
 // --save names a folder with someone's files: refused before tuning (no cache written) and before
-// step 1 (no metrics written), at one and two ranks.
+// step 1 (no metrics written), at one and two ranks; so is a step-N folder holding someone's files
+// (rotation removes step-N folders whole).
 TEST(TrainOutputs, SaveFolderHoldingOtherFilesIsRefusedBeforeWork) {
   for (int ranks : {0, 2}) {
     test::TempDir dir;
@@ -43,7 +45,7 @@ TEST(TrainOutputs, SaveFolderHoldingOtherFilesIsRefusedBeforeWork) {
     const auto r = run(kTiny + "--steps 2 --csv " + dir.file("m.csv") + " --tune-cache " + dir.file("tune.json") +
                            " --save " + dir.file("mine"),
                        ranks);
-    const std::string what = "holds 'notes.txt', which is not part of a checkpoint";
+    const std::string what = "holds 'notes.txt', which is not a step-N checkpoint";
     if (ranks == 0) {
       expect_one_error_line(r, what);
     } else {  // every rank stops; rank 0 names the problem
@@ -55,6 +57,14 @@ TEST(TrainOutputs, SaveFolderHoldingOtherFilesIsRefusedBeforeWork) {
     EXPECT_FALSE(exists(dir.file("m.csv")));
     EXPECT_EQ(read_file(dir.file("mine/notes.txt")), "keep me\n");
   }
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.file("ck/step-00000001"));
+  std::ofstream(dir.file("ck/step-00000001/notes.txt")) << "keep me\n";
+  expect_one_error_line(run(kTiny + "--steps 2 --csv " + dir.file("m.csv") + " --tune-cache " + dir.file("tune.json") +
+                            " --save " + dir.file("ck")),
+                        dir.file("ck/step-00000001") + ": holds 'notes.txt', which is not part of a checkpoint");
+  EXPECT_FALSE(exists(dir.file("tune.json")));
+  EXPECT_EQ(read_file(dir.file("ck/step-00000001/notes.txt")), "keep me\n");
 }
 
 // --csv under a file (no folder can be made there), and --csv naming a file that is not a metrics file.
@@ -72,8 +82,9 @@ TEST(TrainOutputs, MetricsPathIsCheckedBeforeTuningAndNeverReplacesOtherFiles) {
   EXPECT_EQ(read_file(notes), "keep me\n");
 }
 
-// 2 steps, then resumed to 4: the metrics file holds steps 1-4. Resumed again at --steps 4: one line,
-// exit 0, and neither the metrics nor the checkpoint change.
+// 2 steps, then resumed to 4 from the --save folder: the metrics file holds steps 1-4. Resumed again at
+// --steps 4 (or fewer): one line naming the newest checkpoint, exit 0, and neither the metrics nor the
+// checkpoints change.
 TEST(TrainOutputs, ResumeAppendsAndNothingToDoTouchesNoFile) {
   test::TempDir dir;
   const std::string csv = dir.file("m.csv"), ck = dir.file("ck");
@@ -86,14 +97,19 @@ TEST(TrainOutputs, ResumeAppendsAndNothingToDoTouchesNoFile) {
   ASSERT_EQ(rows.size(), 4u) << read_file(csv);
   for (int64_t i = 0; i < 4; i++) EXPECT_EQ(rows[i].step, i + 1);
 
-  const std::string csv_before = read_file(csv), index_before = read_file(ck + "/index.json");
-  const auto mtime = std::filesystem::last_write_time(ck + "/index.json");
-  const auto nothing = run(common + "--steps 4 --resume " + ck, 2);
-  EXPECT_EQ(nothing.exit_code, 0) << nothing.output;
-  EXPECT_EQ(nothing.output, "dmuon train: nothing to do: checkpoint " + ck + " is at step 4, --steps 4\n");
+  const std::string newest = ck + "/step-00000004", index = newest + "/index.json";
+  const std::string csv_before = read_file(csv), index_before = read_file(index);
+  const auto mtime = std::filesystem::last_write_time(index);
+  for (int steps : {4, 3}) {
+    const auto nothing = run(common + "--steps " + std::to_string(steps) + " --resume " + ck, 2);
+    EXPECT_EQ(nothing.exit_code, 0) << nothing.output;
+    EXPECT_EQ(nothing.output, "dmuon train: nothing to do: checkpoint " + newest + " is at step 4, --steps " +
+                                  std::to_string(steps) + "\n");
+  }
   EXPECT_EQ(read_file(csv), csv_before);
-  EXPECT_EQ(read_file(ck + "/index.json"), index_before);
-  EXPECT_EQ(std::filesystem::last_write_time(ck + "/index.json"), mtime);
+  EXPECT_EQ(read_file(index), index_before);
+  EXPECT_EQ(std::filesystem::last_write_time(index), mtime);
+  EXPECT_TRUE(exists(ck + "/step-00000002")) << "a run with nothing to do removed a checkpoint";
 }
 
 // A checkpoint of another model or optimizer is refused before tuning (the cache stays unwritten).

@@ -1,16 +1,19 @@
 // The training loop in one process: the learning-rate schedule, bad options and too-short data splits
 // as errors naming them, that a tiny model learns, that a world of one equals the single-process loop
-// written out, that a resumed run reproduces the uninterrupted one bit for bit, and that the per-run
-// summary is right.
+// written out, that the same seed gives the same run bit for bit, that a run resumed from an explicit,
+// periodic or signal-triggered checkpoint reproduces the uninterrupted one bit for bit, and that the
+// per-run summary is right.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
 
+#include "dmuon/checkpoint_rotation.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/data.hpp"
 #include "dmuon/optim.hpp"
@@ -212,6 +215,80 @@ TEST(Train, ResumeReproducesTheUninterruptedRunBitForBit) {
     for (int s = 3; s < 6; ++s) EXPECT_EQ(t.train_step().train_loss, expected[s]) << to_string(k) << " step " << s + 1;
     EXPECT_EQ(t.full_params(), whole.full_params()) << to_string(k);
   }
+}
+
+// Determinism: the same options and seed give the same losses and parameters, bit for bit, run after
+// run (no state outside the options: no clock, no thread-count-dependent reduction order).
+TEST(Train, TheSameSeedTwiceGivesBitIdenticalLossesAndParameters) {
+  for (OptimKind k : {OptimKind::muon, OptimKind::adamw}) {
+    std::vector<double> losses[2];
+    std::vector<std::vector<float>> params[2];
+    for (int run = 0; run < 2; ++run) {
+      Trainer t(tiny(k, 4), nullptr);
+      while (!t.done()) losses[run].push_back(t.train_step().train_loss);
+      params[run] = t.full_params();
+    }
+    EXPECT_EQ(losses[0], losses[1]) << to_string(k);
+    EXPECT_EQ(params[0], params[1]) << to_string(k);
+  }
+}
+
+// save_every: checkpoints written in the background of the next step, the newest `keep` kept; a
+// run resumed from any of them continues bit for bit (batches and learning rate included).
+TEST(Train, PeriodicCheckpointsResumeBitForBit) {
+  test::TempDir dir;
+  TrainOptions o = tiny(OptimKind::muon, 7);
+  o.save_dir = dir.file("ck");
+  o.save_every = 2;
+  o.keep = 3;
+  Trainer whole(o, nullptr);
+  std::vector<double> expected;
+  std::vector<std::string> completed;
+  while (!whole.done()) {
+    expected.push_back(whole.train_step().train_loss);
+    completed.push_back(whole.last_checkpoint());
+  }
+  // Step 2's checkpoint is written while step 3 runs and complete after it; step 7 (the last) at once.
+  EXPECT_EQ(completed[1], "");
+  EXPECT_EQ(completed[2], checkpoint_for_step(o.save_dir, 2));
+  EXPECT_EQ(completed[6], checkpoint_for_step(o.save_dir, 7));
+  EXPECT_FALSE(std::filesystem::exists(checkpoint_for_step(o.save_dir, 2)));  // keep 3: 4, 6, 7
+  for (int64_t from : {4, 6}) {
+    TrainOptions rest = tiny(OptimKind::muon, 7);
+    rest.resume = checkpoint_for_step(o.save_dir, from);
+    Trainer t(rest, nullptr);
+    ASSERT_EQ(t.steps_done(), from);
+    for (int64_t s = from; s < 7; ++s) EXPECT_EQ(t.train_step().train_loss, expected[s]) << "step " << s + 1;
+    EXPECT_EQ(t.full_params(), whole.full_params()) << "resumed from step " << from;
+  }
+}
+
+// stop_signal (what `dmuon train` connects to SIGTERM): the step in progress finishes, a checkpoint
+// of it is complete before train_step returns, and resuming from the folder continues bit for bit.
+TEST(Train, AStopSignalEndsTheStepWithACheckpointThatResumesBitForBit) {
+  test::TempDir dir;
+  TrainOptions o = tiny(OptimKind::adamw, 6);
+  Trainer whole(o, nullptr);
+  std::vector<double> expected;
+  while (!whole.done()) expected.push_back(whole.train_step().train_loss);
+
+  TrainOptions stopped = o;
+  stopped.save_dir = dir.path();
+  stopped.save_every = 2;
+  int polls = 0;
+  stopped.stop_signal = [&polls] { return ++polls == 3; };  // the signal arrives during step 3
+  {
+    Trainer t(stopped, nullptr);
+    while (!t.done() && !t.stop_requested()) t.train_step();
+    EXPECT_EQ(t.steps_done(), 3);
+    EXPECT_EQ(t.last_checkpoint(), checkpoint_for_step(dir.path(), 3));
+  }
+  TrainOptions rest = o;
+  rest.resume = dir.path();
+  Trainer t(rest, nullptr);
+  ASSERT_EQ(t.steps_done(), 3);
+  for (int s = 3; s < 6; ++s) EXPECT_EQ(t.train_step().train_loss, expected[s]) << "step " << s + 1;
+  EXPECT_EQ(t.full_params(), whole.full_params());
 }
 
 TEST(Train, StepMetricsAreFilledAndValidationRunsOnSchedule) {

@@ -4,6 +4,7 @@
 
 #include "cli.hpp"
 #include "dmuon/checkpoint.hpp"
+#include "dmuon/checkpoint_rotation.hpp"
 
 namespace {
 
@@ -11,11 +12,12 @@ dmuon::cli::Registration reg("ckpt", [](CLI::App& ckpt) {
   auto* c = ckpt.add_subcommand("export", "Write every parameter of a checkpoint as a .npy file");
   auto in = std::make_shared<std::string>();
   auto out = std::make_shared<std::string>();
-  c->add_option("--in", *in, "checkpoint folder (with index.json)")->required();
+  c->add_option("--in", *in, "checkpoint folder (with index.json), or a --save folder (its newest checkpoint)")->required();
   c->add_option("--out", *out, "folder for <parameter>.npy files (created)")->required();
   c->callback([in, out] {
-    const size_t n = dmuon::export_checkpoint_npy(*in, *out);
-    std::printf("exported %zu parameters from %s to %s\n", n, in->c_str(), out->c_str());
+    const std::string checkpoint = dmuon::newest_checkpoint(*in);
+    const size_t n = dmuon::export_checkpoint_npy(checkpoint, *out);
+    std::printf("exported %zu parameters from %s to %s\n", n, checkpoint.c_str(), out->c_str());
   });
 });
 

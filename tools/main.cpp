@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "stop_signals.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
 #include "console/progress.hpp"
@@ -101,6 +102,8 @@ int main(int argc, char** argv) {
     return app.exit(e);
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
+  } catch (const dmuon::cli::ExitStatus& e) {  // e.g. `dmuon train` stopped by a signal, checkpointed
+    return e.code;
   } catch (const CLI::ParseError& e) {
     // A bad command line is one line too, like every other error.
     std::fprintf(stderr, "dmuon: error: %s (see --help)\n", e.what());

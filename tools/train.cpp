@@ -1,6 +1,7 @@
 // `dmuon train`: trains the GPT example (include/dmuon/trainer.hpp) on every rank of mpirun, with a
-// live progress line, a metrics CSV and an optional checkpoint. Only rank 0 prints and writes files
-// (the checkpoint is written by every rank: each saves the slices it holds).
+// live progress line, a metrics CSV and optional checkpoints (a --save folder of step-N checkpoints).
+// Only rank 0 prints and writes files (checkpoints are written by every rank: each saves the slices
+// it holds).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -12,8 +13,10 @@
 
 #include "cli.hpp"
 #include "console/progress.hpp"
+#include "stop_signals.hpp"
 #include "tune_session.hpp"
 #include "dmuon/checkpoint.hpp"
+#include "dmuon/checkpoint_rotation.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
@@ -43,6 +46,18 @@ void check_on_rank0(dmuon::comm::Comm& comm, const std::function<void()>& check,
   dmuon::comm::throw_if_any_failed(comm, failure, "rank 0 found a problem with " + what + " (its error says why)");
 }
 
+// One line: where a run stopped by a signal stopped, and how to go on from there.
+void report_stop(const dmuon::Trainer& trainer, const std::string& save) {
+  const char* signal = dmuon::cli::stop_signal_name(trainer.stop_requested());  // any rank's
+  const long long step = trainer.steps_done(), steps = trainer.options().steps;
+  if (save.empty())
+    std::fprintf(stderr, "dmuon train: stopped by %s after step %lld of %lld; no checkpoint (no --save), so it cannot be resumed\n",
+                 signal, step, steps);
+  else
+    std::fprintf(stderr, "dmuon train: stopped by %s after step %lld of %lld; checkpoint %s; to go on, rerun the same "
+                 "command with --resume %s\n", signal, step, steps, trainer.last_checkpoint().c_str(), save.c_str());
+}
+
 void run_train(TrainArgs& args) {
   dmuon::TrainOptions& o = args.train;
   o.optim = dmuon::parse_optim_kind(args.optim);
@@ -61,13 +76,16 @@ void run_train(TrainArgs& args) {
   else if (comm->size() > 1)
     dmuon::linalg::set_threads(1);
 
-  // A checkpoint already at --steps: nothing to train, nothing to write.
-  const int64_t resume_step = o.resume.empty() ? 0 : dmuon::read_checkpoint_contents(o.resume).steps();
-  if (!o.resume.empty() && resume_step == o.steps) {
-    if (root)
-      std::printf("dmuon train: nothing to do: checkpoint %s is at step %lld, --steps %lld\n", o.resume.c_str(),
-                  static_cast<long long>(resume_step), static_cast<long long>(o.steps));
-    return;
+  // The checkpoint to resume from already at --steps: nothing to train, nothing to write.
+  if (!o.resume.empty()) {
+    const std::string checkpoint = dmuon::newest_checkpoint(o.resume);
+    const int64_t step = dmuon::read_checkpoint_contents(checkpoint).steps();
+    if (step >= o.steps) {
+      if (root)
+        std::printf("dmuon train: nothing to do: checkpoint %s is at step %lld, --steps %lld\n", checkpoint.c_str(),
+                    static_cast<long long>(step), static_cast<long long>(o.steps));
+      return;
+    }
   }
   // Every output checked before tuning and step 1, so a run never ends in a write it could not do.
   const std::string csv_path = args.csv.empty() ? "runs/" + args.optim + ".csv" : args.csv;
@@ -75,7 +93,7 @@ void run_train(TrainArgs& args) {
       *comm,
       [&] {
         dmuon::MetricsCsvWriter::check(csv_path);
-        if (!args.save.empty()) dmuon::check_checkpoint_destination(args.save);
+        if (!args.save.empty()) dmuon::check_checkpoint_folder(args.save);
       },
       "the output files");
 
@@ -97,6 +115,9 @@ void run_train(TrainArgs& args) {
     };
     o.tune_warn = bar.warn;
   }
+  o.save_dir = args.save;
+  dmuon::cli::install_stop_signals(comm->rank() == 0);
+  o.stop_signal = [] { return dmuon::cli::stop_signal_received(); };
   dmuon::Trainer trainer(o, comm);
   if (tune_bar) {
     tune_bar->finish();
@@ -138,12 +159,17 @@ void run_train(TrainArgs& args) {
   }
   std::vector<double> step_s;
   std::optional<double> last_val;
-  while (!trainer.done()) {
+  std::string noted_checkpoint;
+  while (!trainer.done() && !trainer.stop_requested()) {
     const dmuon::StepMetrics r = trainer.train_step();
     step_s.push_back(r.step_s);
     if (!root) continue;
     csv->write(r);
     progress->update(r.step, r.train_loss);
+    if (trainer.last_checkpoint() != noted_checkpoint) {
+      noted_checkpoint = trainer.last_checkpoint();
+      progress->note("checkpoint " + noted_checkpoint + " complete");
+    }
     if (r.val_loss) {
       last_val = r.val_loss;
       char line[160];
@@ -151,12 +177,18 @@ void run_train(TrainArgs& args) {
       progress->note(line);
     }
   }
-  if (!args.save.empty()) trainer.save(args.save);
+  if (trainer.stop_requested()) {
+    if (root) {
+      progress->finish();
+      report_stop(trainer, args.save);
+    }
+    throw dmuon::cli::ExitStatus{dmuon::cli::kStoppedExitCode};
+  }
   if (root) {
     progress->finish();
     std::printf("done: %zu steps, median step %.1f ms (max over ranks), final validation loss %s; metrics %s%s%s\n",
                 step_s.size(), 1e3 * dmuon::median(step_s), last_val ? std::to_string(*last_val).c_str() : "n/a",
-                csv_path.c_str(), args.save.empty() ? "" : "; checkpoint ", args.save.c_str());
+                csv_path.c_str(), args.save.empty() ? "" : "; checkpoint ", trainer.last_checkpoint().c_str());
   }
 }
 
@@ -209,8 +241,19 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
   c->add_option("--data", o.data, "text file or folder (default: the fortunes corpus)");
   c->add_option("--shard-mode", args->shard_mode, "z3 | z2 | replicated (sharded optimizers)")->capture_default_str();
   c->add_option("--balancer", args->balancer, "dmuon: owner assignment rr | lpt | milp (CBC)")->capture_default_str();
-  c->add_option("--save", args->save, "write a checkpoint to this folder at the end (default: none)");
-  c->add_option("--resume", o.resume, "start from this checkpoint folder and continue to --steps (default: none)");
+  c->add_option("--save", args->save,
+                "write checkpoints into this folder (DIR/step-N) after the last step, on SIGTERM/SIGINT and with "
+                "--save-every; it may hold earlier step-N checkpoints, nothing else (default: none)");
+  c->add_option("--save-every", o.save_every, "also checkpoint every this many steps, written in the background "
+                "(0: only at the end)")
+      ->capture_default_str()
+      ->check(at_least<int64_t>(0));
+  c->add_option("--keep", o.keep, "checkpoints kept in the --save folder (older ones are removed)")
+      ->capture_default_str()
+      ->check(at_least(1));
+  c->add_option("--resume", o.resume,
+                "start from this checkpoint, or from the newest complete one in this --save folder, and continue "
+                "to --steps (default: none)");
   c->add_option("--csv", args->csv, "per-step metrics CSV (default runs/<optim>.csv)");
   c->add_option("--progress", args->progress,
                 "auto | live (redrawn line) | plain (periodic lines), for training and tuning; auto is live on "

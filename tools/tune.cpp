@@ -56,6 +56,7 @@ Registration reg("", [](CLI::App& app) {
       ->capture_default_str()
       ->check(at_least(1));
   args->session.add_to(c);
+  args->session.device.add_to(c);
   c->add_flag("--json", args->json, "Print JSON instead of a table");
   c->callback([args] { run(*args); });
 });

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "device_args.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
 #include "console/progress.hpp"
@@ -37,6 +38,7 @@ struct TuneSessionArgs {
   std::string cache;
   int rounds = 3;
   std::string progress = "auto";
+  DeviceArgs device;  // tune on a GPU (dmuon tune --device cuda)
 
   void add_to(CLI::App* c) {
     c->add_option("--threads", threads, "BLAS threads to tune for (0: the current count)")
@@ -51,7 +53,7 @@ struct TuneSessionArgs {
         ->check(CLI::IsMember({"auto", "live", "plain"}));
   }
 
-  int resolved_threads() const { return threads > 0 ? threads : linalg::threads(); }
+  int resolved_threads() const { return device.gpu() ? 1 : threads > 0 ? threads : linalg::threads(); }
   // The file, or "" where it is unknown (no HOME): then tuning warns and keeps its entries in memory.
   std::string cache_path() const {
     if (!cache.empty()) return cache;
@@ -64,10 +66,14 @@ struct TuneSessionArgs {
 
   std::vector<TuneEntry> tune(const std::vector<TuneRequest>& requests) const {
     const int n = resolved_threads();
-    linalg::set_threads(n);
+    if (!device.gpu()) linalg::set_threads(n);
     auto bar = std::make_shared<CountProgress>(stderr, parse_progress_mode(progress));
     TuneSessionOptions o = session_options(cache_path(), n, bar);
     o.rounds = rounds;
+    if (device.gpu()) {
+      o.backend = &device.backend();
+      o.dtype = device.iterates();
+    }
     auto entries = tune_with_cache(requests, o);
     bar->finish();
     return entries;

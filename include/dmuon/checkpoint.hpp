@@ -8,7 +8,13 @@
 //                            (include/dmuon/checksum.hpp), and per slice the parameter, kind, full
 //                            logical shape, global offset (flattened, row-major) and count
 //   index.json               written last by rank 0 once every rank has finished: format, version,
-//                            world size, update and skip counters. A folder without it is incomplete.
+//                            world size, update and skip counters, each manifest's size and checksum,
+//                            and "index_fnv1a64", the checksum of the index's own values (its JSON
+//                            without that field, as nlohmann::json dumps it: sorted keys, no spaces).
+//                            A folder without it is incomplete.
+// So every byte that affects a loaded value is covered by a checksum: the index by its own, each
+// manifest by the index's, each data file by its manifest's. A flipped digit in a counter, a shape
+// or an offset is refused like a flipped bit in a tensor.
 // Every file is written atomically (temporary file, fsync, rename).
 //
 // A save never touches the previous checkpoint until the new one is complete: every rank writes its
@@ -33,6 +39,8 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
@@ -43,11 +51,47 @@
 namespace dmuon {
 
 // Collective over the optimizer's ranks. Throws if called between micro-batches of one update.
+// CheckpointWriter's three phases in a row.
 void save_checkpoint(const std::string& dir, Optimizer& optimizer);
 // Before any work: throws the dmuon::Error save_checkpoint(dir) would raise for the folder itself (it, or
 // its <dir>.new or <dir>.old sibling, holds files that are not part of a checkpoint; the folder above
 // cannot be written), touching nothing. One process's check; call it on rank 0.
 void check_checkpoint_destination(const std::string& dir);
+
+// A save in three phases, so that the files can be written while training goes on:
+//   constructor  collective: rank 0 prepares the folders; each rank copies its state (memory: one
+//                copy of this rank's parameters and optimizer state), after which the optimizer may
+//                update again
+//   write()      this rank's files into <dir>.new; no communication, so it may run on another thread
+//   finish()     collective: every rank learns whether every write succeeded; rank 0 writes the
+//                index and swaps the checkpoint into place. Throws on every rank if any failed.
+// Every rank calls the constructor and finish() in the same order as its other collectives.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(const std::string& dir, Optimizer& optimizer);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  void write() noexcept;  // a failure is kept for finish()
+  // after_swap: run by rank 0 once the checkpoint is in place (pruning older ones); its failure
+  // fails the save on every rank.
+  void finish(const std::function<void()>& after_swap = {});
+  const std::string& dir() const { return target_; }
+
+ private:
+  struct Slice;
+  Optimizer& optimizer_;
+  std::string target_;
+  int rank_ = 0, world_size_ = 1;
+  int64_t updates_ = 0, skipped_ = 0;
+  std::vector<Slice> slices_;
+  std::exception_ptr failure_;
+};
+
+// Whether `dir` names a complete checkpoint (its index.json exists, possibly in <dir>.new or
+// <dir>.old after a save that died between its renames); says nothing about its checksums.
+bool is_checkpoint(const std::string& dir);
 // Collective over the optimizer's ranks.
 void load_checkpoint(const std::string& dir, Optimizer& optimizer);
 

@@ -45,6 +45,7 @@
 #include <string_view>
 #include <vector>
 
+#include "dmuon/backend.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/params.hpp"
 #include "dmuon/shard_layout.hpp"
@@ -76,6 +77,9 @@ struct ShardOptions {
   Mode mode = Mode::z3;
   comm::ReduceOp grad_reduce = comm::ReduceOp::average;  // sum or average
   bool two_stage = true;
+  // Where the unit buffers (shards, gathered parameters, gradients) live; null: cpu_backend(). The
+  // communicator must reach that memory (MPI: host memory).
+  Backend* backend = nullptr;
 };
 
 // Exposed communication of a unit: seconds the hooks (or wait) blocked on its gathers and
@@ -106,6 +110,7 @@ class ShardedParams {
 
   const ParamRegistry& registry() const { return registry_; }
   const ShardOptions& options() const { return options_; }
+  Backend& backend() const { return options_.backend ? *options_.backend : cpu_backend(); }
   const std::vector<int>& owners() const { return owners_; }  // empty for the even layout
   int num_units() const { return static_cast<int>(units_.size()); }
   const UnitLayout& layout(int unit) const;

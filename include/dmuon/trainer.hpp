@@ -17,6 +17,11 @@
 // min_lr_ratio·peak at the last step; Muon and AdamW groups share the schedule.
 //
 // Collective: every rank constructs the Trainer and calls the same methods in the same order.
+//
+// Determinism: the same options, seed and world size give bit-identical losses and parameters run
+// after run, and a run resumed from any of its checkpoints continues bit-identically (the batches
+// and the learning rate are functions of the seed and the step). Across world sizes the results are
+// equal within float32 rounding of the reduction order, not bitwise (docs/RELIABILITY.md).
 #pragma once
 
 #include <cstdint>
@@ -58,7 +63,18 @@ struct TrainOptions {
   int64_t val_every = 50;     // validation every this many steps (and after the last); 0: never
   int64_t val_batches = 8;    // global batches of B sequences from the validation stream
   std::string data;           // text file or folder; empty: the fortunes corpus
-  std::string resume;         // checkpoint folder to start from (optional)
+  std::string resume;         // checkpoint, or folder of periodic ones (its newest), to start from (optional)
+  // Checkpoints (checkpoint_rotation.hpp): save_dir/step-N after step `steps`, and after every
+  // save_every-th step (0: only the last), keeping the newest `keep`. A periodic checkpoint's state
+  // is copied at its step and its files are written on a background thread during the next step;
+  // it is complete (index written, older ones pruned) after that step. Empty save_dir: none.
+  std::string save_dir;
+  int64_t save_every = 0;
+  int keep = 2;
+  // Polled by every rank after each step: 0, or a positive code asking to stop (the number of a
+  // signal the rank caught, say); when any rank returns one, every rank learns the largest after
+  // the same step (stop_requested() below). Optional.
+  std::function<int()> stop_signal;
   NsOptions ns;               // Muon's Newton–Schulz (`dmuon bench e2e` runs the plain baseline with it)
   // Muon runs: NS kernels from the tuning cache (tune.hpp) over ns's math, and DMuon's owners planned
   // from the tuned batch times (tuned_batch_time: measured load balancing) instead of flop estimates.
@@ -107,13 +123,19 @@ class Trainer {
   bool done() const { return steps_done() >= options_.steps; }
 
   // Runs the next optimizer step. Losses are means over the global batch; times are max over ranks.
-  // val_loss is set after steps that are multiples of val_every and after the last step.
+  // val_loss is set after steps that are multiples of val_every and after the last step. With
+  // save_dir, completes the previous step's background checkpoint and starts this step's if due.
   StepMetrics train_step();
   // Mean loss over val_batches fixed global batches of the validation stream (the same sequences at
   // every world size: each rank evaluates its slice and the sums are combined).
   double validation_loss();
   // Writes a checkpoint of parameters and optimizer state (checkpoint.hpp). Between steps only.
   void save(const std::string& dir);
+  // The newest complete checkpoint this run wrote to save_dir (empty before the first).
+  const std::string& last_checkpoint() const;
+  // The largest code any rank's stop_signal returned during the last step, or 0 (the same on every
+  // rank). When non-zero, with save_dir, train_step has written a complete checkpoint of that step.
+  int stop_requested() const;
   // Every parameter's full value, in gpt_param_specs order, on every rank (collective).
   std::vector<std::vector<float>> full_params();
   // With options.tune: the entries every rank runs with (request order) and the seconds the tuning

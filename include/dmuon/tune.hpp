@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "dmuon/backend.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/params.hpp"
 
@@ -24,9 +25,10 @@ class Comm;
 }
 
 // What makes timings comparable: results from another machine, BLAS, thread count or dtype are foreign.
-// A cache file holds entries for several keys side by side. `device` names the backend ("cpu"); a GPU
-// backend's key will say "cuda" and put its own fields (GPU name, CUDA and cuBLAS versions) in `extra`,
-// which is compared and written like the named fields.
+// A cache file holds entries for several keys side by side (CPU and GPU ones alike). `device` names the
+// backend: "cpu" (cpu = the CPU model, blas = the BLAS library), or "cuda", whose own fields are in
+// `extra` (tune_key_for: the GPU's name, the CUDA runtime, driver and cuBLAS versions); `extra` is
+// compared and written like the named fields.
 struct TuneKey {
   std::string cpu;
   std::string blas;
@@ -42,6 +44,10 @@ struct TuneKey {
 std::string describe_difference(const TuneKey& theirs, const TuneKey& ours);
 // This process's key for `threads` BLAS threads (linalg::cpu_model, linalg::blas_description).
 TuneKey current_tune_key(int threads);
+// The key of timings taken on `backend`: current_tune_key(threads) on the CPU; on a GPU (src/tune/tune_key_gpu.cpp)
+// device = "cuda", cpu and blas empty, threads = 1, dtype = "bfloat16", extra = {"gpu": the GPU's name,
+// "cuda": the CUDA runtime, driver and cuBLAS versions}.
+TuneKey tune_key_for(Backend& backend, int threads);
 
 // The configurations worth timing for `batch` rows×cols matrices with at most `max_threads` threads:
 // ({standard} × {plain sgemm, symmetric} + {gram restart [2], gram restart [1,3]} × {plain sgemm,
@@ -159,6 +165,8 @@ struct TuneSessionOptions {
   // One line each: a cache of ours that could not be used (then tuned anew), or a location that cannot
   // be written (then the entries tuned now serve this run only).
   std::function<void(const std::string&)> warn;
+  Backend* backend = nullptr;  // tune on this backend (a GPU: key tune_key_for, timer make_ns_timer(backend, dtype))
+  DType dtype = DType::f32;    // the iterates' dtype there
 };
 
 // Loads the cache, tunes what it lacks for `requests` with make_ns_timer and saves it when it changed
@@ -195,5 +203,8 @@ Orthogonalizer tuned_orthogonalizer(std::vector<TuneEntry> entries, NsOptions de
 // A MeasureFn that times newton_schulz_batched on fixed random inputs. It keeps the inputs of the
 // last (shape, batch) between calls and makes one untimed warm-up run whenever that changes.
 MeasureFn make_ns_timer();
+// The same on `backend`'s memory with `dtype` iterates (every candidate runs in that dtype), timed on the device
+// (time_on: CUDA events on a GPU). src/tune/tune_measure_device.cpp.
+MeasureFn make_ns_timer(Backend& backend, DType dtype);
 
 }  // namespace dmuon

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "comm/collective_checks.hpp"
 #include "comm/failure.hpp"
 #include "comm/polling.hpp"
 #include "dmuon/checksum.hpp"
@@ -301,18 +302,10 @@ class MpiComm : public Comm {
   }
   Work finish(std::shared_ptr<MpiWork> w) { return Work(std::move(w), options_.timeout_s); }
 
-  void check_root(int root, const char* what) const {
-    DMUON_CHECK(root >= 0 && root < size_, what, " on rank ", rank_, ": root ", root, " is not a rank of ", size_);
-  }
-  void check_op(DType t, ReduceOp op, const char* what) const {
-    DMUON_CHECK(op != ReduceOp::average || t == DType::f32 || t == DType::f64, what, " on rank ", rank_,
-                ": average needs a floating dtype, got ", to_string(t));
-  }
+  void check_root(int root, const char* what) const { detail::check_root(root, size_, rank_, what); }
+  void check_op(DType t, ReduceOp op, const char* what) const { detail::check_reduce_op(t, op, rank_, what); }
   int64_t fill_counts_displs(std::span<const int64_t> counts, const char* what) const {
-    DMUON_CHECK(counts.size() == static_cast<std::size_t>(size_), what, " on rank ", rank_, ": ", counts.size(),
-                " per-rank counts for ", size_, " ranks");
-    int64_t total = 0;
-    for (int64_t c : counts) total += c;
+    const int64_t total = detail::check_per_rank_counts(counts, size_, rank_, what);
     to_int(total, what, rank_);  // displacements are ints too
     return total;
   }

@@ -11,12 +11,17 @@
 #include <sstream>
 
 #include "dmuon/error.hpp"
+#include "dmuon/fault_injection.hpp"
 
 namespace dmuon {
 
 namespace {
 void write_all(int fd, std::string_view bytes, const std::string& path) {
   size_t done = 0;
+  if (fault::fail_write()) {
+    errno = ENOSPC;
+    DMUON_FAIL("cannot write ", path, ": ", std::strerror(errno));
+  }
   while (done < bytes.size()) {
     ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
     if (n < 0 && errno == EINTR) continue;
@@ -37,9 +42,10 @@ void write_file_atomically(const std::string& path, std::string_view bytes) {
   int fd = ::mkstemp(tmp.data());
   DMUON_CHECK(fd >= 0, "cannot create a temporary file beside ", path, ": ", std::strerror(errno));
   try {
-    write_all(fd, bytes, tmp);
+    write_all(fd, bytes, path);  // errors name the file being written, not its temporary
     DMUON_CHECK(::fsync(fd) == 0, "cannot fsync ", tmp, ": ", std::strerror(errno));
     DMUON_CHECK(::fchmod(fd, 0644) == 0, "cannot chmod ", tmp, ": ", std::strerror(errno));
+    fault::point("wrote a temporary file");
   } catch (...) {
     ::close(fd);
     ::unlink(tmp.c_str());
@@ -63,6 +69,7 @@ void rename_durably(const std::string& from, const std::string& to) {
     ::fsync(dfd);
     ::close(dfd);
   }
+  fault::point("renamed a file or folder");
 }
 
 std::string why_cannot_write(const std::string& path, bool folder) {

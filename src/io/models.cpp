@@ -302,7 +302,11 @@ std::vector<ParamSpec> params_from_hf_config(const nlohmann::json& config, const
   auto family = families().find(type);
   DMUON_CHECK(family != families().end(), origin, ": unsupported model_type '", type, "' (supported: ", supported(), ")");
   Builder b{{}, first_unit};
-  family->second.expand(config, origin, type, layers, prefix ? *prefix : family->second.default_prefix, b);
+  try {
+    family->second.expand(config, origin, type, layers, prefix ? *prefix : family->second.default_prefix, b);
+  } catch (const nlohmann::json::exception& e) {  // a field of the wrong JSON type ("embeddings": 3)
+    DMUON_FAIL(origin, ": a field has the wrong type (", e.what(), ")");
+  }
   return std::move(b.params);
 }
 
@@ -325,6 +329,8 @@ std::vector<ParamSpec> load_model_manifest(const std::string& name_or_path, int 
     const auto& component = manifest.at("components")[i];
     const std::string origin = path + " component " + std::to_string(i);
     DMUON_CHECK(component.contains("config"), origin, ": needs a 'config' object");
+    DMUON_CHECK(!component.contains("prefix") || component.at("prefix").is_string(), origin,
+                ": 'prefix' must be a string");
     std::string prefix = component.value("prefix", std::string());
     const int first_unit = all.empty() ? 0 : all.back().unit + 1;
     auto params = params_from_hf_config(component.at("config"), origin, layers, first_unit,

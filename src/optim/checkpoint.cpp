@@ -10,6 +10,7 @@
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/checksum.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/fault_injection.hpp"
 #include "dmuon/npy.hpp"
 #include "dmuon/rank_agreement.hpp"
 #include "dmuon/safetensors.hpp"
@@ -24,7 +25,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr const char* kFormat = "dmuon-checkpoint";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;  // 2: index.json covers itself and the manifests by checksums
 
 std::string rank_stem(int rank) {
   char buf[32];
@@ -101,6 +102,7 @@ void swap_in(const std::string& dir, int world_size) {
   if (fs::exists(dir)) rename_durably(dir, old);
   rename_durably(staging, dir);
   fs::remove_all(old);
+  fault::point("removed the replaced checkpoint");
 }
 
 // Every rank raises if any rank failed (so none goes on alone into a collective); the failing rank
@@ -133,6 +135,26 @@ struct Manifest {
   std::vector<SavedSlice> slices;
 };
 
+// The index without its own checksum field, as the text the checksum covers: nlohmann::json dumps
+// an object's keys sorted and numbers canonically, so any change of a value changes this text.
+std::string index_checksum(json index) {
+  index.erase("index_fnv1a64");
+  return fnv1a64_hex(index.dump());
+}
+
+// The bytes of `path`, which `listed_by` says has `bytes` bytes and FNV-1a 64 checksum `sum`.
+std::string read_checked(const std::string& path, uint64_t bytes, const std::string& sum,
+                         const std::string& listed_by) {
+  DMUON_CHECK(fs::exists(path), path, ": missing (the checkpoint is incomplete)");
+  const std::string text = read_file(path);
+  DMUON_CHECK(text.size() == bytes, path, ": ", text.size(), " bytes, ", listed_by, " says ", bytes,
+              " (truncated or replaced file)");
+  const std::string actual = fnv1a64_hex(text);
+  DMUON_CHECK(actual == sum, path, ": checksum mismatch (FNV-1a 64 ", actual, ", ", listed_by, " says ", sum,
+              "): the file is corrupt");
+  return text;
+}
+
 json read_json(const std::string& path) {
   DMUON_CHECK(fs::exists(path), path, ": missing (the checkpoint is incomplete or not a dmuon checkpoint)");
   return read_json_file(path);
@@ -148,12 +170,25 @@ Manifest read_manifest(const std::string& dir) {
   m.world_size = json_field<int>(index, "world_size", index_path, "the index");
   m.updates = json_field<int64_t>(index, "updates", index_path, "the index");
   m.skipped = json_field<int64_t>(index, "skipped", index_path, "the index");
+  const std::string sum = json_field<std::string>(index, "index_fnv1a64", index_path, "the index");
+  DMUON_CHECK(index_checksum(index) == sum, index_path, ": checksum mismatch (FNV-1a 64 of its values ",
+              index_checksum(index), ", the file says ", sum, "): the index is corrupt");
   DMUON_CHECK(m.world_size >= 1 && m.updates >= 0 && m.skipped >= 0, index_path,
               ": world_size must be ≥ 1 and counters ≥ 0");
+  const auto manifests = json_field<std::vector<json>>(index, "manifests", index_path, "the index");
+  DMUON_CHECK(manifests.size() == static_cast<size_t>(m.world_size), index_path, ": ", manifests.size(),
+              " manifests for world_size ", m.world_size);
   for (int r = 0; r < m.world_size; ++r) {
     const std::string path = dir + "/" + rank_stem(r) + ".json";
-    const json j = read_json(path);
+    const json& listed = manifests[r];
+    DMUON_CHECK(listed.is_object() && listed.value("file", "") == rank_stem(r) + ".json", index_path,
+                ": manifest ", r, " is not listed as ", rank_stem(r), ".json");
+    const std::string text = read_checked(path, json_field<uint64_t>(listed, "bytes", index_path, "a manifest entry"),
+                                          json_field<std::string>(listed, "fnv1a64", index_path, "a manifest entry"),
+                                          "the index");
+    const json j = parse_json(text, path);
     SavedFile f;
+    DMUON_CHECK(j.is_object(), path, ": the manifest is not a JSON object");
     f.path = dir + "/" + json_field<std::string>(j, "file", path, "the manifest");
     f.bytes = json_field<uint64_t>(j, "bytes", path, "the manifest");
     f.checksum = json_field<std::string>(j, "fnv1a64", path, "the manifest");
@@ -190,12 +225,7 @@ class SliceReader {
     const SavedFile& f = manifest_.files[s.rank];
     auto it = files_.find(s.rank);
     if (it == files_.end()) {
-      const std::string bytes = read_file(f.path);
-      DMUON_CHECK(bytes.size() == f.bytes, f.path, ": ", bytes.size(), " bytes, the manifest says ", f.bytes,
-                  " (truncated or replaced file)");
-      const std::string sum = fnv1a64_hex(bytes);
-      DMUON_CHECK(sum == f.checksum, f.path, ": checksum mismatch (FNV-1a 64 ", sum, ", the manifest says ", f.checksum,
-                  "): the file is corrupt");
+      const std::string bytes = read_checked(f.path, f.bytes, f.checksum, "the manifest");
       it = files_.emplace(s.rank, decode_safetensors(bytes, f.path)).first;
     }
     std::vector<float> v = get_f32(it->second, s.key, f.path);
@@ -235,55 +265,92 @@ void assemble(const Manifest& m, SliceReader& reader, const std::string& dir, co
 
 }  // namespace
 
-void save_checkpoint(const std::string& dir_arg, Optimizer& optimizer) {
-  DMUON_CHECK(!optimizer.accumulating(), "save_checkpoint(", dir_arg,
-              "): called between micro-batches of one update; save after the update");
-  const std::string target = folder_name(dir_arg);
-  const std::string staging = staging_folder(target);
-  const int rank = optimizer.rank();
-  std::exception_ptr failure = comm::capture_failure(
-      [&] {
-        if (rank == 0) prepare_save(target);
-      },
-      target + ": cannot prepare the checkpoint folder");
-  agree(optimizer, failure, "preparing checkpoint " + target);  // orders rank 0's preparation before any write
+bool is_checkpoint(const std::string& dir) { return is_complete(complete_folder(dir)); }
 
-  failure = comm::capture_failure([&] {
+struct CheckpointWriter::Slice {
+  std::string param, kind;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;
+  std::vector<float> values;
+};
+
+CheckpointWriter::CheckpointWriter(const std::string& dir_arg, Optimizer& optimizer)
+    : optimizer_(optimizer), target_(folder_name(dir_arg)) {
+  DMUON_CHECK(!optimizer.accumulating(), "saving checkpoint ", dir_arg,
+              ": called between micro-batches of one update; save after the update");
+  rank_ = optimizer.rank();
+  world_size_ = optimizer.world_size();
+  updates_ = optimizer.updates();
+  skipped_ = optimizer.skipped_steps();
+  const std::exception_ptr failure = comm::capture_failure(
+      [&] {
+        if (rank_ == 0) prepare_save(target_);
+      },
+      target_ + ": cannot prepare the checkpoint folder");
+  agree(optimizer, failure, "preparing checkpoint " + target_);  // orders rank 0's preparation before any write
+  for (const StateSlice& s : optimizer.state_slices()) {
+    if (s.count == 0) continue;  // a parameter this rank holds nothing of (another rank saves it)
+    slices_.push_back({s.param, s.kind, s.shape, s.offset, std::vector<float>(s.data, s.data + s.count)});
+  }
+}
+
+CheckpointWriter::~CheckpointWriter() = default;
+
+void CheckpointWriter::write() noexcept {
+  const std::string staging = staging_folder(target_);
+  failure_ = comm::capture_failure([&] {
     fs::create_directories(staging);
     SafetensorsFile file;
     file.metadata["format"] = kFormat;
     json slices = json::array();
-    for (const StateSlice& s : optimizer.state_slices()) {
-      if (s.count == 0) continue;  // a parameter this rank holds nothing of (another rank saves it)
+    for (const Slice& s : slices_) {
+      const int64_t count = static_cast<int64_t>(s.values.size());
       const std::string key = s.kind + "/" + s.param + "@" + std::to_string(s.offset);
-      file.tensors[key] = f32_tensor({s.count}, s.data);
+      file.tensors[key] = f32_tensor({count}, s.values.data());
       slices.push_back({{"param", s.param}, {"kind", s.kind}, {"key", key}, {"shape", s.shape},
-                        {"offset", s.offset}, {"count", s.count}});
+                        {"offset", s.offset}, {"count", count}});
     }
+    slices_.clear();
+    slices_.shrink_to_fit();
     const std::string bytes = encode_safetensors(file);
-    const std::string stem = rank_stem(rank);
+    const std::string stem = rank_stem(rank_);
     write_file_atomically(staging + "/" + stem + ".safetensors", bytes);
     const json manifest = {{"file", stem + ".safetensors"},
                            {"bytes", bytes.size()},
                            {"fnv1a64", fnv1a64_hex(bytes)},
                            {"slices", slices}};
     write_file_atomically(staging + "/" + stem + ".json", manifest.dump(1));
-  }, staging + ": cannot write rank " + std::to_string(rank) + "'s files");
-  agree(optimizer, failure, "writing checkpoint " + target);
+  }, staging + ": cannot write rank " + std::to_string(rank_) + "'s files");
+}
 
-  if (rank == 0) {
+void CheckpointWriter::finish(const std::function<void()>& after_swap) {
+  agree(optimizer_, failure_, "writing checkpoint " + target_);
+  std::exception_ptr failure;
+  if (rank_ == 0) {
     failure = comm::capture_failure([&] {
-      const json index = {{"format", kFormat},
-                          {"version", kVersion},
-                          {"world_size", optimizer.world_size()},
-                          {"updates", optimizer.updates()},
-                          {"skipped", optimizer.skipped_steps()},
-                          {"checksum", "fnv1a64"}};
+      const std::string staging = staging_folder(target_);
+      json manifests = json::array();
+      for (int r = 0; r < world_size_; ++r) {  // every rank's manifest is complete: all agreed
+        const std::string name = rank_stem(r) + ".json";
+        const std::string bytes = read_file(staging + "/" + name);
+        manifests.push_back({{"file", name}, {"bytes", bytes.size()}, {"fnv1a64", fnv1a64_hex(bytes)}});
+      }
+      json index = {{"format", kFormat},     {"version", kVersion}, {"world_size", world_size_},
+                    {"updates", updates_},   {"skipped", skipped_}, {"checksum", "fnv1a64"},
+                    {"manifests", manifests}};
+      index["index_fnv1a64"] = index_checksum(index);
       write_file_atomically(staging + "/index.json", index.dump(1));
-      swap_in(target, optimizer.world_size());
-    }, target + ": cannot move the new checkpoint into place");
+      swap_in(target_, world_size_);
+      if (after_swap) after_swap();
+    }, target_ + ": cannot move the new checkpoint into place");
   }
-  agree(optimizer, failure, "finishing checkpoint " + target);
+  agree(optimizer_, failure, "finishing checkpoint " + target_);
+}
+
+void save_checkpoint(const std::string& dir, Optimizer& optimizer) {
+  CheckpointWriter writer(dir, optimizer);
+  writer.write();
+  writer.finish();
 }
 
 void check_checkpoint_destination(const std::string& dir_arg) {

@@ -40,7 +40,7 @@ LocalView local_view(const shard::ShardedParams& params, int rank) {
 
 ShardedOptimizer::ShardedOptimizer(std::shared_ptr<comm::Comm> comm, shard::ShardedParams& params,
                                    OptimizerOptions options, Orthogonalizer orth)
-    : Optimizer(local_view(params, comm->rank()).refs, std::move(options), std::move(orth)),
+    : Optimizer(local_view(params, comm->rank()).refs, std::move(options), std::move(orth), params.backend()),
       comm_(std::move(comm)),
       params_(params) {
   rank_ = comm_->rank();

@@ -10,10 +10,11 @@ namespace dmuon::shard {
 struct ShardedParams::Unit {
   UnitLayout layout;
   std::vector<int64_t> counts;                                  // per-rank shard sizes
-  std::vector<float> shard;                                     // my shard of the parameters (sharded modes)
-  std::vector<float> packed;                                    // gathered parameters (replicated: persistent)
-  std::vector<float> packed_grads;                              // full gradients of this rank, packed order
-  std::vector<float> shard_grads;                               // reduced gradients of my shard (sharded modes)
+  // In the backend's memory (ShardOptions::backend):
+  Buffer shard;         // my shard of the parameters (sharded modes)
+  Buffer packed;        // gathered parameters (replicated: persistent)
+  Buffer packed_grads;  // full gradients of this rank, packed order
+  Buffer shard_grads;   // reduced gradients of my shard (sharded modes)
   std::map<int, std::vector<float>> split_params, split_grads;  // full copies of multi-segment params
   comm::Work gather_work, reduce_work;
   // Changed only by collective calls, so identical on every rank: the hooks decide from it which
@@ -26,6 +27,19 @@ struct ShardedParams::Unit {
 };
 
 namespace {
+std::span<float> all_of(const Buffer& b) { return {b.f32(), static_cast<size_t>(b.size())}; }
+
+// b holds n values (its memory kept when it already does, else allocated; contents undefined).
+void ensure(Buffer& b, Backend& backend, int64_t n) {
+  if (b.size() != n || b.backend() != &backend) b = Buffer(backend, DType::f32, n);
+}
+
+// b holds n zeros.
+void zeros(Buffer& b, Backend& backend, int64_t n) {
+  ensure(b, backend, n);
+  if (n > 0) backend.fill(b.view(1, n), 0.0f);
+}
+
 // Copies parameter p between its full contiguous form and its segments in a packed buffer.
 void copy_segments(const std::vector<Segment>& segs, float* packed, float* full, bool to_full) {
   for (const Segment& s : segs) {
@@ -61,10 +75,10 @@ ShardedParams::ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry reg
         options_.layout == Layout::even ? even_layout(specs, u, d) : owner_aligned_layout(specs, owners_, u, d);
     unit->counts = unit->layout.shard_sizes();
     if (options_.mode == Mode::replicated) {
-      unit->packed.assign(unit->layout.total(), 0.f);
+      zeros(unit->packed, backend(), unit->layout.total());
       unit->is_gathered = true;
     } else {
-      unit->shard.assign(unit->layout.shard_size(comm_->rank()), 0.f);
+      zeros(unit->shard, backend(), unit->layout.shard_size(comm_->rank()));
     }
     for (int p : unit->layout.params)
       if (unit->layout.segments_of(p).size() > 1) {
@@ -104,16 +118,16 @@ std::vector<LocalPiece> ShardedParams::local_pieces(int unit) const { return lay
 std::span<float> ShardedParams::shard_params(int unit) {
   Unit& u = unit_at(unit, "shard_params");
   if (options_.mode == Mode::replicated)
-    return std::span<float>(u.packed).subspan(u.layout.shard_offset[comm_->rank()], u.counts[comm_->rank()]);
-  return u.shard;
+    return all_of(u.packed).subspan(u.layout.shard_offset[comm_->rank()], u.counts[comm_->rank()]);
+  return all_of(u.shard);
 }
 
 std::span<float> ShardedParams::shard_grads(int unit) {
   Unit& u = unit_at(unit, "shard_grads");
   DMUON_CHECK(u.reduced, "shard_grads: unit ", unit, " has no reduced gradients (call reduce_grads and wait)");
   if (options_.mode == Mode::replicated)
-    return std::span<float>(u.packed_grads).subspan(u.layout.shard_offset[comm_->rank()], u.counts[comm_->rank()]);
-  return u.shard_grads;
+    return all_of(u.packed_grads).subspan(u.layout.shard_offset[comm_->rank()], u.counts[comm_->rank()]);
+  return all_of(u.shard_grads);
 }
 
 void ShardedParams::load_full(int param, std::span<const float> values) {
@@ -123,13 +137,13 @@ void ShardedParams::load_full(int param, std::span<const float> values) {
               spec.numel(), " elements, got ", values.size());
   Unit& u = *units_[spec.unit];
   if (options_.mode == Mode::replicated) {
-    copy_segments(u.layout.segments_of(param), u.packed.data(), const_cast<float*>(values.data()), false);
+    copy_segments(u.layout.segments_of(param), u.packed.f32(), const_cast<float*>(values.data()), false);
     if (u.split_params.count(param)) std::copy(values.begin(), values.end(), u.split_params[param].begin());
     return;
   }
   for (const LocalPiece& pc : local_pieces(spec.unit))
     if (pc.param == param)
-      std::copy_n(values.begin() + pc.offset_in_param, pc.length, u.shard.begin() + pc.offset_in_shard);
+      std::copy_n(values.begin() + pc.offset_in_param, pc.length, u.shard.f32() + pc.offset_in_shard);
 }
 
 // ---- operations ----
@@ -137,13 +151,13 @@ void ShardedParams::load_full(int param, std::span<const float> values) {
 void ShardedParams::start_gather(Unit& u) {
   DMUON_CHECK(u.gather_state != Unit::Gather::started, "gather: unit ", u.layout.unit, " is already being gathered");
   const int r = comm_->rank();
-  if (options_.mode != Mode::replicated) u.packed.resize(u.layout.total());
-  const float* send = options_.mode == Mode::replicated ? u.packed.data() + u.layout.shard_offset[r] : u.shard.data();
-  comm::Work w = comm_->all_gatherv<float>(std::span<const float>(send, u.counts[r]), u.packed, u.counts);
+  if (options_.mode != Mode::replicated) ensure(u.packed, backend(), u.layout.total());  // the gather fills it
+  const float* send = options_.mode == Mode::replicated ? u.packed.f32() + u.layout.shard_offset[r] : u.shard.f32();
+  comm::Work w = comm_->all_gatherv<float>(std::span<const float>(send, u.counts[r]), all_of(u.packed), u.counts);
   u.gather_state = Unit::Gather::started;
   u.is_gathered = false;
   u.gather_work = comm::Work::then_run(std::move(w), [&u] {
-    for (auto& [p, full] : u.split_params) copy_segments(u.layout.segments_of(p), u.packed.data(), full.data(), true);
+    for (auto& [p, full] : u.split_params) copy_segments(u.layout.segments_of(p), u.packed.f32(), full.data(), true);
     u.is_gathered = true;
   });
 }
@@ -160,13 +174,13 @@ void ShardedParams::release(int unit) {
   u.gather_state = Unit::Gather::none;
   if (options_.mode == Mode::replicated) return;  // the next gather refreshes the owners' updates
   u.is_gathered = false;
-  std::vector<float>().swap(u.packed);
+  u.packed = Buffer();
 }
 
 void ShardedParams::zero_grads(int unit) {
   Unit& u = unit_at(unit, "zero_grads");
   DMUON_CHECK(u.reduce_work.done(), "zero_grads: unit ", unit, " has a reduce in flight (wait first)");
-  u.packed_grads.assign(u.layout.total(), 0.f);
+  zeros(u.packed_grads, backend(), u.layout.total());
   for (auto& [p, full] : u.split_grads) full.assign(registry_.specs()[p].numel(), 0.f);
   u.grads_ready = true;
   u.reduced = false;
@@ -176,7 +190,7 @@ comm::Work ShardedParams::reduce_grads(int unit) {
   Unit& u = unit_at(unit, "reduce_grads");
   DMUON_CHECK(u.grads_ready, "reduce_grads: unit ", unit, " has no gradients (call zero_grads and fill them)");
   for (auto& [p, full] : u.split_grads)
-    copy_segments(u.layout.segments_of(p), u.packed_grads.data(), full.data(), false);
+    copy_segments(u.layout.segments_of(p), u.packed_grads.f32(), full.data(), false);
   u.grads_ready = false;
   comm::Work w;
   const auto op = options_.grad_reduce;
@@ -184,29 +198,29 @@ comm::Work ShardedParams::reduce_grads(int unit) {
   if (options_.mode == Mode::replicated && options_.two_stage && comm_->topology().two_level()) {
     // Two-stage reduce-scatter to the shards, then an in-place all-gather of the reduced shards:
     // the all-reduce with each byte crossing nodes once per direction.
-    u.shard_grads.resize(u.counts[me]);
+    ensure(u.shard_grads, backend(), u.counts[me]);
     const int64_t at = u.layout.shard_offset[me];
-    w = comm::Work::then_start(comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.data(), u.shard_grads.data(),
+    w = comm::Work::then_start(comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.f32(), u.shard_grads.f32(),
                                                                u.counts, comm::DType::f32, op),
                                *comm_, [comm = comm_.get(), &u, at, me] {
-                                 std::copy(u.shard_grads.begin(), u.shard_grads.end(), u.packed_grads.begin() + at);
+                                 std::copy_n(u.shard_grads.f32(), u.shard_grads.size(), u.packed_grads.f32() + at);
                                  return comm->all_gatherv<float>(
-                                     std::span<const float>(u.packed_grads.data() + at, u.counts[me]), u.packed_grads,
-                                     u.counts);
+                                     std::span<const float>(u.packed_grads.f32() + at, u.counts[me]),
+                                     all_of(u.packed_grads), u.counts);
                                });
   } else if (options_.mode == Mode::replicated) {
-    w = comm_->all_reduce<float>(u.packed_grads, op);
+    w = comm_->all_reduce<float>(all_of(u.packed_grads), op);
   } else {
-    u.shard_grads.resize(u.counts[me]);
+    ensure(u.shard_grads, backend(), u.counts[me]);
     if (options_.two_stage)
-      w = comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.data(), u.shard_grads.data(), u.counts,
+      w = comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.f32(), u.shard_grads.f32(), u.counts,
                                           comm::DType::f32, op);
     else
-      w = comm_->reduce_scatterv<float>(u.packed_grads, u.shard_grads, u.counts, op);
+      w = comm_->reduce_scatterv<float>(all_of(u.packed_grads), all_of(u.shard_grads), u.counts, op);
   }
   const bool keep_full = options_.mode == Mode::replicated;
   u.reduce_work = comm::Work::then_run(std::move(w), [&u, keep_full] {
-    if (!keep_full) std::vector<float>().swap(u.packed_grads);
+    if (!keep_full) u.packed_grads = Buffer();
     u.reduced = true;
   });
   return u.reduce_work;
@@ -241,11 +255,11 @@ void ShardedParams::progress() {
 
 namespace {
 // Full view of parameter p: its own copy if it is cut into several segments, else in place.
-std::span<float> full_view(const UnitLayout& layout, int p, int64_t numel, std::vector<float>& packed,
+std::span<float> full_view(const UnitLayout& layout, int p, int64_t numel, const Buffer& packed,
                            std::map<int, std::vector<float>>& split) {
   auto it = split.find(p);
   if (it != split.end()) return it->second;
-  return std::span<float>(packed).subspan(layout.segments_of(p).front().offset_in_packed, numel);
+  return all_of(packed).subspan(layout.segments_of(p).front().offset_in_packed, numel);
 }
 }  // namespace
 

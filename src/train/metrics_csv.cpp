@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -38,6 +39,15 @@ double parse_number(const std::string& field, const std::string& path, int line,
   DMUON_CHECK(!field.empty() && end == field.c_str() + field.size(), "metrics file ", path, " line ", line, ": column ",
               column, " is not a number: '", field, "'");
   return x;
+}
+
+// A step number: a decimal integer (converting a double beyond int64 would be undefined).
+int64_t parse_step(const std::string& field, const std::string& path, int line) {
+  int64_t step = 0;
+  const auto [end, error] = std::from_chars(field.data(), field.data() + field.size(), step);
+  DMUON_CHECK(!field.empty() && error == std::errc() && end == field.data() + field.size(), "metrics file ", path,
+              " line ", line, ": column step is not a whole number: '", field, "'");
+  return step;
 }
 
 // The file's text when it exists and is a regular file; "" otherwise (/dev/null, a FIFO, no file).
@@ -114,7 +124,7 @@ std::vector<StepMetrics> read_metrics_csv(const std::string& path) {
     DMUON_CHECK(f.size() == kColumns, "metrics file ", path, " line ", number, ": expected ", kColumns,
                 " columns, got ", f.size());
     StepMetrics r;
-    r.step = static_cast<int64_t>(parse_number(f[0], path, number, "step"));
+    r.step = parse_step(f[0], path, number);
     r.train_loss = parse_number(f[1], path, number, "train_loss");
     if (!f[2].empty()) r.val_loss = parse_number(f[2], path, number, "val_loss");
     r.step_s = parse_number(f[3], path, number, "step_s");

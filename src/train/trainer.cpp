@@ -8,8 +8,10 @@
 #include <numbers>
 #include <optional>
 #include <set>
+#include <thread>
 
 #include "dmuon/checkpoint.hpp"
+#include "dmuon/checkpoint_rotation.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/data.hpp"
 #include "dmuon/error.hpp"
@@ -59,8 +61,45 @@ struct Trainer::Impl {
   double tune_s = 0;
   Plan plan;                     // dmuon: the owners and their predicted NS loads
   int64_t step = 0;
+  int stop = 0;                  // the largest stop_signal code of the last step over ranks
+
+  // A periodic checkpoint whose files a background thread writes while the next step runs.
+  struct PendingSave {
+    std::unique_ptr<CheckpointWriter> writer;
+    std::thread thread;
+  };
+  std::optional<PendingSave> pending;
+  std::string last_checkpoint;
 
   Impl(const TrainOptions& o, std::shared_ptr<comm::Comm> c) : comm(std::move(c)), model(o.model) {}
+  // An unfinished background save is left as debris (step-N.new), which resuming ignores.
+  ~Impl() {
+    if (pending && pending->thread.joinable()) pending->thread.join();
+  }
+
+  // Collective: completes the background save, if any (index, swap, pruning to `keep`).
+  void finish_save(const TrainOptions& o) {
+    if (!pending) return;
+    pending->thread.join();
+    const std::unique_ptr<CheckpointWriter> writer = std::move(pending->writer);
+    pending.reset();
+    writer->finish([&] { prune_checkpoints(o.save_dir, o.keep); });
+    last_checkpoint = writer->dir();
+  }
+
+  // Collective: a checkpoint of the current step into save_dir, written now or in the background.
+  void start_save(const TrainOptions& o, bool background) {
+    finish_save(o);
+    auto writer = std::make_unique<CheckpointWriter>(checkpoint_for_step(o.save_dir, step), *stack.optimizer);
+    if (background) {
+      CheckpointWriter* w = writer.get();
+      pending.emplace(PendingSave{std::move(writer), std::thread([w] { w->write(); })});
+      return;
+    }
+    writer->write();
+    writer->finish([&] { prune_checkpoints(o.save_dir, o.keep); });
+    last_checkpoint = writer->dir();
+  }
 
   int rank() const { return comm->rank(); }
   int world() const { return comm->size(); }
@@ -148,34 +187,37 @@ void validate(const TrainOptions& o, int world) {
   DMUON_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
   DMUON_CHECK(o.val_every >= 0, "--val-every must be at least 0, got ", o.val_every);
   DMUON_CHECK(o.val_batches >= 1, "--val-batches must be at least 1, got ", o.val_batches);
+  DMUON_CHECK(o.save_every >= 0, "--save-every must be at least 0, got ", o.save_every);
+  DMUON_CHECK(o.save_every == 0 || !o.save_dir.empty(), "--save-every needs --save DIR");
+  DMUON_CHECK(o.keep >= 1, "--keep must be at least 1, got ", o.keep);
   DMUON_CHECK(!o.model.tied_head, "a tied head is not supported in training (units 0 and L+1 would share wte)");
 }
 
 // Before any tuning or allocation: the checkpoint to resume from holds every parameter of this model
 // with its shape and the state its optimizer group keeps (Muon matrices: momentum; AdamW: m and v),
 // nothing else, and is not past --steps. load_checkpoint checks the data itself later.
-void check_resume(const TrainOptions& o, const std::vector<ParamSpec>& specs) {
-  const CheckpointContents saved = read_checkpoint_contents(o.resume);
-  DMUON_CHECK(saved.steps() <= o.steps, "checkpoint ", o.resume, " is at step ", saved.steps(), ", past --steps ",
+void check_resume(const std::string& checkpoint, const TrainOptions& o, const std::vector<ParamSpec>& specs) {
+  const CheckpointContents saved = read_checkpoint_contents(checkpoint);
+  DMUON_CHECK(saved.steps() <= o.steps, "checkpoint ", checkpoint, " is at step ", saved.steps(), ", past --steps ",
               o.steps);
   std::set<std::string> names;
   for (const ParamSpec& spec : specs) {
     names.insert(spec.name);
     const auto it = saved.params.find(spec.name);
-    DMUON_CHECK(it != saved.params.end(), "checkpoint ", o.resume, " lacks parameter '", spec.name,
+    DMUON_CHECK(it != saved.params.end(), "checkpoint ", checkpoint, " lacks parameter '", spec.name,
                 "' (saved from another model?)");
-    DMUON_CHECK(it->second.shape == spec.shape, "checkpoint ", o.resume, " holds parameter '", spec.name,
+    DMUON_CHECK(it->second.shape == spec.shape, "checkpoint ", checkpoint, " holds parameter '", spec.name,
                 "' with shape ", shape_text(it->second.shape), ", this model's is ", shape_text(spec.shape),
                 " (saved with other --width, --heads or --context?)");
     const bool muon = o.optim != OptimKind::adamw && spec.role == ParamRole::matrix;
     for (const char* kind : muon ? std::vector<const char*>{"param", "muon.momentum"}
                                  : std::vector<const char*>{"param", "adamw.m", "adamw.v"}) {
-      DMUON_CHECK(it->second.kinds.count(kind), "checkpoint ", o.resume, " has no ", kind, " for parameter '",
+      DMUON_CHECK(it->second.kinds.count(kind), "checkpoint ", checkpoint, " has no ", kind, " for parameter '",
                   spec.name, "' (saved by another --optim? this run: ", to_string(o.optim), ")");
     }
   }
   for (const auto& [name, param] : saved.params)
-    DMUON_CHECK(names.count(name), "checkpoint ", o.resume, " holds parameter '", name,
+    DMUON_CHECK(names.count(name), "checkpoint ", checkpoint, " holds parameter '", name,
                 "', which this model does not have (saved from another model?)");
 }
 
@@ -202,8 +244,10 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
                : options_.shard_mode == ShardMode::z2 ? shard::Mode::z2
                                                       : shard::Mode::replicated;
   stack.optimizer = optimizer_options(options_);
+  // The checkpoint itself, or the newest complete one in a --save folder.
+  const std::string resume = options_.resume.empty() ? "" : newest_checkpoint(options_.resume);
+  if (!resume.empty()) check_resume(resume, options_, specs);
   // The NS every Muon optimizer runs: tuned kernels (rank 0 tunes, every rank gets its entries) or opt.muon.ns.
-  if (!options_.resume.empty()) check_resume(options_, specs);
   if (options_.tune && options_.optim != OptimKind::adamw) {
     const auto t0 = Clock::now();
     TuneSessionOptions session;
@@ -233,8 +277,8 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
     gpt_init_param(options_.model, specs[i], options_.seed, init.data());
     m.sharded().load_full(static_cast<int>(i), init);
   }
-  if (!options_.resume.empty()) {
-    load_checkpoint(options_.resume, *m.stack.optimizer);
+  if (!resume.empty()) {
+    load_checkpoint(resume, *m.stack.optimizer);
     m.step = m.stack.optimizer->updates() + m.stack.optimizer->skipped_steps();
   }
 }
@@ -247,6 +291,8 @@ int64_t Trainer::steps_done() const { return impl_->step; }
 const std::vector<TuneEntry>& Trainer::tuned() const { return impl_->tuned; }
 double Trainer::tune_seconds() const { return impl_->tune_s; }
 const Plan& Trainer::plan() const { return impl_->plan; }
+const std::string& Trainer::last_checkpoint() const { return impl_->last_checkpoint; }
+int Trainer::stop_requested() const { return impl_->stop; }
 
 StepMetrics Trainer::train_step() {
   Impl& m = *impl_;
@@ -276,13 +322,21 @@ StepMetrics Trainer::train_step() {
   }
   StepMetrics r;
   r.step = ++m.step;
-  double times[4] = {seconds_since(t_step), fwd_bwd, optim, m.comm_wait_total() - comm_before};
+  // The stop code rides on the times' max-reduction: any rank's signal stops every rank after this step.
+  const int stop_here = o.stop_signal ? std::max(0, o.stop_signal()) : 0;
+  double times[5] = {seconds_since(t_step), fwd_bwd, optim, m.comm_wait_total() - comm_before, double(stop_here)};
   m.max(times);
   r.step_s = times[0], r.fwd_bwd_s = times[1], r.optim_s = times[2], r.comm_wait_s = times[3];
+  m.stop = static_cast<int>(times[4]);
   double loss[1] = {loss_sum};
   m.sum(loss);
   r.train_loss = loss[0] / (o.micro_batches * m.world());
   if ((o.val_every > 0 && r.step % o.val_every == 0) || r.step == o.steps) r.val_loss = validation_loss();
+  if (!o.save_dir.empty()) {
+    m.finish_save(o);  // the previous step's, written while this step ran
+    const bool last = r.step == o.steps;
+    if (last || m.stop || (o.save_every > 0 && r.step % o.save_every == 0)) m.start_save(o, !(last || m.stop));
+  }
   return r;
 }
 
@@ -305,7 +359,10 @@ double Trainer::validation_loss() {
   return sum[0] / static_cast<double>(o.val_batches * o.batch);
 }
 
-void Trainer::save(const std::string& dir) { save_checkpoint(dir, *impl_->stack.optimizer); }
+void Trainer::save(const std::string& dir) {
+  impl_->finish_save(options_);
+  save_checkpoint(dir, *impl_->stack.optimizer);
+}
 
 std::vector<std::vector<float>> Trainer::full_params() {
   Impl& m = *impl_;

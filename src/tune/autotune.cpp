@@ -404,11 +404,12 @@ std::vector<TuneEntry> tune_with_cache(const std::vector<TuneRequest>& requests,
       warn(std::string(e.what()) + "; the entries tuned now serve this run only");
     }
   }
-  TuneCache cache(current_tune_key(options.threads));
+  const TuneKey key = options.backend ? tune_key_for(*options.backend, options.threads) : current_tune_key(options.threads);
+  TuneCache cache(key);
   bool save = false;
   if (!path.empty()) {
     std::string warning;
-    cache = TuneCache::load(path, current_tune_key(options.threads), &warning);
+    cache = TuneCache::load(path, key, &warning);
     if (!warning.empty()) warn(warning);
     const std::string unwritable = cache.saveable() ? why_cannot_write(path) : "";
     if (!unwritable.empty())
@@ -416,7 +417,8 @@ std::vector<TuneEntry> tune_with_cache(const std::vector<TuneRequest>& requests,
     save = cache.saveable() && unwritable.empty();
   }
   const size_t before = cache.entries().size();
-  auto entries = tune_shapes(requests, cache, make_ns_timer(), options.threads, options.rounds, options.progress);
+  const MeasureFn measure = options.backend ? make_ns_timer(*options.backend, options.dtype) : make_ns_timer();
+  auto entries = tune_shapes(requests, cache, measure, options.threads, options.rounds, options.progress);
   if (save && cache.entries().size() != before) {
     try {
       cache.save(path);

@@ -19,6 +19,8 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "device_args.hpp"
+#include "device_ns_bench.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/ns.hpp"
@@ -33,6 +35,7 @@ struct BenchArgs {
   std::string batch_mode = "best";
   int batch = 1, threads = 0, repeats = 2;  // 2: `make demo` stays under 2 minutes on 2 cores
   bool json = false;
+  dmuon::cli::DeviceArgs device;
 };
 
 struct Shape {
@@ -199,6 +202,17 @@ void run_bench(const BenchArgs& args) {
   DMUON_CHECK(args.batch_mode == "best" || args.batch_mode == "sequential" || args.batch_mode == "concurrent",
               "--batch-mode must be best, sequential or concurrent, got '", args.batch_mode, "'");
   const std::vector<Shape> shapes = parse_shapes(args.shapes);
+  if (args.device.gpu()) {  // the same table on a GPU: CUDA-event timings, bf16 iterates by default
+    DMUON_CHECK(args.threads == 0 && args.batch_mode == "best", "--threads and --batch-mode are CPU options; a GPU "
+                "runs a batch as batched kernels on one stream");
+    std::vector<std::pair<int64_t, int64_t>> dims;
+    for (const Shape& s : shapes) dims.emplace_back(s.rows, s.cols);
+    const auto report = dmuon::bench_ns_on_device(args.device.backend(), dims, args.batch, args.repeats,
+                                                  args.device.iterates());
+    std::fputs((args.json ? dmuon::device_ns_json(report) : dmuon::device_ns_table(report)).c_str(), stdout);
+    return;
+  }
+  DMUON_CHECK(args.device.iterates() == dmuon::DType::f32, "--dtype bf16 needs --device cuda");
   if (args.threads > 0) dmuon::linalg::set_threads(args.threads);
   const int threads = dmuon::linalg::threads();
 
@@ -279,6 +293,7 @@ dmuon::cli::Registration reg("bench", [](CLI::App& bench) {
       ->capture_default_str()
       ->check(dmuon::cli::at_least(1));
   c->add_flag("--json", args->json, "print one JSON object instead of the table");
+  args->device.add_to(c);
   c->callback([args] { run_bench(*args); });
 });
 

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "device_args.hpp"
+#include "device_optim_bench.hpp"
 #include "dmuon/linalg.hpp"
 #include "model_args.hpp"
 #include "optim_bench.hpp"
@@ -25,6 +27,8 @@ struct Args {
   int steps = 5;
   std::string tune_cache;
   bool json = false;
+  DeviceArgs device;
+  bool optim_given = false;
 };
 
 const ob::Measurement* find(const std::vector<ob::Measurement>& ms, const std::string& name) {
@@ -44,7 +48,34 @@ double muon_norm_spread(const std::vector<ob::Measurement>& ms) {
   return hi >= lo && hi > 0 ? (hi - lo) / hi : 0;
 }
 
+// One process, parameters on a GPU: AdamW and Muon (the multi-rank variants need a communicator per GPU).
+void run_on_device(const Args& a) {
+  auto world = comm::world();
+  DMUON_CHECK(world->size() == 1, "bench optimizer --device cuda runs on one GPU in one process; got ",
+              world->size(), " ranks");
+  const std::vector<std::string> names = a.optim_given ? a.optimizers : std::vector<std::string>{"adamw", "muon"};
+  Backend& backend = a.device.backend();
+  const auto results = bench_optimizer_on_device(backend, a.model.load(), names, a.steps, a.device.iterates());
+  if (a.json) {
+    nlohmann::json out = {{"model", a.model.label()}, {"device", backend.description()},
+                          {"ns_dtype", to_string(a.device.iterates())}, {"steps", a.steps},
+                          {"results", nlohmann::json::array()}};
+    for (const auto& r : results)
+      out["results"].push_back({{"optimizer", r.optimizer}, {"step_s_median", r.step_s_median}, {"step_s", r.step_s},
+                                {"ns_s", r.ns_s}, {"weight_norm", r.weight_norm}});
+    std::printf("%s\n", out.dump(1).c_str());
+    return;
+  }
+  std::printf("optimizer step on %s, one process: %s; Newton-Schulz in %s; median of %d steps (CUDA events)\n\n",
+              a.model.label().c_str(), backend.description().c_str(), to_string(a.device.iterates()).c_str(), a.steps);
+  std::printf("%-10s %10s %10s %14s\n", "optimizer", "step ms", "NS ms", "weight norm");
+  for (const auto& r : results)
+    std::printf("%-10s %10.3f %10.3f %14.6g\n", r.optimizer.c_str(), 1e3 * r.step_s_median, 1e3 * r.ns_s,
+                r.weight_norm);
+}
+
 void run(const Args& a) {
+  if (a.device.gpu()) return run_on_device(a);
   auto world = comm::world();
   ob::Setup setup =
       ob::prepare(*world, a.model.load(), a.tune_cache.empty() ? default_tune_cache_path() : a.tune_cache);
@@ -116,7 +147,10 @@ Registration reg("bench", [](CLI::App& bench) {
                                  "Optimizer step on a model's shapes: AdamW, gather-then-compute Muon "
                                  "and DMuon side by side (run under mpirun)");
   args->model.add_to(c);
-  c->add_option("--optim", args->optimizers, "Optimizers, comma-separated: adamw,muon-gather-plain,muon-gather,dmuon")
+  args->device.add_to(c);
+  auto* optim = c->add_option("--optim", args->optimizers,
+                               "Optimizers, comma-separated: adamw,muon-gather-plain,muon-gather,dmuon "
+                               "(--device cuda: adamw,muon)")
       ->delimiter(',')
       ->capture_default_str();
   c->add_option("--steps", args->steps, "Timed steps (median reported; one more untimed warm-up)")
@@ -124,7 +158,9 @@ Registration reg("bench", [](CLI::App& bench) {
       ->check(at_least(1));
   c->add_option("--tune-cache", args->tune_cache, kTuneCacheHelp);
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");
-  c->callback([args] {
+  c->callback([args, optim] {
+    args->optim_given = optim->count() > 0;
+    if (args->device.gpu()) return run(*args);  // bench_optimizer_on_device checks its names
     for (const auto& name : args->optimizers) optim_bench::optimizer_spec(name);  // throws for an unknown name
     run(*args);
   });

@@ -36,7 +36,10 @@ void CpuBackend::accumulate(float* acc, const float* grad, int64_t n, bool first
 }
 
 void CpuBackend::adamw_step(float* p, const float* grad, float grad_scale, float* m, float* v, int64_t n,
-                            const AdamWStepConstants& k) {
+                            const AdamWStepConstants& constants) {
+  // Local copies: stores through p, m and v could alias the referenced constants, which would stop GCC from
+  // vectorizing the loop (measured: the AdamW step 2.25× slower).
+  const AdamWStepConstants k = constants;
   for (int64_t i = 0; i < n; ++i) {
     const float g = grad[i] * grad_scale;
     m[i] = lerp(m[i], g, k.one_minus_b1);  // exp_avg.lerp_(grad, 1 − β1)

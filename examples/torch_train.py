@@ -1,0 +1,141 @@
+"""A small PyTorch GPT (the C++ demo's shapes: byte vocabulary, 4 layers, width 128, 4 heads, context 64)
+trained on Debian's fortunes with torch.optim.AdamW or dmuon.torch.DMuon, under DDP on gloo.
+
+    mpirun --allow-run-as-root -np 2 /usr/bin/python3 examples/torch_train.py --optim dmuon
+    PYTHONPATH=build/python when running from the build tree.
+
+The only line that differs between the two optimizers is the one that builds it (see make_optimizer).
+Every rank draws the same global batch of sequences (seeded by step) and trains on its slice; DDP
+averages the gradients, so the update is the one of the global batch.
+"""
+
+import argparse
+import math
+import pathlib
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(width)
+        self.attn = nn.ModuleDict({"qkv": nn.Linear(width, 3 * width), "proj": nn.Linear(width, width)})
+        self.ln2 = nn.LayerNorm(width)
+        self.mlp = nn.ModuleDict({"fc": nn.Linear(width, 4 * width), "proj": nn.Linear(4 * width, width)})
+
+    def forward(self, x):  # x is (B, T, C)
+        B, T, C = x.shape
+        q, k, v = self.attn["qkv"](self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))  # (B, NH, T, hs)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(C // self.heads)  # (B, NH, T, T)
+        att = att.masked_fill(torch.ones(T, T, dtype=torch.bool, device=x.device).triu(1), float("-inf")).softmax(dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, C)
+        x = x + self.attn["proj"](y)
+        return x + self.mlp["proj"](F.gelu(self.mlp["fc"](self.ln2(x)), approximate="tanh"))
+
+
+class Gpt(nn.Module):
+    """Parameter names as the C++ GPT's: wte, wpe, blocks.<l>.{ln1,attn.qkv,attn.proj,ln2,mlp.fc,mlp.proj}, ln_f, head."""
+
+    def __init__(self, vocab=256, context=64, layers=4, width=128, heads=4):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, width)
+        self.wpe = nn.Embedding(context, width)
+        self.blocks = nn.ModuleList([Block(width, heads) for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(width)
+        self.head = nn.Linear(width, vocab, bias=False)
+        for name, p in self.named_parameters():  # GPT-2 initialisation
+            if name.endswith("bias"):
+                nn.init.zeros_(p)
+            elif p.dim() >= 2:
+                std = 0.02 / math.sqrt(2 * layers) if name.endswith("proj.weight") else 0.02
+                nn.init.normal_(p, 0.0, std)
+
+    def forward(self, idx, targets):  # idx, targets are (B, T) bytes
+        T = idx.shape[1]
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))
+        for block in self.blocks:
+            x = block(x)
+        logits = self.head(self.ln_f(x))  # (B, T, V)
+        return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def load_corpus(folder):
+    """Bytes of every plain file of the folder in name order (no symlinks, subfolders or NAME.dat indexes)."""
+    folder = pathlib.Path(folder)
+    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.is_symlink() and not p.name.startswith("."))
+    names = {p.name for p in files}
+    text = b"".join(p.read_bytes() for p in files if not (p.suffix == ".dat" and p.stem in names))
+    if len(text) < 10_000:
+        raise SystemExit(f"torch_train: corpus {folder} has only {len(text)} bytes (install Debian's fortunes)")
+    return torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
+
+
+def make_optimizer(args, model):
+    if args.optim == "adamw":
+        return torch.optim.AdamW(model.parameters(), lr=args.adamw_lr, betas=(0.9, 0.95), weight_decay=0.0)
+    import dmuon.torch
+    return dmuon.torch.DMuon(model.named_parameters(), lr=args.lr, adamw_lr=args.adamw_lr)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--optim", choices=["adamw", "dmuon"], default="dmuon")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--batch", type=int, default=64, help="sequences per step, all ranks together")
+    parser.add_argument("--lr", type=float, default=0.02, help="Muon learning rate")
+    parser.add_argument("--adamw-lr", type=float, default=3e-3, help="AdamW learning rate")
+    parser.add_argument("--corpus", default="/usr/share/games/fortunes")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--check-loss-falls", action="store_true",
+                        help="exit 1 unless the mean loss of the last 5 steps is below that of the first 5")
+    args = parser.parse_args()
+
+    from dmuon.torch.mpirun import init_process_group_from_mpirun
+    rank, world = init_process_group_from_mpirun("gloo")
+    if args.batch % world:
+        raise SystemExit(f"torch_train: --batch {args.batch} is not divisible by {world} ranks")
+    torch.manual_seed(args.seed)
+    model = Gpt()
+    if world > 1:
+        model = nn.parallel.DistributedDataParallel(model)
+    optimizer = make_optimizer(args, model)
+
+    data = load_corpus(args.corpus)
+    split = len(data) - len(data) // 10
+    context = 64
+    losses = []
+    start = time.perf_counter()
+    for step in range(args.steps):
+        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+        offsets = torch.randint(0, split - context - 1, (args.batch,), generator=gen)
+        mine = offsets[rank * (args.batch // world):(rank + 1) * (args.batch // world)]
+        rows = torch.stack([data[o:o + context + 1] for o in mine.tolist()])  # (B/W, T+1)
+        loss = model(rows[:, :-1], rows[:, 1:])
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        losses.append(float(mean) / world)
+        if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
+            print(f"step {step:4d}  loss {losses[-1]:.4f}  {time.perf_counter() - start:.1f} s", flush=True)
+    first, last = sum(losses[:5]) / len(losses[:5]), sum(losses[-5:]) / len(losses[-5:])
+    if rank == 0:
+        print(f"{args.optim}: {world} ranks, {args.steps} steps, loss {first:.4f} (first 5) -> {last:.4f} (last 5)")
+    dist.destroy_process_group()
+    if args.check_loss_falls and not last < first:
+        print(f"torch_train: the loss did not fall ({first:.4f} -> {last:.4f})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+/* dmuon's C ABI: what the Python package (python/dmuon, loaded with ctypes) and any other foreign
+ * caller needs from the engine, with no C++ types crossing it. Built as the shared library
+ * libdmuon_c (src/capi).
+ *
+ * Conventions: every function that can fail returns 0 on success and a non-zero code otherwise;
+ * dmuon_last_error() then holds a one-line message naming what was wrong (per thread; valid until
+ * the next failing call on that thread). No function aborts or prints. Strings are UTF-8, NUL-ended.
+ * Matrices are row-major and dense (row stride = cols). Thread safety: a dmuon_ns handle may be used
+ * by one thread at a time; the other functions are reentrant. BLAS threads are process-wide: a call
+ * that sets them (threads > 0) restores the previous count before it returns.
+ */
+#ifndef DMUON_DMUON_C_H
+#define DMUON_DMUON_C_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The functions below are the library's only exported symbols (it is built with hidden visibility). */
+#if defined(__GNUC__)
+#define DMUON_C_API __attribute__((visibility("default")))
+#else
+#define DMUON_C_API
+#endif
+
+/* Bumped whenever a signature below changes; python/dmuon checks it when it loads the library. */
+#define DMUON_C_ABI_VERSION 1
+DMUON_C_API int dmuon_abi_version(void);
+
+/* Return codes. */
+enum {
+  DMUON_OK = 0,
+  DMUON_ERR_INVALID = 1,     /* bad argument: null pointer, unknown name, non-positive size */
+  DMUON_ERR_UNSUPPORTED = 2, /* a device or dtype this build does not support */
+  DMUON_ERR_FAILED = 3,      /* the engine failed (non-finite input, unreadable file, ...) */
+};
+
+/* Where the matrices live. CUDA pointers are device pointers; the work is queued on `stream`. */
+typedef enum { DMUON_DEVICE_CPU = 0, DMUON_DEVICE_CUDA = 1 } dmuon_device;
+/* Element type of the matrices passed to dmuon_ns_run. */
+typedef enum { DMUON_DTYPE_F32 = 0, DMUON_DTYPE_BF16 = 1 } dmuon_dtype;
+
+/* The message of the last failing call on this thread ("" when none). */
+DMUON_C_API const char* dmuon_last_error(void);
+
+/* Which devices and dtypes this build supports (1 yes, 0 no), so a caller can say so before it fails. */
+DMUON_C_API int dmuon_supports(int device, int dtype);
+
+/* ---- Newton–Schulz ---- */
+
+/* An orthogonalizer: the math (coefficient schedule, steps, algorithm) and, when a tuning cache is
+ * given, the tuned kernel choice per (shape, batch) from it (as `dmuon tune` writes it).
+ *   coeffs:     "keller", "you" or "polar-express"
+ *   algo:       "auto" (the tuned choice when the cache has the shape, else gram for aspect ≥ 2),
+ *               "standard" or "gram" (forced; the cache is then ignored)
+ *   steps:      ≥ 1
+ *   threads:    BLAS threads per call (≥ 1); also selects the cache entries (they are keyed by it)
+ *   tune_cache: path of a tuning cache, "" for the default path (dmuon_default_tune_cache_path), or
+ *               NULL for none. A missing file means no tuned entries; a corrupt or foreign one too,
+ *               and dmuon_ns_warning says why.
+ * *out receives the handle; release it with dmuon_ns_destroy. */
+typedef struct dmuon_ns dmuon_ns;
+DMUON_C_API int dmuon_ns_create(const char* coeffs, const char* algo, int steps, int threads, const char* tune_cache,
+                    dmuon_ns** out);
+DMUON_C_API void dmuon_ns_destroy(dmuon_ns* ns);
+/* Number of tuned entries the handle uses, and why a given cache was rejected ("" when it was not). */
+DMUON_C_API int64_t dmuon_ns_tuned_entries(const dmuon_ns* ns);
+DMUON_C_API const char* dmuon_ns_warning(const dmuon_ns* ns);
+
+/* O_i = orth(U_i) for `batch` same-shape rows×cols matrices: in[i] and out[i] point at rows·cols
+ * elements of `dtype` on `device` (in[i] may equal out[i]). `stream` is the CUDA stream for
+ * DMUON_DEVICE_CUDA (NULL: the default stream) and must be NULL for the CPU. `names` (NULL or
+ * `batch` strings) name the matrices in errors (a non-finite input is an error). Returns
+ * DMUON_ERR_UNSUPPORTED naming the device or dtype when this build lacks it. */
+DMUON_C_API int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* const* in, void* const* out,
+                 int64_t batch, int64_t rows, int64_t cols, const char* const* names);
+
+/* ---- AdamW ---- */
+
+/* One AdamW step on n elements, the rule of torch.optim.AdamW (bias-corrected, decoupled decay;
+ * include/dmuon/optim.hpp adamw_step), in one pass: p ← p·(1 − lr·wd); m ← β1·m + (1−β1)·g;
+ * v ← β2·v + (1−β2)·g²; p ← p − lr/(1−β1^step)·m/(sqrt(v)/sqrt(1−β2^step) + eps), with
+ * g = grad·grad_scale. p, exp_avg, exp_avg_sq are updated in place; step ≥ 1. Device, dtype and
+ * stream as for dmuon_ns_run. */
+DMUON_C_API int dmuon_adamw_step(int device, int dtype, void* stream, void* p, const void* grad, void* exp_avg,
+                                 void* exp_avg_sq, int64_t n, int64_t step, double lr, double beta1, double beta2,
+                                 double eps, double weight_decay, float grad_scale);
+
+/* ---- planning ---- */
+
+/* Owner rank of each of n Muon matrices (rows[i]×cols[i]) on world_size ranks, as dmuon's planner
+ * makes it (DESIGN 3.4): balancer "milp", "lpt" or "rr"; costs "flop" (flop counts), "tuned"
+ * (the tuning cache's timings for threads BLAS threads; an error naming the first missing shape and
+ * batch when it lacks one) or "auto" (tuned when the cache has every one, else flop). tune_cache as
+ * for dmuon_ns_create. milp is time-limited (time_limit_s) and so is not guaranteed identical on
+ * every rank: call it on one rank and broadcast owner_out. *used_tuned (may be NULL) is set to 1 when
+ * tuned costs were used. */
+DMUON_C_API int dmuon_plan_owners(int64_t n, const int64_t* rows, const int64_t* cols, int world_size, const char* balancer,
+                      const char* costs, const char* tune_cache, int threads, double time_limit_s,
+                      int32_t* owner_out, int* used_tuned);
+
+/* ---- tuning ---- */
+
+/* Tunes what the cache lacks for the n (rows, cols, batch) requests with `threads` BLAS threads and
+ * `rounds` timing rounds per candidate, and saves the cache when it changed. tune_cache as above
+ * (NULL is not allowed here). Takes seconds to minutes: it runs Newton–Schulz many times. */
+DMUON_C_API int dmuon_tune(int64_t n, const int64_t* rows, const int64_t* cols, const int32_t* batch, int threads, int rounds,
+               const char* tune_cache);
+
+/* Writes the default tuning cache path into buf (cap bytes, NUL-ended). DMUON_ERR_INVALID when
+ * it does not fit; *needed (may be NULL) gets its length + 1 either way. */
+DMUON_C_API int dmuon_default_tune_cache_path(char* buf, size_t cap, size_t* needed);
+
+/* ---- model shapes ---- */
+
+/* The parameters of a model manifest (models/<name>.json or a path; `layers` > 0 keeps the first
+ * layers) as JSON text: [{"name": ..., "shape": [...], "role": "matrix"|"elementwise"}, ...], written
+ * into buf as dmuon_default_tune_cache_path does. */
+DMUON_C_API int dmuon_model_params_json(const char* name_or_path, int layers, char* buf, size_t cap, size_t* needed);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* DMUON_DMUON_C_H */

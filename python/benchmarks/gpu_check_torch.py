@@ -1,0 +1,235 @@
+"""dmuon.torch on a CUDA machine (the H200 of GPU.md, torch 2.x with DTensor and FSDP2), one process:
+
+  fsdp2-cpu    the C++ demo's GPT wrapped with fully_shard (FSDP2, gloo, CPU tensors) trains with
+               DMuon: its parameters are DTensors with Shard(0), found from their placements, and the
+               loss falls; and DMuon on the FSDP2 model equals DMuon on a plain copy (same math)
+  fsdp2-cuda   the same on the GPU (NCCL), DMuon's Newton–Schulz on torch's current stream
+  cuda-vs-cpu  DMuon on CUDA tensors equals DMuon on CPU tensors within bf16 tolerance (1e-2 relative
+               per tensor after 5 steps; GPU.md: bf16 operands give 1e-3 … 1e-2)
+  step-time    one optimizer step on qwen2.5-0.5b's first 4 layers' matrices on the GPU: DMuon against
+               torch.optim.Muon where this torch has it, else the reference torch Muon of
+               optimizer_step.py (bf16 Newton–Schulz as KellerJordan/Muon); CUDA events, median
+
+A check that this build cannot run (no CUDA backend in libdmuon_c yet, no GPU, no FSDP2) is reported
+as SKIP with the reason, never as PASS. Prints a table last; --results DIR also gets
+gpu_check_torch.json. Exit status 1 when any check FAILs.
+
+    PYTHONPATH=build/python python3 python/benchmarks/gpu_check_torch.py --results results/
+"""
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+import traceback
+
+import torch
+import torch.distributed as dist
+
+import dmuon
+from dmuon.torch import DMuon
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+
+
+class Skip(Exception):
+    """A check this machine or build cannot run; the message says why."""
+
+
+def load_module(path, name):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def fully_shard_fn():
+    reasons = []
+    for module in ("torch.distributed.fsdp", "torch.distributed._composable.fsdp"):
+        try:
+            return getattr(__import__(module, fromlist=["fully_shard"]), "fully_shard")
+        except Exception as e:  # torch 1.13's fsdp package does not even import on Python 3.11
+            reasons.append(f"{module}: {type(e).__name__}")
+    raise Skip(f"torch {torch.__version__} has no FSDP2 fully_shard ({'; '.join(reasons)})")
+
+
+def require_cuda_backend():
+    if not torch.cuda.is_available():
+        raise Skip("no CUDA device")
+    if not (dmuon.supports(dmuon.DEVICE_CUDA, dmuon.DTYPE_BF16) or dmuon.supports(dmuon.DEVICE_CUDA, dmuon.DTYPE_F32)):
+        raise Skip("this build of libdmuon_c has no CUDA backend")
+
+
+def synthetic_batch(step, batch, context, device):
+    """Byte sequences with structure a small model learns quickly: i, i+k, i+2k, ... (mod 256)."""
+    gen = torch.Generator().manual_seed(step)
+    start = torch.randint(0, 256, (batch, 1), generator=gen)
+    stride = torch.randint(1, 4, (batch, 1), generator=gen)
+    rows = (start + stride * torch.arange(context + 1)) % 256
+    return rows[:, :-1].to(device), rows[:, 1:].to(device)
+
+
+def train_fsdp2(device, steps=30):
+    """(first 5 mean loss, last 5 mean loss, DTensor parameter count, max relative difference to the
+    same DMuon steps on an unwrapped copy)."""
+    fully_shard = fully_shard_fn()
+    train = load_module(REPO / "examples" / "torch_train.py", "torch_train")
+    torch.manual_seed(0)
+    model = train.Gpt().to(device)
+    plain = train.Gpt().to(device)
+    plain.load_state_dict(model.state_dict())
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    dtensors = sum(1 for p in model.parameters() if type(p).__name__ == "DTensor")
+    opt = DMuon(model.named_parameters(), adamw_lr=3e-3)
+    opt_plain = DMuon(plain.named_parameters(), adamw_lr=3e-3)
+    losses = []
+    for step in range(steps):
+        x, y = synthetic_batch(step, 16, 64, device)
+        for m, o in ((model, opt), (plain, opt_plain)):
+            loss = m(x, y)
+            o.zero_grad(set_to_none=True)
+            loss.backward()
+            o.step()
+            if m is model:
+                losses.append(float(loss))
+    worst = 0.0
+    for (name, p), (_, q) in zip(model.named_parameters(), plain.named_parameters()):
+        full = p.full_tensor() if hasattr(p, "full_tensor") else p
+        worst = max(worst, float((full.double() - q.double()).norm() / q.double().norm().clamp_min(1e-30)))
+    return sum(losses[:5]) / 5, sum(losses[-5:]) / 5, dtensors, worst
+
+
+def check_fsdp2(device):
+    first, last, dtensors, worst = train_fsdp2(device)
+    ok = last < first and dtensors > 0 and worst < 1e-4
+    return ok, (f"loss {first:.3f} -> {last:.3f}, {dtensors} DTensor parameters, "
+                f"max relative difference to unwrapped {worst:.1e} (limit 1e-4)")
+
+
+def check_cuda_vs_cpu():
+    require_cuda_backend()
+    shapes = [(256, 1024), (1024, 256), (512, 512), (7, 300), (300, 7)]
+    gen = torch.Generator().manual_seed(1)
+    values = [torch.randn(s, generator=gen) * 0.02 for s in shapes]
+    models = {dev: [torch.nn.Parameter(v.clone().to(dev)) for v in values] for dev in ("cpu", "cuda")}
+    opts = {dev: DMuon([(f"m{i}", p) for i, p in enumerate(ps)]) for dev, ps in models.items()}
+    for step in range(5):
+        g = torch.Generator().manual_seed(100 + step)
+        grads = [torch.randn(s, generator=g) for s in shapes]
+        for dev, ps in models.items():
+            for p, gr in zip(ps, grads):
+                p.grad = gr.to(dev)
+            opts[dev].step()
+    errs = [float((a.detach().double() - b.detach().cpu().double()).norm() / a.detach().double().norm())
+            for a, b in zip(models["cpu"], models["cuda"])]
+    return max(errs) < 1e-2, "max relative difference " + f"{max(errs):.1e} (limit 1e-2): " + \
+        ", ".join(f"{s[0]}x{s[1]} {e:.1e}" for s, e in zip(shapes, errs))
+
+
+def time_step(opt, repeats=10):
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    opt.step()  # state allocation
+    times = []
+    for _ in range(repeats):
+        start.record()
+        opt.step()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def check_step_time():
+    if not torch.cuda.is_available():
+        raise Skip("no CUDA device")
+    bench = load_module(HERE / "optimizer_step.py", "optimizer_step")
+    specs = [(n, tuple(s)) for n, s, is_matrix in bench.model_params(str(REPO / "models" / "qwen2.5-0.5b.json"), 4)
+             if is_matrix]
+
+    def params():
+        out = []
+        for k, (n, s) in enumerate(specs):
+            gen = torch.Generator().manual_seed(k)
+            p = torch.nn.Parameter((torch.randn(s, generator=gen) * 0.02).cuda())
+            p.grad = (torch.randn(s, generator=gen) * 1e-3).cuda()  # never zeros (GPU.md)
+            out.append((n, p))
+        return out
+
+    rows = []
+    if hasattr(torch.optim, "Muon"):
+        baseline = "torch.optim.Muon"
+        rows.append((baseline, time_step(torch.optim.Muon([p for _, p in params()], lr=0.02))))
+    else:
+        baseline = "reference torch Muon (bf16)"
+        rows.append((baseline, time_step(bench.ReferenceMuon([p for _, p in params()], ns_dtype=torch.bfloat16))))
+    try:
+        require_cuda_backend()
+        rows.append(("dmuon.torch.DMuon", time_step(DMuon(params()))))
+    except Skip as e:
+        rows.append((f"dmuon.torch.DMuon: {e}", float("nan")))
+    text = "; ".join(f"{n} {ms:.2f} ms" for n, ms in rows)
+    if math.isnan(rows[-1][1]):
+        raise Skip(text)
+    return True, text + f"; DMuon speedup {rows[0][1] / rows[-1][1]:.2f}x"
+
+
+def init_single_process(backend):
+    store = os.path.join(tempfile.mkdtemp(prefix="dmuon_gpu_check_"), "store")
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
+
+
+def run_check(name, fn, results):
+    try:
+        ok, detail = fn()
+        status = "PASS" if ok else "FAIL"
+    except Skip as e:
+        status, detail = "SKIP", str(e)
+    except Exception as e:  # a crash is a failure with its message, and the other checks still run
+        status, detail = "FAIL", f"{type(e).__name__}: {e}"
+        traceback.print_exc()
+    results.append({"check": name, "status": status, "detail": detail})
+    print(f"[{status}] {name}: {detail}", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--results", default=os.environ.get("DMUON_GPU_RESULTS"), help="folder for the JSON")
+    args = parser.parse_args()
+    print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
+          f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}, "
+          f"libdmuon_c cuda bf16/f32: {dmuon.supports(dmuon.DEVICE_CUDA, dmuon.DTYPE_BF16)}/"
+          f"{dmuon.supports(dmuon.DEVICE_CUDA, dmuon.DTYPE_F32)}", flush=True)
+    results = []
+    init_single_process("gloo")
+    run_check("fsdp2-cpu", lambda: check_fsdp2("cpu"), results)
+    dist.destroy_process_group()
+    if torch.cuda.is_available():
+        init_single_process("nccl")
+
+    def fsdp2_cuda():
+        require_cuda_backend()
+        return check_fsdp2("cuda")
+    run_check("fsdp2-cuda", fsdp2_cuda, results)
+    run_check("cuda-vs-cpu", check_cuda_vs_cpu, results)
+    run_check("step-time", check_step_time, results)
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    print("\n| check | status | detail |\n|---|---|---|")
+    for r in results:
+        print(f"| {r['check']} | {r['status']} | {r['detail']} |")
+    if args.results:
+        pathlib.Path(args.results).mkdir(parents=True, exist_ok=True)
+        (pathlib.Path(args.results) / "gpu_check_torch.json").write_text(json.dumps(results, indent=1))
+    return 1 if any(r["status"] == "FAIL" for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,30 @@
+"""dmuon: distributed Muon computed by dmuon's C++ engine.
+
+    import dmuon            # the engine: Orthogonalizer, plan_owners, tune, model_params (no torch needed)
+    import dmuon.torch      # dmuon.torch.DMuon, a torch.optim optimizer over torch.distributed
+
+See docs/pytorch.md.
+"""
+
+from dmuon._capi import (
+    DEVICE_CPU,
+    DEVICE_CUDA,
+    DTYPE_BF16,
+    DTYPE_F32,
+    DmuonError,
+    Orthogonalizer,
+    UnsupportedError,
+    adamw_step,
+    default_tune_cache_path,
+    model_params,
+    plan_owners,
+    supports,
+    tune,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DEVICE_CPU", "DEVICE_CUDA", "DTYPE_BF16", "DTYPE_F32", "DmuonError", "Orthogonalizer", "UnsupportedError",
+    "adamw_step", "default_tune_cache_path", "model_params", "plan_owners", "supports", "tune",
+]

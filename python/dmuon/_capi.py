@@ -1,0 +1,176 @@
+"""The engine's C ABI (include/dmuon/dmuon_c.h), loaded with ctypes.
+
+ctypes.CDLL releases the GIL for the duration of every foreign call, so Newton–Schulz on one thread
+does not stop other Python threads (torch's communication threads run in C++ anyway). No torch here:
+this module works on raw pointers, so any torch version (or none) can use it.
+"""
+
+import ctypes
+import json
+import os
+import pathlib
+
+ABI_VERSION = 1  # DMUON_C_ABI_VERSION
+
+DEVICE_CPU, DEVICE_CUDA = 0, 1
+DTYPE_F32, DTYPE_BF16 = 0, 1
+
+_OK, _ERR_INVALID, _ERR_UNSUPPORTED, _ERR_FAILED = 0, 1, 2, 3
+
+
+class DmuonError(RuntimeError):
+    """An error reported by the engine (bad argument or failure); the message names what and where."""
+
+
+class UnsupportedError(DmuonError):
+    """A device or dtype this build of libdmuon_c does not support."""
+
+
+def _library_path():
+    override = os.environ.get("DMUON_C_LIBRARY")
+    if override:
+        return pathlib.Path(override)
+    return pathlib.Path(__file__).with_name("libdmuon_c.so")
+
+
+def _load():
+    path = _library_path()
+    if not path.exists():
+        raise ImportError(f"dmuon: {path} not found (build the dmuon_c target, or set DMUON_C_LIBRARY)")
+    lib = ctypes.CDLL(str(path))
+    c_int, c_i64, c_char_p, c_void_p = ctypes.c_int, ctypes.c_int64, ctypes.c_char_p, ctypes.c_void_p
+    c_size_t = ctypes.c_size_t
+    p_i64 = ctypes.POINTER(c_i64)
+    signatures = {
+        "dmuon_abi_version": (c_int, []),
+        "dmuon_last_error": (c_char_p, []),
+        "dmuon_supports": (c_int, [c_int, c_int]),
+        "dmuon_ns_create": (c_int, [c_char_p, c_char_p, c_int, c_int, c_char_p, ctypes.POINTER(c_void_p)]),
+        "dmuon_ns_destroy": (None, [c_void_p]),
+        "dmuon_ns_tuned_entries": (c_i64, [c_void_p]),
+        "dmuon_ns_warning": (c_char_p, [c_void_p]),
+        "dmuon_ns_run": (c_int, [c_void_p, c_int, c_int, c_void_p, ctypes.POINTER(c_void_p),
+                                 ctypes.POINTER(c_void_p), c_i64, c_i64, c_i64, ctypes.POINTER(c_char_p)]),
+        "dmuon_adamw_step": (c_int, [c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_i64, c_i64,
+                                     ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double,
+                                     ctypes.c_double, ctypes.c_float]),
+        "dmuon_plan_owners": (c_int, [c_i64, p_i64, p_i64, c_int, c_char_p, c_char_p, c_char_p, c_int,
+                                      ctypes.c_double, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(c_int)]),
+        "dmuon_tune": (c_int, [c_i64, p_i64, p_i64, ctypes.POINTER(ctypes.c_int32), c_int, c_int, c_char_p]),
+        "dmuon_default_tune_cache_path": (c_int, [c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
+        "dmuon_model_params_json": (c_int, [c_char_p, c_int, c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
+    }
+    for name, (restype, argtypes) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    version = lib.dmuon_abi_version()
+    if version != ABI_VERSION:
+        raise ImportError(f"dmuon: {path} has C ABI version {version}, this package expects {ABI_VERSION}")
+    return lib
+
+
+_lib = _load()
+
+
+def _check(code):
+    if code == _OK:
+        return
+    message = _lib.dmuon_last_error().decode()
+    raise (UnsupportedError if code == _ERR_UNSUPPORTED else DmuonError)(message)
+
+
+def _cache_arg(tune_cache):
+    """None: no cache; "": the default path; else the path."""
+    return None if tune_cache is None else os.fsencode(tune_cache)
+
+
+def _i64_array(values):
+    return (ctypes.c_int64 * len(values))(*values)
+
+
+def _read_string(fn, *args):
+    needed = ctypes.c_size_t(0)
+    fn(*args, None, 0, ctypes.byref(needed))  # fails (too small) but reports the length
+    buf = ctypes.create_string_buffer(needed.value)
+    _check(fn(*args, buf, needed.value, ctypes.byref(needed)))
+    return buf.value.decode()
+
+
+def supports(device, dtype):
+    """Whether this build runs Newton–Schulz on `device` (DEVICE_*) with `dtype` (DTYPE_*)."""
+    return bool(_lib.dmuon_supports(device, dtype))
+
+
+class Orthogonalizer:
+    """O_i = orth(U_i) for batches of same-shape row-major matrices (DESIGN 2), by the C++ engine.
+
+    coeffs: "keller" | "you" | "polar-express"; algo: "auto" (tuned kernel when the tuning cache has
+    the shape) | "standard" | "gram"; threads: BLAS threads per call; tune_cache: a path, "" for the
+    default path, None for no tuning.
+    """
+
+    _handle = None
+
+    def __init__(self, coeffs="keller", algo="auto", steps=5, threads=1, tune_cache=""):
+        handle = ctypes.c_void_p()
+        _check(_lib.dmuon_ns_create(coeffs.encode(), algo.encode(), int(steps), int(threads),
+                                    _cache_arg(tune_cache), ctypes.byref(handle)))
+        self._handle = handle
+        self.tuned_entries = _lib.dmuon_ns_tuned_entries(handle)
+        self.warning = _lib.dmuon_ns_warning(handle).decode()
+
+    def run(self, inputs, outputs, rows, cols, device=DEVICE_CPU, dtype=DTYPE_F32, stream=None, names=None):
+        """inputs, outputs: sequences of data pointers (ints) of rows·cols elements each."""
+        batch = len(inputs)
+        if len(outputs) != batch:
+            raise ValueError(f"{batch} inputs but {len(outputs)} outputs")
+        in_arr = (ctypes.c_void_p * batch)(*inputs)
+        out_arr = (ctypes.c_void_p * batch)(*outputs)
+        name_arr = None if names is None else (ctypes.c_char_p * batch)(*[n.encode() for n in names])
+        _check(_lib.dmuon_ns_run(self._handle, device, dtype, stream, in_arr, out_arr, batch, rows, cols, name_arr))
+
+    def close(self):
+        if self._handle:
+            _lib.dmuon_ns_destroy(self._handle)
+            self._handle = None
+
+    def __del__(self):
+        self.close()
+
+
+def adamw_step(p, grad, exp_avg, exp_avg_sq, n, step, lr, betas, eps, weight_decay, grad_scale=1.0,
+               device=DEVICE_CPU, dtype=DTYPE_F32, stream=None):
+    """One fused AdamW step (torch.optim.AdamW's rule) on n elements given as data pointers (ints)."""
+    _check(_lib.dmuon_adamw_step(device, dtype, stream, p, grad, exp_avg, exp_avg_sq, int(n), int(step), float(lr),
+                                 float(betas[0]), float(betas[1]), float(eps), float(weight_decay), float(grad_scale)))
+
+
+def plan_owners(shapes, world_size, balancer="milp", costs="auto", tune_cache="", threads=1, time_limit_s=2.0):
+    """Owner rank of each (rows, cols) Muon matrix on world_size ranks (DESIGN 3.4).
+
+    Returns (owners, used_tuned_costs). milp is time-limited, so call it on one rank and broadcast.
+    """
+    n = len(shapes)
+    owners = (ctypes.c_int32 * max(n, 1))()
+    used = ctypes.c_int(0)
+    _check(_lib.dmuon_plan_owners(n, _i64_array([r for r, _ in shapes]), _i64_array([c for _, c in shapes]),
+                                  int(world_size), balancer.encode(), costs.encode(), _cache_arg(tune_cache),
+                                  int(threads), float(time_limit_s), owners, ctypes.byref(used)))
+    return list(owners)[:n], bool(used.value)
+
+
+def tune(requests, threads=1, rounds=3, tune_cache=""):
+    """Tunes the (rows, cols, batch) requests the cache lacks and saves the cache (DESIGN 3.5)."""
+    n = len(requests)
+    batch = (ctypes.c_int32 * max(n, 1))(*[b for _, _, b in requests])
+    _check(_lib.dmuon_tune(n, _i64_array([r for r, _, _ in requests]), _i64_array([c for _, c, _ in requests]),
+                           batch, int(threads), int(rounds), os.fsencode(tune_cache)))
+
+
+def default_tune_cache_path():
+    return _read_string(_lib.dmuon_default_tune_cache_path)
+
+
+def model_params(name_or_path, layers=0):
+    """A model manifest's parameters: [{"name", "shape", "role"}] (models/*.json, as `dmuon plan`)."""
+    return json.loads(_read_string(_lib.dmuon_model_params_json, os.fsencode(name_or_path), int(layers)))

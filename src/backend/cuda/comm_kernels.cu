@@ -1,0 +1,58 @@
+// The NCCL communicator's local reduction: an uneven reduce-scatter receives every rank's block of its part
+// (grouped ncclSend/ncclRecv) and sums them here in rank order, so the result does not depend on arrival order.
+#include <cstdint>
+
+#include "backend/cuda/device_view.cuh"
+#include "backend/cuda/kernels.hpp"
+
+namespace dmuon::cuda {
+
+namespace {
+
+template <typename T>
+__device__ T combine(T a, T b, ReduceKind op) {
+  switch (op) {
+    case ReduceKind::max:
+      return a > b ? a : b;
+    case ReduceKind::min:
+      return a < b ? a : b;
+    default:
+      return a + b;
+  }
+}
+
+template <typename T>
+__global__ void reduce_blocks_kernel(const T* blocks, T* out, int64_t n, int count, ReduceKind op) {
+  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n; i += int64_t{gridDim.x} * kThreads) {
+    T acc = blocks[i];
+    for (int b = 1; b < count; ++b) acc = combine(acc, blocks[int64_t{b} * n + i], op);
+    if (op == ReduceKind::average) acc = acc / static_cast<T>(count);
+    out[i] = acc;
+  }
+}
+
+template <typename T>
+void reduce_blocks(const void* blocks, void* out, int64_t n, int count, ReduceKind op, cudaStream_t stream) {
+  reduce_blocks_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<const T*>(blocks), static_cast<T*>(out),
+                                                                  n, count, op);
+  check_launch();
+}
+
+}  // namespace
+
+void launch_reduce_blocks(const void* blocks, void* out, int64_t n, int count, ElementKind type, ReduceKind op,
+                          cudaStream_t stream) {
+  if (n == 0) return;
+  switch (type) {
+    case ElementKind::f32:
+      return reduce_blocks<float>(blocks, out, n, count, op, stream);
+    case ElementKind::f64:
+      return reduce_blocks<double>(blocks, out, n, count, op, stream);
+    case ElementKind::i64:
+      return reduce_blocks<int64_t>(blocks, out, n, count, op, stream);
+    case ElementKind::u8:
+      return reduce_blocks<uint8_t>(blocks, out, n, count, op, stream);
+  }
+}
+
+}  // namespace dmuon::cuda

@@ -1,0 +1,373 @@
+// CudaBackend (cuda_backend.hpp): memory, copies, cuBLAS products from the call descriptors, kernels, events and
+// concurrent streams.
+#include "backend/cuda/cuda_backend.hpp"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdlib>
+#include <limits>
+#include <mutex>
+#include <string>
+
+#include "backend/cuda/check.hpp"
+#include "backend/cuda/kernels.hpp"
+
+namespace dmuon::cuda {
+
+namespace {
+
+cudaDataType cuda_type(DType t) { return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF; }
+
+class CudaEvent final : public Event {
+ public:
+  CudaEvent(int device, cudaStream_t stream) {
+    DMUON_CUDA_CHECK(cudaSetDevice(device));
+    DMUON_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    DMUON_CUDA_CHECK(cudaEventRecord(event_, stream));
+  }
+  ~CudaEvent() override { cudaEventDestroy(event_); }
+  void wait() override { DMUON_CUDA_CHECK(cudaEventSynchronize(event_)); }
+
+ private:
+  cudaEvent_t event_ = nullptr;
+};
+
+// The event pair of one timing, destroyed with it.
+struct TimingEvents {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TimingEvents() {
+    DMUON_CUDA_CHECK(cudaEventCreate(&start));
+    DMUON_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~TimingEvents() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+};
+
+bool env_flag(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return false;
+  const std::string s = v;
+  DMUON_CHECK(s == "0" || s == "1", "environment variable ", name, " must be 0 or 1, got '", s, "'");
+  return s == "1";
+}
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();  // "no driver" / "insufficient driver": this machine has no usable GPU
+    return 0;
+  }
+  return n;
+}
+
+std::string device_name(int index) {
+  cudaDeviceProp prop{};
+  DMUON_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  return prop.name;
+}
+
+std::string library_versions() {
+  int runtime = 0, driver = 0, major = 0, minor = 0, patch = 0;
+  DMUON_CUDA_CHECK(cudaRuntimeGetVersion(&runtime));
+  DMUON_CUDA_CHECK(cudaDriverGetVersion(&driver));
+  DMUON_CUBLAS_CHECK(cublasGetProperty(MAJOR_VERSION, &major));
+  DMUON_CUBLAS_CHECK(cublasGetProperty(MINOR_VERSION, &minor));
+  DMUON_CUBLAS_CHECK(cublasGetProperty(PATCH_LEVEL, &patch));
+  auto version = [](int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); };
+  return "CUDA runtime " + version(runtime) + ", driver " + version(driver) + ", cuBLAS " + std::to_string(major) +
+         "." + std::to_string(minor) + "." + std::to_string(patch);
+}
+
+std::string device_description(int index) { return device_name(index) + ", " + library_versions(); }
+
+CudaBackend::CudaBackend(int device, bool tf32) : device_(device), tf32_(tf32) {
+  activate();
+  DMUON_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  DMUON_CUBLAS_CHECK(cublasCreate(&blas_));
+  DMUON_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
+  // TF32 only when asked: float32 products otherwise round as float32 (cublasSsyrk follows the math mode; the
+  // GemmEx calls choose their compute type in run()).
+  DMUON_CUBLAS_CHECK(cublasSetMathMode(blas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+}
+
+CudaBackend::~CudaBackend() {
+  workers_.clear();
+  cudaSetDevice(device_);
+  if (blas_) cublasDestroy(blas_);
+  if (stream_) cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::activate() const {
+  int current = -1;
+  DMUON_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != device_) DMUON_CUDA_CHECK(cudaSetDevice(device_));
+}
+
+std::string CudaBackend::description() const {
+  return "cuda:" + std::to_string(device_) + " " + device_description(device_) + (tf32_ ? ", TF32 on" : "");
+}
+
+void CudaBackend::check_device(const MatView& v, const char* op, const char* name) const {
+  DMUON_CHECK(v.device == DeviceKind::cuda, op, " on cuda:", device_, ": ", name, " is a ", to_string(v.device),
+              " view");
+}
+
+// ---- memory ----
+
+void* CudaBackend::allocate(size_t bytes) {
+  if (bytes == 0) return nullptr;
+  activate();
+  void* p = nullptr;
+  const cudaError_t rc = cudaMallocAsync(&p, bytes, stream_);
+  if (rc == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    DMUON_FAIL("cuda:", device_, ": out of device memory allocating ", bytes, " bytes");
+  }
+  DMUON_CUDA_CHECK(rc);
+  return p;
+}
+
+void CudaBackend::deallocate(void* p) noexcept {
+  if (p == nullptr) return;
+  cudaSetDevice(device_);
+  cudaFreeAsync(p, stream_);  // stream-ordered: after the work queued before it
+}
+
+void CudaBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  activate();
+  // From pageable memory the runtime stages the source before returning, so the caller may reuse it.
+  DMUON_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  activate();
+  if (bytes > 0) DMUON_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  DMUON_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0) return;
+  activate();
+  DMUON_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::convert(const MatView& in, const MatView& out) {
+  check_device(in, "convert", "in");
+  check_device(out, "convert", "out");
+  DMUON_CHECK(in.rows == out.rows && in.cols == out.cols && in.count == out.count, "convert: in is ", in.count, "x",
+              in.rows, "x", in.cols, ", out ", out.count, "x", out.rows, "x", out.cols);
+  activate();
+  launch_convert(in, out, stream_);
+}
+
+void CudaBackend::fill(const MatView& x, float value) {
+  check_device(x, "fill", "x");
+  activate();
+  launch_fill(x, value, stream_);
+}
+
+// ---- products ----
+
+void CudaBackend::run(const std::vector<BlasCall>& calls, const MatView& a, const MatView& b, const MatView& c) {
+  activate();
+  for (const BlasCall& call : calls) {
+    const MatView& a_view = call.a_source == Source::a ? a : b;
+    const MatView& b_view = call.b_source == Source::a ? a : b;
+    const size_t ab_size = dtype_size(call.ab_type), c_size = dtype_size(call.c_type);
+    const void* pa = static_cast<const char*>(a_view.data) + call.a_offset * ab_size;
+    const void* pb = static_cast<const char*>(b_view.data) + call.b_offset * ab_size;
+    void* pc = static_cast<char*>(c.data) + call.c_offset * c_size;
+    const int m = static_cast<int>(call.m), n = static_cast<int>(call.n), k = static_cast<int>(call.k);
+    const int lda = static_cast<int>(call.lda), ldb = static_cast<int>(call.ldb), ldc = static_cast<int>(call.ldc);
+    const cublasOperation_t op_a = call.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    if (call.kind == BlasCall::Kind::syrk) {
+      DMUON_CUBLAS_CHECK(cublasSsyrk(blas_, call.lower ? CUBLAS_FILL_MODE_LOWER : CUBLAS_FILL_MODE_UPPER, op_a, n, k,
+                                     &call.alpha, static_cast<const float*>(pa), lda, &call.beta,
+                                     static_cast<float*>(pc), ldc));
+      continue;
+    }
+    const cublasOperation_t op_b = call.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cudaDataType ab = cuda_type(call.ab_type), ct = cuda_type(call.c_type);
+    const cublasComputeType_t compute =
+        call.ab_type == DType::f32 && tf32_ ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    if (call.batch == 1) {
+      DMUON_CUBLAS_CHECK(cublasGemmEx(blas_, op_a, op_b, m, n, k, &call.alpha, pa, ab, lda, pb, ab, ldb, &call.beta,
+                                      pc, ct, ldc, compute, CUBLAS_GEMM_DEFAULT));
+    } else {
+      DMUON_CUBLAS_CHECK(cublasGemmStridedBatchedEx(blas_, op_a, op_b, m, n, k, &call.alpha, pa, ab, lda,
+                                                    call.stride_a, pb, ab, ldb, call.stride_b, &call.beta, pc, ct, ldc,
+                                                    call.stride_c, static_cast<int>(call.batch), compute,
+                                                    CUBLAS_GEMM_DEFAULT));
+    }
+  }
+}
+
+void CudaBackend::gemm(bool trans_a, bool trans_b, float alpha, const MatView& a, const MatView& b, float beta,
+                       const MatView& c) {
+  check_device(a, "gemm", "A");
+  check_device(b, "gemm", "B");
+  check_device(c, "gemm", "C");
+  run(gemm_calls(trans_a, trans_b, alpha, a, b, beta, c), a, b, c);
+}
+
+void CudaBackend::syrk(bool trans, float alpha, const MatView& a, float beta, const MatView& c) {
+  check_device(a, "syrk", "A");
+  check_device(c, "syrk", "C");
+  // cuBLAS's SYRK is float32 and one matrix per call: bf16 and batches take the tiled product.
+  const bool native = a.dtype == DType::f32 && c.dtype == DType::f32 && c.count == 1;
+  const SyrkMethod method{native, native ? 1 : syrk_tiles(c.rows)};
+  run(syrk_calls(trans, alpha, a, beta, c, method), a, a, c);
+  launch_mirror_upper(c, stream_);
+}
+
+void CudaBackend::symmetric_gemm(float alpha, const MatView& a, const MatView& b, float beta, const MatView& c,
+                                 int tiles) {
+  check_device(a, "symmetric_gemm", "A");
+  check_device(b, "symmetric_gemm", "B");
+  check_device(c, "symmetric_gemm", "C");
+  run(symmetric_gemm_calls(alpha, a, b, beta, c, tiles), a, b, c);
+  launch_mirror_upper(c, stream_);
+}
+
+// ---- elementwise and reductions ----
+
+void CudaBackend::scale(const MatView& x, float alpha) {
+  check_device(x, "scale", "x");
+  activate();
+  launch_scale(x, alpha, stream_);
+}
+
+void CudaBackend::add_identity(const MatView& c, float alpha) {
+  check_device(c, "add_identity", "C");
+  DMUON_CHECK(c.rows == c.cols, "add_identity: C is ", c.rows, "x", c.cols, ", not square");
+  activate();
+  launch_add_identity(c, alpha, stream_);
+}
+
+void CudaBackend::mirror_upper(const MatView& c) {
+  check_device(c, "mirror_upper", "C");
+  DMUON_CHECK(c.rows == c.cols, "mirror_upper: C is ", c.rows, "x", c.cols, ", not square");
+  activate();
+  launch_mirror_upper(c, stream_);
+}
+
+void CudaBackend::transpose(const MatView& in, const MatView& out) {
+  check_device(in, "transpose", "in");
+  check_device(out, "transpose", "out");
+  DMUON_CHECK(out.rows == in.cols && out.cols == in.rows && out.count == in.count, "transpose: in is ", in.count, "x",
+              in.rows, "x", in.cols, ", out ", out.count, "x", out.rows, "x", out.cols);
+  activate();
+  launch_transpose(in, out, stream_);
+}
+
+void CudaBackend::frobenius_norms(const MatView& x, double* norms) {
+  check_device(x, "frobenius_norms", "x");
+  activate();
+  launch_frobenius_norms(x, norms, stream_);
+}
+
+void CudaBackend::scale_by_inverse_norm(const MatView& x, const double* norms, double safety, double eps) {
+  check_device(x, "scale_by_inverse_norm", "x");
+  activate();
+  launch_scale_by_inverse_norm(x, norms, safety, eps, stream_);
+}
+
+// ---- update rules ----
+
+void CudaBackend::sum_of_squares(const float* grad, int64_t n, float grad_scale, double* sum) {
+  activate();
+  launch_sum_of_squares(grad, n, grad_scale, sum, stream_);
+}
+
+void CudaBackend::accumulate(float* acc, const float* grad, int64_t n, bool first) {
+  activate();
+  launch_accumulate(acc, grad, n, first, stream_);
+}
+
+void CudaBackend::adamw_step(float* p, const float* grad, float grad_scale, float* m, float* v, int64_t n,
+                             const AdamWStepConstants& k) {
+  activate();
+  launch_adamw_step(p, grad, grad_scale, m, v, n, k, stream_);
+}
+
+void CudaBackend::muon_momentum(const float* grad, float grad_scale, float* momentum, float* u, int64_t n,
+                                float one_minus_beta, float beta, bool nesterov) {
+  activate();
+  launch_muon_momentum(grad, grad_scale, momentum, u, n, one_minus_beta, beta, nesterov, stream_);
+}
+
+void CudaBackend::muon_apply(float* w, const float* o, int64_t n, float decay, float neg_lr, float scale) {
+  activate();
+  launch_muon_apply(w, o, n, decay, neg_lr, scale, stream_);
+}
+
+// ---- ordering and parallelism ----
+
+void CudaBackend::synchronize() {
+  activate();
+  DMUON_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+std::unique_ptr<Event> CudaBackend::record_event() { return std::make_unique<CudaEvent>(device_, stream_); }
+
+void CudaBackend::run_concurrently(int workers, const std::function<void(Backend& queue, int worker)>& fn) {
+  if (workers <= 1) {
+    fn(*this, 0);
+    return;
+  }
+  activate();
+  while (static_cast<int>(workers_.size()) < workers) workers_.push_back(std::make_unique<CudaBackend>(device_, tf32_));
+  // Workers start after what this stream queued so far, and this stream continues after all of them.
+  cudaEvent_t ready = nullptr;
+  DMUON_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
+  DMUON_CUDA_CHECK(cudaEventRecord(ready, stream_));
+  for (int w = 0; w < workers; ++w) DMUON_CUDA_CHECK(cudaStreamWaitEvent(workers_[w]->stream_, ready, 0));
+  cudaEventDestroy(ready);
+  for (int w = 0; w < workers; ++w) fn(*workers_[w], w);
+  for (int w = 0; w < workers; ++w) {
+    cudaEvent_t done = nullptr;
+    DMUON_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+    DMUON_CUDA_CHECK(cudaEventRecord(done, workers_[w]->stream_));
+    DMUON_CUDA_CHECK(cudaStreamWaitEvent(stream_, done, 0));
+    cudaEventDestroy(done);  // released once the wait is satisfied
+  }
+}
+
+int64_t CudaBackend::preferred_batch() const { return std::numeric_limits<int64_t>::max(); }
+
+double CudaBackend::time_on_device(const std::function<void()>& enqueue) {
+  activate();
+  TimingEvents events;
+  DMUON_CUDA_CHECK(cudaEventRecord(events.start, stream_));
+  enqueue();
+  DMUON_CUDA_CHECK(cudaEventRecord(events.stop, stream_));
+  DMUON_CUDA_CHECK(cudaEventSynchronize(events.stop));
+  float ms = 0;
+  DMUON_CUDA_CHECK(cudaEventElapsedTime(&ms, events.start, events.stop));
+  return ms / 1e3;
+}
+
+}  // namespace dmuon::cuda
+
+namespace dmuon {
+
+Backend& cuda_backend(int index) {
+  static std::mutex mutex;
+  static std::vector<cuda::CudaBackend*> backends;
+  std::lock_guard<std::mutex> lock(mutex);
+  const int n = cuda::device_count();
+  DMUON_CHECK(index >= 0 && index < n, "device cuda:", index, " does not exist: this machine has ", n,
+              " usable CUDA device(s)");
+  if (backends.empty()) backends.resize(n, nullptr);
+  // Never destroyed: a static destructor would run after the CUDA runtime has shut down.
+  if (backends[index] == nullptr) backends[index] = new cuda::CudaBackend(index, cuda::env_flag("DMUON_CUDA_TF32"));
+  return *backends[index];
+}
+
+}  // namespace dmuon

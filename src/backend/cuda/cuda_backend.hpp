@@ -1,0 +1,108 @@
+// The CUDA backend (DESIGN 6): every Backend operation on device memory, queued on one CUDA stream per object
+// with its own cuBLAS handle. Products run as the column-major calls of cublas_calls.hpp (float32: cublasSsyrk
+// for one X·Xᵀ, GemmEx otherwise; bfloat16: GemmEx / GemmStridedBatchedEx with float32 accumulation; a batch is
+// one strided-batched call per product); elementwise ops and reductions are the kernels of kernels.hpp. Nothing
+// waits for the device except copy_to_host, synchronize and Event::wait. Internal header: the NCCL
+// communicator and the CUDA timer need the stream.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cublas_calls.hpp"
+#include "dmuon/backend.hpp"
+
+namespace dmuon::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  // A backend on `device` with a new stream. tf32: float32 products may use TF32 tensor cores (off by default;
+  // env DMUON_CUDA_TF32=1 turns it on for backend_for's backends).
+  explicit CudaBackend(int device, bool tf32 = false);
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  int device_index() const { return device_; }
+  cudaStream_t stream() const { return stream_; }
+  bool tf32() const { return tf32_; }
+
+  DeviceKind device() const override { return DeviceKind::cuda; }
+  std::string description() const override;
+  bool supports(DType) const override { return true; }
+  bool host_memory() const override { return false; }
+
+  void* allocate(size_t bytes) override;
+  void deallocate(void* p) noexcept override;
+  void copy_from_host(void* dst, const void* src, size_t bytes) override;
+  void copy_to_host(void* dst, const void* src, size_t bytes) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
+  void convert(const MatView& in, const MatView& out) override;
+  void fill(const MatView& x, float value) override;
+
+  void gemm(bool trans_a, bool trans_b, float alpha, const MatView& a, const MatView& b, float beta,
+            const MatView& c) override;
+  void syrk(bool trans, float alpha, const MatView& a, float beta, const MatView& c) override;
+  void symmetric_gemm(float alpha, const MatView& a, const MatView& b, float beta, const MatView& c,
+                      int tiles) override;
+
+  void scale(const MatView& x, float alpha) override;
+  void add_identity(const MatView& c, float alpha) override;
+  void mirror_upper(const MatView& c) override;
+  void transpose(const MatView& in, const MatView& out) override;
+  void frobenius_norms(const MatView& x, double* norms) override;
+  void scale_by_inverse_norm(const MatView& x, const double* norms, double safety, double eps) override;
+
+  void sum_of_squares(const float* grad, int64_t n, float grad_scale, double* sum) override;
+  void accumulate(float* acc, const float* grad, int64_t n, bool first) override;
+  void adamw_step(float* p, const float* grad, float grad_scale, float* m, float* v, int64_t n,
+                  const AdamWStepConstants& k) override;
+  void muon_momentum(const float* grad, float grad_scale, float* momentum, float* u, int64_t n, float one_minus_beta,
+                     float beta, bool nesterov) override;
+  void muon_apply(float* w, const float* o, int64_t n, float decay, float neg_lr, float scale) override;
+
+  void synchronize() override;
+  std::unique_ptr<Event> record_event() override;
+  // Queues fn's work for each worker on its own stream; the streams start after this stream's work so far and
+  // this stream continues after all of them (done in queue order; the host does not wait).
+  void run_concurrently(int workers, const std::function<void(Backend& queue, int worker)>& fn) override;
+  // One stream is one worker: parallelism is 1 and setting it changes nothing.
+  int parallelism() const override { return 1; }
+  int set_parallelism(int) override { return 1; }
+  int64_t preferred_batch() const override;
+
+  // Seconds the work that `enqueue` queues takes on the device, from CUDA events around it (no host timing).
+  double time_on_device(const std::function<void()>& enqueue);
+
+ private:
+  void activate() const;  // makes device_ current for this thread
+  void run(const std::vector<BlasCall>& calls, const MatView& a, const MatView& b, const MatView& c);
+  void check_device(const MatView& v, const char* op, const char* name) const;
+
+  int device_;
+  bool tf32_;
+  cudaStream_t stream_ = nullptr;
+  cublasHandle_t blas_ = nullptr;
+  std::vector<std::unique_ptr<CudaBackend>> workers_;  // run_concurrently's streams, made on first use
+};
+
+// The number of CUDA devices this process sees (0 without a driver or device: never throws).
+int device_count();
+// "NVIDIA H200" for device `index`.
+std::string device_name(int index);
+// "CUDA runtime 13.0, driver 13.0, cuBLAS 13.1.0".
+std::string library_versions();
+// "NVIDIA H200, CUDA runtime 13.0, driver 13.0, cuBLAS 13.1.0" for device `index`.
+std::string device_description(int index);
+}  // namespace dmuon::cuda
+
+namespace dmuon {
+// The process's backend for CUDA device `index` (created on first use, kept for the process): backend_for's
+// cuda branch (src/backend/backend.cpp). Throws naming the device when this machine has no such device.
+Backend& cuda_backend(int index);
+}  // namespace dmuon

@@ -1,0 +1,268 @@
+// The C ABI (include/dmuon/dmuon_c.h) over the engine: argument checks, exceptions turned into return
+// codes and a per-thread message, nothing else. The device and dtype arguments are checked here;
+// this build runs float32 on host memory (the CPU engine) and says so for anything else.
+#include "dmuon/dmuon_c.h"
+
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "dmuon/error.hpp"
+#include "dmuon/models.hpp"
+#include "dmuon/ns.hpp"
+#include "dmuon/optim.hpp"
+#include "dmuon/plan.hpp"
+#include "dmuon/tune.hpp"
+
+struct dmuon_ns {
+  dmuon::NsOptions defaults;         // the math, and the kernel when nothing is tuned
+  std::vector<dmuon::TuneEntry> tuned;  // empty: run `defaults`
+  std::string warning;               // why the given tuning cache was rejected
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+// A caller's mistake (DMUON_ERR_INVALID) or a device/dtype this build lacks (DMUON_ERR_UNSUPPORTED).
+struct InvalidArgument : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+struct Unsupported : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void require(bool ok, const std::string& message) {
+  if (!ok) throw InvalidArgument(message);
+}
+
+// Runs `body`, mapping what it throws to a return code and last_error.
+template <typename Body>
+int guarded(const char* function, Body&& body) {
+  try {
+    body();
+    return DMUON_OK;
+  } catch (const InvalidArgument& e) {
+    last_error = std::string(function) + ": " + e.what();
+    return DMUON_ERR_INVALID;
+  } catch (const Unsupported& e) {
+    last_error = std::string(function) + ": " + e.what();
+    return DMUON_ERR_UNSUPPORTED;
+  } catch (const std::exception& e) {
+    last_error = std::string(function) + ": " + e.what();
+    return DMUON_ERR_FAILED;
+  } catch (...) {
+    last_error = std::string(function) + ": unknown C++ exception";
+    return DMUON_ERR_FAILED;
+  }
+}
+
+const char* device_name(int device) {
+  switch (device) {
+    case DMUON_DEVICE_CPU: return "cpu";
+    case DMUON_DEVICE_CUDA: return "cuda";
+    default: return nullptr;
+  }
+}
+const char* dtype_name(int dtype) {
+  switch (dtype) {
+    case DMUON_DTYPE_F32: return "float32";
+    case DMUON_DTYPE_BF16: return "bfloat16";
+    default: return nullptr;
+  }
+}
+
+bool supported(int device, int dtype) { return device == DMUON_DEVICE_CPU && dtype == DMUON_DTYPE_F32; }
+
+void check_device_dtype(int device, int dtype, const void* stream) {
+  const char* dev = device_name(device);
+  const char* dt = dtype_name(dtype);
+  require(dev != nullptr, "unknown device code " + std::to_string(device) + " (0 cpu, 1 cuda)");
+  require(dt != nullptr, "unknown dtype code " + std::to_string(dtype) + " (0 float32, 1 bfloat16)");
+  if (!supported(device, dtype)) {
+    throw Unsupported(std::string(dt) + " matrices on device " + dev +
+                      ": this build of libdmuon_c runs Newton-Schulz on float32 CPU memory only (no " +
+                      (device == DMUON_DEVICE_CUDA ? "CUDA backend" : "bfloat16 CPU path") + ")");
+  }
+  require(device != DMUON_DEVICE_CPU || stream == nullptr, "stream must be NULL for device cpu");
+}
+
+// NULL: no cache; "": the default path; else the path itself.
+const char* resolve_cache(const char* tune_cache, std::string& storage) {
+  if (tune_cache == nullptr) return nullptr;
+  storage = *tune_cache ? std::string(tune_cache) : dmuon::default_tune_cache_path();
+  return storage.c_str();
+}
+
+std::vector<dmuon::TuneEntry> load_entries(const std::string& path, int threads, std::string* warning) {
+  return dmuon::TuneCache::load(path, dmuon::current_tune_key(threads), warning).entries();
+}
+
+void write_string(const std::string& text, char* buf, size_t cap, size_t* needed) {
+  if (needed) *needed = text.size() + 1;
+  require(buf != nullptr && cap > text.size(),
+          "buffer of " + std::to_string(cap) + " bytes is too small for " + std::to_string(text.size() + 1));
+  std::memcpy(buf, text.c_str(), text.size() + 1);
+}
+
+}  // namespace
+
+extern "C" {
+
+int dmuon_abi_version(void) { return DMUON_C_ABI_VERSION; }
+
+const char* dmuon_last_error(void) { return last_error.c_str(); }
+
+int dmuon_supports(int device, int dtype) { return supported(device, dtype) ? 1 : 0; }
+
+int dmuon_ns_create(const char* coeffs, const char* algo, int steps, int threads, const char* tune_cache,
+                    dmuon_ns** out) {
+  return guarded("dmuon_ns_create", [&] {
+    require(out != nullptr, "out is NULL");
+    require(coeffs != nullptr && algo != nullptr, "coeffs and algo must be given");
+    require(steps >= 1, "steps must be >= 1, got " + std::to_string(steps));
+    require(threads >= 1, "threads must be >= 1, got " + std::to_string(threads));
+    auto ns = std::make_unique<dmuon_ns>();
+    ns->defaults.coeffs = dmuon::parse_ns_coeffs(coeffs);
+    ns->defaults.algo = dmuon::parse_ns_algo(algo);
+    ns->defaults.steps = steps;
+    ns->defaults.threads = threads;
+    std::string path_storage;
+    const char* path = resolve_cache(tune_cache, path_storage);
+    if (path && ns->defaults.algo == dmuon::NsAlgo::automatic) ns->tuned = load_entries(path, threads, &ns->warning);
+    *out = ns.release();
+  });
+}
+
+void dmuon_ns_destroy(dmuon_ns* ns) { delete ns; }
+
+int64_t dmuon_ns_tuned_entries(const dmuon_ns* ns) { return ns ? static_cast<int64_t>(ns->tuned.size()) : 0; }
+
+const char* dmuon_ns_warning(const dmuon_ns* ns) { return ns ? ns->warning.c_str() : ""; }
+
+int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* const* in, void* const* out,
+                 int64_t batch, int64_t rows, int64_t cols, const char* const* names) {
+  return guarded("dmuon_ns_run", [&] {
+    require(ns != nullptr, "handle is NULL");
+    check_device_dtype(device, dtype, stream);
+    require(batch >= 0, "batch must be >= 0, got " + std::to_string(batch));
+    require(rows >= 1 && cols >= 1, "shape must be positive, got " + std::to_string(rows) + "x" + std::to_string(cols));
+    if (batch == 0) return;
+    require(in != nullptr && out != nullptr, "in and out must be given");
+    dmuon::Backend& backend = dmuon::backend_for(device == DMUON_DEVICE_CUDA ? dmuon::DeviceKind::cuda
+                                                                            : dmuon::DeviceKind::cpu);
+    std::vector<dmuon::MatView> u(batch), o(batch);
+    std::vector<std::string> labels;
+    for (int64_t i = 0; i < batch; ++i) {
+      require(in[i] != nullptr && out[i] != nullptr, "matrix " + std::to_string(i) + " has a NULL pointer");
+      u[i] = dmuon::f32_view(backend.device(), static_cast<float*>(const_cast<void*>(in[i])), rows, cols);
+      o[i] = dmuon::f32_view(backend.device(), static_cast<float*>(out[i]), rows, cols);
+      if (names) labels.emplace_back(names[i] ? names[i] : "matrix");
+    }
+    const dmuon::NsOptions options =
+        ns->tuned.empty() ? ns->defaults
+                          : dmuon::tuned_options(ns->tuned, rows, cols, static_cast<int>(batch), ns->defaults);
+    dmuon::newton_schulz_batched(backend, u, o, options, labels);
+  });
+}
+
+int dmuon_adamw_step(int device, int dtype, void* stream, void* p, const void* grad, void* exp_avg,
+                     void* exp_avg_sq, int64_t n, int64_t step, double lr, double beta1, double beta2, double eps,
+                     double weight_decay, float grad_scale) {
+  return guarded("dmuon_adamw_step", [&] {
+    check_device_dtype(device, dtype, stream);
+    require(n >= 0, "n must be >= 0, got " + std::to_string(n));
+    if (n == 0) return;
+    require(p && grad && exp_avg && exp_avg_sq, "p, grad, exp_avg and exp_avg_sq must be given");
+    const size_t count = static_cast<size_t>(n);
+    dmuon::AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
+    dmuon::adamw_step({static_cast<float*>(p), count}, {static_cast<const float*>(grad), count}, grad_scale,
+                      {static_cast<float*>(exp_avg), count}, {static_cast<float*>(exp_avg_sq), count}, step, hyper);
+  });
+}
+
+int dmuon_plan_owners(int64_t n, const int64_t* rows, const int64_t* cols, int world_size, const char* balancer,
+                      const char* costs, const char* tune_cache, int threads, double time_limit_s,
+                      int32_t* owner_out, int* used_tuned) {
+  return guarded("dmuon_plan_owners", [&] {
+    require(n >= 0, "n must be >= 0");
+    require(n == 0 || (rows && cols && owner_out), "rows, cols and owner_out must be given");
+    require(world_size >= 1, "world_size must be >= 1, got " + std::to_string(world_size));
+    require(balancer && costs, "balancer and costs must be given");
+    const std::string cost_kind = costs;
+    require(cost_kind == "flop" || cost_kind == "tuned" || cost_kind == "auto",
+            "costs must be flop, tuned or auto, got '" + cost_kind + "'");
+    dmuon::PlanOptions options;
+    options.balancer = dmuon::parse_balancer(balancer);
+    options.time_limit_s = time_limit_s;
+    std::vector<dmuon::ParamSpec> params;
+    for (int64_t i = 0; i < n; ++i) {
+      require(rows[i] >= 1 && cols[i] >= 1, "matrix " + std::to_string(i) + " has shape " + std::to_string(rows[i]) +
+                                                "x" + std::to_string(cols[i]));
+      params.push_back({"matrix" + std::to_string(i), {rows[i], cols[i]}, dmuon::ParamRole::matrix, static_cast<int>(i)});
+    }
+    std::vector<dmuon::PlanItem> items;
+    bool tuned = false;
+    if (cost_kind != "flop") {
+      std::string path_storage;
+      const char* path = resolve_cache(tune_cache, path_storage);
+      require(cost_kind == "auto" || path != nullptr, "costs=tuned needs a tuning cache");
+      require(threads >= 1, "threads must be >= 1, got " + std::to_string(threads));
+      std::string warning;
+      const auto entries = path ? load_entries(path, threads, &warning) : std::vector<dmuon::TuneEntry>{};
+      try {
+        items = dmuon::make_plan_items(params, world_size, dmuon::tuned_batch_time(entries));
+        tuned = true;
+      } catch (const dmuon::Error& e) {
+        if (cost_kind == "tuned") throw dmuon::Error(std::string(e.what()) + (warning.empty() ? "" : "; " + warning));
+      }
+    }
+    if (!tuned) items = dmuon::make_plan_items(params, world_size, dmuon::relative_flop_batch_time());
+    const dmuon::Plan plan = dmuon::make_plan(params, items, world_size, options);
+    for (int64_t i = 0; i < n; ++i) owner_out[i] = plan.owner[i];
+    if (used_tuned) *used_tuned = tuned ? 1 : 0;
+  });
+}
+
+int dmuon_tune(int64_t n, const int64_t* rows, const int64_t* cols, const int32_t* batch, int threads, int rounds,
+               const char* tune_cache) {
+  return guarded("dmuon_tune", [&] {
+    require(n >= 0 && (n == 0 || (rows && cols && batch)), "rows, cols and batch must be given");
+    require(tune_cache != nullptr, "tune_cache must be a path or \"\" (the default path)");
+    require(threads >= 1 && rounds >= 1, "threads and rounds must be >= 1");
+    std::vector<dmuon::TuneRequest> requests;
+    for (int64_t i = 0; i < n; ++i) {
+      require(rows[i] >= 1 && cols[i] >= 1 && batch[i] >= 1, "request " + std::to_string(i) + " is not positive");
+      requests.push_back({rows[i], cols[i], batch[i]});
+    }
+    std::string path_storage;
+    dmuon::TuneSessionOptions options;
+    options.cache_path = resolve_cache(tune_cache, path_storage);
+    options.threads = threads;
+    options.rounds = rounds;
+    dmuon::tune_with_cache(requests, options);
+  });
+}
+
+int dmuon_default_tune_cache_path(char* buf, size_t cap, size_t* needed) {
+  return guarded("dmuon_default_tune_cache_path", [&] { write_string(dmuon::default_tune_cache_path(), buf, cap, needed); });
+}
+
+int dmuon_model_params_json(const char* name_or_path, int layers, char* buf, size_t cap, size_t* needed) {
+  return guarded("dmuon_model_params_json", [&] {
+    require(name_or_path != nullptr, "name_or_path is NULL");
+    require(layers >= 0, "layers must be >= 0");
+    nlohmann::json list = nlohmann::json::array();
+    for (const dmuon::ParamSpec& p : dmuon::load_model_manifest(name_or_path, layers)) {
+      list.push_back({{"name", p.name}, {"shape", p.shape}, {"role", std::string(dmuon::to_string(p.role))}});
+    }
+    write_string(list.dump(), buf, cap, needed);
+  });
+}
+
+}  // extern "C"

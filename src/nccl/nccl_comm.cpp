@@ -1,0 +1,340 @@
+// The NCCL backend of dmuon::comm::Comm (comm_nccl.hpp): collectives on device buffers, queued on the
+// communicator's stream after the CUDA backend's queue, completing on CUDA events. The only file that includes
+// <nccl.h>.
+#include <nccl.h>
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/check.hpp"
+#include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda/kernels.hpp"
+#include "comm/collective_checks.hpp"
+#include "comm/failure.hpp"
+#include "comm/polling.hpp"
+#include "dmuon/comm_nccl.hpp"
+
+namespace dmuon::comm {
+
+namespace {
+
+ncclDataType_t nccl_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return ncclFloat32;
+    case DType::f64:
+      return ncclFloat64;
+    case DType::i64:
+      return ncclInt64;
+    case DType::u8:
+      return ncclUint8;
+  }
+  DMUON_FAIL("unknown dtype");
+}
+
+ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::average:
+      return ncclAvg;
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::min:
+      return ncclMin;
+  }
+  DMUON_FAIL("unknown reduce op");
+}
+
+cuda::ElementKind element_kind(DType t) {
+  switch (t) {
+    case DType::f32:
+      return cuda::ElementKind::f32;
+    case DType::f64:
+      return cuda::ElementKind::f64;
+    case DType::i64:
+      return cuda::ElementKind::i64;
+    case DType::u8:
+      return cuda::ElementKind::u8;
+  }
+  DMUON_FAIL("unknown dtype");
+}
+
+cuda::ReduceKind reduce_kind(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum:
+      return cuda::ReduceKind::sum;
+    case ReduceOp::average:
+      return cuda::ReduceKind::average;
+    case ReduceOp::max:
+      return cuda::ReduceKind::max;
+    case ReduceOp::min:
+      return cuda::ReduceKind::min;
+  }
+  DMUON_FAIL("unknown reduce op");
+}
+
+void check_nccl(ncclResult_t rc, const std::string& what, int rank, ncclComm_t comm = nullptr) {
+  if (rc == ncclSuccess || rc == ncclInProgress) return;
+  detail::mark_comm_failed();
+  const char* last = comm != nullptr ? ncclGetLastError(comm) : nullptr;
+  DMUON_FAIL("NCCL ", what, " failed on rank ", rank, ": ", ncclGetErrorString(rc),
+             last != nullptr && *last != '\0' ? std::string(" (") + last + ")" : std::string());
+}
+
+// One queued NCCL operation: done when the event recorded after it has fired.
+class NcclWork : public WorkState {
+ public:
+  NcclWork(std::string what, int rank, int size, double timeout_s, ncclComm_t comm, cudaStream_t stream)
+      : what_(std::move(what)), rank_(rank), size_(size), timeout_s_(timeout_s), comm_(comm) {
+    DMUON_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    DMUON_CUDA_CHECK(cudaEventRecord(event_, stream));
+  }
+  // Dropped unfinished: the peers need this rank's part and the buffers are in use until the event fires, so
+  // wait for it (bounded by the timeout, never throwing); past it the communicator is marked failed.
+  ~NcclWork() override {
+    if (!done_ && !detail::comm_failed()) {
+      double waited_s = 0;
+      const bool finished = detail::poll_until([&] { return cudaEventQuery(event_) != cudaErrorNotReady; },
+                                               timeout_s_, waited_s);
+      if (!finished) detail::mark_comm_failed();
+    }
+    cudaEventDestroy(event_);
+  }
+  bool test() override {
+    if (done_) return true;
+    ncclResult_t state = ncclSuccess;
+    check_nccl(ncclCommGetAsyncError(comm_, &state), what_ + " (ncclCommGetAsyncError)", rank_, comm_);
+    check_nccl(state, what_, rank_, comm_);
+    const cudaError_t rc = cudaEventQuery(event_);
+    if (rc == cudaErrorNotReady) return false;
+    if (rc != cudaSuccess) {
+      detail::mark_comm_failed();
+      DMUON_FAIL("NCCL ", what_, " on rank ", rank_, ": CUDA error ", cudaGetErrorString(rc));
+    }
+    done_ = true;
+    return true;
+  }
+  std::string describe() const override {
+    return what_ + " on rank " + std::to_string(rank_) + " of " + std::to_string(size_) + " (NCCL)";
+  }
+
+ private:
+  std::string what_;
+  int rank_, size_;
+  double timeout_s_;
+  ncclComm_t comm_;
+  cudaEvent_t event_ = nullptr;
+  bool done_ = false;
+};
+
+class NcclComm : public Comm {
+ public:
+  // A communicator of `size` ranks made by `init` (ncclCommInitRank or ncclCommSplit).
+  NcclComm(ncclComm_t comm, cuda::CudaBackend& backend, const Options& options, Topology topology)
+      : comm_(comm), backend_(backend), options_(options), topology_(std::move(topology)) {
+    check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank", -1, comm_);
+    check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount", rank_, comm_);
+    DMUON_CUDA_CHECK(cudaSetDevice(backend_.device_index()));
+    DMUON_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    DMUON_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
+  }
+  ~NcclComm() override {
+    node_.reset();
+    cross_.reset();
+    if (detail::comm_failed())
+      ncclCommAbort(comm_);
+    else
+      ncclCommDestroy(comm_);
+    cudaEventDestroy(inputs_ready_);
+    cudaStreamDestroy(stream_);
+  }
+
+  // Node and cross-node children, grouped as the MPI world's (collective over this communicator).
+  void build_groups(Comm& mpi_world) {
+    ncclComm_t node = nullptr, cross = nullptr;
+    const int node_index = mpi_world.cross().rank(), local_index = mpi_world.node().rank();
+    check_nccl(ncclCommSplit(comm_, node_index, rank_, &node, nullptr), "ncclCommSplit (node)", rank_, comm_);
+    check_nccl(ncclCommSplit(comm_, local_index, rank_, &cross, nullptr), "ncclCommSplit (cross-node)", rank_, comm_);
+    node_ = std::make_unique<NcclComm>(node, backend_, options_, Topology{1, 1, true, {rank_}});
+    cross_ = std::make_unique<NcclComm>(cross, backend_, options_, Topology{1, 1, true, {rank_}});
+  }
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const Options& options() const override { return options_; }
+  Comm& node() override {
+    DMUON_CHECK(node_, "node() is defined on a world communicator only");
+    return *node_;
+  }
+  Comm& cross() override {
+    DMUON_CHECK(cross_, "cross() is defined on a world communicator only");
+    return *cross_;
+  }
+  const Topology& topology() const override { return topology_; }
+
+  Work all_gather_raw(const void* send, int64_t count, void* recv, DType t) override {
+    return post("all_gather", [&] {
+      check_nccl(ncclAllGather(send, recv, count, nccl_type(t), comm_, stream_), "all_gather (ncclAllGather)", rank_,
+                 comm_);
+    });
+  }
+
+  Work all_gatherv_raw(const void* send, void* recv, std::span<const int64_t> counts, DType t) override {
+    const std::vector<int64_t> displs = displacements(counts, "all_gatherv");
+    if (all_equal(counts)) return all_gather_raw(send, counts[0], recv, t);
+    const size_t es = dtype_size(t);
+    char* out = static_cast<char*>(recv);
+    return post("all_gatherv", [&] {
+      char* mine = out + es * displs[rank_];
+      if (send != mine && counts[rank_] > 0)
+        DMUON_CUDA_CHECK(cudaMemcpyAsync(mine, send, es * counts[rank_], cudaMemcpyDeviceToDevice, stream_));
+      group("all_gatherv (grouped ncclSend/ncclRecv)", [&] {
+        for (int r = 0; r < size_; ++r) {
+          if (r == rank_) continue;
+          if (counts[rank_] > 0) p2p(ncclSend(send, counts[rank_], nccl_type(t), r, comm_, stream_), "ncclSend", r);
+          if (counts[r] > 0) p2p(ncclRecv(out + es * displs[r], counts[r], nccl_type(t), r, comm_, stream_), "ncclRecv", r);
+        }
+      });
+    });
+  }
+
+  Work reduce_scatterv_raw(const void* send, void* recv, std::span<const int64_t> counts, DType t,
+                           ReduceOp op) override {
+    check_op(t, op, "reduce_scatterv");
+    const std::vector<int64_t> displs = displacements(counts, "reduce_scatterv");
+    if (all_equal(counts)) {
+      return post("reduce_scatter", [&] {
+        check_nccl(ncclReduceScatter(send, recv, counts[0], nccl_type(t), nccl_op(op), comm_, stream_),
+                   "reduce_scatter (ncclReduceScatter)", rank_, comm_);
+      });
+    }
+    // Uneven: every rank sends block r of its buffer to rank r, which reduces the size() blocks in rank order.
+    const size_t es = dtype_size(t);
+    const int64_t mine = counts[rank_];
+    const char* in = static_cast<const char*>(send);
+    return post("reduce_scatterv", [&] {
+      char* blocks = nullptr;
+      if (mine > 0)
+        DMUON_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&blocks), es * mine * size_, stream_));
+      if (mine > 0)
+        DMUON_CUDA_CHECK(cudaMemcpyAsync(blocks + es * mine * rank_, in + es * displs[rank_], es * mine,
+                                         cudaMemcpyDeviceToDevice, stream_));
+      group("reduce_scatterv (grouped ncclSend/ncclRecv)", [&] {
+        for (int r = 0; r < size_; ++r) {
+          if (r == rank_) continue;
+          if (counts[r] > 0) p2p(ncclSend(in + es * displs[r], counts[r], nccl_type(t), r, comm_, stream_), "ncclSend", r);
+          if (mine > 0) p2p(ncclRecv(blocks + es * mine * r, mine, nccl_type(t), r, comm_, stream_), "ncclRecv", r);
+        }
+      });
+      if (mine > 0) {
+        cuda::launch_reduce_blocks(blocks, recv, mine, size_, element_kind(t), reduce_kind(op), stream_);
+        DMUON_CUDA_CHECK(cudaFreeAsync(blocks, stream_));
+      }
+    });
+  }
+
+  Work broadcast_raw(void* buf, int64_t count, DType t, int root) override {
+    check_root(root, "broadcast");
+    return post("broadcast", [&] {
+      check_nccl(ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_), "broadcast (ncclBroadcast)", rank_,
+                 comm_);
+    });
+  }
+
+  Work reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op, int root) override {
+    check_root(root, "reduce");
+    check_op(t, op, "reduce");
+    return post("reduce", [&] {
+      check_nccl(ncclReduce(send, rank_ == root ? recv : nullptr, count, nccl_type(t), nccl_op(op), root, comm_, stream_),
+                 "reduce (ncclReduce)", rank_, comm_);
+    });
+  }
+
+  Work all_reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op) override {
+    check_op(t, op, "all_reduce");
+    return post("all_reduce", [&] {
+      check_nccl(ncclAllReduce(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_), "all_reduce (ncclAllReduce)",
+                 rank_, comm_);
+    });
+  }
+
+ private:
+  // Queues `enqueue`'s NCCL calls on this stream after the backend's queue, and an event after them.
+  template <typename Enqueue>
+  Work post(const char* what, Enqueue&& enqueue) {
+    DMUON_CHECK(!detail::comm_failed(), what, " on rank ", rank_, ": the communicator failed earlier");
+    DMUON_CUDA_CHECK(cudaSetDevice(backend_.device_index()));
+    DMUON_CUDA_CHECK(cudaEventRecord(inputs_ready_, backend_.stream()));
+    DMUON_CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
+    enqueue();
+    return Work(std::make_shared<NcclWork>(what, rank_, size_, options_.timeout_s, comm_, stream_),
+                options_.timeout_s);
+  }
+  template <typename Calls>
+  void group(const char* what, Calls&& calls) {
+    check_nccl(ncclGroupStart(), std::string(what) + " (ncclGroupStart)", rank_, comm_);
+    calls();
+    check_nccl(ncclGroupEnd(), std::string(what) + " (ncclGroupEnd)", rank_, comm_);
+  }
+  void p2p(ncclResult_t rc, const char* call, int peer) {
+    check_nccl(rc, std::string(call) + " with rank " + std::to_string(peer), rank_, comm_);
+  }
+
+  static bool all_equal(std::span<const int64_t> counts) {
+    for (int64_t c : counts)
+      if (c != counts[0]) return false;
+    return true;
+  }
+  std::vector<int64_t> displacements(std::span<const int64_t> counts, const char* what) const {
+    detail::check_per_rank_counts(counts, size_, rank_, what);
+    std::vector<int64_t> displs;
+    int64_t total = 0;
+    for (int64_t c : counts) {
+      DMUON_CHECK(c >= 0, what, " on rank ", rank_, ": negative count ", c);
+      displs.push_back(total);
+      total += c;
+    }
+    return displs;
+  }
+  void check_root(int root, const char* what) const { detail::check_root(root, size_, rank_, what); }
+  void check_op(DType t, ReduceOp op, const char* what) const { detail::check_reduce_op(t, op, rank_, what); }
+
+  ncclComm_t comm_;
+  cuda::CudaBackend& backend_;
+  Options options_;
+  Topology topology_;
+  int rank_ = 0, size_ = 1;
+  cudaStream_t stream_ = nullptr;
+  cudaEvent_t inputs_ready_ = nullptr;
+  std::unique_ptr<NcclComm> node_, cross_;
+};
+
+}  // namespace
+
+int local_device_index(Comm& mpi_world) { return mpi_world.node().rank(); }
+
+std::shared_ptr<Comm> nccl_world(std::shared_ptr<Comm> mpi_world, Backend& backend) {
+  DMUON_CHECK(mpi_world != nullptr, "nccl_world: no MPI communicator to bootstrap from");
+  auto* cuda_backend = dynamic_cast<cuda::CudaBackend*>(&backend);
+  DMUON_CHECK(cuda_backend != nullptr, "nccl_world on rank ", mpi_world->rank(), ": the backend is ",
+              backend.description(), ", not a CUDA backend");
+  const Options& options = mpi_world->options();
+  DMUON_CHECK(!options.check_calls, "nccl_world: the NCCL communicator does not offer the call-signature check "
+              "(unset DMUON_COMM_CHECK)");
+  // Rank 0 makes the unique id; the others receive it over MPI.
+  ncclUniqueId id;
+  std::memset(&id, 0, sizeof id);
+  if (mpi_world->rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", 0);
+  mpi_world->broadcast_raw(&id, sizeof id, DType::u8, 0).wait();
+  DMUON_CUDA_CHECK(cudaSetDevice(cuda_backend->device_index()));
+  ncclComm_t comm = nullptr;
+  check_nccl(ncclCommInitRank(&comm, mpi_world->size(), id, mpi_world->rank()),
+             "ncclCommInitRank on cuda:" + std::to_string(cuda_backend->device_index()), mpi_world->rank());
+  auto world = std::make_shared<NcclComm>(comm, *cuda_backend, options, mpi_world->topology());
+  world->build_groups(*mpi_world);
+  return world;
+}
+
+}  // namespace dmuon::comm

@@ -1,0 +1,62 @@
+// The autotuner's clock on a device backend (tune.hpp: make_ns_timer(Backend&, DType)): newton_schulz_batched on
+// fixed random Gaussian inputs in the backend's memory, every candidate in the given dtype, timed with time_on
+// (CUDA events on a GPU, so the time is the device's, not the host's queueing).
+#include <memory>
+#include <random>
+#include <tuple>
+
+#include "dmuon/device_timing.hpp"
+#include "dmuon/error.hpp"
+#include "dmuon/tune.hpp"
+
+namespace dmuon {
+
+namespace {
+
+// Inputs and outputs of one (shape, batch) on the backend, reused across candidates.
+struct DeviceTimerState {
+  int64_t rows = 0, cols = 0;
+  int batch = 0;
+  Buffer in, out, norms;
+  std::vector<MatView> u, o;
+
+  void prepare(Backend& backend, int64_t r, int64_t c, int b) {
+    rows = r, cols = c, batch = b;
+    std::mt19937 rng(1234);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> host(static_cast<size_t>(r * c * b));
+    for (float& x : host) x = normal(rng);
+    in = Buffer(backend, DType::f32, r * c * b);
+    out = Buffer(backend, DType::f32, r * c * b);
+    norms = Buffer(backend, DType::f32, 2 * b);  // b doubles: the non-finite check stays on the device
+    in.upload(host);
+    u.clear();
+    o.clear();
+    for (int i = 0; i < b; ++i) {
+      u.push_back(in.view(r, c, 1, i * r * c));
+      o.push_back(out.view(r, c, 1, i * r * c));
+    }
+  }
+};
+
+}  // namespace
+
+MeasureFn make_ns_timer(Backend& backend, DType dtype) {
+  auto state = std::make_shared<DeviceTimerState>();
+  Backend* be = &backend;
+  return [state, be, dtype](const NsOptions& candidate, int64_t rows, int64_t cols, int batch) {
+    DMUON_CHECK(rows > 0 && cols > 0 && batch > 0, "cannot time shape ", rows, "x", cols, " batch ", batch);
+    NsOptions options = candidate;
+    options.dtype = dtype;
+    auto run = [&] {
+      newton_schulz_batched(*be, state->u, state->o, options, {}, reinterpret_cast<double*>(state->norms.data()));
+    };
+    if (std::tie(state->rows, state->cols, state->batch) != std::tie(rows, cols, batch)) {
+      state->prepare(*be, rows, cols, batch);
+      run();  // warm-up: workspaces, cuBLAS heuristics
+    }
+    return time_on(*be, run);
+  };
+}
+
+}  // namespace dmuon

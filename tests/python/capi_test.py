@@ -1,0 +1,155 @@
+"""libdmuon_c through python/dmuon's ctypes layer, single process (pytest; numpy and torch only).
+
+Newton–Schulz against a float64 reference (DESIGN 2.1), the errors of the C ABI (unsupported device
+and dtype, bad names, non-finite input), the planner's owners, model manifests, and the dim-0 chunk
+arithmetic of dmuon.torch against torch.chunk.
+"""
+
+import pathlib
+
+import numpy as np
+import pytest
+import torch
+
+import dmuon
+from dmuon.torch import chunk_rows
+
+KELLER = (3.4445, -4.7750, 2.0315)
+MODELS = pathlib.Path(__file__).resolve().parents[2] / "models"
+
+
+def newton_schulz_ref(u, steps=5):
+    x = u.astype(np.float64)
+    transposed = x.shape[0] > x.shape[1]
+    if transposed:
+        x = x.T
+    x = x / (np.linalg.norm(x) + 1e-7)
+    a, b, c = KELLER
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if transposed else x
+
+
+def run(ns, batch, **kwargs):
+    out = np.full_like(batch, np.nan)  # poisoned: every element must be written
+    ns.run([m.ctypes.data for m in batch], [m.ctypes.data for m in out], batch.shape[1], batch.shape[2], **kwargs)
+    return out
+
+
+@pytest.mark.parametrize("algo", ["standard", "gram", "auto"])
+@pytest.mark.parametrize("shape", [(24, 64), (64, 24), (32, 32)])
+def test_orthogonalize_matches_float64_reference(algo, shape):
+    rng = np.random.default_rng(3)
+    batch = rng.standard_normal((3,) + shape).astype(np.float32)
+    out = run(dmuon.Orthogonalizer(algo=algo, threads=1, tune_cache=None), batch)
+    for u, o in zip(batch, out):
+        ref = newton_schulz_ref(u)
+        # float32 NS: ~1e-6 per step; Gram with its restart within 2e-4 of standard (DESIGN 2.2)
+        assert np.linalg.norm(o - ref) / np.linalg.norm(ref) < (2e-4 if algo != "standard" else 1e-5)
+
+
+def test_in_place_equals_out_of_place():
+    batch = np.random.default_rng(4).standard_normal((2, 16, 40)).astype(np.float32)
+    ns = dmuon.Orthogonalizer(threads=1, tune_cache=None)
+    out = run(ns, batch)
+    ns.run([m.ctypes.data for m in batch], [m.ctypes.data for m in batch], 16, 40)
+    assert np.array_equal(out, batch)
+
+
+def test_unsupported_device_and_dtype_are_named():
+    batch = np.ones((1, 4, 8), np.float32)
+    ns = dmuon.Orthogonalizer(threads=1, tune_cache=None)
+    assert dmuon.supports(dmuon.DEVICE_CPU, dmuon.DTYPE_F32)
+    with pytest.raises(dmuon.UnsupportedError, match="device cuda"):
+        run(ns, batch, device=dmuon.DEVICE_CUDA, stream=None)
+    with pytest.raises(dmuon.UnsupportedError, match="bfloat16"):
+        run(ns, batch, dtype=dmuon.DTYPE_BF16)
+    with pytest.raises(dmuon.DmuonError, match="stream must be NULL"):
+        run(ns, batch, stream=1234)
+
+
+def test_bad_arguments_and_non_finite_input():
+    with pytest.raises(dmuon.DmuonError, match="steps"):
+        dmuon.Orthogonalizer(steps=0)
+    with pytest.raises(dmuon.DmuonError, match="coeffs|keller"):
+        dmuon.Orthogonalizer(coeffs="nope")
+    batch = np.ones((1, 4, 8), np.float32)
+    batch[0, 1, 2] = np.inf
+    with pytest.raises(dmuon.DmuonError, match="layer7"):
+        run(dmuon.Orthogonalizer(threads=1, tune_cache=None), batch, names=["layer7"])
+
+
+@pytest.mark.parametrize("weight_decay,grad_scale", [(0.0, 1.0), (0.1, 0.5)])
+def test_adamw_step_matches_torch_adamw(weight_decay, grad_scale):
+    gen = torch.Generator().manual_seed(6)
+    p0 = torch.randn(1000, generator=gen)
+    ours, theirs = p0.clone(), torch.nn.Parameter(p0.clone())
+    m, v = torch.zeros(1000), torch.zeros(1000)
+    opt = torch.optim.AdamW([theirs], lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=weight_decay)
+    for step in range(1, 6):
+        g = torch.randn(1000, generator=gen)
+        dmuon.adamw_step(ours.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), 1000, step, 1e-2, (0.9, 0.95),
+                         1e-8, weight_decay, grad_scale)
+        theirs.grad = g * grad_scale
+        opt.step()
+    # the same float32 rule, rounded as torch does: equal to a few ulps
+    torch.testing.assert_close(ours, theirs.detach(), rtol=4e-7, atol=1e-8)
+    with pytest.raises(dmuon.UnsupportedError, match="cuda"):
+        dmuon.adamw_step(ours.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), 1000, 6, 1e-2, (0.9, 0.95),
+                         1e-8, 0.0, device=dmuon.DEVICE_CUDA)
+
+
+def test_plan_owners():
+    shapes = [(896, 4864)] * 4 + [(128, 896)] * 2
+    rr, tuned = dmuon.plan_owners(shapes, 3, balancer="rr", costs="flop")
+    assert not tuned and len(rr) == 6 and set(rr) <= {0, 1, 2}
+    for balancer in ("lpt", "milp"):
+        owners, _ = dmuon.plan_owners(shapes, 2, balancer=balancer, costs="flop")
+        big = [owners[i] for i in range(4)]
+        assert big.count(0) == 2 and big.count(1) == 2  # the four equal big matrices split evenly
+    assert dmuon.plan_owners([], 4, costs="flop")[0] == []
+    with pytest.raises(dmuon.DmuonError, match="balancer|rr"):
+        dmuon.plan_owners(shapes, 2, balancer="greedy")
+    with pytest.raises(dmuon.DmuonError, match="tuned"):
+        dmuon.plan_owners(shapes, 2, costs="tuned", tune_cache=None)
+
+
+def test_tuned_cache_is_used_by_ns_and_planner(tmp_path):
+    cache = str(tmp_path / "tune.json")
+    dmuon.tune([(16, 40, 2)], threads=1, rounds=1, tune_cache=cache)
+    ns = dmuon.Orthogonalizer(threads=1, tune_cache=cache)
+    assert ns.tuned_entries == 1 and ns.warning == ""
+    batch = np.random.default_rng(5).standard_normal((2, 16, 40)).astype(np.float32)
+    for u, o in zip(batch, run(ns, batch)):
+        ref = newton_schulz_ref(u)
+        assert np.linalg.norm(o - ref) / np.linalg.norm(ref) < 2e-4
+    owners, tuned = dmuon.plan_owners([(16, 40)] * 4, 2, balancer="lpt", costs="tuned", tune_cache=cache)
+    assert tuned and sorted(owners) == [0, 0, 1, 1]
+    with pytest.raises(dmuon.DmuonError, match="64"):  # a shape the cache lacks
+        dmuon.plan_owners([(64, 64)], 2, costs="tuned", tune_cache=cache)
+    assert dmuon.plan_owners([(64, 64)], 2, costs="auto", tune_cache=cache) == ([0], False)
+
+
+def test_model_params():
+    params = dmuon.model_params(str(MODELS / "qwen2.5-0.5b.json"), layers=1)
+    by_name = {p["name"]: p for p in params}
+    assert by_name["model.layers.0.mlp.up_proj.weight"]["shape"] == [4864, 896]
+    assert by_name["model.layers.0.mlp.up_proj.weight"]["role"] == "matrix"
+    assert by_name["model.embed_tokens.weight"]["role"] == "elementwise"
+    with pytest.raises(dmuon.DmuonError, match="no-such-model"):
+        dmuon.model_params("no-such-model")
+
+
+@pytest.mark.parametrize("rows", [0, 1, 3, 7, 8, 13])
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5])
+def test_chunk_rows_is_torch_chunk(rows, world):
+    chunks = torch.chunk(torch.arange(rows), world) if rows else ()
+    expected = [(int(c[0]), len(c)) if len(c) else None for c in chunks]
+    got = chunk_rows(rows, world)
+    assert len(got) == world
+    for r, (start, count) in enumerate(got):
+        if r < len(expected):
+            assert (start, count) == expected[r]
+        else:
+            assert count == 0  # torch.chunk made fewer chunks: the rest of the ranks hold nothing

@@ -1,0 +1,27 @@
+// The GPU tests' way to a CUDA backend: device 0's, or the reason this build or machine has none (the test then
+// skips with it: GTEST_SKIP() << why).
+#pragma once
+
+#include <string>
+
+#include "dmuon/backend.hpp"
+#ifdef DMUON_HAVE_CUDA
+#include "backend/cuda/cuda_backend.hpp"
+#endif
+
+namespace dmuon::test {
+
+inline Backend* cuda_backend_or_null(std::string* why) {
+#ifndef DMUON_HAVE_CUDA
+  *why = "this build has no CUDA backend (DMUON_CUDA=OFF or no CUDA toolkit)";
+  return nullptr;
+#else
+  if (cuda::device_count() == 0) {
+    *why = "no CUDA device on this machine (cudaGetDeviceCount)";
+    return nullptr;
+  }
+  return &backend_for(DeviceKind::cuda, 0);
+#endif
+}
+
+}  // namespace dmuon::test
