@@ -117,6 +117,12 @@ TEST(CliMessages, UserErrorsAreOneLineWithoutSourceLocations) {
   const auto debug = run("ns --in " + missing + " --out " + dir.file("o.npy"), "DMUON_DEBUG=1");
   EXPECT_EQ(debug.exit_code, 1) << debug.output;
   EXPECT_TRUE(std::regex_search(debug.output, std::regex(R"( \[[./]*src/[a-z_/]+\.cpp:[0-9]+\])"))) << debug.output;
+  // An error raised in CUDA code (.cu; or, in a build without CUDA, in the backend's .cpp): no GPU visible.
+  const auto gpu = run("bench ns --device cuda --shapes 64x128 --repeats 1", "CUDA_VISIBLE_DEVICES=");
+  EXPECT_EQ(gpu.exit_code, 1) << gpu.output;
+  EXPECT_EQ(gpu.output.rfind("dmuon: error: ", 0), 0u) << gpu.output;
+  EXPECT_EQ(lines_of(gpu.output).size(), 1u) << gpu.output;
+  EXPECT_FALSE(std::regex_search(gpu.output, std::regex(R"(\.(cpp|hpp|cu|cuh):[0-9]+)"))) << gpu.output;
 }
 
 // Plots into a folder that cannot exist (under a file) is the user's error, exit 1, before any work.

@@ -80,8 +80,9 @@ namespace {
 std::string user_message(const std::string& what) {
   const char* debug = std::getenv("DMUON_DEBUG");
   if (debug && std::string(debug) == "1") return what;
-  // " [src/optim/checkpoint.cpp:254]", also inside a message that quotes another rank's error.
-  static const std::regex location(R"( \[[^\[\] ]+\.(cpp|hpp|h|cc):[0-9]+\])");
+  // " [src/optim/checkpoint.cpp:254]" (or a CUDA source's, .cu), also inside a message that quotes
+  // another rank's error.
+  static const std::regex location(R"( \[[^\[\] ]+\.(cpp|hpp|h|cc|cu|cuh):[0-9]+\])");
   return std::regex_replace(what, location, "");
 }
 }  // namespace
