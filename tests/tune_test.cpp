@@ -205,7 +205,7 @@ TEST(TuneCache, CorruptFilesOfOursWarnAndStartEmpty) {
 // and the file keeps its bytes.
 TEST(TuneCache, RefusesAFileThatIsNotATuningCache) {
   test::TempDir dir;
-  for (const std::string text : {std::string("my notes\n"), std::string(R"({"hello": 1})")}) {
+  for (const std::string& text : {std::string("my notes\n"), std::string(R"({"hello": 1})")}) {
     const std::string path = dir.file("notes.txt");
     write_file_atomically(path, text);
     std::string warning;
