@@ -143,6 +143,23 @@ TEST(BenchReport, HeadlineFiguresTablesAndCommands) {
   EXPECT_EQ(r.output.find("| 4 | adamw |"), std::string::npos);
 }
 
+// The ablation's summary: DMuon's and muon-gather-plain's medians and the ratio of those two medians (not
+// the pairwise slowdown, whose DMuon steps are those of one pair only).
+TEST(BenchReport, AblationRatioIsTheRatioOfTheMediansItPrints) {
+  test::TempDir dir;
+  write_fixture(dir);
+  write_file_atomically(dir.file("ablation-np2.json"), R"json({"model": "Test model", "share_definition": "S",
+ "dmuon_step_s": 1.5419, "muon_gather_plain_step_s": 6.1088, "muon_gather_plain_slowdown": 4.07,
+ "parts": [{"removed": "owners", "variant": "v", "group": "g", "step_s": 3.0, "slowdown": 2.0, "share_pct": 100}],
+ "groups": [{"group": "g", "share_pct": 100, "paper_share_pct": 50}]})json");
+  const auto r = test::run_cli("bench report --dir " + dir.path());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // 6108.8 / 1541.9 = 3.96
+  EXPECT_NE(r.output.find("DMuon 1541.9 ms (median over the pairs); muon-gather-plain 6108.8 ms (3.96x). "),
+            std::string::npos)
+      << r.output;
+}
+
 TEST(BenchReport, OutWritesTheSameReport) {
   test::TempDir dir;
   write_fixture(dir);

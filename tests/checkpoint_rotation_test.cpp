@@ -1,6 +1,7 @@
 // A folder of periodic checkpoints (checkpoint_rotation.hpp): the newest complete one is found past
-// debris of a save that died, pruning keeps the newest K and nothing else of the folder's, and a
-// folder without a complete checkpoint is an error naming it.
+// debris of a save that died, pruning keeps the newest K and nothing else of the folder's, a folder
+// without a complete checkpoint is an error naming it, and a --save folder holding anything but
+// step-N checkpoints is refused before any save.
 #include "dmuon/checkpoint_rotation.hpp"
 
 #include <gtest/gtest.h>
@@ -88,6 +89,35 @@ TEST(CheckpointRotation, AFolderWithoutACompleteCheckpointIsAnErrorNamingIt) {
     }
   }
   EXPECT_FALSE(newest_checkpoint_step(dir.path()).has_value());
+}
+
+// What check_checkpoint_folder refuses, and that it refuses before touching anything.
+TEST(CheckpointRotation, ASaveFolderMayHoldStepCheckpointsAndNothingElse) {
+  test::TempDir dir;
+  Saver s;
+  check_checkpoint_folder(dir.file("new/deeper"));  // missing: the first save creates it
+  EXPECT_FALSE(fs::exists(dir.file("new")));
+  const std::string ck = dir.file("ck");
+  s.save(ck, 2);
+  fs::create_directories(ck + "/step-00000003.new");  // debris of a save that died: the next save's
+  check_checkpoint_folder(ck);
+  auto refused = [](const std::string& folder, const std::string& what) {
+    try {
+      check_checkpoint_folder(folder);
+      ADD_FAILURE() << folder << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused(checkpoint_for_step(ck, 2), "is a checkpoint itself");
+  write_file_atomically(ck + "/step-00000003.new/notes.txt", "mine");
+  refused(ck, ck + "/step-00000003.new: holds 'notes.txt', which is not part of a checkpoint");
+  fs::remove(ck + "/step-00000003.new/notes.txt");
+  write_file_atomically(ck + "/notes.txt", "mine");
+  refused(ck, ck + ": holds 'notes.txt', which is not a step-N checkpoint");
+  refused(ck + "/notes.txt", "exists and is not a folder");
+  EXPECT_EQ(read_file(ck + "/notes.txt"), "mine");
+  EXPECT_EQ(loaded_updates(newest_checkpoint(ck)), 2);
 }
 
 }  // namespace

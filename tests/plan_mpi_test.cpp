@@ -179,10 +179,11 @@ TEST(TuneMpi, RankZeroTunesAndEveryRankGetsTheSameEntries) {
   if (world_rank() == 0) std::filesystem::remove_all(dir);
 }
 
-// Rank 0 cannot write the cache (its folder would be under a file): every rank throws with its reason.
+// The cache path names a file that is not a tuning cache: rank 0 refuses to replace it, before tuning,
+// and every rank throws with its reason.
 TEST(TuneMpi, FailureOnRankZeroReachesEveryRank) {
   TuneSessionOptions o;
-  o.cache_path = "/dev/null/dmuon/tune.json";
+  o.cache_path = std::string(DMUON_TEST_DATA_DIR) + "/README.md";
   o.rounds = 1;
   std::string message;
   try {
@@ -190,10 +191,31 @@ TEST(TuneMpi, FailureOnRankZeroReachesEveryRank) {
   } catch (const Error& e) {
     message = e.what();
   }
-  EXPECT_NE(message.find("/dev/null/dmuon"), std::string::npos) << message;
+  EXPECT_NE(message.find("README.md is not a dmuon tuning cache; refusing to replace it"), std::string::npos)
+      << message;
   if (world_rank() != 0) {
-    EXPECT_NE(message.find("rank 0 could not tune Newton-Schulz (cache /dev/null/dmuon/tune.json)"), std::string::npos)
+    EXPECT_NE(message.find("rank 0 could not tune Newton-Schulz (cache " + o.cache_path + ")"), std::string::npos)
         << message;
+  }
+}
+
+// A cache that cannot be written (its folder would be under a file) is a warning on rank 0: every rank
+// still gets the tuned entries.
+TEST(TuneMpi, UnwritableCacheWarnsAndTunesInMemory) {
+  TuneSessionOptions o;
+  o.cache_path = "/dev/null/dmuon/tune.json";
+  o.rounds = 1;
+  std::vector<std::string> warnings;
+  o.warn = [&](const std::string& w) { warnings.push_back(w); };
+  const auto entries = tune_across_ranks(*comm::world(), {{8, 8, 1}}, o);
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_TRUE(same_on_all_ranks(entries[0].seconds));
+  if (world_rank() == 0) {
+    ASSERT_EQ(warnings.size(), 1u);
+    EXPECT_NE(warnings[0].find("/dev/null/dmuon/tune.json cannot be written"), std::string::npos) << warnings[0];
+    EXPECT_NE(warnings[0].find("serve this run only"), std::string::npos) << warnings[0];
+  } else {
+    EXPECT_TRUE(warnings.empty());
   }
 }
 

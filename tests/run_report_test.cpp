@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <optional>
 #include <fstream>
 #include <string>
 
@@ -65,6 +66,32 @@ TEST(Progress, LiveModeRedrawsOneLine) {
   EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), 1);
 }
 
+// The tuning bar: live, one line redrawn and ended by finish(); plain, a line per item finished. A line
+// left open is ended by end_open_progress_line(), so that an error message starts on its own line.
+TEST(Progress, CountProgressFollowsTheModeAndAnOpenLineCanBeEnded) {
+  std::FILE* f = std::tmpfile();
+  {
+    CountProgress p(f, ProgressMode::automatic);  // a file: plain
+    p.update(0, 2, "64x64 batch 1: 3 timings");
+    p.update(1, 2, "64x64 batch 1");
+    p.update(1, 2, "64x128 batch 1: 1 timings");
+    p.update(2, 2, "64x128 batch 1 (cached)");
+  }
+  std::string out = captured(f);
+  std::fclose(f);
+  EXPECT_EQ(out, "1/2 64x64 batch 1\n2/2 64x128 batch 1 (cached)\n");
+
+  f = std::tmpfile();
+  CountProgress live(f, ProgressMode::live);
+  live.update(1, 4, "64x64 batch 1");
+  end_open_progress_line();
+  std::fprintf(f, "dmuon: error: something\n");
+  live.finish();  // the line was ended already: no second newline
+  out = captured(f);
+  std::fclose(f);
+  EXPECT_EQ(out, "\r[#######.......................] 1/4 64x64 batch 1\033[K\ndmuon: error: something\n");
+}
+
 TEST(MetricsCsv, WritesHeaderRowsAndEmptyValidation) {
   test::TempDir dir;
   const std::string path = dir.file("run.csv");
@@ -104,6 +131,55 @@ TEST(MetricsCsv, BadFilesAreErrorsNamingThePath) {
   }
   std::ofstream(path) << "a,b\n";
   EXPECT_THROW(read_metrics_csv(path), Error);
+}
+
+// A resumed run appends after the checkpoint's step, dropping rows of the earlier run past it; a file
+// that is not a metrics file is neither replaced nor appended to.
+TEST(MetricsCsv, ResumeAppendsAfterTheCheckpointStep) {
+  test::TempDir dir;
+  const std::string path = dir.file("run.csv");
+  {
+    MetricsCsvWriter w(path);
+    for (int64_t s = 1; s <= 4; s++) w.write({s, 5.0 - s, std::nullopt, 0.25, 0.2, 0.03, 0.01});
+  }
+  {
+    MetricsCsvWriter w(path, 3);  // resumed from a checkpoint of step 3: the earlier run's step 4 goes
+    w.write({4, 0.5, 0.75, 0.25, 0.2, 0.03, 0.01});
+    w.write({5, 0.25, std::nullopt, 0.25, 0.2, 0.03, 0.01});
+  }
+  const auto rows = read_metrics_csv(path);
+  ASSERT_EQ(rows.size(), 5u);
+  for (int64_t i = 0; i < 5; i++) EXPECT_EQ(rows[i].step, i + 1);
+  EXPECT_EQ(rows[2].train_loss, 2.0);  // the earlier run's
+  EXPECT_EQ(rows[3].train_loss, 0.5);  // the resumed run's
+  // Resuming without the file starts a new one.
+  {
+    MetricsCsvWriter w(dir.file("new.csv"), 3);
+    w.write({4, 1.0, std::nullopt, 0, 0, 0, 0});
+  }
+  EXPECT_EQ(read_metrics_csv(dir.file("new.csv")).size(), 1u);
+
+  const std::string notes = dir.file("notes.txt");
+  std::ofstream(notes) << "my notes\n";
+  for (std::optional<int64_t> resume : {std::optional<int64_t>(), std::optional<int64_t>(3)}) {
+    try {
+      MetricsCsvWriter w(notes, resume);
+      ADD_FAILURE() << "wrote into " << notes;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(notes + " exists and is not a metrics file"), std::string::npos)
+          << e.what();
+    }
+    EXPECT_THROW(MetricsCsvWriter::check(notes), Error);
+  }
+  EXPECT_EQ(read_file(notes), "my notes\n");
+  // Where no file can be created, the check says so before any work.
+  try {
+    MetricsCsvWriter::check(notes + "/run.csv");
+    ADD_FAILURE();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(notes + " is not a folder"), std::string::npos) << e.what();
+  }
+  MetricsCsvWriter::check("/dev/null");  // written in place
 }
 
 // Two small runs: one with validation every other step, one without.

@@ -8,6 +8,9 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <tuple>
+
+#include <nlohmann/json.hpp>
 
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/error.hpp"
@@ -118,7 +121,11 @@ TEST(TuneSelector, LateImprovementCanOvertakeAndPrune) {
   EXPECT_EQ(counts, (std::vector<int>{2, 2}));
 }
 
-TuneKey key() { return {"Test CPU", "OpenBLAS test", 2, "float32"}; }
+TuneKey key() {
+  TuneKey k;
+  k.cpu = "Test CPU", k.blas = "OpenBLAS test", k.threads = 2;
+  return k;
+}
 
 TuneEntry entry(int64_t rows, int batch, double s) {
   TuneEntry e;
@@ -157,46 +164,130 @@ TEST(TuneCache, RoundTripAndLookupByShapeAndBatch) {
   EXPECT_EQ(back.to_json(), c.to_json());
 }
 
-TEST(TuneCache, MissingFileIsEmptyWithoutWarning) {
+// A missing file, or an empty one (nothing to lose), is an empty cache.
+TEST(TuneCache, MissingOrEmptyFileIsEmptyWithoutWarning) {
   test::TempDir dir;
-  std::string warning;
-  auto c = TuneCache::load(dir.file("none.json"), key(), &warning);
-  EXPECT_TRUE(c.entries().empty());
-  EXPECT_EQ(warning, "");
+  write_file_atomically(dir.file("empty.json"), "");
+  for (const char* name : {"none.json", "empty.json"}) {
+    std::string warning;
+    auto c = TuneCache::load(dir.file(name), key(), &warning);
+    EXPECT_TRUE(c.entries().empty()) << name;
+    EXPECT_EQ(warning, "") << name;
+  }
 }
 
-TEST(TuneCache, CorruptOrForeignFilesWarnAndStartEmpty) {
+TEST(TuneCache, CorruptFilesOfOursWarnAndStartEmpty) {
   test::TempDir dir;
   const std::string path = dir.file("tune.json");
   TuneCache good(key());
   good.put(entry(256, 1, 0.01));
   const std::string text = good.to_json();
-  const std::map<std::string, std::pair<std::string, std::string>> cases = {
-      {"truncated", {text.substr(0, text.size() / 2), "not JSON"}},
-      {"not ours", {R"({"hello": 1})", "not a dmuon tuning cache"}},
-      {"version", {std::string(text).replace(text.find("\"version\": 1"), 12, "\"version\": 9"), "version 9"}},
-      {"bad algo", {std::string(text).replace(text.find("\"gram\""), 6, "\"fast\""), "corrupt"}},
-      {"negative time", {std::string(text).replace(text.find("\"seconds\": "), 11, "\"seconds\": -"), "corrupt"}},
+  // name: (file text, warning, whether a save may replace the file)
+  const std::map<std::string, std::tuple<std::string, std::string, bool>> cases = {
+      {"truncated", {text.substr(0, text.size() / 2), "corrupt (not JSON)", true}},
+      {"version", {std::string(text).replace(text.find("\"version\": 2"), 12, "\"version\": 9"), "version 9", false}},
+      {"bad algo", {std::string(text).replace(text.find("\"gram\""), 6, "\"fast\""), "corrupt", true}},
+      {"negative time", {std::string(text).replace(text.find("\"seconds\": "), 11, "\"seconds\": -"), "corrupt", true}},
   };
   for (const auto& [name, c] : cases) {
-    write_file_atomically(path, c.first);
+    write_file_atomically(path, std::get<0>(c));
     std::string warning;
     auto loaded = TuneCache::load(path, key(), &warning);
     EXPECT_TRUE(loaded.entries().empty()) << name;
-    EXPECT_THAT(warning, HasSubstr(c.second)) << name;
+    EXPECT_THAT(warning, HasSubstr(std::get<1>(c))) << name;
     EXPECT_THAT(warning, HasSubstr(path)) << name;
+    EXPECT_EQ(warning.find('\n'), std::string::npos) << name;
+    EXPECT_EQ(loaded.saveable(), std::get<2>(c)) << name;
   }
-  // Foreign: same content, other machine or thread count.
-  write_file_atomically(path, text);
-  TuneKey other = key();
-  other.threads = 1;
+}
+
+// A file that is not a tuning cache (notes, someone else's JSON) is not replaced: an error naming it,
+// and the file keeps its bytes.
+TEST(TuneCache, RefusesAFileThatIsNotATuningCache) {
+  test::TempDir dir;
+  for (const std::string& text : {std::string("my notes\n"), std::string(R"({"hello": 1})")}) {
+    const std::string path = dir.file("notes.txt");
+    write_file_atomically(path, text);
+    std::string warning;
+    try {
+      TuneCache::load(path, key(), &warning);
+      ADD_FAILURE() << "loaded " << text;
+    } catch (const Error& e) {
+      EXPECT_THAT(e.what(), HasSubstr(path + " is not a dmuon tuning cache; refusing to replace it"));
+    }
+    EXPECT_EQ(read_file(path), text);
+  }
+}
+
+// One file holds several settings: tuning for another thread count adds a setting beside the first
+// instead of replacing it, and each key finds its own entries again.
+TEST(TuneCache, KeepsEntriesOfSeveralKeysInOneFile) {
+  test::TempDir dir;
+  const std::string path = dir.file("tune.json");
+  TuneCache two(key());
+  two.put(entry(256, 1, 0.01));
+  two.save(path);
+
+  TuneKey one_thread = key();
+  one_thread.threads = 1;
   std::string warning;
+  TuneCache one = TuneCache::load(path, one_thread, &warning);
+  EXPECT_TRUE(one.entries().empty());
+  // One line naming what differs from the nearest setting the file has.
+  EXPECT_THAT(warning, HasSubstr("has no entries for this setting (1 other setting(s); the nearest: threads 2 there, "
+                                 "1 here)"));
+  one.put(entry(128, 3, 0.002));
+  one.save(path);
+
+  warning.clear();
+  const TuneCache again_two = TuneCache::load(path, key(), &warning);
+  EXPECT_EQ(warning, "");
+  ASSERT_EQ(again_two.entries().size(), 1u);
+  EXPECT_NE(again_two.find(256, 512, 1), nullptr);
+  EXPECT_EQ(again_two.other_keys(), 1u);
+  const TuneCache again_one = TuneCache::load(path, one_thread, &warning);
+  ASSERT_EQ(again_one.entries().size(), 1u);
+  EXPECT_NE(again_one.find(128, 256, 3), nullptr);
+  // Saving one setting writes the others back unchanged, in their place.
+  EXPECT_EQ(again_one.to_json(), again_two.to_json());
+}
+
+// A GPU backend's key adds fields; they take part in matching and in what a mismatch names.
+TEST(TuneCache, KeysWithExtraFieldsRoundTripAndDiffer) {
+  test::TempDir dir;
+  const std::string path = dir.file("tune.json");
+  TuneKey gpu = key();
+  gpu.device = "cuda";
+  gpu.extra = {{"gpu", "NVIDIA H200"}, {"cuda", "13.0"}, {"cublas", "13.0.0"}};
+  TuneCache c(gpu);
+  c.put(entry(256, 1, 0.01));
+  c.save(path);
+  std::string warning;
+  EXPECT_EQ(TuneCache::load(path, gpu, &warning).entries().size(), 1u);
+  EXPECT_EQ(warning, "");
+  TuneKey other = gpu;
+  other.extra["cublas"] = "13.1.0";
   EXPECT_TRUE(TuneCache::load(path, other, &warning).entries().empty());
-  EXPECT_THAT(warning, HasSubstr("another setting"));
-  other = key();
-  other.cpu = "Other CPU";
-  EXPECT_TRUE(TuneCache::load(path, other, &warning).entries().empty());
-  EXPECT_THAT(warning, HasSubstr("Other CPU"));
+  EXPECT_THAT(warning, HasSubstr("cublas '13.0.0' there, '13.1.0' here"));
+  EXPECT_EQ(describe_difference(key(), gpu), "device 'cpu' there, 'cuda' here; cublas none there, '13.0.0' here; "
+                                             "cuda none there, '13.0' here; gpu none there, 'NVIDIA H200' here");
+}
+
+// A version 1 file (one key at the top level) is read, and rewritten as version 2.
+TEST(TuneCache, ReadsVersionOneFiles) {
+  test::TempDir dir;
+  const std::string path = dir.file("tune.json");
+  TuneCache c(key());
+  c.put(entry(256, 4, 0.01));
+  nlohmann::json v2 = nlohmann::json::parse(c.to_json());
+  nlohmann::json v1 = {{"format", "dmuon-tune"}, {"version", 1}, {"key", v2["settings"][0]["key"]},
+                       {"entries", v2["settings"][0]["entries"]}};
+  v1["key"].erase("device");
+  write_file_atomically(path, v1.dump(2));
+  std::string warning;
+  const TuneCache back = TuneCache::load(path, key(), &warning);
+  EXPECT_EQ(warning, "");
+  EXPECT_EQ(back.to_json(), c.to_json());
 }
 
 TEST(TuneCache, DefaultPathFollowsXdg) {

@@ -79,4 +79,16 @@ inline CLI::Validator positive() { return in_range(0.0, std::numeric_limits<doub
 constexpr int kMaxThreads = 1024;
 inline CLI::Validator thread_count() { return in_range(0, kMaxThreads); }
 
+// The --tune-cache option's help, the same on every subcommand that tunes.
+inline constexpr const char* kTuneCacheHelp =
+    "Tuning cache file (default $XDG_CACHE_HOME/dmuon/tune.json, else ~/.cache/dmuon/tune.json)";
+
+// --tune and --no-tune setting `tune` (on by default), as two flags so that --help reads
+// "--tune  ... (the default)" and "--no-tune  ..." (CLI11 shows "--tune,!--no-tune" as "--tune,--no-tune{false}").
+inline void add_tune_flags(CLI::App* c, bool& tune, const std::string& what) {
+  tune = true;
+  c->add_flag_callback("--tune", [&tune] { tune = true; }, what + "; the default");
+  c->add_flag_callback("--no-tune", [&tune] { tune = false; }, "turn --tune off: untuned NS kernels, flop-estimated costs");
+}
+
 }  // namespace dmuon::cli

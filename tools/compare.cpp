@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "dmuon/atomic_file.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/metrics_csv.hpp"
 #include "console/plot.hpp"
@@ -29,6 +30,10 @@ dmuon::PlotRun parse_run(const std::string& text) {
 
 void run_compare(const CompareArgs& args) {
   DMUON_CHECK(!args.runs.empty(), "dmuon compare needs at least one --run LABEL=CSV");
+  if (!args.no_plots) {  // checked before any work: the plots' folder must take new files
+    const std::string why = dmuon::why_cannot_write(args.out, true);
+    DMUON_CHECK(why.empty(), "--out ", args.out, ": cannot write the plots there: ", why);
+  }
   std::vector<dmuon::PlotRun> runs;
   std::vector<dmuon::RunSummary> sums;
   for (const std::string& r : args.runs) {

@@ -1,11 +1,16 @@
 // dmuon command-line tool. Library errors arrive here as exceptions and become one line on stderr
-// and a non-zero exit code. Under mpirun the failing rank then ends the whole job (abort_world):
+// and a non-zero exit code: a user's error (dmuon::Error, a file system error) without the source
+// locations the library attaches ("[src/io/npy.cpp:42]"; DMUON_DEBUG=1 keeps them), anything else as an
+// internal error, in full. Under mpirun the failing rank then ends the whole job (abort_world):
 // returning would leave its peers waiting in a collective until their comm timeout, and the exit
 // handler's MPI_Finalize would wait with them.
 #include <charconv>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <map>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -13,6 +18,7 @@
 #include "stop_signals.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
+#include "console/progress.hpp"
 
 namespace dmuon::cli {
 
@@ -70,6 +76,17 @@ void read_integers_as_decimal(CLI::App& app) {
   for (CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) read_integers_as_decimal(*sub);
 }
 
+namespace {
+std::string user_message(const std::string& what) {
+  const char* debug = std::getenv("DMUON_DEBUG");
+  if (debug && std::string(debug) == "1") return what;
+  // " [src/optim/checkpoint.cpp:254]" (or a CUDA source's, .cu), also inside a message that quotes
+  // another rank's error.
+  static const std::regex location(R"( \[[^\[\] ]+\.(cpp|hpp|h|cc|cu|cuh):[0-9]+\])");
+  return std::regex_replace(what, location, "");
+}
+}  // namespace
+
 }  // namespace dmuon::cli
 
 int main(int argc, char** argv) {
@@ -93,10 +110,17 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dmuon: error: %s (see --help)\n", e.what());
     return e.get_exit_code();
   } catch (const dmuon::Error& e) {
-    std::fprintf(stderr, "dmuon: error: %s\n", e.what());
+    dmuon::end_open_progress_line();  // the error starts on its own line
+    std::fprintf(stderr, "dmuon: error: %s\n", dmuon::cli::user_message(e.what()).c_str());
+    dmuon::comm::abort_world(1);
+    return 1;
+  } catch (const std::filesystem::filesystem_error& e) {
+    dmuon::end_open_progress_line();
+    std::fprintf(stderr, "dmuon: error: %s\n", e.what());  // names the paths and the system's reason
     dmuon::comm::abort_world(1);
     return 1;
   } catch (const std::exception& e) {
+    dmuon::end_open_progress_line();
     std::fprintf(stderr, "dmuon: internal error: %s\n", e.what());
     dmuon::comm::abort_world(2);
     return 2;

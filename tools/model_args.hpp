@@ -19,12 +19,14 @@ struct ModelArgs {
   int layers = 0;
 
   void add_to(CLI::App* c, bool allow_hf_config = true) {
-    auto* m = c->add_option("--model", model, "Shape manifest: a name in models/ (e.g. qwen2.5-0.5b) or a path");
+    auto* m = c->add_option("--model", model, "Shape manifest: a name in models/ (e.g. qwen2.5-0.5b) or a path (required, or --hf-config)");
     if (allow_hf_config) {
-      auto* h = c->add_option("--hf-config", hf_config, "A Hugging Face config.json (qwen2, llama, mistral, gemma)");
+      auto* h = c->add_option("--hf-config", hf_config, "A Hugging Face config.json (qwen2, llama, mistral, gemma) (required, or --model)");
       m->excludes(h);
     }
-    c->add_option("--layers", layers, "Keep only the first N layers of every layer stack (0: all)")->check(at_least(0));
+    c->add_option("--layers", layers, "Keep only the first N layers of every layer stack (0: all)")
+        ->capture_default_str()
+        ->check(at_least(0));
   }
 
   std::vector<ParamSpec> load() const {

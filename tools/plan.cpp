@@ -24,6 +24,16 @@ struct PlanArgs {
   bool json = false;
 };
 
+// "7.616B", "494.03M", "36.9k", "1234": a parameter count readable at every size.
+std::string count_text(int64_t n) {
+  char buf[32];
+  if (n >= 1'000'000'000) std::snprintf(buf, sizeof buf, "%.3fB", n / 1e9);
+  else if (n >= 1'000'000) std::snprintf(buf, sizeof buf, "%.2fM", n / 1e6);
+  else if (n >= 10'000) std::snprintf(buf, sizeof buf, "%.1fk", n / 1e3);
+  else std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
+  return buf;
+}
+
 void print_table(const std::string& title, const std::vector<Plan>& plans) {
   std::printf("%s\n\n", title.c_str());
   std::printf("%6s", "rank");
@@ -88,8 +98,8 @@ void run(const PlanArgs& a) {
     return;
   }
   char title[512];
-  std::snprintf(title, sizeof title, "%s: %.3fB parameters, %zu Muon matrices in %zu shapes; D = %d; costs: %s",
-                a.model.label().c_str(), count_params(params) / 1e9, items.size(), shapes.size(), a.ranks,
+  std::snprintf(title, sizeof title, "%s: %s parameters, %zu Muon matrices in %zu shapes; D = %d; costs: %s",
+                a.model.label().c_str(), count_text(count_params(params)).c_str(), items.size(), shapes.size(), a.ranks,
                 a.costs.describe().c_str());
   print_table(title, plans);
 }
@@ -98,14 +108,18 @@ Registration reg("", [](CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   auto* c = app.add_subcommand("plan", "Assign Muon matrices to owner ranks and show the predicted balance");
   args->model.add_to(c);
-  c->add_option("--ranks", args->ranks, "Number of ranks D")->required()->check(at_least(1));
+  c->add_option("--ranks", args->ranks, "Number of ranks D (required)")->required()->check(at_least(1));
   c->add_option("--balancer", args->balancer, "rr, lpt, milp, or all (side by side)")
+      ->capture_default_str()
       ->check(CLI::IsMember({"rr", "lpt", "milp", "all"}));
   args->costs.add_to(c);
   c->add_option("--memory-slack", args->options.memory_slack, "Memory bound ε: a rank holds ≤ (1+ε)·S/D bytes")
+      ->capture_default_str()
       ->check(at_least(0.0));
   c->add_flag("--spread", args->options.spread_units, "Spread each layer's matrices over distinct owners (milp)");
-  c->add_option("--time-limit", args->options.time_limit_s, "CBC time limit in seconds")->check(positive());
+  c->add_option("--time-limit", args->options.time_limit_s, "CBC time limit in seconds")
+      ->capture_default_str()
+      ->check(positive());
   c->add_flag("--verbose", args->options.verbose, "Show CBC's log");
   c->add_flag("--json", args->json, "Print JSON instead of tables");
   c->callback([args] { run(*args); });

@@ -20,6 +20,7 @@ struct CostArgs {
 
   void add_to(CLI::App* c) {
     c->add_option("--costs", source, "Where NS times come from: measured (tuned here) or flops (--device)")
+        ->capture_default_str()
         ->check(CLI::IsMember({"measured", "flops"}));
     c->add_option("--device", device, "Hardware profile for --costs flops: a800, h200, or a path (models/hardware/*.json)")
         ->capture_default_str();
@@ -33,7 +34,9 @@ struct CostArgs {
 
   std::string describe() const {
     if (source == "flops") return "flops on " + device;
-    return "measured, " + std::to_string(tuning.resolved_threads()) + " threads (" + tuning.cache_path() + ")";
+    const std::string cache = tuning.cache_path();
+    return "measured, " + std::to_string(tuning.resolved_threads()) + " threads (" + (cache.empty() ? "no cache" : cache) +
+           ")";
   }
 };
 

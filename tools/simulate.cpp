@@ -1,4 +1,4 @@
-// dmuon simulate: one training step of a real model on a simulated cluster of 8…256 devices, for
+// dmuon simulate: one training step of a real model on a simulated cluster (8…256 devices by default), for
 // each optimizer (adamw, muon-gather-plain, muon-gather, dmuon). See include/dmuon/sim.hpp and
 // docs/simulator.md. `--gpt demo|large` models the GPT example `dmuon bench e2e` trains (its parameter
 // shapes, its forward flop count, its global batch split over the devices), to set beside that benchmark.
@@ -13,6 +13,7 @@
 #include "e2e_configs.hpp"
 #include "model_args.hpp"
 #include "console/plot.hpp"
+#include "console/progress.hpp"
 #include "dmuon/sim.hpp"
 
 namespace dmuon::cli {
@@ -29,6 +30,7 @@ struct SimulateArgs {
   bool zero2 = false;
   bool json = false;
   std::string plot;
+  std::string progress = "auto";
   std::string gpt;  // "demo" or "large": the GPT example instead of --model
   int64_t batch = 0;  // with --gpt: sequences per step over all devices; 0: the configuration's (bench e2e's)
 };
@@ -148,14 +150,19 @@ void run(const SimulateArgs& a) {
   }
 
   std::vector<sim::SimResult> results;
-  const bool live = isatty(fileno(stderr));  // a log file gets no progress line
-  for (int d : a.devices) {
-    if (live) std::fprintf(stderr, "\rsimulating %d devices...", d);
-    options.tokens_per_device = w.tokens_per_device(a, d);
-    options.unit_forward_flops = w.unit_forward_flops(d);
-    results.push_back(sim::simulate_step(w.params, hw, {d, a.per_node}, options));
+  {
+    // JSON is often read from stdout and stderr together: in a log, auto stays quiet with --json.
+    const bool quiet = a.json && a.progress == "auto" && !isatty(fileno(stderr));
+    CountProgress progress(quiet ? nullptr : stderr, parse_progress_mode(a.progress));
+    for (size_t i = 0; i < a.devices.size(); ++i) {
+      const int d = a.devices[i];
+      progress.update(i, a.devices.size(), "simulating " + std::to_string(d) + " devices");
+      options.tokens_per_device = w.tokens_per_device(a, d);
+      options.unit_forward_flops = w.unit_forward_flops(d);
+      results.push_back(sim::simulate_step(w.params, hw, {d, a.per_node}, options));
+      progress.update(i + 1, a.devices.size(), std::to_string(d) + " devices simulated");
+    }
   }
-  if (live) std::fprintf(stderr, "\r%40s\r", "");
 
   if (a.json) {
     nlohmann::json out = {{"model", w.label}, {"profile", hw.name}, {"devices_per_node", a.per_node},
@@ -230,9 +237,9 @@ void run(const SimulateArgs& a) {
 
 Registration reg("", [](CLI::App& app) {
   auto args = std::make_shared<SimulateArgs>();
-  auto* c = app.add_subcommand("simulate", "Model one training step on a simulated cluster (8-256 devices)");
+  auto* c = app.add_subcommand("simulate", "Model one training step on a simulated cluster of devices");
   args->model.add_to(c);
-  c->add_option("--devices", args->devices, "Device counts to simulate")
+  c->add_option("--devices", args->devices, "Device counts to simulate (any from 1)")
       ->delimiter(',')
       ->capture_default_str()
       ->check(at_least(1));
@@ -242,16 +249,23 @@ Registration reg("", [](CLI::App& app) {
   auto* tokens = c->add_option("--tokens-per-device", args->tokens, "Tokens each device processes per step")
                      ->capture_default_str()
                      ->check(positive());
-  c->add_option("--balancer", args->balancer, "DMuon owner assignment: rr, lpt or milp")->capture_default_str();
-  c->add_option("--gpt", args->gpt, "Model the GPT example of `dmuon bench e2e` instead of --model: demo or large")
-      ->check(CLI::IsMember({"demo", "large"}))
-      ->excludes(tokens);
+  c->add_option("--balancer", args->balancer, "DMuon owner assignment: rr, lpt or milp")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"rr", "lpt", "milp"}));
+  auto* gpt = c->add_option("--gpt", args->gpt,
+                             "Model the GPT example of `dmuon bench e2e` instead of --model: demo or large (default: none)")
+                  ->check(CLI::IsMember({"demo", "large"}))
+                  ->excludes(tokens);
   c->add_option("--batch", args->batch,
                 "With --gpt: sequences per step over all devices (default: the configuration's, as bench e2e)")
-      ->check(at_least<int64_t>(1));
+      ->check(at_least<int64_t>(1))
+      ->needs(gpt);
   c->add_flag("--zero2", args->zero2, "Keep gathered weights for backward (Z2) instead of gathering again (Z3)");
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");
-  c->add_option("--plot", args->plot, "Also draw speedup and step time against devices into this PNG");
+  c->add_option("--plot", args->plot, "Also draw speedup and step time against devices into this PNG (default: none)");
+  c->add_option("--progress", args->progress, "Progress on stderr: auto (live on a terminal, else plain, or none with --json), live or plain")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "live", "plain"}));
   c->callback([args] { run(*args); });
 });
 

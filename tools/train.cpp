@@ -1,9 +1,11 @@
 // `dmuon train`: trains the GPT example (include/dmuon/trainer.hpp) on every rank of mpirun, with a
-// live progress line, a metrics CSV and an optional checkpoint. Only rank 0 prints and writes files
-// (the checkpoint is written by every rank: each saves the slices it holds).
+// live progress line, a metrics CSV and optional checkpoints (a --save folder of step-N checkpoints).
+// Only rank 0 prints and writes files (checkpoints are written by every rank: each saves the slices
+// it holds).
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,6 +15,8 @@
 #include "console/progress.hpp"
 #include "stop_signals.hpp"
 #include "tune_session.hpp"
+#include "dmuon/checkpoint.hpp"
+#include "dmuon/checkpoint_rotation.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
@@ -28,7 +32,19 @@ struct TrainArgs {
   std::string csv, save;
   int threads = 0;
   bool tune = true;
+  const CLI::Option* adamw_lr = nullptr;  // to tell whether --adamw-lr was given
 };
+
+// Rank 0 runs `check`; every rank learns whether it passed, so none waits in a collective for a rank 0
+// that has stopped. Rank 0 raises its own error, the others a pointer to it.
+void check_on_rank0(dmuon::comm::Comm& comm, const std::function<void()>& check, const std::string& what) {
+  const std::exception_ptr failure = dmuon::comm::capture_failure(
+      [&] {
+        if (comm.rank() == 0) check();
+      },
+      what);
+  dmuon::comm::throw_if_any_failed(comm, failure, "rank 0 found a problem with " + what + " (its error says why)");
+}
 
 // One line: where a run stopped by a signal stopped, and how to go on from there.
 void report_stop(const dmuon::Trainer& trainer, const std::string& save) {
@@ -47,23 +63,53 @@ void run_train(TrainArgs& args) {
   o.optim = dmuon::parse_optim_kind(args.optim);
   o.shard_mode = dmuon::parse_shard_mode(args.shard_mode);
   o.balancer = dmuon::parse_balancer(args.balancer);
-  DMUON_CHECK(args.progress == "auto" || args.progress == "live" || args.progress == "plain",
-              "--progress must be auto, live or plain, got '", args.progress, "'");
+  const dmuon::ProgressMode mode = dmuon::parse_progress_mode(args.progress);
   std::shared_ptr<dmuon::comm::Comm> comm = dmuon::comm::world();
+  const bool root = comm->rank() == 0;
+  if (root && o.optim == dmuon::OptimKind::adamw && args.adamw_lr->count() > 0)
+    std::fprintf(stderr,
+                 "dmuon: warning: --adamw-lr sets the AdamW group of Muon runs; with --optim adamw every parameter "
+                 "follows --lr, and --adamw-lr is ignored\n");
   // One BLAS thread per rank when several share the machine; alone, OpenBLAS's own setting.
   if (args.threads > 0)
     dmuon::linalg::set_threads(args.threads);
   else if (comm->size() > 1)
     dmuon::linalg::set_threads(1);
 
+  // The checkpoint to resume from already at --steps: nothing to train, nothing to write.
+  if (!o.resume.empty()) {
+    const std::string checkpoint = dmuon::newest_checkpoint(o.resume);
+    const int64_t step = dmuon::read_checkpoint_contents(checkpoint).steps();
+    if (step >= o.steps) {
+      if (root)
+        std::printf("dmuon train: nothing to do: checkpoint %s is at step %lld, --steps %lld\n", checkpoint.c_str(),
+                    static_cast<long long>(step), static_cast<long long>(o.steps));
+      return;
+    }
+  }
+  // Every output checked before tuning and step 1, so a run never ends in a write it could not do.
+  const std::string csv_path = args.csv.empty() ? "runs/" + args.optim + ".csv" : args.csv;
+  check_on_rank0(
+      *comm,
+      [&] {
+        dmuon::MetricsCsvWriter::check(csv_path);
+        if (!args.save.empty()) dmuon::check_checkpoint_folder(args.save);
+      },
+      "the output files");
+
   o.tune = args.tune;
-  if (o.tune && o.optim != dmuon::OptimKind::adamw && comm->rank() == 0) {
+  std::shared_ptr<dmuon::CountProgress> tune_bar;
+  if (o.tune && o.optim != dmuon::OptimKind::adamw && root) {
     // Nothing is printed before the first progress call, so an error before tuning stays one line.
-    const dmuon::TuneSessionOptions bar =
-        dmuon::cli::session_options(o.tune_cache.empty() ? dmuon::default_tune_cache_path() : o.tune_cache, 0);
-    o.tune_progress = [bar, started = false](size_t done, size_t total, const std::string& what) mutable {
+    tune_bar = std::make_shared<dmuon::CountProgress>(stderr, mode);
+    dmuon::cli::TuneSessionArgs session;
+    session.cache = o.tune_cache;
+    const std::string cache = session.cache_path();
+    const dmuon::TuneSessionOptions bar = dmuon::cli::session_options(cache, 0, tune_bar);
+    o.tune_progress = [bar, cache, started = false](size_t done, size_t total, const std::string& what) mutable {
       if (!started)
-        std::fprintf(stderr, "tuning Newton-Schulz for the model's shapes (cache %s)\n", bar.cache_path.c_str());
+        std::fprintf(stderr, "tuning Newton-Schulz for the model's shapes (cache %s)\n",
+                     cache.empty() ? "none" : cache.c_str());
       started = true;
       bar.progress(done, total, what);
     };
@@ -73,25 +119,24 @@ void run_train(TrainArgs& args) {
   dmuon::cli::install_stop_signals(comm->rank() == 0);
   o.stop_signal = [] { return dmuon::cli::stop_signal_received(); };
   dmuon::Trainer trainer(o, comm);
-  const bool root = trainer.rank() == 0;
-  if (root && o.tune && o.optim != dmuon::OptimKind::adamw)
-    std::fprintf(stderr, "\ntuned Newton-Schulz: %zu shape(s) ready in %.2f s\n", trainer.tuned().size(),
+  if (tune_bar) {
+    tune_bar->finish();
+    std::fprintf(stderr, "tuned Newton-Schulz: %zu shape(s) ready in %.2f s\n", trainer.tuned().size(),
                  trainer.tune_seconds());
-  const std::string csv_path = args.csv.empty() ? "runs/" + args.optim + ".csv" : args.csv;
+  }
   std::optional<dmuon::MetricsCsvWriter> csv;
   std::optional<dmuon::ProgressDisplay> progress;
-  // Rank 0 creates the metrics file; every rank learns whether it could, so none waits in a
-  // collective for a rank 0 that has stopped.
-  const std::exception_ptr csv_failure = dmuon::comm::capture_failure(
+  // A resumed run appends to its metrics file (compare sees the whole history).
+  check_on_rank0(
+      *comm,
       [&] {
-        if (!root) return;
         const auto csv_dir = std::filesystem::path(csv_path).parent_path();
-        if (!csv_dir.empty()) std::filesystem::create_directories(csv_dir);
-        csv.emplace(csv_path);
+        std::error_code ec;
+        if (!csv_dir.empty()) std::filesystem::create_directories(csv_dir, ec);
+        DMUON_CHECK(!ec, "cannot create the folder of metrics file ", csv_path, ": ", ec.message());
+        csv.emplace(csv_path, o.resume.empty() ? std::nullopt : std::optional<int64_t>(trainer.steps_done()));
       },
-      "cannot create the folder of metrics file " + csv_path);
-  dmuon::comm::throw_if_any_failed(*comm, csv_failure,
-                                   "rank 0 cannot write the metrics file " + csv_path + " (its error says why)");
+      "metrics file " + csv_path);
   if (root) {
     int64_t params = 0;
     for (const auto& s : dmuon::gpt_param_specs(o.model)) params += s.numel();
@@ -109,9 +154,6 @@ void run_train(TrainArgs& args) {
     std::fflush(stdout);
   }
   if (root) {
-    const auto mode = args.progress == "live"    ? dmuon::ProgressDisplay::Mode::live
-                      : args.progress == "plain" ? dmuon::ProgressDisplay::Mode::plain
-                                                 : dmuon::ProgressDisplay::Mode::automatic;
     // stdout: mpirun gives the ranks a terminal on stdout only, so the live line works under it.
     progress.emplace(o.steps, o.batch * o.model.context, stdout, mode);
   }
@@ -167,7 +209,8 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
       ->capture_default_str()
       ->check(at_least<int64_t>(1));
   c->add_option("--context", o.model.context, "sequence length T")->capture_default_str()->check(at_least<int64_t>(1));
-  c->add_option("--batch", o.batch, "sequences per global batch B (divisible by ranks x micro-batches)")
+  c->add_option("--batch", o.batch,
+                "sequences per global batch B (divisible by ranks x micro-batches); make demo's batch")
       ->capture_default_str()
       ->check(at_least<int64_t>(1));
   c->add_option("--micro-batches", o.micro_batches, "gradient accumulation: micro-batches per step")
@@ -176,9 +219,10 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
   c->add_option("--lr", o.lr, "peak lr of Muon's matrices (muon*, dmuon) or of AdamW (adamw); 0: 0.02 / 3e-3")
       ->capture_default_str()
       ->check(at_least(0.0));
-  c->add_option("--adamw-lr", o.adamw_lr, "peak lr of the AdamW group (embeddings, head, norms, biases) in Muon runs")
-      ->capture_default_str()
-      ->check(dmuon::cli::positive());
+  args->adamw_lr = c->add_option("--adamw-lr", o.adamw_lr,
+                                  "peak lr of the AdamW group (embeddings, head, norms, biases) in Muon runs")
+                       ->capture_default_str()
+                       ->check(dmuon::cli::positive());
   c->add_option("--weight-decay", o.weight_decay, "decoupled weight decay")
       ->capture_default_str()
       ->check(at_least(0.0));
@@ -199,7 +243,7 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
   c->add_option("--balancer", args->balancer, "dmuon: owner assignment rr | lpt | milp (CBC)")->capture_default_str();
   c->add_option("--save", args->save,
                 "write checkpoints into this folder (DIR/step-N) after the last step, on SIGTERM/SIGINT and with "
-                "--save-every");
+                "--save-every; it may hold earlier step-N checkpoints, nothing else (default: none)");
   c->add_option("--save-every", o.save_every, "also checkpoint every this many steps, written in the background "
                 "(0: only at the end)")
       ->capture_default_str()
@@ -208,21 +252,21 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
       ->capture_default_str()
       ->check(at_least(1));
   c->add_option("--resume", o.resume,
-                "start from this checkpoint, or from the newest complete one in this --save folder (continues to "
-                "--steps)");
+                "start from this checkpoint, or from the newest complete one in this --save folder, and continue "
+                "to --steps (default: none)");
   c->add_option("--csv", args->csv, "per-step metrics CSV (default runs/<optim>.csv)");
   c->add_option("--progress", args->progress,
-                "auto | live (redrawn line) | plain (periodic lines); auto is live on a terminal, and "
-                "under mpirun stdout always is one: say plain when logging to a file")
-      ->capture_default_str();
+                "auto | live (redrawn line) | plain (periodic lines), for training and tuning; auto is live on "
+                "a terminal, and under mpirun stdout always is one: say plain when logging to a file")
+      ->capture_default_str()
+      ->check(CLI::IsMember({"auto", "live", "plain"}));
   c->add_option("--threads", args->threads, "BLAS threads per rank (0: 1 with several ranks, else OpenBLAS's)")
       ->capture_default_str()
       ->check(dmuon::cli::thread_count());
-  c->add_flag("--tune,!--no-tune", args->tune,
-              "Muon runs: tuned NS kernels and measured owner costs, on by default (rank 0 tunes shapes missing "
-              "from the cache at startup: about half a second for the demo model)");
-  c->add_option("--tune-cache", o.tune_cache,
-                "tuning cache file (default $XDG_CACHE_HOME/dmuon/tune.json or ~/.cache/dmuon/tune.json)");
+  dmuon::cli::add_tune_flags(c, args->tune,
+                             "Muon runs: tuned NS kernels and measured owner costs (rank 0 tunes shapes missing "
+                             "from the cache at startup: about half a second for the demo model)");
+  c->add_option("--tune-cache", o.tune_cache, dmuon::cli::kTuneCacheHelp);
   c->callback([args] { run_train(*args); });
 });
 

@@ -36,8 +36,9 @@ void run(const TuneArgs& a) {
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
+  const std::string cache = a.session.cache_path();
   std::printf("%s: %zu shapes, batches for D = %d, %d BLAS threads; cache %s\n\n", a.model.label().c_str(),
-              requests.size(), a.ranks, a.session.resolved_threads(), a.session.cache_path().c_str());
+              requests.size(), a.ranks, a.session.resolved_threads(), cache.empty() ? "none" : cache.c_str());
   std::printf("%-12s %5s  %-36s %10s %12s %8s\n", "shape", "batch", "chosen", "time_ms", "untuned_ms", "speedup");
   for (const auto& e : entries) {
     const std::string shape = std::to_string(e.rows) + "x" + std::to_string(e.cols);
@@ -52,6 +53,7 @@ Registration reg("", [](CLI::App& app) {
   auto* c = app.add_subcommand("tune", "Autotune Newton-Schulz for a model's matrix shapes and cache the winners");
   args->model.add_to(c);
   c->add_option("--ranks", args->ranks, "Tune the per-rank batch sizes of D ranks (ceil(count/D))")
+      ->capture_default_str()
       ->check(at_least(1));
   args->session.add_to(c);
   args->session.device.add_to(c);

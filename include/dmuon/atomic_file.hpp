@@ -13,6 +13,13 @@ void write_file_atomically(const std::string& path, std::string_view bytes);
 // holding `to`, so the rename survives a crash. Throws dmuon::Error naming both.
 void rename_durably(const std::string& from, const std::string& to);
 
+// Why the file (or, with `folder`, the folder) `path` could not be written, created or replaced, with
+// any missing folders above it: "" when it can be. Checked before work starts, so a run does not end
+// in a failed write: the nearest existing folder above `path` must take a new file (a probe file is
+// created and removed there; nothing else is written), and an existing `path` must be a writable
+// regular file (with `folder`: a folder).
+std::string why_cannot_write(const std::string& path, bool folder = false);
+
 // Reads a whole file; throws dmuon::Error naming the file when it cannot be opened or read.
 std::string read_file(const std::string& path);
 

@@ -42,6 +42,7 @@
 #include <exception>
 #include <functional>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,10 @@ namespace dmuon {
 // Collective over the optimizer's ranks. Throws if called between micro-batches of one update.
 // CheckpointWriter's three phases in a row.
 void save_checkpoint(const std::string& dir, Optimizer& optimizer);
+// Before any work: throws the dmuon::Error save_checkpoint(dir) would raise for the folder itself (it, or
+// its <dir>.new or <dir>.old sibling, holds files that are not part of a checkpoint; the folder above
+// cannot be written), touching nothing. One process's check; call it on rank 0.
+void check_checkpoint_destination(const std::string& dir);
 
 // A save in three phases, so that the files can be written while training goes on:
 //   constructor  collective: rank 0 prepares the folders; each rank copies its state (memory: one
@@ -89,6 +94,21 @@ class CheckpointWriter {
 bool is_checkpoint(const std::string& dir);
 // Collective over the optimizer's ranks.
 void load_checkpoint(const std::string& dir, Optimizer& optimizer);
+
+// What a checkpoint holds, from its JSON files alone (no tensor data is read): the step counters and,
+// per parameter, its full shape and the kinds of state saved for it ("param", "muon.momentum", ...).
+// For checks before work starts (dmuon train --resume). Throws dmuon::Error naming what is missing or
+// malformed.
+struct CheckpointContents {
+  int64_t updates = 0, skipped = 0;
+  struct Param {
+    std::vector<int64_t> shape;
+    std::set<std::string> kinds;
+  };
+  std::map<std::string, Param> params;
+  int64_t steps() const { return updates + skipped; }  // optimizer steps taken
+};
+CheckpointContents read_checkpoint_contents(const std::string& dir);
 
 struct CheckpointTensor {
   std::vector<int64_t> shape;

@@ -23,6 +23,13 @@ std::string newest_checkpoint(const std::string& path);
 // The step of the newest complete checkpoint in DIR, if any.
 std::optional<int64_t> newest_checkpoint_step(const std::string& dir);
 
+// Before any work: throws the dmuon::Error saving into DIR would meet, touching nothing. DIR may be
+// missing (the first save creates it) or hold step-N checkpoints (and the debris of their saves), each
+// of which check_checkpoint_destination accepts; anything else in it (a file of someone's, a
+// checkpoint of its own) is refused, since pruning removes step-N folders whole. One process's
+// check; call it on rank 0.
+void check_checkpoint_folder(const std::string& dir);
+
 // Removes the complete step-N checkpoints of DIR beyond the newest `keep` (≥ 1), and the debris of
 // saves of older steps. Touches nothing else in DIR.
 void prune_checkpoints(const std::string& dir, int keep);

@@ -15,10 +15,16 @@
 namespace dmuon {
 
 // Writes the header on construction and flushes every row, so a run that dies keeps what it measured.
-// Throws dmuon::Error naming the path when the file cannot be created or written.
+// A resumed run (`resume_after`: the checkpoint's step) appends to the file its earlier run wrote,
+// after dropping rows past that step (a run that went on after its last checkpoint); without the file,
+// it starts a new one. A file that is not a metrics file is never replaced or appended to.
+// Throws dmuon::Error naming the path when the file is not ours or cannot be created or written.
 class MetricsCsvWriter {
  public:
-  explicit MetricsCsvWriter(const std::string& path);
+  explicit MetricsCsvWriter(const std::string& path, std::optional<int64_t> resume_after = std::nullopt);
+  // Before any work: throws when the file is not ours or could not be written, with the folders above
+  // it created (the caller creates them before constructing the writer); writes nothing.
+  static void check(const std::string& path);
   void write(const StepMetrics& row);
   const std::string& path() const { return path_; }
 

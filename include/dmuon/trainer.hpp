@@ -52,7 +52,7 @@ struct TrainOptions {
   Balancer balancer = Balancer::milp;
   int64_t steps = 300;        // optimizer steps of the whole run (a resumed run continues to it)
   uint64_t seed = 1;          // initialisation and batch order
-  int64_t batch = 16;         // B: sequences per global batch (divisible by world·micro_batches)
+  int64_t batch = 64;         // B: sequences per global batch (divisible by world·micro_batches); make demo's
   int micro_batches = 1;      // M: gradient accumulation
   double lr = 0;              // peak lr of the main group: Muon's (muon*, dmuon) or AdamW's (adamw);
                               // 0 = default_lr(optim)
@@ -82,9 +82,9 @@ struct TrainOptions {
   // rank then uses its entries. Requests: each Muon shape at the batch one rank runs (dmuon: ceil of
   // count/ranks; muon, muon-gather: the whole count).
   bool tune = false;
-  std::string tune_cache;                             // empty: default_tune_cache_path()
+  std::string tune_cache;                             // empty: TuneSessionOptions::cache_path's default
   TuneProgressFn tune_progress;                       // rank 0: tuning progress (optional)
-  std::function<void(const std::string&)> tune_warn;  // rank 0: a corrupt or foreign cache (optional)
+  std::function<void(const std::string&)> tune_warn;  // rank 0: TuneSessionOptions::warn (optional)
 };
 
 // What one optimizer step measured (the rows of the metrics CSV, metrics_csv.hpp). Times are wall-clock
@@ -107,7 +107,8 @@ double lr_factor(int64_t step, int64_t total, int64_t warmup, double min_ratio);
 
 class Trainer {
  public:
-  // Loads the corpus, builds the model and optimizer and, with options.resume, loads the checkpoint.
+  // Loads the corpus, builds the model and optimizer and, with options.resume, loads the checkpoint
+  // (checked against the model and optimizer before tuning, so a mismatch costs no tuning time).
   // comm: the ranks to train over; null trains in this process alone (comm::self(), a world of one,
   // through the same code as many ranks). Throws dmuon::Error naming a bad option or file.
   Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm);

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -24,17 +25,28 @@ class Comm;
 }
 
 // What makes timings comparable: results from another machine, BLAS, thread count or dtype are foreign.
+// A cache file holds entries for several keys side by side (CPU and GPU ones alike). `device` names the
+// backend: "cpu" (cpu = the CPU model, blas = the BLAS library), or "cuda", whose own fields are in
+// `extra` (tune_key_for: the GPU's name, the CUDA runtime, driver and cuBLAS versions); `extra` is
+// compared and written like the named fields.
 struct TuneKey {
   std::string cpu;
   std::string blas;
   int threads = 1;
   std::string dtype = "float32";
+  std::string device = "cpu";
+  std::map<std::string, std::string> extra;
   bool operator==(const TuneKey&) const = default;
+  // Every field as (name, value): device, cpu, blas, threads, dtype, then `extra` by name.
+  std::vector<std::pair<std::string, std::string>> fields() const;
 };
+// "threads 1 there, 2 here; blas 'A' there, 'B' here": the fields in which `theirs` differs from `ours`.
+std::string describe_difference(const TuneKey& theirs, const TuneKey& ours);
 // This process's key for `threads` BLAS threads (linalg::cpu_model, linalg::blas_description).
 TuneKey current_tune_key(int threads);
 // The key of timings taken on `backend`: current_tune_key(threads) on the CPU; on a GPU (src/tune/tune_key_gpu.cpp)
-// cpu = the GPU's name, blas = the CUDA runtime, driver and cuBLAS versions, threads = 1, dtype = "bfloat16".
+// device = "cuda", cpu and blas empty, threads = 1, dtype = "bfloat16", extra = {"gpu": the GPU's name,
+// "cuda": the CUDA runtime, driver and cuBLAS versions}.
 TuneKey tune_key_for(Backend& backend, int threads);
 
 // The configurations worth timing for `batch` rows×cols matrices with at most `max_threads` threads:
@@ -89,14 +101,21 @@ struct TuneEntry {
 class TuneCache {
  public:
   explicit TuneCache(TuneKey key) : key_(std::move(key)) {}
-  // Reads `path`. A missing file gives an empty cache; an unreadable, corrupt or foreign one (other
-  // key, other version, an invalid entry) gives an empty cache and a warning naming the file and the
-  // reason, never an exception.
+  // Reads `path`: the entries of `key`, keeping those of other keys for save(). A missing or empty
+  // file gives an empty cache. A file of ours that cannot be used (unreadable, corrupt, an invalid
+  // entry, another version) gives an empty cache and a one-line warning naming the file and the
+  // reason; so does a file without entries for `key` (the warning says what differs from the nearest
+  // key it has). Unreadable or of another version, the file is also left alone: saveable() is false.
+  // A file that is not a dmuon tuning cache (not JSON, or JSON without our "format") is not ours to
+  // replace: dmuon::Error naming it.
   static TuneCache load(const std::string& path, const TuneKey& key, std::string* warning);
   const TuneEntry* find(int64_t rows, int64_t cols, int batch) const;
   void put(const TuneEntry& entry);  // replaces an entry of the same (rows, cols, batch)
   const std::vector<TuneEntry>& entries() const { return entries_; }
   const TuneKey& key() const { return key_; }
+  size_t other_keys() const { return others_.size(); }
+  bool saveable() const { return saveable_; }
+  // The whole file: this key's entries and every other key's, in the order they were first saved.
   std::string to_json() const;
   // Writes atomically (write_file_atomically), creating the folder.
   void save(const std::string& path) const;
@@ -104,9 +123,12 @@ class TuneCache {
  private:
   TuneKey key_;
   std::vector<TuneEntry> entries_;
+  std::vector<std::pair<TuneKey, std::vector<TuneEntry>>> others_;
+  size_t position_ = 0;  // where key_'s entries go among others_ in the file
+  bool saveable_ = true;
 };
 
-// $XDG_CACHE_HOME/dmuon/tune.json, else $HOME/.cache/dmuon/tune.json.
+// $XDG_CACHE_HOME/dmuon/tune.json, else $HOME/.cache/dmuon/tune.json; dmuon::Error when neither is set.
 std::string default_tune_cache_path();
 
 // Seconds one run of `options` takes on `batch` rows×cols matrices.
@@ -135,17 +157,22 @@ std::vector<TuneEntry> tune_entries_from_json(const std::string& text);
 
 // Where tuned entries live and how to tune the missing ones.
 struct TuneSessionOptions {
-  std::string cache_path;  // default_tune_cache_path() is the usual choice
+  // The cache file; empty: default_tune_cache_path(), or none (a warning) where that is not set.
+  std::string cache_path;
   int threads = 1;         // BLAS threads NS runs with (part of the cache key)
   int rounds = 3;          // timing rounds per candidate
   TuneProgressFn progress;
-  std::function<void(const std::string&)> warn;  // a corrupt or foreign cache file (then tuned anew)
+  // One line each: a cache of ours that could not be used (then tuned anew), or a location that cannot
+  // be written (then the entries tuned now serve this run only).
+  std::function<void(const std::string&)> warn;
   Backend* backend = nullptr;  // tune on this backend (a GPU: key tune_key_for, timer make_ns_timer(backend, dtype))
   DType dtype = DType::f32;    // the iterates' dtype there
 };
 
-// Loads the cache, tunes what it lacks for `requests` with make_ns_timer, saves it when it changed
-// (or was rejected); the entries in request order.
+// Loads the cache, tunes what it lacks for `requests` with make_ns_timer and saves it when it changed
+// (or was rejected); the entries in request order. The location is checked before any tuning: where the
+// cache cannot be written (its folder read-only, no HOME) a warning says so and nothing is saved. A file
+// there that is not a tuning cache is an error (TuneCache::load), raised before any tuning.
 std::vector<TuneEntry> tune_with_cache(const std::vector<TuneRequest>& requests, const TuneSessionOptions& options);
 
 // Collective. Rank 0 runs tune_with_cache (progress and warnings are rank 0's) while the other

@@ -72,6 +72,29 @@ void rename_durably(const std::string& from, const std::string& to) {
   fault::point("renamed a file or folder");
 }
 
+std::string why_cannot_write(const std::string& path, bool folder) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path target(path);
+  const fs::file_status status = fs::status(target, ec);
+  if (fs::exists(status)) {
+    if (folder && !fs::is_directory(status)) return path + " exists and is not a folder";
+    if (!folder && !fs::is_regular_file(status)) return path + " exists and is not a regular file";
+    if (::access(path.c_str(), W_OK) != 0) return path + " is not writable: " + std::strerror(errno);
+  }
+  // The nearest existing folder above: it receives the new file, the missing folders, or the renames.
+  fs::path dir = target.parent_path();
+  while (!dir.empty() && !fs::exists(dir, ec) && dir != dir.parent_path()) dir = dir.parent_path();
+  if (dir.empty()) dir = ".";
+  if (!fs::is_directory(dir, ec)) return dir.string() + " is not a folder";
+  std::string probe = (dir / ".dmuon-write-check.XXXXXX").string();
+  const int fd = ::mkstemp(probe.data());
+  if (fd < 0) return "cannot create files in " + dir.string() + ": " + std::strerror(errno);
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return "";
+}
+
 std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   DMUON_CHECK(in.good(), "cannot open ", path, ": ", std::strerror(errno));

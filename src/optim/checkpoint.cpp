@@ -353,6 +353,13 @@ void save_checkpoint(const std::string& dir, Optimizer& optimizer) {
   writer.finish();
 }
 
+void check_checkpoint_destination(const std::string& dir_arg) {
+  const std::string dir = folder_name(dir_arg);
+  for (const std::string& folder : {dir, staging_folder(dir), old_folder(dir)}) check_replaceable(folder);
+  const std::string why = why_cannot_write(dir, true);
+  DMUON_CHECK(why.empty(), "cannot write checkpoint ", dir, ": ", why);
+}
+
 void load_checkpoint(const std::string& dir, Optimizer& optimizer) {
   std::vector<StateSlice> targets = optimizer.state_slices();
   std::vector<std::vector<float>> staged(targets.size());
@@ -376,6 +383,21 @@ void load_checkpoint(const std::string& dir, Optimizer& optimizer) {
   // Everything validated on every rank: commit.
   for (size_t i = 0; i < targets.size(); ++i) std::copy(staged[i].begin(), staged[i].end(), targets[i].data);
   optimizer.set_counters(manifest.updates, manifest.skipped);
+}
+
+CheckpointContents read_checkpoint_contents(const std::string& dir) {
+  const Manifest manifest = read_manifest(complete_folder(dir));
+  CheckpointContents out;
+  out.updates = manifest.updates;
+  out.skipped = manifest.skipped;
+  for (const SavedSlice& s : manifest.slices) {
+    CheckpointContents::Param& p = out.params[s.param];
+    DMUON_CHECK(p.kinds.empty() || p.shape == s.shape, dir, ": parameter '", s.param, "' is saved with shapes ",
+                shape_text(p.shape), " and ", shape_text(s.shape));
+    p.shape = s.shape;
+    p.kinds.insert(s.kind);
+  }
+  return out;
 }
 
 std::map<std::string, CheckpointTensor> read_checkpoint_tensors(const std::string& dir, const std::string& kind) {

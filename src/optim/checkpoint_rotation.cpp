@@ -6,6 +6,7 @@
 #include <map>
 #include <regex>
 
+#include "dmuon/atomic_file.hpp"
 #include "dmuon/checkpoint.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/fault_injection.hpp"
@@ -61,6 +62,23 @@ std::string newest_checkpoint(const std::string& path) {
   DMUON_CHECK(!folders.complete.empty(), path,
               ": no complete checkpoint (neither an index.json nor a step-N folder holding one)");
   return folders.complete.rbegin()->second;
+}
+
+void check_checkpoint_folder(const std::string& dir) {
+  if (fs::exists(dir)) {
+    DMUON_CHECK(fs::is_directory(dir), dir, ": exists and is not a folder; refusing to save checkpoints there");
+    DMUON_CHECK(!is_checkpoint(dir), dir, ": is a checkpoint itself, not a folder of step-N checkpoints; refusing to "
+                "save checkpoints into it (name a new or empty folder)");
+    for (const auto& entry : fs::directory_iterator(dir)) {
+      const std::string name = entry.path().filename().string();
+      DMUON_CHECK(entry.is_directory() && std::regex_match(name, kStepFolder), dir, ": holds '", name,
+                  "', which is not a step-N checkpoint; refusing to save checkpoints there (name a new or empty "
+                  "folder)");
+    }
+    for (const auto& [step, paths] : scan(dir).all) check_checkpoint_destination(checkpoint_for_step(dir, step));
+  }
+  const std::string why = why_cannot_write(dir, true);
+  DMUON_CHECK(why.empty(), "cannot write checkpoints into ", dir, ": ", why);
 }
 
 void prune_checkpoints(const std::string& dir, int keep) {

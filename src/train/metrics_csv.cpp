@@ -1,9 +1,14 @@
 #include "dmuon/metrics_csv.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <sstream>
 
 #include "dmuon/atomic_file.hpp"
@@ -22,6 +27,12 @@ std::string number(double x) {
   return buf;
 }
 
+void write_row(std::ostream& out, const StepMetrics& r) {
+  out << r.step << ',' << number(r.train_loss) << ',' << (r.val_loss ? number(*r.val_loss) : "") << ','
+      << number(r.step_s) << ',' << number(r.fwd_bwd_s) << ',' << number(r.optim_s) << ',' << number(r.comm_wait_s)
+      << '\n';
+}
+
 double parse_number(const std::string& field, const std::string& path, int line, const char* column) {
   char* end = nullptr;
   const double x = std::strtod(field.c_str(), &end);
@@ -38,19 +49,63 @@ int64_t parse_step(const std::string& field, const std::string& path, int line) 
               " line ", line, ": column step is not a whole number: '", field, "'");
   return step;
 }
+
+// The file's text when it exists and is a regular file; "" otherwise (/dev/null, a FIFO, no file).
+std::string existing_text(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_regular_file(path, ec) ? read_file(path) : std::string();
+}
+
+bool is_metrics_text(const std::string& text) {
+  return text.empty() || text.compare(0, std::string(kHeader).size() + 1, std::string(kHeader) + "\n") == 0;
+}
 }  // namespace
 
-MetricsCsvWriter::MetricsCsvWriter(const std::string& path) : path_(path), out_(path, std::ios::trunc) {
+void MetricsCsvWriter::check(const std::string& path) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  // A device or pipe (/dev/null) is written in place: it only needs to be writable.
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status) &&
+      !std::filesystem::is_directory(status)) {
+    DMUON_CHECK(::access(path.c_str(), W_OK) == 0, "cannot write metrics file ", path, ": ", std::strerror(errno));
+    return;
+  }
+  const std::string why = why_cannot_write(path);
+  DMUON_CHECK(why.empty(), "cannot write metrics file ", path, ": ", why);
+  DMUON_CHECK(is_metrics_text(existing_text(path)), "metrics file ", path,
+              " exists and is not a metrics file (its first line is not '", kHeader, "'); refusing to replace it");
+}
+
+MetricsCsvWriter::MetricsCsvWriter(const std::string& path, std::optional<int64_t> resume_after) : path_(path) {
+  check(path);
+  const std::string text = existing_text(path);
+  if (resume_after && !text.empty()) {
+    // Keep the earlier run's rows up to the checkpoint's step, then append.
+    std::string kept = std::string(kHeader) + "\n";
+    bool dropped = false;
+    for (const StepMetrics& r : read_metrics_csv(path)) {
+      if (r.step > *resume_after) {
+        dropped = true;
+        continue;
+      }
+      std::ostringstream row;
+      write_row(row, r);
+      kept += row.str();
+    }
+    if (dropped) write_file_atomically(path, kept);
+    out_.open(path, std::ios::app);
+    DMUON_CHECK(out_.good(), "cannot append to metrics file ", path);
+    return;
+  }
+  out_.open(path, std::ios::trunc);
   DMUON_CHECK(out_.good(), "cannot create metrics file ", path);
   out_ << kHeader << '\n' << std::flush;
   DMUON_CHECK(out_.good(), "cannot write metrics file ", path);
 }
 
 void MetricsCsvWriter::write(const StepMetrics& r) {
-  out_ << r.step << ',' << number(r.train_loss) << ',' << (r.val_loss ? number(*r.val_loss) : "") << ','
-       << number(r.step_s) << ',' << number(r.fwd_bwd_s) << ',' << number(r.optim_s) << ',' << number(r.comm_wait_s)
-       << '\n'
-       << std::flush;
+  write_row(out_, r);
+  out_ << std::flush;
   DMUON_CHECK(out_.good(), "cannot write metrics file ", path_);
 }
 

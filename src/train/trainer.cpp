@@ -7,6 +7,7 @@
 #include <cmath>
 #include <numbers>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "dmuon/checkpoint.hpp"
@@ -18,6 +19,7 @@
 #include "dmuon/optim.hpp"
 #include "dmuon/optimizer_factory.hpp"
 #include "dmuon/plan_across_ranks.hpp"
+#include "dmuon/shape.hpp"
 #include "dmuon/shard.hpp"
 #include "io/enum_names.hpp"
 
@@ -191,6 +193,34 @@ void validate(const TrainOptions& o, int world) {
   DMUON_CHECK(!o.model.tied_head, "a tied head is not supported in training (units 0 and L+1 would share wte)");
 }
 
+// Before any tuning or allocation: the checkpoint to resume from holds every parameter of this model
+// with its shape and the state its optimizer group keeps (Muon matrices: momentum; AdamW: m and v),
+// nothing else, and is not past --steps. load_checkpoint checks the data itself later.
+void check_resume(const std::string& checkpoint, const TrainOptions& o, const std::vector<ParamSpec>& specs) {
+  const CheckpointContents saved = read_checkpoint_contents(checkpoint);
+  DMUON_CHECK(saved.steps() <= o.steps, "checkpoint ", checkpoint, " is at step ", saved.steps(), ", past --steps ",
+              o.steps);
+  std::set<std::string> names;
+  for (const ParamSpec& spec : specs) {
+    names.insert(spec.name);
+    const auto it = saved.params.find(spec.name);
+    DMUON_CHECK(it != saved.params.end(), "checkpoint ", checkpoint, " lacks parameter '", spec.name,
+                "' (saved from another model?)");
+    DMUON_CHECK(it->second.shape == spec.shape, "checkpoint ", checkpoint, " holds parameter '", spec.name,
+                "' with shape ", shape_text(it->second.shape), ", this model's is ", shape_text(spec.shape),
+                " (saved with other --width, --heads or --context?)");
+    const bool muon = o.optim != OptimKind::adamw && spec.role == ParamRole::matrix;
+    for (const char* kind : muon ? std::vector<const char*>{"param", "muon.momentum"}
+                                 : std::vector<const char*>{"param", "adamw.m", "adamw.v"}) {
+      DMUON_CHECK(it->second.kinds.count(kind), "checkpoint ", checkpoint, " has no ", kind, " for parameter '",
+                  spec.name, "' (saved by another --optim? this run: ", to_string(o.optim), ")");
+    }
+  }
+  for (const auto& [name, param] : saved.params)
+    DMUON_CHECK(names.count(name), "checkpoint ", checkpoint, " holds parameter '", name,
+                "', which this model does not have (saved from another model?)");
+}
+
 }  // namespace
 
 Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : options_(std::move(options)) {
@@ -214,11 +244,14 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
                : options_.shard_mode == ShardMode::z2 ? shard::Mode::z2
                                                       : shard::Mode::replicated;
   stack.optimizer = optimizer_options(options_);
+  // The checkpoint itself, or the newest complete one in a --save folder.
+  const std::string resume = options_.resume.empty() ? "" : newest_checkpoint(options_.resume);
+  if (!resume.empty()) check_resume(resume, options_, specs);
   // The NS every Muon optimizer runs: tuned kernels (rank 0 tunes, every rank gets its entries) or opt.muon.ns.
   if (options_.tune && options_.optim != OptimKind::adamw) {
     const auto t0 = Clock::now();
     TuneSessionOptions session;
-    session.cache_path = options_.tune_cache.empty() ? default_tune_cache_path() : options_.tune_cache;
+    session.cache_path = options_.tune_cache;
     session.threads = linalg::threads();
     session.progress = options_.tune_progress;
     session.warn = options_.tune_warn;
@@ -244,11 +277,9 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
     gpt_init_param(options_.model, specs[i], options_.seed, init.data());
     m.sharded().load_full(static_cast<int>(i), init);
   }
-  if (!options_.resume.empty()) {
-    load_checkpoint(newest_checkpoint(options_.resume), *m.stack.optimizer);
+  if (!resume.empty()) {
+    load_checkpoint(resume, *m.stack.optimizer);
     m.step = m.stack.optimizer->updates() + m.stack.optimizer->skipped_steps();
-    DMUON_CHECK(m.step <= options_.steps, "checkpoint ", options_.resume, " is at step ", m.step, ", past --steps ",
-                options_.steps);
   }
 }
 

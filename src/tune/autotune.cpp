@@ -14,13 +14,12 @@
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/tune.hpp"
-#include "io/json_file.hpp"
 
 namespace dmuon {
 
 namespace {
 
-constexpr int kCacheVersion = 1;
+constexpr int kCacheVersion = 2;
 constexpr int64_t kMinTileRows = 128;  // smaller tiles lose more BLAS efficiency than they save (DESIGN 2.3)
 
 nlohmann::json entry_to_json(const TuneEntry& e) {
@@ -61,7 +60,13 @@ TuneEntry entry_from_json(const nlohmann::json& j) {
 
 }  // namespace
 
-TuneKey current_tune_key(int threads) { return {linalg::cpu_model(), linalg::blas_description(), threads, "float32"}; }
+TuneKey current_tune_key(int threads) {
+  TuneKey k;
+  k.cpu = linalg::cpu_model();
+  k.blas = linalg::blas_description();
+  k.threads = threads;
+  return k;
+}
 
 std::vector<NsOptions> tune_candidates(int64_t rows, int64_t cols, int batch, int max_threads) {
   DMUON_CHECK(rows > 0 && cols > 0 && batch > 0 && max_threads > 0, "cannot tune shape ", rows, "x", cols,
@@ -167,36 +172,142 @@ double TuneSelector::best_seconds() const { return min_s_[best()]; }
 double TuneSelector::seconds(size_t candidate) const { return min_s_.at(candidate); }
 
 // ---- cache ----
+//
+// The file (version 2): {"format": "dmuon-tune", "version": 2, "settings": [{"key": {...}, "entries":
+// [...]}, ...]}, one setting per TuneKey. Version 1 held one setting as top-level "key" and "entries";
+// it is read as such and rewritten as version 2.
+
+namespace {
+
+nlohmann::json key_to_json(const TuneKey& k) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, value] : k.fields()) j[name] = value;
+  j["threads"] = k.threads;
+  return j;
+}
+
+TuneKey key_from_json(const nlohmann::json& j) {
+  TuneKey k;
+  k.cpu = j.at("cpu").get<std::string>();
+  k.blas = j.at("blas").get<std::string>();
+  k.threads = j.at("threads").get<int>();
+  k.dtype = j.at("dtype").get<std::string>();
+  k.device = j.value("device", std::string("cpu"));  // version 1 keys have no device: the CPU
+  for (const auto& [name, value] : j.items())
+    if (name != "cpu" && name != "blas" && name != "threads" && name != "dtype" && name != "device")
+      k.extra[name] = value.get<std::string>();
+  return k;
+}
+
+std::vector<TuneEntry> entries_from_json(const nlohmann::json& j) {
+  std::vector<TuneEntry> out;
+  for (const auto& e : j) out.push_back(entry_from_json(e));
+  return out;
+}
+
+size_t count_differences(const TuneKey& a, const TuneKey& b) {
+  size_t n = 0;
+  for (const auto& [name, value] : a.fields()) {
+    bool same = false;
+    for (const auto& [other, other_value] : b.fields()) same = same || (other == name && other_value == value);
+    n += !same;
+  }
+  return n;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> TuneKey::fields() const {
+  std::vector<std::pair<std::string, std::string>> out = {
+      {"device", device}, {"cpu", cpu}, {"blas", blas}, {"threads", std::to_string(threads)}, {"dtype", dtype}};
+  for (const auto& [name, value] : extra) out.emplace_back(name, value);
+  return out;
+}
+
+std::string describe_difference(const TuneKey& theirs, const TuneKey& ours) {
+  const auto mine = ours.fields();
+  std::string out;
+  auto add = [&](const std::string& name, const std::string& there, const std::string& here) {
+    const bool number = name == "threads";
+    const auto show = [&](const std::string& v) { return v.empty() ? std::string("none") : number ? v : "'" + v + "'"; };
+    out += (out.empty() ? "" : "; ") + name + " " + show(there) + " there, " + show(here) + " here";
+  };
+  for (const auto& [name, value] : theirs.fields()) {
+    std::string here;
+    for (const auto& [n, v] : mine) here = n == name ? v : here;
+    if (here != value) add(name, value, here);
+  }
+  for (const auto& [name, value] : mine) {
+    bool theirs_has = false;
+    for (const auto& [n, v] : theirs.fields()) theirs_has = theirs_has || n == name;
+    if (!theirs_has) add(name, "", value);
+  }
+  return out;
+}
 
 TuneCache TuneCache::load(const std::string& path, const TuneKey& key, std::string* warning) {
   TuneCache cache(key);
-  if (!std::filesystem::exists(path)) return cache;
-  auto reject = [&](const std::string& why) {
-    if (warning) *warning = "tuning cache " + path + " " + why + "; tuning again and rewriting it";
-    return TuneCache(key);
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return cache;
+  auto warn = [&](const std::string& why) {
+    if (warning) *warning = "tuning cache " + path + " " + why;
   };
+  std::string text;
+  try {
+    text = read_file(path);
+  } catch (const Error& e) {
+    warn("cannot be read (" + std::string(e.what()) + "); tuning without it, leaving it as it is");
+    cache.saveable_ = false;
+    return cache;
+  }
+  if (text.find_first_not_of(" \t\r\n") == std::string::npos) return cache;  // empty: nothing to lose
   nlohmann::json j;
   try {
-    j = read_json_file(path);
-  } catch (const std::exception& e) {
-    return reject(std::string("is unreadable or not JSON (") + e.what() + ")");
+    j = nlohmann::json::parse(text);
+  } catch (const std::exception&) {
+    j = nullptr;
   }
+  // Ours: our format field, or, where the text is not JSON (cut short), our format's name in it.
+  const bool ours = j.is_object() ? j.value("format", std::string()) == "dmuon-tune"
+                                  : j.is_null() && text.find("\"dmuon-tune\"") != std::string::npos;
+  DMUON_CHECK(ours, path, " is not a dmuon tuning cache; refusing to replace it (name another file with --tune-cache)");
+  if (!j.is_object()) {
+    warn("is corrupt (not JSON); tuning again and rewriting it");
+    return cache;
+  }
+  std::vector<std::pair<TuneKey, std::vector<TuneEntry>>> settings;
   try {
-    if (!j.is_object() || j.value("format", std::string()) != "dmuon-tune")
-      return reject("is not a dmuon tuning cache");
-    if (j.at("version").get<int>() != kCacheVersion)
-      return reject("has version " + j.at("version").dump() + ", expected " + std::to_string(kCacheVersion));
-    const auto& k = j.at("key");
-    TuneKey theirs{k.at("cpu").get<std::string>(), k.at("blas").get<std::string>(), k.at("threads").get<int>(),
-                   k.at("dtype").get<std::string>()};
-    if (!(theirs == key)) {
-      return reject("was tuned for another setting (cpu '" + theirs.cpu + "', blas '" + theirs.blas + "', " +
-                    std::to_string(theirs.threads) + " threads, " + theirs.dtype + "; this run: cpu '" + key.cpu +
-                    "', blas '" + key.blas + "', " + std::to_string(key.threads) + " threads, " + key.dtype + ")");
+    const int version = j.at("version").get<int>();
+    if (version == 1) {
+      settings.emplace_back(key_from_json(j.at("key")), entries_from_json(j.at("entries")));
+    } else if (version == kCacheVersion) {
+      for (const auto& s : j.at("settings")) settings.emplace_back(key_from_json(s.at("key")), entries_from_json(s.at("entries")));
+    } else {
+      warn("has version " + std::to_string(version) + " (this dmuon reads 1 and " + std::to_string(kCacheVersion) +
+           "); tuning without it, leaving it as it is");
+      cache.saveable_ = false;
+      return cache;
     }
-    for (const auto& e : j.at("entries")) cache.put(entry_from_json(e));
   } catch (const std::exception& e) {
-    return reject(std::string("is corrupt (") + e.what() + ")");
+    warn(std::string("is corrupt (") + e.what() + "); tuning again and rewriting it");
+    return cache;
+  }
+  const TuneKey* nearest = nullptr;
+  bool found = false;
+  for (auto& [k, entries] : settings) {
+    if (k == key) {
+      cache.position_ = cache.others_.size();
+      cache.entries_ = std::move(entries);
+      found = true;
+      continue;
+    }
+    if (!nearest || count_differences(k, key) < count_differences(*nearest, key)) nearest = &k;
+    cache.others_.emplace_back(k, std::move(entries));
+  }
+  if (!found) cache.position_ = cache.others_.size();  // a new setting goes last
+  if (cache.entries_.empty() && nearest) {
+    warn("has no entries for this setting (" + std::to_string(cache.others_.size()) +
+         " other setting(s); the nearest: " + describe_difference(*nearest, key) + "): tuning and adding them");
   }
   return cache;
 }
@@ -218,11 +329,17 @@ void TuneCache::put(const TuneEntry& entry) {
 }
 
 std::string TuneCache::to_json() const {
-  nlohmann::json j = {{"format", "dmuon-tune"},
-                      {"version", kCacheVersion},
-                      {"key", {{"cpu", key_.cpu}, {"blas", key_.blas}, {"threads", key_.threads}, {"dtype", key_.dtype}}},
-                      {"entries", nlohmann::json::array()}};
-  for (const auto& e : entries_) j["entries"].push_back(entry_to_json(e));
+  auto setting = [](const TuneKey& k, const std::vector<TuneEntry>& entries) {
+    nlohmann::json s = {{"key", key_to_json(k)}, {"entries", nlohmann::json::array()}};
+    for (const auto& e : entries) s["entries"].push_back(entry_to_json(e));
+    return s;
+  };
+  nlohmann::json settings = nlohmann::json::array();
+  for (size_t i = 0; i <= others_.size(); ++i) {
+    if (i == position_ && !entries_.empty()) settings.push_back(setting(key_, entries_));
+    if (i < others_.size()) settings.push_back(setting(others_[i].first, others_[i].second));
+  }
+  nlohmann::json j = {{"format", "dmuon-tune"}, {"version", kCacheVersion}, {"settings", settings}};
   return j.dump(2) + "\n";
 }
 
@@ -238,7 +355,7 @@ std::string default_tune_cache_path() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   if (xdg && *xdg) return std::string(xdg) + "/dmuon/tune.json";
   const char* home = std::getenv("HOME");
-  DMUON_CHECK(home && *home, "neither XDG_CACHE_HOME nor HOME is set: give the tuning cache with --cache FILE");
+  DMUON_CHECK(home && *home, "neither XDG_CACHE_HOME nor HOME is set: name the tuning cache with --tune-cache FILE");
   return std::string(home) + "/.cache/dmuon/tune.json";
 }
 
@@ -276,14 +393,39 @@ std::vector<TuneEntry> tune_shapes(const std::vector<TuneRequest>& requests, Tun
 }
 
 std::vector<TuneEntry> tune_with_cache(const std::vector<TuneRequest>& requests, const TuneSessionOptions& options) {
-  std::string warning;
+  auto warn = [&](const std::string& warning) {
+    if (options.warn) options.warn(warning);
+  };
+  std::string path = options.cache_path;
+  if (path.empty()) {
+    try {
+      path = default_tune_cache_path();
+    } catch (const Error& e) {
+      warn(std::string(e.what()) + "; the entries tuned now serve this run only");
+    }
+  }
   const TuneKey key = options.backend ? tune_key_for(*options.backend, options.threads) : current_tune_key(options.threads);
-  TuneCache cache = TuneCache::load(options.cache_path, key, &warning);
-  if (!warning.empty() && options.warn) options.warn(warning);
+  TuneCache cache(key);
+  bool save = false;
+  if (!path.empty()) {
+    std::string warning;
+    cache = TuneCache::load(path, key, &warning);
+    if (!warning.empty()) warn(warning);
+    const std::string unwritable = cache.saveable() ? why_cannot_write(path) : "";
+    if (!unwritable.empty())
+      warn("tuning cache " + path + " cannot be written (" + unwritable + "); the entries tuned now serve this run only");
+    save = cache.saveable() && unwritable.empty();
+  }
   const size_t before = cache.entries().size();
   const MeasureFn measure = options.backend ? make_ns_timer(*options.backend, options.dtype) : make_ns_timer();
   auto entries = tune_shapes(requests, cache, measure, options.threads, options.rounds, options.progress);
-  if (cache.entries().size() != before || !warning.empty()) cache.save(options.cache_path);
+  if (save && cache.entries().size() != before) {
+    try {
+      cache.save(path);
+    } catch (const Error& e) {
+      warn("cannot save tuning cache " + path + " (" + e.what() + "); the entries tuned now serve this run only");
+    }
+  }
   return entries;
 }
 

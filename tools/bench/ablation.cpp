@@ -125,7 +125,7 @@ void run(const Args& a) {
   std::printf(
       "DMuon %.2f ms (median of its runs beside each variant); muon-gather-plain (paper baseline) %.2f ms = "
       "%.2fx\n",
-      1e3 * full_s, 1e3 * plain.median_s, plain_ratio);
+      1e3 * full_s, 1e3 * plain.median_s, plain.median_s / full_s);
   std::printf("slowdown = a variant's step / DMuon's step, the two run interleaved\n");
   std::printf("share_i = max(0, ln(t_without_i / t_full)) / sum_j max(0, ln(t_without_j / t_full))\n\n");
   std::printf("%-20s %-16s %10s %9s %8s   %-34s %8s %8s\n", "removed", "variant", "step ms", "slowdown", "share",
@@ -146,7 +146,7 @@ Registration reg("bench", [](CLI::App& bench) {
   c->add_option("--steps", args->steps, "Timed steps per variant (median reported)")
       ->capture_default_str()
       ->check(at_least(1));
-  c->add_option("--tune-cache", args->tune_cache, "Tuning cache (default: dmuon tune's)");
+  c->add_option("--tune-cache", args->tune_cache, kTuneCacheHelp);
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");
   c->callback([args] { run(*args); });
 });

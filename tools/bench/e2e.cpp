@@ -142,10 +142,8 @@ Registration reg("bench", [](CLI::App& bench) {
       ->check(at_least(1));
   c->add_option("--warmup", args->warmup, "Untimed steps first")->capture_default_str()->check(at_least(0));
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");
-  c->add_flag("--tune,!--no-tune", args->tune,
-              "muon-gather and dmuon: tuned NS kernels, dmuon's owners from measured costs, on by default (as "
-              "dmuon train); --no-tune: default NS and flop-cost owners");
-  c->add_option("--tune-cache", args->tune_cache, "Tuning cache (default $XDG_CACHE_HOME/dmuon/tune.json)");
+  add_tune_flags(c, args->tune, "muon-gather and dmuon: tuned NS kernels, dmuon's owners from measured costs (as dmuon train)");
+  c->add_option("--tune-cache", args->tune_cache, kTuneCacheHelp);
   c->callback([args] { run(*args); });
 });
 

@@ -156,7 +156,7 @@ Registration reg("bench", [](CLI::App& bench) {
   c->add_option("--steps", args->steps, "Timed steps (median reported; one more untimed warm-up)")
       ->capture_default_str()
       ->check(at_least(1));
-  c->add_option("--tune-cache", args->tune_cache, "Tuning cache (default: dmuon tune's)");
+  c->add_option("--tune-cache", args->tune_cache, kTuneCacheHelp);
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");
   c->callback([args, optim] {
     args->optim_given = optim->count() > 0;

@@ -58,7 +58,7 @@ Registration reg("bench", [](CLI::App& bench) {
   auto args = std::make_shared<Args>();
   auto* c = bench.add_subcommand("report", "Write docs/BENCHMARKS.md from the raw output of make bench");
   c->add_option("--dir", args->dir, "Folder of the raw benchmark output (scripts/bench.sh)")->capture_default_str();
-  c->add_option("--out", args->out, "Write the report to this file (atomically) instead of stdout");
+  c->add_option("--out", args->out, "Write the report to this file (atomically) instead of stdout (default: stdout)");
   c->callback([args] {
     const std::string text = render(Inputs(args->dir));
     if (args->out.empty()) {

@@ -127,7 +127,7 @@ void validation_section(Report& r, const Inputs& in, const OptimizerRuns& runs) 
   const Value& hw = *profile;
   r.p(std::string("`") + in.command("calibrate-np2.txt") +
       "` writes the profile (here to docs/bench/this-cpu.json; by default to build/models/hardware/this-cpu.json, "
-      "which `dmuon simulate --profile this-cpu` finds). Every number's measurement is in its `sources`:");
+      "which `simulate --profile this-cpu` finds). Every number's measurement is in its `sources`:");
   r.p();
   std::string measured =
       fmt("sgemm %.0f GFLOP/s per rank, plain-NS efficiency %.2f, AdamW stream %.1f GB/s, link %.2f GB/s, "
