@@ -116,9 +116,11 @@ void run_train(TrainArgs& args) {
     o.tune_warn = bar.warn;
   }
   o.save_dir = args.save;
-  dmuon::cli::install_stop_signals(comm->rank() == 0);
   o.stop_signal = [] { return dmuon::cli::stop_signal_received(); };
   dmuon::Trainer trainer(o, comm);
+  // Installed once the trainer stands: before it, a signal has no step to finish and nothing to save,
+  // and the SIGTERM with which mpirun ends the other ranks after one rank's error must not announce a stop.
+  dmuon::cli::install_stop_signals(comm->rank() == 0);
   if (tune_bar) {
     tune_bar->finish();
     std::fprintf(stderr, "tuned Newton-Schulz: %zu shape(s) ready in %.2f s\n", trainer.tuned().size(),

@@ -93,7 +93,7 @@ NpyArray read_npy(const std::string& path) {
   std::vector<float> raw(count);
   const char* src = bytes.data() + data_start;
   if (itemsize == 4) {
-    std::memcpy(raw.data(), src, want);
+    if (want > 0) std::memcpy(raw.data(), src, want);  // an empty array's data() may be null
   } else {
     for (size_t i = 0; i < count; ++i) {
       double v;

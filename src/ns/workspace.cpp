@@ -35,9 +35,11 @@ struct Pool {
   }
 };
 
+// Never destroyed: its workspaces hold buffers of backends that outlive every static destructor (a CUDA
+// backend's memory cannot be freed once the runtime has shut down at exit).
 Pool& pool() {
-  static Pool p;
-  return p;
+  static Pool* p = new Pool;
+  return *p;
 }
 
 }  // namespace

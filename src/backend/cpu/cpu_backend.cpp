@@ -232,8 +232,9 @@ int CpuBackend::set_parallelism(int n) {
 }
 
 Backend& cpu_backend() {
-  static CpuBackend backend;
-  return backend;
+  // Never destroyed, like the CUDA backends: a Buffer held by a static may be freed during exit.
+  static CpuBackend* backend = new CpuBackend;
+  return *backend;
 }
 
 }  // namespace dmuon
