@@ -218,6 +218,7 @@ TEST(FencedDevice, GraphKeysTellBuffersApart) {
   }
 }
 
+#ifdef DMUON_HAVE_NCCL
 // ‖(x − x0) − (ref − x0)‖ ≤ 1e-4·‖ref − x0‖ per parameter: cuBLAS and OpenBLAS sum products in other
 // orders (float32, a few ulps per product), and Newton–Schulz may amplify such a change by up to a^5 ≈ 490
 // along small singular values (as tests/cuda_optim_test.cpp's Muon step); NCCL and MPI reduce gradients in
@@ -232,6 +233,7 @@ void expect_close_change(const Result& gpu, const Result& cpu, const test::ToyMo
     EXPECT_LE(std::sqrt(d), 1e-4 * std::sqrt(n)) << "parameter " << specs()[p].name;
   }
 }
+#endif
 
 TEST(CudaNccl, OptimizersOnEachRanksGpuMatchTheCpuWithinFloat32Rounding) {
 #ifndef DMUON_HAVE_NCCL

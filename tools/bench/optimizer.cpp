@@ -56,6 +56,7 @@ Backend* rank_backend(comm::Comm& world, const DeviceArgs& device) {
 #ifdef DMUON_HAVE_NCCL
   return &device.backend(comm::rank_device(world));
 #else
+  (void)world;
   DMUON_FAIL("--device ", device.device, ": this build of dmuon has no NCCL communicator (configure with CUDA, NCCL)");
 #endif
 }
