@@ -10,8 +10,8 @@
 //     replay the recording without calling fn, so a key that misses an address replays stale pointers.
 //   FencedComm: a communicator over an MPI one, as NCCL over its bootstrap (comm_nccl.hpp): collectives on
 //     fenced buffers open them, run on MPI and complete before returning; host buffers pass straight to MPI.
-// Operations run where they are called (no queue), as on the CPU. Test-only; not thread-safe across
-// backends sharing one Fence except through run_concurrently.
+// Operations run where they are called (no queue), as on the CPU; the fence's bookkeeping is behind a mutex,
+// so run_concurrently's workers may share one. Test-only.
 #pragma once
 
 #include <cstdint>
