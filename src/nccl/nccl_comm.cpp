@@ -254,7 +254,8 @@ class NcclComm : public Comm {
   }
 
   Work reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op, int root) override {
-    if (on_host({send, rank_ == root ? recv : nullptr}, "reduce")) return host_.reduce_raw(send, recv, count, t, op, root);
+    if (on_host({send, rank_ == root ? recv : nullptr}, "reduce"))
+      return host_.reduce_raw(send, recv, count, t, op, root);
     check_root(root, "reduce");
     check_op(t, op, "reduce");
     return post("reduce", [&] {

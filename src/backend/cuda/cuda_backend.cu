@@ -377,6 +377,7 @@ void CudaBackend::run_graph(const std::vector<int64_t>& key, const std::function
     } catch (...) {
       capturing_ = false;
       if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+      (void)cudaGetLastError();  // an invalidated capture's error is not the caller's
       throw;
     }
     capturing_ = false;
