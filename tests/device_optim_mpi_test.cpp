@@ -7,7 +7,8 @@
 //    state buffer, the gradient norm of every step, the skipped step — must equal the same run on the CPU
 //    backend over MPI bit for bit: the same kernels run in the same order. Newton–Schulz goes through
 //    Backend::run_graph, which the fenced device replays as a GPU would, so a graph key that missed an address
-//    would replay onto stale buffers and break the equality.
+//    would replay onto stale buffers and break the equality. Checkpoints saved from the device load into the
+//    CPU and back into the device bit for bit.
 //  - On GPUs, one per rank over NCCL (skips on every rank alike without a NCCL build, without a CUDA device, or
 //    with more ranks on a node than GPUs): the same cases against the CPU run within float32 rounding.
 #include <gtest/gtest.h>
@@ -18,6 +19,7 @@
 #include <map>
 #include <random>
 
+#include "dmuon/checkpoint.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/optimizer_factory.hpp"
@@ -25,6 +27,7 @@
 #include "fenced_device.hpp"
 #include "hook_pass.hpp"
 #include "test_world.hpp"
+#include "test_data.hpp"
 #include "toy_model.hpp"
 #ifdef DMUON_HAVE_NCCL
 #include "backend/cuda/cuda_backend.hpp"
@@ -102,23 +105,35 @@ struct Result {
   int64_t skipped = 0;
 };
 
-// `steps` steps of case c on `backend` (the CPU or the fenced device) over `comm`; every host access to the
-// backend's memory here goes through backend copies.
-Result run(const Case& c, Backend& backend, std::shared_ptr<comm::Comm> comm) {
-  const int rank = comm->rank(), ranks = comm->size();
-  OptimizerStack stack = make_optimizer_stack(comm, specs(), stack_options(c, ranks, &backend));
-  shard::ShardedParams& sp = *stack.params;
+// Case c's stack on `backend` (the CPU or the fenced device) over `comm`, loaded with the toy model's values.
+// Every host access to the backend's memory here and below goes through backend copies.
+OptimizerStack make_stack(const Case& c, Backend& backend, std::shared_ptr<comm::Comm> comm) {
+  OptimizerStack stack = make_optimizer_stack(comm, specs(), stack_options(c, comm->size(), &backend));
   const test::ToyModel init(specs(), 7);
-  for (int p = 0; p < sp.registry().size(); ++p) sp.load_full(p, init.values[p]);
-  Result out;
+  for (int p = 0; p < stack.params->registry().size(); ++p) stack.params->load_full(p, init.values[p]);
+  return stack;
+}
+
+// kSteps steps of this rank's gradients; the gradient norm of each.
+std::vector<double> train(OptimizerStack& stack, int rank, int ranks) {
+  shard::ShardedParams& sp = *stack.params;
+  std::vector<double> norms;
   for (int t = 0; t < kSteps; ++t) {
     test::hook_pass(sp, [&](int p, std::span<float> g) {
       const std::vector<float> v = rank_gradient(p, t, rank, static_cast<int64_t>(g.size()), ranks);
-      backend.copy_from_host(g.data(), v.data(), sizeof(float) * v.size());
+      sp.backend().copy_from_host(g.data(), v.data(), sizeof(float) * v.size());
     });
     stack.optimizer->step();
-    out.grad_norms.push_back(stack.optimizer->last_grad_norm());
+    norms.push_back(stack.optimizer->last_grad_norm());
   }
+  return norms;
+}
+
+// Every parameter's full value (gathered), this rank's state buffers and the skipped steps.
+Result read(OptimizerStack& stack) {
+  shard::ShardedParams& sp = *stack.params;
+  Backend& backend = sp.backend();
+  Result out;
   out.skipped = stack.optimizer->skipped_steps();
   out.values.resize(specs().size());
   for (int u = 0; u < sp.num_units(); ++u) {
@@ -138,6 +153,14 @@ Result run(const Case& c, Backend& backend, std::shared_ptr<comm::Comm> comm) {
   return out;
 }
 
+Result run(const Case& c, Backend& backend, std::shared_ptr<comm::Comm> comm) {
+  OptimizerStack stack = make_stack(c, backend, comm);
+  const std::vector<double> norms = train(stack, comm->rank(), comm->size());
+  Result out = read(stack);
+  out.grad_norms = norms;
+  return out;
+}
+
 // Bit-for-bit equality of two float arrays (NaN patterns included).
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
@@ -146,6 +169,20 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 test::FencedBackend& fenced() {
   static test::FencedBackend device;
   return device;
+}
+
+// Weights, state buffers and skipped steps equal bit for bit.
+void expect_same(const Result& got, const Result& want) {
+  EXPECT_EQ(got.skipped, want.skipped);
+  ASSERT_EQ(got.values.size(), want.values.size());
+  for (size_t p = 0; p < want.values.size(); ++p) {
+    EXPECT_TRUE(same_bits(got.values[p], want.values[p])) << "parameter " << specs()[p].name;
+  }
+  ASSERT_EQ(got.state.size(), want.state.size());
+  for (const auto& [key, values] : want.state) {
+    ASSERT_TRUE(got.state.count(key)) << key.first << " " << key.second;
+    EXPECT_TRUE(same_bits(got.state.at(key), values)) << key.first << " " << key.second;
+  }
 }
 
 TEST(FencedDevice, OptimizersNeverTouchDeviceMemoryAndMatchTheCpuBitForBit) {
@@ -159,21 +196,34 @@ TEST(FencedDevice, OptimizersNeverTouchDeviceMemoryAndMatchTheCpuBitForBit) {
     const Result cpu = run(c, cpu_backend(), world);
     const Result device = run(c, fenced(), fenced_world);
     EXPECT_EQ(device.skipped, 1);
-    EXPECT_EQ(cpu.skipped, device.skipped);
     EXPECT_EQ(cpu.grad_norms, device.grad_norms);
-    ASSERT_EQ(cpu.values.size(), device.values.size());
-    for (size_t p = 0; p < cpu.values.size(); ++p) {
-      EXPECT_TRUE(same_bits(cpu.values[p], device.values[p])) << "parameter " << specs()[p].name;
-    }
-    ASSERT_EQ(cpu.state.size(), device.state.size());
-    for (const auto& [key, values] : cpu.state) {
-      ASSERT_TRUE(device.state.count(key)) << key.first << " " << key.second;
-      EXPECT_TRUE(same_bits(values, device.state.at(key))) << key.first << " " << key.second;
-    }
+    expect_same(device, cpu);
     // Gather-then-compute runs NS on every matrix on every rank, so every rank replays recorded graphs.
     if (c.kind == OptimKind::muon_gather) {
       EXPECT_GT(fenced().graphs_replayed(), replayed);
     }
+  }
+}
+
+// Checkpoints move optimizer state through the backend: saved from the fenced device, loaded into the CPU and
+// into the fenced device again, both hold what was saved, bit for bit.
+TEST(FencedDevice, CheckpointsSaveAndLoadDeviceState) {
+  const auto world = test::world();
+  const auto fenced_world = test::fenced_comm(world, fenced().fence());
+  test::TempDir tmp;
+  const std::string dir = test::shared_folder(tmp);
+  for (const Case& c : {kCases[1], kCases[3]}) {
+    SCOPED_TRACE(std::string(c.name) + " on rank " + std::to_string(world->rank()));
+    OptimizerStack device = make_stack(c, fenced(), fenced_world);
+    train(device, world->rank(), world->size());
+    save_checkpoint(dir, *device.optimizer);
+    const Result saved = read(device);
+    OptimizerStack cpu = make_stack(c, cpu_backend(), world);
+    load_checkpoint(dir, *cpu.optimizer);
+    expect_same(read(cpu), saved);
+    OptimizerStack again = make_stack(c, fenced(), fenced_world);
+    load_checkpoint(dir, *again.optimizer);
+    expect_same(read(again), saved);
   }
 }
 
