@@ -6,9 +6,13 @@
 #  2. builds: the full project when every library is there, else the GPU subset (-DDMUON_GPU_ONLY=ON: CUDA and
 #     the C++ standard library only) -> build.log
 #  3. runs the GPU tests (dmuon_gpu_check test: products and Newton–Schulz vs float64; with the full build also
-#     the GoogleTest suites: conformance vs the CPU backend, NCCL) -> tests.log
+#     the GoogleTest suites: conformance vs the CPU backend, CUDA graphs, NCCL, the distributed optimizers on the
+#     GPU over NCCL vs the CPU) -> tests.log
 #  4. dmuon bench ns --device cuda on 896x4864, 4864x896, 4096x4096, 4096x14336, 14336x4096 and a batch of
-#     28 x 896x896, and the single-GPU optimizer step on qwen2.5-0.5b shapes -> bench_ns*.json, bench_optimizer.json
+#     28 x 896x896; small shapes (batches of 28 x 128x512 and 256x1024) with CUDA graphs and without
+#     (DMUON_CUDA_NO_GRAPHS=1); the optimizer step (adamw, muon, muon-gather, dmuon) on qwen2.5-0.5b shapes on
+#     one GPU, on every GPU of the machine when it has several, and the refusal of more ranks than GPUs
+#     -> bench_ns*.json, bench_optimizer*.json, share_gpu_refused.log
 #  5. anchors in PyTorch: the bf16 quintic Newton–Schulz of DESIGN 2.1 and torch.matmul's bf16 rate
 #     -> torch_anchor.json; python/benchmarks/gpu_check_torch.py too when it exists
 #  6. prints a short table last (summary.txt).
@@ -95,7 +99,7 @@ COMMON=("${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDMUON_CUDA=ON "-DCMAKE_CUDA_ARC
 [ -n "$NCCL_ROOT_HINT" ] && COMMON+=(-DNCCL_ROOT="$NCCL_ROOT_HINT")
 MODE=full
 TARGETS=(dmuon_cli dmuon_gpu_check cublas_calls_test cuda_backend_test cuda_optim_test backend_conformance_test
-         comm_nccl_mpi_test)
+         comm_nccl_mpi_test device_optim_mpi_test)
 if [ "$FORCE_MODE" = gpu-only ] ||
   { [ "$DRY_RUN" != 1 ] && ! cmake -S . -B "$BUILD" "${COMMON[@]}" >"$RESULTS/configure-full.log" 2>&1; }; then
   MODE=gpu-only
@@ -108,7 +112,8 @@ step build 240 cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
 
 # ---- 3. GPU tests ----
 if [ "$MODE" = full ]; then
-  step tests 120 bash -c "cd '$BUILD' && ctest --output-on-failure -R 'gpu_check|cublas_calls|cuda_|backend_conformance|comm_nccl' --timeout 90"
+  step tests 150 bash -c "cd '$BUILD' && ctest --output-on-failure --timeout 90 \
+    -R 'gpu_check|cublas_calls|cuda_|backend_conformance|comm_nccl|device_optim_mpi_test.np[12]\$'"
   CLI=("$BUILD/dmuon")
 else
   step tests 90 "$BUILD/dmuon_gpu_check" test
@@ -125,8 +130,29 @@ json() {
 json bench_ns 120 "${CLI[@]}" bench ns --device cuda --shapes 896x4864,4864x896,4096x4096,4096x14336,14336x4096 \
   --repeats 20
 json bench_ns_batch 45 "${CLI[@]}" bench ns --device cuda --shapes 896x896 --batch 28 --repeats 20
+# Launch-bound shapes: CUDA graphs (run_graph, the default) against plain launches.
+json bench_ns_small 40 "${CLI[@]}" bench ns --device cuda --shapes 128x512,256x1024 --batch 28 --repeats 20
+json bench_ns_small_nographs 40 env DMUON_CUDA_NO_GRAPHS=1 "${CLI[@]}" bench ns --device cuda \
+  --shapes 128x512,256x1024 --batch 28 --repeats 20
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+MPIRUN=()
+command -v mpirun >/dev/null && MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 if [ "$MODE" = full ]; then
-  json bench_optimizer 60 "${CLI[@]}" bench optimizer --device cuda --model qwen2.5-0.5b --optim adamw,muon --steps 5
+  OPTIM=(bench optimizer --device cuda --model qwen2.5-0.5b)
+  json bench_optimizer 75 "${CLI[@]}" "${OPTIM[@]}" --steps 5 --optim adamw,muon,muon-gather,dmuon
+  if [ "${#MPIRUN[@]}" -gt 0 ] && [ "${GPUS:-0}" -ge 2 ]; then
+    json bench_optimizer_np 90 "${MPIRUN[@]}" -np "$GPUS" "${CLI[@]}" "${OPTIM[@]}" --steps 5 \
+      --optim adamw,muon-gather,dmuon
+  else
+    STATUS[bench_optimizer_np]="skipped (one GPU, or no mpirun)"
+  fi
+  # One rank more than GPUs: every rank must stop with the error that names the rank without a GPU of its own.
+  if [ "${#MPIRUN[@]}" -gt 0 ]; then
+    step share_gpu_refused 60 bash -c '"$@" 2>&1 | tee /dev/stderr | grep -q "GPU of its own"' _ \
+      "${MPIRUN[@]}" -np $((${GPUS:-0} + 1)) "${CLI[@]}" "${OPTIM[@]}" --steps 1 --optim dmuon
+  else
+    STATUS[share_gpu_refused]="skipped (no mpirun)"
+  fi
 else
   STATUS[bench_optimizer]="skipped (needs the full build)"
 fi
@@ -192,7 +218,8 @@ fi
 # ---- 6. the table ----
 summary() {
   echo "== gpu-check: $MODE build, $(($(date +%s) - START)) s =="
-  for s in configure build tests bench_ns bench_ns_batch bench_optimizer torch_anchor gpu_check_torch; do
+  for s in configure build tests bench_ns bench_ns_batch bench_ns_small bench_ns_small_nographs bench_optimizer \
+    bench_optimizer_np share_gpu_refused torch_anchor gpu_check_torch; do
     [ -n "${STATUS[$s]:-}" ] && printf '%-18s %s\n' "$s" "${STATUS[$s]}"
   done
   if [ -n "$PYTHON" ]; then
@@ -207,11 +234,13 @@ def load(name):
 # Per matrix: bench ns reports seconds_per_matrix; the torch anchor times the whole batch.
 torch_rows = {(x["batch"], x["rows"], x["cols"]): x for x in (load("torch_anchor.json") or {}).get("ns", [])}
 print(f"{'shape':>18} {'path':>10} {'ms/matrix':>10} {'TFLOP/s':>8} {'torch/this':>10}")
-for name in ("bench_ns.json", "bench_ns_batch.json"):
+for name in ("bench_ns.json", "bench_ns_batch.json", "bench_ns_small.json", "bench_ns_small_nographs.json"):
     data = load(name)
     if not data:
         continue
     batch = data.get("batch", 1)
+    if name == "bench_ns_small_nographs.json":
+        print("without CUDA graphs (DMUON_CUDA_NO_GRAPHS=1):")
     for shape in data.get("shapes", []):
         key = (batch, shape["rows"], shape["cols"])
         t = torch_rows.get(key)
@@ -221,6 +250,12 @@ for name in ("bench_ns.json", "bench_ns_batch.json"):
             print(f"{'%dx%dx%d' % key:>18} {p['path']:>10} {ms:10.3f} {p['useful_gflops'] / 1e3:8.1f} {ratio:>10}")
 for key, t in torch_rows.items():
     print(f"{'%dx%dx%d' % key:>18} {'torch':>10} {t['ms'] / key[0]:10.3f} {t['tflops']:8.1f}")
+for name in ("bench_optimizer.json", "bench_optimizer_np.json"):
+    data = load(name)
+    if data:
+        print(f"optimizer step, {data.get('ranks')} rank(s), {data.get('device')}:")
+        for x in data.get("results", []):
+            print(f"{x['optimizer']:>18} {1e3 * x['step_s_median']:10.3f} ms  weight norm {x['weight_norm']:.6g}")
 mm = (load("torch_anchor.json") or {}).get("matmul", [])
 if mm:
     print(f"torch.matmul bf16 8192^3: {mm[0]['tflops']:.0f} TFLOP/s")

@@ -135,5 +135,21 @@ TEST_F(NcclComm, BroadcastAndReduce) {
   }
 }
 
+// Host buffers (the library's control messages) go over the MPI communicator NCCL was made from; mixing host
+// and device buffers is refused; rank_device agrees with the node index once every rank has its own GPU.
+TEST_F(NcclComm, HostBuffersGoOverMpiAndEveryRankHasItsOwnGpu) {
+  const int n = nccl->size(), me = nccl->rank();
+  EXPECT_TRUE(nccl->device_buffers());
+  std::vector<double> x = {me + 1.0, 2.0 * me};
+  nccl->all_reduce(std::span<double>(x), ReduceOp::sum).wait();
+  EXPECT_EQ(x[0], n * (n + 1) / 2.0);
+  EXPECT_EQ(x[1], 1.0 * n * (n - 1));
+  DeviceArray<double> d(*backend, {1.0, 2.0});
+  EXPECT_THROW(nccl->all_reduce_raw(x.data(), d.data, 2, DType::f64, ReduceOp::sum), Error);
+#ifdef DMUON_HAVE_NCCL
+  EXPECT_EQ(rank_device(*mpi), local_device_index(*mpi));
+#endif
+}
+
 }  // namespace
 }  // namespace dmuon::comm

@@ -14,6 +14,7 @@
 
 #include "cuda_device.hpp"
 #include "dmuon/backend.hpp"
+#include "dmuon/error.hpp"
 #include "strided_batch.hpp"
 
 namespace dmuon {
@@ -324,6 +325,38 @@ TEST_F(CudaBackendTest, ConcurrentQueuesAndEvents) {
   EXPECT_EQ(gpu->parallelism(), 1);
   EXPECT_FALSE(gpu->host_memory());
   EXPECT_TRUE(gpu->supports(DType::bf16));
+}
+
+// ---- graphs ----
+
+// run_graph records fn once per key and replays the recording: fn runs once per key, every call's work is done,
+// a new address (a new key) records anew, and a host read inside fn is refused.
+TEST_F(CudaBackendTest, GraphsRecordOncePerKeyAndReplay) {
+  Batch x(32, 24, 0, 1, 5);
+  OnBackend a(*gpu, x), b(*gpu, x);
+  int calls = 0;
+  const auto doubled = [&](OnBackend& d) {
+    const std::vector<int64_t> key = {1, static_cast<int64_t>(reinterpret_cast<intptr_t>(d.view.data))};
+    gpu->run_graph(key, [&] {
+      ++calls;
+      gpu->scale(d.view, 2.0f);
+    });
+  };
+  doubled(a);
+  doubled(a);
+  doubled(a);
+  doubled(b);
+  EXPECT_EQ(calls, 2);
+  Batch got_a = x, got_b = x, want_a = x, want_b = x;
+  for (int64_t i = 0; i < x.rows; ++i)
+    for (int64_t j = 0; j < x.cols; ++j) want_a.at(0, i, j) *= 8.0f, want_b.at(0, i, j) *= 2.0f;
+  a.download(got_a);
+  b.download(got_b);
+  expect_same_bits(got_a.data, want_a.data, "three launches of one graph");
+  expect_same_bits(got_b.data, want_b.data, "another key's graph");
+  float host = 0;
+  EXPECT_THROW(gpu->run_graph({2}, [&] { gpu->copy_to_host(&host, a.view.data, sizeof host); }), Error);
+  gpu->synchronize();  // the backend is usable after a refused capture
 }
 
 }  // namespace

@@ -367,17 +367,9 @@ TEST(DistributedMuon, NonFiniteGradientFailsOnEveryRank) {
   }
 }
 
-// A folder every rank sees: rank 0 makes it and broadcasts its path.
-std::string shared_folder(test::TempDir& mine) {
-  std::vector<uint8_t> path(4096, 0);
-  if (world()->rank() == 0) std::copy(mine.path().begin(), mine.path().end(), path.begin());
-  world()->broadcast<uint8_t>(path, 0).wait();
-  return std::string(reinterpret_cast<const char*>(path.data()));
-}
-
 TEST(DistributedMuon, CheckpointResumesBitIdenticallyAndAtOneRank) {
   test::TempDir tmp;
-  const std::string dir = shared_folder(tmp);
+  const std::string dir = test::shared_folder(tmp);
   for (const Case& c : kCases) {
     auto straight_sp = sharded(c.layout, c.mode);
     auto straight = make_optimizer(c, *straight_sp, options(NsAlgo::standard));
@@ -420,7 +412,7 @@ TEST(DistributedMuon, CheckpointResumesBitIdenticallyAndAtOneRank) {
 // the file), and no rank's parameters change.
 TEST(DistributedMuon, CorruptCheckpointIsRefusedOnEveryRank) {
   test::TempDir tmp;
-  const std::string dir = shared_folder(tmp);
+  const std::string dir = test::shared_folder(tmp);
   const int last = world()->size() - 1;
   auto sp = sharded(Layout::owner_aligned, Mode::z3);
   DMuon saved(world(), *sp, options(NsAlgo::standard));
@@ -461,7 +453,7 @@ TEST(DistributedMuon, CorruptCheckpointIsRefusedOnEveryRank) {
 // are ranks {0, 1} and {2}).
 TEST(DistributedMuon, CheckpointReshardsToHalfThenOneRank) {
   test::TempDir tmp;
-  const std::string dir = shared_folder(tmp);
+  const std::string dir = test::shared_folder(tmp);
   const int half_size = (world()->size() + 1) / 2;
   comm::Options split = comm::Options::from_env();
   split.ranks_per_node = half_size;  // node() is then the group of ranks [k·half, (k+1)·half)

@@ -17,6 +17,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 namespace dmuon {
 
@@ -145,6 +146,15 @@ class Backend {
   // How many matrices of a batch to put in one batched kernel: 1 on the CPU (one matrix at a time stays in
   // cache and runs the same calls as the unbatched path), the whole batch on a GPU.
   virtual int64_t preferred_batch() const = 0;
+
+  // ---- replay (CUDA graphs per (shape, batch), DESIGN 6) ----
+  // Queues `fn`'s work, which may be recorded once and replayed: on the first call with a key a GPU
+  // captures what fn queues into a graph and launches it; later calls with an equal key launch that
+  // graph again without calling fn. Host backends call fn every time (this default). So the key must
+  // determine everything fn queues: shapes, options, scalars and every address fn's operations read or
+  // write (a graph replays the addresses it captured). Inside fn: operations of this backend only, no
+  // allocation and nothing that waits for the queue or reads back (copy_to_host, synchronize, events).
+  virtual void run_graph(const std::vector<int64_t>& key, const std::function<void()>& fn);
 };
 
 // Sets a backend's parallelism for a scope and restores it on exit.

@@ -174,6 +174,9 @@ class Comm {
   virtual Comm& node() = 0;
   virtual Comm& cross() = 0;
   virtual const Topology& topology() const = 0;
+  // Whether the collectives also take device memory of a GPU backend (NCCL, which sends host buffers over the
+  // MPI communicator it was made from); false: host memory only (MPI).
+  virtual bool device_buffers() const { return false; }
 
   // ---- untyped interface: a backend implements these (counts in elements of dtype) ----
   // recv (size()·count) = concatenation of every rank's send (count).

@@ -13,6 +13,9 @@
 //    ncclReduceScatter; averages use ncclAvg.
 //  - The unique id is made on rank 0 and broadcast over the MPI communicator; node() and cross() are
 //    ncclCommSplit children grouped as the MPI world's are.
+//  - Host memory is accepted too (device_buffers() is true): a collective whose buffers are all host memory
+//    (small control messages: registry checks, agreements, the optimizer's flags) runs on the MPI communicator
+//    the NCCL one was made from; one that mixes host and device buffers is refused.
 //  - Options::check_calls (DMUON_COMM_CHECK=1) is not offered: the constructor refuses it.
 #pragma once
 
@@ -26,8 +29,14 @@ class Backend;  // dmuon/backend.hpp (the backend layer; this header is the comm
 
 namespace dmuon::comm {
 
-// This rank's GPU: its index within its node (mpi_world.node().rank()). Collective over mpi_world (none).
+// This rank's GPU: its index within its node (mpi_world.node().rank()). Not collective.
 int local_device_index(Comm& mpi_world);
+
+// Collective over mpi_world: local_device_index, once every rank has checked that it has that GPU and that no
+// two ranks of a node hold the same one (by device UUID). Otherwise throws dmuon::Error on every rank: the
+// rank without a GPU (or the ranks that would share one) name the rank, its node index and the GPU count; the
+// others say that another rank failed.
+int rank_device(Comm& mpi_world);
 
 // A NCCL communicator over the ranks of `mpi_world` (an MPI world communicator, used to bootstrap), whose
 // collectives take device memory of `backend` (a CUDA backend, normally backend_for(cuda,

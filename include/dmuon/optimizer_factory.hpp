@@ -11,6 +11,8 @@
 //                the owners come from the planner (plan.hpp: plan_across_ranks)
 //
 //   auto stack = dmuon::make_optimizer_stack(comm, specs, {.kind = dmuon::OptimKind::dmuon, .owners = plan.owner});
+//   on GPUs: gpu = backend_for(DeviceKind::cuda, comm::rank_device(*mpi_world)), comm = comm::nccl_world(mpi_world, gpu)
+//   and .backend = &gpu (comm_nccl.hpp)
 //   for (int p = 0; p < n; ++p) stack.params->load_full(p, initial[p]);
 //   for (...) { /* forward and backward through stack.params' hooks */ stack.optimizer->step(); }
 #pragma once
@@ -40,6 +42,9 @@ struct OptimizerStackOptions {
   OptimizerOptions optimizer;                            // adamw: every parameter goes to AdamW
   Orthogonalizer orth;                                   // Muon kinds; empty: ns_orthogonalizer(optimizer.muon.ns)
   std::vector<int> owners;  // dmuon: the owning rank of each parameter, −1 for elementwise; others: empty
+  // Where parameters, gradients and optimizer state live and every update runs; null: the CPU. A GPU backend
+  // needs a communicator that takes its memory (comm_nccl.hpp: one GPU per rank, rank_device + nccl_world).
+  Backend* backend = nullptr;
 };
 
 struct OptimizerStack {
@@ -48,7 +53,8 @@ struct OptimizerStack {
 };
 
 // Collective: every rank passes the same specs and options. Throws dmuon::Error for muon on several
-// ranks and for dmuon without an owner per parameter (or owners given to another kind).
+// ranks, for dmuon without an owner per parameter (or owners given to another kind), and for a device
+// backend with a communicator that takes host memory only.
 OptimizerStack make_optimizer_stack(std::shared_ptr<comm::Comm> comm, const std::vector<ParamSpec>& specs,
                                     const OptimizerStackOptions& options);
 

@@ -2,7 +2,7 @@
 // (layouts in shard_layout.hpp), and the gather / release / reduce operations a training loop
 // drives through four hooks. Talks to other ranks only through dmuon::comm::Comm.
 //
-// Buffers per unit u on rank r (float32, host memory):
+// Buffers per unit u on rank r (float32, in the memory of ShardOptions::backend: host or GPU):
 //   shard params  (layout.shard_size(r)): persistent; the optimizer updates them in place.
 //   packed params (layout.total()): the gathered unit; exists between gather(u) and release(u).
 //   packed grads  (layout.total()): written through grad(p) during backward; freed when the
@@ -10,10 +10,11 @@
 //   shard grads   (layout.shard_size(r)): the reduced gradients of my shard (sum or mean over
 //                  ranks, ShardOptions::grad_reduce). With the owner-aligned layout these are
 //                  the full reduced gradients of the matrices I own.
-// param(p)/grad(p) are full, contiguous views. A parameter stored as one segment of the packed
-// buffer is viewed in place; one cut into several segments (an elementwise parameter spread over
-// several shards in the owner-aligned layout) is copied out of the packed buffer after the gather
-// (and into it before the reduce), which costs only its own bytes.
+// param(p)/grad(p) are full, contiguous views (in backend memory: on a GPU the host must not touch
+// them). A parameter stored as one segment of the packed buffer is viewed in place; one cut into
+// several segments (an elementwise parameter spread over several shards in the owner-aligned layout)
+// is copied out of the packed buffer after the gather (and into it before the reduce), which costs
+// only its own bytes. The host touches none of these buffers: every copy is a backend operation.
 //
 // Modes:
 //   z3: a unit is released after its forward and gathered again for its backward.
@@ -31,7 +32,9 @@
 //
 // Two-stage reduce: with several nodes of several ranks (Comm::topology().two_level(), e.g.
 // DMUON_RANKS_PER_NODE=2 at 4 ranks) reduce_grads reduces inside each node first, then across
-// nodes (comm::reduce_scatterv_two_stage); ShardOptions::two_stage = false forces one stage.
+// nodes (comm::reduce_scatterv_two_stage); ShardOptions::two_stage = false forces one stage. That
+// helper permutes blocks in host memory, so buffers on a device backend (host_memory() false) always
+// take one stage (NCCL's collectives are topology-aware themselves).
 //
 // Overlap and progress: at most one gather and one reduce per unit are in flight. The hooks
 // poll every in-flight operation (comm progress is by polling); a long compute may call
@@ -78,7 +81,7 @@ struct ShardOptions {
   comm::ReduceOp grad_reduce = comm::ReduceOp::average;  // sum or average
   bool two_stage = true;
   // Where the unit buffers (shards, gathered parameters, gradients) live; null: cpu_backend(). The
-  // communicator must reach that memory (MPI: host memory).
+  // communicator must reach that memory (MPI: host memory; NCCL, Comm::device_buffers(): GPU memory).
   Backend* backend = nullptr;
 };
 
@@ -97,7 +100,8 @@ class ShardedParams {
   // Collective: verifies the registry across ranks. owners[p] is the rank that owns matrix p (−1 for
   // elementwise parameters), the same on every rank: the planner's answer (plan.hpp: plan_across_ranks,
   // or default_owners). The owner-aligned layout needs one per parameter; the even layout places no
-  // owners and takes an empty table. Shard parameters start at zero (see load_full).
+  // owners and takes an empty table. Shard parameters start at zero (see load_full). Throws when the
+  // backend's memory is not host memory and comm does not take device memory (Comm::device_buffers).
   ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry registry, ShardOptions options,
                 std::vector<int> owners);
   // Completes every gather and reduce still in flight (Work::settle: bounded by the comm timeout,

@@ -41,6 +41,7 @@ class CountingComm : public Comm {
   Comm& node() override { return inner_->node(); }
   Comm& cross() override { return inner_->cross(); }
   const Topology& topology() const override { return inner_->topology(); }
+  bool device_buffers() const override { return inner_->device_buffers(); }
 
   Work all_gather_raw(const void* send, int64_t count, void* recv, DType t) override {
     return post(ring(count * size(), t), [&] { return inner_->all_gather_raw(send, count, recv, t); });

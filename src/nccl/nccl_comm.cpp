@@ -3,6 +3,8 @@
 // <nccl.h>.
 #include <nccl.h>
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -14,6 +16,7 @@
 #include "comm/failure.hpp"
 #include "comm/polling.hpp"
 #include "dmuon/comm_nccl.hpp"
+#include "dmuon/rank_agreement.hpp"
 
 namespace dmuon::comm {
 
@@ -131,9 +134,10 @@ class NcclWork : public WorkState {
 
 class NcclComm : public Comm {
  public:
-  // A communicator of `size` ranks made by `init` (ncclCommInitRank or ncclCommSplit).
-  NcclComm(ncclComm_t comm, cuda::CudaBackend& backend, const Options& options, Topology topology)
-      : comm_(comm), backend_(backend), options_(options), topology_(std::move(topology)) {
+  // A communicator over `comm` (from ncclCommInitRank or ncclCommSplit) whose host-memory collectives go to
+  // `host`, the MPI communicator of the same ranks in the same order.
+  NcclComm(ncclComm_t comm, cuda::CudaBackend& backend, const Options& options, Topology topology, Comm& host)
+      : comm_(comm), backend_(backend), options_(options), topology_(std::move(topology)), host_(host) {
     check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank", -1, comm_);
     check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount", rank_, comm_);
     DMUON_CUDA_CHECK(cudaSetDevice(backend_.device_index()));
@@ -152,13 +156,14 @@ class NcclComm : public Comm {
   }
 
   // Node and cross-node children, grouped as the MPI world's (collective over this communicator).
-  void build_groups(Comm& mpi_world) {
+  void build_groups(std::shared_ptr<Comm> mpi_world) {
+    mpi_world_ = mpi_world;
     ncclComm_t node = nullptr, cross = nullptr;
-    const int node_index = mpi_world.cross().rank(), local_index = mpi_world.node().rank();
+    const int node_index = mpi_world->cross().rank(), local_index = mpi_world->node().rank();
     check_nccl(ncclCommSplit(comm_, node_index, rank_, &node, nullptr), "ncclCommSplit (node)", rank_, comm_);
     check_nccl(ncclCommSplit(comm_, local_index, rank_, &cross, nullptr), "ncclCommSplit (cross-node)", rank_, comm_);
-    node_ = std::make_unique<NcclComm>(node, backend_, options_, Topology{1, 1, true, {rank_}});
-    cross_ = std::make_unique<NcclComm>(cross, backend_, options_, Topology{1, 1, true, {rank_}});
+    node_ = std::make_unique<NcclComm>(node, backend_, options_, Topology{1, 1, true, {rank_}}, mpi_world->node());
+    cross_ = std::make_unique<NcclComm>(cross, backend_, options_, Topology{1, 1, true, {rank_}}, mpi_world->cross());
   }
 
   int rank() const override { return rank_; }
@@ -173,8 +178,10 @@ class NcclComm : public Comm {
     return *cross_;
   }
   const Topology& topology() const override { return topology_; }
+  bool device_buffers() const override { return true; }
 
   Work all_gather_raw(const void* send, int64_t count, void* recv, DType t) override {
+    if (on_host({send, recv}, "all_gather")) return host_.all_gather_raw(send, count, recv, t);
     return post("all_gather", [&] {
       check_nccl(ncclAllGather(send, recv, count, nccl_type(t), comm_, stream_), "all_gather (ncclAllGather)", rank_,
                  comm_);
@@ -182,6 +189,7 @@ class NcclComm : public Comm {
   }
 
   Work all_gatherv_raw(const void* send, void* recv, std::span<const int64_t> counts, DType t) override {
+    if (on_host({send, recv}, "all_gatherv")) return host_.all_gatherv_raw(send, recv, counts, t);
     const std::vector<int64_t> displs = displacements(counts, "all_gatherv");
     if (all_equal(counts)) return all_gather_raw(send, counts[0], recv, t);
     const size_t es = dtype_size(t);
@@ -202,6 +210,7 @@ class NcclComm : public Comm {
 
   Work reduce_scatterv_raw(const void* send, void* recv, std::span<const int64_t> counts, DType t,
                            ReduceOp op) override {
+    if (on_host({send, recv}, "reduce_scatterv")) return host_.reduce_scatterv_raw(send, recv, counts, t, op);
     check_op(t, op, "reduce_scatterv");
     const std::vector<int64_t> displs = displacements(counts, "reduce_scatterv");
     if (all_equal(counts)) {
@@ -236,6 +245,7 @@ class NcclComm : public Comm {
   }
 
   Work broadcast_raw(void* buf, int64_t count, DType t, int root) override {
+    if (on_host({buf}, "broadcast")) return host_.broadcast_raw(buf, count, t, root);
     check_root(root, "broadcast");
     return post("broadcast", [&] {
       check_nccl(ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_), "broadcast (ncclBroadcast)", rank_,
@@ -244,6 +254,8 @@ class NcclComm : public Comm {
   }
 
   Work reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op, int root) override {
+    if (on_host({send, rank_ == root ? recv : nullptr}, "reduce"))
+      return host_.reduce_raw(send, recv, count, t, op, root);
     check_root(root, "reduce");
     check_op(t, op, "reduce");
     return post("reduce", [&] {
@@ -253,6 +265,7 @@ class NcclComm : public Comm {
   }
 
   Work all_reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op) override {
+    if (on_host({send, recv}, "all_reduce")) return host_.all_reduce_raw(send, recv, count, t, op);
     check_op(t, op, "all_reduce");
     return post("all_reduce", [&] {
       check_nccl(ncclAllReduce(send, recv, count, nccl_type(t), nccl_op(op), comm_, stream_), "all_reduce (ncclAllReduce)",
@@ -261,6 +274,23 @@ class NcclComm : public Comm {
   }
 
  private:
+  // Whether a collective's buffers (null ones ignored) are host memory, for the MPI communicator, rather than
+  // device memory, for NCCL; a mix is refused. Every rank decides alike: a rank's call has a non-null buffer
+  // whenever the collective moves any data (zero counts everywhere go to MPI on every rank).
+  bool on_host(std::initializer_list<const void*> buffers, const char* what) const {
+    int host = 0, device = 0;
+    for (const void* p : buffers) {
+      if (p == nullptr) continue;
+      cudaPointerAttributes a{};
+      DMUON_CUDA_CHECK(cudaPointerGetAttributes(&a, p));
+      ++(a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? device : host);
+    }
+    DMUON_CHECK(host == 0 || device == 0, what, " on rank ", rank_,
+                ": some of its buffers are host memory and some device memory (NCCL takes device memory, host "
+                "buffers go over MPI)");
+    return device == 0;
+  }
+
   // Queues `enqueue`'s NCCL calls on this stream after the backend's queue, and an event after them.
   template <typename Enqueue>
   Work post(const char* what, Enqueue&& enqueue) {
@@ -308,12 +338,47 @@ class NcclComm : public Comm {
   int rank_ = 0, size_ = 1;
   cudaStream_t stream_ = nullptr;
   cudaEvent_t inputs_ready_ = nullptr;
+  Comm& host_;
+  std::shared_ptr<Comm> mpi_world_;  // a world communicator's host_, kept alive (null on node and cross)
   std::unique_ptr<NcclComm> node_, cross_;
 };
 
 }  // namespace
 
 int local_device_index(Comm& mpi_world) { return mpi_world.node().rank(); }
+
+int rank_device(Comm& mpi_world) {
+  const int index = local_device_index(mpi_world);
+  Comm& node = mpi_world.node();
+  // This rank's GPU (its UUID), or the reason it has none; then every rank of a node sees every UUID of it.
+  std::array<uint8_t, 16> uuid{};
+  const std::exception_ptr missing = capture_failure(
+      [&] {
+        const int count = cuda::device_count();
+        DMUON_CHECK(index < count, "rank ", mpi_world.rank(), " is rank ", index, " of ", node.size(),
+                    " on its node, which has ", count, " usable CUDA device(s): NCCL needs a GPU of its own for "
+                    "every rank (two ranks cannot share one), so start at most ", count, " rank(s) per node");
+        cudaDeviceProp prop{};
+        DMUON_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+        std::memcpy(uuid.data(), prop.uuid.bytes, uuid.size());
+      },
+      "choosing this rank's GPU");
+  throw_if_any_failed(mpi_world, missing, "a rank has no GPU of its own (its error says why)");
+  std::vector<uint8_t> all(uuid.size() * node.size());
+  node.all_gather<uint8_t>(uuid, all).wait();
+  const std::exception_ptr shared = capture_failure(
+      [&] {
+        for (int other = 0; other < node.size(); ++other) {
+          DMUON_CHECK(other == index || !std::equal(uuid.begin(), uuid.end(), all.begin() + uuid.size() * other),
+                      "rank ", mpi_world.rank(), " (cuda:", index, ") and the node's rank ", other,
+                      " would share one GPU (the same device UUID; CUDA_VISIBLE_DEVICES may show each rank the "
+                      "same one): NCCL refuses two ranks on one GPU");
+        }
+      },
+      "checking that no two ranks share a GPU");
+  throw_if_any_failed(mpi_world, shared, "two ranks would share a GPU (their errors say which)");
+  return index;
+}
 
 std::shared_ptr<Comm> nccl_world(std::shared_ptr<Comm> mpi_world, Backend& backend) {
   DMUON_CHECK(mpi_world != nullptr, "nccl_world: no MPI communicator to bootstrap from");
@@ -332,8 +397,8 @@ std::shared_ptr<Comm> nccl_world(std::shared_ptr<Comm> mpi_world, Backend& backe
   ncclComm_t comm = nullptr;
   check_nccl(ncclCommInitRank(&comm, mpi_world->size(), id, mpi_world->rank()),
              "ncclCommInitRank on cuda:" + std::to_string(cuda_backend->device_index()), mpi_world->rank());
-  auto world = std::make_shared<NcclComm>(comm, *cuda_backend, options, mpi_world->topology());
-  world->build_groups(*mpi_world);
+  auto world = std::make_shared<NcclComm>(comm, *cuda_backend, options, mpi_world->topology(), *mpi_world);
+  world->build_groups(mpi_world);
   return world;
 }
 

@@ -1,6 +1,7 @@
 // Newton–Schulz on a chunk of same-shape matrices (DESIGN 2.1, 2.2): normalisation and input checks, the
 // standard recurrence and the Gram-space recurrence as batched backend kernels, and the option checks.
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <utility>
 
@@ -145,6 +146,34 @@ void load(Backend& be, const MatView& from, const MatView& to) {
   }
 }
 
+// What a chunk's recorded work depends on (Backend::run_graph): the shapes, the effective options, the
+// schedule's coefficients (as bits), the norms' place, and the address of every matrix and workspace buffer.
+std::vector<int64_t> chunk_graph_key(std::span<const MatView> u, std::span<const MatView> o, Chunk chunk,
+                                     const NsOptions& e, const std::vector<NsStep>& schedule, const double* norm,
+                                     size_t norm_stride, bool norms_in_graph, const Workspace& ws) {
+  const auto address = [](const void* p) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(p)); };
+  const auto bits = [](double x) { return std::bit_cast<int64_t>(x); };
+  std::vector<int64_t> key = {u[0].rows,
+                              u[0].cols,
+                              static_cast<int64_t>(chunk.count),
+                              static_cast<int64_t>(e.algo),
+                              static_cast<int64_t>(e.dtype),
+                              e.symmetric,
+                              e.tiles,
+                              bits(e.safety),
+                              norms_in_graph,
+                              address(norm),
+                              static_cast<int64_t>(norm_stride),
+                              static_cast<int64_t>(e.restarts.size())};
+  key.insert(key.end(), e.restarts.begin(), e.restarts.end());
+  for (const NsStep& s : schedule) key.insert(key.end(), {bits(s.a), bits(s.b), bits(s.c)});
+  for (const Buffer& b : ws.mn) key.push_back(address(b.data()));
+  for (const Buffer& b : ws.mm) key.push_back(address(b.data()));
+  for (size_t j = 0; j < chunk.count; ++j)
+    key.insert(key.end(), {address(u[chunk.at(j)].data), address(o[chunk.at(j)].data)});
+  return key;
+}
+
 }  // namespace
 
 void orthogonalize_chunk(Backend& be, std::span<const MatView> u, std::span<const MatView> o, Chunk chunk,
@@ -154,38 +183,49 @@ void orthogonalize_chunk(Backend& be, std::span<const MatView> u, std::span<cons
   // Work on X (m×n) with m ≤ n: Uᵀ when U is tall, kept in U's layout (see Products).
   const int64_t m = std::min(rows, cols), n = std::max(rows, cols);
   const NsOptions e = ns_effective_options(options, rows, cols);
-  ws.reserve(m, n, k, e.dtype);
+  ws.reserve(m, n, k, e.dtype);  // before any recording: a graph may not allocate
+  const std::vector<NsStep> schedule = ns_schedule(e.coeffs, e.steps, e.safety);
 
   // Norms of the chunk's matrices: in the caller's array at their batch index, else in the workspace.
   double* norm = norms ? norms + chunk.first : ws.norm_slots();
   const size_t norm_stride = norms ? chunk.stride : 1;
-  for (int64_t j = 0; j < k; ++j) be.frobenius_norms(u[chunk.at(j)], norm + j * norm_stride);
-  if (!norms) {
-    ws.host_norms.resize(k);
-    be.copy_to_host(ws.host_norms.data(), norm, k * sizeof(double));
-    for (int64_t j = 0; j < k; ++j) {
-      if (std::isfinite(ws.host_norms[j])) continue;
-      const size_t i = chunk.at(j);
-      fail_non_finite(be, u[i], names.empty() ? "batch[" + std::to_string(i) + "]" : names[i]);
+  const auto input_norms = [&] {
+    for (int64_t j = 0; j < k; ++j) be.frobenius_norms(u[chunk.at(j)], norm + j * norm_stride);
+  };
+  // Everything after the norms: the many small kernels that a GPU records once per key and replays.
+  const auto recurrence = [&] {
+    MatView x = ws.mn[0].view(rows, cols, k), y = ws.mn[1].view(rows, cols, k);
+    for (int64_t j = 0; j < k; ++j) load(be, u[chunk.at(j)], x.matrix(j));
+    if (norm_stride == 1) {
+      be.scale_by_inverse_norm(x, norm, e.safety, 1e-7);
+    } else {
+      for (int64_t j = 0; j < k; ++j) be.scale_by_inverse_norm(x.matrix(j), norm + j * norm_stride, e.safety, 1e-7);
     }
+    const Products p{be, m, n, rows > cols, e.symmetric, e.tiles};
+    MatView mm[4];
+    for (int j = 0; j < 4; ++j) mm[j] = ws.mm[j].view(m, m, k);
+    const MatView result = e.algo == NsAlgo::gram
+                               ? gram_recurrence(x, y, schedule, e.restarts, p, mm[0], mm[1], mm[2], mm[3])
+                               : standard_recurrence(x, y, schedule, p, mm[0], mm[1]);
+    for (int64_t j = 0; j < k; ++j) load(be, result.matrix(j), o[chunk.at(j)]);
+  };
+  if (norms) {  // the caller checks the norms later: the whole chunk is one recording
+    be.run_graph(chunk_graph_key(u, o, chunk, e, schedule, norm, norm_stride, true, ws), [&] {
+      input_norms();
+      recurrence();
+    });
+    return;
   }
-
-  MatView x = ws.mn[0].view(rows, cols, k), y = ws.mn[1].view(rows, cols, k);
-  for (int64_t j = 0; j < k; ++j) load(be, u[chunk.at(j)], x.matrix(j));
-  if (norm_stride == 1) {
-    be.scale_by_inverse_norm(x, norm, e.safety, 1e-7);
-  } else {
-    for (int64_t j = 0; j < k; ++j) be.scale_by_inverse_norm(x.matrix(j), norm + j * norm_stride, e.safety, 1e-7);
+  // Checked here: the norms are read back between the two parts, so only the recurrence is recorded.
+  input_norms();
+  ws.host_norms.resize(k);
+  be.copy_to_host(ws.host_norms.data(), norm, k * sizeof(double));
+  for (int64_t j = 0; j < k; ++j) {
+    if (std::isfinite(ws.host_norms[j])) continue;
+    const size_t i = chunk.at(j);
+    fail_non_finite(be, u[i], names.empty() ? "batch[" + std::to_string(i) + "]" : names[i]);
   }
-
-  const std::vector<NsStep> schedule = ns_schedule(e.coeffs, e.steps, e.safety);
-  const Products p{be, m, n, rows > cols, e.symmetric, e.tiles};
-  MatView mm[4];
-  for (int j = 0; j < 4; ++j) mm[j] = ws.mm[j].view(m, m, k);
-  const MatView result = e.algo == NsAlgo::gram
-                             ? gram_recurrence(x, y, schedule, e.restarts, p, mm[0], mm[1], mm[2], mm[3])
-                             : standard_recurrence(x, y, schedule, p, mm[0], mm[1]);
-  for (int64_t j = 0; j < k; ++j) load(be, result.matrix(j), o[chunk.at(j)]);
+  be.run_graph(chunk_graph_key(u, o, chunk, e, schedule, norm, norm_stride, false, ws), recurrence);
 }
 
 }  // namespace ns_detail

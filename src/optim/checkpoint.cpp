@@ -290,7 +290,9 @@ CheckpointWriter::CheckpointWriter(const std::string& dir_arg, Optimizer& optimi
   agree(optimizer, failure, "preparing checkpoint " + target_);  // orders rank 0's preparation before any write
   for (const StateSlice& s : optimizer.state_slices()) {
     if (s.count == 0) continue;  // a parameter this rank holds nothing of (another rank saves it)
-    slices_.push_back({s.param, s.kind, s.shape, s.offset, std::vector<float>(s.data, s.data + s.count)});
+    std::vector<float> values(s.count);  // from the optimizer's backend memory (a GPU's, say)
+    optimizer.backend().copy_to_host(values.data(), s.data, sizeof(float) * values.size());
+    slices_.push_back({s.param, s.kind, s.shape, s.offset, std::move(values)});
   }
 }
 
@@ -381,7 +383,9 @@ void load_checkpoint(const std::string& dir, Optimizer& optimizer) {
   }, dir + ": cannot load the checkpoint");
   agree(optimizer, failure, "loading checkpoint " + dir);
   // Everything validated on every rank: commit.
-  for (size_t i = 0; i < targets.size(); ++i) std::copy(staged[i].begin(), staged[i].end(), targets[i].data);
+  for (size_t i = 0; i < targets.size(); ++i)
+    if (!staged[i].empty())
+      optimizer.backend().copy_from_host(targets[i].data, staged[i].data(), sizeof(float) * staged[i].size());
   optimizer.set_counters(manifest.updates, manifest.skipped);
 }
 

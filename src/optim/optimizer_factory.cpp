@@ -38,7 +38,7 @@ OptimizerStack make_optimizer_stack(std::shared_ptr<comm::Comm> comm, const std:
   shard::ParamRegistry registry;
   for (const ParamSpec& s : specs) registry.add(s);
   const shard::ShardOptions shard_options{owner_aligned ? shard::Layout::owner_aligned : shard::Layout::even,
-                                          options.mode, options.grad_reduce, options.two_stage};
+                                          options.mode, options.grad_reduce, options.two_stage, options.backend};
   OptimizerStack stack;
   stack.params = std::make_unique<shard::ShardedParams>(comm, std::move(registry), shard_options, std::move(owners));
   const Orthogonalizer orth = options.orth ? options.orth : ns_orthogonalizer(options.optimizer.muon.ns);

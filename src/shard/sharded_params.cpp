@@ -1,6 +1,4 @@
 // The gather / release / reduce engine over per-unit packed buffers (see include/dmuon/shard.hpp).
-#include <algorithm>
-#include <cstring>
 #include <map>
 
 #include "dmuon/shard.hpp"
@@ -15,7 +13,7 @@ struct ShardedParams::Unit {
   Buffer packed;        // gathered parameters (replicated: persistent)
   Buffer packed_grads;  // full gradients of this rank, packed order
   Buffer shard_grads;   // reduced gradients of my shard (sharded modes)
-  std::map<int, std::vector<float>> split_params, split_grads;  // full copies of multi-segment params
+  std::map<int, Buffer> split_params, split_grads;             // full copies of multi-segment params
   comm::Work gather_work, reduce_work;
   // Changed only by collective calls, so identical on every rank: the hooks decide from it which
   // collectives to start (completion order may differ across ranks and must not steer them).
@@ -40,15 +38,15 @@ void zeros(Buffer& b, Backend& backend, int64_t n) {
   if (n > 0) backend.fill(b.view(1, n), 0.0f);
 }
 
-// Copies parameter p between its full contiguous form and its segments in a packed buffer.
-void copy_segments(const std::vector<Segment>& segs, float* packed, float* full, bool to_full) {
+// Copies parameter p between its full contiguous form and its segments in a packed buffer (backend memory).
+void copy_segments(Backend& backend, const std::vector<Segment>& segs, float* packed, float* full, bool to_full) {
   for (const Segment& s : segs) {
     float* in_packed = packed + s.offset_in_packed;
     float* in_full = full + s.offset_in_param;
     if (to_full)
-      std::memcpy(in_full, in_packed, sizeof(float) * s.length);
+      backend.copy(in_full, in_packed, sizeof(float) * s.length);
     else
-      std::memcpy(in_packed, in_full, sizeof(float) * s.length);
+      backend.copy(in_packed, in_full, sizeof(float) * s.length);
   }
 }
 }  // namespace
@@ -57,6 +55,9 @@ ShardedParams::ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry reg
                              std::vector<int> owners)
     : comm_(std::move(comm)), registry_(std::move(registry)), options_(options), owners_(std::move(owners)) {
   DMUON_CHECK(comm_ != nullptr, "ShardedParams needs a communicator");
+  DMUON_CHECK(backend().host_memory() || comm_->device_buffers(), "sharded parameters on ", backend().description(),
+              " need a communicator that takes device memory (NCCL: comm::nccl_world); this one takes host memory "
+              "only (MPI)");
   DMUON_CHECK(options_.grad_reduce == comm::ReduceOp::sum || options_.grad_reduce == comm::ReduceOp::average,
               "gradient reduction must be sum or average, got ", comm::to_string(options_.grad_reduce));
   registry_.verify_across(*comm_);
@@ -81,10 +82,7 @@ ShardedParams::ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry reg
       zeros(unit->shard, backend(), unit->layout.shard_size(comm_->rank()));
     }
     for (int p : unit->layout.params)
-      if (unit->layout.segments_of(p).size() > 1) {
-        unit->split_params[p].assign(specs[p].numel(), 0.f);
-        unit->split_grads[p];
-      }
+      if (unit->layout.segments_of(p).size() > 1) zeros(unit->split_params[p], backend(), specs[p].numel());
     units_.push_back(std::move(unit));
   }
 }
@@ -136,14 +134,18 @@ void ShardedParams::load_full(int param, std::span<const float> values) {
   DMUON_CHECK(static_cast<int64_t>(values.size()) == spec.numel(), "load_full: parameter '", spec.name, "' has ",
               spec.numel(), " elements, got ", values.size());
   Unit& u = *units_[spec.unit];
+  Backend& b = backend();
   if (options_.mode == Mode::replicated) {
-    copy_segments(u.layout.segments_of(param), u.packed.f32(), const_cast<float*>(values.data()), false);
-    if (u.split_params.count(param)) std::copy(values.begin(), values.end(), u.split_params[param].begin());
+    for (const Segment& s : u.layout.segments_of(param))
+      b.copy_from_host(u.packed.f32() + s.offset_in_packed, values.data() + s.offset_in_param,
+                       sizeof(float) * s.length);
+    if (u.split_params.count(param)) u.split_params[param].upload(values);
     return;
   }
   for (const LocalPiece& pc : local_pieces(spec.unit))
     if (pc.param == param)
-      std::copy_n(values.begin() + pc.offset_in_param, pc.length, u.shard.f32() + pc.offset_in_shard);
+      b.copy_from_host(u.shard.f32() + pc.offset_in_shard, values.data() + pc.offset_in_param,
+                       sizeof(float) * pc.length);
 }
 
 // ---- operations ----
@@ -156,8 +158,8 @@ void ShardedParams::start_gather(Unit& u) {
   comm::Work w = comm_->all_gatherv<float>(std::span<const float>(send, u.counts[r]), all_of(u.packed), u.counts);
   u.gather_state = Unit::Gather::started;
   u.is_gathered = false;
-  u.gather_work = comm::Work::then_run(std::move(w), [&u] {
-    for (auto& [p, full] : u.split_params) copy_segments(u.layout.segments_of(p), u.packed.f32(), full.data(), true);
+  u.gather_work = comm::Work::then_run(std::move(w), [&u, &b = backend()] {
+    for (auto& [p, full] : u.split_params) copy_segments(b, u.layout.segments_of(p), u.packed.f32(), full.f32(), true);
     u.is_gathered = true;
   });
 }
@@ -181,7 +183,7 @@ void ShardedParams::zero_grads(int unit) {
   Unit& u = unit_at(unit, "zero_grads");
   DMUON_CHECK(u.reduce_work.done(), "zero_grads: unit ", unit, " has a reduce in flight (wait first)");
   zeros(u.packed_grads, backend(), u.layout.total());
-  for (auto& [p, full] : u.split_grads) full.assign(registry_.specs()[p].numel(), 0.f);
+  for (auto& [p, full] : u.split_params) zeros(u.split_grads[p], backend(), registry_.specs()[p].numel());
   u.grads_ready = true;
   u.reduced = false;
 }
@@ -190,20 +192,23 @@ comm::Work ShardedParams::reduce_grads(int unit) {
   Unit& u = unit_at(unit, "reduce_grads");
   DMUON_CHECK(u.grads_ready, "reduce_grads: unit ", unit, " has no gradients (call zero_grads and fill them)");
   for (auto& [p, full] : u.split_grads)
-    copy_segments(u.layout.segments_of(p), u.packed_grads.f32(), full.data(), false);
+    copy_segments(backend(), u.layout.segments_of(p), u.packed_grads.f32(), full.f32(), false);
   u.grads_ready = false;
   comm::Work w;
   const auto op = options_.grad_reduce;
   const int me = comm_->rank();
-  if (options_.mode == Mode::replicated && options_.two_stage && comm_->topology().two_level()) {
+  // The two-stage reduce permutes blocks in host memory (comm.hpp), so device buffers take one stage.
+  const bool two_stage = options_.two_stage && backend().host_memory();
+  if (options_.mode == Mode::replicated && two_stage && comm_->topology().two_level()) {
     // Two-stage reduce-scatter to the shards, then an in-place all-gather of the reduced shards:
     // the all-reduce with each byte crossing nodes once per direction.
     ensure(u.shard_grads, backend(), u.counts[me]);
     const int64_t at = u.layout.shard_offset[me];
     w = comm::Work::then_start(comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.f32(), u.shard_grads.f32(),
                                                                u.counts, comm::DType::f32, op),
-                               *comm_, [comm = comm_.get(), &u, at, me] {
-                                 std::copy_n(u.shard_grads.f32(), u.shard_grads.size(), u.packed_grads.f32() + at);
+                               *comm_, [comm = comm_.get(), &b = backend(), &u, at, me] {
+                                 b.copy(u.packed_grads.f32() + at, u.shard_grads.f32(),
+                                        sizeof(float) * u.shard_grads.size());
                                  return comm->all_gatherv<float>(
                                      std::span<const float>(u.packed_grads.f32() + at, u.counts[me]),
                                      all_of(u.packed_grads), u.counts);
@@ -212,7 +217,7 @@ comm::Work ShardedParams::reduce_grads(int unit) {
     w = comm_->all_reduce<float>(all_of(u.packed_grads), op);
   } else {
     ensure(u.shard_grads, backend(), u.counts[me]);
-    if (options_.two_stage)
+    if (two_stage)
       w = comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.f32(), u.shard_grads.f32(), u.counts,
                                           comm::DType::f32, op);
     else
@@ -256,9 +261,9 @@ void ShardedParams::progress() {
 namespace {
 // Full view of parameter p: its own copy if it is cut into several segments, else in place.
 std::span<float> full_view(const UnitLayout& layout, int p, int64_t numel, const Buffer& packed,
-                           std::map<int, std::vector<float>>& split) {
+                           const std::map<int, Buffer>& split) {
   auto it = split.find(p);
-  if (it != split.end()) return it->second;
+  if (it != split.end()) return all_of(it->second);
   return all_of(packed).subspan(layout.segments_of(p).front().offset_in_packed, numel);
 }
 }  // namespace

@@ -10,6 +10,9 @@
 #include <thread>
 
 #include "dmuon/error.hpp"
+#ifdef DMUON_HAVE_NCCL
+#include "dmuon/comm_nccl.hpp"
+#endif
 #include "dmuon/linalg.hpp"
 #include "dmuon/plan_across_ranks.hpp"
 #include "dmuon/shard.hpp"
@@ -47,11 +50,18 @@ void fill_gradient(std::span<float> g, uint64_t seed) {
   }
 }
 
-// One backward's worth of gradients through the hooks (last unit first), reduced to the shards.
+// One backward's worth of gradients through the hooks (last unit first), reduced to the shards: made on the
+// host and copied into the gradient buffers (backend memory).
 void backward(shard::ShardedParams& sp, int step) {
+  std::vector<float> g;
   for (int u = sp.num_units() - 1; u >= 0; --u) {
     sp.before_backward(u);
-    for (int p : sp.layout(u).params) fill_gradient(sp.grad(p), static_cast<uint64_t>(p) * 7919 + step);
+    for (int p : sp.layout(u).params) {
+      const std::span<float> grad = sp.grad(p);
+      g.resize(grad.size());
+      fill_gradient(g, static_cast<uint64_t>(p) * 7919 + step);
+      sp.backend().copy_from_host(grad.data(), g.data(), sizeof(float) * g.size());
+    }
     sp.after_backward(u);
   }
   sp.finish_backward();
@@ -66,28 +76,39 @@ void max_over_ranks(comm::Comm& world, std::span<double> values) {
 Orthogonalizer make_orthogonalizer(const Setup& setup, const Variant& v) {
   const int threads = setup.threads.threads_per_rank;
   Orthogonalizer orth;
-  switch (v.engine) {
-    case Engine::plain: {
-      NsOptions o;
+  if (setup.gpu) {  // untuned, in the device dtype; plain: the reference recurrence
+    NsOptions o;
+    o.dtype = setup.ns_dtype;
+    if (o.dtype == DType::bf16) o.restarts = {1, 3};  // DESIGN 2.2: half precision
+    if (v.engine == Engine::plain) {
       o.algo = NsAlgo::standard;
       o.symmetric = false;
-      o.threads = threads;
-      orth = ns_orthogonalizer(o);
-      break;
     }
-    case Engine::untuned:
-      orth = ns_orthogonalizer(untuned_options(threads));
-      break;
-    case Engine::tuned:
-      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads));
-      break;
-    case Engine::tuned_gemm:
-      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads), [](NsOptions& o) { o.symmetric = false; });
-      break;
-    case Engine::tuned_standard:
-      orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads),
-                                  [](NsOptions& o) { o.algo = NsAlgo::standard; });
-      break;
+    orth = ns_orthogonalizer(o);
+  } else {
+    switch (v.engine) {
+      case Engine::plain: {
+        NsOptions o;
+        o.algo = NsAlgo::standard;
+        o.symmetric = false;
+        o.threads = threads;
+        orth = ns_orthogonalizer(o);
+        break;
+      }
+      case Engine::untuned:
+        orth = ns_orthogonalizer(untuned_options(threads));
+        break;
+      case Engine::tuned:
+        orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads));
+        break;
+      case Engine::tuned_gemm:
+        orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads), [](NsOptions& o) { o.symmetric = false; });
+        break;
+      case Engine::tuned_standard:
+        orth = tuned_orthogonalizer(setup.tuned, untuned_options(threads),
+                                    [](NsOptions& o) { o.algo = NsAlgo::standard; });
+        break;
+    }
   }
   if (v.batched) return orth;
   return [orth](Backend& backend, std::span<const MatView> u, std::span<const MatView> o,
@@ -96,6 +117,16 @@ Orthogonalizer make_orthogonalizer(const Setup& setup, const Variant& v) {
       orth(backend, u.subspan(i, 1), o.subspan(i, 1), names.empty() ? names : names.subspan(i, 1),
            norms ? norms + i : nullptr);
   };
+}
+
+// Round-robin owners over the setup's items.
+Plan rr_plan(const Setup& s, int ranks) {
+  const std::vector<int> rr = balance_rr(s.items, ranks);
+  std::vector<int> rr_owners(s.params.size(), -1);
+  for (size_t i = 0; i < s.items.size(); ++i) rr_owners[s.items[i].param] = rr[i];
+  PlanOptions options;
+  options.balancer = Balancer::rr;
+  return plan_from_owners(s.params, s.items, ranks, rr_owners, options);
 }
 
 }  // namespace
@@ -125,15 +156,27 @@ std::string run_line(const std::string& model, int ranks, const ThreadPolicy& th
          (threads.oversubscribed ? " (OVERSUBSCRIBED)" : "");
 }
 
-Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::string& tune_cache) {
+Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::string& tune_cache, Backend* gpu,
+              DType ns_dtype) {
   Setup s;
   s.params = std::move(params);
   s.threads = thread_policy(world.size());
   s.tune_cache = tune_cache;
+  s.gpu = gpu;
+  s.ns_dtype = ns_dtype;
   const int threads = s.threads.threads_per_rank;
   linalg::set_threads(threads);
   const auto requests = shape_requests(s.params);
   DMUON_CHECK(!requests.empty(), "bench: the model has no Muon matrices");
+  const int d = world.size();
+  PlanOptions options;
+  options.balancer = Balancer::milp;
+  if (gpu) {  // nothing tuned on a GPU yet: owners balance flops
+    s.items = make_plan_items(s.params, d, relative_flop_batch_time());
+    s.milp = plan_across_ranks(world, s.params, s.items, options);
+    s.rr = rr_plan(s, d);
+    return s;
+  }
   TuneSessionOptions tune;
   tune.cache_path = tune_cache;
   tune.threads = threads;
@@ -150,17 +193,9 @@ Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::strin
   const BatchTimeFn batch_time = [&s](int64_t rows, int64_t cols, int batch) {
     return batch * tuned_entry(s, rows, cols).seconds;
   };
-  const int d = world.size();
   s.items = make_plan_items(s.params, d, batch_time);
-  PlanOptions options;
-  options.balancer = Balancer::milp;
   s.milp = plan_across_ranks(world, s.params, s.items, options);
-
-  const std::vector<int> rr = balance_rr(s.items, d);
-  std::vector<int> rr_owners(s.params.size(), -1);
-  for (size_t i = 0; i < s.items.size(); ++i) rr_owners[s.items[i].param] = rr[i];
-  options.balancer = Balancer::rr;
-  s.rr = plan_from_owners(s.params, s.items, d, rr_owners, options);
+  s.rr = rr_plan(s, d);
   return s;
 }
 
@@ -184,12 +219,14 @@ const std::vector<std::string>& optimizer_names() {
 }
 
 const Variant& optimizer_spec(const std::string& name) {
+  static const Variant single_process_muon{"muon", OptimKind::muon, Engine::tuned, true, {}};
+  if (name == single_process_muon.name) return single_process_muon;
   std::string known;
   for (const Variant& v : optimizers()) {
     if (v.name == name) return v;
     known += (known.empty() ? "" : ", ") + v.name;
   }
-  DMUON_FAIL("--optim: unknown optimizer '", name, "' (", known, ")");
+  DMUON_FAIL("--optim: unknown optimizer '", name, "' (", known, ", or muon on one rank)");
 }
 
 Variant optimizer_variant(const Setup& setup, const std::string& name) {
@@ -200,6 +237,16 @@ Variant optimizer_variant(const Setup& setup, const std::string& name) {
 
 namespace {
 
+// A fresh world communicator for one runner: MPI, or NCCL over this rank's GPU.
+std::shared_ptr<comm::Comm> runner_world(const Setup& setup) {
+  if (!setup.gpu) return comm::world();
+#ifdef DMUON_HAVE_NCCL
+  return comm::nccl_world(comm::world(), *setup.gpu);
+#else
+  DMUON_FAIL("bench optimizer on ", setup.gpu->description(), ": this build of dmuon has no NCCL communicator");
+#endif
+}
+
 // One variant's sharded parameters and optimizer, alive for the whole interleaved run.
 struct Runner {
   std::shared_ptr<comm::Traffic> traffic = std::make_shared<comm::Traffic>();
@@ -209,16 +256,18 @@ struct Runner {
   std::vector<std::vector<double>> ns_s;  // per rank, per timed step
   OptimKind kind = OptimKind::dmuon;
 
-  // Collective. Each runner talks on its own duplicate of the world communicator.
+  // Collective. Each runner talks on its own duplicate of the world communicator (on GPUs, a NCCL
+  // communicator bootstrapped from one).
   Runner(const Setup& setup, const Variant& v) {
-    auto comm = comm::counting(comm::world(), traffic);
+    auto comm = comm::counting(runner_world(setup), traffic);
     OptimizerStackOptions options;
     options.kind = v.kind;
     options.mode = shard::Mode::z2;
     if (v.kind != OptimKind::adamw) options.orth = make_orthogonalizer(setup, v);
     options.owners = v.owners;
+    options.backend = setup.gpu;
     stack = make_optimizer_stack(comm, setup.params, options);
-    if (v.kind == OptimKind::dmuon) {
+    if (v.kind == OptimKind::dmuon && !setup.gpu) {  // GPU plans balance relative flops, not seconds
       for (const RankPlan& r : plan_from_owners(setup.params, setup.items, comm->size(), v.owners, {}).per_rank)
         m.predicted_ns_s_per_rank.push_back(r.time_s);
     }
@@ -236,6 +285,7 @@ struct Runner {
     *traffic = {};
     const auto t0 = Clock::now();
     stack.optimizer->step();
+    stack.params->backend().synchronize();  // a device step ends when its queued work does
     std::vector<double> figures = {std::chrono::duration<double>(Clock::now() - t0).count(), traffic->blocked_s,
                                    traffic->sent_bytes, backward_sent};
     max_over_ranks(world, figures);
@@ -256,8 +306,13 @@ struct Runner {
     if (kind != OptimKind::adamw)
       for (const auto& per_step : ns_s) m.ns_s_per_rank.push_back(median(per_step));
     std::vector<double> sum_sq = {0};
-    for (int u = 0; u < stack.params->num_units(); ++u)
-      for (float w : stack.params->shard_params(u)) sum_sq[0] += static_cast<double>(w) * w;
+    std::vector<float> host;
+    for (int u = 0; u < stack.params->num_units(); ++u) {
+      const std::span<float> shard = stack.params->shard_params(u);
+      host.resize(shard.size());
+      stack.params->backend().copy_to_host(host.data(), shard.data(), sizeof(float) * host.size());
+      for (float w : host) sum_sq[0] += static_cast<double>(w) * w;
+    }
     world.all_reduce<double>(sum_sq, comm::ReduceOp::sum).wait();
     m.weight_norm = std::sqrt(sum_sq[0]);
     return m;

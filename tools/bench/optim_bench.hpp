@@ -5,6 +5,11 @@
 // Per step the time is the slowest rank's (max over ranks); a variant's figure is the median over the
 // timed steps (after one untimed warm-up step); variants measured together run interleaved. Traffic is counted by
 // comm::counting (see comm.hpp for exactly what "sent bytes" and "blocked" mean).
+//
+// On GPUs (Setup::gpu) the same variants run with parameters, gradients and optimizer state on each rank's own
+// GPU and NCCL between ranks (comm_nccl.hpp), built by the same factory; Newton–Schulz runs untuned in the
+// device dtype (bf16: Gram restarts [1, 3]), owners are planned from relative flop counts, and a step's time
+// includes waiting for its device work.
 #pragma once
 
 #include <memory>
@@ -39,11 +44,15 @@ struct Setup {
   Plan milp;                     // solved by rank 0, broadcast
   Plan rr;                       // round-robin over the same items
   std::string tune_cache;
+  Backend* gpu = nullptr;          // this rank's GPU (null: the CPU, MPI between ranks)
+  DType ns_dtype = DType::f32;     // Newton–Schulz iterates on the GPU
 };
 
 // Collective. Rank 0 tunes what the cache lacks (and saves it), solves the MILP plan and broadcasts
-// the owners; every rank then reads the cache.
-Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::string& tune_cache);
+// the owners; every rank then reads the cache. With `gpu` (this rank's GPU backend: rank_device) nothing is
+// tuned and the plan's costs are relative flop counts.
+Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::string& tune_cache, Backend* gpu = nullptr,
+              DType ns_dtype = DType::f32);
 
 // How NS runs in a variant.
 enum class Engine {
@@ -80,7 +89,8 @@ struct Measurement {
 // order): adamw, muon-gather-plain (the paper's baseline: gather-then-compute, plain NS, one matrix per call),
 // muon-gather (the same with the tuned batched engine), dmuon (MILP owners, tuned).
 const std::vector<std::string>& optimizer_names();
-// How `name` runs, without owners; throws "--optim: unknown optimizer ..." naming the known ones.
+// How `name` runs, without owners: one of optimizer_names() or "muon" (single-process Muon, a world of one);
+// throws "--optim: unknown optimizer ..." naming the known ones.
 const Variant& optimizer_spec(const std::string& name);
 // The same with dmuon's owners from setup.milp.
 Variant optimizer_variant(const Setup& setup, const std::string& name);

@@ -1,6 +1,7 @@
 // `dmuon bench optimizer` (under mpirun): one optimizer step on a real model's shapes (models/*.json) with
 // seeded synthetic gradients, for AdamW, the gather-then-compute baselines and DMuon, side by side in one
 // run (optim_bench.hpp: per step the slowest rank, median over steps; traffic from comm::counting).
+// --device cuda: the same on one GPU per rank, NCCL between ranks (`mpirun -np N` with N ≤ GPUs per node).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -10,8 +11,10 @@
 
 #include "cli.hpp"
 #include "device_args.hpp"
-#include "device_optim_bench.hpp"
 #include "dmuon/linalg.hpp"
+#ifdef DMUON_HAVE_NCCL
+#include "dmuon/comm_nccl.hpp"
+#endif
 #include "model_args.hpp"
 #include "optim_bench.hpp"
 
@@ -28,7 +31,6 @@ struct Args {
   std::string tune_cache;
   bool json = false;
   DeviceArgs device;
-  bool optim_given = false;
 };
 
 const ob::Measurement* find(const std::vector<ob::Measurement>& ms, const std::string& name) {
@@ -48,37 +50,23 @@ double muon_norm_spread(const std::vector<ob::Measurement>& ms) {
   return hi >= lo && hi > 0 ? (hi - lo) / hi : 0;
 }
 
-// One process, parameters on a GPU: AdamW and Muon (the multi-rank variants need a communicator per GPU).
-void run_on_device(const Args& a) {
-  auto world = comm::world();
-  DMUON_CHECK(world->size() == 1, "bench optimizer --device cuda runs on one GPU in one process; got ",
-              world->size(), " ranks");
-  const std::vector<std::string> names = a.optim_given ? a.optimizers : std::vector<std::string>{"adamw", "muon"};
-  Backend& backend = a.device.backend();
-  const auto results = bench_optimizer_on_device(backend, a.model.load(), names, a.steps, a.device.iterates());
-  if (a.json) {
-    nlohmann::json out = {{"model", a.model.label()}, {"device", backend.description()},
-                          {"ns_dtype", to_string(a.device.iterates())}, {"steps", a.steps},
-                          {"results", nlohmann::json::array()}};
-    for (const auto& r : results)
-      out["results"].push_back({{"optimizer", r.optimizer}, {"step_s_median", r.step_s_median}, {"step_s", r.step_s},
-                                {"ns_s", r.ns_s}, {"weight_norm", r.weight_norm}});
-    std::printf("%s\n", out.dump(1).c_str());
-    return;
-  }
-  std::printf("optimizer step on %s, one process: %s; Newton-Schulz in %s; median of %d steps (CUDA events)\n\n",
-              a.model.label().c_str(), backend.description().c_str(), to_string(a.device.iterates()).c_str(), a.steps);
-  std::printf("%-10s %10s %10s %14s\n", "optimizer", "step ms", "NS ms", "weight norm");
-  for (const auto& r : results)
-    std::printf("%-10s %10.3f %10.3f %14.6g\n", r.optimizer.c_str(), 1e3 * r.step_s_median, 1e3 * r.ns_s,
-                r.weight_norm);
+// This rank's GPU (one per rank, checked on every rank: rank_device), or null on the CPU.
+Backend* rank_backend(comm::Comm& world, const DeviceArgs& device) {
+  if (!device.gpu()) return nullptr;
+#ifdef DMUON_HAVE_NCCL
+  return &device.backend(comm::rank_device(world));
+#else
+  (void)world;
+  DMUON_FAIL("--device ", device.device, ": this build of dmuon has no NCCL communicator (configure with CUDA, NCCL)");
+#endif
 }
 
 void run(const Args& a) {
-  if (a.device.gpu()) return run_on_device(a);
   auto world = comm::world();
-  ob::Setup setup =
-      ob::prepare(*world, a.model.load(), a.tune_cache.empty() ? default_tune_cache_path() : a.tune_cache);
+  Backend* gpu = rank_backend(*world, a.device);
+  ob::Setup setup = ob::prepare(*world, a.model.load(),
+                                a.tune_cache.empty() ? default_tune_cache_path() : a.tune_cache, gpu,
+                                a.device.iterates());
   std::vector<ob::Variant> variants;
   for (const auto& name : a.optimizers) variants.push_back(ob::optimizer_variant(setup, name));
   const std::vector<ob::Measurement> ms = ob::measure(world, setup, variants, a.steps);
@@ -95,6 +83,8 @@ void run(const Args& a) {
                   {"predicted_makespan_s", setup.milp.makespan_s},
                   {"rr_predicted_makespan_s", setup.rr.makespan_s}}},
                 {"muon_weight_norm_rel_spread", muon_norm_spread(ms)},
+                {"device", gpu ? gpu->description() + ", NCCL" : "cpu, MPI"},
+                {"ns_dtype", to_string(a.device.iterates())},
                 {"results", nlohmann::json::array()}});
     for (const auto& m : ms) {
       nlohmann::json r = {{"optimizer", m.name},
@@ -114,7 +104,11 @@ void run(const Args& a) {
     return;
   }
   std::printf("optimizer step: %s\n", ob::run_line(a.model.label(), world->size(), tp).c_str());
-  std::printf("%s; %s\n", linalg::cpu_model().c_str(), linalg::blas_description().c_str());
+  if (gpu)
+    std::printf("one GPU per rank: rank 0 on %s; NCCL between ranks; Newton-Schulz untuned in %s\n",
+                gpu->description().c_str(), to_string(a.device.iterates()).c_str());
+  else
+    std::printf("%s; %s\n", linalg::cpu_model().c_str(), linalg::blas_description().c_str());
   std::printf(
       "per step the slowest rank, median of %d steps, optimizers interleaved step by step; sent = bytes each rank "
       "sends (ring arithmetic on the\n"
@@ -148,9 +142,9 @@ Registration reg("bench", [](CLI::App& bench) {
                                  "and DMuon side by side (run under mpirun)");
   args->model.add_to(c);
   args->device.add_to(c);
-  auto* optim = c->add_option("--optim", args->optimizers,
+  c->add_option("--optim", args->optimizers,
                                "Optimizers, comma-separated: adamw,muon-gather-plain,muon-gather,dmuon "
-                               "(--device cuda: adamw,muon)")
+                               "(and muon on one rank)")
       ->delimiter(',')
       ->capture_default_str();
   c->add_option("--steps", args->steps, "Timed steps (median reported; one more untimed warm-up)")
@@ -158,9 +152,7 @@ Registration reg("bench", [](CLI::App& bench) {
       ->check(at_least(1));
   c->add_option("--tune-cache", args->tune_cache, kTuneCacheHelp);
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");
-  c->callback([args, optim] {
-    args->optim_given = optim->count() > 0;
-    if (args->device.gpu()) return run(*args);  // bench_optimizer_on_device checks its names
+  c->callback([args] {
     for (const auto& name : args->optimizers) optim_bench::optimizer_spec(name);  // throws for an unknown name
     run(*args);
   });

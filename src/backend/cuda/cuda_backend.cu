@@ -17,6 +17,8 @@ namespace dmuon::cuda {
 
 namespace {
 
+constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
+
 cudaDataType cuda_type(DType t) { return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF; }
 
 class CudaEvent final : public Event {
@@ -85,7 +87,7 @@ std::string library_versions() {
 
 std::string device_description(int index) { return device_name(index) + ", " + library_versions(); }
 
-CudaBackend::CudaBackend(int device, bool tf32) : device_(device), tf32_(tf32) {
+CudaBackend::CudaBackend(int device, bool tf32, bool graphs) : device_(device), tf32_(tf32), graphs_on_(graphs) {
   activate();
   DMUON_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   DMUON_CUBLAS_CHECK(cublasCreate(&blas_));
@@ -93,13 +95,19 @@ CudaBackend::CudaBackend(int device, bool tf32) : device_(device), tf32_(tf32) {
   // TF32 only when asked: float32 products otherwise round as float32 (cublasSsyrk follows the math mode; the
   // GemmEx calls choose their compute type in run()).
   DMUON_CUBLAS_CHECK(cublasSetMathMode(blas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+  // A workspace of cuBLAS's recommended size for Hopper (cublasSetWorkspace: 32 MiB), so that products
+  // captured by run_graph use it instead of allocating inside the capture.
+  DMUON_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
+  DMUON_CUBLAS_CHECK(cublasSetWorkspace(blas_, blas_workspace_, kBlasWorkspaceBytes));
 }
 
 CudaBackend::~CudaBackend() {
   workers_.clear();
   cudaSetDevice(device_);
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
   if (blas_) cublasDestroy(blas_);
   if (stream_) cudaStreamDestroy(stream_);
+  if (blas_workspace_) cudaFree(blas_workspace_);
 }
 
 void CudaBackend::activate() const {
@@ -109,7 +117,8 @@ void CudaBackend::activate() const {
 }
 
 std::string CudaBackend::description() const {
-  return "cuda:" + std::to_string(device_) + " " + device_description(device_) + (tf32_ ? ", TF32 on" : "");
+  return "cuda:" + std::to_string(device_) + " " + device_description(device_) + (tf32_ ? ", TF32 on" : "") +
+         (graphs_on_ ? "" : ", CUDA graphs off");
 }
 
 void CudaBackend::check_device(const MatView& v, const char* op, const char* name) const {
@@ -119,8 +128,14 @@ void CudaBackend::check_device(const MatView& v, const char* op, const char* nam
 
 // ---- memory ----
 
+void CudaBackend::check_not_capturing(const char* op) const {
+  DMUON_CHECK(!capturing_, op, " on cuda:", device_, " inside run_graph: a graph cannot wait for the host, read back "
+              "or allocate");
+}
+
 void* CudaBackend::allocate(size_t bytes) {
   if (bytes == 0) return nullptr;
+  check_not_capturing("allocate");
   activate();
   void* p = nullptr;
   const cudaError_t rc = cudaMallocAsync(&p, bytes, stream_);
@@ -140,12 +155,14 @@ void CudaBackend::deallocate(void* p) noexcept {
 
 void CudaBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
   if (bytes == 0) return;
+  check_not_capturing("copy_from_host");  // a replay would read the host memory again, whatever it holds then
   activate();
   // From pageable memory the runtime stages the source before returning, so the caller may reuse it.
   DMUON_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
 }
 
 void CudaBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
+  check_not_capturing("copy_to_host");
   activate();
   if (bytes > 0) DMUON_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   DMUON_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -310,6 +327,7 @@ void CudaBackend::muon_apply(float* w, const float* o, int64_t n, float decay, f
 // ---- ordering and parallelism ----
 
 void CudaBackend::synchronize() {
+  check_not_capturing("synchronize");
   activate();
   DMUON_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -322,7 +340,8 @@ void CudaBackend::run_concurrently(int workers, const std::function<void(Backend
     return;
   }
   activate();
-  while (static_cast<int>(workers_.size()) < workers) workers_.push_back(std::make_unique<CudaBackend>(device_, tf32_));
+  while (static_cast<int>(workers_.size()) < workers)
+    workers_.push_back(std::make_unique<CudaBackend>(device_, tf32_, graphs_on_));
   // Workers start after what this stream queued so far, and this stream continues after all of them.
   cudaEvent_t ready = nullptr;
   DMUON_CUDA_CHECK(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming));
@@ -340,6 +359,37 @@ void CudaBackend::run_concurrently(int workers, const std::function<void(Backend
 }
 
 int64_t CudaBackend::preferred_batch() const { return std::numeric_limits<int64_t>::max(); }
+
+void CudaBackend::run_graph(const std::vector<int64_t>& key, const std::function<void()>& fn) {
+  if (!graphs_on_) {
+    fn();
+    return;
+  }
+  activate();
+  auto it = graphs_.find(key);
+  if (it == graphs_.end()) {
+    check_not_capturing("run_graph");
+    DMUON_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+    capturing_ = true;
+    cudaGraph_t graph = nullptr;
+    try {
+      fn();
+    } catch (...) {
+      capturing_ = false;
+      if (cudaStreamEndCapture(stream_, &graph) == cudaSuccess && graph) cudaGraphDestroy(graph);
+      (void)cudaGetLastError();  // an invalidated capture's error is not the caller's
+      throw;
+    }
+    capturing_ = false;
+    DMUON_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+    cudaGraphExec_t exec = nullptr;
+    const cudaError_t rc = cudaGraphInstantiate(&exec, graph, 0);
+    cudaGraphDestroy(graph);
+    DMUON_CUDA_CHECK(rc);
+    it = graphs_.emplace(key, exec).first;
+  }
+  DMUON_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+}
 
 double CudaBackend::time_on_device(const std::function<void()>& enqueue) {
   activate();
@@ -366,7 +416,9 @@ Backend& cuda_backend(int index) {
               " usable CUDA device(s)");
   if (backends.empty()) backends.resize(n, nullptr);
   // Never destroyed: a static destructor would run after the CUDA runtime has shut down.
-  if (backends[index] == nullptr) backends[index] = new cuda::CudaBackend(index, cuda::env_flag("DMUON_CUDA_TF32"));
+  if (backends[index] == nullptr)
+    backends[index] =
+        new cuda::CudaBackend(index, cuda::env_flag("DMUON_CUDA_TF32"), !cuda::env_flag("DMUON_CUDA_NO_GRAPHS"));
   return *backends[index];
 }
 

@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -23,7 +24,8 @@ class CudaBackend final : public Backend {
  public:
   // A backend on `device` with a new stream. tf32: float32 products may use TF32 tensor cores (off by default;
   // env DMUON_CUDA_TF32=1 turns it on for backend_for's backends).
-  explicit CudaBackend(int device, bool tf32 = false);
+  // graphs = false: run_graph calls fn every time (DMUON_CUDA_NO_GRAPHS=1, to compare or to isolate a graph bug).
+  explicit CudaBackend(int device, bool tf32 = false, bool graphs = true);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -75,6 +77,12 @@ class CudaBackend final : public Backend {
   int parallelism() const override { return 1; }
   int set_parallelism(int) override { return 1; }
   int64_t preferred_batch() const override;
+  // One CUDA graph per key: captured from fn on the key's first call (stream capture of this stream, thread-local
+  // mode, so a forbidden call inside fn fails the capture instead of running), instantiated, and launched on
+  // this and every later call with the key. Pointers are part of the key (backend.hpp), so a graph never
+  // replays on other buffers and needs no cudaGraphExecUpdate; each distinct key keeps one executable graph
+  // until the backend goes.
+  void run_graph(const std::vector<int64_t>& key, const std::function<void()>& fn) override;
 
   // Seconds the work that `enqueue` queues takes on the device, from CUDA events around it (no host timing).
   double time_on_device(const std::function<void()>& enqueue);
@@ -83,12 +91,17 @@ class CudaBackend final : public Backend {
   void activate() const;  // makes device_ current for this thread
   void run(const std::vector<BlasCall>& calls, const MatView& a, const MatView& b, const MatView& c);
   void check_device(const MatView& v, const char* op, const char* name) const;
+  void check_not_capturing(const char* op) const;  // host waits and allocations are not capturable
 
   int device_;
   bool tf32_;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;
   std::vector<std::unique_ptr<CudaBackend>> workers_;  // run_concurrently's streams, made on first use
+  void* blas_workspace_ = nullptr;  // cuBLAS's workspace, fixed so that captured graphs do not allocate
+  std::map<std::vector<int64_t>, cudaGraphExec_t> graphs_;  // run_graph's, by key
+  bool graphs_on_ = true;
+  bool capturing_ = false;
 };
 
 // The number of CUDA devices this process sees (0 without a driver or device: never throws).
