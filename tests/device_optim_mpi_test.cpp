@@ -163,7 +163,8 @@ Result run(const Case& c, Backend& backend, std::shared_ptr<comm::Comm> comm) {
 
 // Bit-for-bit equality of two float arrays (NaN patterns included).
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0;
+  // memcmp of zero bytes still needs valid pointers, and an empty vector's data() may be null.
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), sizeof(float) * a.size()) == 0);
 }
 
 test::FencedBackend& fenced() {

@@ -42,24 +42,40 @@ std::string join(const std::vector<std::string>& w, size_t from = 0) {
   return out;
 }
 
-// Where the dmuon words start: after `dmuon`, `build/dmuon` or `mpirun ... dmuon`; npos if none.
+// Where the dmuon words start: at `dmuon` or `build/dmuon`, alone or as the program `mpirun` starts
+// (the first word after mpirun's options, so `mpirun ... python3 x.py --optim dmuon` is not ours); npos if none.
 size_t dmuon_at(const std::vector<std::string>& w) {
-  for (size_t i = 0; i < w.size(); ++i) {
-    if (w[i] == "dmuon" || w[i] == "build/dmuon") return i;
-    if (i == 0 && w[i] != "mpirun") return std::string::npos;
+  const auto ours = [&](size_t i) { return w[i] == "dmuon" || w[i] == "build/dmuon"; };
+  if (w.empty() || w[0] != "mpirun") return !w.empty() && ours(0) ? 0 : std::string::npos;
+  const std::set<std::string> takes_value = {"-np", "-n", "-x", "-H", "--host", "--bind-to", "--map-by"};
+  for (size_t i = 1; i < w.size(); ++i) {
+    if (w[i][0] == '-') {
+      if (takes_value.count(w[i])) ++i;
+      continue;
+    }
+    return ours(i) ? i : std::string::npos;
   }
   return std::string::npos;
 }
 
 // Every command line in the file: inline code spans, and lines of ```sh blocks (joined at '\').
+// Read line by line: std::regex over a whole page recurses once per character and overflows the stack.
 std::vector<Quoted> quoted_in(const fs::path& file) {
-  const std::string text = read_file(file.string());
+  std::istringstream text(read_file(file.string()));
   std::vector<std::string> candidates;
-  const std::regex block(R"(```(sh|bash)?\n([\s\S]*?)```)");
-  for (std::sregex_iterator it(text.begin(), text.end(), block), end; it != end; ++it) {
-    std::istringstream lines((*it)[2].str());
-    std::string joined;
-    for (std::string line; std::getline(lines, line);) {
+  std::string prose, joined, language;
+  bool in_block = false;
+  for (std::string line; std::getline(text, line);) {
+    const size_t indent = line.find_first_not_of(' ');
+    if (indent != std::string::npos && line.compare(indent, 3, "```") == 0) {
+      in_block = !in_block;
+      language = in_block ? line.substr(indent + 3) : "";
+      joined.clear();
+      continue;
+    }
+    if (!in_block) {
+      prose += line + "\n";
+    } else if (language.empty() || language == "sh" || language == "bash") {
       if (!line.empty() && line.back() == '\\') {
         joined += line.substr(0, line.size() - 1) + " ";
         continue;
@@ -68,7 +84,6 @@ std::vector<Quoted> quoted_in(const fs::path& file) {
       joined.clear();
     }
   }
-  const std::string prose = std::regex_replace(text, std::regex(R"(```[\s\S]*?```)"), "");
   const std::regex span("`([^`\n]+)`");
   for (std::sregex_iterator it(prose.begin(), prose.end(), span), end; it != end; ++it) candidates.push_back((*it)[1]);
   std::vector<Quoted> out;
