@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "dmuon/checkpoint.hpp"
 #include "dmuon/checkpoint_rotation.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/data.hpp"
@@ -212,9 +213,37 @@ TEST(Train, ResumeReproducesTheUninterruptedRunBitForBit) {
     rest.resume = ckpt;
     Trainer t(rest, nullptr);
     EXPECT_EQ(t.steps_done(), 3);
+    EXPECT_EQ(t.resume_changes(), std::vector<std::string>{}) << to_string(k);
     for (int s = 3; s < 6; ++s) EXPECT_EQ(t.train_step().train_loss, expected[s]) << to_string(k) << " step " << s + 1;
     EXPECT_EQ(t.full_params(), whole.full_params()) << to_string(k);
   }
+}
+
+// A checkpoint records the options that decide an exact continuation; resuming with others names each
+// change (dmuon train prints them as one warning) and goes on under the new options.
+TEST(Train, ResumingWithOtherOptionsNamesEachChange) {
+  test::TempDir dir;
+  const TrainOptions o = tiny(OptimKind::muon, 4);
+  const std::string ckpt = dir.file("ck");
+  {
+    Trainer t(o, nullptr);
+    t.train_step();
+    t.save(ckpt);
+  }
+  const CheckpointRun saved = read_checkpoint_contents(ckpt).run;
+  EXPECT_EQ(saved.at("--seed"), std::to_string(o.seed));
+  EXPECT_EQ(saved.at("--lr"), "0.02");  // the default Muon lr, as the run used it
+  TrainOptions other = o;
+  other.resume = ckpt;
+  other.seed = o.seed + 1;
+  other.steps = 6;
+  other.lr = 0.05;
+  Trainer t(other, nullptr);
+  EXPECT_EQ(t.resume_changes(), (std::vector<std::string>{"--lr 0.05 (saved: 0.02)",
+                                                          "--seed " + std::to_string(o.seed + 1) + " (saved: " +
+                                                              std::to_string(o.seed) + ")",
+                                                          "--steps 6 (saved: 4)"}));
+  EXPECT_EQ(t.steps_done(), 1);
 }
 
 // Determinism: the same options and seed give the same losses and parameters, bit for bit, run after

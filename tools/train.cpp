@@ -126,6 +126,12 @@ void run_train(TrainArgs& args) {
     std::fprintf(stderr, "tuned Newton-Schulz: %zu shape(s) ready in %.2f s\n", trainer.tuned().size(),
                  trainer.tune_seconds());
   }
+  if (root && !trainer.resume_changes().empty()) {
+    std::string changes;
+    for (const std::string& c : trainer.resume_changes()) changes += (changes.empty() ? "" : ", ") + c;
+    std::fprintf(stderr, "dmuon: warning: resuming with options other than the saved run's: %s; the run goes on under "
+                 "the new options, so it will not match the uninterrupted one\n", changes.c_str());
+  }
   std::optional<dmuon::MetricsCsvWriter> csv;
   std::optional<dmuon::ProgressDisplay> progress;
   // A resumed run appends to its metrics file (compare sees the whole history).

@@ -52,7 +52,12 @@ namespace dmuon {
 
 // Collective over the optimizer's ranks. Throws if called between micro-batches of one update.
 // CheckpointWriter's three phases in a row.
-void save_checkpoint(const std::string& dir, Optimizer& optimizer);
+// The options of the run that saved a checkpoint, option name → value text (dmuon train records those that
+// decide whether a resumed run continues it exactly: --seed, --batch, the schedule...). Kept in index.json,
+// under its checksum; empty when the saver recorded none.
+using CheckpointRun = std::map<std::string, std::string>;
+
+void save_checkpoint(const std::string& dir, Optimizer& optimizer, const CheckpointRun& run = {});
 // Before any work: throws the dmuon::Error save_checkpoint(dir) would raise for the folder itself (it, or
 // its <dir>.new or <dir>.old sibling, holds files that are not part of a checkpoint; the folder above
 // cannot be written), touching nothing. One process's check; call it on rank 0.
@@ -68,7 +73,7 @@ void check_checkpoint_destination(const std::string& dir);
 // Every rank calls the constructor and finish() in the same order as its other collectives.
 class CheckpointWriter {
  public:
-  CheckpointWriter(const std::string& dir, Optimizer& optimizer);
+  CheckpointWriter(const std::string& dir, Optimizer& optimizer, CheckpointRun run = {});
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -85,6 +90,7 @@ class CheckpointWriter {
   std::string target_;
   int rank_ = 0, world_size_ = 1;
   int64_t updates_ = 0, skipped_ = 0;
+  CheckpointRun run_;
   std::vector<Slice> slices_;
   std::exception_ptr failure_;
 };
@@ -106,6 +112,7 @@ struct CheckpointContents {
     std::set<std::string> kinds;
   };
   std::map<std::string, Param> params;
+  CheckpointRun run;  // the saving run's options, as recorded
   int64_t steps() const { return updates + skipped; }  // optimizer steps taken
 };
 CheckpointContents read_checkpoint_contents(const std::string& dir);

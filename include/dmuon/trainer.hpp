@@ -136,6 +136,10 @@ class Trainer {
   // The largest code any rank's stop_signal returned during the last step, or 0 (the same on every
   // rank). When non-zero, with save_dir, train_step has written a complete checkpoint of that step.
   int stop_requested() const;
+  // With resume: the options the checkpoint's run recorded (checkpoint.hpp's CheckpointRun) that this run
+  // changes, each as "--seed 2 (saved: 1)"; the run goes on under the new ones, so it does not continue
+  // the saved run exactly. Empty when nothing changed or the checkpoint recorded no options.
+  const std::vector<std::string>& resume_changes() const;
   // Every parameter's full value, in gpt_param_specs order, on every rank (collective).
   std::vector<std::vector<float>> full_params();
   // With options.tune: the entries every rank runs with (request order) and the seconds the tuning

@@ -131,6 +131,7 @@ struct SavedFile {
 struct Manifest {
   int world_size = 0;
   int64_t updates = 0, skipped = 0;
+  CheckpointRun run;
   std::vector<SavedFile> files;  // indexed by rank
   std::vector<SavedSlice> slices;
 };
@@ -173,6 +174,7 @@ Manifest read_manifest(const std::string& dir) {
   const std::string sum = json_field<std::string>(index, "index_fnv1a64", index_path, "the index");
   DMUON_CHECK(index_checksum(index) == sum, index_path, ": checksum mismatch (FNV-1a 64 of its values ",
               index_checksum(index), ", the file says ", sum, "): the index is corrupt");
+  if (index.contains("run")) m.run = json_field<CheckpointRun>(index, "run", index_path, "the index");
   DMUON_CHECK(m.world_size >= 1 && m.updates >= 0 && m.skipped >= 0, index_path,
               ": world_size must be ≥ 1 and counters ≥ 0");
   const auto manifests = json_field<std::vector<json>>(index, "manifests", index_path, "the index");
@@ -274,8 +276,8 @@ struct CheckpointWriter::Slice {
   std::vector<float> values;
 };
 
-CheckpointWriter::CheckpointWriter(const std::string& dir_arg, Optimizer& optimizer)
-    : optimizer_(optimizer), target_(folder_name(dir_arg)) {
+CheckpointWriter::CheckpointWriter(const std::string& dir_arg, Optimizer& optimizer, CheckpointRun run)
+    : optimizer_(optimizer), target_(folder_name(dir_arg)), run_(std::move(run)) {
   DMUON_CHECK(!optimizer.accumulating(), "saving checkpoint ", dir_arg,
               ": called between micro-batches of one update; save after the update");
   rank_ = optimizer.rank();
@@ -340,6 +342,7 @@ void CheckpointWriter::finish(const std::function<void()>& after_swap) {
       json index = {{"format", kFormat},     {"version", kVersion}, {"world_size", world_size_},
                     {"updates", updates_},   {"skipped", skipped_}, {"checksum", "fnv1a64"},
                     {"manifests", manifests}};
+      if (!run_.empty()) index["run"] = run_;
       index["index_fnv1a64"] = index_checksum(index);
       write_file_atomically(staging + "/index.json", index.dump(1));
       swap_in(target_, world_size_);
@@ -349,8 +352,8 @@ void CheckpointWriter::finish(const std::function<void()>& after_swap) {
   agree(optimizer_, failure, "finishing checkpoint " + target_);
 }
 
-void save_checkpoint(const std::string& dir, Optimizer& optimizer) {
-  CheckpointWriter writer(dir, optimizer);
+void save_checkpoint(const std::string& dir, Optimizer& optimizer, const CheckpointRun& run) {
+  CheckpointWriter writer(dir, optimizer, run);
   writer.write();
   writer.finish();
 }
@@ -394,6 +397,7 @@ CheckpointContents read_checkpoint_contents(const std::string& dir) {
   CheckpointContents out;
   out.updates = manifest.updates;
   out.skipped = manifest.skipped;
+  out.run = manifest.run;
   for (const SavedSlice& s : manifest.slices) {
     CheckpointContents::Param& p = out.params[s.param];
     DMUON_CHECK(p.kinds.empty() || p.shape == s.shape, dir, ": parameter '", s.param, "' is saved with shapes ",

@@ -3,8 +3,10 @@
 #include "dmuon/trainer.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <numbers>
 #include <optional>
 #include <set>
@@ -50,6 +52,27 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // The validation batches are drawn with their own seed so that they never coincide with training draws.
 constexpr uint64_t kValSeedSalt = 0x5eed'0f'7a1dULL;
 
+// The options a resumed run must share with the saved one to continue it exactly (the batches and the
+// learning rate are functions of the seed, the step and these), as recorded in every checkpoint it writes.
+CheckpointRun run_record(const TrainOptions& o) {
+  const auto text = [](double v) {  // the shortest text that reads back as v
+    char buf[32];
+    return std::string(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
+  };
+  CheckpointRun run = {{"--seed", std::to_string(o.seed)},
+                       {"--batch", std::to_string(o.batch)},
+                       {"--micro-batches", std::to_string(o.micro_batches)},
+                       {"--steps", std::to_string(o.steps)},
+                       {"--lr", text(o.lr > 0 ? o.lr : default_lr(o.optim))},
+                       {"--weight-decay", text(o.weight_decay)},
+                       {"--warmup", std::to_string(o.warmup)},
+                       {"--min-lr-ratio", text(o.min_lr_ratio)},
+                       {"--data", o.data.empty() ? "(the fortunes corpus)"
+                                                 : std::filesystem::absolute(o.data).lexically_normal().string()}};
+  if (o.optim != OptimKind::adamw) run["--adamw-lr"] = text(o.adamw_lr);
+  return run;
+}
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -62,6 +85,7 @@ struct Trainer::Impl {
   Plan plan;                     // dmuon: the owners and their predicted NS loads
   int64_t step = 0;
   int stop = 0;                  // the largest stop_signal code of the last step over ranks
+  std::vector<std::string> resume_changes;  // recorded options this run changes (check_resume)
 
   // A periodic checkpoint whose files a background thread writes while the next step runs.
   struct PendingSave {
@@ -90,7 +114,8 @@ struct Trainer::Impl {
   // Collective: a checkpoint of the current step into save_dir, written now or in the background.
   void start_save(const TrainOptions& o, bool background) {
     finish_save(o);
-    auto writer = std::make_unique<CheckpointWriter>(checkpoint_for_step(o.save_dir, step), *stack.optimizer);
+    auto writer =
+        std::make_unique<CheckpointWriter>(checkpoint_for_step(o.save_dir, step), *stack.optimizer, run_record(o));
     if (background) {
       CheckpointWriter* w = writer.get();
       pending.emplace(PendingSave{std::move(writer), std::thread([w] { w->write(); })});
@@ -195,8 +220,10 @@ void validate(const TrainOptions& o, int world) {
 
 // Before any tuning or allocation: the checkpoint to resume from holds every parameter of this model
 // with its shape and the state its optimizer group keeps (Muon matrices: momentum; AdamW: m and v),
-// nothing else, and is not past --steps. load_checkpoint checks the data itself later.
-void check_resume(const std::string& checkpoint, const TrainOptions& o, const std::vector<ParamSpec>& specs) {
+// nothing else, and is not past --steps. load_checkpoint checks the data itself later. Returns the
+// recorded options this run changes ("--seed 2 (saved: 1)").
+std::vector<std::string> check_resume(const std::string& checkpoint, const TrainOptions& o,
+                                      const std::vector<ParamSpec>& specs) {
   const CheckpointContents saved = read_checkpoint_contents(checkpoint);
   DMUON_CHECK(saved.steps() <= o.steps, "checkpoint ", checkpoint, " is at step ", saved.steps(), ", past --steps ",
               o.steps);
@@ -219,6 +246,12 @@ void check_resume(const std::string& checkpoint, const TrainOptions& o, const st
   for (const auto& [name, param] : saved.params)
     DMUON_CHECK(names.count(name), "checkpoint ", checkpoint, " holds parameter '", name,
                 "', which this model does not have (saved from another model?)");
+  std::vector<std::string> changes;
+  for (const auto& [option, value] : run_record(o)) {
+    const auto it = saved.run.find(option);
+    if (it != saved.run.end() && it->second != value) changes.push_back(option + " " + value + " (saved: " + it->second + ")");
+  }
+  return changes;
 }
 
 }  // namespace
@@ -246,7 +279,7 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
   stack.optimizer = optimizer_options(options_);
   // The checkpoint itself, or the newest complete one in a --save folder.
   const std::string resume = options_.resume.empty() ? "" : newest_checkpoint(options_.resume);
-  if (!resume.empty()) check_resume(resume, options_, specs);
+  if (!resume.empty()) m.resume_changes = check_resume(resume, options_, specs);
   // The NS every Muon optimizer runs: tuned kernels (rank 0 tunes, every rank gets its entries) or opt.muon.ns.
   if (options_.tune && options_.optim != OptimKind::adamw) {
     const auto t0 = Clock::now();
@@ -293,6 +326,7 @@ double Trainer::tune_seconds() const { return impl_->tune_s; }
 const Plan& Trainer::plan() const { return impl_->plan; }
 const std::string& Trainer::last_checkpoint() const { return impl_->last_checkpoint; }
 int Trainer::stop_requested() const { return impl_->stop; }
+const std::vector<std::string>& Trainer::resume_changes() const { return impl_->resume_changes; }
 
 StepMetrics Trainer::train_step() {
   Impl& m = *impl_;
@@ -361,7 +395,7 @@ double Trainer::validation_loss() {
 
 void Trainer::save(const std::string& dir) {
   impl_->finish_save(options_);
-  save_checkpoint(dir, *impl_->stack.optimizer);
+  save_checkpoint(dir, *impl_->stack.optimizer, run_record(options_));
 }
 
 std::vector<std::vector<float>> Trainer::full_params() {
