@@ -50,13 +50,13 @@
 
 namespace dmuon {
 
-// Collective over the optimizer's ranks. Throws if called between micro-batches of one update.
-// CheckpointWriter's three phases in a row.
 // The options of the run that saved a checkpoint, option name → value text (dmuon train records those that
 // decide whether a resumed run continues it exactly: --seed, --batch, the schedule...). Kept in index.json,
 // under its checksum; empty when the saver recorded none.
 using CheckpointRun = std::map<std::string, std::string>;
 
+// Collective over the optimizer's ranks. Throws if called between micro-batches of one update.
+// CheckpointWriter's three phases in a row.
 void save_checkpoint(const std::string& dir, Optimizer& optimizer, const CheckpointRun& run = {});
 // Before any work: throws the dmuon::Error save_checkpoint(dir) would raise for the folder itself (it, or
 // its <dir>.new or <dir>.old sibling, holds files that are not part of a checkpoint; the folder above

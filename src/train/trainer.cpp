@@ -249,7 +249,8 @@ std::vector<std::string> check_resume(const std::string& checkpoint, const Train
   std::vector<std::string> changes;
   for (const auto& [option, value] : run_record(o)) {
     const auto it = saved.run.find(option);
-    if (it != saved.run.end() && it->second != value) changes.push_back(option + " " + value + " (saved: " + it->second + ")");
+    if (it != saved.run.end() && it->second != value)
+      changes.push_back(option + " " + value + " (saved: " + it->second + ")");
   }
   return changes;
 }
