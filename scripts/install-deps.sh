@@ -12,7 +12,7 @@ packages=(
   nlohmann-json3-dev         # JSON (caches, plans, --json output)
   libcli11-dev               # command line
   libgtest-dev libgmock-dev  # tests
-  python3-torch python3-numpy python3-pytest  # python/dmuon and its tests (Debian: torch 1.13, CPU, gloo)
+  python3-venv python3-dev   # the virtual environment the Makefile makes for python/dmuon (torch from PyPI)
   libbenchmark-dev           # microbenchmarks
   gnuplot-nox                # PNG plots
   fortunes                   # default training corpus (English text)
