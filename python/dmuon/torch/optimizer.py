@@ -79,7 +79,7 @@ class DMuon(torch.optim.Optimizer):
         self._constructed = True
         self.ns = dmuon.Orthogonalizer(coeffs=coeffs, algo=algo, steps=int(ns_steps), threads=self._threads,
                                        tune_cache="")
-        self._track(torch_groups, layouts)
+        self._track(layouts)
         self.updates = 0        # updates applied
         self.skipped_steps = 0  # updates skipped for a non-finite gradient (nonfinite="skip")
         self.last_grad_norm = 0.0
@@ -99,7 +99,7 @@ class DMuon(torch.optim.Optimizer):
             return
         torch_groups, layouts = self._parse([param_group], self.defaults, first_group=len(self.param_groups))
         self.param_groups.extend(torch_groups)
-        self._track(torch_groups, layouts)
+        self._track(layouts)
 
     def _parse(self, params, defaults, first_group):
         """(torch param groups, [(name, Layout, torch group)]) from DMuon's `params` (collective).
@@ -138,8 +138,8 @@ class DMuon(torch.optim.Optimizer):
             torch_group_of[id(g)] = hyper
         return torch_groups, [(n, l, torch_group_of[id(g)]) for n, l, g in layouts]
 
-    def _track(self, torch_groups, layouts):
-        """Appends the parameters of torch_groups (registered in param_groups) to the optimizer's
+    def _track(self, layouts):
+        """Appends _parse's parameters, their groups registered in param_groups, to the optimizer's
         agreed order and plans the owners of their Muon matrices (collective)."""
         first = len(self._layouts)
         for name, layout, group in layouts:
