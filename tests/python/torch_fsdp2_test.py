@@ -161,6 +161,31 @@ def chunk_of(full, parts, index):
     return chunks[index] if index < len(chunks) else full[:0]
 
 
+def gather_full(local, shapes, parts, group):
+    """{name: full tensor, float64} from every rank's chunk_of(full, parts, index) rows of each
+    (local: {name: this rank's rows}; shapes: {name: global shape}), in one all_gather over the shard
+    group (DTensor.full_tensor() per tensor costs a collective each: most of this test's time)."""
+    def rows(name, index):
+        return chunk_of(torch.empty(shapes[name][0], 0), parts, index).shape[0]
+
+    def numel(name, index):
+        return rows(name, index) * math.prod(shapes[name][1:])
+
+    flat = torch.cat([t.detach().reshape(-1).double() for t in local.values()])
+    longest = max(sum(numel(n, i) for n in local) for i in range(parts))
+    padded = torch.zeros(longest, dtype=torch.float64)
+    padded[: flat.numel()] = flat
+    gathered = [torch.empty_like(padded) for _ in range(parts)]
+    dist.all_gather(gathered, padded, group=group)
+    pieces = {n: [] for n in local}
+    for index, part in enumerate(gathered):
+        offset = 0
+        for n in local:
+            pieces[n].append(part[offset:offset + numel(n, index)].view(rows(n, index), *shapes[n][1:]))
+            offset += numel(n, index)
+    return {n: torch.cat(pieces[n]) for n in local}
+
+
 # ---- the reference (float64, one process, DESIGN section 1) ----
 
 def as_matrices(t):
@@ -277,6 +302,7 @@ def train_variant(checks, variant, initial):
         fully_shard(block, mesh=mesh, **variant.fsdp_options())
     fully_shard(model, mesh=mesh, **variant.fsdp_options())
     params = dict(model.named_parameters())
+    shapes = {n: tuple(p.shape) for n, p in params.items()}
 
     layout_ok = all(torch.equal(p.to_local(), chunk_of(initial[n], shards, shard_index)) for n, p in params.items())
     checks.report(f"{variant.name}: FSDP2 layout", layout_ok, "local shards == torch.chunk(full, shards)[index]")
@@ -305,8 +331,11 @@ def train_variant(checks, variant, initial):
             part = slice(mine.start + k * micro, mine.start + (k + 1) * micro)
             (model(tokens[part], targets[part]) / variant.micro_batches).backward()
 
-        full_params = {n: p.full_tensor() for n, p in params.items()}
-        full_grads = {n: p.grad.full_tensor() for n, p in params.items()}
+        both = gather_full({**{n: p.to_local() for n, p in params.items()},
+                            **{"grad " + n: p.grad.to_local() for n, p in params.items()}},
+                           {**shapes, **{"grad " + n: s for n, s in shapes.items()}}, shards, shard_group)
+        full_params = {n: both[n] for n in params}
+        full_grads = {n: both["grad " + n] for n in params}
         model64.load_state_dict({n: t.double() for n, t in full_params.items()})
         model64.zero_grad()
         model64(tokens, targets).backward()
@@ -323,7 +352,7 @@ def train_variant(checks, variant, initial):
         ns_counts.append(all_ranks_sum(opt.last_stats["ns_matrices"]))
 
     checks.within(f"{variant.name}: grads vs float64 model", grad_errors, grad_tolerance)
-    final = {n: p.full_tensor() for n, p in params.items()}
+    final = gather_full({n: p.to_local() for n, p in params.items()}, shapes, shards, shard_group)
     checks.within(f"{variant.name}: params vs float64 reference",
                   {n: relative_error(final[n], ref.params[n]) for n in params}, TOLERANCE)
     differ = [n for n, p in params.items() if not torch.equal(p.to_local(), local_copies[n].detach())]
