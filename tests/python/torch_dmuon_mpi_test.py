@@ -25,7 +25,6 @@ import sys
 import torch
 import torch.distributed as dist
 
-from muon_reference import newton_schulz_ref
 from dmuon.torch import DMuon, Sharded, chunk_rows
 from dmuon.torch.mpirun import init_process_group_from_mpirun
 
@@ -44,6 +43,7 @@ SPECS = [
 ]
 STEPS = 10
 TOLERANCE = 1e-5
+KELLER = (3.4445, -4.7750, 2.0315)
 
 failures = []
 
@@ -55,6 +55,19 @@ def check(ok, what):
 
 
 # ---- the reference (float64, one process, DESIGN 1 and 2.1) ----
+
+def newton_schulz_ref(u, steps=5):
+    x = u.double()
+    transposed = x.shape[0] > x.shape[1]
+    if transposed:
+        x = x.T
+    x = x / (x.norm() + 1e-7)
+    a, b, c = KELLER
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if transposed else x
+
 
 class Reference:
     """Muon (lerp momentum, nesterov, NS, scale, decoupled decay) + AdamW (torch.optim.AdamW), float64."""
