@@ -18,7 +18,10 @@ Each training variant checks, per tensor:
   params   the parameters after 10 steps against the float64 reference within 1e-5 relative
            (Frobenius), the reference being fed FSDP2's gathered float32 gradients (see below);
   sharded  bit-identical to DMuon on hand-made dmuon.torch.Sharded copies (local rows =
-           torch.chunk(full, W)[rank]) fed the same local gradients;
+           torch.chunk(full, S)[shard]; HSDP: one copy per replica, over its shard group) fed the
+           same local gradients: bit-identical, not merely close, because both run the same
+           float32 operations on the same values (each matrix's Newton–Schulz is one engine call on
+           the same U, whichever rank owns it; AdamW and the update are elementwise on the same rows);
   ns       Σ over ranks of last_stats["ns_matrices"] == the Muon matrices of the model (each
            expert of a stack counts one): every matrix orthogonalized once in the whole job;
   replicas (hsdp) every replica's local shards bit-identical.
@@ -275,9 +278,9 @@ def relative_error(x, ref):
     return float((x - ref).norm()) / scale if scale > 0 else float(x.norm())
 
 
-def all_ranks_sum(value, group=None):
+def all_ranks_sum(value):
     t = torch.tensor([float(value)], dtype=torch.float64)
-    dist.all_reduce(t, group=group)
+    dist.all_reduce(t)
     return float(t)
 
 
@@ -422,7 +425,9 @@ def expect_same_error(checks, name, make, group_ranks, *needles):
 
 def check_meshes(checks):
     rank, world = dist.get_rank(), dist.get_world_size()
-    full = torch.randn(2 * world + 1, 8, generator=torch.Generator().manual_seed(5))  # 2W+1 rows: uneven
+    # 2W rows, equal chunks: a permuted mesh gives every rank a local shard of the expected shape, so
+    # only the mesh's ranks can tell.
+    full = torch.randn(2 * world, 8, generator=torch.Generator().manual_seed(5))
     name = "blocks.0.up.weight"
 
     # The ranks of a mesh in another order: rank r holds chunk position(r), not chunk r.
@@ -456,17 +461,19 @@ def check_meshes(checks):
 # ---- expert stacks ----
 
 class CollectiveBytes(TorchDispatchMode):
-    """Bytes of the tensors handed to each collective (c10d and functional collectives) while active."""
+    """Calls of each collective (c10d and functional collectives) while active, and the bytes of the
+    tensors handed to them."""
 
     MOVING = ("all", "broadcast", "reduce", "scatter", "gather", "send", "recv")
 
     def __init__(self):
         super().__init__()
-        self.bytes = Counter()
+        self.calls, self.bytes = Counter(), Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         op = func.__name__.split(".")[0]
         if func.namespace in ("c10d", "_c10d_functional") and any(w in op for w in self.MOVING):
+            self.calls[op] += 1
             self.bytes[op] += sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs))
                                   if isinstance(t, torch.Tensor))
         return func(*args, **(kwargs or {}))
@@ -498,12 +505,13 @@ def check_expert_stack(checks):
     p = torch.nn.Parameter(distribute_tensor(full, mesh, [Shard(0)]))
     opt = DMuon([(name, p)], **HYPER)
     ref = Reference({name: full}, [name], HYPER, "match_rms_adamw")
-    moved, ns = Counter(), []
+    calls, moved, ns = Counter(), Counter(), []
     for step in range(3):
         grad = torch.randn(full.shape, generator=torch.Generator().manual_seed(80 + step))
         p.grad = distribute_tensor(grad, mesh, [Shard(0)])
         with CollectiveBytes() as counter:
             opt.step()
+        calls.update(counter.calls)
         moved.update(counter.bytes)
         ns.append(all_ranks_sum(opt.last_stats["ns_matrices"]))
         ref.step({name: grad})
@@ -511,11 +519,11 @@ def check_expert_stack(checks):
     checks.within("experts: each expert vs float64 Newton-Schulz",
                   {f"{name}[{e}]": relative_error(final[e], ref.params[name][e]) for e in range(experts)}, TOLERANCE)
     one_expert = rows * cols * full.element_size()
-    all_to_all = sum(b for op, b in moved.items() if "alltoall" in op or "all_to_all" in op)
+    all_to_all = sum(n for op, n in calls.items() if "alltoall" in op or "all_to_all" in op)
     total = sum(moved.values())
     checks.report("experts: orthogonalized where they lie", all_to_all == 0 and total < one_expert,
-                  f"bytes in collectives over 3 steps {dict(moved)}: all-to-all {all_to_all} (expected 0), "
-                  f"total {total} (expected under one expert, {one_expert})")
+                  f"over 3 steps, calls {dict(calls)}, bytes {dict(moved)}: {all_to_all} all-to-all calls "
+                  f"(expected none), {total} bytes in all (expected under one expert's {one_expert})")
     checks.report("experts: each expert one matrix", all(c == experts for c in ns),
                   f"matrices orthogonalized per step summed over ranks {sorted(set(ns))}, expected {experts}")
 
