@@ -287,7 +287,8 @@ def all_ranks_sum(value):
 # ---- training variants ----
 
 class Variant:
-    """One training run: FSDP2 options, the mesh, and how a step computes its gradients."""
+    """One training run: FSDP2's options, the mesh (mesh_shape (replicas, shards) for HSDP, None for
+    FSDP2 over all ranks), micro-batches per step, the Muon scale and DMuon's clip_grad_norm."""
 
     def __init__(self, name, mesh_shape=None, reshard=True, bf16=False, micro_batches=1, offload=False,
                  scale="match_rms_adamw", clip=None):
@@ -305,8 +306,10 @@ class Variant:
 
 
 def train_variant(checks, variant, initial):
+    """STEPS steps of the model under fully_shard with DMuon, beside DMuon on Sharded copies and the
+    float64 reference; then every check of the module docstring for this variant."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    hsdp = variant.mesh_shape is not None and len(variant.mesh_shape) == 2
+    hsdp = variant.mesh_shape is not None
     if hsdp:
         mesh = init_device_mesh("cpu", variant.mesh_shape, mesh_dim_names=("replicate", "shard"))
         shard_group, shards, shard_index = mesh.get_group("shard"), mesh.size(1), mesh.get_local_rank("shard")
@@ -341,15 +344,7 @@ def train_variant(checks, variant, initial):
 
     for step in range(STEPS):
         tokens, targets = global_batch(step)
-        per_rank = BATCH // world  # every rank is a data-parallel rank (HSDP replicas included)
-        mine = slice(rank * per_rank, (rank + 1) * per_rank)
-        micro = per_rank // variant.micro_batches
-        for k in range(variant.micro_batches):
-            if variant.micro_batches > 1:
-                model.set_requires_gradient_sync(k == variant.micro_batches - 1)
-            part = slice(mine.start + k * micro, mine.start + (k + 1) * micro)
-            (model(tokens[part], targets[part]) / variant.micro_batches).backward()
-
+        backward_on_my_slice(model, variant, tokens, targets)
         both = gather_full({**{n: p.to_local() for n, p in params.items()},
                             **{"grad " + n: p.grad.to_local() for n, p in params.items()}},
                            {**shapes, **{"grad " + n: s for n, s in shapes.items()}}, shards, shard_group)
@@ -390,6 +385,21 @@ def train_variant(checks, variant, initial):
                       "not all)")
     if hsdp:
         check_replicas(checks, variant.name, params, mesh)
+
+
+def backward_on_my_slice(model, variant, tokens, targets):
+    """FSDP2's backward of this rank's BATCH/W samples of the global batch (every rank is a data-
+    parallel rank, HSDP replicas included; FSDP2 averages over all of them), in micro-batches whose
+    losses are scaled so that their sum is the mean over the slice; gradients are reduced after the
+    last one only (set_requires_gradient_sync)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    per_rank = BATCH // world
+    micro = per_rank // variant.micro_batches
+    for k in range(variant.micro_batches):
+        if variant.micro_batches > 1:
+            model.set_requires_gradient_sync(k == variant.micro_batches - 1)
+        part = slice(rank * per_rank + k * micro, rank * per_rank + (k + 1) * micro)
+        (model(tokens[part], targets[part]) / variant.micro_batches).backward()
 
 
 def check_replicas(checks, name, params, mesh):
