@@ -25,6 +25,7 @@ faulthandler print every thread's traceback), then kills each rank's process gro
 """
 
 import argparse
+import concurrent.futures
 import datetime
 import os
 import shutil
@@ -36,7 +37,7 @@ import time
 
 TIMEOUT_EXIT_CODE = 124
 STACK_WAIT_S = 10  # how long a rank may take to print its traceback and die after SIGABRT
-NATIVE_STACK_LIMIT_S = 60
+NATIVE_STACK_LIMIT_S = 30  # gdb's limit per rank; every stuck rank's gdb runs at once
 
 
 def parse_args(argv):
@@ -124,34 +125,37 @@ def exit_status(code):
     return f"killed by {signal.Signals(-code).name}" if code < 0 else f"exit {code}"
 
 
-def print_native_stack(rank, out_lock):
-    gdb = shutil.which("gdb")
-    if gdb is None:
-        return
-    say(out_lock, f"native stack of rank {rank.rank} (pid {rank.process.pid}, gdb):")
+def native_stack(rank):
+    """Every thread's native stack of a rank, from gdb, as "[rank r native] ..." lines."""
     try:
-        result = subprocess.run([gdb, "-p", str(rank.process.pid), "-batch", "-nx", "-ex", "thread apply all bt"],
+        result = subprocess.run([shutil.which("gdb"), "-p", str(rank.process.pid), "-batch", "-nx",
+                                 "-ex", "thread apply all bt"],
                                 stdin=subprocess.DEVNULL, capture_output=True, timeout=NATIVE_STACK_LIMIT_S)
-        text = result.stdout.decode(errors="replace")
+        lines = [line for line in result.stdout.decode(errors="replace").splitlines()
+                 if line.startswith(("#", "Thread "))] or ["(gdb printed no stack)"]
     except subprocess.TimeoutExpired:
-        text = f"(gdb did not finish in {NATIVE_STACK_LIMIT_S} s)\n"
-    with out_lock:
-        for line in text.splitlines():
-            if line.startswith(("#", "Thread ")):
-                sys.stdout.write(f"[rank {rank.rank} native] {line}\n")
-        sys.stdout.flush()
+        lines = [f"(gdb did not finish in {NATIVE_STACK_LIMIT_S} s)"]
+    return "".join(f"[rank {rank.rank} native] {line}\n" for line in lines)
 
 
 def stop_stuck_ranks(ranks, native_stacks, out_lock):
-    """Prints each running rank's stacks, then kills every rank's process group."""
+    """Prints each running rank's stacks (all ranks at once), then kills every rank's process group."""
     stuck = [r for r in ranks if r.running()]
+    if native_stacks and shutil.which("gdb") and stuck:
+        with concurrent.futures.ThreadPoolExecutor(len(stuck)) as pool:
+            stacks = list(pool.map(native_stack, stuck))
+        for r, text in zip(stuck, stacks):
+            say(out_lock, f"native stack of rank {r.rank} (pid {r.process.pid}, gdb):")
+            with out_lock:
+                sys.stdout.write(text)
+                sys.stdout.flush()
     for r in stuck:
-        if native_stacks:
-            print_native_stack(r, out_lock)
-        say(out_lock, f"Python stack of rank {r.rank} (SIGABRT, faulthandler):")
+        say(out_lock, f"Python stack of rank {r.rank} follows (SIGABRT, faulthandler)")
         r.signal_group(signal.SIGABRT)
+    deadline = time.monotonic() + STACK_WAIT_S
+    for r in stuck:
         try:
-            r.process.wait(STACK_WAIT_S)
+            r.process.wait(max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             say(out_lock, f"rank {r.rank} did not die of SIGABRT within {STACK_WAIT_S} s")
     for r in ranks:

@@ -1,6 +1,7 @@
 """dmuon.torch.DMuon against a float64 single-process Muon + AdamW written here from DESIGN section 1.
 
-Run under `mpirun -np N /usr/bin/python3 tests/python/torch_dmuon_mpi_test.py` (N = 1..4, gloo). One
+Run as N = 1..4 ranks on gloo, by ctest through tests/python/run_ranks.py, or by hand with
+`torchrun --standalone --nproc_per_node N tests/python/torch_dmuon_mpi_test.py` (or mpirun). One
 launch runs every check (python + torch start-up costs seconds per launch):
   replicated   named_parameters(), milp owners, clipping, weight decay, StepLR halving lr at step 5
   sharded      dim-0 chunks (Sharded), two param groups with different lrs (one without nesterov),
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from dmuon.torch import DMuon, Sharded, chunk_rows
-from dmuon.torch.mpirun import init_process_group_from_mpirun
+from dmuon.torch.launch import init_process_group
 
 SPECS = [
     ("embed.weight", (50, 16)),              # AdamW by name
@@ -382,6 +383,6 @@ def main():
 
 
 if __name__ == "__main__":
-    RANK, WORLD = init_process_group_from_mpirun("gloo")
+    RANK, WORLD = init_process_group("gloo")
     torch.manual_seed(0)
     sys.exit(main())
