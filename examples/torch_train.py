@@ -173,7 +173,11 @@ def main():
     if rank == 0:
         where = "x".join(map(str, mode)) + " HSDP" if isinstance(mode, tuple) else mode.upper()
         print(f"{args.optim}, {where}: {world} ranks, {args.steps} steps, loss {first:.4f} (first 5) -> {last:.4f} (last 5)")
-    dist.barrier()
+    # The model goes before the process group. A DDP model's Reducer (C++) holds a reference to the
+    # group; were it the last one, dropping the model would join gloo's worker threads while holding
+    # the GIL, and a worker still freeing a tensor that Python let go of waits for the GIL: a deadlock
+    # (torch 1.13 and 2.11). Freed last through its Python object, the group is destroyed without the GIL.
+    del optimizer, model
     dist.destroy_process_group()
     if args.check_loss_falls and not last < first:
         print(f"torch_train: the loss did not fall ({first:.4f} -> {last:.4f})", file=sys.stderr)
