@@ -37,7 +37,7 @@ import time
 
 TIMEOUT_EXIT_CODE = 124
 STACK_WAIT_S = 10  # how long a rank may take to print its traceback and die after SIGABRT
-NATIVE_STACK_LIMIT_S = 30  # gdb's limit per rank; every stuck rank's gdb runs at once
+NATIVE_STACK_LIMIT_S = 120  # gdb reads torch's symbols: over a minute on a loaded 2-core machine; all ranks at once
 
 
 def parse_args(argv):
