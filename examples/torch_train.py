@@ -141,7 +141,7 @@ def main():
                         help="exit 1 unless the mean loss of the last 5 steps is below that of the first 5")
     args = parser.parse_args()
 
-    from dmuon.torch.launch import init_process_group
+    from dmuon.torch.mpirun import init_process_group
     rank, world = init_process_group("gloo")
     if args.batch % world:
         raise SystemExit(f"torch_train: --batch {args.batch} is not divisible by {world} ranks")

@@ -1,7 +1,6 @@
 """dmuon.torch.DMuon against a float64 single-process Muon + AdamW written here from DESIGN section 1.
 
-Run as N = 1..4 ranks on gloo, by ctest through tests/python/run_ranks.py, or by hand with
-`torchrun --standalone --nproc_per_node N tests/python/torch_dmuon_mpi_test.py` (or mpirun). One
+Run under `mpirun -np N /usr/bin/python3 tests/python/torch_dmuon_mpi_test.py` (N = 1..4, gloo). One
 launch runs every check (python + torch start-up costs seconds per launch):
   replicated   named_parameters(), milp owners, clipping, weight decay, StepLR halving lr at step 5
   sharded      dim-0 chunks (Sharded), two param groups with different lrs (one without nesterov),
@@ -27,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from dmuon.torch import DMuon, Sharded, chunk_rows
-from dmuon.torch.launch import init_process_group
+from dmuon.torch.mpirun import init_process_group
 
 SPECS = [
     ("embed.weight", (50, 16)),              # AdamW by name
