@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from dmuon.torch import DMuon, Sharded, chunk_rows
-from dmuon.torch.mpirun import init_process_group_from_mpirun
+from dmuon.torch.mpirun import init_process_group
 
 SPECS = [
     ("embed.weight", (50, 16)),              # AdamW by name
@@ -382,6 +382,6 @@ def main():
 
 
 if __name__ == "__main__":
-    RANK, WORLD = init_process_group_from_mpirun("gloo")
+    RANK, WORLD = init_process_group("gloo")
     torch.manual_seed(0)
     sys.exit(main())
