@@ -28,7 +28,6 @@ reference after 10 steps.
 
 import io
 import math
-import os
 import sys
 
 import torch
@@ -38,7 +37,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from dmuon.torch import DMuon, Sharded, chunk_rows
-from dmuon.torch.mpirun import init_process_group_from_mpirun
+from dmuon.torch.mpirun import init_process_group
 
 SPECS = [
     ("embed.weight", (50, 16)),              # AdamW by name
@@ -551,15 +550,7 @@ def main():
     return 0 if int(ok) and not failures else 1
 
 
-def init():
-    """(rank, world size) under mpirun (Open MPI's variables) or torchrun (env://)."""
-    if "OMPI_COMM_WORLD_RANK" in os.environ:
-        return init_process_group_from_mpirun("gloo")
-    dist.init_process_group("gloo")
-    return dist.get_rank(), dist.get_world_size()
-
-
 if __name__ == "__main__":
-    RANK, WORLD = init()
+    RANK, WORLD = init_process_group("gloo")
     torch.manual_seed(0)
     sys.exit(main())
