@@ -9,13 +9,15 @@ check (python + torch start-up costs seconds per launch):
   mixed        replicated and sharded parameters in one optimizer, rr owners
   resume       torch.save of every rank's (local) state_dict after 5 of 10 steps, loaded into a new
                optimizer: the next 5 steps are bit-identical to the uninterrupted run
-  fsdp2        real fully_shard on a 1-D mesh; gradients from FSDP2's reduce-scatter
+  fsdp2        real fully_shard on a 1-D mesh; gradients from FSDP2's reduce-scatter; also with
+               MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32) and CPUOffloadPolicy
   hsdp         fully_shard on a (2, N/2) mesh (N even): replicas bit-identical, every Muon matrix
                orthogonalized exactly once in the whole job
   experts      an (8, 24, 16) stack sharded by experts under FSDP2 moves nothing (no collective);
                under HSDP only O travels (one collective)
-  bfloat16     bf16 parameters with float32 state near the float32 run; the Newton–Schulz of bf16
-               U (state_dtype=None) within bf16 rounding of float64 Newton–Schulz
+  bfloat16     bf16 parameters with float32 state near the float32 run; 50 steps of bf16 parameters
+               with float32 and with bf16 state against float64 (the state's drift, printed); the
+               Newton–Schulz of bf16 U (state_dtype=None) within bf16 rounding of float64
   errors       parameter lists that differ across ranks, a wrong local shard, a device without a
                backend, unsupported DTensor placements, a permuted or foreign mesh, non-finite
                gradients ("error" and "skip"): the same error on every rank
@@ -33,7 +35,7 @@ import sys
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from dmuon.torch import DMuon, Sharded, chunk_rows
@@ -335,16 +337,25 @@ def hsdp_mesh():
     return init_device_mesh("cpu", (2, WORLD // 2), mesh_dim_names=("replicate", "shard"))
 
 
-def check_fsdp2(label, mesh):
-    """fully_shard on `mesh` (1-D: FSDP2, 2-D: HSDP) against the reference; on a 2-D mesh, replicas
-    must hold equal bits."""
+def check_fsdp2(label, mesh, **policies):
+    """fully_shard on `mesh` (1-D: FSDP2, 2-D: HSDP) with `policies` (mp_policy, offload_policy)
+    against the reference; on a 2-D mesh, replicas must hold equal bits. With a bf16 param_dtype the
+    forward runs on bf16 copies, so backward gives the gradient rounded to bf16 (then reduced in
+    float32): the reference is fed exactly that, and the optimizer still sees float32 shards."""
     values = initial_values()
     model = Holder(values, [n for n, _ in SPECS])
-    fully_shard(model, mesh=mesh)
+    fully_shard(model, mesh=mesh, **policies)
     opt = DMuon(model.named(), weight_decay=0.01, clip_grad_norm=25.0)
+    for name, p in model.named():
+        check(p.dtype == torch.float32 and p.to_local().device.type == "cpu",
+              f"{label}: FSDP2 gives the optimizer {name} as {p.dtype} on {p.to_local().device}")
     ref = Reference(values, hyper_of(opt), clip=25.0)
+    mp = policies.get("mp_policy")
     for step in range(STEPS):
-        ref.step(gradients(step))
+        grads = gradients(step)
+        if mp is not None:
+            grads = {n: g.to(mp.param_dtype).float() for n, g in grads.items()}
+        ref.step(grads)
         model.train_step(opt, step)
     check(total_over_ranks(opt.last_stats["ns_matrices"]) == len(MUON_MATRICES),
           f"{label}: {total_over_ranks(opt.last_stats['ns_matrices'])} Newton–Schulz runs for "
@@ -413,6 +424,44 @@ def check_bfloat16():
         a, b = f32.full(name).double(), bf16.full(name).double()
         err = float((a - b).norm() / a.norm())
         check(err < 1e-2, f"bfloat16: {name} relative difference {err:.2e} to float32")
+
+
+def relative(a, b):
+    return float((a.double() - b).norm() / b.norm()) if b.norm() > 0 else float(a.double().norm())
+
+
+def check_state_dtype_drift(steps=50):
+    """`steps` steps of bf16 sharded parameters against the float64 reference fed the same bf16
+    gradients. Muon's momentum and AdamW's moments depend on the gradients only, so with float32
+    state (the default) they stay within the float32 tolerance of the reference (each step's
+    lerp rounds by 2^-24, so 50 steps stay below 1e-5); with state_dtype=None they are bf16 and
+    drift by bf16 rounding. The weights round to bf16 after every step in both runs. Returns
+    {state dtype: (worst state error, worst weight error)}, printed by main."""
+    names = [n for n, _ in SPECS]
+    values = {n: v.bfloat16() for n, v in initial_values().items()}
+    drift = {}
+    for state_dtype in (torch.float32, None):
+        model = Model(values, names)
+        opt = DMuon(model.named(), state_dtype=state_dtype)
+        ref = Reference(values, hyper_of(opt))
+        for step in range(steps):
+            grads = {n: g.bfloat16() for n, g in gradients(step).items()}
+            ref.step(grads)
+            model.set_grads(grads)
+            opt.step()
+        worst_state = worst_weight = 0.0
+        for name, shape in SPECS:
+            st = opt.state[model.params[name]]
+            keys = {"momentum_buffer": "m"} if "momentum_buffer" in st else {"exp_avg": "m", "exp_avg_sq": "v"}
+            for key, ref_key in keys.items():
+                check(st[key].dtype == (state_dtype or torch.bfloat16),
+                      f"state dtype {state_dtype}: {name} {key} is {st[key].dtype}")
+                worst_state = max(worst_state, relative(gather_dim0(st[key], shape[0]), ref.state[name][ref_key]))
+            worst_weight = max(worst_weight, relative(model.full(name), ref.w[name]))
+        drift[str(state_dtype)] = (worst_state, worst_weight)
+    check(drift[str(torch.float32)][0] <= TOLERANCE,
+          f"state dtype: float32 state drifted {drift[str(torch.float32)][0]:.2e} from the reference in {steps} steps")
+    return drift
 
 
 def check_bfloat16_newton_schulz(state_dtype):
@@ -533,10 +582,16 @@ def main():
                "fsdp2": check_fsdp2("fsdp2", init_device_mesh("cpu", (WORLD,))),
                "experts fsdp2": check_experts_stay_local("experts fsdp2", init_device_mesh("cpu", (WORLD,))),
                "replicated DTensor": check_replicated_dtensor()}
+    results["fsdp2 bf16 compute"] = check_fsdp2(
+        "fsdp2 bf16 compute", init_device_mesh("cpu", (WORLD,)),
+        mp_policy=MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32))
+    results["fsdp2 cpu offload"] = check_fsdp2("fsdp2 cpu offload", init_device_mesh("cpu", (WORLD,)),
+                                               offload_policy=CPUOffloadPolicy(pin_memory=False))
     if WORLD % 2 == 0:
         results["hsdp"] = check_fsdp2("hsdp", hsdp_mesh())
         results["experts hsdp"] = check_experts_stay_local("experts hsdp", hsdp_mesh())
     check_bfloat16()
+    drift = check_state_dtype_drift()
     check_bfloat16_newton_schulz(None)
     check_bfloat16_newton_schulz(torch.float32)
     check_errors()
@@ -544,6 +599,9 @@ def main():
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     if RANK == 0:
         worst = ", ".join(f"{k} {v:.1e}" for k, v in results.items())
+        drifts = ", ".join(f"state {k}: state {a:.1e}, weights {b:.1e}" for k, (a, b) in drift.items())
+        print(f"torch_dmuon_mpi_test np {WORLD}: bf16 parameters after 50 steps, worst relative drift from "
+              f"float64: {drifts}", flush=True)
         print(f"torch_dmuon_mpi_test np {WORLD}: worst relative error {worst}; "
               f"{'PASS' if int(ok) else 'FAIL'}", flush=True)
     dist.destroy_process_group()

@@ -21,6 +21,7 @@ travel while bucket b's Newton–Schulz runs.
 import math
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -59,12 +60,18 @@ class MuonMatrix:
             return start, count
         return (0, self.rows) if start <= self.expert < start + count else (0, 0)
 
+    @cached_property
+    def rank_rows(self):
+        """(start, count) of the rows every group rank holds, in group rank order."""
+        by_shard = [self.rows_on(s) for s in range(self.layout.grid.shards)]
+        return tuple(by_shard[shard] for _, shard in self.layout.grid.cells)
+
     def rows_of_rank(self, group_rank):
-        return self.rows_on(self.layout.grid.cells[group_rank][1])
+        return self.rank_rows[group_rank]
 
     def holders(self):
         """Group ranks that hold all of its rows."""
-        return [g for g in range(len(self.layout.grid.cells)) if self.rows_of_rank(g)[1] == self.rows]
+        return [g for g, (_, count) in enumerate(self.rank_rows) if count == self.rows]
 
     def local_view(self, t):
         """This rank's rows of the matrix in t, a local tensor laid out as the parameter's: a
@@ -74,13 +81,18 @@ class MuonMatrix:
         first = self.layout.rows_of_shard(self.layout.shard)[0]
         return t[self.expert - first]
 
+    @cached_property
     def u_travels(self):
-        """Whether ranks of the owner's replica other than the owner hold rows of it."""
-        return self.rows_of_rank(self.owner)[1] < self.rows
+        """Whether ranks of the owner's replica other than the owner hold rows of it (owner set)."""
+        return self.rank_rows[self.owner][1] < self.rows
 
+    @cached_property
     def o_travels(self):
-        """Whether any rank other than the owner holds rows of it."""
-        return any(self.rows_of_rank(g)[1] for g in range(len(self.layout.grid.cells)) if g != self.owner)
+        """Whether any rank other than the owner holds rows of it (owner set)."""
+        return any(count for g, (_, count) in enumerate(self.rank_rows) if g != self.owner)
+
+    def replica_of(self, group_rank):
+        return self.layout.grid.cells[group_rank][0]
 
 
 def assign_owners(matrices, world_size, plan):
@@ -192,25 +204,21 @@ class MuonStep:
         for k in bucket:
             if k.index not in u:
                 u[k.index] = self._form_u(k.index, k.group, k.layout)
-        if not any(k.u_travels() for k in bucket):
+        if not any(k.u_travels for k in bucket):
             return u, None, None
-        parts, in_numel = [], [0] * c.world
-        for dest in range(c.world):
-            for k in bucket:
-                cells = k.layout.grid.cells
-                if k.owner != dest or dest == me or cells[me][0] != cells[dest][0]:
-                    continue
-                rows = k.local_view(u[k.index])
-                if rows.shape[0]:
-                    parts.append(rows.reshape(-1))
-                    in_numel[dest] += rows.numel()
+        # Send: my rows of U of every matrix whose owner is another rank of my replica; the owner
+        # receives, per source rank in rank order, that rank's rows of its matrices in bucket order.
+        to_owner = [[] for _ in range(c.world)]
         out_numel = [0] * c.world
         for k in bucket:
-            cells = k.layout.grid.cells
             if k.owner == me:
-                for src in range(c.world):
-                    if src != me and cells[src][0] == cells[me][0]:
-                        out_numel[src] += k.rows_of_rank(src)[1] * k.cols
+                for src, (_, count) in enumerate(k.rank_rows):
+                    if src != me and k.replica_of(src) == k.replica_of(me):
+                        out_numel[src] += count * k.cols
+            elif k.replica_of(k.owner) == k.replica_of(me) and k.rank_rows[me][1]:
+                to_owner[k.owner].append(k.local_view(u[k.index]).reshape(-1))
+        parts = [t for dest in to_owner for t in dest]
+        in_numel = [sum(t.numel() for t in dest) for dest in to_owner]
         like = next(iter(u.values()))
         send = torch.cat(parts) if parts else like.new_empty(0)
         recv, work = c.all_to_all(send, out_numel, in_numel)
@@ -226,31 +234,33 @@ class MuonStep:
         _, _, ns_dtype, _ = engine_target(like.device, like.dtype)
         full = torch.empty((len(owned), bucket[0].rows, bucket[0].cols), dtype=ns_dtype, device=like.device)
         offset = 0
-        for src in range(c.world):  # the order _launch's senders used: by source, then bucket order
+        for src in range(c.world):  # the order of _launch's receive: by source, then bucket order
             for j, k in enumerate(owned):
-                start, count = k.rows_of_rank(src)
+                start, count = k.rank_rows[src]
                 if src == me:
                     full[j, start:start + count].copy_(k.local_view(u[k.index]))
-                elif count and k.layout.grid.cells[src][0] == k.layout.grid.cells[me][0]:
+                elif count and k.replica_of(src) == k.replica_of(me):
                     n = count * k.cols
                     full[j, start:start + count].copy_(recv[offset:offset + n].view(count, k.cols))
                     offset += n
         self._orthogonalize(full, owned)
-        if not any(k.o_travels() for k in bucket):
+        if not any(k.o_travels for k in bucket):
             return full, owned, None, None
+        # Send every other rank its rows of O of my matrices; receive, per owner in rank order, my
+        # rows of its matrices in bucket order.
         parts, in_numel = [], [0] * c.world
         for dest in range(c.world):
             if dest == me:
                 continue
             for j, k in enumerate(owned):
-                start, count = k.rows_of_rank(dest)
+                start, count = k.rank_rows[dest]
                 if count:
                     parts.append(full[j, start:start + count].reshape(-1))
                     in_numel[dest] += count * k.cols
         out_numel = [0] * c.world
         for k in bucket:
             if k.owner != me:
-                out_numel[k.owner] += k.rows_of_rank(me)[1] * k.cols
+                out_numel[k.owner] += k.rank_rows[me][1] * k.cols
         send = torch.cat(parts) if parts else full.new_empty(0)
         received, work = c.all_to_all(send, out_numel, in_numel)
         return full, owned, received, work
@@ -261,18 +271,16 @@ class MuonStep:
         if work is not None:
             work.wait()
         for j, k in enumerate(owned):
-            start, count = k.rows_of_rank(me)
+            start, count = k.rank_rows[me]
             if count:
                 self._apply(k, full[j, start:start + count])
+        by_owner = [[] for _ in range(c.world)]
+        for k in bucket:
+            if k.owner != me and k.rank_rows[me][1]:
+                by_owner[k.owner].append(k)
         offset = 0
-        for src in range(c.world):
-            if src == me:
-                continue
-            for k in bucket:
-                if k.owner != src:
-                    continue
-                count = k.rows_of_rank(me)[1]
-                if count:
-                    n = count * k.cols
-                    self._apply(k, received[offset:offset + n].view(count, k.cols))
-                    offset += n
+        for k in (k for owner in by_owner for k in owner):
+            count = k.rank_rows[me][1]
+            n = count * k.cols
+            self._apply(k, received[offset:offset + n].view(count, k.cols))
+            offset += n
