@@ -21,7 +21,7 @@ from dmuon.torch.adamw import adamw_update
 from dmuon.torch.collectives import Group
 from dmuon.torch.layout import describe, is_dtensor
 from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, engine_target, matrices_of, muon_scale
-from dmuon.torch.params import split_groups
+from dmuon.torch.params import module_groups, split_groups
 
 _COEFFS = ("keller", "you", "polar-express")
 _ALGOS = ("auto", "standard", "gram")
@@ -31,18 +31,27 @@ _COUNTERS = ("updates", "skipped_steps")  # kept in every param group, so checkp
 
 
 class DMuon(torch.optim.Optimizer):
-    """Distributed Muon + AdamW. `params`: model.named_parameters() (hidden ≥2-D matrices → Muon;
-    embeddings, head, 1-D → AdamW, by shape and name), tensors, or param groups with use_muon=True/False.
-    Parameters may be plain (replicated: DDP or single process), DTensors (FSDP2 Shard(0), HSDP
-    (Replicate(), Shard(0)), or Replicate(), on a mesh of the optimizer's group's ranks) or
-    dmuon.torch.Sharded descriptions of dim-0 chunks.
+    """Distributed Muon + AdamW. `params`: the model itself (routed by name and module type),
+    model.named_parameters() (routed by name: hidden ≥2-D matrices → Muon; embeddings, head, 1-D →
+    AdamW; params.py states the rule), tensors (routed by shape alone, with a warning), or param
+    groups with use_muon=True/False. Parameters may be plain (replicated: DDP or single process),
+    DTensors (FSDP2 Shard(0), HSDP (Replicate(), Shard(0)), or Replicate(), on a mesh of the
+    optimizer's group's ranks) or dmuon.torch.Sharded descriptions of dim-0 chunks.
+
+    `defaults` holds the per-group hyper-parameters under their keyword names (lr, momentum,
+    nesterov, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param group
+    is all-Muon (keys lr, momentum, nesterov, weight_decay) or all-AdamW (lr, betas, eps,
+    weight_decay), so LR schedulers set each kind's own lr. Schedulers that cycle momentum
+    (OneCycleLR, CyclicLR with cycle_momentum) find "momentum" in defaults and write
+    group["momentum"] in every group: Muon groups follow it; AdamW groups keep their betas (the key
+    is ignored there).
 
     state_dtype: the dtype of Muon's momentum and AdamW's moments (float32 by default, so bf16
     parameters keep float32 state; None: each parameter's own dtype).
 
-    Construction and step() are collective over process_group (every rank, same parameter names and
-    shapes). state_dict() is local, as torch's optimizers': {"state": {index: state}, "param_groups":
-    [...]} with this rank's tensors (DTensors for DTensor parameters); use
+    Construction, add_param_group and step() are collective over process_group (every rank, same
+    parameter names and shapes). state_dict() is local, as torch's optimizers': {"state": {index:
+    state}, "param_groups": [...]} with this rank's tensors (DTensors for DTensor parameters); use
     torch.distributed.checkpoint (get_state_dict/set_state_dict, dcp.save/dcp.load) to save and to
     load at another world size, or torch.save of state_dict() per rank to resume at the same one.
     load_state_dict() is local. The counters `updates` and `skipped_steps` live in every param group.
@@ -66,20 +75,61 @@ class DMuon(torch.optim.Optimizer):
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, adamw_lr=adamw_lr,
                         adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay)
         self.comm = Group(process_group)
+        self._process_group = process_group
         self.clip_grad_norm = clip_grad_norm
         self.nonfinite = nonfinite
         self.scale_kind = scale
         self.state_dtype = state_dtype
+        self._balancer = balancer
+        self._threads = torch.get_num_threads()
+        self.param_groups_names, self._layouts, self._groups = [], [], []
+        self._matrices, self.owners = [], {}  # every Muon matrix, in parameter order; its owner by name
 
-        # Every rank parses its parameters; errors and the parameter lists are then compared across
-        # ranks, so a problem on one rank becomes the same exception on all of them (no hang).
+        if isinstance(params, torch.nn.Module):
+            params = module_groups(params)
+        torch_groups, layouts = self._parse(params, defaults, first_group=0)
+        self._constructed = False
+        super().__init__(torch_groups, defaults)  # its add_param_group calls only append them
+        self._constructed = True
+        self.ns = dmuon.Orthogonalizer(coeffs=coeffs, algo=algo, steps=int(ns_steps), threads=self._threads,
+                                       tune_cache="")
+        self.last_grad_norm = 0.0
+        self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
+        self._track(layouts)
+
+    def add_param_group(self, param_group):
+        """Adds parameters to optimize from the next step(): a param group as DMuon's `params` takes
+        one (tensors, (name, tensor) pairs or Sharded; use_muon; hyper-parameters, the rest from
+        `defaults`). A group without use_muon is split as at construction, so param_groups may grow
+        by two. Collective, like construction: every rank calls it with the same parameter names and
+        shapes, and a difference, a parameter the optimizer has already, or a bad value raises the
+        same ValueError on every rank. The new Muon matrices' owners are planned among themselves
+        (on rank 0, with the optimizer's balancer); existing owners, and the state they hold, stay.
+        """
+        if not self._constructed:  # torch.optim.Optimizer.__init__ registering the groups _parse made
+            self.param_groups.append(param_group)
+            return
+        torch_groups, layouts = self._parse([param_group], self.defaults, first_group=len(self.param_groups))
+        self.param_groups.extend(torch_groups)
+        self._track(layouts)
+
+    def _parse(self, params, defaults, first_group):
+        """(torch param groups, [(name, Layout, torch group)]) from DMuon's `params` (collective).
+
+        Every rank parses its parameters; errors and the parameter lists are then compared across
+        ranks, so a problem on one rank becomes the same exception on all of them (no hang)."""
         groups, layouts, error = [], [], None
         try:
-            groups = split_groups(params, defaults)
+            groups = split_groups(params, defaults, first_group, warn_unnamed=self.comm.rank == 0)
+            seen = {id(l.tensor): n for n, l in zip(self.param_groups_names, self._layouts)}
             for g in groups:
                 _check_hyper(g)
                 for name, p in g["named"]:
-                    layout = describe(name, p, process_group, self.comm.ranks, self.comm.rank)
+                    layout = describe(name, p, self._process_group, self.comm.ranks, self.comm.rank)
+                    if id(layout.tensor) in seen:
+                        raise ValueError(f"DMuon: parameter '{name}' is given twice (also as "
+                                         f"'{seen[id(layout.tensor)]}')")
+                    seen[id(layout.tensor)] = name
                     if g["use_muon"]:
                         try:
                             engine_target(layout.local(layout.tensor).device, self._state_dtype_of(layout.tensor))
@@ -91,37 +141,40 @@ class DMuon(torch.optim.Optimizer):
         signature = [(n, l.global_shape, l.grid, g["use_muon"]) for n, l, g in layouts]
         _agree_on_parameters(self.comm, error, signature)
 
-        torch_groups = []
+        torch_groups, torch_group_of = [], {}
         for g in groups:
             hyper = {k: v for k, v in g.items() if k != "named"}
             hyper["names"] = [n for n, _ in g["named"]]
             hyper["params"] = [l.tensor for n, l, gg in layouts if gg is g]
             torch_groups.append(hyper)
-        super().__init__(torch_groups, {})
-        for g in self.param_groups:
-            for key in _COUNTERS:
-                g.setdefault(key, 0)
-        self.param_groups_names = [n for n, _, _ in layouts]
-        self._layouts = [l for _, l, _ in layouts]
-        torch_group_of = {id(g): self.param_groups[k] for k, g in enumerate(groups)}
-        self._groups = [torch_group_of[id(g)] for _, _, g in layouts]
+            torch_group_of[id(g)] = hyper
+        return torch_groups, [(n, l, torch_group_of[id(g)]) for n, l, g in layouts]
 
-        self._matrices = []  # every Muon matrix, in parameter order
-        for i, layout in enumerate(self._layouts):
-            if self._groups[i]["use_muon"]:
+    def _track(self, layouts):
+        """Appends _parse's parameters, their groups registered in param_groups, to the optimizer's
+        agreed order, plans the owners of their Muon matrices (collective) and creates their state.
+        New groups take the optimizer's counters."""
+        counters = {key: next((g[key] for g in self.param_groups if key in g), 0) for key in _COUNTERS}
+        for g in self.param_groups:
+            for key, value in counters.items():
+                g.setdefault(key, value)
+        first = len(self._layouts)
+        matrices = []
+        for name, layout, group in layouts:
+            i = len(self._layouts)
+            self.param_groups_names.append(name)
+            self._layouts.append(layout)
+            self._groups.append(group)
+            if group["use_muon"]:
                 for expert, rows, cols in matrices_of(layout.global_shape):
-                    name = self.param_groups_names[i] + ("" if expert is None else f"[{expert}]")
-                    self._matrices.append(MuonMatrix(i, expert, name, layout, self._groups[i], rows, cols,
-                                                     muon_scale(rows, cols, scale)))
-        threads = torch.get_num_threads()
-        assign_owners(self._matrices, self.comm.world,
-                      lambda shapes, world: _plan_on_rank0(self.comm, shapes, balancer, threads))
-        self.ns = dmuon.Orthogonalizer(coeffs=coeffs, algo=algo, steps=int(ns_steps), threads=threads, tune_cache="")
+                    matrices.append(MuonMatrix(i, expert, name + ("" if expert is None else f"[{expert}]"), layout,
+                                               group, rows, cols, muon_scale(rows, cols, self.scale_kind)))
+        assign_owners(matrices, self.comm.world,
+                      lambda shapes, world: _plan_on_rank0(self.comm, shapes, self._balancer, self._threads))
+        self._matrices.extend(matrices)
+        self.owners.update((k.name, k.owner) for k in matrices)
         self._buckets = _buckets(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
-        self.owners = {k.name: k.owner for k in self._matrices}
-        self.last_grad_norm = 0.0
-        self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
-        for i in range(len(self._layouts)):
+        for i in range(first, len(self._layouts)):
             self._zero_state(i)
 
     @property
@@ -158,6 +211,7 @@ class DMuon(torch.optim.Optimizer):
 
     # ---- the step ----
 
+    @torch.compiler.disable  # a clean graph break under torch.compile: the engine is called through ctypes
     @torch.no_grad()
     def step(self, closure=None):
         loss = None
@@ -169,6 +223,8 @@ class DMuon(torch.optim.Optimizer):
         if agreed is None:
             return loss
         active, grad_scale = agreed
+        if not active:  # no parameter has a gradient on any rank: nothing changes, nothing is counted
+            return loss
         self._count("updates")
         for i in active:
             if not self._groups[i]["use_muon"]:
