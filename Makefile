@@ -1,15 +1,27 @@
 # The two commands of the README: `make demo` (the main job) and `make test` (every test).
-# Both install missing Debian packages first (scripts/install-deps.sh) and build.
+# Both install missing Debian packages first (scripts/install-deps.sh), make or reuse the Python virtual
+# environment (VENV, with python/requirements.txt's pinned torch from PyPI) and build.
 BUILD ?= build
 JOBS ?= $(shell nproc)
+VENV ?= .venv
+PYTHON ?= python3
 
-.PHONY: deps build test test-sanitize demo clean
+.PHONY: deps venv build test test-sanitize demo clean
 
 deps:
 	@bash scripts/install-deps.sh
 
-build: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release > $(BUILD).configure.log 2>&1 || (cat $(BUILD).configure.log; exit 1)
+# The venv is (re)installed when python/requirements.txt changes; its stamp records what it holds.
+venv: $(VENV)/.requirements
+$(VENV)/.requirements: python/requirements.txt | deps
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	@echo "venv: installing python/requirements.txt into $(VENV) (a first install downloads about 3 GB)"
+	$(VENV)/bin/python -m pip install --quiet -r python/requirements.txt
+	@cp python/requirements.txt $@
+
+build: deps venv
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE=$(abspath $(VENV))/bin/python \
+		> $(BUILD).configure.log 2>&1 || (cat $(BUILD).configure.log; exit 1)
 	@grep "dmuon:" $(BUILD).configure.log || true
 	cmake --build $(BUILD) -j $(JOBS)
 
@@ -26,8 +38,9 @@ SANITIZE_BUILD ?= $(BUILD)-sanitize
 SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
 	LSAN_OPTIONS=suppressions=$(CURDIR)/scripts/sanitize/lsan.supp:print_suppressions=0 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-test-sanitize: deps
+test-sanitize: deps venv
 	@cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE=-O1 \
+		-DPython3_EXECUTABLE=$(abspath $(VENV))/bin/python \
 		-DDMUON_SANITIZE=address,undefined \
 		> $(SANITIZE_BUILD).configure.log 2>&1 || (cat $(SANITIZE_BUILD).configure.log; exit 1)
 	cmake --build $(SANITIZE_BUILD) -j $(JOBS)
@@ -37,6 +50,7 @@ test-sanitize: deps
 demo: build
 	BUILD=$(BUILD) bash scripts/demo.sh
 
+# Leaves the venv (VENV) in place: `rm -rf .venv` removes it.
 clean:
 	rm -rf $(BUILD) $(BUILD).configure.log $(SANITIZE_BUILD) $(SANITIZE_BUILD).configure.log
 

@@ -4,10 +4,11 @@
 # holds each folder's #include lines to the dependencies it declared.
 #
 #   dmuon_layer(<name> [DEPENDS <layers>...] HEADERS <include/dmuon/ headers>...
-#               [PRIVATE_LIBS <targets>...] [PUBLIC_LIBS <targets>...])
+#               [PRIVATE_LIBS <targets>...] [PUBLIC_LIBS <targets>...] [SKIP <file names>...])
 #
 # HEADERS names the public headers (include/dmuon/<h>) the layer implements; every public header belongs
-# to exactly one layer. The layer `base` (include/dmuon/error.hpp, header-only) is below every layer.
+# to exactly one layer. SKIP names .cpp files of the folder this build leaves out (one of two
+# implementations of an interface, e.g. the communicator with or without MPI). The layer `base` (include/dmuon/error.hpp, header-only) is below every layer.
 
 set_property(GLOBAL PROPERTY DMUON_LAYERS "")
 
@@ -20,7 +21,7 @@ set_property(GLOBAL PROPERTY DMUON_LAYER_base_DEPS "")
 set_property(GLOBAL PROPERTY DMUON_LAYER_base_HEADERS error.hpp)
 
 function(dmuon_layer name)
-  cmake_parse_arguments(L "" "" "DEPENDS;HEADERS;PRIVATE_LIBS;PUBLIC_LIBS" ${ARGN})
+  cmake_parse_arguments(L "" "" "DEPENDS;HEADERS;PRIVATE_LIBS;PUBLIC_LIBS;SKIP" ${ARGN})
   get_property(declared GLOBAL PROPERTY DMUON_LAYERS)
   if(name IN_LIST declared)
     message(FATAL_ERROR "dmuon_layer(${name}): declared twice")
@@ -34,6 +35,8 @@ function(dmuon_layer name)
     endif()
   endforeach()
   file(GLOB_RECURSE sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/${name}/*.cpp)
+  list(TRANSFORM L_SKIP PREPEND ${PROJECT_SOURCE_DIR}/src/${name}/)
+  list(REMOVE_ITEM sources ${L_SKIP})
   if(NOT sources)
     message(FATAL_ERROR "dmuon_layer(${name}): src/${name}/ has no .cpp files")
   endif()

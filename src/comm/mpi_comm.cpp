@@ -3,7 +3,6 @@
 // handshake. The only file that includes <mpi.h>.
 #include <mpi.h>
 
-#include <atomic>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
@@ -19,14 +18,6 @@
 #include "dmuon/comm.hpp"
 
 namespace dmuon::comm {
-
-namespace detail {
-namespace {
-std::atomic<bool> g_failed{false};
-}
-void mark_comm_failed() { g_failed = true; }
-bool comm_failed() { return g_failed; }
-}  // namespace detail
 
 namespace {
 

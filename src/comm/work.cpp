@@ -1,5 +1,6 @@
 // Backend-independent parts of the communicator: Work handles (polling, timeout, composition),
 // options from the environment, the typed interface's count checks.
+#include <atomic>
 #include <cstdlib>
 #include <deque>
 #include <string>
@@ -9,6 +10,14 @@
 #include "dmuon/comm.hpp"
 
 namespace dmuon::comm {
+
+namespace detail {
+namespace {
+std::atomic<bool> g_failed{false};
+}
+void mark_comm_failed() { g_failed = true; }
+bool comm_failed() { return g_failed; }
+}  // namespace detail
 
 std::string_view to_string(DType t) {
   switch (t) {

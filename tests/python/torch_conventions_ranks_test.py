@@ -1,0 +1,133 @@
+"""dmuon.torch.DMuon's collective conventions at N ranks (gloo; torch_conventions_test.py has the rest):
+  add_param_group   replicated and sharded parameters added after 3 of 10 steps are updated from
+                    the next step (each tensor within 1e-5 of the float64 reference), their owners
+                    planned and the same on every rank
+  mismatch          an add_param_group whose parameters differ across ranks, or that is bad on one
+                    rank only, raises the same ValueError on every rank and leaves the optimizer as it was
+  no gradients      step() with no gradient on any rank changes nothing and counts nothing
+
+Run: torchrun --standalone --nproc_per_node N tests/python/torch_conventions_ranks_test.py (N = 1..4),
+with PYTHONPATH=build/python and one BLAS thread per rank.
+"""
+
+import sys
+
+import torch
+import torch.distributed as dist
+
+from dmuon.torch import DMuon
+from torch_dmuon_mpi_test import SPECS, STEPS, TOLERANCE, Model, Reference, gradients, hyper_of, initial_values
+
+FIRST = ["layers.0.attn.weight", "odd.weight", "norm.weight", "embed.weight"]
+LATE = [n for n, _ in SPECS if n not in FIRST]          # added by add_param_group after ADD_AT steps
+SHARDED = ["odd.weight", "layers.1.attn.weight", "tiny.weight", "conv.weight", "layers.0.mlp.up.bias"]
+ADD_AT = 3
+
+failures = []
+
+
+def check(ok, what):
+    if not ok:
+        failures.append(what)
+        print(f"rank {dist.get_rank()}: FAIL {what}", flush=True)
+
+
+def gathered(value):
+    values = [None] * dist.get_world_size()
+    dist.all_gather_object(values, value)
+    return values
+
+
+def check_add_param_group():
+    model = Model(initial_values(), SHARDED)
+    opt = DMuon(model.named(FIRST), balancer="lpt")
+    ref = Reference({n: v.clone() for n, v in initial_values().items()}, {})
+    for step in range(STEPS):
+        if step == ADD_AT:
+            opt.add_param_group({"params": model.named(LATE), "lr": 0.01, "adamw_lr": 1e-3})
+            late_muon = [n for g in opt.param_groups[2:] if g["use_muon"] for n in g["names"]]
+            owned = {name.split("[")[0] for name in opt.owners}  # an expert stack's matrices are name[e]
+            check(sorted(late_muon + ["layers.0.attn.weight", "odd.weight"]) == sorted(owned),
+                  f"add_param_group: owners {opt.owners}")
+            check(all(0 <= r < dist.get_world_size() for r in opt.owners.values()), f"owners {opt.owners}")
+            owners = gathered(opt.owners)
+            check(all(o == owners[0] for o in owners), f"add_param_group: owners differ across ranks: {owners}")
+        live = FIRST + (LATE if step >= ADD_AT else [])
+        grads = gradients(step)
+        ref.hyper = hyper_of(opt)
+        ref.step({n: grads[n] for n in live})
+        model.set_grads(grads)
+        opt.step()
+    worst = 0.0
+    for name, _ in SPECS:
+        err = float((model.full(name).double() - ref.w[name]).norm() / ref.w[name].norm())
+        worst = max(worst, err)
+        check(err <= TOLERANCE, f"add_param_group: {name} relative error {err:.2e} > {TOLERANCE:.0e}")
+    return worst
+
+
+def expect_same_error(label, opt, group, *needles):
+    """add_param_group(group) raises a ValueError with the same message on every rank, naming
+    needles, and the optimizer keeps its parameters and still steps collectively."""
+    names = list(opt.param_groups_names)
+    message = None
+    try:
+        opt.add_param_group(group)
+    except ValueError as e:
+        message = str(e)
+    messages = gathered(message)
+    check(message is not None and all(m == messages[0] for m in messages), f"{label}: messages {messages}")
+    check(message is not None and all(n in message for n in needles), f"{label}: {message!r} lacks {needles}")
+    check(opt.param_groups_names == names, f"{label}: the optimizer changed: {opt.param_groups_names}")
+
+
+def check_mismatch():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    p = torch.nn.Parameter(torch.randn(6, 4, generator=torch.Generator().manual_seed(3)))
+    opt = DMuon([("a.weight", p)])
+    last = world - 1
+    if world > 1:
+        shape = (5, 4) if rank == last else (4, 4)
+        expect_same_error("shapes differ", opt, {"params": [("b.weight", torch.nn.Parameter(torch.zeros(shape)))]},
+                          "differ across ranks", f"rank {last}")
+    lr = -1.0 if rank == last else 0.01
+    expect_same_error("bad lr on one rank", opt, {"params": [("b.weight", torch.nn.Parameter(torch.zeros(4, 4)))],
+                                                  "lr": lr}, "lr must be >= 0", f"rank {last}")
+    p.grad = torch.ones_like(p)
+    opt.step()
+    check(opt.updates == 1, f"after the failed add_param_group: {opt.updates} updates")
+
+
+def check_no_gradients():
+    model = Model(initial_values(), SHARDED)
+    opt = DMuon(model.named())
+    model.set_grads(gradients(0))
+    opt.step()
+    opt.zero_grad()
+    before = {n: p.detach().clone() for n, p in model.params.items()}
+    state = {n: {k: v.clone() for k, v in opt.state[p].items() if torch.is_tensor(v)}
+             for n, p in model.params.items()}
+    opt.step()
+    check(opt.updates == 1, f"no gradients: {opt.updates} updates after one step with gradients")
+    for n, p in model.params.items():
+        check(torch.equal(p, before[n]), f"no gradients: {n} changed")
+        check(all(torch.equal(v, opt.state[p][k]) for k, v in state[n].items()), f"no gradients: {n}'s state changed")
+
+
+def main():
+    torch.manual_seed(0)
+    worst = check_add_param_group()
+    check_mismatch()
+    check_no_gradients()
+    ok = torch.tensor([0 if failures else 1])
+    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+    if dist.get_rank() == 0:
+        print(f"torch_conventions_ranks_test np {dist.get_world_size()}: add_param_group worst relative error "
+              f"{worst:.1e}; {'PASS' if int(ok) else 'FAIL'}", flush=True)
+    dist.destroy_process_group()
+    return 0 if int(ok) and not failures else 1
+
+
+if __name__ == "__main__":
+    dist.init_process_group("gloo")
+    sys.exit(main())
