@@ -5,9 +5,9 @@
 if(NOT DMUON_HAVE_CUDA)
   message(FATAL_ERROR "dmuon: DMUON_GPU_ONLY=ON needs the CUDA toolkit (nvcc, cuBLAS)")
 endif()
+# src/backend/no_cpu_backend.cpp stands in for the CPU backend (which the full build has, and skips it).
 file(GLOB _gpu_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/*.cpp ${PROJECT_SOURCE_DIR}/src/ns/*.cpp)
-add_library(dmuon_gpu STATIC ${_gpu_sources} ${PROJECT_SOURCE_DIR}/src/backend/cuda/cublas_calls.cpp
-                             ${PROJECT_SOURCE_DIR}/tools/gpu_only/no_cpu_backend.cpp)
+add_library(dmuon_gpu STATIC ${_gpu_sources} ${PROJECT_SOURCE_DIR}/src/backend/cuda/cublas_calls.cpp)
 target_include_directories(dmuon_gpu PUBLIC ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
 dmuon_add_cuda_sources(dmuon_gpu)
 target_link_libraries(dmuon_gpu PUBLIC CUDA::cudart CUDA::cublas)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `make bench`: regenerates every figure of docs/BENCHMARKS.md (about 20-30 minutes on 2 otherwise idle cores).
-# Raw JSON and plots go to docs/bench/; `dmuon bench report` then writes docs/BENCHMARKS.md.
+# Raw JSON and plots go to docs/bench/; the report generator (build/dmuon-bench-report, bench/report/) then writes
+# docs/BENCHMARKS.md.
 # Everything runs side by side in one process per command (the machine may be shared: see the report).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -65,4 +66,4 @@ optimizer 1 3
 optimizer 4 2
 
 step "report"
-"$DMUON" bench report --dir "$OUT" --out docs/BENCHMARKS.md
+"$BUILD/dmuon-bench-report" --dir "$OUT" --out docs/BENCHMARKS.md

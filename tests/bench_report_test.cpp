@@ -1,4 +1,4 @@
-// `dmuon bench report` on a tiny folder of benchmark output: the headline figures computed from the fixture's
+// dmuon-bench-report (bench/report) on a tiny folder of benchmark output: the headline figures computed from the fixture's
 // numbers, the tables in the optimizer order, the command lines from the .cmd files, a note in place of each
 // benchmark that did not run, and errors naming the file and the key for corrupt input.
 #include <gtest/gtest.h>
@@ -63,6 +63,11 @@ done)json"},
    "muon-gather": {"step_s": 1.2, "optimizer_s": 0.1}, "dmuon": {"step_s": 0.99, "optimizer_s": 0.015}}]})json"},
 };
 
+// Runs the report generator, a developer tool beside the benchmarks (not a dmuon subcommand).
+test::CommandResult report(const std::string& args) {
+  return test::run_command(std::string(DMUON_BENCH_REPORT_PATH) + " " + args);
+}
+
 void write_fixture(const test::TempDir& dir) {
   for (const auto& [name, text] : kFixture) write_file_atomically(dir.file(name), text);
 }
@@ -75,7 +80,7 @@ void expect_lines(const std::string& report, const std::vector<std::string>& lin
 TEST(BenchReport, HeadlineFiguresTablesAndCommands) {
   test::TempDir dir;
   write_fixture(dir);
-  const auto r = test::run_cli("bench report --dir " + dir.path());
+  const auto r = report("--dir " + dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   expect_lines(
       r.output,
@@ -152,7 +157,7 @@ TEST(BenchReport, AblationRatioIsTheRatioOfTheMediansItPrints) {
  "dmuon_step_s": 1.5419, "muon_gather_plain_step_s": 6.1088, "muon_gather_plain_slowdown": 4.07,
  "parts": [{"removed": "owners", "variant": "v", "group": "g", "step_s": 3.0, "slowdown": 2.0, "share_pct": 100}],
  "groups": [{"group": "g", "share_pct": 100, "paper_share_pct": 50}]})json");
-  const auto r = test::run_cli("bench report --dir " + dir.path());
+  const auto r = report("--dir " + dir.path());
   ASSERT_EQ(r.exit_code, 0) << r.output;
   // 6108.8 / 1541.9 = 3.96
   EXPECT_NE(r.output.find("DMuon 1541.9 ms (median over the pairs); muon-gather-plain 6108.8 ms (3.96x). "),
@@ -163,9 +168,9 @@ TEST(BenchReport, AblationRatioIsTheRatioOfTheMediansItPrints) {
 TEST(BenchReport, OutWritesTheSameReport) {
   test::TempDir dir;
   write_fixture(dir);
-  const auto printed = test::run_cli("bench report --dir " + dir.path());
+  const auto printed = report("--dir " + dir.path());
   ASSERT_EQ(printed.exit_code, 0) << printed.output;
-  const auto written = test::run_cli("bench report --dir " + dir.path() + " --out " + dir.file("BENCHMARKS.md"));
+  const auto written = report("--dir " + dir.path() + " --out " + dir.file("BENCHMARKS.md"));
   ASSERT_EQ(written.exit_code, 0) << written.output;
   EXPECT_EQ(read_file(dir.file("BENCHMARKS.md")), printed.output);
 }
@@ -175,7 +180,7 @@ std::string failure_with(const std::string& name, const std::string& text) {
   test::TempDir dir;
   write_fixture(dir);
   write_file_atomically(dir.file(name), text);
-  const auto r = test::run_cli("bench report --dir " + dir.path());
+  const auto r = report("--dir " + dir.path());
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find(dir.file(name)), std::string::npos) << r.output;
   return r.output;
@@ -201,7 +206,7 @@ TEST(BenchReport, MissingKeyOrWrongTypeNamesTheFileAndKey) {
 
 TEST(BenchReport, MissingFolderIsAnError) {
   test::TempDir dir;
-  const auto r = test::run_cli("bench report --dir " + dir.file("nothing"));
+  const auto r = report("--dir " + dir.file("nothing"));
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("--dir " + dir.file("nothing") + ": no such folder"), std::string::npos) << r.output;
 }

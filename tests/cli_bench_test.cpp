@@ -184,7 +184,7 @@ TEST(CliBench, CalibrateWritesAProfile) {
   EXPECT_FALSE(j.at("batched_kernels").get<bool>());
   EXPECT_LE(j.at("ns_efficiency").get<double>(), 1.0);
   // The simulator accepts it as a hardware profile.
-  const sim::HardwareProfile hw = sim::load_hardware_profile(dir.file("hw.json"));
+  const HardwareProfile hw = load_hardware_profile(dir.file("hw.json"));
   EXPECT_EQ(hw.name, "this-cpu");
   EXPECT_EQ(hw.sources.size(), j.at("sources").size());
 }

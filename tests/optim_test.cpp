@@ -2,10 +2,13 @@
 // parameter groups, accumulation, clipping and the non-finite gradient policy.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cfloat>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <limits>
 #include <map>
 #include <random>
@@ -115,9 +118,13 @@ TEST(Muon, MomentumNesterovScaleAndDecayFollowTheDefinition) {
   h.nesterov = false;
   muon_momentum(g, 1.0f, mom, u, h);
   EXPECT_EQ(u, mom);
-  EXPECT_DOUBLE_EQ(muon_scale(80, 20, MuonScale::original), 2.0);
-  EXPECT_DOUBLE_EQ(muon_scale(20, 80, MuonScale::original), 1.0);
-  EXPECT_DOUBLE_EQ(muon_scale(20, 100, MuonScale::match_rms_adamw), 2.0);
+  // The scale's table, which dmuon.torch's own muon_scale meets too (tests/python/torch_conventions_test.py).
+  const nlohmann::json table = nlohmann::json::parse(std::ifstream(test::data_path("muon_scale.json")));
+  ASSERT_GE(table.at("cases").size(), 4u);
+  for (const auto& c : table.at("cases")) {
+    const MuonScale kind = c.at("scale") == "original" ? MuonScale::original : MuonScale::match_rms_adamw;
+    EXPECT_DOUBLE_EQ(muon_scale(c.at("rows").get<int64_t>(), c.at("cols").get<int64_t>(), kind), c.at("s").get<double>()) << c.dump();
+  }
   std::vector<float> w = {1, 2}, o = {1, -1};
   muon_apply(w, o, h, 2.0);  // w·(1 − 0.05) − 0.1·2·o
   EXPECT_FLOAT_EQ(w[0], 0.95f - 0.2f);

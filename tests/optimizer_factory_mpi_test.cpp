@@ -119,7 +119,7 @@ TEST(OptimizerFactory, MuonIsOneRankAlone) {
     make_optimizer_stack(world(), specs(), stack_options(OptimKind::muon));
     ADD_FAILURE() << "muon built on " << world()->size() << " ranks";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--optim muon is single-process"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("OptimizerStackOptions.kind muon is single-process"), std::string::npos) << e.what();
   }
   // Every rank can still take a world of one of its own.
   OptimizerStack alone = make_optimizer_stack(comm::self(), specs(), stack_options(OptimKind::muon));

@@ -11,7 +11,7 @@
 
 #include "dmuon/error.hpp"
 #include "dmuon/plan.hpp"
-#include "dmuon/sim.hpp"
+#include "dmuon/hardware_profile.hpp"
 
 namespace dmuon {
 namespace {
@@ -335,16 +335,15 @@ TEST(CostModel, ItemsTakeTheirShareOfTheExpectedBatch) {
   EXPECT_EQ(items[2].unit, 3);
 }
 
-// The planner's device rates are the simulator's hardware profiles (models/hardware/*.json), not a second table.
-TEST(Plan, DeviceProfilesAreTheHardwareProfiles) {
+// The planner's flop costs run at a hardware profile's NS rate (ns_flops · ns_efficiency), read by the one
+// loader the simulator uses (hardware_profile.hpp), not from a second table or parser.
+TEST(Plan, FlopCostsRunAtTheHardwareProfilesNsRate) {
   for (const char* name : {"a800", "h200"}) {
-    const DeviceProfile d = device_profile(name);
-    const sim::HardwareProfile hw = sim::load_hardware_profile(name);
-    EXPECT_EQ(d.name, hw.name);
-    EXPECT_EQ(d.peak_flops, hw.ns_flops) << name;
-    EXPECT_EQ(d.efficiency, hw.ns_efficiency) << name;
+    const HardwareProfile hw = load_hardware_profile(name);
+    const double rate = hw.ns_flops * hw.ns_efficiency;
+    EXPECT_DOUBLE_EQ(flop_batch_time(hw)(64, 128, 3), 3 * ns_flops_estimate(64, 128) / rate) << name;
   }
-  EXPECT_THAT([] { device_profile("tpu"); },
+  EXPECT_THAT([] { load_hardware_profile("tpu"); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("no hardware profile 'tpu'")));
 }
 

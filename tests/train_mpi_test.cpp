@@ -46,7 +46,7 @@ double relative_distance(const std::vector<float>& a, const std::vector<float>& 
 
 struct Case {
   OptimKind distributed, reference;
-  ShardMode mode;
+  shard::Mode mode;
   int micro_batches;
 };
 
@@ -97,20 +97,20 @@ std::string shared_temp_dir(const std::string& tag) {
 }
 
 TEST(TrainMpi, DMuonEqualsSingleProcessMuon) {
-  expect_equal_to_reference({OptimKind::dmuon, OptimKind::muon, ShardMode::z3, 1});
+  expect_equal_to_reference({OptimKind::dmuon, OptimKind::muon, shard::Mode::z3, 1});
 }
 
 TEST(TrainMpi, DMuonWithMicroBatchesInEveryShardModeEqualsSingleProcessMuon) {
-  for (ShardMode m : {ShardMode::z3, ShardMode::z2, ShardMode::replicated})
+  for (shard::Mode m : {shard::Mode::z3, shard::Mode::z2, shard::Mode::replicated})
     expect_equal_to_reference({OptimKind::dmuon, OptimKind::muon, m, 2});
 }
 
 TEST(TrainMpi, MuonGatherComputeEqualsSingleProcessMuon) {
-  expect_equal_to_reference({OptimKind::muon_gather, OptimKind::muon, ShardMode::z3, 1});
+  expect_equal_to_reference({OptimKind::muon_gather, OptimKind::muon, shard::Mode::z3, 1});
 }
 
 TEST(TrainMpi, ShardedAdamWEqualsSingleProcessAdamW) {
-  expect_equal_to_reference({OptimKind::adamw, OptimKind::adamw, ShardMode::z3, 1});
+  expect_equal_to_reference({OptimKind::adamw, OptimKind::adamw, shard::Mode::z3, 1});
 }
 
 // A hand-written tuning cache that picks non-default kernels (standard recurrence with plain sgemm,
@@ -160,7 +160,7 @@ TEST(TrainMpi, TunedDMuonFromACacheEqualsSingleProcessMuon) {
     EXPECT_EQ(t.plan().owner, expected.owner);
     EXPECT_DOUBLE_EQ(t.plan().makespan_s, expected.makespan_s);
   }
-  expect_equal_to_reference({OptimKind::dmuon, OptimKind::muon, ShardMode::z3, 1}, [&](TrainOptions& d) {
+  expect_equal_to_reference({OptimKind::dmuon, OptimKind::muon, shard::Mode::z3, 1}, [&](TrainOptions& d) {
     d.tune = true;
     d.tune_cache = cache_path;
   });

@@ -6,6 +6,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -13,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "dmuon/atomic_file.hpp"
 #include "dmuon/checkpoint.hpp"
+#include "dmuon/checksum.hpp"
 #include "dmuon/checkpoint_rotation.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/data.hpp"
@@ -51,7 +56,9 @@ TEST(Train, BadOptionsAreErrorsNamingTheOption) {
                   ::testing::HasSubstr("unknown optimizer 'sgd' (valid: adamw, muon, muon-gather, dmuon)")));
   for (OptimKind k : {OptimKind::adamw, OptimKind::muon, OptimKind::muon_gather, OptimKind::dmuon})
     EXPECT_EQ(parse_optim_kind(to_string(k)), k);
-  EXPECT_THROW(parse_shard_mode("z1"), Error);
+  EXPECT_THROW(shard::parse_mode("z1"), Error);
+  for (shard::Mode m : {shard::Mode::z3, shard::Mode::z2, shard::Mode::replicated})
+    EXPECT_EQ(shard::parse_mode(shard::to_string(m)), m);
   o = tiny(OptimKind::dmuon, 2);
   EXPECT_NO_THROW(Trainer(o, nullptr));  // a world of one runs every kind, dmuon included
 }
@@ -72,15 +79,15 @@ std::string construction_error(Set set) {
 TEST(Train, EachBadNumberIsAnErrorNamingItsOption) {
   using ::testing::HasSubstr;
   const double inf = std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
-  EXPECT_THAT(construction_error([](TrainOptions& o) { o.weight_decay = -5; }), HasSubstr("--weight-decay"));
-  EXPECT_THAT(construction_error([&](TrainOptions& o) { o.weight_decay = nan; }), HasSubstr("--weight-decay"));
-  EXPECT_THAT(construction_error([&](TrainOptions& o) { o.weight_decay = inf; }), HasSubstr("--weight-decay"));
-  EXPECT_THAT(construction_error([&](TrainOptions& o) { o.lr = inf; }), HasSubstr("--lr"));
-  EXPECT_THAT(construction_error([&](TrainOptions& o) { o.adamw_lr = 0; }), HasSubstr("--adamw-lr"));
-  EXPECT_THAT(construction_error([](TrainOptions& o) { o.warmup = -1; }), HasSubstr("--warmup"));
-  EXPECT_THAT(construction_error([](TrainOptions& o) { o.min_lr_ratio = 1.5; }), HasSubstr("--min-lr-ratio"));
-  EXPECT_THAT(construction_error([](TrainOptions& o) { o.val_every = -1; }), HasSubstr("--val-every"));
-  EXPECT_THAT(construction_error([](TrainOptions& o) { o.val_batches = 0; }), HasSubstr("--val-batches"));
+  EXPECT_THAT(construction_error([](TrainOptions& o) { o.weight_decay = -5; }), HasSubstr("TrainOptions.weight_decay "));
+  EXPECT_THAT(construction_error([&](TrainOptions& o) { o.weight_decay = nan; }), HasSubstr("TrainOptions.weight_decay "));
+  EXPECT_THAT(construction_error([&](TrainOptions& o) { o.weight_decay = inf; }), HasSubstr("TrainOptions.weight_decay "));
+  EXPECT_THAT(construction_error([&](TrainOptions& o) { o.lr = inf; }), HasSubstr("TrainOptions.lr "));
+  EXPECT_THAT(construction_error([&](TrainOptions& o) { o.adamw_lr = 0; }), HasSubstr("TrainOptions.adamw_lr "));
+  EXPECT_THAT(construction_error([](TrainOptions& o) { o.warmup = -1; }), HasSubstr("TrainOptions.warmup "));
+  EXPECT_THAT(construction_error([](TrainOptions& o) { o.min_lr_ratio = 1.5; }), HasSubstr("TrainOptions.min_lr_ratio "));
+  EXPECT_THAT(construction_error([](TrainOptions& o) { o.val_every = -1; }), HasSubstr("TrainOptions.val_every "));
+  EXPECT_THAT(construction_error([](TrainOptions& o) { o.val_batches = 0; }), HasSubstr("TrainOptions.val_batches "));
   EXPECT_THAT(construction_error([](TrainOptions& o) { o.model.layers = 0; }),
               HasSubstr("layers (--layers) must be positive, got 0"));
   EXPECT_THAT(construction_error([](TrainOptions& o) { o.model.heads = 3; }), HasSubstr("(--heads) 3"));
@@ -219,31 +226,72 @@ TEST(Train, ResumeReproducesTheUninterruptedRunBitForBit) {
   }
 }
 
+// Trains one step of `o` and saves it to `path`; returns path.
+std::string checkpoint_after_one_step(const TrainOptions& o, const std::string& path) {
+  Trainer t(o, nullptr);
+  t.train_step();
+  t.save(path);
+  return path;
+}
+
 // A checkpoint records the options that decide an exact continuation; resuming with others names each
 // change (dmuon train prints them as one warning) and goes on under the new options.
 TEST(Train, ResumingWithOtherOptionsNamesEachChange) {
   test::TempDir dir;
   const TrainOptions o = tiny(OptimKind::muon, 4);
-  const std::string ckpt = dir.file("ck");
-  {
-    Trainer t(o, nullptr);
-    t.train_step();
-    t.save(ckpt);
-  }
+  const std::string ckpt = checkpoint_after_one_step(o, dir.file("ck"));
   const CheckpointRun saved = read_checkpoint_contents(ckpt).run;
-  EXPECT_EQ(saved.at("--seed"), std::to_string(o.seed));
-  EXPECT_EQ(saved.at("--lr"), "0.02");  // the default Muon lr, as the run used it
+  EXPECT_EQ(saved.at("seed"), std::to_string(o.seed));
+  EXPECT_EQ(saved.at("lr"), "0.02");  // the default Muon lr, as the run used it
   TrainOptions other = o;
   other.resume = ckpt;
   other.seed = o.seed + 1;
   other.steps = 6;
   other.lr = 0.05;
   Trainer t(other, nullptr);
-  EXPECT_EQ(t.resume_changes(), (std::vector<std::string>{"--lr 0.05 (saved: 0.02)",
-                                                          "--seed " + std::to_string(o.seed + 1) + " (saved: " +
+  EXPECT_EQ(t.resume_changes(), (std::vector<std::string>{"lr 0.05 (saved: 0.02)",
+                                                          "seed " + std::to_string(o.seed + 1) + " (saved: " +
                                                               std::to_string(o.seed) + ")",
-                                                          "--steps 6 (saved: 4)"}));
+                                                          "steps 6 (saved: 4)"}));
   EXPECT_EQ(t.steps_done(), 1);
+}
+
+// Checkpoints written before the run records were keyed by field names recorded them under dmuon train's
+// flags ("--micro-batches"): they still load, read under the field names, and resuming with the same
+// options reports no change.
+TEST(Train, AnOldCheckpointWithFlagKeyedRunRecordStillResumes) {
+  test::TempDir dir;
+  const TrainOptions o = tiny(OptimKind::muon, 4);
+  const std::string ckpt = checkpoint_after_one_step(o, dir.file("ck"));
+  // Rewrite the record as the older writer did, with the index's checksum over the new values.
+  const std::string index_path = ckpt + "/index.json";
+  nlohmann::json index = nlohmann::json::parse(std::ifstream(index_path));
+  nlohmann::json old_run = nlohmann::json::object();
+  for (const auto& [field, value] : index.at("run").items()) {
+    std::string flag = "--" + field;
+    std::replace(flag.begin(), flag.end(), '_', '-');
+    old_run[flag] = value;
+  }
+  ASSERT_TRUE(old_run.contains("--micro-batches"));
+  ASSERT_TRUE(old_run.contains("--min-lr-ratio"));
+  index["run"] = old_run;
+  index.erase("index_fnv1a64");
+  index["index_fnv1a64"] = fnv1a64_hex(index.dump());
+  write_file_atomically(index_path, index.dump(1));
+
+  const CheckpointRun saved = read_checkpoint_contents(ckpt).run;
+  EXPECT_EQ(saved.at("micro_batches"), std::to_string(o.micro_batches));
+  EXPECT_EQ(saved.at("min_lr_ratio"), "0.1");
+  EXPECT_EQ(saved.count("--seed"), 0u);
+  TrainOptions rest = o;
+  rest.resume = ckpt;
+  Trainer resumed(rest, nullptr);
+  EXPECT_EQ(resumed.steps_done(), 1);
+  EXPECT_EQ(resumed.resume_changes(), std::vector<std::string>{});
+  rest.seed = o.seed + 1;
+  Trainer changed(rest, nullptr);
+  EXPECT_EQ(changed.resume_changes(), (std::vector<std::string>{"seed " + std::to_string(o.seed + 1) + " (saved: " +
+                                                                std::to_string(o.seed) + ")"}));
 }
 
 // Determinism: the same options and seed give the same losses and parameters, bit for bit, run after

@@ -1,5 +1,5 @@
-// Subcommand registry of the dmuon CLI: each tools/*.cpp file adds its subcommand with a static
-// Registration, so main.cpp never changes when a subcommand is added.
+// Subcommand registry of the dmuon CLI: each tools/*.cpp file (and, in dmuon-bench, each bench/commands/*.cpp
+// file) adds its subcommand with a static Registration, so main.cpp never changes when a subcommand is added.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -14,13 +14,21 @@
 
 namespace dmuon::cli {
 
-// Adds a subcommand to `app` (the root, or a group such as `bench`) and sets its callback.
+// Adds a subcommand to `app` (the root, or a group such as `ckpt`) and sets its callback.
 using AddSubcommand = std::function<void(CLI::App& parent)>;
 
 struct Registration {
-  // group: "" for a top-level subcommand, or a group name ("bench") created on first use.
+  // group: "" for a top-level subcommand, or a group name ("ckpt") created on first use.
   Registration(std::string group, AddSubcommand add);
 };
+
+// The executable built on main.cpp and its registry: dmuon (tools/program.cpp) or the benchmarks' dmuon-bench
+// (bench/commands/program.cpp), which `dmuon bench` runs.
+struct Program {
+  const char* name;
+  const char* description;
+};
+extern const Program kProgram;
 
 // Called by main(): adds every registered subcommand.
 void add_registered_subcommands(CLI::App& app);

@@ -1,4 +1,5 @@
-// dmuon command-line tool. Library errors arrive here as exceptions and become one line on stderr
+// The main() of the dmuon command-line tool and of dmuon-bench (the benchmarks, which `dmuon bench` runs);
+// both read "dmuon: error: ..." on failure. Library errors arrive here as exceptions and become one line on stderr
 // and a non-zero exit code: a user's error (dmuon::Error, a file system error) without the source
 // locations the library attaches ("[src/io/npy.cpp:42]"; DMUON_DEBUG=1 keeps them), anything else as an
 // internal error, in full. Under mpirun the failing rank then ends the whole job (abort_world):
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "field_flags.hpp"
 #include "stop_signals.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
@@ -32,7 +34,6 @@ std::vector<Entry>& registry() {
   return entries;
 }
 const std::map<std::string, std::string> kGroupHelp = {
-    {"bench", "Benchmarks: print a table, or JSON with --json"},
     {"ckpt", "Checkpoint tools"},
 };
 }  // namespace
@@ -77,7 +78,9 @@ void read_integers_as_decimal(CLI::App& app) {
 }
 
 namespace {
-std::string user_message(const std::string& what) {
+// The library's error, with the flags of the fields it names ("TrainOptions.steps" → "--steps").
+std::string user_message(const std::string& library_what) {
+  const std::string what = with_flags(library_what);
   const char* debug = std::getenv("DMUON_DEBUG");
   if (debug && std::string(debug) == "1") return what;
   // " [src/optim/checkpoint.cpp:254]" (or a CUDA source's, .cu), also inside a message that quotes
@@ -90,9 +93,9 @@ std::string user_message(const std::string& what) {
 }  // namespace dmuon::cli
 
 int main(int argc, char** argv) {
-  CLI::App app{"dmuon: distributed Muon optimizer (owner-centric, Gram Newton-Schulz) over MPI and BLAS"};
+  CLI::App app{std::string(dmuon::cli::kProgram.name) + ": " + dmuon::cli::kProgram.description};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "dmuon 0.1.0");
+  app.set_version_flag("--version", std::string(dmuon::cli::kProgram.name) + " 0.1.0");
   dmuon::cli::add_registered_subcommands(app);
   dmuon::cli::read_integers_as_decimal(app);
   try {

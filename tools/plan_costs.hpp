@@ -1,6 +1,6 @@
 // The --costs option of `dmuon plan`: where per-(shape, batch) NS times come from.
 //   measured  this machine's tuned times (dmuon tune's cache; what is missing is tuned first)
-//   flops     flop counts on a device profile (--device), for hardware not present
+//   flops     flop counts at a hardware profile's NS rate (--device), for hardware not present
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -28,7 +28,7 @@ struct CostArgs {
   }
 
   BatchTimeFn batch_time(const std::vector<ParamSpec>& params, int ranks) const {
-    if (source == "flops") return flop_batch_time(device_profile(device));
+    if (source == "flops") return flop_batch_time(load_hardware_profile(device));
     return tuned_batch_time(tuning.tune(tune_requests(params, ranks)));
   }
 

@@ -82,7 +82,7 @@ Workload workload(const SimulateArgs& a) {
   return w;
 }
 
-void print_assumptions(const sim::HardwareProfile& hw, const SimulateArgs& a, const Workload& w) {
+void print_assumptions(const HardwareProfile& hw, const SimulateArgs& a, const Workload& w) {
   std::printf("Hardware profile %s: %s\n", hw.name.c_str(), hw.description.c_str());
   std::printf("  peak %.3g TFLOP/s at MFU %.0f%%; NS at %.3g TFLOP/s x %.0f%%; HBM %.0f GB/s; %d SMs\n",
               hw.peak_flops / 1e12, 100 * hw.mfu, hw.ns_flops / 1e12, 100 * hw.ns_efficiency,
@@ -120,9 +120,9 @@ void write_plot(const std::vector<sim::SimResult>& results, const std::string& p
   std::ostringstream data;
   for (const auto& r : results) {
     const auto& s = r.steps;
-    data << r.devices << " " << s.at(sim::Optimizer::muon_gather_plain).optimizer_s / s.at(sim::Optimizer::dmuon).optimizer_s
-         << " " << s.at(sim::Optimizer::adamw).step_s * 1e3 << " " << s.at(sim::Optimizer::muon_gather_plain).step_s * 1e3
-         << " " << s.at(sim::Optimizer::dmuon).step_s * 1e3 << "\n";
+    data << r.devices << " " << s.at(sim::ComparedOptimizer::muon_gather_plain).optimizer_s / s.at(sim::ComparedOptimizer::dmuon).optimizer_s
+         << " " << s.at(sim::ComparedOptimizer::adamw).step_s * 1e3 << " " << s.at(sim::ComparedOptimizer::muon_gather_plain).step_s * 1e3
+         << " " << s.at(sim::ComparedOptimizer::dmuon).step_s * 1e3 << "\n";
   }
   std::ostringstream script;
   script << "set multiplot layout 1,2 title " << gnuplot_quoted(title) << "\nset logscale x 2\nset key top left\n"
@@ -140,7 +140,7 @@ void write_plot(const std::vector<sim::SimResult>& results, const std::string& p
 
 void run(const SimulateArgs& a) {
   const Workload w = workload(a);
-  const sim::HardwareProfile hw = sim::load_hardware_profile(a.profile);
+  const HardwareProfile hw = load_hardware_profile(a.profile);
   sim::SimOptions options;
   options.zero3 = !a.zero2;
   options.plan.balancer = parse_balancer(a.balancer);
@@ -210,10 +210,10 @@ void run(const SimulateArgs& a) {
                 "dmuon", "vs plain", "vs gath", "adamw", "gath-plain", "dmuon", "vs adamw", "vs plain");
     for (const auto& r : results) {
       const auto& s = r.steps;
-      const auto& plain = s.at(sim::Optimizer::muon_gather_plain);
-      const auto& gather = s.at(sim::Optimizer::muon_gather);
-      const auto& dm = s.at(sim::Optimizer::dmuon);
-      const auto& adamw = s.at(sim::Optimizer::adamw);
+      const auto& plain = s.at(sim::ComparedOptimizer::muon_gather_plain);
+      const auto& gather = s.at(sim::ComparedOptimizer::muon_gather);
+      const auto& dm = s.at(sim::ComparedOptimizer::dmuon);
+      const auto& adamw = s.at(sim::ComparedOptimizer::adamw);
       std::printf("%7d | %10.2f %10.2f %10.2f | %7.2fx %7.2fx | %10.2f %10.2f %10.2f | %+8.1f%% %8.2fx\n", r.devices,
                   plain.optimizer_s * 1e3, gather.optimizer_s * 1e3, dm.optimizer_s * 1e3,
                   plain.optimizer_s / dm.optimizer_s, gather.optimizer_s / dm.optimizer_s, adamw.step_s * 1e3,

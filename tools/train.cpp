@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli.hpp"
+#include "field_flags.hpp"
 #include "console/progress.hpp"
 #include "stop_signals.hpp"
 #include "tune_session.hpp"
@@ -61,7 +62,7 @@ void report_stop(const dmuon::Trainer& trainer, const std::string& save) {
 void run_train(TrainArgs& args) {
   dmuon::TrainOptions& o = args.train;
   o.optim = dmuon::parse_optim_kind(args.optim);
-  o.shard_mode = dmuon::parse_shard_mode(args.shard_mode);
+  o.shard_mode = dmuon::shard::parse_mode(args.shard_mode);
   o.balancer = dmuon::parse_balancer(args.balancer);
   const dmuon::ProgressMode mode = dmuon::parse_progress_mode(args.progress);
   std::shared_ptr<dmuon::comm::Comm> comm = dmuon::comm::world();
@@ -128,7 +129,8 @@ void run_train(TrainArgs& args) {
   }
   if (root && !trainer.resume_changes().empty()) {
     std::string changes;
-    for (const std::string& c : trainer.resume_changes()) changes += (changes.empty() ? "" : ", ") + c;
+    for (const std::string& c : trainer.resume_changes())  // "seed 2 (saved: 1)": the field, then its values
+      changes += (changes.empty() ? "" : ", ") + dmuon::cli::train_flag(c.substr(0, c.find(' '))) + c.substr(c.find(' '));
     std::fprintf(stderr, "dmuon: warning: resuming with options other than the saved run's: %s; the run goes on under "
                  "the new options, so it will not match the uninterrupted one\n", changes.c_str());
   }
@@ -155,8 +157,8 @@ void run_train(TrainArgs& args) {
         args.optim.c_str(), trainer.world_size(), dmuon::linalg::threads(), static_cast<long long>(o.model.layers),
         static_cast<long long>(o.model.width), static_cast<long long>(o.model.heads),
         static_cast<long long>(o.model.context), static_cast<long long>(params), static_cast<long long>(o.batch),
-        static_cast<long long>(o.model.context), o.micro_batches, o.lr > 0 ? o.lr : dmuon::default_lr(o.optim),
-        o.optim == dmuon::OptimKind::adamw ? o.lr > 0 ? o.lr : dmuon::default_lr(o.optim) : o.adamw_lr,
+        static_cast<long long>(o.model.context), o.micro_batches, dmuon::peak_lr(o),
+        o.optim == dmuon::OptimKind::adamw ? dmuon::peak_lr(o) : o.adamw_lr,
         static_cast<long long>(o.warmup), o.min_lr_ratio, static_cast<long long>(trainer.steps_done() + 1),
         static_cast<long long>(o.steps), static_cast<unsigned long long>(o.seed));
     std::fflush(stdout);

@@ -50,9 +50,11 @@
 
 namespace dmuon {
 
-// The options of the run that saved a checkpoint, option name → value text (dmuon train records those that
-// decide whether a resumed run continues it exactly: --seed, --batch, the schedule...). Kept in index.json,
-// under its checksum; empty when the saver recorded none.
+// The options of the run that saved a checkpoint, field name → value text (the Trainer records the
+// TrainOptions fields that decide whether a resumed run continues it exactly: seed, batch, the schedule...).
+// Kept in index.json, under its checksum; empty when the saver recorded none. Checkpoints written before
+// the records were keyed by field names spelled them as flags ("--micro-batches"): reading gives the field
+// names ("micro_batches").
 using CheckpointRun = std::map<std::string, std::string>;
 
 // Collective over the optimizer's ranks. Throws if called between micro-batches of one update.

@@ -1,6 +1,7 @@
-// Communicator: non-blocking collectives across ranks behind one interface. The MPI backend lives
-// in src/comm; a GPU (NCCL) backend later implements the same Comm class. Code above src/comm
-// (src/shard, the optimizers) includes only this header, never <mpi.h>.
+// Communicator: non-blocking collectives across ranks behind one interface. The MPI communicator
+// (or, built without MPI, a world of one) lives in src/comm; the NCCL communicator on GPU buffers in
+// src/nccl (comm_nccl.hpp) implements the same Comm class. Code above them (src/shard, the
+// optimizers) includes only this header, never <mpi.h> or <nccl.h>.
 //
 // Contracts, for every collective of a Comm:
 //  - Call order. Every rank of the communicator calls the same collectives in the same order, with

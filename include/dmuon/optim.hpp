@@ -14,8 +14,11 @@
 // the CPU backend, device memory on a GPU); the update runs as that backend's kernels, and the host reads
 // two small arrays per update (the gradients' sums of squares and the Newton–Schulz input norms).
 //
-// The per-tensor update functions below are the slow, obvious definitions every optimizer in this
-// module (single-process, sharded, distributed) is tested against.
+// The per-tensor update functions below call the same backend kernels as the optimizers (on
+// cpu_backend()), so they are not an independent definition: the golden tensors are (tests/data:
+// KellerJordan/Muon's and torch.optim.AdamW's outputs, tests/data/README.md), with the float64
+// references the tests write themselves; the distributed optimizers are tested against the
+// single-process ones.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +36,8 @@ namespace dmuon {
 
 // ---- hyperparameters ----
 
+// torch.optim.AdamW's defaults; dmuon.torch.DMuon's differ (adamw_lr 3e-4, betas (0.9, 0.95)) and the GPT
+// trainer's AdamW group runs at 3e-3 (docs/pytorch.md, "Defaults").
 struct AdamWHyper {
   double lr = 1e-3;
   double beta1 = 0.9;
@@ -41,6 +46,7 @@ struct AdamWHyper {
   double weight_decay = 0.0;  // decoupled: p ← p·(1 − lr·wd) before the Adam step
 };
 
+// The default is `original`; dmuon.torch.DMuon's is match_rms_adamw (docs/pytorch.md, "Defaults").
 enum class MuonScale {
   original,         // sqrt(max(1, rows/cols)) (KellerJordan/Muon)
   match_rms_adamw,  // 0.2·sqrt(max(rows, cols)) (Moonlight)

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "dmuon/hardware_profile.hpp"
 #include "dmuon/params.hpp"
 #include "dmuon/tune.hpp"
 
@@ -31,24 +32,15 @@ struct PlanItem {
 // Predicted seconds to orthogonalize `batch` same-shape rows×cols matrices together.
 using BatchTimeFn = std::function<double(int64_t rows, int64_t cols, int batch)>;
 
-// A peak flop rate and the fraction of it Newton–Schulz reaches: costs for hardware not present.
-struct DeviceProfile {
-  std::string name;
-  double peak_flops = 0;  // flop/s
-  double efficiency = 0;  // 0 < efficiency ≤ 1
-};
-// The NS rate of a hardware profile, the simulator's (models/hardware/<name>.json, found as
-// data_files.hpp says, or a path): its ns_flops and ns_efficiency. Throws dmuon::Error naming the file.
-DeviceProfile device_profile(const std::string& name_or_path);
-
 // Flops of NS for one rows×cols matrix on the cheaper of the two algorithms with NsOptions' defaults
 // (symmetric products: SYRK, 8 upper-triangle tiles; Gram restart [2]), as the engine executes them:
 // recorded by running it on the recording backend (ns_kernel_calls). For large m they approach DESIGN
 // 2.3's table (m = min dim, n = max dim): standard steps·(3m²n + m³), Gram 6m²n + 2.8·steps·m³.
 double ns_flops_estimate(int64_t rows, int64_t cols, int steps = 5);
 
-// Batch time from flops and a device profile (linear in the batch size).
-BatchTimeFn flop_batch_time(const DeviceProfile& device);
+// Batch time from flops at a hardware profile's Newton–Schulz rate, ns_flops · ns_efficiency (linear in the
+// batch size): costs for hardware not present (hardware_profile.hpp: load_hardware_profile).
+BatchTimeFn flop_batch_time(const HardwareProfile& device);
 // Flops alone, in units of 10^12 (a 1 TFLOP/s device): for owners where no device is known, since
 // the balancers depend only on the ratios of the costs.
 BatchTimeFn relative_flop_batch_time();

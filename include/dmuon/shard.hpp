@@ -1,6 +1,7 @@
 // Sharded parameters: a registry of ParamSpec, per-unit packed buffers sharded across ranks
 // (layouts in shard_layout.hpp), and the gather / release / reduce operations a training loop
-// drives through four hooks. Talks to other ranks only through dmuon::comm::Comm.
+// drives through five hooks (before_forward, after_forward, before_backward, after_backward,
+// finish_backward). Talks to other ranks only through dmuon::comm::Comm.
 //
 // Buffers per unit u on rank r (float32, in the memory of ShardOptions::backend: host or GPU):
 //   shard params  (layout.shard_size(r)): persistent; the optimizer updates them in place.
@@ -73,7 +74,12 @@ class ParamRegistry {
   std::vector<ParamSpec> specs_;
 };
 
+// z3: gathered for forward, released, gathered again for backward; z2: kept gathered from forward to
+// backward; replicated: every rank holds every parameter (no gathers).
 enum class Mode { z3, z2, replicated };
+std::string_view to_string(Mode mode);
+// "z3" | "z2" | "replicated"; throws dmuon::Error naming the accepted values.
+Mode parse_mode(std::string_view text);
 
 struct ShardOptions {
   Layout layout = Layout::owner_aligned;

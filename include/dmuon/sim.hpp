@@ -1,7 +1,7 @@
 // Cluster simulator: an event-level model of one sharded training step on D devices, for the
 // clusters this machine is not (DESIGN.md 3, issue "reproduce the paper's evaluation").
 //
-// Pure functions of (model parameters, hardware profile, topology, options): no MPI, no BLAS.
+// Pure functions of (model parameters, hardware profile, cluster, options): no MPI, no BLAS.
 // What it models, and every assumption, is printed by `dmuon simulate` with the result
 // (docs/simulator.md derives every closed form):
 //  - compute: forward flops per unit (2·P_unit·tokens by default, or given, e.g. the GPT example's own
@@ -27,47 +27,11 @@
 #include <string>
 #include <vector>
 
+#include "dmuon/hardware_profile.hpp"
 #include "dmuon/params.hpp"
 #include "dmuon/plan.hpp"
 
 namespace dmuon::sim {
-
-// One device kind and its interconnect. Loaded from models/hardware/<name>.json, which cites the
-// public specification of every number (or says ASSUMED).
-struct HardwareProfile {
-  std::string name;
-  std::string description;
-  double peak_flops = 0;              // flop/s for forward/backward (bf16 dense)
-  double mfu = 0;                     // fraction of peak_flops training compute reaches
-  double ns_flops = 0;                // flop/s available to Newton–Schulz GEMMs
-  double ns_efficiency = 0;           // fraction of ns_flops a large NS GEMM reaches
-  double hbm_bytes_per_s = 0;         // device memory bandwidth
-  double intra_node_bytes_per_s = 0;  // per device, per direction (NVLink)
-  double inter_node_bytes_per_s = 0;  // per node, per direction (all NICs together)
-  double intra_node_latency_s = 0;    // per step of a collective within a node
-  double inter_node_latency_s = 0;    // per step across nodes
-  double kernel_launch_s = 0;         // per kernel (CPU: per BLAS / elementwise call)
-  int sm_count = 1;                   // streaming multiprocessors (occupancy of small GEMMs)
-  double comm_bytes_per_element = 2;  // bytes per gathered weight / reduced gradient element
-  // Symmetric products: time of the full GEMM of the same shape / time of the symmetric kernel
-  // (2 would be "half the flops at full efficiency").
-  double syrk_speedup = 1;       // C = A·Aᵀ by SYRK
-  double sym_gemm_speedup = 1;   // C = A·B known symmetric, upper block triangle only
-  double ns_bytes_per_element = 2;  // Newton–Schulz buffers (bf16 on GPUs, float32 on the CPU)
-  bool batched_kernels = true;   // a batch of same-shape matrices runs as one kernel per operation
-  // Devices that share one machine's cores (the CPU profile): 0 = every device has its own hardware.
-  // Then the rates above are per rank as measured with `calibration_ranks` ranks at once, and a run
-  // with D ranks rescales them (at_devices).
-  int shared_cores = 0;
-  int calibration_ranks = 1;
-  double single_rank_speedup = 1;     // peak_flops of one rank alone with every core / of one calibration rank
-  double single_rank_ns_speedup = 1;  // the same for ns_flops
-  std::map<std::string, std::string> sources;  // field -> citation or "ASSUMED: why"
-};
-
-// By name (models/hardware/<name>.json, searched like model manifests) or path. Throws
-// dmuon::Error naming the file and the missing or invalid field.
-HardwareProfile load_hardware_profile(const std::string& name_or_path);
 
 // The profile one of `devices` ranks sees. Unchanged unless hw.shared_cores > 0; then, with c cores
 // and R = calibration_ranks: BLAS rates (peak_flops, ns_flops) × R/D for D ≥ R (the machine's BLAS
@@ -77,7 +41,9 @@ HardwareProfile load_hardware_profile(const std::string& name_or_path);
 // (memory, links) × min(1, c/D)/min(1, c/R), per-call overheads and latencies ÷ that same factor.
 HardwareProfile at_devices(const HardwareProfile& hw, int devices);
 
-struct Topology {
+// The simulated machines: `devices` devices, devices_per_node to a node (comm::Topology is where the ranks of
+// a real run sit).
+struct Cluster {
   int devices = 1;
   int devices_per_node = 8;
   int nodes() const;  // ceil(devices / devices_per_node)
@@ -88,9 +54,9 @@ struct Link {
   double bytes_per_s = 0;
   double latency_s = 0;
 };
-// The link a collective over all `topology.devices` runs on: NVLink within one node; across
+// The link a collective over all `cluster.devices` runs on: NVLink within one node; across
 // nodes, each device's share of its node's network (never more than NVLink).
-Link world_link(const HardwareProfile& hw, const Topology& topology);
+Link world_link(const HardwareProfile& hw, const Cluster& cluster);
 
 // Collective costs in seconds over p ranks; `bytes` is the size of the whole (gathered or
 // reduced) buffer. Closed forms (latency α, bandwidth β):
@@ -107,12 +73,12 @@ double tree_all_reduce_s(double bytes, int p, const Link& link);
 double pipelined_broadcast_s(double bytes, int p, const Link& link);
 // Two-stage reduce-scatter (DESIGN 3.3): within each node over NVLink, then across nodes among
 // ranks with the same local index, each carrying 1/devices_per_node of the bytes.
-double two_stage_reduce_scatter_s(double bytes, const HardwareProfile& hw, const Topology& topology);
+double two_stage_reduce_scatter_s(double bytes, const HardwareProfile& hw, const Cluster& cluster);
 // The same with uneven blocks (bytes per rank, rank r on node r / devices_per_node): stage 1 is a ring
 // reduce-scatterv over the node whose block j sums the blocks of every node's local rank j; stage 2 a
 // ring reduce-scatterv across nodes on the per-rank blocks. Even blocks give two_stage_reduce_scatter_s.
 double two_stage_reduce_scatterv_s(const std::vector<double>& block_bytes, const HardwareProfile& hw,
-                                   const Topology& topology);
+                                   const Cluster& cluster);
 
 // Newton–Schulz time on one device for `batch` same-shape matrices run together.
 enum class NsEngine {
@@ -130,9 +96,14 @@ struct NsCost {
 NsCost ns_cost(int64_t rows, int64_t cols, int batch, NsEngine engine, const HardwareProfile& hw);
 double ns_time_s(int64_t rows, int64_t cols, int batch, NsEngine engine, const HardwareProfile& hw);
 
-enum class Optimizer { adamw, muon_gather_plain, muon_gather, dmuon };
-std::string to_string(Optimizer o);
-const std::vector<Optimizer>& all_optimizers();
+// The optimizers the simulator and every benchmark compare (the one list of their names: `dmuon bench`'s
+// tables, its --optim values and the benchmark report read it): AdamW; gather-then-compute Muon with the
+// public reference NS (plain: standard recurrence, full products, one matrix per call), the paper's
+// baseline; the same with our batched engine; DMuon. optimizer_factory.hpp's OptimKind is what the
+// library builds: muon-gather-plain is OptimKind::muon_gather with plain NS.
+enum class ComparedOptimizer { adamw, muon_gather_plain, muon_gather, dmuon };
+std::string to_string(ComparedOptimizer o);
+const std::vector<ComparedOptimizer>& compared_optimizers();  // in the order above
 
 struct SimOptions {
   double tokens_per_device = 4096;  // tokens each device processes per step
@@ -156,13 +127,13 @@ struct StepBreakdown {
 
 struct SimResult {
   int devices = 0;
-  std::map<Optimizer, StepBreakdown> steps;
+  std::map<ComparedOptimizer, StepBreakdown> steps;
   Plan plan;  // DMuon's owner plan (makespan = the NS part of its optimizer step)
   HardwareProfile device;  // the profile one device saw: at_devices(hw, devices)
 };
 
 // `hw` as loaded: simulate_step applies at_devices itself.
-SimResult simulate_step(const std::vector<ParamSpec>& params, const HardwareProfile& hw, const Topology& topology,
+SimResult simulate_step(const std::vector<ParamSpec>& params, const HardwareProfile& hw, const Cluster& cluster,
                         const SimOptions& options);
 
 }  // namespace dmuon::sim

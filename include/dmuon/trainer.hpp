@@ -29,24 +29,21 @@
 #include <memory>
 #include <optional>
 #include <string>
-#include <string_view>
 #include <vector>
 
 #include "dmuon/gpt.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/optimizer_factory.hpp"
 #include "dmuon/plan.hpp"
+#include "dmuon/shard.hpp"
 #include "dmuon/tune.hpp"
 
 namespace dmuon {
 
-enum class ShardMode { z3, z2, replicated };  // shard.hpp's modes (sharded optimizers only)
-ShardMode parse_shard_mode(std::string_view text);
-
 struct TrainOptions {
   GptConfig model;  // L=4, C=128, NH=4, T=64 by default (867k parameters)
   OptimKind optim = OptimKind::dmuon;
-  ShardMode shard_mode = ShardMode::z3;
+  shard::Mode shard_mode = shard::Mode::z3;  // how the sharded optimizers gather (shard.hpp)
   // dmuon: how matrices get their owners (plan.hpp; rank 0 solves, every rank uses its owners).
   // Costs are Newton–Schulz flop estimates: their ratios, not the device, decide the balance.
   Balancer balancer = Balancer::milp;
@@ -55,7 +52,7 @@ struct TrainOptions {
   int64_t batch = 64;         // B: sequences per global batch (divisible by world·micro_batches); make demo's
   int micro_batches = 1;      // M: gradient accumulation
   double lr = 0;              // peak lr of the main group: Muon's (muon*, dmuon) or AdamW's (adamw);
-                              // 0 = default_lr(optim)
+                              // 0 = default_lr(optim) (peak_lr resolves it)
   double adamw_lr = 3e-3;     // peak lr of the AdamW group in Muon runs
   double weight_decay = 0;    // decoupled, both groups
   int64_t warmup = 20;        // steps of linear warmup
@@ -98,8 +95,10 @@ struct StepMetrics {
   double step_s = 0, fwd_bwd_s = 0, optim_s = 0, comm_wait_s = 0;
 };
 
-// The peak learning rate `--lr` defaults to: 0.02 for Muon matrices, 3e-3 for AdamW.
+// The peak learning rate TrainOptions::lr 0 stands for: 0.02 for Muon matrices, 3e-3 for AdamW.
 double default_lr(OptimKind kind);
+// The main group's peak learning rate the run uses: o.lr, or default_lr(o.optim) when o.lr is 0.
+double peak_lr(const TrainOptions& o);
 
 // Multiplier of the peak learning rate for update `step` (0-based) of `total`: (step+1)/warmup during
 // warmup, then 0.5·(1+cos(π·p))·(1−min_ratio)+min_ratio with p going 0→1 over the remaining steps.
@@ -110,7 +109,8 @@ class Trainer {
   // Loads the corpus, builds the model and optimizer and, with options.resume, loads the checkpoint
   // (checked against the model and optimizer before tuning, so a mismatch costs no tuning time).
   // comm: the ranks to train over; null trains in this process alone (comm::self(), a world of one,
-  // through the same code as many ranks). Throws dmuon::Error naming a bad option or file.
+  // through the same code as many ranks). Throws dmuon::Error naming a bad option by its field
+  // ("TrainOptions.steps must be at least 1"; `dmuon train` shows its flag instead) or a bad file.
   Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm);
   ~Trainer();
   Trainer(const Trainer&) = delete;
@@ -136,9 +136,10 @@ class Trainer {
   // The largest code any rank's stop_signal returned during the last step, or 0 (the same on every
   // rank). When non-zero, with save_dir, train_step has written a complete checkpoint of that step.
   int stop_requested() const;
-  // With resume: the options the checkpoint's run recorded (checkpoint.hpp's CheckpointRun) that this run
-  // changes, each as "--seed 2 (saved: 1)"; the run goes on under the new ones, so it does not continue
-  // the saved run exactly. Empty when nothing changed or the checkpoint recorded no options.
+  // With resume: the options the checkpoint's run recorded (checkpoint.hpp's CheckpointRun, keyed by
+  // TrainOptions field names) that this run changes, each as "seed 2 (saved: 1)"; the run goes on under
+  // the new ones, so it does not continue the saved run exactly. Empty when nothing changed or the
+  // checkpoint recorded no options.
   const std::vector<std::string>& resume_changes() const;
   // Every parameter's full value, in gpt_param_specs order, on every rank (collective).
   std::vector<std::vector<float>> full_params();

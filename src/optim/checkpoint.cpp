@@ -1,6 +1,7 @@
 // Checkpoint save/load (layout and guarantees in include/dmuon/checkpoint.hpp).
 #include "dmuon/checkpoint.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -161,6 +162,22 @@ json read_json(const std::string& path) {
   return read_json_file(path);
 }
 
+// Checkpoints written before the run records were keyed by field names spelled them as dmuon train's
+// flags ("--micro-batches"): read as the field names they stand for ("micro_batches").
+CheckpointRun with_field_names(const CheckpointRun& recorded) {
+  CheckpointRun run;
+  for (const auto& [key, value] : recorded) {
+    if (key.rfind("--", 0) != 0) {
+      run[key] = value;
+      continue;
+    }
+    std::string field = key.substr(2);
+    std::replace(field.begin(), field.end(), '-', '_');
+    run[field] = value;
+  }
+  return run;
+}
+
 Manifest read_manifest(const std::string& dir) {
   Manifest m;
   const std::string index_path = dir + "/index.json";
@@ -174,7 +191,7 @@ Manifest read_manifest(const std::string& dir) {
   const std::string sum = json_field<std::string>(index, "index_fnv1a64", index_path, "the index");
   DMUON_CHECK(index_checksum(index) == sum, index_path, ": checksum mismatch (FNV-1a 64 of its values ",
               index_checksum(index), ", the file says ", sum, "): the index is corrupt");
-  if (index.contains("run")) m.run = json_field<CheckpointRun>(index, "run", index_path, "the index");
+  if (index.contains("run")) m.run = with_field_names(json_field<CheckpointRun>(index, "run", index_path, "the index"));
   DMUON_CHECK(m.world_size >= 1 && m.updates >= 0 && m.skipped >= 0, index_path,
               ": world_size must be ≥ 1 and counters ≥ 0");
   const auto manifests = json_field<std::vector<json>>(index, "manifests", index_path, "the index");

@@ -82,7 +82,7 @@ void check_checkpoint_folder(const std::string& dir) {
 }
 
 void prune_checkpoints(const std::string& dir, int keep) {
-  DMUON_CHECK(keep >= 1, "--keep must be at least 1, got ", keep);
+  DMUON_CHECK(keep >= 1, "prune_checkpoints: keep must be at least 1, got ", keep);
   const StepFolders folders = scan(dir);
   if (static_cast<int>(folders.complete.size()) <= keep) return;
   // The oldest step kept; every folder of an older step goes, complete or debris.

@@ -21,14 +21,15 @@ OptimizerStack make_optimizer_stack(std::shared_ptr<comm::Comm> comm, const std:
                                     const OptimizerStackOptions& options) {
   DMUON_CHECK(comm != nullptr, "make_optimizer_stack needs a communicator (a world of one: comm::self())");
   const OptimKind kind = options.kind;
-  DMUON_CHECK(kind != OptimKind::muon || comm->size() == 1, "--optim muon is single-process (here ", comm->size(),
-              " ranks): use dmuon or muon-gather");
+  DMUON_CHECK(kind != OptimKind::muon || comm->size() == 1, "OptimizerStackOptions.kind muon is single-process (here ",
+              comm->size(), " ranks): use dmuon or muon-gather");
   std::vector<int> owners = options.owners;
   if (kind == OptimKind::dmuon) {
     DMUON_CHECK(owners.size() == specs.size(), "dmuon needs an owner per parameter (the planner's), got ",
                 owners.size(), " for ", specs.size(), " parameters");
   } else {
-    DMUON_CHECK(owners.empty(), "--optim ", to_string(kind), " places no owners, got ", owners.size());
+    DMUON_CHECK(owners.empty(), "OptimizerStackOptions.kind ", to_string(kind), " places no owners, got ",
+                owners.size());
   }
   if (kind == OptimKind::muon) {  // one rank owns every matrix
     for (const ParamSpec& s : specs) owners.push_back(s.role == ParamRole::matrix ? 0 : -1);

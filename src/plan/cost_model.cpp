@@ -5,20 +5,10 @@
 
 #include "dmuon/backend_record.hpp"
 #include "dmuon/ns.hpp"
-#include "dmuon/data_files.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/plan.hpp"
-#include "io/json_file.hpp"
 
 namespace dmuon {
-
-DeviceProfile device_profile(const std::string& name_or_path) {
-  const std::string path = find_models_file("hardware", name_or_path, "hardware profile");
-  const nlohmann::json j = read_json_file(path);
-  DMUON_CHECK(j.is_object(), path, ": a hardware profile is a JSON object");
-  return {j.value("name", name_or_path), json_field<double>(j, "ns_flops", path, "the hardware profile"),
-          json_field<double>(j, "ns_efficiency", path, "the hardware profile")};
-}
 
 double ns_flops_estimate(int64_t rows, int64_t cols, int steps) {
   NsOptions o;
@@ -29,14 +19,20 @@ double ns_flops_estimate(int64_t rows, int64_t cols, int steps) {
   return std::min(standard, total_flops(ns_kernel_calls(rows, cols, 1, o)));
 }
 
-BatchTimeFn flop_batch_time(const DeviceProfile& device) {
-  DMUON_CHECK(device.peak_flops > 0 && device.efficiency > 0 && device.efficiency <= 1, "device profile '",
-              device.name, "' needs peak_flops > 0 and 0 < efficiency ≤ 1");
-  const double rate = device.peak_flops * device.efficiency;
+BatchTimeFn flop_batch_time(const HardwareProfile& device) {
+  DMUON_CHECK(device.ns_flops > 0 && device.ns_efficiency > 0 && device.ns_efficiency <= 1, "hardware profile '",
+              device.name, "' needs ns_flops > 0 and 0 < ns_efficiency ≤ 1");
+  const double rate = device.ns_flops * device.ns_efficiency;
   return [rate](int64_t rows, int64_t cols, int batch) { return batch * ns_flops_estimate(rows, cols) / rate; };
 }
 
-BatchTimeFn relative_flop_batch_time() { return flop_batch_time({"1 TFLOP/s", 1e12, 1}); }
+BatchTimeFn relative_flop_batch_time() {
+  HardwareProfile one_tflops;
+  one_tflops.name = "1 TFLOP/s";
+  one_tflops.ns_flops = 1e12;
+  one_tflops.ns_efficiency = 1;
+  return flop_batch_time(one_tflops);
+}
 
 BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries) {
   std::map<std::tuple<int64_t, int64_t, int>, double> seconds;

@@ -70,23 +70,23 @@ struct UnitComm {
 // Either costs at least the even layout's collectives: the largest block is at least the mean block, and
 // the second pays the ring's p−1 latencies and every byte at least once.
 std::vector<UnitComm> unit_comm(const std::vector<UnitShape>& units, bool owned, const HardwareProfile& hw,
-                                const Topology& topology) {
-  const Link link = world_link(hw, topology);
+                                const Cluster& cluster) {
+  const Link link = world_link(hw, cluster);
   const Link nvlink{hw.intra_node_bytes_per_s, hw.intra_node_latency_s};
-  const int d = topology.devices, per_node = std::min(d, topology.devices_per_node);
+  const int d = cluster.devices, per_node = std::min(d, cluster.devices_per_node);
   const double bpe = hw.comm_bytes_per_element;
   std::vector<UnitComm> out;
   for (const auto& u : units) {
     std::vector<double> bytes = unit_blocks(u, d, owned);
     for (double& b : bytes) b *= bpe;
     UnitComm c{ring_all_gatherv_s(*std::max_element(bytes.begin(), bytes.end()), d, link),
-               two_stage_reduce_scatterv_s(bytes, hw, topology)};
+               two_stage_reduce_scatterv_s(bytes, hw, cluster)};
     if (owned && d > 1) {
       double owned_bytes = 0;
-      double reduce = two_stage_reduce_scatter_s(u.elementwise * bpe, hw, topology);
+      double reduce = two_stage_reduce_scatter_s(u.elementwise * bpe, hw, cluster);
       for (const auto& [rank, elements] : u.owned_matrix_elements) {
         owned_bytes += elements * bpe;
-        reduce += two_stage_reduce_scatter_s(elements * bpe, hw, topology) +
+        reduce += two_stage_reduce_scatter_s(elements * bpe, hw, cluster) +
                   pipelined_broadcast_s(elements * bpe, per_node, nvlink);
       }
       const double gather = ring_all_gather_s(u.elementwise * bpe, d, link) + pipelined_broadcast_s(owned_bytes, d, link);
@@ -147,17 +147,17 @@ Elementwise muon_momentum_and_apply(double elements, const HardwareProfile& hw) 
 }  // namespace
 
 namespace {
-constexpr EnumName<Optimizer> kOptimizerNames[] = {{Optimizer::adamw, "adamw"},
-                                                   {Optimizer::muon_gather_plain, "muon-gather-plain"},
-                                                   {Optimizer::muon_gather, "muon-gather"},
-                                                   {Optimizer::dmuon, "dmuon"}};
+constexpr EnumName<ComparedOptimizer> kOptimizerNames[] = {{ComparedOptimizer::adamw, "adamw"},
+                                                           {ComparedOptimizer::muon_gather_plain, "muon-gather-plain"},
+                                                           {ComparedOptimizer::muon_gather, "muon-gather"},
+                                                           {ComparedOptimizer::dmuon, "dmuon"}};
 }  // namespace
 
-std::string to_string(Optimizer o) { return std::string(name_of(kOptimizerNames, o)); }
+std::string to_string(ComparedOptimizer o) { return std::string(name_of(kOptimizerNames, o)); }
 
-const std::vector<Optimizer>& all_optimizers() {
-  static const std::vector<Optimizer> all = [] {
-    std::vector<Optimizer> out;
+const std::vector<ComparedOptimizer>& compared_optimizers() {
+  static const std::vector<ComparedOptimizer> all = [] {
+    std::vector<ComparedOptimizer> out;
     for (const auto& entry : kOptimizerNames) out.push_back(entry.value);
     return out;
   }();
@@ -165,12 +165,12 @@ const std::vector<Optimizer>& all_optimizers() {
 }
 
 SimResult simulate_step(const std::vector<ParamSpec>& params, const HardwareProfile& profile,
-                        const Topology& topology, const SimOptions& options) {
+                        const Cluster& cluster, const SimOptions& options) {
   DMUON_CHECK(!params.empty(), "simulate_step: the model has no parameters");
   DMUON_CHECK(options.tokens_per_device > 0, "tokens per device must be positive, got ", options.tokens_per_device);
-  const int d = topology.devices;
+  const int d = cluster.devices;
   const HardwareProfile hw = at_devices(profile, d);
-  const Link link = world_link(hw, topology);
+  const Link link = world_link(hw, cluster);
   const double elem_bytes = hw.comm_bytes_per_element;
 
   SimResult result;
@@ -220,8 +220,8 @@ SimResult simulate_step(const std::vector<ParamSpec>& params, const HardwareProf
     fwd.push_back(flops / rate);
     compute += 3 * fwd.back();
   }
-  const double even_end = overlapped_fwd_bwd(fwd, unit_comm(even_units, false, hw, topology), options.zero3);
-  const double owned_end = overlapped_fwd_bwd(fwd, unit_comm(owned_units, true, hw, topology), options.zero3);
+  const double even_end = overlapped_fwd_bwd(fwd, unit_comm(even_units, false, hw, cluster), options.zero3);
+  const double owned_end = overlapped_fwd_bwd(fwd, unit_comm(owned_units, true, hw, cluster), options.zero3);
   double unit_bytes_total = 0;
   for (const auto& u : even_units) unit_bytes_total += u.params * elem_bytes;
   const double fsdp_bytes = unit_bytes_total * (d - 1.0) / d * (options.zero3 ? 3 : 2);
@@ -265,13 +265,13 @@ SimResult simulate_step(const std::vector<ParamSpec>& params, const HardwareProf
     return s;
   };
   const double gather_bytes = fsdp_bytes + matrix_elements * elem_bytes * (d - 1.0) / d;
-  result.steps[Optimizer::adamw] =
+  result.steps[ComparedOptimizer::adamw] =
       finish(even_end, 0, 0, grad_norm(local_elements, hw) + adamw(local_elements, hw), 0, fsdp_bytes);
-  result.steps[Optimizer::muon_gather_plain] =
+  result.steps[ComparedOptimizer::muon_gather_plain] =
       finish(even_end, plain_ns.total_s, plain_ns.launch_s, gather_elementwise, gather_grads, gather_bytes);
-  result.steps[Optimizer::muon_gather] =
+  result.steps[ComparedOptimizer::muon_gather] =
       finish(even_end, engine_ns.total_s, engine_ns.launch_s, gather_elementwise, gather_grads, gather_bytes);
-  result.steps[Optimizer::dmuon] =
+  result.steps[ComparedOptimizer::dmuon] =
       finish(owned_end, dmuon_ns, dmuon_ns_launches, dmuon_elementwise, 0, fsdp_bytes);
   return result;
 }

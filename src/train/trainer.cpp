@@ -23,18 +23,11 @@
 #include "dmuon/plan_across_ranks.hpp"
 #include "dmuon/shape.hpp"
 #include "dmuon/shard.hpp"
-#include "io/enum_names.hpp"
 
 namespace dmuon {
 
-namespace {
-constexpr EnumName<ShardMode> kShardModeNames[] = {
-    {ShardMode::z3, "z3"}, {ShardMode::z2, "z2"}, {ShardMode::replicated, "replicated"}};
-}  // namespace
-
-ShardMode parse_shard_mode(std::string_view text) { return parse_name(kShardModeNames, "shard mode", text); }
-
 double default_lr(OptimKind kind) { return kind == OptimKind::adamw ? 3e-3 : 0.02; }
+double peak_lr(const TrainOptions& o) { return o.lr > 0 ? o.lr : default_lr(o.optim); }
 
 double lr_factor(int64_t step, int64_t total, int64_t warmup, double min_ratio) {
   if (step < warmup) return static_cast<double>(step + 1) / static_cast<double>(warmup);
@@ -53,23 +46,25 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 constexpr uint64_t kValSeedSalt = 0x5eed'0f'7a1dULL;
 
 // The options a resumed run must share with the saved one to continue it exactly (the batches and the
-// learning rate are functions of the seed, the step and these), as recorded in every checkpoint it writes.
+// learning rate are functions of the seed, the step and these), as recorded in every checkpoint it writes,
+// keyed by their TrainOptions field names (checkpoints written before this named them by their dmuon train
+// flags: read_checkpoint_contents reads those under the field names).
 CheckpointRun run_record(const TrainOptions& o) {
   const auto text = [](double v) {  // the shortest text that reads back as v
     char buf[32];
     return std::string(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
   };
-  CheckpointRun run = {{"--seed", std::to_string(o.seed)},
-                       {"--batch", std::to_string(o.batch)},
-                       {"--micro-batches", std::to_string(o.micro_batches)},
-                       {"--steps", std::to_string(o.steps)},
-                       {"--lr", text(o.lr > 0 ? o.lr : default_lr(o.optim))},
-                       {"--weight-decay", text(o.weight_decay)},
-                       {"--warmup", std::to_string(o.warmup)},
-                       {"--min-lr-ratio", text(o.min_lr_ratio)},
-                       {"--data", o.data.empty() ? "(the fortunes corpus)"
-                                                 : std::filesystem::absolute(o.data).lexically_normal().string()}};
-  if (o.optim != OptimKind::adamw) run["--adamw-lr"] = text(o.adamw_lr);
+  CheckpointRun run = {{"seed", std::to_string(o.seed)},
+                       {"batch", std::to_string(o.batch)},
+                       {"micro_batches", std::to_string(o.micro_batches)},
+                       {"steps", std::to_string(o.steps)},
+                       {"lr", text(peak_lr(o))},
+                       {"weight_decay", text(o.weight_decay)},
+                       {"warmup", std::to_string(o.warmup)},
+                       {"min_lr_ratio", text(o.min_lr_ratio)},
+                       {"data", o.data.empty() ? "(the fortunes corpus)"
+                                               : std::filesystem::absolute(o.data).lexically_normal().string()}};
+  if (o.optim != OptimKind::adamw) run["adamw_lr"] = text(o.adamw_lr);
   return run;
 }
 
@@ -183,7 +178,7 @@ namespace {
 OptimizerOptions optimizer_options(const TrainOptions& o) {
   OptimizerOptions opt;
   opt.accumulation_steps = o.micro_batches;
-  const double lr = o.lr > 0 ? o.lr : default_lr(o.optim);
+  const double lr = peak_lr(o);
   if (o.optim == OptimKind::adamw) {
     opt.rules = {{"*", OptimGroup::adamw}};
     opt.adamw.lr = lr;
@@ -197,36 +192,40 @@ OptimizerOptions optimizer_options(const TrainOptions& o) {
   return opt;
 }
 
+// Messages name the fields (TrainOptions.steps); dmuon train shows its flags in their place.
 void validate(const TrainOptions& o, int world) {
   validate(o.model);
-  DMUON_CHECK(o.steps >= 1, "--steps must be at least 1, got ", o.steps);
-  DMUON_CHECK(o.micro_batches >= 1, "--micro-batches must be at least 1, got ", o.micro_batches);
-  DMUON_CHECK(o.batch >= 1 && o.batch % (int64_t(world) * o.micro_batches) == 0, "--batch ", o.batch,
-              " must be a positive multiple of ranks x micro-batches = ", world, " x ", o.micro_batches);
+  DMUON_CHECK(o.steps >= 1, "TrainOptions.steps must be at least 1, got ", o.steps);
+  DMUON_CHECK(o.micro_batches >= 1, "TrainOptions.micro_batches must be at least 1, got ", o.micro_batches);
+  DMUON_CHECK(o.batch >= 1 && o.batch % (int64_t(world) * o.micro_batches) == 0, "TrainOptions.batch ", o.batch,
+              " must be a positive multiple of ranks x TrainOptions.micro_batches = ", world, " x ", o.micro_batches);
   // Written so that NaN fails too; inf is rejected explicitly.
-  DMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "--lr must be finite and at least 0 (0: the default), got ", o.lr);
-  DMUON_CHECK(std::isfinite(o.adamw_lr) && o.adamw_lr > 0, "--adamw-lr must be finite and positive, got ", o.adamw_lr);
+  DMUON_CHECK(std::isfinite(o.lr) && o.lr >= 0, "TrainOptions.lr must be finite and at least 0 (0: the default), got ",
+              o.lr);
+  DMUON_CHECK(std::isfinite(o.adamw_lr) && o.adamw_lr > 0, "TrainOptions.adamw_lr must be finite and positive, got ",
+              o.adamw_lr);
   DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
-              "--weight-decay must be finite and at least 0, got ", o.weight_decay);
-  DMUON_CHECK(o.warmup >= 0, "--warmup must be at least 0, got ", o.warmup);
-  DMUON_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "--min-lr-ratio must be in [0, 1], got ", o.min_lr_ratio);
-  DMUON_CHECK(o.val_every >= 0, "--val-every must be at least 0, got ", o.val_every);
-  DMUON_CHECK(o.val_batches >= 1, "--val-batches must be at least 1, got ", o.val_batches);
-  DMUON_CHECK(o.save_every >= 0, "--save-every must be at least 0, got ", o.save_every);
-  DMUON_CHECK(o.save_every == 0 || !o.save_dir.empty(), "--save-every needs --save DIR");
-  DMUON_CHECK(o.keep >= 1, "--keep must be at least 1, got ", o.keep);
+              "TrainOptions.weight_decay must be finite and at least 0, got ", o.weight_decay);
+  DMUON_CHECK(o.warmup >= 0, "TrainOptions.warmup must be at least 0, got ", o.warmup);
+  DMUON_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "TrainOptions.min_lr_ratio must be in [0, 1], got ",
+              o.min_lr_ratio);
+  DMUON_CHECK(o.val_every >= 0, "TrainOptions.val_every must be at least 0, got ", o.val_every);
+  DMUON_CHECK(o.val_batches >= 1, "TrainOptions.val_batches must be at least 1, got ", o.val_batches);
+  DMUON_CHECK(o.save_every >= 0, "TrainOptions.save_every must be at least 0, got ", o.save_every);
+  DMUON_CHECK(o.save_every == 0 || !o.save_dir.empty(), "TrainOptions.save_every needs TrainOptions.save_dir");
+  DMUON_CHECK(o.keep >= 1, "TrainOptions.keep must be at least 1, got ", o.keep);
   DMUON_CHECK(!o.model.tied_head, "a tied head is not supported in training (units 0 and L+1 would share wte)");
 }
 
 // Before any tuning or allocation: the checkpoint to resume from holds every parameter of this model
 // with its shape and the state its optimizer group keeps (Muon matrices: momentum; AdamW: m and v),
 // nothing else, and is not past --steps. load_checkpoint checks the data itself later. Returns the
-// recorded options this run changes ("--seed 2 (saved: 1)").
+// recorded options this run changes ("seed 2 (saved: 1)").
 std::vector<std::string> check_resume(const std::string& checkpoint, const TrainOptions& o,
                                       const std::vector<ParamSpec>& specs) {
   const CheckpointContents saved = read_checkpoint_contents(checkpoint);
-  DMUON_CHECK(saved.steps() <= o.steps, "checkpoint ", checkpoint, " is at step ", saved.steps(), ", past --steps ",
-              o.steps);
+  DMUON_CHECK(saved.steps() <= o.steps, "checkpoint ", checkpoint, " is at step ", saved.steps(),
+              ", past TrainOptions.steps ", o.steps);
   std::set<std::string> names;
   for (const ParamSpec& spec : specs) {
     names.insert(spec.name);
@@ -235,12 +234,12 @@ std::vector<std::string> check_resume(const std::string& checkpoint, const Train
                 "' (saved from another model?)");
     DMUON_CHECK(it->second.shape == spec.shape, "checkpoint ", checkpoint, " holds parameter '", spec.name,
                 "' with shape ", shape_text(it->second.shape), ", this model's is ", shape_text(spec.shape),
-                " (saved with other --width, --heads or --context?)");
+                " (saved with other TrainOptions.model.width, TrainOptions.model.heads or TrainOptions.model.context?)");
     const bool muon = o.optim != OptimKind::adamw && spec.role == ParamRole::matrix;
     for (const char* kind : muon ? std::vector<const char*>{"param", "muon.momentum"}
                                  : std::vector<const char*>{"param", "adamw.m", "adamw.v"}) {
       DMUON_CHECK(it->second.kinds.count(kind), "checkpoint ", checkpoint, " has no ", kind, " for parameter '",
-                  spec.name, "' (saved by another --optim? this run: ", to_string(o.optim), ")");
+                  spec.name, "' (saved by another TrainOptions.optim? this run: ", to_string(o.optim), ")");
     }
   }
   for (const auto& [name, param] : saved.params)
@@ -267,16 +266,14 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
   // A sequence reads T+1 bytes (inputs and the targets shifted by one): each split needs at least that.
   const std::string source = options_.data.empty() ? default_corpus_dir() : options_.data;
   DMUON_CHECK(int64_t(m.corpus.train.size()) >= T + 1, "the training part of '", source, "' has ",
-              m.corpus.train.size(), " bytes, fewer than a sequence of --context ", T, " + 1");
+              m.corpus.train.size(), " bytes, fewer than a sequence of TrainOptions.model.context ", T, " + 1");
   DMUON_CHECK(int64_t(m.corpus.val.size()) >= T + 1, "the validation part of '", source, "' has ",
-              m.corpus.val.size(), " bytes, fewer than a sequence of --context ", T, " + 1");
+              m.corpus.val.size(), " bytes, fewer than a sequence of TrainOptions.model.context ", T, " + 1");
 
   const std::vector<ParamSpec>& specs = m.model.params();
   OptimizerStackOptions stack;
   stack.kind = options_.optim;
-  stack.mode = options_.shard_mode == ShardMode::z3   ? shard::Mode::z3
-               : options_.shard_mode == ShardMode::z2 ? shard::Mode::z2
-                                                      : shard::Mode::replicated;
+  stack.mode = options_.shard_mode;
   stack.optimizer = optimizer_options(options_);
   // The checkpoint itself, or the newest complete one in a --save folder.
   const std::string resume = options_.resume.empty() ? "" : newest_checkpoint(options_.resume);
@@ -334,7 +331,7 @@ StepMetrics Trainer::train_step() {
   const TrainOptions& o = options_;
   DMUON_CHECK(m.step < o.steps, "train_step: all ", o.steps, " steps are done");
   const double f = lr_factor(m.step, o.steps, o.warmup, o.min_lr_ratio);
-  const double peak = o.lr > 0 ? o.lr : default_lr(o.optim);
+  const double peak = peak_lr(o);
   if (o.optim == OptimKind::adamw)
     m.stack.optimizer->set_lr(0, peak * f);
   else

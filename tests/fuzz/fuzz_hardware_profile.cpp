@@ -6,7 +6,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string path = dmuon::fuzz::write_scratch("profile.json", dmuon::fuzz::as_text(data, size));
   dmuon::fuzz::expect_only_dmuon_errors([&] {
-    const dmuon::sim::HardwareProfile hw = dmuon::sim::load_hardware_profile(path);
+    const dmuon::HardwareProfile hw = dmuon::load_hardware_profile(path);
     dmuon::sim::at_devices(hw, 3);
   });
   return 0;

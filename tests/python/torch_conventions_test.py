@@ -1,6 +1,7 @@
 """dmuon.torch.DMuon follows torch.optim's conventions (one process; torch_conventions_ranks_test.py
 runs the collective parts at several ranks):
   defaults     the hyper-parameters under their keyword names; each group holds its kind's keys only
+  muon_scale   the update scale meets the table the C++ engine's muon_scale meets (tests/data/muon_scale.json)
   schedulers   LambdaLR, StepLR, OneCycleLR, CyclicLR (cycle_momentum) set every group's lr exactly as
                they set torch.optim.AdamW's, Muon groups' momentum as AdamW's beta1, AdamW groups'
                betas stay; the parameters follow the float64 reference with those per-step values
@@ -15,6 +16,9 @@ runs the collective parts at several ranks):
 Run: PYTHONPATH=build/python python -m pytest -q tests/python/torch_conventions_test.py
 """
 
+import json
+import math
+import pathlib
 import warnings
 
 import pytest
@@ -22,6 +26,7 @@ import torch
 from torch.optim import lr_scheduler
 
 from dmuon.torch import DMuon
+from dmuon.torch.muon_step import muon_scale
 from dmuon.torch.params import is_muon_by_default
 from torch_dmuon_mpi_test import TOLERANCE, Reference, hyper_of
 
@@ -109,6 +114,15 @@ def test_defaults_hold_the_hyper_parameters_and_groups_their_kinds_keys():
         dict(use_muon=True, lr=0.03, momentum=0.9, nesterov=False, weight_decay=0.01, **counters)
     assert {k: adamw[k] for k in adamw if k not in ("params", "names")} == \
         dict(use_muon=False, lr=1e-3, betas=(0.85, 0.99), eps=1e-7, weight_decay=0.1, **counters)
+
+
+def test_muon_scale_meets_the_table_of_the_cpp_engine():
+    # The one table of both definitions (tests/optim_test.cpp checks update_rules.cpp's against it).
+    table = json.loads((pathlib.Path(__file__).parents[1] / "data" / "muon_scale.json").read_text())
+    assert len(table["cases"]) >= 4
+    for case in table["cases"]:
+        got = muon_scale(case["rows"], case["cols"], case["scale"])
+        assert math.isclose(got, case["s"], rel_tol=4 * 2.0 ** -52), case
 
 
 @pytest.mark.parametrize("kind", SCHEDULERS)

@@ -5,7 +5,7 @@
 //                              the kernel checks of kernel_checks.hpp; exit 0 when all pass, 1 on a failure, 77
 //                              (ctest's skip) without a CUDA device
 //   dmuon_gpu_check bench ns [--device cuda] [--shapes RxC,...] [--batch K] [--repeats N] [--dtype bf16|f32] [--json]
-//                              as `dmuon bench ns --device cuda` (tools/device_ns_bench.hpp)
+//                              as `dmuon bench ns --device cuda` (bench/device_ns_bench.hpp)
 //   dmuon_gpu_check bench muon --shapes RxC:K,... [--repeats N] [--json]
 //                              one device Muon step over those matrices (muon_step_bench.hpp)
 #include <cfloat>

@@ -57,6 +57,12 @@ class DMuon(torch.optim.Optimizer):
     load_state_dict() is local. The counters `updates` and `skipped_steps` live in every param group.
     """
 
+    # Defaults, and where they differ from the C++ engine's on purpose (docs/pytorch.md, "Defaults"): Muon's
+    # lr, momentum and Nesterov equal MuonHyper's (optim.hpp). AdamW's lr 3e-4 and betas (0.9, 0.95) are the
+    # usual settings of the transformer AdamW this optimizer replaces, and scale="match_rms_adamw" gives
+    # Muon's updates that AdamW's RMS (Moonlight), so the two halves share a schedule; optim.hpp's AdamWHyper
+    # keeps torch.optim.AdamW's own defaults (lr 1e-3, betas (0.9, 0.999)) and MuonScale::original is
+    # KellerJordan/Muon's, the definitions the golden tensors pin; trainer.hpp's 3e-3 is the GPT example's.
     def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=3e-4,
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=0.0, ns_steps=5, coeffs="keller",
                  algo="auto", scale="match_rms_adamw", balancer="milp", process_group=None, clip_grad_norm=None,

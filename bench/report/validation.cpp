@@ -2,14 +2,13 @@
 // (sections.hpp).
 #include "sections.hpp"
 
-#include "bench/optim_bench.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
 
-namespace dmuon::cli::report {
+namespace dmuon::bench_report {
 
 namespace {
 
@@ -42,7 +41,7 @@ std::pair<std::vector<SimCheck>, std::vector<SimCheck>> sim_checks(const Value& 
     const bool oversubscribed = (*run->second)["oversubscribed"].flag();
     const auto measured = by_optimizer(*run->second);
     const auto measured_s = [&](const std::string& name) { return measured.at(name)["step_s_median"].num(); };
-    for (const auto& name : optim_bench::optimizer_names())
+    for (const auto& name : compared_optimizer_names())
       if (measured.count(name) && row.has(name))
         absolute.push_back({np, name, measured_s(name), simulated(row, name, sim_key), oversubscribed});
     if (!measured.count("dmuon")) continue;
@@ -151,4 +150,4 @@ void validation_section(Report& r, const Inputs& in, const OptimizerRuns& runs) 
   e2e_validation(r, in);
 }
 
-}  // namespace dmuon::cli::report
+}  // namespace dmuon::bench_report

@@ -1,5 +1,5 @@
 // `dmuon bench calibrate` (under mpirun): measures this machine as the cluster simulator sees a device
-// (include/dmuon/sim.hpp's HardwareProfile) and writes a hardware profile, `this-cpu`, whose every
+// (include/dmuon/hardware_profile.hpp's HardwareProfile) and writes a hardware profile, `this-cpu`, whose every
 // number says how it was measured. Every rank measures at once, with the thread policy of the optimizer
 // benchmarks (optim_bench.hpp), so the figures include the contention a rank sees in `bench optimizer`;
 // the slowest rank's figure is kept. The profile records the cores and ranks it was measured with, so the
@@ -205,7 +205,7 @@ void run(const Args& a) {
   // Tiny NS: per-call overhead.
   std::vector<float> tiny(16 * 16, 0.1f), tiny_o(tiny.size());
   for (int i = 0; i < 16; ++i) tiny[i * 17] = 1.0f;
-  const int tiny_kernels = sim::ns_cost(16, 16, 1, sim::NsEngine::plain, sim::HardwareProfile{}).kernels;
+  const int tiny_kernels = sim::ns_cost(16, 16, 1, sim::NsEngine::plain, HardwareProfile{}).kernels;
   const double launch =
       slowest(best_of(20, [&] { newton_schulz(tiny.data(), tiny_o.data(), 16, 16, plain); })) / tiny_kernels;
 
@@ -300,7 +300,7 @@ void run(const Args& a) {
   std::printf("%s\nwritten to %s\n", j.dump(2).c_str(), out.c_str());
 }
 
-Registration reg("bench", [](CLI::App& bench) {
+Registration reg("", [](CLI::App& bench) {
   auto args = std::make_shared<Args>();
   auto* c = bench.add_subcommand("calibrate",
                                  "Measure this machine as a simulator hardware profile (this-cpu; run "

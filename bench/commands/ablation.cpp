@@ -137,7 +137,7 @@ void run(const Args& a) {
   }
 }
 
-Registration reg("bench", [](CLI::App& bench) {
+Registration reg("", [](CLI::App& bench) {
   auto args = std::make_shared<Args>();
   auto* c = bench.add_subcommand("ablation",
                                  "DMuon's optimizer step with each part removed in turn, and each "

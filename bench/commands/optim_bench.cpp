@@ -16,6 +16,7 @@
 #include "dmuon/linalg.hpp"
 #include "dmuon/plan_across_ranks.hpp"
 #include "dmuon/shard.hpp"
+#include "dmuon/sim.hpp"
 #include "dmuon/statistics.hpp"
 
 namespace dmuon::cli::optim_bench {
@@ -200,11 +201,24 @@ Setup prepare(comm::Comm& world, std::vector<ParamSpec> params, const std::strin
 }
 
 namespace {
+// How the benchmarks run each optimizer the simulator compares (sim.hpp holds the list and the names).
+Variant compared_variant(sim::ComparedOptimizer o) {
+  using C = sim::ComparedOptimizer;
+  switch (o) {
+    case C::adamw: return {sim::to_string(o), OptimKind::adamw, Engine::tuned, true, {}};
+    case C::muon_gather_plain: return {sim::to_string(o), OptimKind::muon_gather, Engine::plain, false, {}};
+    case C::muon_gather: return {sim::to_string(o), OptimKind::muon_gather, Engine::tuned, true, {}};
+    case C::dmuon: break;
+  }
+  return {sim::to_string(o), OptimKind::dmuon, Engine::tuned, true, {}};
+}
+
 const std::vector<Variant>& optimizers() {
-  static const std::vector<Variant> table = {{"adamw", OptimKind::adamw, Engine::tuned, true, {}},
-                                             {"muon-gather-plain", OptimKind::muon_gather, Engine::plain, false, {}},
-                                             {"muon-gather", OptimKind::muon_gather, Engine::tuned, true, {}},
-                                             {"dmuon", OptimKind::dmuon, Engine::tuned, true, {}}};
+  static const std::vector<Variant> table = [] {
+    std::vector<Variant> out;
+    for (sim::ComparedOptimizer o : sim::compared_optimizers()) out.push_back(compared_variant(o));
+    return out;
+  }();
   return table;
 }
 }  // namespace

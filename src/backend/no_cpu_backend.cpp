@@ -1,4 +1,5 @@
 // The GPU-only build (cmake/gpu_only.cmake) has no OpenBLAS, hence no CPU backend: asking for it is an error.
+// The full build skips this file (src/CMakeLists.txt) and has src/backend/cpu/ instead.
 #include "dmuon/backend.hpp"
 #include "dmuon/error.hpp"
 

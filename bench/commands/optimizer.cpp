@@ -135,7 +135,7 @@ void run(const Args& a) {
   if (dm && adamw) std::printf("DMuon's overhead over AdamW: %+.1f%%\n", 100 * (dm->median_s / adamw->median_s - 1));
 }
 
-Registration reg("bench", [](CLI::App& bench) {
+Registration reg("", [](CLI::App& bench) {
   auto args = std::make_shared<Args>();
   auto* c = bench.add_subcommand("optimizer",
                                  "Optimizer step on a model's shapes: AdamW, gather-then-compute Muon "

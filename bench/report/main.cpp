@@ -1,25 +1,24 @@
-// dmuon bench report: docs/BENCHMARKS.md from what `make bench` (scripts/bench.sh) leaves in docs/bench/:
+// dmuon-bench-report: docs/BENCHMARKS.md from what `make bench` (scripts/bench.sh) leaves in docs/bench/:
 // <name>.json, the output of one benchmark command; <name>.cmd, that command's line; date.txt.
 // A benchmark whose file is missing or holds no JSON (a run cut short) gets a note in place of its section, so a
 // partial run still gives a report; a malformed file, a missing key or a wrong type is an error naming the file
-// and the key.
-// The sections live in tools/bench/report/ (sections.hpp), written with document.hpp's table writer.
+// and the key. A developer tool beside the benchmarks (bench/), not part of the dmuon binary.
+// The sections live in bench/report/ (sections.hpp), written with document.hpp's table writer.
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
-#include <memory>
+#include <exception>
 #include <optional>
 #include <string>
 #include <tuple>
 #include <vector>
 
-#include "cli.hpp"
 #include "dmuon/atomic_file.hpp"
-#include "report/sections.hpp"
+#include "dmuon/error.hpp"
+#include "sections.hpp"
 
-namespace dmuon::cli {
-
+namespace dmuon::bench_report {
 namespace {
-
-using namespace report;
 
 std::string render(const Inputs& in) {
   OptimizerRuns runs;
@@ -49,27 +48,29 @@ std::string render(const Inputs& in) {
   return join(r.lines, "\n") + "\n";
 }
 
-struct Args {
-  std::string dir = "docs/bench";
-  std::string out;
-};
+}  // namespace
+}  // namespace dmuon::bench_report
 
-Registration reg("bench", [](CLI::App& bench) {
-  auto args = std::make_shared<Args>();
-  auto* c = bench.add_subcommand("report", "Write docs/BENCHMARKS.md from the raw output of make bench");
-  c->add_option("--dir", args->dir, "Folder of the raw benchmark output (scripts/bench.sh)")->capture_default_str();
-  c->add_option("--out", args->out, "Write the report to this file (atomically) instead of stdout (default: stdout)");
-  c->callback([args] {
-    const std::string text = render(Inputs(args->dir));
-    if (args->out.empty()) {
+int main(int argc, char** argv) {
+  CLI::App app{"dmuon-bench-report: write docs/BENCHMARKS.md from the raw output of make bench (scripts/bench.sh)"};
+  std::string dir = "docs/bench", out;
+  app.add_option("--dir", dir, "Folder of the raw benchmark output (scripts/bench.sh)")->capture_default_str();
+  app.add_option("--out", out, "Write the report to this file (atomically) instead of stdout (default: stdout)");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    const std::string text = dmuon::bench_report::render(dmuon::bench_report::Inputs(dir));
+    if (out.empty()) {
       std::fwrite(text.data(), 1, text.size(), stdout);
     } else {
-      write_file_atomically(args->out, text);
-      std::fprintf(stderr, "%s written\n", args->out.c_str());
+      dmuon::write_file_atomically(out, text);
+      std::fprintf(stderr, "%s written\n", out.c_str());
     }
-  });
-});
-
-}  // namespace
-
-}  // namespace dmuon::cli
+  } catch (const dmuon::Error& e) {
+    std::fprintf(stderr, "dmuon-bench-report: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "dmuon-bench-report: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,15 +1,23 @@
-// The raw-output reader and the Markdown writer of `dmuon bench report` (document.hpp).
+// The raw-output reader and the Markdown writer of dmuon-bench-report (document.hpp).
 #include "document.hpp"
-
-#include "bench/optim_bench.hpp"
 
 #include <cstdarg>
 #include <cstdio>
 #include <filesystem>
 
 #include "dmuon/atomic_file.hpp"
+#include "dmuon/sim.hpp"
 
-namespace dmuon::cli::report {
+namespace dmuon::bench_report {
+
+const std::vector<std::string>& compared_optimizer_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> out;
+    for (sim::ComparedOptimizer o : sim::compared_optimizers()) out.push_back(sim::to_string(o));
+    return out;
+  }();
+  return names;
+}
 
 std::string fmt(const char* format, ...) {
   va_list args, copy;
@@ -104,9 +112,9 @@ void results_table(Report& r, const Inputs& in, const Value& run, const std::str
                    return v.has("dmuon_speedup") ? fmt("%.2fx", v["dmuon_speedup"].num()) : std::string();
                  }});
   std::vector<Value> ordered;
-  for (const auto& o : optim_bench::optimizer_names())
+  for (const auto& o : compared_optimizer_names())
     if (rows.count(o)) ordered.push_back(rows.at(o));
   table(r, all, ordered);
 }
 
-}  // namespace dmuon::cli::report
+}  // namespace dmuon::bench_report

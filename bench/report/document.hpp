@@ -1,4 +1,4 @@
-// The pieces every section of `dmuon bench report` is written with: the raw-output folder and its JSON
+// The pieces every section of dmuon-bench-report is written with: the raw-output folder and its JSON
 // values (errors name the file and the key), and the Markdown document with its table writer.
 #pragma once
 
@@ -12,13 +12,15 @@
 
 #include "dmuon/error.hpp"
 
-namespace dmuon::cli::report {
+namespace dmuon::bench_report {
 
 __attribute__((format(printf, 1, 2))) std::string fmt(const char* format, ...);
 std::string ms(double seconds);    // "12.3" (milliseconds, one decimal)
 std::string pct(double fraction);  // "+12%"
 std::string join(const std::vector<std::string>& parts, const std::string& separator);
 std::string trim(const std::string& s);
+// The benchmarks' optimizers in table order: the simulator's compared list (sim.hpp), which every benchmark runs.
+const std::vector<std::string>& compared_optimizer_names();
 
 // One value in an input file, with its file and its key path ("results[1].step_s_median") for errors.
 class Value {
@@ -140,4 +142,4 @@ void not_run(Report& r, const Inputs& in, const std::string& name);
 void results_table(Report& r, const Inputs& in, const Value& run, const std::string& title, const std::string& name,
                    const std::vector<Column<Value>>& columns);
 
-}  // namespace dmuon::cli::report
+}  // namespace dmuon::bench_report

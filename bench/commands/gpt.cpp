@@ -89,7 +89,7 @@ void run_bench(const BenchArgs& args) {
               out["tokens_per_s"].get<double>(), out["gflops"].get<double>());
 }
 
-dmuon::cli::Registration reg("bench", [](CLI::App& bench) {
+dmuon::cli::Registration reg("", [](CLI::App& bench) {
   auto args = std::make_shared<BenchArgs>();
   auto* c = bench.add_subcommand("gpt", "GPT example: forward and backward time on text batches");
   const auto positive = dmuon::cli::at_least<int64_t>(1);

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace dmuon::cli::report {
+namespace dmuon::bench_report {
 
 namespace {
 
@@ -114,4 +114,4 @@ void paper_comparison(Report& r, const std::vector<std::pair<std::string, Value>
   r.p();
 }
 
-}  // namespace dmuon::cli::report
+}  // namespace dmuon::bench_report

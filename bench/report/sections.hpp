@@ -1,4 +1,4 @@
-// The sections of docs/BENCHMARKS.md (`dmuon bench report`), each reading its files from the raw output
+// The sections of docs/BENCHMARKS.md (dmuon-bench-report), each reading its files from the raw output
 // folder and writing its part of the document; a missing input gives a note in place of the section.
 #pragma once
 
@@ -9,7 +9,7 @@
 
 #include "document.hpp"
 
-namespace dmuon::cli::report {
+namespace dmuon::bench_report {
 
 // measured.cpp: the title, the machine and the definitions; sections 1-3, measured on this machine.
 void introduction(Report& r, const Inputs& in, const std::optional<Value>& first_optimizer_run);
@@ -26,4 +26,4 @@ std::optional<Value> cluster_section(Report& r, const Inputs& in, int number, co
                                      const std::string& title, const std::string& plot);
 void paper_comparison(Report& r, const std::vector<std::pair<std::string, Value>>& sims);
 
-}  // namespace dmuon::cli::report
+}  // namespace dmuon::bench_report

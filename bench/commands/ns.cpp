@@ -277,7 +277,7 @@ void run_bench(const BenchArgs& args) {
   }
 }
 
-dmuon::cli::Registration reg("bench", [](CLI::App& bench) {
+dmuon::cli::Registration reg("", [](CLI::App& bench) {
   auto args = std::make_shared<BenchArgs>();
   auto* c = bench.add_subcommand("ns", "Newton-Schulz speed per shape: reference, standard (SYRK), gram, auto");
   c->add_option("--shapes", args->shapes, "comma-separated ROWSxCOLS")->capture_default_str();

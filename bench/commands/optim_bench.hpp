@@ -85,9 +85,9 @@ struct Measurement {
   std::vector<double> predicted_ns_s_per_rank;
 };
 
-// The optimizers every benchmark compares (bench optimizer, ablation and e2e, and the report's tables, in this
-// order): adamw, muon-gather-plain (the paper's baseline: gather-then-compute, plain NS, one matrix per call),
-// muon-gather (the same with the tuned batched engine), dmuon (MILP owners, tuned).
+// The names of the optimizers every benchmark compares (bench optimizer, ablation and e2e, and the report's tables,
+// in this order): sim.hpp's compared_optimizers: adamw, muon-gather-plain (the paper's baseline: gather-then-compute,
+// plain NS, one matrix per call), muon-gather (the same with the tuned batched engine), dmuon (MILP owners, tuned).
 const std::vector<std::string>& optimizer_names();
 // How `name` runs, without owners: one of optimizer_names() or "muon" (single-process Muon, a world of one);
 // throws "--optim: unknown optimizer ..." naming the known ones.

@@ -310,7 +310,7 @@ void run(const std::string& bytes_list, int iters, bool json) {
       overlap["exposed_wait_polling_s"].get<double>() * 1e6);
 }
 
-dmuon::cli::Registration reg("bench", [](CLI::App& app) {
+dmuon::cli::Registration reg("", [](CLI::App& app) {
   auto* c = app.add_subcommand("comm", "Bus bandwidth and correctness of each collective (run under mpirun -np N)");
   auto bytes = std::make_shared<std::string>("64K,1M,16M");
   auto iters = std::make_shared<int>(20);

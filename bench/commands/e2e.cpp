@@ -127,7 +127,7 @@ void run(const Args& a) {
   if (dm && adamw) std::printf("\nDMuon's overhead over AdamW: %+.1f%%\n", 100 * (dm->step_s / adamw->step_s - 1));
 }
 
-Registration reg("bench", [](CLI::App& bench) {
+Registration reg("", [](CLI::App& bench) {
   auto args = std::make_shared<Args>();
   auto* c = bench.add_subcommand("e2e",
                                  "Training step of the GPT example: AdamW, gather-then-compute Muon (plain NS) "

@@ -1,0 +1,31 @@
+// Field names to command-line flags (field_flags.hpp).
+#include "field_flags.hpp"
+
+#include <algorithm>
+#include <regex>
+
+namespace dmuon::cli {
+
+std::string train_flag(std::string_view field) {
+  std::string name(field);
+  if (name.rfind("model.", 0) == 0) name = name.substr(6);  // GptConfig's fields: --layers, --width, ...
+  if (name == "save_dir") name = "save";
+  std::replace(name.begin(), name.end(), '_', '-');
+  return "--" + name;
+}
+
+std::string with_flags(const std::string& text) {
+  static const std::regex field(R"(TrainOptions\.([a-z_]+(\.[a-z_]+)?))");
+  std::string out;
+  auto last = text.cbegin();
+  for (std::sregex_iterator it(text.begin(), text.end(), field), end; it != end; ++it) {
+    out.append(last, text.cbegin() + it->position());
+    out += train_flag((*it)[1].str());
+    last = text.cbegin() + it->position() + it->length();
+  }
+  out.append(last, text.cend());
+  static const std::regex kind(R"(OptimizerStackOptions\.kind)");
+  return std::regex_replace(out, kind, "--optim");
+}
+
+}  // namespace dmuon::cli
