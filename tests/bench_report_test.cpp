@@ -211,5 +211,13 @@ TEST(BenchReport, MissingFolderIsAnError) {
   EXPECT_NE(r.output.find("--dir " + dir.file("nothing") + ": no such folder"), std::string::npos) << r.output;
 }
 
+// Its help shows each option's default, as every dmuon command's does (cli_messages_test).
+TEST(BenchReport, HelpShowsTheDefaults) {
+  const auto r = report("--help");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("--dir TEXT=docs/bench"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(default: stdout)"), std::string::npos) << r.output;
+}
+
 }  // namespace
 }  // namespace dmuon
