@@ -323,7 +323,7 @@ if [ "$MODE" = full ]; then
     skip share_gpu_refused "no mpirun"
   fi
   if [ "$TORCH_CUDA" = 1 ] || [ "$DRY_RUN" = 1 ]; then
-    step gpu_check_torch 150 env PYTHONPATH="$(cd "$BUILD" 2>/dev/null && pwd)/python" "$PYTHON" \
+    step gpu_check_torch 150 env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" \
       python/benchmarks/gpu_check_torch.py \
       --results "$RESULTS"
   else
