@@ -452,6 +452,17 @@ def test_compiled_with_the_eager_backend_equals_eager_bit_for_bit(mode, eager_re
     assert graphs and not in_place, in_place
 
 
+@pytest.mark.parametrize("given", ["model", "named_parameters"])
+def test_a_compiled_model_names_its_parameters_as_the_model_and_their_state_loads_across(given):
+    torch.manual_seed(0)
+    model = CompiledLM()
+    compiled = torch.compile(model)
+    optimizers = [DMuon(m if given == "model" else m.named_parameters()) for m in (model, compiled)]
+    names = [[n for g in opt.param_groups for n in g["names"]] for opt in optimizers]
+    assert names[0] == names[1] and not any("_orig_mod" in n for n in names[1]), names
+    optimizers[1].load_state_dict(optimizers[0].state_dict())
+
+
 @pytest.mark.parametrize("mode", ["model", "step"])
 def test_compiled_with_inductor_is_near_eager(mode, eager_result):
     # Inductor fuses and reorders the float32 forward and backward, so gradients differ from eager
