@@ -1,5 +1,6 @@
-// Single-process optimizers: AdamW and Muon against the public reference code's golden tensors,
-// parameter groups, accumulation, clipping and the non-finite gradient policy.
+// Single-process optimizers: AdamW and Muon against the public reference code's golden tensors and,
+// over several steps, a float64 reference written here from docs/design.md section 1; parameter groups,
+// accumulation, clipping and the non-finite gradient policy.
 #include <gtest/gtest.h>
 
 #include <algorithm>
