@@ -1,7 +1,6 @@
-"""The collectives DMuon uses, on torch's own process group, restricted to what gloo in torch 1.13
-supports (DESIGN 7): all_reduce, broadcast, all_gather of equal sizes, all_to_all_single with
-uneven splits, the *_object helpers. Tensors of any dtype travel as bytes (uint8 views), so bfloat16
-works on backends without it. Without an initialised process group everything is single-process.
+"""The collectives DMuon uses, on torch's own process group (DESIGN 7): all_reduce, all_to_all_single
+with uneven splits, the *_object helpers. Tensors of any dtype travel as bytes (uint8 views), so
+bfloat16 works on every backend. Without an initialised process group everything is single-process.
 
 Contract: every rank of the group calls the same functions in the same order with matching sizes.
 """
@@ -20,9 +19,10 @@ class Group:
         self.rank = dist.get_rank(process_group) if self.distributed else 0
         if self.distributed and self.rank < 0:
             raise ValueError("DMuon: this process is not a member of the given process_group")
+        self.ranks = [self.global_rank(g) for g in range(self.world)]  # global rank of each group rank
 
     def global_rank(self, group_rank):
-        if self.pg is None or self.pg is dist.group.WORLD:
+        if not self.distributed or self.pg is None or self.pg is dist.group.WORLD:
             return group_rank
         return dist.get_global_rank(self.pg, group_rank)
 
@@ -47,19 +47,6 @@ class Group:
             dist.all_reduce(tensor, group=self.pg)
         return tensor
 
-    def broadcast(self, tensor, src):
-        if self.world > 1:
-            dist.broadcast(_bytes(tensor), src=self.global_rank(src), group=self.pg)
-        return tensor
-
-    def all_gather(self, tensor, async_op=False):
-        """(list of every rank's tensor, work or None); equal shapes on every rank."""
-        if self.world == 1:
-            return [tensor], None
-        out = [torch.empty_like(tensor) for _ in range(self.world)]
-        work = dist.all_gather([_bytes(t) for t in out], _bytes(tensor), group=self.pg, async_op=async_op)
-        return out, work
-
     def all_to_all(self, send, out_numel, in_numel, async_op=True):
         """1-D send → 1-D receive of the same dtype: in_numel[r] elements go to rank r, out_numel[r]
         come from rank r. Returns (receive tensor, work or None)."""
@@ -70,14 +57,6 @@ class Group:
         work = dist.all_to_all_single(_bytes(recv), _bytes(send), [n * size for n in out_numel],
                                       [n * size for n in in_numel], group=self.pg, async_op=async_op)
         return recv, work
-
-    def gather_rows(self, local, rows):
-        """The full tensor from every rank's dim-0 chunk (rows: chunk_rows of it), on every rank."""
-        per_rank = max(count for _, count in rows)
-        padded = local.new_zeros((per_rank,) + tuple(local.shape[1:]))
-        padded[: local.shape[0]].copy_(local)
-        parts, _ = self.all_gather(padded)
-        return torch.cat([part[:count] for part, (_, count) in zip(parts, rows)])
 
 
 def _bytes(t):

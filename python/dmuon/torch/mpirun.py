@@ -1,4 +1,4 @@
-"""torch.distributed from an `mpirun -np N python …` launch, without MPI in Python.
+"""torch.distributed from an `mpirun -np N python …` launch, without MPI in Python, or from torchrun.
 
 Rank and size come from Open MPI's OMPI_COMM_WORLD_* variables. With MASTER_ADDR and MASTER_PORT
 set, the rendezvous is env://; otherwise it is a file store in the launch's own session folder
@@ -30,3 +30,12 @@ def init_process_group_from_mpirun(backend="gloo", timeout_s=120):
         store = os.path.join(session, f"dmuon_torch_store.{job}")
         dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world, timeout=timeout)
     return rank, world
+
+
+def init_process_group(backend="gloo", timeout_s=120):
+    """Initialises the default process group under mpirun (as init_process_group_from_mpirun) or
+    under torchrun (env://, from the variables torchrun sets); returns (rank, world size)."""
+    if "OMPI_COMM_WORLD_RANK" in os.environ:
+        return init_process_group_from_mpirun(backend, timeout_s)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()

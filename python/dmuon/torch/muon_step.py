@@ -1,39 +1,38 @@
-"""The Muon half of one DMuon step (DESIGN 1 and 3): every matrix's update is computed once, by its
-owner, in batches of same-shape matrices (buckets), and each bucket's communication overlaps the
-Newton–Schulz of the next.
+"""The Muon half of one DMuon step (DESIGN 1, 3 and 7 "all-to-all after the fact") for every layout.
 
-Replicated bucket (the parameter is whole on every rank, gradients identical):
-  launch:  the owner forms U = momentum/nesterov of its matrices into a (K, rows, cols) stack
-           (K: the most matrices any rank owns in this bucket)
-  compute: Newton–Schulz of its own matrices; all_gather of the stacks (one collective, async)
-  finish:  every rank applies every matrix's O: W ← W·(1 − lr·wd) − lr·s·O
-Sharded bucket (dim-0 chunks, momentum sharded like the parameter):
-  launch:  every rank forms U on its rows; all_to_all_single sends each matrix's rows to its owner (async)
-  compute: the owner assembles its full matrices, runs Newton–Schulz, all_to_all_single sends each
-           rank its rows of O (async)
-  finish:  every rank applies its rows of O
+A Muon parameter is one or more matrices: a 2-D parameter is one (m, n) matrix, a 3-D (E, m, n)
+stack (MoE experts) is E matrices of (m, n), a ≥4-D conv weight is one (out, in·kh·kw) matrix. Each
+matrix has one owner rank in the whole group, which alone runs its Newton–Schulz. The parameter lies
+on a grid of R replicas × S shards (layout.py); per bucket of same-shape matrices:
+  launch:  every rank forms momentum and U on its local rows (the momentum mirrors the parameter's
+           local layout on every replica); the ranks of the owner's replica send their rows of U to
+           the owner (one all_to_all_single over the group, uneven splits, async)
+  compute: the owner assembles its full matrices, runs Newton–Schulz once for all of them (one
+           batched engine call), and sends every other rank holding rows of a matrix, in every
+           replica, its rows of O (a second all_to_all_single, async)
+  finish:  every rank applies its rows of O: W ← W·(1 − lr·wd) − lr·s·O
+So every matrix is orthogonalized once in the whole job and all replicas apply the same O (their
+weights stay bit-identical). A matrix its owner holds whole (a replicated parameter, an expert of a
+stack sharded by experts) sends no U; a collective with nothing to move on any rank is not called.
 Order: launch(0); then for each bucket b: launch(b+1), compute(b), finish(b−1); so bucket b+1's rows
 travel while bucket b's Newton–Schulz runs.
 """
 
+import math
 import time
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
 import dmuon
 
 
-@dataclass
-class MuonSlot:
-    index: int        # the parameter's position in the optimizer's agreed order
-    name: str
-    layout: object    # layout.Layout
-    group: dict       # its param group (hyper-parameters are read at every step)
-    rows: int         # global_shape[0]
-    cols: int         # product of the other dimensions
-    owner: int        # rank that runs its Newton–Schulz
-    scale: float      # s of DESIGN 1
+def matrices_of(global_shape):
+    """[(expert or None, rows, cols)]: the Muon matrices of a parameter of this shape."""
+    if len(global_shape) == 3:
+        return [(e, global_shape[1], global_shape[2]) for e in range(global_shape[0])]
+    return [(None, global_shape[0], math.prod(global_shape[1:]))]
 
 
 def muon_scale(rows, cols, kind):
@@ -42,26 +41,102 @@ def muon_scale(rows, cols, kind):
     return 0.2 * max(rows, cols) ** 0.5
 
 
-def engine_target(tensor):
-    """(device code, dtype code, torch dtype, stream) for Newton–Schulz on tensor's device; raises
-    dmuon.UnsupportedError naming the device when this build has no backend for it."""
-    kind = tensor.device.type
-    if kind == "cpu":
-        return dmuon.DEVICE_CPU, dmuon.DTYPE_F32, torch.float32, None
-    if kind == "cuda":
-        for code, dtype in ((dmuon.DTYPE_BF16, torch.bfloat16), (dmuon.DTYPE_F32, torch.float32)):
-            if dmuon.supports(dmuon.DEVICE_CUDA, code):
-                return dmuon.DEVICE_CUDA, code, dtype, torch.cuda.current_stream(tensor.device).cuda_stream
-    raise dmuon.UnsupportedError(f"device {tensor.device}: this build of libdmuon_c has no Newton-Schulz backend "
-                                 "for it (it runs float32 on cpu)")
+@dataclass
+class MuonMatrix:
+    index: int        # the parameter's position in the optimizer's agreed order
+    expert: object    # its place in an (E, m, n) stack, None for a 2-D or conv parameter
+    name: str         # the parameter's name, with [expert] for a stack
+    layout: object    # layout.Layout of the parameter
+    group: dict       # its param group (hyper-parameters are read at every step)
+    rows: int         # m
+    cols: int         # n
+    scale: float      # s of DESIGN 1, from (m, n)
+    owner: int = -1   # group rank that runs its Newton–Schulz
+
+    def rows_on(self, shard):
+        """(start, count): the rows of this matrix that `shard` holds."""
+        start, count = self.layout.rows_of_shard(shard)
+        if self.expert is None:
+            return start, count
+        return (0, self.rows) if start <= self.expert < start + count else (0, 0)
+
+    @cached_property
+    def rank_rows(self):
+        """(start, count) of the rows every group rank holds, in group rank order."""
+        by_shard = [self.rows_on(s) for s in range(self.layout.grid.shards)]
+        return tuple(by_shard[shard] for _, shard in self.layout.grid.cells)
+
+    def rows_of_rank(self, group_rank):
+        return self.rank_rows[group_rank]
+
+    def holders(self):
+        """Group ranks that hold all of its rows."""
+        return [g for g, (_, count) in enumerate(self.rank_rows) if count == self.rows]
+
+    def local_view(self, t):
+        """This rank's rows of the matrix in t, a local tensor laid out as the parameter's: a
+        (count, cols) view (writes reach t)."""
+        if self.expert is None:
+            return t.view(-1, self.cols) if t.numel() else t.reshape(0, self.cols)
+        first = self.layout.rows_of_shard(self.layout.shard)[0]
+        return t[self.expert - first]
+
+    @cached_property
+    def u_travels(self):
+        """Whether ranks of the owner's replica other than the owner hold rows of it (owner set)."""
+        return self.rank_rows[self.owner][1] < self.rows
+
+    @cached_property
+    def o_travels(self):
+        """Whether any rank other than the owner holds rows of it (owner set)."""
+        return any(count for g, (_, count) in enumerate(self.rank_rows) if g != self.owner)
+
+    def replica_of(self, group_rank):
+        return self.layout.grid.cells[group_rank][0]
+
+
+def assign_owners(matrices, world_size, plan):
+    """Sets every matrix's owner. One held whole by some ranks but not all (an expert of a stack
+    sharded by experts) is owned by one of its holders, so its U never travels: the holder with the
+    fewest such matrices so far (in HSDP that spreads a shard's experts over its replicas). The
+    others go to `plan([(rows, cols)], world_size)` (the planner, over all ranks)."""
+    pinned = [0] * world_size
+    free = []
+    for k in matrices:
+        holders = k.holders()
+        if 0 < len(holders) < world_size:
+            k.owner = min(holders, key=lambda g: (pinned[g], g))
+            pinned[k.owner] += 1
+        else:
+            free.append(k)
+    for k, owner in zip(free, plan([(k.rows, k.cols) for k in free], world_size)):
+        k.owner = owner
+
+
+def engine_target(device, dtype):
+    """(device code, dtype code, torch dtype, stream) for Newton–Schulz of U of `dtype` on `device`:
+    bf16 where the engine runs it (GPU NS is bf16, DESIGN 6; on the CPU only for bf16 U), else float32.
+    Raises dmuon.UnsupportedError naming the device when this build has no backend for it."""
+    codes = {"cpu": dmuon.DEVICE_CPU, "cuda": dmuon.DEVICE_CUDA}
+    code = codes.get(device.type)
+    if code is not None:
+        prefer_bf16 = device.type == "cuda" or dtype == torch.bfloat16
+        choices = ([(dmuon.DTYPE_BF16, torch.bfloat16)] if prefer_bf16 else []) + [(dmuon.DTYPE_F32, torch.float32)]
+        for dtype_code, ns_dtype in choices:
+            if dmuon.supports(code, dtype_code):
+                stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+                return code, dtype_code, ns_dtype, stream
+    raise dmuon.UnsupportedError(f"device {device}: this build of libdmuon_c has no Newton-Schulz backend "
+                                 "for it (it runs on cpu)")
 
 
 class MuonStep:
-    """One step's Muon updates. `state(slot)` is the slot's optimizer state dict, `grads[index]` the
-    local gradient (None: zeros), `grad_scale` the clipping factor, `ns` a dmuon.Orthogonalizer."""
+    """One step's Muon updates. `momentum(index)` is the parameter's local momentum buffer (state
+    dtype), `grads[index]` its local gradient (None: zeros), `grad_scale` the clipping factor, `ns` a
+    dmuon.Orthogonalizer."""
 
-    def __init__(self, comm, ns, state, grads, grad_scale):
-        self.comm, self.ns, self.state, self.grads, self.grad_scale = comm, ns, state, grads, grad_scale
+    def __init__(self, comm, ns, momentum, grads, grad_scale):
+        self.comm, self.ns, self.momentum, self.grads, self.grad_scale = comm, ns, momentum, grads, grad_scale
         self.ns_seconds = 0.0
         self.ns_matrices = 0
 
@@ -80,138 +155,132 @@ class MuonStep:
             launched = following
         self._finish(*previous)
 
-    # ---- per matrix ----
+    # ---- per parameter ----
 
-    def _local(self, slot):
-        """(this rank's values of the parameter as (local rows, cols), its gradient likewise)."""
-        p = slot.layout.local(slot.layout.tensor)
-        g = self.grads[slot.index]
-        values = p.view(-1, slot.cols) if p.numel() else p.reshape(0, slot.cols)
-        grad = torch.zeros_like(values) if g is None else g.reshape(values.shape)
-        return values, grad
-
-    def _momentum_into(self, slot, out):
-        """M ← β·M + (1−β)·g; out ← nesterov ? (1−β)·g + β·M : M, on this rank's rows (DESIGN 1)."""
-        values, grad = self._local(slot)
+    def _form_u(self, index, group, layout):
+        """M ← β·M + (1−β)·g; U = nesterov ? (1−β)·g + β·M : M, on this rank's local tensor, in the
+        momentum's dtype (DESIGN 1). Returns U, shaped as the local parameter."""
+        buf = self.momentum(index)
+        g = self.grads[index]
+        g = torch.zeros_like(buf) if g is None else g.to(buf.dtype)
         if self.grad_scale != 1.0:
-            grad = grad * self.grad_scale
-        st = self.state(slot)
-        if "momentum_buffer" not in st:
-            st["momentum_buffer"] = torch.zeros_like(slot.layout.local(slot.layout.tensor))
-        buf = st["momentum_buffer"].view(values.shape)
-        beta = slot.group["momentum"]
-        buf.lerp_(grad, 1.0 - beta)
-        if slot.group["nesterov"]:
-            if out.dtype == grad.dtype:
-                torch.lerp(grad, buf, beta, out=out)
-            else:
-                out.copy_(grad.lerp(buf, beta))
-        else:
-            out.copy_(buf)
+            g = g * self.grad_scale
+        beta = group["momentum"]
+        buf.lerp_(g, 1.0 - beta)
+        return torch.lerp(g, buf, beta) if group["nesterov"] else buf
 
-    def _apply(self, slot, values, update):
-        lr, wd = slot.group["lr"], slot.group["weight_decay"]
+    def _apply(self, k, update):
+        """W ← W·(1 − lr·wd) − lr·s·O on this rank's rows; in the wider of the two dtypes, rounded
+        once to the parameter's."""
+        values = k.local_view(k.layout.local(k.layout.tensor))
+        lr, wd = k.group["lr"], k.group["weight_decay"]
+        wide = torch.promote_types(values.dtype, update.dtype)
+        w = values if wide == values.dtype else values.to(wide)
         if wd:
-            values.mul_(1.0 - lr * wd)
-        values.add_(update.view(values.shape), alpha=-lr * slot.scale)
+            w.mul_(1.0 - lr * wd)
+        w.add_(update, alpha=-lr * k.scale)
+        if w is not values:
+            values.copy_(w)
 
-    def _orthogonalize(self, stack, slots):
-        """Newton–Schulz in place on stack (k, rows, cols), contiguous, in the engine's dtype."""
-        k = stack.shape[0]
-        if k == 0:
+    def _orthogonalize(self, stack, owned):
+        """Newton–Schulz in place on stack (K, rows, cols), contiguous, in the engine's dtype."""
+        if stack.shape[0] == 0:
             return
-        device, dtype_code, _, stream = engine_target(stack)
+        device, dtype_code, _, stream = engine_target(stack.device, stack.dtype)
         rows, cols = stack.shape[1], stack.shape[2]
         step = rows * cols * stack.element_size()
-        ptrs = [stack.data_ptr() + j * step for j in range(k)]
+        ptrs = [stack.data_ptr() + j * step for j in range(stack.shape[0])]
         t0 = time.perf_counter()
         self.ns.run(ptrs, ptrs, rows, cols, device=device, dtype=dtype_code, stream=stream,
-                    names=[s.name for s in slots])
+                    names=[k.name for k in owned])
         self.ns_seconds += time.perf_counter() - t0
-        self.ns_matrices += k
+        self.ns_matrices += stack.shape[0]
 
-    def _engine_stack(self, k, slot):
-        like = slot.layout.local(slot.layout.tensor)
-        _, _, dtype, _ = engine_target(like)
-        return torch.empty((k, slot.rows, slot.cols), dtype=dtype, device=like.device)
-
-    # ---- per bucket ----
+    # ---- per bucket (same rows, cols, momentum dtype and device) ----
 
     def _launch(self, bucket):
-        c = self.comm
-        if not bucket[0].layout.sharded:
-            mine = [s for s in bucket if s.owner == c.rank]
-            per_rank = max(sum(1 for s in bucket if s.owner == r) for r in range(c.world))
-            stack = self._engine_stack(per_rank, bucket[0])
-            for j, s in enumerate(mine):
-                self._momentum_into(s, stack[j])
-            stack[len(mine):].zero_()
-            return stack, mine
-        wire = bucket[0].layout.local(bucket[0].layout.tensor)
-        parts, in_numel = [], [0] * c.world
-        for dest in range(c.world):
-            for s in bucket:
-                if s.owner != dest:
-                    continue
-                count = s.layout.rows[c.rank][1]
-                if count:
-                    u = torch.empty((count, s.cols), dtype=wire.dtype, device=wire.device)
-                    self._momentum_into(s, u)
-                    parts.append(u.view(-1))
-                    in_numel[dest] += count * s.cols
-                else:
-                    self._momentum_into(s, wire.new_empty((0, s.cols)))  # keeps its state in step
-        mine = [s for s in bucket if s.owner == c.rank]
-        out_numel = [sum(s.layout.rows[src][1] * s.cols for s in mine) for src in range(c.world)]
-        send = torch.cat(parts) if parts else wire.new_empty(0)
+        c, me = self.comm, self.comm.rank
+        u = {}
+        for k in bucket:
+            if k.index not in u:
+                u[k.index] = self._form_u(k.index, k.group, k.layout)
+        if not any(k.u_travels for k in bucket):
+            return u, None, None
+        # Send: my rows of U of every matrix whose owner is another rank of my replica; the owner
+        # receives, per source rank in rank order, that rank's rows of its matrices in bucket order.
+        to_owner = [[] for _ in range(c.world)]
+        out_numel = [0] * c.world
+        for k in bucket:
+            if k.owner == me:
+                for src, (_, count) in enumerate(k.rank_rows):
+                    if src != me and k.replica_of(src) == k.replica_of(me):
+                        out_numel[src] += count * k.cols
+            elif k.replica_of(k.owner) == k.replica_of(me) and k.rank_rows[me][1]:
+                to_owner[k.owner].append(k.local_view(u[k.index]).reshape(-1))
+        parts = [t for dest in to_owner for t in dest]
+        in_numel = [sum(t.numel() for t in dest) for dest in to_owner]
+        like = next(iter(u.values()))
+        send = torch.cat(parts) if parts else like.new_empty(0)
         recv, work = c.all_to_all(send, out_numel, in_numel)
-        return recv, work, mine
+        return u, recv, work
 
     def _compute(self, bucket, launched):
-        c = self.comm
-        if not bucket[0].layout.sharded:
-            stack, mine = launched
-            self._orthogonalize(stack[: len(mine)], mine)
-            return c.all_gather(stack, async_op=True)
-        recv, work, mine = launched
+        c, me = self.comm, self.comm.rank
+        u, recv, work = launched
         if work is not None:
             work.wait()
-        full = self._engine_stack(len(mine), bucket[0])
+        owned = [k for k in bucket if k.owner == me]
+        like = next(iter(u.values()))
+        _, _, ns_dtype, _ = engine_target(like.device, like.dtype)
+        full = torch.empty((len(owned), bucket[0].rows, bucket[0].cols), dtype=ns_dtype, device=like.device)
         offset = 0
-        for src in range(c.world):
-            for j, s in enumerate(mine):
-                start, count = s.layout.rows[src]
-                n = count * s.cols
-                full[j, start:start + count].copy_(recv[offset:offset + n].view(count, s.cols))
-                offset += n
-        self._orthogonalize(full, mine)
+        for src in range(c.world):  # the order of _launch's receive: by source, then bucket order
+            for j, k in enumerate(owned):
+                start, count = k.rank_rows[src]
+                if src == me:
+                    full[j, start:start + count].copy_(k.local_view(u[k.index]))
+                elif count and k.replica_of(src) == k.replica_of(me):
+                    n = count * k.cols
+                    full[j, start:start + count].copy_(recv[offset:offset + n].view(count, k.cols))
+                    offset += n
+        self._orthogonalize(full, owned)
+        if not any(k.o_travels for k in bucket):
+            return full, owned, None, None
+        # Send every other rank its rows of O of my matrices; receive, per owner in rank order, my
+        # rows of its matrices in bucket order.
         parts, in_numel = [], [0] * c.world
         for dest in range(c.world):
-            for j, s in enumerate(mine):
-                start, count = s.layout.rows[dest]
+            if dest == me:
+                continue
+            for j, k in enumerate(owned):
+                start, count = k.rank_rows[dest]
                 if count:
-                    parts.append(full[j, start:start + count].reshape(-1).to(recv.dtype))
-                    in_numel[dest] += count * s.cols
-        out_numel = [sum(s.layout.rows[c.rank][1] * s.cols for s in bucket if s.owner == src) for src in range(c.world)]
-        send = torch.cat(parts) if parts else recv.new_empty(0)
-        return c.all_to_all(send, out_numel, in_numel)
+                    parts.append(full[j, start:start + count].reshape(-1))
+                    in_numel[dest] += count * k.cols
+        out_numel = [0] * c.world
+        for k in bucket:
+            if k.owner != me:
+                out_numel[k.owner] += k.rank_rows[me][1] * k.cols
+        send = torch.cat(parts) if parts else full.new_empty(0)
+        received, work = c.all_to_all(send, out_numel, in_numel)
+        return full, owned, received, work
 
     def _finish(self, bucket, computed):
-        c = self.comm
-        received, work = computed
+        c, me = self.comm, self.comm.rank
+        full, owned, received, work = computed
         if work is not None:
             work.wait()
-        if not bucket[0].layout.sharded:
-            for r in range(c.world):
-                for j, s in enumerate([s for s in bucket if s.owner == r]):
-                    self._apply(s, self._local(s)[0], received[r][j])
-            return
+        for j, k in enumerate(owned):
+            start, count = k.rank_rows[me]
+            if count:
+                self._apply(k, full[j, start:start + count])
+        by_owner = [[] for _ in range(c.world)]
+        for k in bucket:
+            if k.owner != me and k.rank_rows[me][1]:
+                by_owner[k.owner].append(k)
         offset = 0
-        for src in range(c.world):
-            for s in bucket:
-                if s.owner != src:
-                    continue
-                n = s.layout.rows[c.rank][1] * s.cols
-                if n:
-                    self._apply(s, self._local(s)[0], received[offset:offset + n])
-                offset += n
+        for k in (k for owner in by_owner for k in owner):
+            count = k.rank_rows[me][1]
+            n = count * k.cols
+            self._apply(k, received[offset:offset + n].view(count, k.cols))
+            offset += n

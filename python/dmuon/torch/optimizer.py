@@ -4,8 +4,12 @@ torch.distributed, with Newton–Schulz in dmuon's C++ engine (docs/pytorch.md).
 Semantics are DESIGN section 1 and the C++ optimizers': one global gradient norm (clipping and the
 non-finite check, agreed across ranks), AdamW as torch.optim.AdamW (bias-corrected, decoupled decay),
 Muon's lerp momentum with Nesterov, Newton–Schulz, the chosen scale, decoupled decay with the
-unscaled lr. Each Muon matrix has one owner rank (the planner's, decided on rank 0), which alone runs
-its Newton–Schulz (muon_step.py).
+unscaled lr. Each Muon matrix (an expert of an (E, m, n) stack is one) has one owner rank in the
+whole group, which alone runs its Newton–Schulz (muon_step.py).
+
+Optimizer state follows torch.optim.AdamW under FSDP2, so torch.distributed.checkpoint saves and
+reshards it: state[param] holds tensors laid out as the parameter (DTensors with its mesh and
+placements for a DTensor parameter, full tensors for a replicated one), created at construction.
 """
 
 import math
@@ -15,15 +19,15 @@ import torch
 import dmuon
 from dmuon.torch.adamw import adamw_update
 from dmuon.torch.collectives import Group
-from dmuon.torch.layout import describe
-from dmuon.torch.muon_step import MuonSlot, MuonStep, engine_target, muon_scale
+from dmuon.torch.layout import describe, is_dtensor
+from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, engine_target, matrices_of, muon_scale
 from dmuon.torch.params import module_groups, split_groups
 
 _COEFFS = ("keller", "you", "polar-express")
 _ALGOS = ("auto", "standard", "gram")
 _SCALES = ("original", "match_rms_adamw")
 _BALANCERS = ("milp", "lpt", "rr")
-_STATE_FORMAT = 1
+_COUNTERS = ("updates", "skipped_steps")  # kept in every param group, so checkpoints carry them
 
 
 class DMuon(torch.optim.Optimizer):
@@ -31,8 +35,8 @@ class DMuon(torch.optim.Optimizer):
     model.named_parameters() (routed by name: hidden ≥2-D matrices → Muon; embeddings, head, 1-D →
     AdamW; params.py states the rule), tensors (routed by shape alone, with a warning), or param
     groups with use_muon=True/False. Parameters may be plain (replicated: DDP or single process),
-    DTensors (FSDP2: Shard(0) or Replicate() on a 1-D mesh) or dmuon.torch.Sharded descriptions of
-    dim-0 chunks.
+    DTensors (FSDP2 Shard(0), HSDP (Replicate(), Shard(0)), or Replicate(), on a mesh of the
+    optimizer's group's ranks) or dmuon.torch.Sharded descriptions of dim-0 chunks.
 
     `defaults` holds the per-group hyper-parameters under their keyword names (lr, momentum,
     nesterov, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param group
@@ -42,14 +46,21 @@ class DMuon(torch.optim.Optimizer):
     group["momentum"] in every group: Muon groups follow it; AdamW groups keep their betas (the key
     is ignored there).
 
-    Construction and add_param_group are collective over process_group (every rank, same parameter
-    names and shapes), and so are step() and state_dict(); load_state_dict() is local.
+    state_dtype: the dtype of Muon's momentum and AdamW's moments (float32 by default, so bf16
+    parameters keep float32 state; None: each parameter's own dtype).
+
+    Construction, add_param_group and step() are collective over process_group (every rank, same
+    parameter names and shapes). state_dict() is local, as torch's optimizers': {"state": {index: state}, "param_groups":
+    [...]} with this rank's tensors (DTensors for DTensor parameters); use
+    torch.distributed.checkpoint (get_state_dict/set_state_dict, dcp.save/dcp.load) to save and to
+    load at another world size, or torch.save of state_dict() per rank to resume at the same one.
+    load_state_dict() is local. The counters `updates` and `skipped_steps` live in every param group.
     """
 
     def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=3e-4,
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=0.0, ns_steps=5, coeffs="keller",
                  algo="auto", scale="match_rms_adamw", balancer="milp", process_group=None, clip_grad_norm=None,
-                 nonfinite="error"):
+                 nonfinite="error", state_dtype=torch.float32):
         _check_choice("coeffs", coeffs, _COEFFS)
         _check_choice("algo", algo, _ALGOS)
         _check_choice("scale", scale, _SCALES)
@@ -59,17 +70,21 @@ class DMuon(torch.optim.Optimizer):
             raise ValueError(f"DMuon: ns_steps must be >= 1, got {ns_steps}")
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ValueError(f"DMuon: clip_grad_norm must be > 0 or None, got {clip_grad_norm}")
+        if state_dtype is not None and not (isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point):
+            raise ValueError(f"DMuon: state_dtype must be a floating-point torch.dtype or None, got {state_dtype!r}")
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, adamw_lr=adamw_lr,
                         adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay)
         self.comm = Group(process_group)
-        self._process_group = process_group
         self.clip_grad_norm = clip_grad_norm
         self.nonfinite = nonfinite
         self.scale_kind = scale
+        self.state_dtype = state_dtype
+        self._process_group = process_group
         self._balancer = balancer
         self._threads = torch.get_num_threads()
-        self.param_groups_names, self._layouts, self._groups, self._stepped = [], [], [], []
-        self._muon, self.owners = {}, {}
+        self.param_groups_names, self._layouts, self._groups = [], [], []
+        self._matrices = []  # every Muon matrix, in parameter order
+        self.owners = {}
 
         if isinstance(params, torch.nn.Module):
             params = module_groups(params)
@@ -79,11 +94,9 @@ class DMuon(torch.optim.Optimizer):
         self._constructed = True
         self.ns = dmuon.Orthogonalizer(coeffs=coeffs, algo=algo, steps=int(ns_steps), threads=self._threads,
                                        tune_cache="")
-        self._track(layouts)
-        self.updates = 0        # updates applied
-        self.skipped_steps = 0  # updates skipped for a non-finite gradient (nonfinite="skip")
         self.last_grad_norm = 0.0
         self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
+        self._track(layouts)
 
     def add_param_group(self, param_group):
         """Adds parameters to optimize from the next step(): a param group as DMuon's `params` takes
@@ -113,20 +126,20 @@ class DMuon(torch.optim.Optimizer):
             for g in groups:
                 _check_hyper(g)
                 for name, p in g["named"]:
-                    layout = describe(name, p, self._process_group, self.comm.world, self.comm.rank)
+                    layout = describe(name, p, self._process_group, self.comm.ranks, self.comm.rank)
                     if id(layout.tensor) in seen:
                         raise ValueError(f"DMuon: parameter '{name}' is given twice (also as "
                                          f"'{seen[id(layout.tensor)]}')")
                     seen[id(layout.tensor)] = name
                     if g["use_muon"]:
                         try:
-                            engine_target(layout.tensor)
+                            engine_target(layout.local(layout.tensor).device, self._state_dtype_of(layout.tensor))
                         except dmuon.UnsupportedError as e:
                             raise ValueError(f"DMuon: parameter '{name}': {e}") from None
                     layouts.append((name, layout, g))
         except (ValueError, TypeError, dmuon.DmuonError) as e:
             error = str(e)
-        signature = [(n, l.global_shape, l.sharded, g["use_muon"]) for n, l, g in layouts]
+        signature = [(n, l.global_shape, l.grid, g["use_muon"]) for n, l, g in layouts]
         _agree_on_parameters(self.comm, error, signature)
 
         torch_groups, torch_group_of = [], {}
@@ -140,21 +153,62 @@ class DMuon(torch.optim.Optimizer):
 
     def _track(self, layouts):
         """Appends _parse's parameters, their groups registered in param_groups, to the optimizer's
-        agreed order and plans the owners of their Muon matrices (collective)."""
+        agreed order, plans the owners of their Muon matrices and creates their state (collective)."""
+        counters = {key: self.param_groups[0].get(key, 0) for key in _COUNTERS}
+        for g in self.param_groups:
+            for key in _COUNTERS:
+                g.setdefault(key, counters[key])
         first = len(self._layouts)
+        added = []
         for name, layout, group in layouts:
+            i = len(self._layouts)
             self.param_groups_names.append(name)
             self._layouts.append(layout)
             self._groups.append(group)
-            self._stepped.append(False)  # has state (agreed across ranks)
-        muon = [i for i in range(first, len(self._layouts)) if self._groups[i]["use_muon"]]
-        shapes = [(self._layouts[i].global_shape[0], math.prod(self._layouts[i].global_shape[1:])) for i in muon]
-        owners = _plan_on_rank0(self.comm, shapes, self._balancer, self._threads)
-        for i, (rows, cols), owner in zip(muon, shapes, owners):
-            self._muon[i] = MuonSlot(i, self.param_groups_names[i], self._layouts[i], self._groups[i], rows, cols,
-                                     owner, muon_scale(rows, cols, self.scale_kind))
-            self.owners[self.param_groups_names[i]] = owner
-        self._buckets = _buckets(self._muon.values())
+            if group["use_muon"]:
+                for expert, rows, cols in matrices_of(layout.global_shape):
+                    label = name + ("" if expert is None else f"[{expert}]")
+                    added.append(MuonMatrix(i, expert, label, layout, group, rows, cols,
+                                            muon_scale(rows, cols, self.scale_kind)))
+        assign_owners(added, self.comm.world,
+                      lambda shapes, world: _plan_on_rank0(self.comm, shapes, self._balancer, self._threads))
+        self._matrices.extend(added)
+        self._buckets = _buckets(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
+        self.owners.update({k.name: k.owner for k in added})
+        for i in range(first, len(self._layouts)):
+            self._zero_state(i)
+
+    @property
+    def updates(self):
+        """Updates applied."""
+        return self.param_groups[0]["updates"]
+
+    @property
+    def skipped_steps(self):
+        """Updates skipped for a non-finite gradient (nonfinite="skip")."""
+        return self.param_groups[0]["skipped_steps"]
+
+    def _count(self, key):
+        value = self.param_groups[0][key] + 1
+        for g in self.param_groups:
+            g[key] = value
+
+    def _state_dtype_of(self, param):
+        return param.dtype if self.state_dtype is None else self.state_dtype
+
+    def _zero_state(self, i):
+        """Parameter i's state before its first update, laid out as the parameter (a DTensor
+        parameter gets DTensors of the same mesh and placements)."""
+        p = self._layouts[i].tensor
+        dtype = self._state_dtype_of(p)
+
+        def zeros():
+            return torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format, requires_grad=False)
+
+        if self._groups[i]["use_muon"]:
+            self.state[p] = {"momentum_buffer": zeros()}
+        else:
+            self.state[p] = {"step": torch.tensor(0.0), "exp_avg": zeros(), "exp_avg_sq": zeros()}
 
     # ---- the step ----
 
@@ -172,49 +226,51 @@ class DMuon(torch.optim.Optimizer):
         active, grad_scale = agreed
         if not active:  # no parameter has a gradient on any rank: nothing changes, nothing is counted
             return loss
-        self.updates += 1
-        for i in active:
-            self._stepped[i] = True
+        self._count("updates")
         for i in active:
             if not self._groups[i]["use_muon"]:
-                layout = self._layouts[i]
-                adamw_update(layout.local(layout.tensor), grads[i], self.state[layout.tensor], self._groups[i],
-                             grad_scale)
-        muon = MuonStep(self.comm, self.ns, lambda s: self.state[s.layout.tensor], grads, grad_scale)
+                layout, st = self._layouts[i], self.state[self._layouts[i].tensor]
+                st["step"] += 1
+                adamw_update(layout.local(layout.tensor), grads[i], layout.local(st["exp_avg"]),
+                             layout.local(st["exp_avg_sq"]), int(st["step"]), self._groups[i], grad_scale)
+
+        def momentum(i):
+            layout = self._layouts[i]
+            return layout.local(self.state[layout.tensor]["momentum_buffer"])
+
+        muon = MuonStep(self.comm, self.ns, momentum, grads, grad_scale)
         active = set(active)
-        muon.run([[self._muon[i] for i in bucket if i in active] for bucket in self._buckets])
+        muon.run([[k for k in bucket if k.index in active] for bucket in self._buckets])
         self.last_stats = {"ns_s": muon.ns_seconds, "ns_matrices": muon.ns_matrices}
         return loss
 
     def _agree_on_gradients(self, grads):
         """(indices of parameters to update, gradient scale), or None for a skipped step. One
-        all_reduce of [Σ g² over sharded parts, per-rank first non-finite parameter, per-parameter
-        gradient present]; replicated gradients are equal on every rank, so their Σ g² is local."""
+        all_reduce of [Σ g² over replica 0's local parts, per-rank first non-finite parameter,
+        per-parameter gradient present]; replica 0's cells hold every element of a parameter once."""
         c, n = self.comm, len(grads)
         present = [i for i, g in enumerate(grads) if g is not None]
         norms = torch.stack(torch._foreach_norm([grads[i] for i in present])).double().tolist() if present else []
-        sharded_sq = replicated_sq = 0.0
+        square_sum = 0.0
         first_bad = 0
         for i, norm in zip(present, norms):
             if not math.isfinite(norm):
                 first_bad = first_bad or i + 1
-            elif self._layouts[i].sharded:
-                sharded_sq += norm * norm
-            else:
-                replicated_sq += norm * norm
+            elif self._layouts[i].grid.cells[c.rank][0] == 0:
+                square_sum += norm * norm
         totals = torch.zeros(1 + c.world + n, dtype=torch.float64)
-        totals[0] = sharded_sq
+        totals[0] = square_sum
         totals[1 + c.rank] = first_bad
         totals[1 + c.world + torch.tensor(present, dtype=torch.long)] = 1.0
         c.all_reduce_sum(totals)
         bad = [(r, int(totals[1 + r]) - 1) for r in range(c.world) if totals[1 + r] > 0]
         if bad:
             if self.nonfinite == "skip":
-                self.skipped_steps += 1
+                self._count("skipped_steps")
                 return None
             where = ", ".join(f"'{self.param_groups_names[i]}' on rank {r}" for r, i in bad)
             raise FloatingPointError(f"DMuon: non-finite gradient in parameter {where} at update {self.updates + 1}")
-        norm = math.sqrt(float(totals[0]) + replicated_sq)
+        norm = math.sqrt(float(totals[0]))
         self.last_grad_norm = norm
         grad_scale = 1.0
         if self.clip_grad_norm is not None and norm > self.clip_grad_norm:
@@ -222,93 +278,61 @@ class DMuon(torch.optim.Optimizer):
         active = [i for i in range(n) if totals[1 + c.world + i] > 0]
         return active, grad_scale
 
-    # ---- checkpoints ----
-
-    @torch.no_grad()
-    def state_dict(self):
-        """The whole optimizer state, independent of the world size (collective: every rank calls it
-        and gets the same dict). Tensors are full (global shape) copies, on the CPU."""
-        state = {}
-        for i, layout in enumerate(self._layouts):
-            if not self._stepped[i]:
-                continue
-            local = self.state[layout.tensor]
-            if self._groups[i]["use_muon"]:
-                slot = self._muon[i]
-                if layout.sharded:
-                    full = self.comm.gather_rows(local["momentum_buffer"], layout.rows)
-                else:
-                    full = (local["momentum_buffer"].clone() if slot.owner == self.comm.rank
-                            else torch.empty(layout.global_shape, dtype=layout.tensor.dtype,
-                                             device=layout.local(layout.tensor).device))
-                    self.comm.broadcast(full, src=slot.owner)
-                state[i] = {"momentum_buffer": full.reshape(layout.global_shape).cpu()}
-            else:
-                entry = {"step": local["step"]}
-                for key in ("exp_avg", "exp_avg_sq"):
-                    t = local[key]
-                    if layout.sharded:
-                        t = self.comm.gather_rows(t, layout.rows)
-                    entry[key] = t.reshape(layout.global_shape).cpu().clone()
-                state[i] = entry
-        groups = []
-        first = 0
-        for g in self.param_groups:
-            saved = {k: v for k, v in g.items() if k != "params"}
-            saved["params"] = list(range(first, first + len(g["params"])))
-            first += len(g["params"])
-            groups.append(saved)
-        return {"state": state, "param_groups": groups,
-                "dmuon": {"format": _STATE_FORMAT, "world_size": self.comm.world, "updates": self.updates,
-                          "skipped_steps": self.skipped_steps}}
+    # ---- checkpoints (state_dict() is torch.optim.Optimizer's: local, keyed by index) ----
 
     @torch.no_grad()
     def load_state_dict(self, state_dict):
-        """Loads a state_dict() saved at any world size; the parameter names and shapes must match."""
-        meta = state_dict.get("dmuon", {})
-        if meta.get("format") != _STATE_FORMAT:
-            raise ValueError(f"DMuon.load_state_dict: not a DMuon state (format {meta.get('format')})")
+        """Loads a state_dict() of a DMuon over the same parameters (names, groups, kinds) laid out
+        the same way: saved tensors are copied into this optimizer's state (a DTensor into a DTensor
+        of the same mesh and placements). Parameters are matched by position in param_groups, as
+        torch.optim.Optimizer does, so DCP's set_state_dict (keys are parameter names) works. Local."""
         saved_groups = state_dict["param_groups"]
-        saved_names = [n for g in saved_groups for n in g["names"]]
-        if saved_names != self.param_groups_names or len(saved_groups) != len(self.param_groups):
-            diff = next((k for k, (a, b) in enumerate(zip(saved_names, self.param_groups_names)) if a != b),
-                        min(len(saved_names), len(self.param_groups_names)))
-            raise ValueError(f"DMuon.load_state_dict: parameter lists differ (saved {len(saved_names)} in "
-                             f"{len(saved_groups)} groups, here {len(self.param_groups_names)} in "
-                             f"{len(self.param_groups)}; first difference at index {diff})")
+        if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in self.param_groups]:
+            raise ValueError(f"DMuon.load_state_dict: the saved state has param groups of "
+                             f"{[len(g['params']) for g in saved_groups]} parameters, this optimizer "
+                             f"{[len(g['params']) for g in self.param_groups]}")
         for g, saved in zip(self.param_groups, saved_groups):
-            if g["use_muon"] != saved["use_muon"]:
+            if "names" in saved and list(saved["names"]) != g["names"]:
+                diff = next(k for k, (a, b) in enumerate(zip(saved["names"], g["names"])) if a != b)
+                raise ValueError(f"DMuon.load_state_dict: parameter {diff} of the group of '{g['names'][0]}' is "
+                                 f"'{saved['names'][diff]}' in the saved state, '{g['names'][diff]}' here")
+            if saved.get("use_muon", g["use_muon"]) != g["use_muon"]:
                 raise ValueError(f"DMuon.load_state_dict: the group of '{g['names'][0]}' is Muon in one state, "
                                  "AdamW in the other")
+        saved_state = state_dict["state"]
+        index = 0
+        for g, saved in zip(self.param_groups, saved_groups):
+            for key in saved["params"]:
+                name = self.param_groups_names[index]
+                if key in saved_state:
+                    self._load_entry(index, name, saved_state[key])
+                else:
+                    self._zero_state(index)
+                index += 1
             for k, v in saved.items():
                 if k not in ("params", "names"):
                     g[k] = v
-        self.state.clear()
-        self._stepped = [False] * len(self._layouts)
-        for i, entry in state_dict["state"].items():
-            i = int(i)
-            layout = self._layouts[i]
-            local = layout.local(layout.tensor)
-            name = self.param_groups_names[i]
 
-            def part(t, name=name, layout=layout, local=local):
-                if tuple(t.shape) != layout.global_shape:
-                    raise ValueError(f"DMuon.load_state_dict: '{name}' state has shape {tuple(t.shape)}, "
-                                     f"the parameter {layout.global_shape}")
-                if layout.sharded:
-                    start, count = layout.rows[self.comm.rank]
-                    t = t[start:start + count]
-                return t.to(device=local.device, dtype=local.dtype).clone().reshape(local.shape)
-
-            if self._groups[i]["use_muon"]:
-                if layout.sharded or self._muon[i].owner == self.comm.rank:
-                    self.state[layout.tensor]["momentum_buffer"] = part(entry["momentum_buffer"])
-            else:
-                self.state[layout.tensor].update(step=int(entry["step"]), exp_avg=part(entry["exp_avg"]),
-                                                 exp_avg_sq=part(entry["exp_avg_sq"]))
-            self._stepped[i] = True
-        self.updates = int(meta["updates"])
-        self.skipped_steps = int(meta["skipped_steps"])
+    def _load_entry(self, i, name, entry):
+        mine = self.state[self._layouts[i].tensor]
+        if set(entry) != set(mine):
+            raise ValueError(f"DMuon.load_state_dict: '{name}' has state {sorted(entry)} in the saved state, "
+                             f"{sorted(mine)} here")
+        for key, value in entry.items():
+            target = mine[key]
+            if key == "step":
+                target.copy_(torch.as_tensor(value, dtype=target.dtype))
+                continue
+            if is_dtensor(target) != is_dtensor(value) or tuple(value.shape) != tuple(target.shape) or (
+                    is_dtensor(target) and (value.placements != target.placements
+                                            or value.device_mesh != target.device_mesh)):
+                def kind(t):
+                    return f"DTensor {tuple(t.placements)}" if is_dtensor(t) else "tensor"
+                raise ValueError(f"DMuon.load_state_dict: '{name}' {key} is a {kind(value)} of shape "
+                                 f"{tuple(value.shape)}, here a {kind(target)} of shape {tuple(target.shape)} "
+                                 "(load another world size or layout with torch.distributed.checkpoint)")
+            if value is not target:
+                self._layouts[i].local(target).copy_(self._layouts[i].local(value))
 
 
 def _check_choice(name, value, choices):
@@ -333,7 +357,7 @@ def _check_hyper(g):
 
 def _agree_on_parameters(comm, error, signature):
     """Raises the same ValueError on every rank when any rank failed to parse its parameters or the
-    ranks' (name, global shape, sharded, use_muon) lists differ."""
+    ranks' (name, global shape, grid, use_muon) lists differ."""
     gathered = comm.all_gather_object((error, signature))
     for r, (e, _) in enumerate(gathered):
         if e is not None:
@@ -365,15 +389,16 @@ def _plan_on_rank0(comm, shapes, balancer, threads):
     return result
 
 
-def _buckets(slots):
-    """Muon parameters batched by (layout, shape, dtype), largest Newton–Schulz work first (its
-    communication then overlaps the smaller buckets' Newton–Schulz); ties in a fixed order."""
+def _buckets(matrices, state_dtype_of):
+    """Muon matrices batched by (rows, cols, momentum dtype, device), largest Newton–Schulz work
+    first (its communication then overlaps the smaller buckets' Newton–Schulz); ties in a fixed order."""
     by_key = {}
-    for s in slots:
-        key = (s.layout.sharded, s.rows, s.cols, str(s.layout.tensor.dtype))
-        by_key.setdefault(key, []).append(s.index)
+    for k in matrices:
+        key = (k.rows, k.cols, str(state_dtype_of(k)), k.layout.local(k.layout.tensor).device.type)
+        by_key.setdefault(key, []).append(k)
+
     def work(key):
-        sharded, rows, cols, dtype = key
+        rows, cols = key[0], key[1]
         m, n = min(rows, cols), max(rows, cols)
         return (-len(by_key[key]) * m * m * n, key)
-    return [by_key[k] for k in sorted(by_key, key=work)]
+    return [by_key[key] for key in sorted(by_key, key=work)]
