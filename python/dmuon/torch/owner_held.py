@@ -192,11 +192,11 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
 
 
 def _sync_columns(units):
-    """The owner's initial values to the rest of its column (HSDP), then everyone else frees them."""
+    """The owner's initial values to the rest of its column (HSDP). The other ranks' copies are
+    overwritten by the first forward's broadcast and freed after it (not here: a fully_shard that
+    was not told to ignore them reads them, and the first forward then names the mistake)."""
     for unit in units:
         _wait([b.broadcast_across_column() for b in unit.buckets])
-        for b in unit.buckets:
-            b.free()
 
 
 def _hide_others_from_state_dict(model, chosen, owners, rank, schedule):
