@@ -13,7 +13,6 @@ ranks give the job's wire bytes. Object collectives and barriers are recorded wi
 import inspect
 from contextlib import contextmanager
 
-import torch
 import torch.distributed as dist
 
 _BYTES = {
@@ -105,10 +104,3 @@ def recording(ledger):
     finally:
         for op, original in originals.items():
             setattr(dist, op, original)
-
-
-def total_over_ranks(value):
-    t = torch.tensor([float(value)], dtype=torch.float64)
-    if dist.get_world_size() > 1:
-        dist.all_reduce(t)
-    return float(t)

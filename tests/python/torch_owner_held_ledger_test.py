@@ -19,29 +19,20 @@ with PYTHONPATH=build/python:tests/python and one BLAS thread per rank.
 import sys
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from collective_ledger import Ledger, recording, total_over_ranks
+from collective_ledger import Ledger, recording
 from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.held_buffer import HeldBuffer
 from dmuon.torch.mpirun import init_process_group
 from owner_held_model import global_batches, loss_of, make_net, rank_slice
+from rank_checks import check, finish, total_over_ranks
 
 STEPS = 3
 BATCH = 12
 RATIO_LIMIT = 1.05
 HYPER = dict(lr=0.02, momentum=0.9, adamw_lr=3e-3)
-
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"rank {RANK}: FAIL {what}", flush=True)
-
 
 def build(mode, **net_kwargs):
     net = make_net(**net_kwargs)
@@ -179,18 +170,12 @@ def main():
     if WORLD > 1:
         check_overlap(None)
         check_overlap("non-reentrant")
-    ok = torch.tensor([0 if failures else 1])
-    if WORLD > 1:
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     if RANK == 0:
         for mode, f in figures.items():
             parts = ", ".join(f"{phase} {int(b)}" for phase, b in f.items())
             print(f"torch_owner_held_ledger_test np {WORLD}: {mode}: wire bytes per step {int(whole[mode])} "
                   f"({parts}); {whole[mode] / whole['adamw'] if whole['adamw'] else 1.0:.3f}× AdamW + FSDP2", flush=True)
-        print(f"torch_owner_held_ledger_test np {WORLD}: owner-held / AdamW + FSDP2 = {ratio:.3f}; "
-              f"{'PASS' if int(ok) else 'FAIL'}", flush=True)
-    dist.destroy_process_group()
-    return 0 if int(ok) and not failures else 1
+    return finish(f"torch_owner_held_ledger_test np {WORLD}: owner-held / AdamW + FSDP2 = {ratio:.3f}")
 
 
 if __name__ == "__main__":

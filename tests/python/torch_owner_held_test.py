@@ -36,6 +36,7 @@ from torch.nn.parallel import DistributedDataParallel
 from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
 from owner_held_model import global_batches, loss_of, make_net, rank_slice
+from rank_checks import check, finish, total_over_ranks
 from torch_dmuon_mpi_test import Reference, muon_matrices
 
 STEPS = 10
@@ -43,15 +44,6 @@ BATCH = 36  # divides by N·micro-batches for N = 1..4 and 3 micro-batches
 TOLERANCE = 1e-5
 CLIP = 0.32  # some steps' global gradient norms are above it, some below
 HYPER = dict(lr=0.02, momentum=0.9, weight_decay=0.01, adamw_lr=3e-3, adamw_weight_decay=0.01, clip_grad_norm=CLIP)
-
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"rank {RANK}: FAIL {what}", flush=True)
-
 
 def uneven(name, p):
     return name in ("blocks.0.up.weight", "blocks.0.mix.weight")
@@ -113,7 +105,7 @@ def train(variant, hold):
             (loss_of(model, part) / micro).backward()
         opt.step()
         opt.zero_grad()
-        ns_counts.append(total_over_ranks(opt.last_stats["ns_matrices"]))
+        ns_counts.append(int(total_over_ranks(opt.last_stats["ns_matrices"])))
         norms.append(opt.last_grad_norm)
     return full_weights(net), opt, held, ns_counts, norms
 
@@ -132,13 +124,6 @@ def full_weights(net):
         else:
             out[name] = p.detach().clone()
     return out
-
-
-def total_over_ranks(value):
-    t = torch.tensor([float(value)])
-    if WORLD > 1:
-        dist.all_reduce(t)
-    return int(t)
 
 
 def hyper_of(opt):
@@ -262,15 +247,8 @@ def main():
             continue
         results[label] = check_variant(label, variant)
     check_errors()
-    ok = torch.tensor([0 if failures else 1])
-    if WORLD > 1:
-        dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    if RANK == 0:
-        worst = ", ".join(f"{k} {v:.1e}" for k, v in results.items())
-        print(f"torch_owner_held_test np {WORLD}: worst relative difference (to float64, to all-to-all) {worst}; "
-              f"{'PASS' if int(ok) else 'FAIL'}", flush=True)
-    dist.destroy_process_group()
-    return 0 if int(ok) and not failures else 1
+    worst = ", ".join(f"{k} {v:.1e}" for k, v in results.items())
+    return finish(f"torch_owner_held_test np {WORLD}: worst relative difference (to float64, to all-to-all) {worst}")
 
 
 if __name__ == "__main__":
