@@ -104,7 +104,7 @@ def test_defaults_hold_the_hyper_parameters_and_groups_their_kinds_keys():
     assert opt.defaults == dict(lr=0.03, momentum=0.9, nesterov=False, weight_decay=0.01, adamw_lr=1e-3,
                                 adamw_betas=(0.85, 0.99), adamw_eps=1e-7, adamw_weight_decay=0.1)
     muon, adamw = opt.param_groups
-    counters = dict(updates=0, skipped_steps=0)  # in every group, so checkpoints carry them
+    counters = dict(updates=0, skipped_steps=0)  # the optimizer's counters, in every group for checkpoints
     assert {k: muon[k] for k in muon if k not in ("params", "names")} == \
         dict(use_muon=True, lr=0.03, momentum=0.9, nesterov=False, weight_decay=0.01, **counters)
     assert {k: adamw[k] for k in adamw if k not in ("params", "names")} == \
@@ -355,7 +355,9 @@ def test_step_without_gradients_changes_nothing():
     before = snapshot(opt, params)
     assert opt.step(lambda: 1.5) == 1.5
     assert_same_snapshot(before, snapshot(opt, params))
-    assert opt.updates == 0 and all(not torch.any(t) for st in opt.state.values() for t in st.values())
+    assert opt.updates == 0
+    for entry in opt.state.values():  # the state DMuon creates at construction, still untouched
+        assert all(not v.any() for v in entry.values()), entry
     set_grads(params, random_grads(params, 0))
     opt.step()
     opt.zero_grad()

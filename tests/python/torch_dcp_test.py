@@ -17,6 +17,9 @@ One script, two roles, each a separate torchrun (or mpirun) launch on gloo:
       trains steps 6..10 and checks every weight is within 1e-5 (relative Frobenius, the float64
       reference tolerance of the other tests: only the order of float32 sums differs) of DIR/final.pt.
 
+With a third argument `hsdp` the role runs on a (2, N/2) HSDP mesh instead (N even), so a
+checkpoint saved under HSDP can be loaded under FSDP2 at another size, and the other way round.
+
 The model: an embedding and a head (AdamW), two blocks of norm (AdamW), up (70 rows: divisible by
 neither 3 nor 4), down, a (5, 40, 40) expert stack (5 experts: 3+2 at 2 ranks, 2+2+1 at 3, an empty
 shard at 4) and a 2-row gate (fewer rows than ranks at 3), each block and the root fully_shard. Every rank sees the same batch, so the gradient does not depend on the world size.
@@ -30,6 +33,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from dmuon.torch import DMuon
@@ -80,9 +84,12 @@ class Net(torch.nn.Module):
 def sharded_net(seed, **sizes):
     torch.manual_seed(seed)
     model = Net(**sizes)
+    mesh = {}
+    if HSDP:
+        mesh["mesh"] = init_device_mesh("cpu", (2, WORLD // 2), mesh_dim_names=("replicate", "shard"))
     for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
+        fully_shard(block, **mesh)
+    fully_shard(model, **mesh)
     return model
 
 
@@ -238,7 +245,10 @@ def main(role, folder):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3 or sys.argv[1] not in ("save", "load"):
-        sys.exit(f"usage: {sys.argv[0]} save|load FOLDER")
+    if len(sys.argv) not in (3, 4) or sys.argv[1] not in ("save", "load") or sys.argv[3:] not in ([], ["hsdp"]):
+        sys.exit(f"usage: {sys.argv[0]} save|load FOLDER [hsdp]")
     RANK, WORLD = init_process_group("gloo")
+    HSDP = sys.argv[3:] == ["hsdp"]
+    if HSDP and WORLD % 2:
+        sys.exit(f"{sys.argv[0]}: hsdp needs an even number of ranks, not {WORLD}")
     sys.exit(main(sys.argv[1], sys.argv[2]))

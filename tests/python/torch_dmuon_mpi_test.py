@@ -21,6 +21,8 @@ check (python + torch start-up costs seconds per launch):
   errors       parameter lists that differ across ranks, a wrong local shard, a device without a
                backend, unsupported DTensor placements, a permuted or foreign mesh, non-finite
                gradients ("error" and "skip"): the same error on every rank
+Owners come from the milp balancer in "replicated" and from lpt or rr elsewhere (milp's time limit
+would dominate the run time).
 The model mixes shapes: a 7-row matrix (rows not divisible by 2, 3 or 4), a 3-row one (fewer rows
 than ranks at N = 4: an empty shard), a 4-D conv weight, two of one shape (a batch), an (8, 24, 16)
 expert stack (8 matrices of 24×16, each its own Newton–Schulz), 1-D parameters, and an embedding and
@@ -345,7 +347,7 @@ def check_fsdp2(label, mesh, **policies):
     values = initial_values()
     model = Holder(values, [n for n, _ in SPECS])
     fully_shard(model, mesh=mesh, **policies)
-    opt = DMuon(model.named(), weight_decay=0.01, clip_grad_norm=25.0)
+    opt = DMuon(model.named(), weight_decay=0.01, clip_grad_norm=25.0, balancer="lpt")
     for name, p in model.named():
         check(p.dtype == torch.float32 and p.to_local().device.type == "cpu",
               f"{label}: FSDP2 gives the optimizer {name} as {p.dtype} on {p.to_local().device}")
@@ -377,7 +379,7 @@ def check_experts_stay_local(label, mesh):
     values = initial_values()
     model = Holder(values, ["experts.weight"])
     fully_shard(model, mesh=mesh)
-    opt = DMuon(model.named())
+    opt = DMuon(model.named(), balancer="lpt")
     calls = []
     all_to_all = opt.comm.all_to_all
     opt.comm.all_to_all = lambda *args, **kwargs: calls.append(1) or all_to_all(*args, **kwargs)
@@ -396,7 +398,7 @@ def check_replicated_dtensor():
     values = initial_values()
     name = "layers.0.mlp.up.weight"
     p = dtensor_param(values, name, init_device_mesh("cpu", (WORLD,)), [Replicate()])
-    opt = DMuon([(name, p)])
+    opt = DMuon([(name, p)], balancer="lpt")
     ref = Reference(values, hyper_of(opt))
     for step in range(STEPS):
         g = gradients(step)[name]
@@ -415,7 +417,7 @@ def check_bfloat16():
     names = [n for n, _ in SPECS]
     f32 = Model(values, names)
     bf16 = Model({n: v.bfloat16() for n, v in values.items()}, names)
-    opt32, opt16 = DMuon(f32.named()), DMuon(bf16.named())
+    opt32, opt16 = DMuon(f32.named(), balancer="lpt"), DMuon(bf16.named(), balancer="lpt")
     check(opt16.state[bf16.params["odd.weight"]]["momentum_buffer"].dtype == torch.float32,
           "bfloat16: momentum of a bf16 parameter is not float32")
     run(f32, opt32, 3)
@@ -442,7 +444,7 @@ def check_state_dtype_drift(steps=50):
     drift = {}
     for state_dtype in (torch.float32, None):
         model = Model(values, names)
-        opt = DMuon(model.named(), state_dtype=state_dtype)
+        opt = DMuon(model.named(), state_dtype=state_dtype, balancer="lpt")
         ref = Reference(values, hyper_of(opt))
         for step in range(steps):
             grads = {n: g.bfloat16() for n, g in gradients(step).items()}
@@ -474,7 +476,7 @@ def check_bfloat16_newton_schulz(state_dtype):
     shapes = {"experts.weight": (8, 24, 16), "layers.0.mlp.down.weight": (16, 40)}
     model = Model({n: torch.zeros(s, dtype=torch.bfloat16) for n, s in shapes.items()}, list(shapes))
     opt = DMuon(model.named(list(shapes)), lr=2.0 ** -4, nesterov=False, scale="original",
-                state_dtype=state_dtype)
+                state_dtype=state_dtype, balancer="lpt")
     grads = {n: gradient(0, k, s).bfloat16() for k, (n, s) in enumerate(shapes.items())}
     model.set_grads(grads)
     opt.step()
@@ -558,7 +560,7 @@ def check_errors():
     bad_rank = WORLD - 1
     for policy in ("error", "skip"):
         model = Model(values, MIXED_SHARDED)
-        opt = DMuon(model.named(), nonfinite=policy)
+        opt = DMuon(model.named(), nonfinite=policy, balancer="lpt")
         grads = gradients(0)
         model.set_grads(grads)
         if RANK == bad_rank:

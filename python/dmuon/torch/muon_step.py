@@ -157,7 +157,7 @@ class MuonStep:
 
     # ---- per parameter ----
 
-    def _form_u(self, index, group, layout):
+    def _form_u(self, index, group):
         """M ← β·M + (1−β)·g; U = nesterov ? (1−β)·g + β·M : M, on this rank's local tensor, in the
         momentum's dtype (DESIGN 1). Returns U, shaped as the local parameter."""
         buf = self.momentum(index)
@@ -203,7 +203,7 @@ class MuonStep:
         u = {}
         for k in bucket:
             if k.index not in u:
-                u[k.index] = self._form_u(k.index, k.group, k.layout)
+                u[k.index] = self._form_u(k.index, k.group)
         if not any(k.u_travels for k in bucket):
             return u, None, None
         # Send: my rows of U of every matrix whose owner is another rank of my replica; the owner

@@ -50,8 +50,8 @@ class DMuon(torch.optim.Optimizer):
     parameters keep float32 state; None: each parameter's own dtype).
 
     Construction, add_param_group and step() are collective over process_group (every rank, same
-    parameter names and shapes). state_dict() is local, as torch's optimizers': {"state": {index: state}, "param_groups":
-    [...]} with this rank's tensors (DTensors for DTensor parameters); use
+    parameter names and shapes). state_dict() is local, as torch's optimizers': {"state": {index:
+    state}, "param_groups": [...]} with this rank's tensors (DTensors for DTensor parameters); use
     torch.distributed.checkpoint (get_state_dict/set_state_dict, dcp.save/dcp.load) to save and to
     load at another world size, or torch.save of state_dict() per rank to resume at the same one.
     load_state_dict() is local. The counters `updates` and `skipped_steps` live in every param group.
@@ -75,16 +75,15 @@ class DMuon(torch.optim.Optimizer):
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, adamw_lr=adamw_lr,
                         adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay)
         self.comm = Group(process_group)
+        self._process_group = process_group
         self.clip_grad_norm = clip_grad_norm
         self.nonfinite = nonfinite
         self.scale_kind = scale
         self.state_dtype = state_dtype
-        self._process_group = process_group
         self._balancer = balancer
         self._threads = torch.get_num_threads()
         self.param_groups_names, self._layouts, self._groups = [], [], []
-        self._matrices = []  # every Muon matrix, in parameter order
-        self.owners = {}
+        self._matrices, self.owners = [], {}  # every Muon matrix, in parameter order; its owner by name
 
         if isinstance(params, torch.nn.Module):
             params = module_groups(params)
@@ -156,13 +155,14 @@ class DMuon(torch.optim.Optimizer):
 
     def _track(self, layouts):
         """Appends _parse's parameters, their groups registered in param_groups, to the optimizer's
-        agreed order, plans the owners of their Muon matrices and creates their state (collective)."""
-        counters = {key: self.param_groups[0].get(key, 0) for key in _COUNTERS}
+        agreed order, plans the owners of their Muon matrices (collective) and creates their state.
+        New groups take the optimizer's counters."""
+        counters = {key: next((g[key] for g in self.param_groups if key in g), 0) for key in _COUNTERS}
         for g in self.param_groups:
-            for key in _COUNTERS:
-                g.setdefault(key, counters[key])
+            for key, value in counters.items():
+                g.setdefault(key, value)
         first = len(self._layouts)
-        added = []
+        matrices = []
         for name, layout, group in layouts:
             i = len(self._layouts)
             self.param_groups_names.append(name)
@@ -170,14 +170,13 @@ class DMuon(torch.optim.Optimizer):
             self._groups.append(group)
             if group["use_muon"]:
                 for expert, rows, cols in matrices_of(layout.global_shape):
-                    label = name + ("" if expert is None else f"[{expert}]")
-                    added.append(MuonMatrix(i, expert, label, layout, group, rows, cols,
-                                            muon_scale(rows, cols, self.scale_kind)))
-        assign_owners(added, self.comm.world,
+                    matrices.append(MuonMatrix(i, expert, name + ("" if expert is None else f"[{expert}]"), layout,
+                                               group, rows, cols, muon_scale(rows, cols, self.scale_kind)))
+        assign_owners(matrices, self.comm.world,
                       lambda shapes, world: _plan_on_rank0(self.comm, shapes, self._balancer, self._threads))
-        self._matrices.extend(added)
+        self._matrices.extend(matrices)
+        self.owners.update((k.name, k.owner) for k in matrices)
         self._buckets = _buckets(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
-        self.owners.update({k.name: k.owner for k in added})
         for i in range(first, len(self._layouts)):
             self._zero_state(i)
 
