@@ -84,6 +84,8 @@ endfunction()
 # `gpu_check` (exit 77 without a device: reported as skipped).
 function(dmuon_add_gpu_check library)
   add_executable(dmuon_gpu_check ${PROJECT_SOURCE_DIR}/tools/gpu_only/gpu_check.cpp
+                                 ${PROJECT_SOURCE_DIR}/tools/gpu_only/kernel_checks.cpp
+                                 ${PROJECT_SOURCE_DIR}/tools/gpu_only/muon_step_bench.cpp
                                  ${PROJECT_SOURCE_DIR}/tools/device_ns_bench.cpp)
   target_include_directories(dmuon_gpu_check PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tools
                                                      ${PROJECT_SOURCE_DIR}/tests/support)

@@ -1,12 +1,17 @@
 """A small PyTorch GPT (the C++ demo's shapes: byte vocabulary, 4 layers, width 128, 4 heads, context 64)
-trained on Debian's fortunes with torch.optim.AdamW or dmuon.torch.DMuon, under DDP on gloo.
+trained on Debian's fortunes with torch.optim.AdamW or dmuon.torch.DMuon, on gloo (CPU), data
+parallel under DDP (the default), FSDP2 (--fsdp2: fully_shard per block and at the root, on a 1-D
+mesh of every rank) or HSDP (--hsdp R,S: fully_shard on a 2-D (replicate, shard) mesh of R replicas
+of S shards each; --hsdp alone is 2 replicas of W/2 shards).
 
-    mpirun --allow-run-as-root -np 2 /usr/bin/python3 examples/torch_train.py --optim dmuon
+    torchrun --standalone --nproc_per_node 2 examples/torch_train.py --optim dmuon --fsdp2
+    mpirun --allow-run-as-root -np 2 python examples/torch_train.py --optim dmuon   (also works)
     PYTHONPATH=build/python when running from the build tree.
 
-The only line that differs between the two optimizers is the one that builds it (see make_optimizer).
-Every rank draws the same global batch of sequences (seeded by step) and trains on its slice; DDP
-averages the gradients, so the update is the one of the global batch.
+The only line that differs between the two optimizers is the one that builds it (make_optimizer),
+from model.named_parameters() in every mode. Every rank draws the same global batch of sequences
+(seeded by step) and trains on its slice; DDP and FSDP2 average the gradients over all ranks, so the
+update is the one of the global batch.
 """
 
 import argparse
@@ -19,6 +24,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 
 class Block(nn.Module):
@@ -78,6 +85,37 @@ def load_corpus(folder):
     return torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
 
 
+def parallelize(model, mode, world):
+    """The model under DDP, FSDP2 (mode "fsdp2") or HSDP (mode (R, S)): each block, then the root,
+    wrapped with fully_shard, whose parameters become DTensors sharded on dim 0 over the mesh."""
+    if mode == "ddp":
+        return nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    if mode == "fsdp2":
+        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
+    else:
+        mesh = init_device_mesh("cpu", mode, mesh_dim_names=("replicate", "shard"))
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    return fully_shard(model, mesh=mesh)
+
+
+def hsdp_mesh_shape(spec, world):
+    """(replicas, shards) from --hsdp's value ("auto" or "R,S"), checked against the world size."""
+    if spec == "auto":
+        if world % 2:
+            raise SystemExit(f"torch_train: --hsdp needs an even number of ranks for 2 replicas, got {world}; "
+                             "give --hsdp R,S with R*S = the world size")
+        return 2, world // 2
+    try:
+        replicas, shards = (int(v) for v in spec.split(","))
+    except ValueError:
+        raise SystemExit(f"torch_train: --hsdp {spec}: expected R,S (two integers)") from None
+    if replicas < 1 or shards < 1 or replicas * shards != world:
+        raise SystemExit(f"torch_train: --hsdp {spec}: {replicas} replicas x {shards} shards is not the "
+                         f"world size {world}")
+    return replicas, shards
+
+
 def make_optimizer(args, model):
     if args.optim == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=args.adamw_lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -94,18 +132,22 @@ def main():
     parser.add_argument("--adamw-lr", type=float, default=3e-3, help="AdamW learning rate")
     parser.add_argument("--corpus", default="/usr/share/games/fortunes")
     parser.add_argument("--seed", type=int, default=1)
+    layout = parser.add_mutually_exclusive_group()
+    layout.add_argument("--fsdp2", action="store_true", help="FSDP2 (fully_shard) on a 1-D mesh instead of DDP")
+    layout.add_argument("--hsdp", nargs="?", const="auto", metavar="R,S",
+                        help="HSDP: FSDP2 on a 2-D (replicate, shard) mesh of R replicas x S shards "
+                             "(default 2 x world/2)")
     parser.add_argument("--check-loss-falls", action="store_true",
                         help="exit 1 unless the mean loss of the last 5 steps is below that of the first 5")
     args = parser.parse_args()
 
-    from dmuon.torch.mpirun import init_process_group_from_mpirun
-    rank, world = init_process_group_from_mpirun("gloo")
+    from dmuon.torch.mpirun import init_process_group
+    rank, world = init_process_group("gloo")
     if args.batch % world:
         raise SystemExit(f"torch_train: --batch {args.batch} is not divisible by {world} ranks")
+    mode = hsdp_mesh_shape(args.hsdp, world) if args.hsdp else "fsdp2" if args.fsdp2 else "ddp"
     torch.manual_seed(args.seed)
-    model = Gpt()
-    if world > 1:
-        model = nn.parallel.DistributedDataParallel(model)
+    model = parallelize(Gpt(), mode, world)
     optimizer = make_optimizer(args, model)
 
     data = load_corpus(args.corpus)
@@ -129,7 +171,13 @@ def main():
             print(f"step {step:4d}  loss {losses[-1]:.4f}  {time.perf_counter() - start:.1f} s", flush=True)
     first, last = sum(losses[:5]) / len(losses[:5]), sum(losses[-5:]) / len(losses[-5:])
     if rank == 0:
-        print(f"{args.optim}: {world} ranks, {args.steps} steps, loss {first:.4f} (first 5) -> {last:.4f} (last 5)")
+        where = "x".join(map(str, mode)) + " HSDP" if isinstance(mode, tuple) else mode.upper()
+        print(f"{args.optim}, {where}: {world} ranks, {args.steps} steps, loss {first:.4f} (first 5) -> {last:.4f} (last 5)")
+    # The model goes before the process group. A DDP model's Reducer (C++) holds a reference to the
+    # group; were it the last one, dropping the model would join gloo's worker threads while holding
+    # the GIL, and a worker still freeing a tensor that Python let go of waits for the GIL: a deadlock
+    # (torch 1.13 and 2.11). Freed last through its Python object, the group is destroyed without the GIL.
+    del optimizer, model
     dist.destroy_process_group()
     if args.check_loss_falls and not last < first:
         print(f"torch_train: the loss did not fall ({first:.4f} -> {last:.4f})", file=sys.stderr)

@@ -4,7 +4,9 @@
 // the CPU backend always, the CUDA backend where this build has it and a device is present (else skipped).
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <random>
 #include <vector>
 
@@ -116,6 +118,69 @@ TEST_P(Conformance, GemmZeroSizes) {
   download(cv, out);
   for (int64_t i = 0; i < 2; ++i) {
     for (int64_t j = 0; j < 3; ++j) EXPECT_FLOAT_EQ(out.get(0, i, j), 0.5f * c2.get(0, i, j));
+  }
+}
+
+// k = 0 in every product: C = beta·C, and beta = 0 writes zeros without reading C (BLAS's rule), so NaN in C
+// does not survive. The CUDA backend does this itself rather than trust cuBLAS with k = 0.
+TEST_P(Conformance, ProductsWithNoInnerDimensionScaleC) {
+  const int64_t n = 5;
+  for (const float beta : {0.0f, 0.5f}) {
+    Host c(n, n, n, 1, 8);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t j = i; j < n; ++j) c.at(0, j, i) = c.at(0, i, j);  // symmetric, as syrk's beta·C must be
+    if (beta == 0.0f) c.at(0, 1, 2) = c.at(0, 2, 1) = std::nanf("");
+    const Host empty_a(n, 0, 1, 1, 9), empty_b(0, n, n, 1, 10);
+    const auto check = [&](const MatView& v, const char* op) {
+      Host out = c;
+      download(v, out);
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < n; ++j)
+          EXPECT_EQ(out.get(0, i, j), beta == 0.0f ? 0.0 : double(beta * c.at(0, i, j))) << op << " beta " << beta;
+    };
+    const MatView g = upload(c);
+    be_->gemm(false, false, 1.0f, upload(empty_a), upload(empty_b), beta, g);
+    check(g, "gemm");
+    const MatView s = upload(c);
+    be_->syrk(false, 1.0f, upload(empty_a), beta, s);
+    check(s, "syrk");
+    const MatView t = upload(c);
+    be_->symmetric_gemm(1.0f, upload(empty_a), upload(empty_b), beta, t, 2);
+    check(t, "symmetric_gemm");
+  }
+}
+
+// f32 → bf16 → f32 rounds to nearest, ties to even, keeps ±0 and ±Inf, overflows to Inf and makes every NaN the
+// canonical quiet NaN (CUDA's __float2bfloat16_rn), on strided batches.
+TEST_P(Conformance, ConvertRoundsToBfloat16NearestEven) {
+  const auto f = [](uint32_t bits) { return std::bit_cast<float>(bits); };
+  const std::vector<std::pair<float, uint32_t>> cases = {
+      {1.0f, 0x3f800000u},        {f(0x3f808000u), 0x3f800000u},  // tie, even below
+      {f(0x3f818000u), 0x3f820000u},  // tie, even above
+      {f(0x3f808001u), 0x3f810000u},  // above the tie
+      {-0.0f, 0x80000000u},       {INFINITY, 0x7f800000u},        {-INFINITY, 0xff800000u},
+      {f(0x7f7fffffu), 0x7f800000u},  // FLT_MAX rounds up to Inf
+      {f(0x7f800001u), 0x7fff0000u},  // a signalling NaN that truncation would turn into Inf
+      {f(0xffc00000u), 0x7fff0000u},  // a negative quiet NaN
+      {f(0x00000001u), 0x00000000u},  // the least subnormal rounds to 0
+  };
+  const int64_t cols = static_cast<int64_t>(cases.size()), ld = cols + 2, count = 2;
+  Host in(1, cols, ld, count, 11);
+  for (int64_t b = 0; b < count; ++b)
+    for (int64_t j = 0; j < cols; ++j) in.at(b, 0, j) = cases[j].first;
+  const MatView from = upload(in);
+  buffers_.emplace_back(*be_, DType::bf16, in.stride * count);
+  const MatView narrow{buffers_.back().data(), be_->device(), DType::bf16, 1, cols, ld, count, in.stride};
+  Host back = in;
+  for (float& x : back.v) x = 7.0f;  // poisoned: the gaps between rows must stay
+  const MatView to = upload(back);
+  be_->convert(from, narrow);
+  be_->convert(narrow, to);
+  download(to, back);
+  for (int64_t b = 0; b < count; ++b) {
+    for (int64_t j = 0; j < cols; ++j)
+      EXPECT_EQ(std::bit_cast<uint32_t>(back.at(b, 0, j)), cases[j].second) << "case " << j << ", matrix " << b;
+    for (int64_t j = cols; j < ld; ++j) EXPECT_EQ(back.at(b, 0, j), 7.0f);
   }
 }
 

@@ -82,5 +82,27 @@ TEST(NewtonSchulzBatched, RejectsMismatchedSpans) {
   EXPECT_THROW(newton_schulz_batched(batch.in_ptrs, batch.out_ptrs, 4, 4, {}, names), Error);
 }
 
+// A workspace larger than the pool's limit (qwen2.5-0.5b's MLP batch on a GPU) stays pooled, so every call
+// reuses its memory and addresses; smaller ones beyond the limit go, and ns_release_workspaces frees the rest.
+TEST(NewtonSchulzBatched, KeepsEachBackendsLargestWorkspaceWhateverTheLimit) {
+  ns_release_workspaces();
+  ns_set_workspace_limit(0);
+  Batch big(2, 40, 100), small(2, 10, 20);
+  newton_schulz_batched(big.in_ptrs, big.out_ptrs, 40, 100, NsOptions{});
+  const size_t kept = ns_pooled_workspace_bytes();
+  // Two 40×100 and four 40×40 float32 iterates for one matrix at a time (the CPU's preferred batch), and norms.
+  EXPECT_GE(kept, sizeof(float) * (2 * 40 * 100 + 4 * 40 * 40));
+  newton_schulz_batched(small.in_ptrs, small.out_ptrs, 10, 20, NsOptions{});
+  EXPECT_EQ(ns_pooled_workspace_bytes(), kept);  // the same workspace was leased again (it fits)
+  NsOptions concurrent;  // two queues: two workspaces; only the largest stays
+  concurrent.batch_mode = NsBatchMode::concurrent;
+  concurrent.threads = 2;
+  newton_schulz_batched(big.in_ptrs, big.out_ptrs, 40, 100, concurrent);
+  EXPECT_EQ(ns_pooled_workspace_bytes(), kept);
+  ns_release_workspaces();
+  EXPECT_EQ(ns_pooled_workspace_bytes(), 0u);
+  ns_set_workspace_limit(size_t{1024} << 20);
+}
+
 }  // namespace
 }  // namespace dmuon

@@ -17,6 +17,7 @@
 #include "dmuon/models.hpp"
 #include "dmuon/plan.hpp"  // make_plan_items, tuned_batch_time
 #include "dmuon/tune.hpp"
+#include "fenced_device.hpp"
 #include "test_data.hpp"
 
 namespace dmuon {
@@ -378,6 +379,26 @@ TEST(TuneShapes, RealTimerRunsEveryCandidateAndReportsItsTimes) {
   EXPECT_EQ(entries[0].default_seconds, timed[0].second);
   const auto winner = std::find_if(timed.begin(), timed.end(), [&](const auto& t) { return t.second == fastest; });
   EXPECT_EQ(entries[0].options, winner->first);
+}
+
+// The device clock never times a candidate's first run: on a GPU that run captures the candidate's CUDA graph. On
+// the fenced device (which records a graph on a key's first run_graph and replays it after, as CUDA does) every
+// timed run of every candidate replays all its graphs: each candidate was run once, untimed, before its first
+// timing. (A run is one graph per chunk of the batch: batch / preferred_batch of them.)
+TEST(TuneShapes, DeviceTimerWarmsEachCandidateBeforeTimingIt) {
+  test::FencedBackend device;
+  const MeasureFn timer = make_ns_timer(device, DType::f32);
+  const int batch = 2;
+  const std::vector<NsOptions> candidates = tune_candidates(24, 40, batch, 1);
+  ASSERT_GE(candidates.size(), 2u);
+  const int64_t graphs_per_run = (batch + device.preferred_batch() - 1) / device.preferred_batch();
+  for (int round = 0; round < 2; ++round) {
+    for (const NsOptions& o : candidates) {
+      const int64_t before = device.graphs_replayed();
+      EXPECT_GT(timer(o, 24, 40, batch), 0) << describe(o);
+      EXPECT_GE(device.graphs_replayed() - before, graphs_per_run) << "round " << round << ", " << describe(o);
+    }
+  }
 }
 
 // The tuned choice: exact (shape, batch), else the nearest batch of that shape (ties: the smaller),

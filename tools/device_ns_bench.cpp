@@ -29,6 +29,8 @@ std::string describe_path(const NsOptions& o) {
   return os.str();
 }
 
+}  // namespace
+
 std::string json_string(const std::string& s) {
   std::string out = "\"";
   for (char c : s) {
@@ -37,8 +39,6 @@ std::string json_string(const std::string& s) {
   }
   return out + "\"";
 }
-
-}  // namespace
 
 NsOptions device_ns_path_options(const std::string& path, DType dtype) {
   NsOptions o;

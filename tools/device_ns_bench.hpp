@@ -53,6 +53,8 @@ double median_seconds_on(Backend& backend, int warmup, int repeats, const std::f
 double measure_product_gflops(Backend& backend, DType dtype, int64_t n = 8192, int repeats = 10);
 
 std::string device_ns_json(const DeviceNsReport& report);
+// s as a JSON string literal (quotes and backslashes escaped; the reports hold no control characters).
+std::string json_string(const std::string& s);
 std::string device_ns_table(const DeviceNsReport& report);
 
 }  // namespace dmuon

@@ -22,7 +22,8 @@
 namespace dmuon {
 
 enum class DeviceKind { cpu, cuda, record };
-// Storage types. Products always accumulate in float32; bf16 is a GPU storage type for NS operands.
+// Storage types. Products always accumulate in float32; bf16 is a GPU storage type for NS operands (every
+// backend's convert takes it, so host code can hold bf16 data and compute in float32).
 enum class DType { f32, bf16 };
 
 size_t dtype_size(DType dtype);
@@ -77,6 +78,7 @@ class Backend {
   virtual DeviceKind device() const = 0;
   // "cpu: OpenBLAS 0.3.21 (...), 2 threads", "cuda:0 NVIDIA H200, cuBLAS 13.1", for logs and cache keys.
   virtual std::string description() const = 0;
+  // Whether products and elementwise ops take `dtype` views (convert takes both types on every backend).
   virtual bool supports(DType dtype) const = 0;
   // Whether the host may read this backend's memory directly (CPU): then copies are memcpy and
   // synchronize() returns at once.

@@ -38,15 +38,27 @@ enum {
   DMUON_ERR_FAILED = 3,      /* the engine failed (non-finite input, unreadable file, ...) */
 };
 
-/* Where the matrices live. CUDA pointers are device pointers; the work is queued on `stream`. */
+/* Where the data lives. CUDA pointers are device pointers, all on one device (the call finds which from
+ * the pointers themselves); the work is ordered in the caller's `stream` (a cudaStream_t; NULL: the legacy
+ * default stream) as if queued there: the engine's own stream waits for what the caller queued before the
+ * call, and `stream` waits for the engine's work, with events, so the caller's allocator may reuse the
+ * arguments' memory in `stream`'s order (PyTorch's caching allocator does). dmuon_adamw_step returns without
+ * waiting for the device; dmuon_ns_run waits for its inputs' norms (it reports a non-finite input as an
+ * error), so the host waits for what the caller queued before it. A call leaves the thread's current CUDA
+ * device as it found it. */
 typedef enum { DMUON_DEVICE_CPU = 0, DMUON_DEVICE_CUDA = 1 } dmuon_device;
-/* Element type of the matrices passed to dmuon_ns_run. */
+/* Storage type of the data passed to dmuon_ns_run and dmuon_adamw_step. bfloat16 data is widened to
+ * float32 (exactly), computed on and rounded back once per value (nearest even): on the CPU in float32
+ * throughout; on a GPU, Newton-Schulz keeps its iterates in bfloat16 (float32 accumulation, DESIGN 2.2's
+ * half-precision restarts) and AdamW computes in float32. */
 typedef enum { DMUON_DTYPE_F32 = 0, DMUON_DTYPE_BF16 = 1 } dmuon_dtype;
 
 /* The message of the last failing call on this thread ("" when none). */
 DMUON_C_API const char* dmuon_last_error(void);
 
-/* Which devices and dtypes this build supports (1 yes, 0 no), so a caller can say so before it fails. */
+/* Which devices and dtypes this build supports on this machine (1 yes, 0 no), so a caller can say so before
+ * it fails: cpu with both dtypes always; cuda with both when the library was built with the CUDA backend and
+ * the process sees a CUDA device. */
 DMUON_C_API int dmuon_supports(int device, int dtype);
 
 /* ---- Newton–Schulz ---- */
@@ -57,7 +69,8 @@ DMUON_C_API int dmuon_supports(int device, int dtype);
  *   algo:       "auto" (the tuned choice when the cache has the shape, else gram for aspect ≥ 2),
  *               "standard" or "gram" (forced; the cache is then ignored)
  *   steps:      ≥ 1
- *   threads:    BLAS threads per call (≥ 1); also selects the cache entries (they are keyed by it)
+ *   threads:    BLAS threads per call (≥ 1); also selects the cache entries (they are keyed by it). The
+ *               tuning is the CPU's: on a GPU the handle runs its coefficients, steps and algo untuned.
  *   tune_cache: path of a tuning cache, "" for the default path (dmuon_default_tune_cache_path), or
  *               NULL for none. A missing file means no tuned entries; a corrupt or foreign one too,
  *               and dmuon_ns_warning says why.
@@ -74,7 +87,8 @@ DMUON_C_API const char* dmuon_ns_warning(const dmuon_ns* ns);
  * elements of `dtype` on `device` (in[i] may equal out[i]). `stream` is the CUDA stream for
  * DMUON_DEVICE_CUDA (NULL: the default stream) and must be NULL for the CPU. `names` (NULL or
  * `batch` strings) name the matrices in errors (a non-finite input is an error). Returns
- * DMUON_ERR_UNSUPPORTED naming the device or dtype when this build lacks it. */
+ * DMUON_ERR_UNSUPPORTED naming the device when this build or machine lacks it. A handle keeps the
+ * float32 copy of its largest bfloat16 batch per device for reuse until it is destroyed. */
 DMUON_C_API int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* const* in, void* const* out,
                  int64_t batch, int64_t rows, int64_t cols, const char* const* names);
 
@@ -84,7 +98,9 @@ DMUON_C_API int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, 
  * include/dmuon/optim.hpp adamw_step), in one pass: p ← p·(1 − lr·wd); m ← β1·m + (1−β1)·g;
  * v ← β2·v + (1−β2)·g²; p ← p − lr/(1−β1^step)·m/(sqrt(v)/sqrt(1−β2^step) + eps), with
  * g = grad·grad_scale. p, exp_avg, exp_avg_sq are updated in place; step ≥ 1. Device, dtype and
- * stream as for dmuon_ns_run. */
+ * stream as for dmuon_ns_run; all four arrays have the one `dtype` (bfloat16: stepped in float32 and
+ * p, exp_avg, exp_avg_sq rounded back once per value; torch.optim.AdamW(fused=True) also computes in
+ * float32, its unfused form rounds after every operation). */
 DMUON_C_API int dmuon_adamw_step(int device, int dtype, void* stream, void* p, const void* grad, void* exp_avg,
                                  void* exp_avg_sq, int64_t n, int64_t step, double lr, double beta1, double beta2,
                                  double eps, double weight_decay, float grad_scale);

@@ -74,9 +74,11 @@ using Orthogonalizer = std::function<void(Backend& backend, std::span<const MatV
 Orthogonalizer ns_orthogonalizer(const NsOptions& options);
 
 // The Newton–Schulz workspaces pooled for reuse (per backend, a few m×n and m×m buffers per queue) are
-// kept up to this many bytes in all; more is freed when a call returns it. Default 1 GiB, or
-// DMUON_NS_WORKSPACE_MB. ns_release_workspaces() frees every pooled workspace now (e.g. after training), or
-// only `backend`'s: call it before destroying a backend of your own that ran Newton–Schulz.
+// kept up to this many bytes in all; more is freed when a call returns it, oldest first, except each
+// backend's largest workspace, which stays whatever its size (so a batch larger than the limit reuses its
+// memory and addresses on every call). Default 1 GiB, or DMUON_NS_WORKSPACE_MB. ns_release_workspaces() frees
+// every pooled workspace now (e.g. after training), or only `backend`'s: call it before destroying a backend
+// of your own that ran Newton–Schulz.
 void ns_set_workspace_limit(size_t bytes);
 void ns_release_workspaces(const Backend* backend = nullptr);
 size_t ns_pooled_workspace_bytes();

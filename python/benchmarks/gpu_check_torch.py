@@ -1,20 +1,22 @@
-"""dmuon.torch on a CUDA machine (the H200 of GPU.md, torch 2.x with DTensor and FSDP2), one process:
+"""dmuon.torch on a CUDA machine (the H200 of GPU.md, torch 2.11 with DTensor and FSDP2), one process; run by
+scripts/gpu-check.sh where the full build (libdmuon_c with the CUDA backend) exists:
 
   fsdp2-cpu    the C++ demo's GPT wrapped with fully_shard (FSDP2, gloo, CPU tensors) trains with
                DMuon: its parameters are DTensors with Shard(0), found from their placements, and the
                loss falls; and DMuon on the FSDP2 model equals DMuon on a plain copy (same math)
-  fsdp2-cuda   the same on the GPU (NCCL), DMuon's Newton–Schulz on torch's current stream
-  cuda-vs-cpu  DMuon on CUDA tensors equals DMuon on CPU tensors within bf16 tolerance (1e-2 relative
-               per tensor after 5 steps; GPU.md: bf16 operands give 1e-3 … 1e-2)
-  step-time    one optimizer step on qwen2.5-0.5b's first 4 layers' matrices on the GPU: DMuon against
-               torch.optim.Muon where this torch has it, else the reference torch Muon of
-               optimizer_step.py (bf16 Newton–Schulz as KellerJordan/Muon); CUDA events, median
+  fsdp2-cuda   the same on the GPU (NCCL): CUDA tensors through the C ABI to the CUDA backend, in
+               torch's current stream order
+  cuda-vs-cpu  DMuon on CUDA tensors (bf16 Newton–Schulz iterates) equals DMuon on CPU tensors (float32)
+               within 1e-2 relative per tensor after 5 steps: each step moves a weight by about 3% of
+               its norm and bf16 Newton–Schulz is 1e-2 … 3.5e-2 off float64 (tests/ns_bf16_emulation_test.cpp)
+  step-time    one optimizer step on qwen2.5-0.5b's Muon matrices (all 24 layers, muon_step_torch.py's
+               list) on the GPU: dmuon.torch.DMuon against torch.optim.Muon; CUDA events, median
 
-A check that this build cannot run (no CUDA backend in libdmuon_c yet, no GPU, no FSDP2) is reported
-as SKIP with the reason, never as PASS. Prints a table last; --results DIR also gets
-gpu_check_torch.json. Exit status 1 when any check FAILs.
+A check that this build or machine cannot run (dmuon not importable, no CUDA backend in libdmuon_c, no
+GPU, no FSDP2) is reported as SKIP with the reason, never as PASS. Prints a table last; --results DIR
+also gets gpu_check_torch.json. Exit status 1 when any check FAILs.
 
-    PYTHONPATH=build/python python3 python/benchmarks/gpu_check_torch.py --results results/
+    PYTHONPATH=build/python python3 python/benchmarks/gpu_check_torch.py --results results/ [--checks a,b]
 """
 
 import argparse
@@ -31,15 +33,23 @@ import traceback
 import torch
 import torch.distributed as dist
 
-import dmuon
-from dmuon.torch import DMuon
-
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+CHECKS = ("fsdp2-cpu", "fsdp2-cuda", "cuda-vs-cpu", "step-time")
 
 
 class Skip(Exception):
     """A check this machine or build cannot run; the message says why."""
+
+
+def engine():
+    """(dmuon, DMuon), or Skip saying why `import dmuon` failed (no libdmuon_c: the GPU-only build)."""
+    try:
+        import dmuon
+        from dmuon.torch import DMuon
+    except ImportError as e:
+        raise Skip(f"import dmuon failed ({e}); PYTHONPATH=BUILD/python after building dmuon_python") from None
+    return dmuon, DMuon
 
 
 def load_module(path, name):
@@ -62,6 +72,7 @@ def fully_shard_fn():
 def require_cuda_backend():
     if not torch.cuda.is_available():
         raise Skip("no CUDA device")
+    dmuon, _ = engine()
     if not (dmuon.supports(dmuon.DEVICE_CUDA, dmuon.DTYPE_BF16) or dmuon.supports(dmuon.DEVICE_CUDA, dmuon.DTYPE_F32)):
         raise Skip("this build of libdmuon_c has no CUDA backend")
 
@@ -79,6 +90,7 @@ def train_fsdp2(device, steps=30):
     """(first 5 mean loss, last 5 mean loss, DTensor parameter count, max relative difference to the
     same DMuon steps on an unwrapped copy)."""
     fully_shard = fully_shard_fn()
+    _, DMuon = engine()
     train = load_module(REPO / "examples" / "torch_train.py", "torch_train")
     torch.manual_seed(0)
     model = train.Gpt().to(device)
@@ -116,6 +128,7 @@ def check_fsdp2(device):
 
 def check_cuda_vs_cpu():
     require_cuda_backend()
+    _, DMuon = engine()
     shapes = [(256, 1024), (1024, 256), (512, 512), (7, 300), (300, 7)]
     gen = torch.Generator().manual_seed(1)
     values = [torch.randn(s, generator=gen) * 0.02 for s in shapes]
@@ -150,9 +163,10 @@ def time_step(opt, repeats=10):
 def check_step_time():
     if not torch.cuda.is_available():
         raise Skip("no CUDA device")
-    bench = load_module(HERE / "optimizer_step.py", "optimizer_step")
-    specs = [(n, tuple(s)) for n, s, is_matrix in bench.model_params(str(REPO / "models" / "qwen2.5-0.5b.json"), 4)
-             if is_matrix]
+    if not hasattr(torch.optim, "Muon"):
+        raise Skip(f"torch {torch.__version__} has no torch.optim.Muon")
+    bench = load_module(HERE / "muon_step_torch.py", "muon_step_torch")
+    specs = bench.muon_matrices(REPO / "models" / "qwen2.5-0.5b.json")
 
     def params():
         out = []
@@ -163,19 +177,15 @@ def check_step_time():
             out.append((n, p))
         return out
 
-    rows = []
-    if hasattr(torch.optim, "Muon"):
-        baseline = "torch.optim.Muon"
-        rows.append((baseline, time_step(torch.optim.Muon([p for _, p in params()], lr=0.02))))
-    else:
-        baseline = "reference torch Muon (bf16)"
-        rows.append((baseline, time_step(bench.ReferenceMuon([p for _, p in params()], ns_dtype=torch.bfloat16))))
+    rows = [("torch.optim.Muon", time_step(torch.optim.Muon([p for _, p in params()], lr=0.02, weight_decay=0.0)))]
+    torch.cuda.empty_cache()
     try:
         require_cuda_backend()
+        _, DMuon = engine()
         rows.append(("dmuon.torch.DMuon", time_step(DMuon(params()))))
     except Skip as e:
         rows.append((f"dmuon.torch.DMuon: {e}", float("nan")))
-    text = "; ".join(f"{n} {ms:.2f} ms" for n, ms in rows)
+    text = f"{len(specs)} matrices: " + "; ".join(f"{n} {ms:.2f} ms" for n, ms in rows)
     if math.isnan(rows[-1][1]):
         raise Skip(text)
     return True, text + f"; DMuon speedup {rows[0][1] / rows[-1][1]:.2f}x"
@@ -199,27 +209,41 @@ def run_check(name, fn, results):
     print(f"[{status}] {name}: {detail}", flush=True)
 
 
-def main():
+def describe_engine():
+    try:
+        dmuon, _ = engine()
+    except Skip as e:
+        return str(e)
+    return (f"libdmuon_c cuda bf16/f32: {dmuon.supports(dmuon.DEVICE_CUDA, dmuon.DTYPE_BF16)}/"
+            f"{dmuon.supports(dmuon.DEVICE_CUDA, dmuon.DTYPE_F32)}")
+
+
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", default=os.environ.get("DMUON_GPU_RESULTS"), help="folder for the JSON")
-    args = parser.parse_args()
+    parser.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated, of {', '.join(CHECKS)}")
+    args = parser.parse_args(argv)
+    chosen = args.checks.split(",")
+    unknown = sorted(set(chosen) - set(CHECKS))
+    if unknown:
+        parser.error(f"--checks: unknown {', '.join(unknown)} (known: {', '.join(CHECKS)})")
     print(f"torch {torch.__version__}, CUDA {torch.version.cuda}, "
-          f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}, "
-          f"libdmuon_c cuda bf16/f32: {dmuon.supports(dmuon.DEVICE_CUDA, dmuon.DTYPE_BF16)}/"
-          f"{dmuon.supports(dmuon.DEVICE_CUDA, dmuon.DTYPE_F32)}", flush=True)
+          f"device {torch.cuda.get_device_name() if torch.cuda.is_available() else 'none'}, {describe_engine()}",
+          flush=True)
     results = []
-    init_single_process("gloo")
-    run_check("fsdp2-cpu", lambda: check_fsdp2("cpu"), results)
-    dist.destroy_process_group()
+    if "fsdp2-cpu" in chosen:
+        init_single_process("gloo")
+        run_check("fsdp2-cpu", lambda: check_fsdp2("cpu"), results)
+        dist.destroy_process_group()
     if torch.cuda.is_available():
         init_single_process("nccl")
 
     def fsdp2_cuda():
         require_cuda_backend()
         return check_fsdp2("cuda")
-    run_check("fsdp2-cuda", fsdp2_cuda, results)
-    run_check("cuda-vs-cpu", check_cuda_vs_cpu, results)
-    run_check("step-time", check_step_time, results)
+    for name, fn in (("fsdp2-cuda", fsdp2_cuda), ("cuda-vs-cpu", check_cuda_vs_cpu), ("step-time", check_step_time)):
+        if name in chosen:
+            run_check(name, fn, results)
     if dist.is_initialized():
         dist.destroy_process_group()
     print("\n| check | status | detail |\n|---|---|---|")

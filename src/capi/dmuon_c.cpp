@@ -1,17 +1,25 @@
-// The C ABI (include/dmuon/dmuon_c.h) over the engine: argument checks, exceptions turned into return
-// codes and a per-thread message, nothing else. The device and dtype arguments are checked here;
-// this build runs float32 on host memory (the CPU engine) and says so for anything else.
+// The C ABI (include/dmuon/dmuon_c.h) over the engine: argument checks, the choice of backend, exceptions
+// turned into return codes and a per-thread message. The work itself is abi_calls.hpp's, on the CPU backend for
+// host memory and, in builds with the CUDA backend, on the pointers' GPU in the caller's stream order
+// (cuda_caller_stream.hpp); float32 and bfloat16 on both.
 #include "dmuon/dmuon_c.h"
 
+#include <array>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
+#include <span>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "capi/abi_calls.hpp"
+#ifdef DMUON_HAVE_CUDA
+#include "capi/cuda_caller_stream.hpp"
+#endif
 #include "dmuon/error.hpp"
 #include "dmuon/models.hpp"
 #include "dmuon/ns.hpp"
@@ -21,8 +29,9 @@
 
 struct dmuon_ns {
   dmuon::NsOptions defaults;         // the math, and the kernel when nothing is tuned
-  std::vector<dmuon::TuneEntry> tuned;  // empty: run `defaults`
+  std::vector<dmuon::TuneEntry> tuned;  // empty: run `defaults` (entries for the CPU: a GPU runs `defaults`)
   std::string warning;               // why the given tuning cache was rejected
+  dmuon::capi::Staging staging;      // bf16 matrices widened to float32, per backend
 };
 
 namespace {
@@ -77,19 +86,46 @@ const char* dtype_name(int dtype) {
   }
 }
 
-bool supported(int device, int dtype) { return device == DMUON_DEVICE_CPU && dtype == DMUON_DTYPE_F32; }
+// Why `device` cannot run here ("" when it can). Both dtypes run wherever a device does.
+std::string missing_device(int device) {
+  if (device == DMUON_DEVICE_CPU) return "";
+#ifdef DMUON_HAVE_CUDA
+  return dmuon::capi::cuda_devices() > 0 ? "" : "this machine has no usable CUDA device";
+#else
+  return "this build of libdmuon_c has no CUDA backend (built without the CUDA toolkit)";
+#endif
+}
 
-void check_device_dtype(int device, int dtype, const void* stream) {
+bool supported(int device, int dtype) {
+  return device_name(device) != nullptr && dtype_name(dtype) != nullptr && missing_device(device).empty();
+}
+
+// The storage type of a checked device/dtype pair.
+dmuon::DType check_device_dtype(int device, int dtype, const void* stream) {
   const char* dev = device_name(device);
   const char* dt = dtype_name(dtype);
   require(dev != nullptr, "unknown device code " + std::to_string(device) + " (0 cpu, 1 cuda)");
   require(dt != nullptr, "unknown dtype code " + std::to_string(dtype) + " (0 float32, 1 bfloat16)");
-  if (!supported(device, dtype)) {
-    throw Unsupported(std::string(dt) + " matrices on device " + dev +
-                      ": this build of libdmuon_c runs Newton-Schulz on float32 CPU memory only (no " +
-                      (device == DMUON_DEVICE_CUDA ? "CUDA backend" : "bfloat16 CPU path") + ")");
-  }
+  const std::string missing = missing_device(device);
+  if (!missing.empty()) throw Unsupported(std::string(dt) + " matrices on device " + dev + ": " + missing);
   require(device != DMUON_DEVICE_CPU || stream == nullptr, "stream must be NULL for device cpu");
+  return dtype == DMUON_DTYPE_BF16 ? dmuon::DType::bf16 : dmuon::DType::f32;
+}
+
+// Runs work(backend) where the data is: the CPU backend at once, or the CUDA backend of the device holding
+// `pointers` (pointer i named name_of(i) in errors), ordered in `stream`.
+void on_device(int device, void* stream, std::span<const void* const> pointers,
+               const std::function<std::string(size_t)>& name_of, const std::function<void(dmuon::Backend&)>& work) {
+  if (device == DMUON_DEVICE_CPU) {
+    work(dmuon::cpu_backend());
+    return;
+  }
+#ifdef DMUON_HAVE_CUDA
+  dmuon::capi::on_caller_stream(dmuon::capi::cuda_device_of(pointers, name_of), stream, work);
+#else
+  (void)stream, (void)pointers, (void)name_of;
+  throw Unsupported("device cuda: " + missing_device(device));  // check_device_dtype said so first
+#endif
 }
 
 // NULL: no cache; "": the default path; else the path itself.
@@ -149,25 +185,31 @@ int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* 
                  int64_t batch, int64_t rows, int64_t cols, const char* const* names) {
   return guarded("dmuon_ns_run", [&] {
     require(ns != nullptr, "handle is NULL");
-    check_device_dtype(device, dtype, stream);
+    const dmuon::DType storage = check_device_dtype(device, dtype, stream);
     require(batch >= 0, "batch must be >= 0, got " + std::to_string(batch));
     require(rows >= 1 && cols >= 1, "shape must be positive, got " + std::to_string(rows) + "x" + std::to_string(cols));
     if (batch == 0) return;
     require(in != nullptr && out != nullptr, "in and out must be given");
-    dmuon::Backend& backend = dmuon::backend_for(device == DMUON_DEVICE_CUDA ? dmuon::DeviceKind::cuda
-                                                                            : dmuon::DeviceKind::cpu);
-    std::vector<dmuon::MatView> u(batch), o(batch);
     std::vector<std::string> labels;
     for (int64_t i = 0; i < batch; ++i) {
       require(in[i] != nullptr && out[i] != nullptr, "matrix " + std::to_string(i) + " has a NULL pointer");
-      u[i] = dmuon::f32_view(backend.device(), static_cast<float*>(const_cast<void*>(in[i])), rows, cols);
-      o[i] = dmuon::f32_view(backend.device(), static_cast<float*>(out[i]), rows, cols);
       if (names) labels.emplace_back(names[i] ? names[i] : "matrix");
     }
-    const dmuon::NsOptions options =
-        ns->tuned.empty() ? ns->defaults
-                          : dmuon::tuned_options(ns->tuned, rows, cols, static_cast<int>(batch), ns->defaults);
-    dmuon::newton_schulz_batched(backend, u, o, options, labels);
+    const std::span<const void* const> inputs(in, static_cast<size_t>(batch));
+    const std::span<void* const> outputs(out, static_cast<size_t>(batch));
+    std::vector<const void*> pointers(inputs.begin(), inputs.end());
+    pointers.insert(pointers.end(), outputs.begin(), outputs.end());
+    const auto name_of = [batch](size_t i) {
+      return (i < static_cast<size_t>(batch) ? "in[" + std::to_string(i) : "out[" + std::to_string(i - batch)) + "]";
+    };
+    on_device(device, stream, pointers, name_of, [&](dmuon::Backend& backend) {
+      // The tuning cache times the CPU: a GPU runs the handle's defaults.
+      const dmuon::NsOptions options =
+          ns->tuned.empty() || !backend.host_memory()
+              ? ns->defaults
+              : dmuon::tuned_options(ns->tuned, rows, cols, static_cast<int>(batch), ns->defaults);
+      dmuon::capi::ns_run(backend, storage, inputs, outputs, rows, cols, options, labels, ns->staging);
+    });
   });
 }
 
@@ -175,14 +217,19 @@ int dmuon_adamw_step(int device, int dtype, void* stream, void* p, const void* g
                      void* exp_avg_sq, int64_t n, int64_t step, double lr, double beta1, double beta2, double eps,
                      double weight_decay, float grad_scale) {
   return guarded("dmuon_adamw_step", [&] {
-    check_device_dtype(device, dtype, stream);
+    const dmuon::DType storage = check_device_dtype(device, dtype, stream);
     require(n >= 0, "n must be >= 0, got " + std::to_string(n));
+    require(step >= 1, "step must be >= 1, got " + std::to_string(step));
     if (n == 0) return;
     require(p && grad && exp_avg && exp_avg_sq, "p, grad, exp_avg and exp_avg_sq must be given");
-    const size_t count = static_cast<size_t>(n);
-    dmuon::AdamWHyper hyper{lr, beta1, beta2, eps, weight_decay};
-    dmuon::adamw_step({static_cast<float*>(p), count}, {static_cast<const float*>(grad), count}, grad_scale,
-                      {static_cast<float*>(exp_avg), count}, {static_cast<float*>(exp_avg_sq), count}, step, hyper);
+    const dmuon::AdamWStepConstants k = dmuon::adamw_step_constants({lr, beta1, beta2, eps, weight_decay}, step);
+    const void* pointers[] = {p, grad, exp_avg, exp_avg_sq};
+    // bf16 staging: per thread, as the function is reentrant; kept, so repeated steps reuse it.
+    thread_local dmuon::capi::Staging staging;
+    const auto name_of = [](size_t i) { return std::string(std::array{"p", "grad", "exp_avg", "exp_avg_sq"}[i]); };
+    on_device(device, stream, pointers, name_of, [&](dmuon::Backend& backend) {
+      dmuon::capi::adamw_run(backend, storage, p, grad, exp_avg, exp_avg_sq, n, k, grad_scale, staging);
+    });
   });
 }
 

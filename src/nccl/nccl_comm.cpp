@@ -99,8 +99,8 @@ class NcclWork : public WorkState {
   ~NcclWork() override {
     if (!done_ && !detail::comm_failed()) {
       double waited_s = 0;
-      const bool finished = detail::poll_until([&] { return cudaEventQuery(event_) != cudaErrorNotReady; },
-                                               timeout_s_, waited_s);
+      const bool finished = detail::poll_until([&] { return query_event() != cudaErrorNotReady; }, timeout_s_,
+                                               waited_s);
       if (!finished) detail::mark_comm_failed();
     }
     cudaEventDestroy(event_);
@@ -110,7 +110,7 @@ class NcclWork : public WorkState {
     ncclResult_t state = ncclSuccess;
     check_nccl(ncclCommGetAsyncError(comm_, &state), what_ + " (ncclCommGetAsyncError)", rank_, comm_);
     check_nccl(state, what_, rank_, comm_);
-    const cudaError_t rc = cudaEventQuery(event_);
+    const cudaError_t rc = query_event();
     if (rc == cudaErrorNotReady) return false;
     if (rc != cudaSuccess) {
       detail::mark_comm_failed();
@@ -124,6 +124,15 @@ class NcclWork : public WorkState {
   }
 
  private:
+  // cudaEventQuery, leaving no error behind: a NotReady answer also becomes the thread's last error, which the
+  // next kernel launch's check (cudaGetLastError) would report as its own failure (PyTorch's CUDAEvent::query
+  // clears it the same way).
+  cudaError_t query_event() const {
+    const cudaError_t rc = cudaEventQuery(event_);
+    if (rc == cudaErrorNotReady) (void)cudaGetLastError();
+    return rc;
+  }
+
   std::string what_;
   int rank_, size_;
   double timeout_s_;

@@ -29,9 +29,26 @@ struct Pool {
     for (const auto& ws : free) total += ws->bytes();
     return total;
   }
-  // Frees the oldest workspaces until the pool holds at most `limit` bytes.
+  // Whether `ws` is its backend's largest pooled workspace (of equal ones, the newest).
+  bool largest_of_its_backend(const Workspace& ws) const {
+    const Workspace* largest = nullptr;
+    for (const auto& other : free)
+      if (other->backend == ws.backend && (largest == nullptr || other->bytes() >= largest->bytes()))
+        largest = other.get();
+    return largest == &ws;
+  }
+  // Frees the oldest workspaces until the pool holds at most `limit` bytes, but never a backend's largest: one
+  // batch of a large model (qwen2.5-0.5b's 48 MLP matrices need 1.1 GB in bf16) may need more than the limit,
+  // and freeing it would allocate it again on every call, at new addresses (a GPU then records new graphs).
+  // ns_release_workspaces frees those.
   void trim() {
-    while (!free.empty() && bytes() > limit) free.erase(free.begin());
+    for (auto it = free.begin(); it != free.end() && bytes() > limit;) {
+      if (largest_of_its_backend(**it)) {
+        ++it;
+      } else {
+        it = free.erase(it);
+      }
+    }
   }
 };
 

@@ -1,8 +1,9 @@
 """libdmuon_c through python/dmuon's ctypes layer, single process (pytest; numpy and torch only).
 
-Newton–Schulz against a float64 reference (DESIGN 2.1), the errors of the C ABI (unsupported device
-and dtype, bad names, non-finite input), the planner's owners, model manifests, and the dim-0 chunk
-arithmetic of dmuon.torch against torch.chunk.
+Newton–Schulz against a float64 reference (DESIGN 2.1), in float32 and bfloat16 storage, AdamW against
+torch.optim.AdamW (float32) and the float32 rule rounded once (bfloat16), the errors of the C ABI
+(unsupported device, host memory for a GPU, bad names, non-finite input), the planner's owners, model
+manifests, and the dim-0 chunk arithmetic of dmuon.torch against torch.chunk.
 """
 
 import pathlib
@@ -57,16 +58,68 @@ def test_in_place_equals_out_of_place():
     assert np.array_equal(out, batch)
 
 
-def test_unsupported_device_and_dtype_are_named():
+def cuda_refusal():
+    """What a call with device cuda and host pointers raises: no CUDA backend or device here, or, where there
+    is one, the error naming the first pointer that is not device memory."""
+    if dmuon.supports(dmuon.DEVICE_CUDA, dmuon.DTYPE_F32):
+        return pytest.raises(dmuon.DmuonError, match=r"\[0\] is not CUDA device memory|p is not CUDA device")
+    return pytest.raises(dmuon.UnsupportedError, match="device cuda")
+
+
+def test_unsupported_device_and_bad_stream_are_named():
     batch = np.ones((1, 4, 8), np.float32)
     ns = dmuon.Orthogonalizer(threads=1, tune_cache=None)
-    assert dmuon.supports(dmuon.DEVICE_CPU, dmuon.DTYPE_F32)
-    with pytest.raises(dmuon.UnsupportedError, match="device cuda"):
+    assert dmuon.supports(dmuon.DEVICE_CPU, dmuon.DTYPE_F32) and dmuon.supports(dmuon.DEVICE_CPU, dmuon.DTYPE_BF16)
+    assert dmuon.supports(dmuon.DEVICE_CUDA, dmuon.DTYPE_F32) == dmuon.supports(dmuon.DEVICE_CUDA, dmuon.DTYPE_BF16)
+    assert not dmuon.supports(7, dmuon.DTYPE_F32) and not dmuon.supports(dmuon.DEVICE_CPU, 5)
+    with cuda_refusal():
         run(ns, batch, device=dmuon.DEVICE_CUDA, stream=None)
-    with pytest.raises(dmuon.UnsupportedError, match="bfloat16"):
-        run(ns, batch, dtype=dmuon.DTYPE_BF16)
     with pytest.raises(dmuon.DmuonError, match="stream must be NULL"):
         run(ns, batch, stream=1234)
+    with pytest.raises(dmuon.DmuonError, match="unknown dtype code 5"):
+        run(ns, batch, dtype=5)
+
+
+def bf16_stack(shape, seed):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed)).bfloat16()
+
+
+def run_bf16_in_place(ns, stack, **kwargs):
+    """As dmuon.torch calls it: pointers into one contiguous (k, rows, cols) bfloat16 stack, in place."""
+    k, rows, cols = stack.shape
+    step = rows * cols * stack.element_size()
+    ptrs = [stack.data_ptr() + j * step for j in range(k)]
+    ns.run(ptrs, ptrs, rows, cols, dtype=dmuon.DTYPE_BF16, **kwargs)
+
+
+@pytest.mark.parametrize("algo", ["standard", "gram"])
+@pytest.mark.parametrize("shape", [(24, 64), (64, 24), (48, 48)])
+def test_bfloat16_orthogonalize_is_within_its_bound_of_float64(algo, shape):
+    """bf16 storage on the CPU: widened exactly, float32 Newton–Schulz, rounded once. Against the float64
+    recurrence on the same bf16 values (exact in float64), the error is the final rounding, at most 2^-8
+    relative per element (8 significant bits), plus the float32 engine's eps (1e-5 standard, 2e-4 Gram, as
+    above): ||bf16(y) - ref|| <= 2^-8 ||y|| + eps ||ref|| <= (2^-8 (1 + eps) + eps) ||ref||. And bit for bit
+    it is the float32 engine on the widened values, rounded to bf16 as torch rounds (nearest even)."""
+    stack = bf16_stack((3,) + shape, 8)
+    wide = stack.float().numpy()
+    ns = dmuon.Orthogonalizer(algo=algo, threads=1, tune_cache=None)
+    out = stack.clone()
+    run_bf16_in_place(ns, out, names=["a", "b", "c"])
+    f32 = torch.from_numpy(run(ns, wide))
+    assert torch.equal(out, f32.bfloat16())
+    eps = 1e-5 if algo == "standard" else 2e-4
+    bound = 2.0 ** -8 * (1 + eps) + eps
+    for u, o in zip(wide, out.double().numpy()):
+        ref = newton_schulz_ref(u)
+        err = np.linalg.norm(o - ref) / np.linalg.norm(ref)
+        assert 0.05 * bound < err <= bound, f"{err:.3e} against the bound {bound:.3e}"
+
+
+def test_bfloat16_non_finite_input_is_named():
+    stack = bf16_stack((2, 8, 16), 9)
+    stack[1, 3, 4] = float("nan")
+    with pytest.raises(dmuon.DmuonError, match="'w1'.*row 3, column 4"):
+        run_bf16_in_place(dmuon.Orthogonalizer(threads=1, tune_cache=None), stack, names=["w0", "w1"])
 
 
 def test_bad_arguments_and_non_finite_input():
@@ -95,9 +148,29 @@ def test_adamw_step_matches_torch_adamw(weight_decay, grad_scale):
         opt.step()
     # the same float32 rule, rounded as torch does: equal to a few ulps
     torch.testing.assert_close(ours, theirs.detach(), rtol=4e-7, atol=1e-8)
-    with pytest.raises(dmuon.UnsupportedError, match="cuda"):
+    with cuda_refusal():
         dmuon.adamw_step(ours.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), 1000, 6, 1e-2, (0.9, 0.95),
                          1e-8, 0.0, device=dmuon.DEVICE_CUDA)
+
+
+def test_bfloat16_adamw_step_is_the_float32_step_rounded_once():
+    """bf16 p, grad, exp_avg, exp_avg_sq: widened, the float32 step (above: torch.optim.AdamW's), and p and
+    both moments rounded back once; 3 steps, so the moments start from rounded values too."""
+    n = 70000  # more than one of the CPU's staged passes (2^16 values)
+    gen = torch.Generator().manual_seed(10)
+    p = torch.randn(n, generator=gen).bfloat16()
+    m, v = torch.zeros(n, dtype=torch.bfloat16), torch.zeros(n, dtype=torch.bfloat16)
+    for step in range(1, 4):
+        g = (torch.randn(n, generator=gen) * 1e-2).bfloat16()
+        want = [x.float() for x in (p, g, m, v)]
+        dmuon.adamw_step(*[x.data_ptr() for x in want], n, step, 1e-2, (0.9, 0.95), 1e-8, 0.1, 0.5)
+        dmuon.adamw_step(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), n, step, 1e-2, (0.9, 0.95), 1e-8,
+                         0.1, 0.5, dtype=dmuon.DTYPE_BF16)
+        for name, got, w in (("p", p, want[0]), ("exp_avg", m, want[2]), ("exp_avg_sq", v, want[3])):
+            assert torch.equal(got, w.bfloat16()), f"step {step}: {name}"
+    with pytest.raises(dmuon.DmuonError, match="step must be >= 1"):
+        dmuon.adamw_step(p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr(), n, 0, 1e-2, (0.9, 0.95), 1e-8,
+                         0.1, dtype=dmuon.DTYPE_BF16)
 
 
 def test_plan_owners():

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -124,6 +125,104 @@ inline MatD gram_ns_reference(const MatD& u, const std::vector<NsStep>& schedule
   }
   return back_to_shape(have_q ? matmul(q, x) : x, u);
 }
+
+// ---- the GPU's bfloat16 Newton–Schulz, emulated ----
+// src/ns/newton_schulz.cpp with bf16 iterates (NsOptions::dtype = bf16) as the CUDA backend runs it: U is
+// rounded to bf16 when loaded, normalised by a float32 scale from its float64 norm and rounded again; every
+// product and update (C = α·A·B + β·C, α and β as float) accumulates in Acc and is rounded to bf16 once when
+// stored (cuBLAS GemmEx with float32 compute: Acc = float is the GPU, Acc = double shows what the accumulation
+// order alone changes); m×m products are computed on and above the diagonal and mirrored (SYRK and the tiled
+// symmetric products), so they stay exactly symmetric; a copy is exact; Q = Z + a·I adds in float. With `round`
+// off and Acc = double it is the float64 recurrences above (to float64 rounding). A correct GPU result lies
+// within accumulation noise of it, where the float64 recurrence is about 1e-2 away (the iterates' rounding), so
+// a kernel bug stands out here.
+template <typename Acc>
+struct Bf16Emulation {
+  bool round = true;
+
+  double store(double x) const {
+    if (!round) return x;
+    const float f = static_cast<float>(x);  // the float32 accumulator's value
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return NAN;
+    bits = (bits + 0x7fffu + ((bits >> 16) & 1u)) & 0xffff0000u;  // nearest even
+    float r;
+    std::memcpy(&r, &bits, 4);
+    return r;
+  }
+  Acc coefficient(double x) const { return round ? static_cast<Acc>(static_cast<float>(x)) : static_cast<Acc>(x); }
+  // store(alpha·A·B + beta·C), B given transposed (bt = Bᵀ, so both are read along rows); symmetric: the result is
+  // known to be, so only j ≥ i is computed and mirrored.
+  MatD product(const MatD& a, const MatD& bt, double alpha, double beta = 0, const MatD* c = nullptr,
+               bool symmetric = false) const {
+    MatD out(a.rows, bt.rows);
+    for (int64_t i = 0; i < a.rows; ++i) {
+      for (int64_t j = symmetric ? i : 0; j < bt.rows; ++j) {
+        Acc sum = 0;
+        for (int64_t k = 0; k < a.cols; ++k) sum += static_cast<Acc>(a(i, k)) * static_cast<Acc>(bt(j, k));
+        Acc r = coefficient(alpha) * sum;
+        if (c) r += coefficient(beta) * static_cast<Acc>((*c)(i, j));
+        out(i, j) = store(static_cast<double>(r));
+        if (symmetric) out(j, i) = out(i, j);
+      }
+    }
+    return out;
+  }
+  MatD symmetric_product(const MatD& a, const MatD& bt, double alpha, double beta = 0, const MatD* c = nullptr) const {
+    return product(a, bt, alpha, beta, c, true);
+  }
+  // X (m×n, m ≤ n) from U as the engine loads and normalises it.
+  MatD normalised(const MatD& u, double safety) const {
+    if (!round) return normalised_wide(u, safety);
+    MatD x = u.rows > u.cols ? transposed(u) : u;
+    const auto s = static_cast<float>(1.0 / (frobenius(u) * safety + 1e-7));
+    for (double& e : x.v) e = store(static_cast<double>(static_cast<float>(store(e)) * s));
+    return x;
+  }
+
+  MatD standard(const MatD& u, const std::vector<NsStep>& schedule, double safety) const {
+    MatD x = normalised(u, safety);
+    for (const NsStep& s : schedule) {
+      const MatD a = symmetric_product(x, x, 1.0);         // A = X·Xᵀ
+      const MatD b = symmetric_product(a, a, s.c, s.b, &a);  // B = c·A·A + b·A
+      x = product(b, transposed(x), 1.0, s.a, &x);         // X = B·X + a·X
+    }
+    return back_to_shape(x, u);
+  }
+
+  MatD gram(const MatD& u, const std::vector<NsStep>& schedule, double safety, const std::vector<int>& restarts) const {
+    const auto restart_at = [&](size_t t) {
+      return t > 0 && std::find(restarts.begin(), restarts.end(), static_cast<int>(t)) != restarts.end();
+    };
+    MatD x = normalised(u, safety);
+    MatD r = symmetric_product(x, x, 1.0);
+    MatD q;
+    bool have_q = false;
+    for (size_t t = 0; t < schedule.size(); ++t) {
+      const NsStep& s = schedule[t];
+      if (restart_at(t)) {
+        x = product(q, transposed(x), 1.0);                // X = Q·X
+        r = symmetric_product(x, x, 1.0);
+        have_q = false;
+      }
+      const MatD z = symmetric_product(r, r, s.c, s.b, &r);  // Z = c·R·R + b·R
+      if (have_q) {
+        q = symmetric_product(q, z, 1.0, s.a, &q);         // Q = Q·Z + a·Q
+      } else {
+        q = z;
+        for (int64_t i = 0; i < q.rows; ++i)               // Q = Z + a·I, added in float
+          q(i, i) = round ? store(static_cast<float>(q(i, i)) + static_cast<float>(s.a)) : q(i, i) + s.a;
+        have_q = true;
+      }
+      if (t + 1 < schedule.size() && !restart_at(t + 1)) {
+        const MatD rz = symmetric_product(r, z, 1.0, s.a, &r);  // RZ = R·Z + a·R
+        r = symmetric_product(z, rz, 1.0, s.a, &rz);            // R = Z·RZ + a·RZ
+      }
+    }
+    return back_to_shape(have_q ? product(q, transposed(x), 1.0) : x, u);
+  }
+};
 
 inline MatD gaussian(int64_t rows, int64_t cols, uint64_t seed) {
   std::mt19937_64 rng(seed);

@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "backend/bf16.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
 
@@ -21,17 +22,28 @@ namespace {
 // Host memory aligned for vector loads (64 bytes: one cache line, any AVX-512 load).
 constexpr size_t kAlignment = 64;
 
-// A float32 host view, checked.
-const MatView& host_f32(const MatView& v, const char* op) {
+// A host view of either storage type, checked.
+const MatView& host_view(const MatView& v, const char* op) {
   DMUON_CHECK(v.device == DeviceKind::cpu, "cpu backend ", op, ": a view on device ", to_string(v.device));
-  DMUON_CHECK(v.dtype == DType::f32, "cpu backend ", op, ": ", to_string(v.dtype),
-              " is not supported on the CPU (float32 only)");
   DMUON_CHECK(v.rows >= 0 && v.cols >= 0 && v.count >= 0 && v.ld >= v.cols, "cpu backend ", op, ": bad view ",
               v.rows, "x", v.cols, " ld ", v.ld, " count ", v.count);
   return v;
 }
 
+// A float32 host view, checked (every operation but convert computes in float32 storage).
+const MatView& host_f32(const MatView& v, const char* op) {
+  host_view(v, op);
+  DMUON_CHECK(v.dtype == DType::f32, "cpu backend ", op, ": ", to_string(v.dtype),
+              " is not supported on the CPU (float32 only; convert takes bfloat16 storage)");
+  return v;
+}
+
 float* at(const MatView& v, int64_t i) { return v.f32() + i * v.batch_stride; }
+
+// Row r of matrix b of a view of either storage type.
+void* row_of(const MatView& v, int64_t b, int64_t r) {
+  return static_cast<char*>(v.data) + (b * v.batch_stride + r * v.ld) * static_cast<int64_t>(dtype_size(v.dtype));
+}
 
 void check_count(const MatView& a, const MatView& c, const char* op) {
   DMUON_CHECK(a.count == c.count, "cpu backend ", op, ": batches of ", a.count, " and ", c.count, " matrices");
@@ -69,13 +81,21 @@ void CpuBackend::copy(void* dst, const void* src, size_t bytes) {
 }
 
 void CpuBackend::convert(const MatView& in, const MatView& out) {
-  host_f32(in, "convert");
-  host_f32(out, "convert");
+  host_view(in, "convert");
+  host_view(out, "convert");
   DMUON_CHECK(in.rows == out.rows && in.cols == out.cols && in.count == out.count, "cpu backend convert: ", in.rows,
               "x", in.cols, " into ", out.rows, "x", out.cols);
   for (int64_t b = 0; b < in.count; ++b) {
     for (int64_t r = 0; r < in.rows; ++r) {
-      std::memmove(at(out, b) + r * out.ld, at(in, b) + r * in.ld, in.cols * sizeof(float));
+      const void* from = row_of(in, b, r);
+      void* to = row_of(out, b, r);
+      if (in.dtype == out.dtype) {
+        std::memmove(to, from, static_cast<size_t>(in.cols) * dtype_size(in.dtype));
+      } else if (in.dtype == DType::bf16) {  // widening: exact
+        for (int64_t j = 0; j < in.cols; ++j) static_cast<float*>(to)[j] = bf16_value(static_cast<const uint16_t*>(from)[j]);
+      } else {  // narrowing: nearest even
+        for (int64_t j = 0; j < in.cols; ++j) static_cast<uint16_t*>(to)[j] = bf16_bits(static_cast<const float*>(from)[j]);
+      }
     }
   }
 }

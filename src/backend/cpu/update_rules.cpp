@@ -1,17 +1,10 @@
-// The update rules' elementwise loops on the CPU (DESIGN 1), written to round as PyTorch does in
-// float32 (torch.optim.AdamW single-tensor path; KellerJordan/Muon's lerp_ calls), so the golden
-// tensors match to a few ulps rather than by luck. Built with -fno-math-errno (CMakeLists.txt): AdamW's
-// sqrt then vectorizes, with the same IEEE-rounded results.
+// The update rules on the CPU (DESIGN 1): the loops of update_rule_loops.hpp, which round as PyTorch does in
+// float32, so the golden tensors match to a few ulps rather than by luck; and Σ g². Built with -fno-math-errno
+// (CMakeLists.txt): AdamW's sqrt then vectorizes, with the same IEEE-rounded results.
 #include "backend/cpu/cpu_backend.hpp"
-
-#include <cmath>
+#include "backend/update_rule_loops.hpp"
 
 namespace dmuon {
-
-namespace {
-// torch.lerp(a, b, w) = a + w·(b − a) for w < 0.5, else b − (b − a)·(1 − w), w cast to float.
-float lerp(float a, float b, float w) { return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w); }
-}  // namespace
 
 // Σ (g_i·scale)² in double; four partial sums break the add latency chain (the order differs from a
 // plain loop by rounding in the last bits of a double, far below what float32 clipping can see).
@@ -32,35 +25,21 @@ void CpuBackend::sum_of_squares(const float* g, int64_t n, float scale, double* 
 }
 
 void CpuBackend::accumulate(float* acc, const float* grad, int64_t n, bool first) {
-  for (int64_t i = 0; i < n; ++i) acc[i] = (first ? 0.0f : acc[i]) + grad[i];
+  update_loops::accumulate(acc, grad, n, first);
 }
 
 void CpuBackend::adamw_step(float* p, const float* grad, float grad_scale, float* m, float* v, int64_t n,
-                            const AdamWStepConstants& constants) {
-  // Local copies: stores through p, m and v could alias the referenced constants, which would stop GCC from
-  // vectorizing the loop (measured: the AdamW step 2.25× slower).
-  const AdamWStepConstants k = constants;
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] * grad_scale;
-    m[i] = lerp(m[i], g, k.one_minus_b1);  // exp_avg.lerp_(grad, 1 − β1)
-    v[i] = v[i] * k.b2 + k.one_minus_b2 * g * g;
-    const float denom = std::sqrt(v[i]) / k.bias2_sqrt + k.eps;
-    p[i] = p[i] * k.decay + (-k.step_size) * (m[i] / denom);
-  }
+                            const AdamWStepConstants& k) {
+  update_loops::adamw_step(p, grad, grad_scale, m, v, n, k);
 }
 
 void CpuBackend::muon_momentum(const float* grad, float grad_scale, float* momentum, float* u, int64_t n,
                                float one_minus_beta, float beta, bool nesterov) {
-  // momentum.lerp_(g, 1 − β); nesterov: g.lerp_(momentum, β)
-  for (int64_t i = 0; i < n; ++i) {
-    const float g = grad[i] * grad_scale;
-    momentum[i] = lerp(momentum[i], g, one_minus_beta);
-    u[i] = nesterov ? lerp(g, momentum[i], beta) : momentum[i];
-  }
+  update_loops::muon_momentum(grad, grad_scale, momentum, u, n, one_minus_beta, beta, nesterov);
 }
 
 void CpuBackend::muon_apply(float* w, const float* o, int64_t n, float decay, float neg_lr, float scale) {
-  for (int64_t i = 0; i < n; ++i) w[i] = w[i] * decay + neg_lr * (o[i] * scale);
+  update_loops::muon_apply(w, o, n, decay, neg_lr, scale);
 }
 
 }  // namespace dmuon

@@ -5,6 +5,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
 #include <mutex>
@@ -18,6 +19,9 @@ namespace dmuon::cuda {
 namespace {
 
 constexpr size_t kBlasWorkspaceBytes = size_t{32} << 20;
+// run_graph keeps at most this many executable graphs, evicting the least recently launched: callers that pass
+// fresh addresses every step (buffers of their own allocator) would otherwise grow the cache without bound.
+constexpr size_t kMaxGraphs = 128;
 
 cudaDataType cuda_type(DType t) { return t == DType::f32 ? CUDA_R_32F : CUDA_R_16BF; }
 
@@ -99,12 +103,20 @@ CudaBackend::CudaBackend(int device, bool tf32, bool graphs) : device_(device), 
   // captured by run_graph use it instead of allocating inside the capture.
   DMUON_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));
   DMUON_CUBLAS_CHECK(cublasSetWorkspace(blas_, blas_workspace_, kBlasWorkspaceBytes));
+  // allocate() takes memory from the device's default pool (cudaMallocAsync), whose release threshold is 0: it
+  // hands freed memory back to the driver at every synchronisation, so a buffer freed and allocated again each
+  // step costs a driver allocation each time. Keep freed memory in the pool instead, as PyTorch's caching
+  // allocator keeps its blocks (setting the same value again for another backend of the device is harmless).
+  cudaMemPool_t pool = nullptr;
+  DMUON_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, device_));
+  uint64_t keep = std::numeric_limits<uint64_t>::max();
+  DMUON_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
 }
 
 CudaBackend::~CudaBackend() {
   workers_.clear();
   cudaSetDevice(device_);
-  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (auto& [key, graph] : graphs_) cudaGraphExecDestroy(graph.exec);
   if (blas_) cublasDestroy(blas_);
   if (stream_) cudaStreamDestroy(stream_);
   if (blas_workspace_) cudaFree(blas_workspace_);
@@ -149,8 +161,19 @@ void* CudaBackend::allocate(size_t bytes) {
 
 void CudaBackend::deallocate(void* p) noexcept {
   if (p == nullptr) return;
-  cudaSetDevice(device_);
-  cudaFreeAsync(p, stream_);  // stream-ordered: after the work queued before it
+  // A graph that names this address can never be launched with its key again unless the pool hands the same
+  // address out again; drop it now rather than when the cache is full. (An in-flight launch still completes:
+  // cudaGraphExecDestroy frees a running graph when it finishes.)
+  const auto address = static_cast<int64_t>(reinterpret_cast<intptr_t>(p));
+  std::erase_if(graphs_, [&](const auto& entry) {
+    const std::vector<int64_t>& key = entry.first;
+    if (std::find(key.begin(), key.end(), address) == key.end()) return false;
+    cudaGraphExecDestroy(entry.second.exec);
+    return true;
+  });
+  // Stream-ordered: after the work queued before it. Errors here (the runtime shutting down at exit) are
+  // dropped, and so is the last error they would leave behind.
+  if (cudaSetDevice(device_) != cudaSuccess || cudaFreeAsync(p, stream_) != cudaSuccess) (void)cudaGetLastError();
 }
 
 void CudaBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
@@ -225,17 +248,32 @@ void CudaBackend::run(const std::vector<BlasCall>& calls, const MatView& a, cons
   }
 }
 
+void CudaBackend::scale_only(const MatView& c, float beta) {
+  activate();
+  if (beta == 0.0f) {
+    launch_fill(c, 0.0f, stream_);  // BLAS's β = 0: C is not read, so NaN in it does not survive
+  } else if (beta != 1.0f) {
+    launch_scale(c, beta, stream_);
+  }
+}
+
 void CudaBackend::gemm(bool trans_a, bool trans_b, float alpha, const MatView& a, const MatView& b, float beta,
                        const MatView& c) {
   check_device(a, "gemm", "A");
   check_device(b, "gemm", "B");
   check_device(c, "gemm", "C");
-  run(gemm_calls(trans_a, trans_b, alpha, a, b, beta, c), a, b, c);
+  const std::vector<BlasCall> calls = gemm_calls(trans_a, trans_b, alpha, a, b, beta, c);  // checks the shapes
+  if ((trans_a ? a.rows : a.cols) == 0) return scale_only(c, beta);
+  run(calls, a, b, c);
 }
 
 void CudaBackend::syrk(bool trans, float alpha, const MatView& a, float beta, const MatView& c) {
   check_device(a, "syrk", "A");
   check_device(c, "syrk", "C");
+  if ((trans ? a.rows : a.cols) == 0) {
+    (void)syrk_calls(trans, alpha, a, beta, c, SyrkMethod{false, 1});  // checks the shapes
+    return scale_only(c, beta);
+  }
   // cuBLAS's SYRK is float32 and one matrix per call: bf16 and batches take the tiled product.
   const bool native = a.dtype == DType::f32 && c.dtype == DType::f32 && c.count == 1;
   const SyrkMethod method{native, native ? 1 : syrk_tiles(c.rows)};
@@ -248,7 +286,9 @@ void CudaBackend::symmetric_gemm(float alpha, const MatView& a, const MatView& b
   check_device(a, "symmetric_gemm", "A");
   check_device(b, "symmetric_gemm", "B");
   check_device(c, "symmetric_gemm", "C");
-  run(symmetric_gemm_calls(alpha, a, b, beta, c, tiles), a, b, c);
+  const std::vector<BlasCall> calls = symmetric_gemm_calls(alpha, a, b, beta, c, tiles);  // checks the shapes
+  if (a.cols == 0) return scale_only(c, beta);
+  run(calls, a, b, c);
   launch_mirror_upper(c, stream_);
 }
 
@@ -339,6 +379,8 @@ void CudaBackend::run_concurrently(int workers, const std::function<void(Backend
     fn(*this, 0);
     return;
   }
+  // Creating streams and cuBLAS handles, and joining streams with new events, cannot be recorded.
+  check_not_capturing("run_concurrently");
   activate();
   while (static_cast<int>(workers_.size()) < workers)
     workers_.push_back(std::make_unique<CudaBackend>(device_, tf32_, graphs_on_));
@@ -368,6 +410,12 @@ void CudaBackend::run_graph(const std::vector<int64_t>& key, const std::function
   activate();
   auto it = graphs_.find(key);
   if (it == graphs_.end()) {
+    if (graphs_.size() >= kMaxGraphs) {  // evict the least recently launched
+      auto oldest = std::min_element(graphs_.begin(), graphs_.end(),
+                                     [](const auto& x, const auto& y) { return x.second.last_use < y.second.last_use; });
+      cudaGraphExecDestroy(oldest->second.exec);
+      graphs_.erase(oldest);
+    }
     check_not_capturing("run_graph");
     DMUON_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
     capturing_ = true;
@@ -386,9 +434,10 @@ void CudaBackend::run_graph(const std::vector<int64_t>& key, const std::function
     const cudaError_t rc = cudaGraphInstantiate(&exec, graph, 0);
     cudaGraphDestroy(graph);
     DMUON_CUDA_CHECK(rc);
-    it = graphs_.emplace(key, exec).first;
+    it = graphs_.emplace(key, Graph{exec, 0}).first;
   }
-  DMUON_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+  it->second.last_use = ++graph_clock_;
+  DMUON_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
 }
 
 double CudaBackend::time_on_device(const std::function<void()>& enqueue) {

@@ -80,8 +80,8 @@ class CudaBackend final : public Backend {
   // One CUDA graph per key: captured from fn on the key's first call (stream capture of this stream, thread-local
   // mode, so a forbidden call inside fn fails the capture instead of running), instantiated, and launched on
   // this and every later call with the key. Pointers are part of the key (backend.hpp), so a graph never
-  // replays on other buffers and needs no cudaGraphExecUpdate; each distinct key keeps one executable graph
-  // until the backend goes.
+  // replays on other buffers and needs no cudaGraphExecUpdate. The cache is bounded: a graph goes when a buffer
+  // whose address its key names is deallocated here, or, past kMaxGraphs, when it is the least recently launched.
   void run_graph(const std::vector<int64_t>& key, const std::function<void()>& fn) override;
 
   // Seconds the work that `enqueue` queues takes on the device, from CUDA events around it (no host timing).
@@ -90,6 +90,8 @@ class CudaBackend final : public Backend {
  private:
   void activate() const;  // makes device_ current for this thread
   void run(const std::vector<BlasCall>& calls, const MatView& a, const MatView& b, const MatView& c);
+  // C ← beta·C: a product with k = 0, kept from cuBLAS (which has got beta scaling wrong for it before).
+  void scale_only(const MatView& c, float beta);
   void check_device(const MatView& v, const char* op, const char* name) const;
   void check_not_capturing(const char* op) const;  // host waits and allocations are not capturable
 
@@ -99,7 +101,12 @@ class CudaBackend final : public Backend {
   cublasHandle_t blas_ = nullptr;
   std::vector<std::unique_ptr<CudaBackend>> workers_;  // run_concurrently's streams, made on first use
   void* blas_workspace_ = nullptr;  // cuBLAS's workspace, fixed so that captured graphs do not allocate
-  std::map<std::vector<int64_t>, cudaGraphExec_t> graphs_;  // run_graph's, by key
+  struct Graph {
+    cudaGraphExec_t exec = nullptr;
+    uint64_t last_use = 0;  // graph_clock_ at its last launch
+  };
+  std::map<std::vector<int64_t>, Graph> graphs_;  // run_graph's, by key
+  uint64_t graph_clock_ = 0;
   bool graphs_on_ = true;
   bool capturing_ = false;
 };

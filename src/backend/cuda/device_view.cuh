@@ -54,7 +54,7 @@ __global__ void partial_sums_of_squares(Load load, int64_t per_matrix, double* p
   double s = 0;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < per_matrix; i += int64_t{gridDim.x} * kThreads) {
     const double x = load(b, i);
-    s += x * x;
+    s = __dadd_rn(s, __dmul_rn(x, x));  // rounded twice, never one FMA, so the partial sums are defined
   }
   sums[threadIdx.x] = s;
   __syncthreads();

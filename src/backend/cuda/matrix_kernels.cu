@@ -90,7 +90,8 @@ __global__ void scale_by_inverse_norm_kernel(DeviceView x, const double* norms, 
   const int64_t total = x.rows * x.cols * x.count;
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < total; i += int64_t{gridDim.x} * kThreads) {
     const Index e = index_of(x, i);
-    const float s = static_cast<float>(1.0 / (norms[e.b] * safety + eps));
+    // 1 / (‖x‖·safety + eps) rounded after each operation, as the CPU computes it (nvcc would fuse a * b + c).
+    const float s = static_cast<float>(__ddiv_rn(1.0, __dadd_rn(__dmul_rn(norms[e.b], safety), eps)));
     const int64_t o = x.at(e.b, e.r, e.c);
     x.store(o, __fmul_rn(x.load(o), s));
   }

@@ -1,0 +1,99 @@
+// The C ABI's work on a backend (abi_calls.hpp).
+#include "capi/abi_calls.hpp"
+
+#include <algorithm>
+#include <vector>
+
+#include "dmuon/error.hpp"
+
+namespace dmuon::capi {
+
+namespace {
+
+// `count` dense rows×cols matrices of `dtype` at `data` (one matrix: count 1).
+MatView dense_view(const Backend& backend, void* data, DType dtype, int64_t rows, int64_t cols, int64_t count = 1) {
+  MatView v;
+  v.data = data;
+  v.device = backend.device();
+  v.dtype = dtype;
+  v.rows = rows;
+  v.cols = cols;
+  v.ld = cols;
+  v.count = count;
+  v.batch_stride = rows * cols;
+  return v;
+}
+
+// AdamW's bf16 values per staged pass: a CPU pass stays in cache; a GPU pass is a few large kernels.
+int64_t adamw_chunk(const Backend& backend) { return backend.host_memory() ? int64_t{1} << 16 : int64_t{1} << 24; }
+
+}  // namespace
+
+float* Staging::take(Backend& backend, int64_t elements) {
+  Buffer& b = buffers_[&backend];
+  if (b.size() < elements) b = Buffer(backend, DType::f32, elements);
+  return b.f32();
+}
+
+NsOptions ns_options_for(const Backend& backend, DType storage, const NsOptions& options) {
+  NsOptions e = options;
+  if (storage == DType::bf16 && backend.supports(DType::bf16)) {
+    e.dtype = DType::bf16;
+    if (e.restarts == NsOptions{}.restarts) e.restarts = {1, 3};  // DESIGN 2.2: half precision
+  }
+  return e;
+}
+
+void ns_run(Backend& backend, DType storage, std::span<const void* const> in, std::span<void* const> out,
+            int64_t rows, int64_t cols, const NsOptions& options, std::span<const std::string> names,
+            Staging& staging) {
+  DMUON_CHECK(in.size() == out.size(), "ns_run: ", in.size(), " inputs but ", out.size(), " outputs");
+  const auto batch = static_cast<int64_t>(in.size());
+  const NsOptions e = ns_options_for(backend, storage, options);
+  std::vector<MatView> u(in.size()), o(in.size());
+  if (storage == DType::f32) {
+    for (size_t i = 0; i < in.size(); ++i) {
+      u[i] = dense_view(backend, const_cast<void*>(in[i]), DType::f32, rows, cols);
+      o[i] = dense_view(backend, out[i], DType::f32, rows, cols);
+    }
+    newton_schulz_batched(backend, u, o, e, names);
+    return;
+  }
+  // bf16: widen into the staging, orthogonalize there in place, round back into out.
+  float* wide = staging.take(backend, batch * rows * cols);
+  for (int64_t i = 0; i < batch; ++i) {
+    u[i] = dense_view(backend, wide + i * rows * cols, DType::f32, rows, cols);
+    backend.convert(dense_view(backend, const_cast<void*>(in[i]), DType::bf16, rows, cols), u[i]);
+  }
+  newton_schulz_batched(backend, u, u, e, names);
+  for (int64_t i = 0; i < batch; ++i) backend.convert(u[i], dense_view(backend, out[i], DType::bf16, rows, cols));
+}
+
+void adamw_run(Backend& backend, DType storage, void* p, const void* grad, void* m, void* v, int64_t n,
+               const AdamWStepConstants& k, float grad_scale, Staging& staging) {
+  if (storage == DType::f32) {
+    backend.adamw_step(static_cast<float*>(p), static_cast<const float*>(grad), grad_scale, static_cast<float*>(m),
+                       static_cast<float*>(v), n, k);
+    return;
+  }
+  // bf16: p, grad, m, v widened chunk by chunk into four float32 rows, stepped, p, m, v rounded back.
+  const int64_t chunk = std::min(n, adamw_chunk(backend));
+  float* wide = staging.take(backend, 4 * chunk);
+  const auto bf16_at = [](const void* base, int64_t offset) {
+    return const_cast<char*>(static_cast<const char*>(base)) + offset * static_cast<int64_t>(dtype_size(DType::bf16));
+  };
+  for (int64_t start = 0; start < n; start += chunk) {
+    const int64_t len = std::min(chunk, n - start);
+    const void* sources[4] = {p, grad, m, v};
+    for (int64_t r = 0; r < 4; ++r)
+      backend.convert(dense_view(backend, bf16_at(sources[r], start), DType::bf16, 1, len),
+                      dense_view(backend, wide + r * len, DType::f32, 1, len));
+    backend.adamw_step(wide, wide + len, grad_scale, wide + 2 * len, wide + 3 * len, len, k);
+    void* targets[4] = {p, nullptr, m, v};
+    for (int64_t r : {0, 2, 3})
+      backend.convert(dense_view(backend, wide + r * len, DType::f32, 1, len),
+                      dense_view(backend, bf16_at(targets[r], start), DType::bf16, 1, len));
+  }
+}
+
+}  // namespace dmuon::capi

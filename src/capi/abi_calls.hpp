@@ -1,0 +1,44 @@
+// What dmuon_ns_run and dmuon_adamw_step (include/dmuon/dmuon_c.h) do once the C ABI has checked its arguments
+// and chosen a backend: the same calls for the CPU, for the CUDA backend (its stream joined to the caller's,
+// cuda_caller_stream.hpp) and for the tests' fenced device. The caller's data is in the backend's memory, in its
+// storage type: float32 is used in place; bfloat16 is widened into float32 staging (exact), computed there
+// (Newton–Schulz iterates in bf16 where the backend supports it, else float32) and rounded back once per value.
+// The staging touches the data only through backend operations (convert), so no host access to device memory.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+
+#include "dmuon/backend.hpp"
+#include "dmuon/ns.hpp"
+
+namespace dmuon::capi {
+
+// A handle's float32 staging per backend, grown on demand and kept, so repeated calls reuse its addresses
+// (and a GPU its recorded graphs).
+class Staging {
+ public:
+  // At least `elements` float32 values on `backend`.
+  float* take(Backend& backend, int64_t elements);
+
+ private:
+  std::map<const Backend*, Buffer> buffers_;
+};
+
+// The options a batch stored as `storage` runs with on `backend`: bf16 storage takes bf16 iterates (with
+// DESIGN 2.2's half-precision restarts) where the backend supports them; float32 storage keeps `options`.
+NsOptions ns_options_for(const Backend& backend, DType storage, const NsOptions& options);
+
+// O_i = orth(U_i) for in.size() rows×cols matrices of `storage` at in[i] / out[i] (dense, row-major; out[i] may
+// equal in[i]) in `backend`'s memory.
+void ns_run(Backend& backend, DType storage, std::span<const void* const> in, std::span<void* const> out,
+            int64_t rows, int64_t cols, const NsOptions& options, std::span<const std::string> names,
+            Staging& staging);
+
+// One AdamW step (constants k) on n values of `storage` at p, grad, m, v in `backend`'s memory, in place.
+void adamw_run(Backend& backend, DType storage, void* p, const void* grad, void* m, void* v, int64_t n,
+               const AdamWStepConstants& k, float grad_scale, Staging& staging);
+
+}  // namespace dmuon::capi

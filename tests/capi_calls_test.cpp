@@ -1,0 +1,205 @@
+// The C ABI's work on a backend (src/capi/abi_calls.hpp), which dmuon_ns_run and dmuon_adamw_step run on the CPU
+// and on a GPU (inside the caller's stream order):
+//  - called the way dmuon.torch calls it (one contiguous (k, rows, cols) stack per bucket, pointers into it,
+//    in place; AdamW on whole tensors), on the fenced test device, whose memory faults on any host access, it
+//    equals the CPU call bit for bit, for float32 and bfloat16 storage: the device path touches the caller's
+//    data only through backend operations (what a CUDA backend needs);
+//  - bfloat16 Newton–Schulz on the CPU is the float32 engine on the widened input, rounded once, and within the
+//    derived bound of float64 Newton–Schulz.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/bf16.hpp"
+#include "capi/abi_calls.hpp"
+#include "dmuon/backend_record.hpp"
+#include "dmuon/optim.hpp"
+#include "fenced_device.hpp"
+#include "ns_reference.hpp"
+
+namespace dmuon {
+namespace {
+
+// k rows×cols matrices in `storage`, back to back, as host bytes.
+std::vector<char> random_stack(DType storage, int64_t k, int64_t rows, int64_t cols, uint32_t seed, float scale = 1) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  const int64_t n = k * rows * cols;
+  std::vector<char> bytes(static_cast<size_t>(n) * dtype_size(storage));
+  for (int64_t i = 0; i < n; ++i) {
+    const float x = normal(rng);
+    if (storage == DType::f32) {
+      std::memcpy(bytes.data() + 4 * i, &x, 4);
+    } else {
+      const uint16_t b = bf16_bits(x);
+      std::memcpy(bytes.data() + 2 * i, &b, 2);
+    }
+  }
+  return bytes;
+}
+
+float value_at(const std::vector<char>& bytes, DType storage, int64_t i) {
+  if (storage == DType::f32) {
+    float x;
+    std::memcpy(&x, bytes.data() + 4 * i, 4);
+    return x;
+  }
+  uint16_t b;
+  std::memcpy(&b, bytes.data() + 2 * i, 2);
+  return bf16_value(b);
+}
+
+// Pointers to the k matrices of a stack at `base`, as dmuon.torch makes them (data_ptr + j·rows·cols·size).
+std::vector<void*> matrix_pointers(void* base, DType storage, int64_t k, int64_t rows, int64_t cols) {
+  std::vector<void*> out;
+  for (int64_t j = 0; j < k; ++j)
+    out.push_back(static_cast<char*>(base) + j * rows * cols * static_cast<int64_t>(dtype_size(storage)));
+  return out;
+}
+
+// Newton–Schulz in place on a host stack, through ns_run on `backend`: the stack is copied into the backend's
+// memory (the fenced device's, or left where it is on the CPU) and back.
+std::vector<char> ns_on(Backend& backend, std::vector<char> stack, DType storage, int64_t k, int64_t rows,
+                        int64_t cols, const NsOptions& options) {
+  capi::Staging staging;
+  const std::vector<std::string> names(k, "bucket matrix");
+  if (backend.host_memory()) {
+    const auto ptrs = matrix_pointers(stack.data(), storage, k, rows, cols);
+    capi::ns_run(backend, storage, {ptrs.data(), ptrs.size()}, ptrs, rows, cols, options, names, staging);
+    return stack;
+  }
+  void* device = backend.allocate(stack.size());
+  backend.copy_from_host(device, stack.data(), stack.size());
+  const auto ptrs = matrix_pointers(device, storage, k, rows, cols);
+  capi::ns_run(backend, storage, {ptrs.data(), ptrs.size()}, ptrs, rows, cols, options, names, staging);
+  backend.copy_to_host(stack.data(), device, stack.size());
+  backend.deallocate(device);
+  return stack;
+}
+
+TEST(CapiCalls, NewtonSchulzOnTheFencedDeviceEqualsTheCpuBitForBit) {
+  test::FencedBackend fenced;
+  for (DType storage : {DType::f32, DType::bf16}) {
+    for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{24, 64}, {64, 24}, {32, 32}}) {
+      for (NsAlgo algo : {NsAlgo::standard, NsAlgo::gram}) {
+        NsOptions options;
+        options.algo = algo;
+        const std::vector<char> stack = random_stack(storage, 3, rows, cols, 7 + rows);
+        const std::vector<char> cpu = ns_on(cpu_backend(), stack, storage, 3, rows, cols, options);
+        const std::vector<char> device = ns_on(fenced, stack, storage, 3, rows, cols, options);
+        EXPECT_NE(cpu, stack);
+        EXPECT_EQ(device, cpu) << to_string(storage) << " " << rows << "x" << cols << " " << to_string(algo);
+      }
+    }
+  }
+}
+
+// p, grad, m, v of n values in `storage` after `steps` AdamW steps through adamw_run on `backend`.
+std::vector<std::vector<char>> adamw_on(Backend& backend, DType storage, int64_t n, int steps) {
+  std::vector<std::vector<char>> arrays = {random_stack(storage, 1, 1, n, 1), random_stack(storage, 1, 1, n, 2, 1e-2f),
+                                           std::vector<char>(n * dtype_size(storage), 0),
+                                           std::vector<char>(n * dtype_size(storage), 0)};
+  std::vector<void*> at(4);
+  for (int r = 0; r < 4; ++r) {
+    at[r] = arrays[r].data();
+    if (!backend.host_memory()) {
+      at[r] = backend.allocate(arrays[r].size());
+      backend.copy_from_host(at[r], arrays[r].data(), arrays[r].size());
+    }
+  }
+  capi::Staging staging;
+  const AdamWHyper hyper{1e-2, 0.9, 0.999, 1e-8, 0.1};
+  for (int t = 1; t <= steps; ++t)
+    capi::adamw_run(backend, storage, at[0], at[1], at[2], at[3], n, adamw_step_constants(hyper, t), 0.5f, staging);
+  if (!backend.host_memory()) {
+    for (int r = 0; r < 4; ++r) {
+      backend.copy_to_host(arrays[r].data(), at[r], arrays[r].size());
+      backend.deallocate(at[r]);
+    }
+  }
+  return arrays;
+}
+
+// n spans more than one of the CPU's staged passes (2^16 values), and the fenced device stages all at once.
+TEST(CapiCalls, AdamWOnTheFencedDeviceEqualsTheCpuBitForBit) {
+  test::FencedBackend fenced;
+  const int64_t n = (int64_t{1} << 16) + 1000;
+  for (DType storage : {DType::f32, DType::bf16}) {
+    const auto cpu = adamw_on(cpu_backend(), storage, n, 3);
+    const auto device = adamw_on(fenced, storage, n, 3);
+    const char* names[] = {"p", "grad", "exp_avg", "exp_avg_sq"};
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(device[r], cpu[r]) << to_string(storage) << " " << names[r];
+  }
+}
+
+// bf16 AdamW is the float32 step on the widened values with p, m, v rounded once.
+TEST(CapiCalls, Bfloat16AdamWIsTheFloat32StepRoundedOnce) {
+  const int64_t n = 5000;
+  const auto bf16 = adamw_on(cpu_backend(), DType::bf16, n, 1);
+  const auto start = std::vector<std::vector<char>>{random_stack(DType::bf16, 1, 1, n, 1),
+                                                    random_stack(DType::bf16, 1, 1, n, 2, 1e-2f)};
+  std::vector<float> p(n), g(n), m(n, 0.0f), v(n, 0.0f);
+  for (int64_t i = 0; i < n; ++i) p[i] = value_at(start[0], DType::bf16, i), g[i] = value_at(start[1], DType::bf16, i);
+  adamw_step(p, g, 0.5f, m, v, 1, AdamWHyper{1e-2, 0.9, 0.999, 1e-8, 0.1});
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(value_at(bf16[0], DType::bf16, i), round_to_bf16(p[i])) << "p[" << i << "]";
+    ASSERT_EQ(value_at(bf16[2], DType::bf16, i), round_to_bf16(m[i])) << "exp_avg[" << i << "]";
+    ASSERT_EQ(value_at(bf16[3], DType::bf16, i), round_to_bf16(v[i])) << "exp_avg_sq[" << i << "]";
+  }
+}
+
+// bf16 storage on the CPU: widened exactly, orthogonalized in float32, rounded once. So the result is the float32
+// engine's on the bf16 values, rounded to bf16, bit for bit; and against the float64 recurrence on the same (exactly
+// representable) bf16 values it is off by at most the final rounding, 2^-8 relative per element (bf16 keeps 8
+// significant bits), plus the float32 engine's own error ε (1e-5 standard; 2e-4 Gram, DESIGN 2.2):
+//   ‖bf16(y) − ref‖ ≤ ‖bf16(y) − y‖ + ‖y − ref‖ ≤ 2^-8·‖y‖ + ε‖ref‖ ≤ (2^-8·(1 + ε) + ε)·‖ref‖.
+// Truncation instead of rounding (up to 2^-7) or a second rounding through bf16 iterates would exceed it.
+TEST(CapiCalls, Bfloat16NewtonSchulzOnTheCpuIsWithinItsBoundOfFloat64) {
+  const int64_t k = 3;
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{24, 64}, {64, 24}, {48, 48}}) {
+    for (NsAlgo algo : {NsAlgo::standard, NsAlgo::gram}) {
+      NsOptions options;
+      options.algo = algo;
+      const double eps = algo == NsAlgo::standard ? 1e-5 : 2e-4;
+      const double bound = std::ldexp(1.0, -8) * (1 + eps) + eps;
+      const std::vector<char> stack = random_stack(DType::bf16, k, rows, cols, 31 + rows);
+      const std::vector<char> got = ns_on(cpu_backend(), stack, DType::bf16, k, rows, cols, options);
+      std::vector<float> wide(k * rows * cols);
+      for (size_t i = 0; i < wide.size(); ++i) wide[i] = value_at(stack, DType::bf16, static_cast<int64_t>(i));
+      std::vector<float> f32(wide.size());
+      for (int64_t j = 0; j < k; ++j)
+        newton_schulz(wide.data() + j * rows * cols, f32.data() + j * rows * cols, rows, cols, options);
+      for (size_t i = 0; i < wide.size(); ++i)
+        ASSERT_EQ(value_at(got, DType::bf16, static_cast<int64_t>(i)), round_to_bf16(f32[i])) << "element " << i;
+      for (int64_t j = 0; j < k; ++j) {
+        const test::MatD u = test::from_floats(wide.data() + j * rows * cols, rows, cols);
+        const test::MatD ref = test::standard_ns_reference(u, ns_schedule(options.coeffs, options.steps), 1.0);
+        test::MatD o(rows, cols);
+        for (int64_t i = 0; i < rows * cols; ++i) o.v[i] = value_at(got, DType::bf16, j * rows * cols + i);
+        const double err = test::relative_distance(o, ref);
+        EXPECT_LE(err, bound) << rows << "x" << cols << " " << to_string(algo) << " matrix " << j;
+        EXPECT_GT(err, 0.05 * bound) << "no rounding at all? " << rows << "x" << cols;
+      }
+    }
+  }
+}
+
+// bf16 storage takes bf16 iterates (and DESIGN 2.2's half-precision restarts, unless others were asked for) on a
+// backend that has them (a GPU; here the recording backend, which supports both), float32 on the CPU.
+TEST(CapiCalls, Bfloat16IteratesOnlyWhereTheBackendHasThem) {
+  const NsOptions defaults;
+  EXPECT_EQ(capi::ns_options_for(cpu_backend(), DType::bf16, defaults), defaults);
+  RecordingBackend gpu_like;
+  EXPECT_EQ(capi::ns_options_for(gpu_like, DType::f32, defaults), defaults);
+  const NsOptions bf16 = capi::ns_options_for(gpu_like, DType::bf16, defaults);
+  EXPECT_EQ(bf16.dtype, DType::bf16);
+  EXPECT_EQ(bf16.restarts, (std::vector<int>{1, 3}));
+  NsOptions chosen;
+  chosen.restarts = {2, 4};
+  EXPECT_EQ(capi::ns_options_for(gpu_like, DType::bf16, chosen).restarts, chosen.restarts);
+}
+
+}  // namespace
+}  // namespace dmuon

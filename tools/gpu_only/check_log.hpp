@@ -1,0 +1,29 @@
+// dmuon_gpu_check's verdicts: one line per check ("ok" or "FAIL", what, the measured value, its limit) and the
+// failure count that decides the exit status.
+#pragma once
+
+#include <cstdio>
+#include <string>
+
+namespace dmuon {
+
+class CheckLog {
+ public:
+  // ok: value ≤ limit was required and held (or the caller's own test passed).
+  void report(bool ok, const std::string& what, double value, double limit) {
+    std::printf("%-4s %-64s %.3g (limit %.3g)\n", ok ? "ok" : "FAIL", what.c_str(), value, limit);
+    if (!ok) ++failures_;
+  }
+  // A check with no figure: it held or it did not.
+  void expect(bool ok, const std::string& what) {
+    std::printf("%-4s %s\n", ok ? "ok" : "FAIL", what.c_str());
+    if (!ok) ++failures_;
+  }
+  void note(const std::string& what) { std::printf("note %s\n", what.c_str()); }
+  int failures() const { return failures_; }
+
+ private:
+  int failures_ = 0;
+};
+
+}  // namespace dmuon

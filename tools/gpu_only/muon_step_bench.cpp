@@ -1,0 +1,134 @@
+// The device Muon step benchmark (muon_step_bench.hpp).
+#include "muon_step_bench.hpp"
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <sstream>
+
+#include "device_ns_bench.hpp"
+#include "dmuon/device_timing.hpp"
+#include "dmuon/error.hpp"
+#include "dmuon/ns.hpp"
+#include "dmuon/statistics.hpp"
+
+namespace dmuon {
+
+namespace {
+
+constexpr float kLr = 0.02f, kMomentum = 0.95f;
+
+// One bucket's device state: weights, gradients and momentum of its matrices, the update stack and the norms.
+struct BucketState {
+  MuonBucket shape;
+  Buffer w, g, m, u, norms;
+  std::vector<MatView> stack;  // the matrices of u
+  float scale = 1;             // s = sqrt(max(1, rows/cols)) (torch.optim.Muon's default adjustment)
+
+  BucketState(Backend& backend, const MuonBucket& b, std::mt19937& rng) : shape(b) {
+    const int64_t size = b.rows * b.cols, n = size * b.count;
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> host(static_cast<size_t>(n));
+    for (float& x : host) x = 0.02f * normal(rng);
+    w = Buffer(backend, DType::f32, n);
+    w.upload(host);
+    for (float& x : host) x = 1e-3f * normal(rng);
+    g = Buffer(backend, DType::f32, n);
+    g.upload(host);
+    m = Buffer(backend, DType::f32, n);
+    backend.fill(m.view(1, n), 0.0f);
+    u = Buffer(backend, DType::f32, n);
+    norms = Buffer(backend, DType::f32, 2 * b.count);  // b.count doubles: the finiteness check stays on the device
+    for (int64_t i = 0; i < b.count; ++i) stack.push_back(u.view(b.rows, b.cols, 1, i * size));
+    scale = static_cast<float>(std::sqrt(std::max(1.0, static_cast<double>(b.rows) / b.cols)));
+  }
+  void momentum(Backend& backend) {
+    backend.muon_momentum(g.f32(), 1.0f, m.f32(), u.f32(), u.size(), 1.0f - kMomentum, kMomentum, true);
+  }
+  void orthogonalize(Backend& backend, const NsOptions& options) {
+    newton_schulz_batched(backend, stack, stack, options, {}, reinterpret_cast<double*>(norms.data()));
+  }
+  void apply(Backend& backend) {
+    const int64_t size = shape.rows * shape.cols;
+    for (int64_t i = 0; i < shape.count; ++i)
+      backend.muon_apply(w.f32() + i * size, u.f32() + i * size, size, 1.0f, -kLr, scale);
+  }
+};
+
+}  // namespace
+
+std::vector<MuonBucket> parse_buckets(const std::string& list) {
+  std::vector<MuonBucket> out;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t end = std::min(list.find(',', start), list.size());
+    const std::string item = list.substr(start, end - start);
+    long long r = 0, c = 0, k = 1;
+    char tail = 0;
+    const int got = std::sscanf(item.c_str(), "%lldx%lld:%lld%c", &r, &c, &k, &tail);
+    DMUON_CHECK((got == 2 || got == 3) && r > 0 && c > 0 && k > 0, "--shapes: '", item,
+                "' is not ROWSxCOLS or ROWSxCOLS:COUNT");
+    out.push_back({r, c, k, 0});
+    start = end + 1;
+  }
+  return out;
+}
+
+MuonStepReport bench_muon_step(Backend& backend, std::vector<MuonBucket> buckets, int repeats) {
+  DMUON_CHECK(repeats >= 1, "repeats must be at least 1, got ", repeats);
+  MuonStepReport report;
+  report.device = backend.description();
+  report.repeats = repeats;
+  NsOptions options = device_ns_path_options("auto", DType::bf16);
+  std::mt19937 rng(2024);
+  std::vector<BucketState> states;
+  for (const MuonBucket& b : buckets) {
+    states.emplace_back(backend, b, rng);
+    report.parameters += b.rows * b.cols * b.count;
+  }
+  const auto step = [&] {
+    for (BucketState& s : states) s.momentum(backend);
+    for (BucketState& s : states) s.orthogonalize(backend, options);
+    for (BucketState& s : states) s.apply(backend);
+  };
+  step();  // untimed: workspaces, cuBLAS heuristics, CUDA graphs
+  for (int i = 0; i < repeats; ++i) report.step_seconds_all.push_back(time_on(backend, step));
+  report.step_seconds = median(report.step_seconds_all);
+  for (BucketState& s : states) {
+    MuonBucket b = s.shape;
+    b.ns_seconds = median_seconds_on(backend, 1, repeats, [&] { s.orthogonalize(backend, options); });
+    report.buckets.push_back(b);
+  }
+  return report;
+}
+
+std::string muon_step_json(const MuonStepReport& r) {
+  std::ostringstream os;
+  os.precision(9);
+  os << "{\"device\": " << json_string(r.device) << ", \"optimizer\": \"dmuon device muon step\", \"repeats\": "
+     << r.repeats << ", \"matrices\": ";
+  int64_t matrices = 0;
+  for (const MuonBucket& b : r.buckets) matrices += b.count;
+  os << matrices << ", \"parameters\": " << r.parameters << ", \"step_s_median\": " << r.step_seconds
+     << ", \"step_s\": [";
+  for (size_t i = 0; i < r.step_seconds_all.size(); ++i) os << (i ? ", " : "") << r.step_seconds_all[i];
+  os << "], \"buckets\": [";
+  for (size_t i = 0; i < r.buckets.size(); ++i) {
+    const MuonBucket& b = r.buckets[i];
+    os << (i ? ", " : "") << "{\"rows\": " << b.rows << ", \"cols\": " << b.cols << ", \"count\": " << b.count
+       << ", \"ns_s_median\": " << b.ns_seconds << "}";
+  }
+  os << "]}\n";
+  return os.str();
+}
+
+std::string muon_step_table(const MuonStepReport& r) {
+  std::ostringstream os;
+  os << r.device << "\nMuon step (momentum, batched bf16 Newton-Schulz per shape, apply) on " << r.parameters
+     << " parameters: median " << 1e3 * r.step_seconds << " ms over " << r.repeats << " steps\n";
+  for (const MuonBucket& b : r.buckets)
+    os << "  " << b.count << " x " << b.rows << "x" << b.cols << ": Newton-Schulz " << 1e3 * b.ns_seconds << " ms\n";
+  return os.str();
+}
+
+}  // namespace dmuon
