@@ -202,8 +202,9 @@ class DMuon(torch.optim.Optimizer):
         """Parameter i's state before its first update, laid out as the parameter (a DTensor
         parameter gets DTensors of the same mesh and placements)."""
         p = self._layouts[i].tensor
-        if self._layouts[i].held_elsewhere:
-            return  # its state lives on its owner
+        if self._layouts[i].held_elsewhere:  # its state lives on its owner; an empty entry here lets
+            self.state[p] = {}               # DCP's set_state_dict find one for every parameter
+            return
         dtype = self._state_dtype_of(p)
 
         def zeros():
