@@ -9,6 +9,7 @@ PYTHONPATH=build/python:tests/python and one BLAS thread per rank. One launch ru
   micro-batches synced   3 per step, each reduced to the owners (the owner accumulates)
   checkpointing          every block under torch.utils.checkpoint (non-reentrant): the recompute in
                          backward broadcasts the weights again
+  checkpointing reentrant  the same with use_reentrant=True (the recompute's own backward reduces)
   uneven owners          two held matrices of 96×12 and 12×12 (at 3-4 ranks some own nothing), the
                          other Muon matrices left to FSDP2 (both modes in one optimizer)
   hsdp                   a (2, N/2) mesh (N even): two-stage reduce and broadcast
@@ -55,6 +56,7 @@ VARIANTS = {
     "micro-batches": dict(micro=3),
     "micro-batches synced": dict(micro=3, sync_each=True),
     "checkpointing": dict(net=dict(checkpointing="non-reentrant")),
+    "checkpointing reentrant": dict(net=dict(checkpointing="reentrant")),
     "uneven owners": dict(net=dict(layers=1, hidden=96), hold=dict(predicate=uneven)),
     "hsdp": dict(mesh="hsdp"),
     "ddp": dict(mesh=None),
