@@ -5,7 +5,7 @@ DMuon.state_dict() list them there, so DCP writes each once, and a load at anoth
 
 One script, two roles, each a separate torchrun (or mpirun) launch on gloo:
 
-  torch_owner_held_dcp_test.py save DIR   (at N ranks)
+  torch_owner_held_dcp_test.py save DIR [hsdp]   (at N ranks; hsdp: a (2, N/2) mesh)
       trains owner_held_model.Net under hold_on_owners + fully_shard 5 steps, saves model and
       optimizer into DIR/step5 (get_state_dict + dcp.save), trains on to step 10 (the uninterrupted
       run; its full weights go to DIR/final.pt), then loads DIR/step5 into a fresh model and
@@ -37,15 +37,17 @@ SAVED_AT, STEPS = 5, 10
 TOLERANCE = 1e-5
 
 
-def build(hold, seed):
-    """(model, optimizer): Net under fully_shard, its Muon matrices held on owners when `hold`."""
+def build(hold, seed, hsdp=False):
+    """(model, optimizer): Net under fully_shard (HSDP on a (2, W/2) mesh), its Muon matrices held on
+    owners when `hold`."""
     net = make_net()
     if seed is not None:  # other initial values: a load must overwrite every one
         torch.manual_seed(seed)
         with torch.no_grad():
             for p in net.parameters():
                 p.normal_()
-    mesh = init_device_mesh("cpu", (WORLD,))
+    mesh = (init_device_mesh("cpu", (2, WORLD // 2), mesh_dim_names=("replicate", "shard")) if hsdp
+            else init_device_mesh("cpu", (WORLD,)))
     held = hold_on_owners(net, mesh) if hold else None
     ignored = held.params if held is not None else None
     for block in net.blocks:
@@ -90,8 +92,8 @@ def full_weights(model):
     return out
 
 
-def role_save(folder):
-    model, opt = build(hold=True, seed=None)
+def role_save(folder, hsdp=False):
+    model, opt = build(hold=True, seed=None, hsdp=hsdp)
     train(model, opt, range(SAVED_AT))
     save(model, opt, os.path.join(folder, "step5"))
     train(model, opt, range(SAVED_AT, STEPS))
@@ -100,7 +102,7 @@ def role_save(folder):
     if RANK == 0:
         torch.save(final, os.path.join(folder, "final.pt"))
 
-    resumed, opt2 = build(hold=True, seed=1)
+    resumed, opt2 = build(hold=True, seed=1, hsdp=hsdp)
     load(resumed, opt2, os.path.join(folder, "step5"))
     check(opt2.updates == SAVED_AT, f"same size: {opt2.updates} updates after loading, expected {SAVED_AT}")
     train(resumed, opt2, range(SAVED_AT, STEPS))
@@ -112,7 +114,7 @@ def role_save(folder):
         check(n in params and torch.equal(params[n], v), f"same size: {n} not bit-identical after the resumed steps")
     for k, v in straight_state.items():
         check(k in state and torch.equal(state[k], v), f"same size: optimizer state {k} not bit-identical")
-    return f"saved at {WORLD} ranks, same-size resume bit-identical"
+    return f"saved at {WORLD} ranks{' (HSDP)' if hsdp else ''}, same-size resume bit-identical"
 
 
 def role_load(folder):
@@ -135,6 +137,6 @@ def role_load(folder):
 
 if __name__ == "__main__":
     RANK, WORLD = init_process_group("gloo")
-    role, folder = sys.argv[1], sys.argv[2]
-    summary = {"save": role_save, "load": role_load}[role](folder)
+    role, folder, options = sys.argv[1], sys.argv[2], sys.argv[3:]
+    summary = role_save(folder, hsdp="hsdp" in options) if role == "save" else role_load(folder)
     sys.exit(finish(f"torch_owner_held_dcp_test {role} np {WORLD}: {summary}"))
