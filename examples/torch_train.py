@@ -2,7 +2,7 @@
 trained on Debian's fortunes with torch.optim.AdamW or dmuon.torch.DMuon, on gloo (CPU), data
 parallel under DDP (the default), FSDP2 (--fsdp2: fully_shard per block and at the root, on a 1-D
 mesh of every rank) or HSDP (--hsdp R,S: fully_shard on a 2-D (replicate, shard) mesh of R replicas
-of S shards each; --hsdp alone is 2 replicas of W/2 shards).
+of S shards each; --hsdp alone is 2 replicas of W/2 shards); --owner-held: DMuon's owner-centric mode.
 
     torchrun --standalone --nproc_per_node 2 examples/torch_train.py --optim dmuon --fsdp2
     mpirun --allow-run-as-root -np 2 python examples/torch_train.py --optim dmuon   (also works)
@@ -85,18 +85,25 @@ def load_corpus(folder):
     return torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
 
 
-def parallelize(model, mode, world):
+def parallelize(model, mode, world, owner_held):
     """The model under DDP, FSDP2 (mode "fsdp2") or HSDP (mode (R, S)): each block, then the root,
-    wrapped with fully_shard, whose parameters become DTensors sharded on dim 0 over the mesh."""
-    if mode == "ddp":
-        return nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    wrapped with fully_shard, whose parameters become DTensors sharded on dim 0 over the mesh. With
+    owner_held, DMuon's matrices are first held whole on their owners (dmuon.torch.hold_on_owners)
+    and kept out of DDP and FSDP2."""
+    mesh = None
     if mode == "fsdp2":
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
-    else:
+    elif mode != "ddp":
         mesh = init_device_mesh("cpu", mode, mesh_dim_names=("replicate", "shard"))
+    ignored = None
+    if owner_held:
+        import dmuon.torch
+        ignored = dmuon.torch.hold_on_owners(model, mesh).params
+    if mode == "ddp":
+        return nn.parallel.DistributedDataParallel(model) if world > 1 else model
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, ignored_params=ignored)
+    return fully_shard(model, mesh=mesh, ignored_params=ignored)
 
 
 def hsdp_mesh_shape(spec, world):
@@ -137,6 +144,8 @@ def main():
     layout.add_argument("--hsdp", nargs="?", const="auto", metavar="R,S",
                         help="HSDP: FSDP2 on a 2-D (replicate, shard) mesh of R replicas x S shards "
                              "(default 2 x world/2)")
+    parser.add_argument("--owner-held", action="store_true",
+                        help="DMuon's owner-centric mode: Muon matrices held whole on their owners, moved by hooks")
     parser.add_argument("--check-loss-falls", action="store_true",
                         help="exit 1 unless the mean loss of the last 5 steps is below that of the first 5")
     args = parser.parse_args()
@@ -146,8 +155,10 @@ def main():
     if args.batch % world:
         raise SystemExit(f"torch_train: --batch {args.batch} is not divisible by {world} ranks")
     mode = hsdp_mesh_shape(args.hsdp, world) if args.hsdp else "fsdp2" if args.fsdp2 else "ddp"
+    if args.owner_held and args.optim != "dmuon":
+        raise SystemExit("torch_train: --owner-held is DMuon's mode (--optim dmuon)")
     torch.manual_seed(args.seed)
-    model = parallelize(Gpt(), mode, world)
+    model = parallelize(Gpt(), mode, world, args.owner_held)
     optimizer = make_optimizer(args, model)
 
     data = load_corpus(args.corpus)
@@ -172,6 +183,7 @@ def main():
     first, last = sum(losses[:5]) / len(losses[:5]), sum(losses[-5:]) / len(losses[-5:])
     if rank == 0:
         where = "x".join(map(str, mode)) + " HSDP" if isinstance(mode, tuple) else mode.upper()
+        where += ", owner-held" if args.owner_held else ""
         print(f"{args.optim}, {where}: {world} ranks, {args.steps} steps, loss {first:.4f} (first 5) -> {last:.4f} (last 5)")
     # The model goes before the process group. A DDP model's Reducer (C++) holds a reference to the
     # group; were it the last one, dropping the model would join gloo's worker threads while holding
