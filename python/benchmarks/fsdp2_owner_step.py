@@ -27,7 +27,8 @@ Tokens per step are global (each rank trains tokens/W). Per optimizer and settin
 --steps timed steps after --warmup untimed ones, each the slowest rank's: the optimizer step, forward+backward,
 the whole step, the communication the ranks were blocked on (in forward+backward and in the step:
 a synchronous collective's call, an asynchronous one's wait()), and the wire bytes per step of the
-whole job (nccl-tests' bus bytes; tests/python/collective_ledger.py).
+whole job (nccl-tests' bus bytes; tests/python/collective_ledger.py), and of them those sent inside
+the optimizer step.
 """
 
 import argparse
@@ -212,11 +213,13 @@ def measure(name, config, tokens, steps, warmup):
             ledger.label = None
             rows.append(dict(fwd_bwd=t1 - t0, step=t2 - t1, total=t2 - t0,
                              blocked_fwd_bwd=ledger.blocked("forward+backward"), blocked_step=ledger.blocked("step"),
-                             wire=ledger.wire("forward+backward") + ledger.wire("step"), loss=loss.item()))
+                             wire=ledger.wire("forward+backward") + ledger.wire("step"), wire_step=ledger.wire("step"),
+                             loss=loss.item()))
     timed = rows[warmup:]
     out = {key: statistics.median(slowest(r[key]) for r in timed)
            for key in ("fwd_bwd", "step", "total", "blocked_fwd_bwd", "blocked_step")}
     out["wire_bytes"] = statistics.median(total(r["wire"]) for r in timed)
+    out["wire_bytes_in_step"] = statistics.median(total(r["wire_step"]) for r in timed)
     out["loss_last"] = timed[-1]["loss"]
     return out
 
@@ -269,15 +272,15 @@ def print_table(setting):
     print(f"\n{first['model']}, {first['world']} ranks, {first['tokens']} tokens per step (times in ms, slowest rank; "
           f"1-minute load average {first['load_average_1min']:.1f} to {setting[-1]['load_average_1min']:.1f})")
     print("| optimizer | step | fwd+bwd | total | total vs AdamW | blocked in fwd+bwd | blocked in step "
-          "| wire bytes/step | bytes vs AdamW | step speedup vs fastest peer |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| wire bytes/step | of which in step | bytes vs AdamW | step speedup vs fastest peer |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     def ratio(x, unit=""):
         return "-" if math.isnan(x) else f"{x:.3f}{unit}"
 
     for r in setting:
         print(f"| {r['optimizer']} | {1e3 * r['step']:.1f} | {1e3 * r['fwd_bwd']:.1f} | {1e3 * r['total']:.1f} | "
               f"{ratio(r['total_vs_adamw'])} | {1e3 * r['blocked_fwd_bwd']:.1f} | {1e3 * r['blocked_step']:.1f} | "
-              f"{int(r['wire_bytes'])} | {ratio(r['bytes_vs_adamw'])} | {ratio(r['step_speedup_vs_fastest_peer'], 'x')} |",
+              f"{int(r['wire_bytes'])} | {int(r['wire_bytes_in_step'])} | {ratio(r['bytes_vs_adamw'])} | {ratio(r['step_speedup_vs_fastest_peer'], 'x')} |",
               flush=True)
 
 
