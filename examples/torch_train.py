@@ -15,9 +15,10 @@ update is the one of the global batch.
 
 --csv FILE writes `dmuon train --csv`'s metrics file (read by `dmuon compare`, as `make demo` does):
 per step the training loss, the validation loss every --val-every steps (the mean over --val-batches
-fixed batches of the held-out last tenth of the corpus), and the slowest rank's step, forward+backward
-and optimizer times and its exposed communication: the time it was blocked on torch.distributed's
-collectives (a synchronous call, an asynchronous one's wait(); tests/python/collective_ledger.py).
+fixed batches of the held-out last tenth of the corpus), and the slowest rank's step time, its exposed
+communication (the time it was blocked on torch.distributed's collectives: a synchronous call, an
+asynchronous one's wait(); tests/python/collective_ledger.py) and, as `dmuon train`'s, its
+forward+backward and optimizer times without those waits.
 """
 
 import argparse
@@ -85,8 +86,9 @@ class Gpt(nn.Module):
 
 
 class StepMetrics:
-    """Per-step times of this rank (forward+backward, optimizer, blocked on collectives), their maximum
-    over the ranks written by rank 0 (path given) as `dmuon train --csv`'s rows."""
+    """Per-step times of this rank (forward+backward and optimizer, each less its time blocked on
+    collectives, and that time), their maximum over the ranks written by rank 0 (path given) as
+    `dmuon train --csv`'s rows."""
 
     HEADER = "step,train_loss,val_loss,step_s,fwd_bwd_s,optim_s,comm_wait_s"
 
@@ -103,7 +105,7 @@ class StepMetrics:
 
     @contextlib.contextmanager
     def timing(self, part):
-        self.ledger.label = "timed"
+        self.ledger.label = part
         t0 = time.perf_counter()
         try:
             yield
@@ -112,9 +114,12 @@ class StepMetrics:
             self.ledger.label = None
 
     def write(self, step, train_loss, val_loss):
-        """The slowest rank's times of this step (one small all_reduce), written by rank 0."""
-        fwd_bwd, optim = self.times["fwd_bwd"], self.times["optim"]
-        t = torch.tensor([fwd_bwd + optim, fwd_bwd, optim, self.ledger.blocked("timed")], dtype=torch.float64)
+        """The slowest rank's times of this step (one small all_reduce), written by rank 0. As `dmuon
+        train`'s, forward+backward and optimizer times leave out the waits, so on each rank the three parts
+        add up to its step."""
+        wait = {part: self.ledger.blocked(part) for part in ("fwd_bwd", "optim")}
+        fwd_bwd, optim = (self.times[part] - wait[part] for part in ("fwd_bwd", "optim"))
+        t = torch.tensor([sum(self.times.values()), fwd_bwd, optim, sum(wait.values())], dtype=torch.float64)
         self.ledger.records.clear()
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if self.file:
