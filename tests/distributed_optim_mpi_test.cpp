@@ -97,7 +97,7 @@ std::unique_ptr<shard::ShardedParams> sharded(Layout layout, Mode mode, std::sha
   std::vector<int> owners;  // the even layout places none
   if (layout == Layout::owner_aligned) owners = default_owners(reg.specs(), comm->size());
   auto sp = std::make_unique<shard::ShardedParams>(std::move(comm), reg,
-                                                   shard::ShardOptions{layout, mode, comm::ReduceOp::average, true},
+                                                   shard::ShardOptions{layout, mode, ReduceOp::average, true},
                                                    owners);
   test::ToyModel init(specs(), 7);
   for (int p = 0; p < sp->registry().size(); ++p) sp->load_full(p, init.values[p]);
@@ -282,9 +282,9 @@ TEST(DistributedMuon, EachMatrixIsOrthogonalizedOnceOnItsOwner) {
     EXPECT_EQ(muon, 6);
     EXPECT_EQ(opt->last_stats().ns_matrices, mine) << c.name << " on rank " << me;
     std::vector<double> counted = {double(opt->last_stats().ns_matrices)};
-    world()->all_reduce<double>(counted, comm::ReduceOp::sum).wait();
+    world()->all_reduce<double>(counted, ReduceOp::sum).wait();
     EXPECT_EQ(counted[0], c.gather_compute ? muon * world()->size() : muon) << c.name;
-    world()->all_reduce<double>(times, comm::ReduceOp::sum).wait();
+    world()->all_reduce<double>(times, ReduceOp::sum).wait();
     for (size_t p = 0; p < all.size(); ++p) {
       if (opt->group_of(all[p].name) == OptimGroup::muon && !c.gather_compute) {
         EXPECT_EQ(times[p], 1) << c.name << ": " << all[p].name << " orthogonalized " << times[p] << " times";
@@ -404,7 +404,7 @@ TEST(DistributedMuon, CheckpointResumesBitIdenticallyAndAtOneRank) {
     }
     expect_equal_model(full_values(*straight_sp), alone, std::string(c.name) + " resumed at 1 rank");
     std::vector<double> barrier = {0};
-    world()->all_reduce<double>(barrier, comm::ReduceOp::sum).wait();  // all have read it before the next save
+    world()->all_reduce<double>(barrier, ReduceOp::sum).wait();  // all have read it before the next save
   }
 }
 
@@ -427,7 +427,7 @@ TEST(DistributedMuon, CorruptCheckpointIsRefusedOnEveryRank) {
     write_file_atomically(dir + name, bytes);
   }
   std::vector<double> barrier = {0};
-  world()->all_reduce<double>(barrier, comm::ReduceOp::sum).wait();  // corrupted before anyone loads
+  world()->all_reduce<double>(barrier, ReduceOp::sum).wait();  // corrupted before anyone loads
   auto fresh_sp = sharded(Layout::owner_aligned, Mode::z3);
   DMuon fresh(world(), *fresh_sp, options(NsAlgo::standard));
   const auto before = full_values(*fresh_sp);
@@ -444,7 +444,7 @@ TEST(DistributedMuon, CorruptCheckpointIsRefusedOnEveryRank) {
   }
   EXPECT_EQ(full_values(*fresh_sp), before);
   EXPECT_EQ(fresh.updates(), 0);
-  world()->all_reduce<double>(barrier, comm::ReduceOp::sum).wait();
+  world()->all_reduce<double>(barrier, ReduceOp::sum).wait();
 }
 
 // Save at the world size D with the gather-compute baseline (even layout), resume at ⌈D/2⌉ ranks
@@ -492,7 +492,7 @@ TEST(DistributedMuon, CheckpointReshardsToHalfThenOneRank) {
   expect_equal_model(alone.values, ref, "saved at " + std::to_string(world()->size()) + ", resumed at " +
                                       std::to_string(half_size) + " then 1");
   std::vector<double> barrier = {0};
-  world()->all_reduce<double>(barrier, comm::ReduceOp::sum).wait();  // all done before the folder goes
+  world()->all_reduce<double>(barrier, ReduceOp::sum).wait();  // all done before the folder goes
 }
 
 }  // namespace

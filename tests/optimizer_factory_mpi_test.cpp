@@ -62,7 +62,7 @@ void backward(shard::ShardedParams& sp, int t, int rank) {
 OptimizerStackOptions stack_options(OptimKind kind) {
   OptimizerStackOptions o;
   o.kind = kind;
-  o.grad_reduce = comm::ReduceOp::sum;
+  o.grad_reduce = ReduceOp::sum;
   o.optimizer = options(kind);
   if (kind == OptimKind::dmuon) {  // owners from the planner, as callers get them
     PlanOptions plan;

@@ -14,7 +14,6 @@
 namespace dmuon::shard {
 namespace {
 
-using comm::ReduceOp;
 
 ParamSpec matrix(std::string name, int64_t r, int64_t c, int unit) {
   return {std::move(name), {r, c}, ParamRole::matrix, unit};
@@ -114,7 +113,7 @@ TEST(Shard, ViewsEqualRegisteredValuesAndShardGradsAreTheExactSumOrMean) {
           }
         }
         const std::string what = std::string(k.layout == Layout::even ? "even" : "owner_aligned") + " mode " +
-                                 std::to_string(static_cast<int>(k.mode)) + " " + std::string(comm::to_string(op));
+                                 std::to_string(static_cast<int>(k.mode)) + " " + std::string(to_string(op));
         EXPECT_EQ(wrong_views, 0) << what;
         EXPECT_EQ(wrong_grads, 0) << what;
         // Every element's reduced gradient is checked on exactly one rank.
@@ -227,23 +226,20 @@ class SlowComm : public comm::Comm {
   comm::Comm& node() override { return inner_->node(); }
   comm::Comm& cross() override { return inner_->cross(); }
   const comm::Topology& topology() const override { return inner_->topology(); }
-  comm::Work all_gather_raw(const void* send, int64_t count, void* recv, comm::DType t) override {
+  comm::Work all_gather_raw(const void* send, int64_t count, void* recv, DType t) override {
     return slow(inner_->all_gather_raw(send, count, recv, t));
   }
-  comm::Work all_gatherv_raw(const void* send, void* recv, std::span<const int64_t> counts, comm::DType t) override {
+  comm::Work all_gatherv_raw(const void* send, void* recv, std::span<const int64_t> counts, DType t) override {
     return slow(inner_->all_gatherv_raw(send, recv, counts, t));
   }
-  comm::Work reduce_scatterv_raw(const void* send, void* recv, std::span<const int64_t> counts, comm::DType t,
+  comm::Work reduce_scatterv_raw(const void* send, void* recv, std::span<const int64_t> counts, DType t,
                                  ReduceOp op) override {
     return slow(inner_->reduce_scatterv_raw(send, recv, counts, t, op));
   }
-  comm::Work broadcast_raw(void* buf, int64_t count, comm::DType t, int root) override {
+  comm::Work broadcast_raw(void* buf, int64_t count, DType t, int root) override {
     return slow(inner_->broadcast_raw(buf, count, t, root));
   }
-  comm::Work reduce_raw(const void* send, void* recv, int64_t count, comm::DType t, ReduceOp op, int root) override {
-    return slow(inner_->reduce_raw(send, recv, count, t, op, root));
-  }
-  comm::Work all_reduce_raw(const void* send, void* recv, int64_t count, comm::DType t, ReduceOp op) override {
+  comm::Work all_reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op) override {
     return slow(inner_->all_reduce_raw(send, recv, count, t, op));
   }
 

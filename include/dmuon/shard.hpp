@@ -78,7 +78,7 @@ enum class Mode { z3, z2, replicated };
 struct ShardOptions {
   Layout layout = Layout::owner_aligned;
   Mode mode = Mode::z3;
-  comm::ReduceOp grad_reduce = comm::ReduceOp::average;  // sum or average
+  ReduceOp grad_reduce = ReduceOp::average;  // sum or average
   bool two_stage = true;
   // Where the unit buffers (shards, gathered parameters, gradients) live; null: cpu_backend(). The
   // communicator must reach that memory (MPI: host memory; NCCL, Comm::device_buffers(): GPU memory).

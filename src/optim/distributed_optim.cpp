@@ -49,7 +49,7 @@ ShardedOptimizer::ShardedOptimizer(std::shared_ptr<comm::Comm> comm, shard::Shar
 }
 
 void ShardedOptimizer::sum_across_ranks(std::span<double> values) {
-  comm_->all_reduce<double>(values, comm::ReduceOp::sum).wait();
+  comm_->all_reduce<double>(values, ReduceOp::sum).wait();
 }
 
 void ShardedOptimizer::refresh_views(bool grads) {

@@ -58,8 +58,8 @@ ShardedParams::ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry reg
   DMUON_CHECK(backend().host_memory() || comm_->device_buffers(), "sharded parameters on ", backend().description(),
               " need a communicator that takes device memory (NCCL: comm::nccl_world); this one takes host memory "
               "only (MPI)");
-  DMUON_CHECK(options_.grad_reduce == comm::ReduceOp::sum || options_.grad_reduce == comm::ReduceOp::average,
-              "gradient reduction must be sum or average, got ", comm::to_string(options_.grad_reduce));
+  DMUON_CHECK(options_.grad_reduce == ReduceOp::sum || options_.grad_reduce == ReduceOp::average,
+              "gradient reduction must be sum or average, got ", to_string(options_.grad_reduce));
   registry_.verify_across(*comm_);
   const auto& specs = registry_.specs();
   const int d = comm_->size();
@@ -205,7 +205,7 @@ comm::Work ShardedParams::reduce_grads(int unit) {
     ensure(u.shard_grads, backend(), u.counts[me]);
     const int64_t at = u.layout.shard_offset[me];
     w = comm::Work::then_start(comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.f32(), u.shard_grads.f32(),
-                                                               u.counts, comm::DType::f32, op),
+                                                               u.counts, DType::f32, op),
                                *comm_, [comm = comm_.get(), &b = backend(), &u, at, me] {
                                  b.copy(u.packed_grads.f32() + at, u.shard_grads.f32(),
                                         sizeof(float) * u.shard_grads.size());
@@ -219,7 +219,7 @@ comm::Work ShardedParams::reduce_grads(int unit) {
     ensure(u.shard_grads, backend(), u.counts[me]);
     if (two_stage)
       w = comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.f32(), u.shard_grads.f32(), u.counts,
-                                          comm::DType::f32, op);
+                                          DType::f32, op);
     else
       w = comm_->reduce_scatterv<float>(all_of(u.packed_grads), all_of(u.shard_grads), u.counts, op);
   }

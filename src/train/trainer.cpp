@@ -131,8 +131,8 @@ struct Trainer::Impl {
   shard::ShardedParams& sharded() { return *stack.params; }
 
   // Sums `values` over ranks, in place.
-  void sum(std::span<double> values) { comm->all_reduce<double>(values, comm::ReduceOp::sum).wait(); }
-  void max(std::span<double> values) { comm->all_reduce<double>(values, comm::ReduceOp::max).wait(); }
+  void sum(std::span<double> values) { comm->all_reduce<double>(values, ReduceOp::sum).wait(); }
+  void max(std::span<double> values) { comm->all_reduce<double>(values, ReduceOp::max).wait(); }
 
   // Binds the parameters of `unit` to the runtime's gathered views (and gradients in backward).
   void bind_unit(int unit, bool grads) {

@@ -68,7 +68,7 @@ void backward(shard::ShardedParams& sp, int step) {
 }
 
 void max_over_ranks(comm::Comm& world, std::span<double> values) {
-  world.all_reduce<double>(values, comm::ReduceOp::max).wait();
+  world.all_reduce<double>(values, ReduceOp::max).wait();
 }
 
 // The variant's NS: the library's tuned Orthogonalizer (the ablations switch one tuned choice off), or fixed
@@ -313,7 +313,7 @@ struct Runner {
       stack.params->backend().copy_to_host(host.data(), shard.data(), sizeof(float) * host.size());
       for (float w : host) sum_sq[0] += static_cast<double>(w) * w;
     }
-    world.all_reduce<double>(sum_sq, comm::ReduceOp::sum).wait();
+    world.all_reduce<double>(sum_sq, ReduceOp::sum).wait();
     m.weight_norm = std::sqrt(sum_sq[0]);
     return m;
   }
