@@ -323,7 +323,8 @@ if [ "$MODE" = full ]; then
     skip share_gpu_refused "no mpirun"
   fi
   if [ "$TORCH_CUDA" = 1 ] || [ "$DRY_RUN" = 1 ]; then
-    step gpu_check_torch 150 env PYTHONPATH="$ROOT/$BUILD/python" "$PYTHON" python/benchmarks/gpu_check_torch.py \
+    step gpu_check_torch 150 env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" \
+      python/benchmarks/gpu_check_torch.py \
       --results "$RESULTS"
   else
     skip gpu_check_torch "no torch with CUDA"

@@ -1,5 +1,6 @@
-// Single-process optimizers: AdamW and Muon against the public reference code's golden tensors,
-// parameter groups, accumulation, clipping and the non-finite gradient policy.
+// Single-process optimizers: AdamW and Muon against the public reference code's golden tensors and,
+// over several steps, a float64 reference written here from docs/design.md section 1; parameter groups,
+// accumulation, clipping and the non-finite gradient policy.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 
 #include "dmuon/error.hpp"
 #include "dmuon/optim.hpp"
+#include "ns_reference.hpp"
 #include "reference_orthogonalizer.hpp"
 #include "test_data.hpp"
 #include "toy_model.hpp"
@@ -458,6 +460,102 @@ TEST(Optimizer, SetLrSetsEachGroupsRate) {
       }
       EXPECT_NEAR(moved, want, 4 * kEps * (std::abs(start[p][i]) + std::abs(want))) << spec.name << "[" << i << "]";
     }
+  }
+}
+
+// ---- several steps against an independent float64 reference ----
+// The distributed optimizers are tested against the single-process one and share its kernels, so a
+// wrong rule there (AdamW's step count, Nesterov, Muon's decoupled decay) would pass them all. Here the
+// single-process optimizer runs 6 steps against a float64 reference written from docs/design.md
+// section 1 and torch.optim.AdamW's definition; it shares nothing with the engine but the float64
+// Newton–Schulz recurrence of DESIGN 2.1 (ns_reference.hpp, a test helper), given KellerJordan's
+// coefficients here.
+struct ReferenceOptimizer {
+  OptimizerOptions o;
+  std::vector<ParamSpec> specs;
+  std::vector<bool> muon;                      // per parameter: in the Muon group
+  std::vector<std::vector<double>> w, m, v;    // values, momentum (Muon) or first moment (AdamW), second moment
+  int64_t t = 0;                               // AdamW's step count
+  double largest_adam_ratio = 0;               // max |m̂/(√v̂ + ε)| seen, for the AdamW tolerance
+
+  void step(const std::vector<std::vector<float>>& grads) {
+    ++t;
+    for (size_t p = 0; p < specs.size(); ++p) {
+      const std::vector<float>& g = grads[p];
+      std::vector<double>&W = w[p], &M = m[p], &V = v[p];
+      if (muon[p]) {
+        const MuonHyper& h = o.muon;
+        const double beta = h.momentum;
+        test::MatD u(specs[p].shape[0], specs[p].shape[1]);
+        for (size_t i = 0; i < g.size(); ++i) {
+          M[i] = beta * M[i] + (1 - beta) * g[i];
+          u.v[i] = h.nesterov ? (1 - beta) * g[i] + beta * M[i] : M[i];
+        }
+        const test::MatD orth = test::standard_ns_reference(u, std::vector<NsStep>(5, {3.4445, -4.7750, 2.0315}), 1);
+        const double s = std::sqrt(std::max(1.0, double(u.rows) / double(u.cols)));
+        for (size_t i = 0; i < g.size(); ++i) W[i] = W[i] * (1 - h.lr * h.weight_decay) - h.lr * s * orth.v[i];
+      } else {
+        const AdamWHyper& h = o.adamw;
+        const double bias1 = 1 - std::pow(h.beta1, double(t)), bias2 = 1 - std::pow(h.beta2, double(t));
+        for (size_t i = 0; i < g.size(); ++i) {
+          M[i] = h.beta1 * M[i] + (1 - h.beta1) * g[i];
+          V[i] = h.beta2 * V[i] + (1 - h.beta2) * double(g[i]) * g[i];
+          const double ratio = (M[i] / bias1) / (std::sqrt(V[i] / bias2) + h.eps);
+          largest_adam_ratio = std::max(largest_adam_ratio, std::abs(ratio));
+          W[i] = W[i] * (1 - h.lr * h.weight_decay) - (h.lr / bias1) * M[i] / (std::sqrt(V[i]) / std::sqrt(bias2) + h.eps);
+        }
+      }
+    }
+  }
+};
+
+// Tall (s = √(12/5)), wide (s = 1), a matrix sent to AdamW by a rule, and a bias; Gaussian gradients
+// whose scale changes from step to step (so bias correction and momentum both matter).
+TEST(Optimizer, SeveralStepsOfMuonAndAdamWEqualAFloat64Reference) {
+  const std::vector<ParamSpec> specs = {{"layers.0.tall", {12, 5}, ParamRole::matrix, 0},
+                                        {"layers.0.wide", {4, 10}, ParamRole::matrix, 0},
+                                        {"embed.weight", {7, 3}, ParamRole::matrix, 0},
+                                        {"layers.0.bias", {6}, ParamRole::elementwise, 0}};
+  constexpr int kSteps = 6;
+  const float step_scale[kSteps] = {1.0f, 0.3f, 2.0f, 0.5f, 1.5f, 0.1f};
+  for (const bool nesterov : {true, false}) {
+    const std::string what = nesterov ? "nesterov" : "plain momentum";
+    OptimizerOptions opt;
+    opt.rules = {{"embed.*", OptimGroup::adamw}};
+    opt.muon.lr = 0.02, opt.muon.momentum = 0.9, opt.muon.nesterov = nesterov, opt.muon.weight_decay = 0.1;
+    opt.muon.ns.algo = NsAlgo::standard;
+    opt.adamw.lr = 0.01, opt.adamw.beta1 = 0.9, opt.adamw.beta2 = 0.95, opt.adamw.weight_decay = 0.05;
+    test::ToyModel model(specs, 5);
+    ReferenceOptimizer ref{opt, specs, {true, true, false, false}, {}, {}, {}};
+    for (const auto& values : model.values) {
+      ref.w.emplace_back(values.begin(), values.end());
+      ref.m.emplace_back(values.size(), 0.0);
+      ref.v.emplace_back(values.size(), 0.0);
+    }
+    Muon optimizer(model.refs(), opt);
+    for (int t = 1; t <= kSteps; ++t) {
+      std::mt19937 rng(100 + t);
+      std::normal_distribution<float> normal;
+      for (auto& g : model.grads)
+        for (float& x : g) x = step_scale[t - 1] * normal(rng);
+      ASSERT_TRUE(optimizer.step());
+      ref.step(model.grads);
+      // Muon: each step moves W by lr·s·O with the engine's float32 NS within δ = 2e-6 per element of
+      // the float64 one (check_muon_golden above), plus a few ulps of W per step. AdamW: each step
+      // rounds W and its update lr·r (|r| ≤ largest_adam_ratio) to a few ulps, as torch does.
+      for (size_t p = 0; p < specs.size(); ++p) {
+        const std::vector<float> expected(ref.w[p].begin(), ref.w[p].end());
+        const std::string where = what + ": " + specs[p].name + " step " + std::to_string(t);
+        if (ref.muon[p]) {
+          const double s = std::sqrt(std::max(1.0, double(specs[p].shape[0]) / double(specs[p].shape[1])));
+          expect_close(model.values[p], expected, t * opt.muon.lr * s * 2e-6, 4 * t * kEps, where);
+        } else {
+          expect_close(model.values[p], expected, 4 * t * kEps * opt.adamw.lr * ref.largest_adam_ratio, 4 * t * kEps,
+                       where);
+        }
+      }
+    }
+    EXPECT_EQ(optimizer.updates(), kSteps);
   }
 }
 

@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -166,6 +167,36 @@ TEST(TrainMpi, TunedDMuonFromACacheEqualsSingleProcessMuon) {
   });
   MPI_Barrier(MPI_COMM_WORLD);
   if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+// DMuon runs with the planner's owners: the sharded parameters are laid out by them and each rank
+// orthogonalizes exactly its planned share in every step. Exactness alone cannot see this (the weights
+// do not depend on which rank computes them), so owners overridden after planning would pass every test
+// above. Deterministic balancers, so the expected plan is rebuilt here; with 8 matrices (2 layers × 4)
+// every rank of up to 4 has a share.
+TEST(TrainMpi, DMuonRunsWithThePlannedOwnersAndEachRankItsShare) {
+  int ranks = 0, rank = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &ranks);
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  for (const Balancer balancer : {Balancer::rr, Balancer::lpt}) {
+    const std::string what = "balancer " + std::string(to_string(balancer));
+    TrainOptions o = tiny(OptimKind::dmuon, 2);
+    o.balancer = balancer;
+    const auto specs = gpt_param_specs(o.model);
+    PlanOptions po;
+    po.balancer = balancer;
+    const Plan expected = make_plan(specs, make_plan_items(specs, ranks, relative_flop_batch_time()), ranks, po);
+    const int64_t share = std::count(expected.owner.begin(), expected.owner.end(), rank);
+    ASSERT_EQ(std::count_if(expected.owner.begin(), expected.owner.end(), [](int r) { return r >= 0; }), 8) << what;
+    EXPECT_GE(share, 1) << what << ": rank " << rank << " owns no matrix, so its share tests nothing";
+    Trainer t(o, comm::world());
+    EXPECT_EQ(t.plan().owner, expected.owner) << what;
+    EXPECT_EQ(t.owners(), expected.owner) << what;
+    for (int s = 0; s < 2; ++s) {
+      t.train_step();
+      EXPECT_EQ(t.last_optimizer_stats().ns_matrices, share) << what << " step " << s + 1 << " on rank " << rank;
+    }
+  }
 }
 
 TEST(TrainMpi, ResumeReproducesTheUninterruptedRunBitForBit) {

@@ -149,6 +149,12 @@ class Trainer {
   // The owner plan DMuon runs with (empty for other optimizers); per-rank time_s is its predicted NS load
   // (seconds when tuned; untuned, relative_flop_batch_time's units of 10^12 flops).
   const Plan& plan() const;
+  // What the optimizer runs with and did, to check against plan(): the owner of each parameter that the
+  // sharded parameters are laid out by (shard.hpp's owners(): −1 for elementwise; empty for the even
+  // layout of adamw and muon-gather), and this rank's last update (Optimizer::Stats: its Newton–Schulz
+  // matrices, which for dmuon are the ones it owns).
+  const std::vector<int>& owners() const;
+  const Optimizer::Stats& last_optimizer_stats() const;
 
  private:
   struct Impl;

@@ -325,6 +325,8 @@ int64_t Trainer::steps_done() const { return impl_->step; }
 const std::vector<TuneEntry>& Trainer::tuned() const { return impl_->tuned; }
 double Trainer::tune_seconds() const { return impl_->tune_s; }
 const Plan& Trainer::plan() const { return impl_->plan; }
+const std::vector<int>& Trainer::owners() const { return impl_->stack.params->owners(); }
+const Optimizer::Stats& Trainer::last_optimizer_stats() const { return impl_->stack.optimizer->last_stats(); }
 const std::string& Trainer::last_checkpoint() const { return impl_->last_checkpoint; }
 int Trainer::stop_requested() const { return impl_->stop; }
 const std::vector<std::string>& Trainer::resume_changes() const { return impl_->resume_changes; }

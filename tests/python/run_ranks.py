@@ -21,7 +21,8 @@ Each output line of rank r (stdout and stderr) is printed as "[rank r] line". Th
   - at --timeout seconds (a hang: exit code 124).
 In the last two cases it names the ranks still running and, for each, prints its native stack (gdb,
 when on PATH) and its Python stack (PYTHONFAULTHANDLER is set in every rank, so SIGABRT makes
-faulthandler print every thread's traceback), then kills each rank's process group.
+faulthandler print every thread's traceback; only the rank itself gets it, not processes it started, whose
+tracebacks would interleave with its own), then kills each rank's process group.
 """
 
 import argparse
@@ -102,6 +103,12 @@ class Rank:
     def running(self):
         return self.process.poll() is None
 
+    def signal_leader(self, signum):
+        try:
+            os.kill(self.process.pid, signum)
+        except ProcessLookupError:
+            pass
+
     def signal_group(self, signum):
         try:
             os.killpg(self.process.pid, signum)
@@ -151,7 +158,7 @@ def stop_stuck_ranks(ranks, native_stacks, out_lock):
                 sys.stdout.flush()
     for r in stuck:
         say(out_lock, f"Python stack of rank {r.rank} follows (SIGABRT, faulthandler)")
-        r.signal_group(signal.SIGABRT)
+        r.signal_leader(signal.SIGABRT)  # not its children: their tracebacks would interleave with its own
     deadline = time.monotonic() + STACK_WAIT_S
     for r in stuck:
         try:

@@ -23,7 +23,7 @@ from torch.optim import lr_scheduler
 
 from dmuon.torch import DMuon
 from dmuon.torch.params import is_muon_by_default
-from torch_dmuon_mpi_test import TOLERANCE, Reference, hyper_of
+from torch_dmuon_mpi_test import KELLER, TOLERANCE, Reference, hyper_of, newton_schulz_ref
 
 STEPS = 10
 
@@ -452,6 +452,17 @@ def test_compiled_with_the_eager_backend_equals_eager_bit_for_bit(mode, eager_re
     assert graphs and not in_place, in_place
 
 
+@pytest.mark.parametrize("given", ["model", "named_parameters"])
+def test_a_compiled_model_names_its_parameters_as_the_model_and_their_state_loads_across(given):
+    torch.manual_seed(0)
+    model = CompiledLM()
+    compiled = torch.compile(model)
+    optimizers = [DMuon(m if given == "model" else m.named_parameters()) for m in (model, compiled)]
+    names = [[n for g in opt.param_groups for n in g["names"]] for opt in optimizers]
+    assert names[0] == names[1] and not any("_orig_mod" in n for n in names[1]), names
+    optimizers[1].load_state_dict(optimizers[0].state_dict())
+
+
 @pytest.mark.parametrize("mode", ["model", "step"])
 def test_compiled_with_inductor_is_near_eager(mode, eager_result):
     # Inductor fuses and reorders the float32 forward and backward, so gradients differ from eager
@@ -461,3 +472,103 @@ def test_compiled_with_inductor_is_near_eager(mode, eager_result):
     result = train(mode, "inductor")
     errors = {n: float((result[n] - eager_result[n]).norm() / eager_result[n].norm()) for n in eager_result}
     assert max(errors.values()) <= TOLERANCE, errors
+
+
+# ---- the single-process definition against torch.optim.AdamW and torch.optim.Muon ----
+# torch.optim.AdamW's definition is ours (bias-corrected, decoupled decay p ← p·(1 − lr·wd)), so DMuon's
+# AdamW groups are compared with it as torch runs it. torch.optim.Muon (torch >= 2.9) has our lerp
+# momentum M ← β·M + (1−β)·g, Nesterov look-ahead U = (1−β)·g + β·M (off: U = M), decoupled decay with
+# the unscaled lr, W ← W·(1 − lr·wd) − lr·s·O, and adjust_lr_fn "original" / "match_rms_adamw" are our
+# scales of those names. It differs in Newton–Schulz, run in bfloat16 on X/max(‖X‖_F, eps) (ours:
+# float32 on the CPU on X/(‖X‖_F + 1e-7), DESIGN 2.1), takes 2-D parameters only (ours: a conv weight
+# as (out, in·kh·kw), an (E, m, n) stack as E matrices) and has other defaults (lr 1e-3, weight_decay
+# 0.1, adjust_lr_fn "original"; DMuon: 0.02, 0, "match_rms_adamw"). So Muon is compared with
+# torch.optim.Muon in float64 with its Newton–Schulz replaced by the reference's (newton_schulz_ref).
+# Both against the float64 Reference of torch_dmuon_mpi_test.py (written from DESIGN 1), over 6 steps
+# whose gradient scale changes (so the step count, bias correction and momentum all matter).
+
+DEFINITION_SPECS = [("layers.0.tall", (12, 5)), ("layers.0.wide", (4, 10)), ("embed.weight", (7, 3)),
+                    ("norm.bias", (6,))]
+STEP_SCALES = (1.0, 0.3, 2.0, 0.5, 1.5, 0.1)
+FLOAT32_EPS = torch.finfo(torch.float32).eps
+
+
+def scaled_grads(params, step):
+    return {n: g * STEP_SCALES[step] for n, g in random_grads(params, step).items()}
+
+
+def largest_adam_ratio(state, t, betas, eps):
+    """max |m̂/(√v̂ + ε)| of a Reference's AdamW state after update t."""
+    m_hat, v_hat = state["m"] / (1 - betas[0] ** t), state["v"] / (1 - betas[1] ** t)
+    return float((m_hat / (v_hat.sqrt() + eps)).abs().max())
+
+
+def test_adamw_equals_torch_optim_adamw_and_the_float64_reference():
+    lr, betas, eps, wd = 1e-2, (0.9, 0.95), 1e-8, 0.05
+    params = parameters(DEFINITION_SPECS)
+    twins = {n: torch.nn.Parameter(p.detach().clone()) for n, p in params.items()}
+    opt = DMuon(list(params.items()), adamw_lr=lr, adamw_betas=betas, adamw_eps=eps, adamw_weight_decay=wd,
+                balancer="lpt")
+    names = [n for g in opt.param_groups if not g["use_muon"] for n in g["names"]]
+    assert names == ["embed.weight", "norm.bias"]
+    adamw = torch.optim.AdamW([twins[n] for n in names], lr=lr, betas=betas, eps=eps, weight_decay=wd)
+    ref = Reference({n: p.detach() for n, p in params.items()}, hyper_of(opt))
+    ratio = 0.0
+    for t in range(1, len(STEP_SCALES) + 1):
+        grads = scaled_grads(params, t - 1)
+        ref.step(grads)
+        set_grads(params, grads)
+        set_grads(twins, grads)
+        opt.step()
+        adamw.step()
+        for n in names:
+            ratio = max(ratio, largest_adam_ratio(ref.state[n], t, betas, eps))
+            # Each float32 step rounds W and its update lr·r (|r| ≤ ratio) to a few ulps, in torch as in ours.
+            bound = 4 * t * FLOAT32_EPS * (ref.w[n].abs() + lr * ratio)
+            for label, x in (("DMuon", params[n]), ("torch.optim.AdamW", twins[n])):
+                excess = float(((x.detach().double() - ref.w[n]).abs() - bound).max())
+                assert excess <= 0, f"{label} {n} at step {t}: {excess:.2e} beyond the float64 reference's bound"
+            excess = float(((params[n].detach() - twins[n].detach()).double().abs() - 2 * bound).max())
+            assert excess <= 0, f"{n} at step {t}: DMuon and torch.optim.AdamW differ by {excess:.2e} beyond the bound"
+    assert opt.updates == len(STEP_SCALES)
+
+
+@pytest.mark.parametrize("nesterov", [True, False])
+@pytest.mark.parametrize("scale", ["original", "match_rms_adamw"])
+def test_muon_equals_torch_optim_muon_with_the_reference_newton_schulz(monkeypatch, nesterov, scale):
+    lr, momentum, wd = 0.02, 0.9, 0.1
+    params = parameters(DEFINITION_SPECS)
+    matrices = ["layers.0.tall", "layers.0.wide"]
+    twins = {n: torch.nn.Parameter(params[n].detach().double().clone()) for n in matrices}
+    opt = DMuon(list(params.items()), lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=wd, scale=scale,
+                algo="standard", balancer="lpt")
+    assert [n for g in opt.param_groups if g["use_muon"] for n in g["names"]] == matrices
+
+    def reference_newton_schulz(grad, ns_coefficients, ns_steps, eps):
+        assert tuple(ns_coefficients) == KELLER and ns_steps == 5
+        return newton_schulz_ref(grad, ns_steps)
+
+    monkeypatch.setattr(torch.optim._muon, "_zeropower_via_newtonschulz", reference_newton_schulz)
+    muon = torch.optim.Muon([twins[n] for n in matrices], lr=lr, weight_decay=wd, momentum=momentum,
+                            nesterov=nesterov, adjust_lr_fn=scale)
+    ref = Reference({n: p.detach() for n, p in params.items()}, hyper_of(opt), scale=scale)
+    for t in range(1, len(STEP_SCALES) + 1):
+        grads = scaled_grads(params, t - 1)
+        ref.step(grads)
+        set_grads(params, grads)
+        set_grads(twins, {n: grads[n].double() for n in matrices})
+        opt.step()
+        muon.step()
+        for n in matrices:
+            rows, cols = dict(DEFINITION_SPECS)[n]
+            s = max(1.0, rows / cols) ** 0.5 if scale == "original" else 0.2 * max(rows, cols) ** 0.5
+            # torch's float64 step and ours differ by float64 rounding only: about 30 roundings a step,
+            # amplified up to a^5 ≈ 490 by Newton–Schulz along small singular values.
+            err = float((twins[n].detach() - ref.w[n]).abs().max())
+            assert err <= t * 490 * 30 * 2.0 ** -53 * float(ref.w[n].abs().max()), \
+                f"torch.optim.Muon {n} at step {t}: {err:.2e} from the float64 reference"
+            # DMuon in float32: each step moves W by lr·s·O with the engine's float32 standard NS within
+            # 2e-6 per element of float64 NS (optim_test's analysis), plus a few ulps of W per step.
+            bound = t * lr * s * 2e-6 + 4 * t * FLOAT32_EPS * ref.w[n].abs()
+            excess = float(((params[n].detach().double() - ref.w[n]).abs() - bound).max())
+            assert excess <= 0, f"DMuon {n} at step {t}: {excess:.2e} beyond the float64 reference's bound"

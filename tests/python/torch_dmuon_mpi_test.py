@@ -9,6 +9,9 @@ check (python + torch start-up costs seconds per launch):
   mixed        replicated and sharded parameters in one optimizer, rr owners
   resume       torch.save of every rank's (local) state_dict after 5 of 10 steps, loaded into a new
                optimizer: the next 5 steps are bit-identical to the uninterrupted run
+  owners       9 + 5 same-shape matrices (more than ranks) with rr owners, plain and under FSDP2: the
+               owners DMuon holds are the plan, each rank runs its planned share of Newton–Schulz in
+               every step (several matrices of one bucket on every rank), the weights the reference's
   fsdp2        real fully_shard on a 1-D mesh; gradients from FSDP2's reduce-scatter; also with
                MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32) and CPUOffloadPolicy
   hsdp         fully_shard on a (2, N/2) mesh (N even): replicas bit-identical, every Muon matrix
@@ -36,6 +39,8 @@ import sys
 
 import torch
 import torch.distributed as dist
+
+import dmuon
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
@@ -142,10 +147,11 @@ def gradients(step):
 
 
 class Model:
-    """Parameters laid out per `sharded_names` (dim-0 chunks over `group`) or whole."""
+    """Parameters of `specs` laid out per `sharded_names` (dim-0 chunks over `group`) or whole."""
 
-    def __init__(self, values, sharded_names=(), group=None):
+    def __init__(self, values, sharded_names=(), group=None, specs=SPECS):
         self.group = group
+        self.shapes = dict(specs)
         self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
         self.sharded = set(sharded_names)
         self.params = {}
@@ -158,9 +164,9 @@ class Model:
 
     def named(self, names=None):
         out = []
-        for name in names or [n for n, _ in SPECS]:
+        for name in names or list(self.shapes):
             p = self.params[name]
-            out.append((name, Sharded(p, dict(SPECS)[name], self.group) if name in self.sharded else p))
+            out.append((name, Sharded(p, self.shapes[name], self.group) if name in self.sharded else p))
         return out
 
     def set_grads(self, grads):
@@ -173,7 +179,7 @@ class Model:
 
     def full(self, name):
         p = self.params[name].detach()
-        return gather_dim0(p, dict(SPECS)[name][0], self.group) if name in self.sharded else p.clone()
+        return gather_dim0(p, self.shapes[name][0], self.group) if name in self.sharded else p.clone()
 
 
 def gather_dim0(local, rows, group=None):
@@ -236,7 +242,7 @@ def run(model, opt, steps, first_step=0, ref=None, sched=None):
 
 def compare(label, model, ref, names=None):
     worst = 0.0
-    for name in names or [n for n, _ in SPECS]:
+    for name in names or list(ref.w):
         full = model.full(name).double()
         err = float((full - ref.w[name]).norm() / ref.w[name].norm())
         worst = max(worst, err)
@@ -333,6 +339,53 @@ def check_mixed_and_resume():
         check(torch.equal(resumed.params[name], straight.params[name]), f"resume: {name} not bit-identical")
     check(opt2.updates == STEPS, f"resume: {opt2.updates} updates after the resumed run, expected {STEPS}")
     return worst
+
+
+# Ownership-dependent paths at every world size: more same-shape matrices than ranks (9 of 10×12, 5 of
+# 12×6) under rr, so every rank of 1..4 owns several matrices of one bucket, whose U arrive from several
+# ranks and whose O leave to several. Rows 10 split unevenly over 3 and 4 ranks (and 1 row at 4).
+OWNED_SPECS = ([(f"blocks.{i}.weight", (10, 12)) for i in range(9)] + [(f"proj.{i}.weight", (12, 6)) for i in range(5)]
+               + [("blocks.norm.weight", (12,))])
+OWNED_STEPS = 4
+
+
+def check_planned_owners(label, opt, matrices):
+    """The owners DMuon holds are the planner's (rr, deterministic: planned again here) for `matrices`
+    [(name, rows, cols)], and this rank owns several of the first bucket; returns this rank's share."""
+    planned = dmuon.plan_owners([(r, c) for _, r, c in matrices], WORLD, balancer="rr")[0]
+    check(opt.owners == {n: o for (n, _, _), o in zip(matrices, planned)},
+          f"{label}: owners {opt.owners}, planned {planned}")
+    first = [o for (_, r, c), o in zip(matrices, planned) if (r, c) == matrices[0][1:]]
+    check(first.count(RANK) >= 2, f"{label}: rank {RANK} owns {first.count(RANK)} of the first bucket, wanted >= 2")
+    return planned.count(RANK)
+
+
+def check_ownership(label, fsdp2):
+    """OWNED_SPECS with rr owners, plain (every other parameter in dim-0 chunks, the rest whole) or
+    under FSDP2: the owners are the plan, each rank runs its planned share of Newton–Schulz in every
+    step, and the weights follow the float64 reference."""
+    gen = torch.Generator().manual_seed(11)
+    values = {n: torch.randn(shape, generator=gen) * 0.5 for n, shape in OWNED_SPECS}
+    if fsdp2:
+        model = Holder(values, [n for n, _ in OWNED_SPECS])
+        fully_shard(model, mesh=init_device_mesh("cpu", (WORLD,)))
+    else:
+        model = Model(values, [n for k, (n, _) in enumerate(OWNED_SPECS) if k % 2 == 0], specs=OWNED_SPECS)
+    opt = DMuon(model.named(), balancer="rr", weight_decay=0.02)
+    share = check_planned_owners(label, opt, [(n, *shape) for n, shape in OWNED_SPECS if len(shape) == 2])
+    ref = Reference(values, hyper_of(opt))
+    for step in range(OWNED_STEPS):
+        grads = {n: gradient(step, k, shape) for k, (n, shape) in enumerate(OWNED_SPECS)}
+        ref.step(grads)
+        if fsdp2:
+            model(grads).backward()
+        else:
+            model.set_grads(grads)
+        opt.step()
+        opt.zero_grad()
+        check(opt.last_stats["ns_matrices"] == share, f"{label}: rank {RANK} ran Newton–Schulz on "
+              f"{opt.last_stats['ns_matrices']} matrices at step {step + 1}, its planned share is {share}")
+    return compare(label, model, ref)
 
 
 def hsdp_mesh():
@@ -581,6 +634,8 @@ def check_errors():
 
 def main():
     results = {"replicated": check_replicated(), "sharded": check_sharded(), "mixed": check_mixed_and_resume(),
+               "owners": check_ownership("owners", fsdp2=False),
+               "owners fsdp2": check_ownership("owners fsdp2", fsdp2=True),
                "fsdp2": check_fsdp2("fsdp2", init_device_mesh("cpu", (WORLD,))),
                "experts fsdp2": check_experts_stay_local("experts fsdp2", init_device_mesh("cpu", (WORLD,))),
                "replicated DTensor": check_replicated_dtensor()}

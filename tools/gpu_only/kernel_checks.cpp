@@ -95,7 +95,8 @@ std::vector<float> device_floats(const Buffer& b) {
 
 void check_elementwise(Backend& gpu, CheckLog& log) {
   for (DType dtype : {DType::f32, DType::bf16}) {
-    const std::string t = std::string(" ") + to_string(dtype) + " strided batch";
+    std::string t(" ");  // appended, not "a" + b: GCC 12's -Wrestrict misfires on that concatenation here
+    t.append(to_string(dtype)).append(" strided batch");
     const HostBatch x(dtype, 37, 45, 3, 1), square(dtype, 41, 41, 3, 2);
     const auto expect_same = [&](const HostBatch& got, const HostBatch& want, const std::string& what) {
       const auto bad = bit_differences(got, want);

@@ -1,7 +1,7 @@
 """AdamW on one tensor, torch.optim.AdamW's rule (bias-corrected, decoupled decay): one fused pass in
-the engine where libdmuon_c supports the tensor's device and dtype and the moments share the
-parameter's dtype (float32 on the CPU in this build), else the same rule in torch ops, computed in the
-moments' dtype and rounded once to the parameter's (bf16 parameters with float32 moments)."""
+the engine where libdmuon_c supports the tensor's device and dtype (float32 or bfloat16; the CPU, or
+CUDA in a build with it) and the moments share the parameter's dtype, else the same rule in torch ops,
+computed in the moments' dtype and rounded once to the parameter's (bf16 parameters with float32 moments)."""
 
 import math
 

@@ -42,6 +42,13 @@ class Group:
         dist.broadcast_object_list(box, src=self.global_rank(src), group=self.pg)
         return box[0]
 
+    def tensor_device(self):
+        """Where this group's collectives take their tensors: CUDA's current device for an NCCL-only
+        group, which refuses CPU tensors; the CPU otherwise (gloo, or "cpu:gloo,cuda:nccl")."""
+        if self.distributed and dist.get_backend(self.pg) == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
     def all_reduce_sum(self, tensor):
         if self.world > 1:
             dist.all_reduce(tensor, group=self.pg)

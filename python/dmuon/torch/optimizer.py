@@ -257,11 +257,11 @@ class DMuon(torch.optim.Optimizer):
                 first_bad = first_bad or i + 1
             elif self._layouts[i].grid.cells[c.rank][0] == 0:
                 square_sum += norm * norm
-        totals = torch.zeros(1 + c.world + n, dtype=torch.float64)
-        totals[0] = square_sum
-        totals[1 + c.rank] = first_bad
-        totals[1 + c.world + torch.tensor(present, dtype=torch.long)] = 1.0
-        c.all_reduce_sum(totals)
+        flags = torch.zeros(1 + c.world + n, dtype=torch.float64)
+        flags[0] = square_sum
+        flags[1 + c.rank] = first_bad
+        flags[1 + c.world + torch.tensor(present, dtype=torch.long)] = 1.0
+        totals = c.all_reduce_sum(flags.to(c.tensor_device())).cpu()
         bad = [(r, int(totals[1 + r]) - 1) for r in range(c.world) if totals[1 + r] > 0]
         if bad:
             if self.nonfinite == "skip":

@@ -59,9 +59,16 @@ def module_groups(model):
             adamw.add(id(heads[-1].weight))
     muon, other = [], []
     for name, p in model.named_parameters():
+        name = _without_compile_prefix(name)
         to_muon = id(p) not in adamw and is_muon_by_default(name, tuple(p.shape))
         (muon if to_muon else other).append((name, p))
     return [{"params": members, "use_muon": kind} for kind, members in ((True, muon), (False, other)) if members]
+
+
+def _without_compile_prefix(name):
+    """A parameter's name as the model's own: torch.compile's wrapper adds "_orig_mod." (DCP drops it too),
+    so a compiled and an uncompiled model name (and checkpoint) their parameters alike."""
+    return ".".join(part for part in name.split(".") if part != "_orig_mod")
 
 
 def _named(items, group_index):
@@ -72,7 +79,7 @@ def _named(items, group_index):
     out, made_up = [], set()
     for i, item in enumerate(items):
         if isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
-            out.append(item)
+            out.append((_without_compile_prefix(item[0]), item[1]))
         else:
             out.append((f"group{group_index}.param{i}", item))
             made_up.add(out[-1][0])
