@@ -119,7 +119,7 @@ std::vector<double> train(OptimizerStack& stack, int rank, int ranks) {
   shard::ShardedParams& sp = *stack.params;
   std::vector<double> norms;
   for (int t = 0; t < kSteps; ++t) {
-    test::hook_pass(sp, [&](int p, std::span<float> g) {
+    test::hook_pass(sp, [&](int p, DeviceSpan<float> g) {
       const std::vector<float> v = rank_gradient(p, t, rank, static_cast<int64_t>(g.size()), ranks);
       sp.backend().copy_from_host(g.data(), v.data(), sizeof(float) * v.size());
     });

@@ -110,7 +110,8 @@ std::unique_ptr<shard::ShardedParams> sharded(Layout layout, Mode mode, std::sha
 // last rank.
 void backward(shard::ShardedParams& sp, int t, int poison = -1, const comm::Comm& comm = *world()) {
   const int rank = comm.rank();
-  test::hook_pass(sp, [&](int p, std::span<float> g) {
+  test::hook_pass(sp, [&](int p, DeviceSpan<float> view) {
+    const std::span<float> g = view.host();
     const std::vector<float> v = rank_gradient(p, t, g.size(), rank, comm.size());
     std::copy(v.begin(), v.end(), g.begin());
     if (p == poison && rank == comm.size() - 1) g[0] = std::numeric_limits<float>::quiet_NaN();
@@ -123,7 +124,7 @@ std::vector<std::vector<float>> full_values(shard::ShardedParams& sp) {
   for (int u = 0; u < sp.num_units(); ++u) {
     sp.gather(u);
     sp.wait(u);
-    for (int p : sp.layout(u).params) out[p].assign(sp.param(p).begin(), sp.param(p).end());
+    for (int p : sp.layout(u).params) out[p] = sp.param(p).to_host();
     sp.release(u);
   }
   return out;
@@ -327,7 +328,7 @@ TEST(DistributedMuon, OwnersOfSeveralSameShapeMatricesEqualSingleProcessMuon) {
     const std::string what = "rr owners, mode " + std::to_string(int(mode));
     shard::ParamRegistry reg;
     for (const ParamSpec& s : all) reg.add(s);
-    shard::ShardedParams sp(world(), reg, {Layout::owner_aligned, mode, comm::ReduceOp::average, true}, owners);
+    shard::ShardedParams sp(world(), reg, {Layout::owner_aligned, mode, ReduceOp::average, true}, owners);
     const test::ToyModel init(all, 7);
     for (int p = 0; p < sp.registry().size(); ++p) sp.load_full(p, init.values[p]);
     DMuon opt(world(), sp, options(NsAlgo::standard));

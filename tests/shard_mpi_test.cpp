@@ -56,7 +56,7 @@ void step(ShardedParams& sp, int rank, Grad grad, int64_t* wrong_views) {
   const auto& specs = sp.registry().specs();
   auto check_views = [&](int u) {
     for (int p : sp.layout(u).params) {
-      auto v = sp.param(p);
+      auto v = sp.param(p).host();
       for (int64_t i = 0; i < specs[p].numel(); ++i) *wrong_views += v[i] != initial(p, i);
     }
   };
@@ -69,7 +69,7 @@ void step(ShardedParams& sp, int rank, Grad grad, int64_t* wrong_views) {
     sp.before_backward(u);
     check_views(u);
     for (int p : sp.layout(u).params) {
-      auto g = sp.grad(p);
+      auto g = sp.grad(p).host();
       for (int64_t i = 0; i < specs[p].numel(); ++i) g[i] = grad(rank, p, i);
     }
     sp.after_backward(u);
@@ -100,7 +100,7 @@ TEST(Shard, ViewsEqualRegisteredValuesAndShardGradsAreTheExactSumOrMean) {
         int64_t wrong_views = 0, wrong_grads = 0, checked = 0;
         step(*sp, me, int_grad, &wrong_views);
         for (int u = 0; u < sp->num_units(); ++u) {
-          auto g = sp->shard_grads(u);
+          auto g = sp->shard_grads(u).host();
           for (const LocalPiece& pc : sp->local_pieces(u)) {
             for (int64_t j = 0; j < pc.length; ++j) {
               const int64_t i = pc.offset_in_param + j;
@@ -154,7 +154,7 @@ TEST(Shard, Z2AndZ3AreBitIdentical) {
       step(*sp, c->rank(), real_grad, &wrong_views);
       EXPECT_EQ(wrong_views, 0);
       for (int u = 0; u < sp->num_units(); ++u) {
-        auto g = sp->shard_grads(u);
+        auto g = sp->shard_grads(u).host();
         grads[z].emplace_back(g.begin(), g.end());
       }
     }
@@ -178,7 +178,7 @@ TEST(Shard, TwoStageReduceEqualsSingleStage) {
         int64_t wrong_views = 0;
         step(*sp, two_nodes->rank(), int_grad, &wrong_views);
         for (int u = 0; u < sp->num_units(); ++u) {
-          auto g = sp->shard_grads(u);
+          auto g = sp->shard_grads(u).host();
           grads[staged].emplace_back(g.begin(), g.end());
         }
       }
@@ -193,7 +193,7 @@ TEST(Shard, ShardUpdatesReachEveryRankThroughTheNextGather) {
   for (const Case& k : kCases) {
     auto sp = make(c, k.layout, k.mode);
     for (int u = 0; u < sp->num_units(); ++u) {
-      auto shard = sp->shard_params(u);
+      auto shard = sp->shard_params(u).host();
       for (const LocalPiece& pc : sp->local_pieces(u))
         for (int64_t j = 0; j < pc.length; ++j) shard[pc.offset_in_shard + j] += 0.5f + pc.param;
     }
@@ -201,7 +201,7 @@ TEST(Shard, ShardUpdatesReachEveryRankThroughTheNextGather) {
     for (int u = 0; u < sp->num_units(); ++u) {
       sp->before_forward(u);
       for (int p : sp->layout(u).params) {
-        auto v = sp->param(p);
+        auto v = sp->param(p).host();
         for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i) wrong += v[i] != initial(p, i) + 0.5f + p;
       }
       sp->after_forward(u);

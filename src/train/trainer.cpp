@@ -409,8 +409,7 @@ std::vector<std::vector<float>> Trainer::full_params() {
     m.sharded().gather(u);
     m.sharded().wait(u);
     for (int p : m.model.unit_params(u)) {
-      const auto v = m.sharded().param(p);
-      out[p].assign(v.begin(), v.end());
+      out[p] = m.sharded().param(p).to_host();
     }
     m.sharded().release(u);
   }
