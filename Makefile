@@ -46,9 +46,10 @@ test-sanitize: deps venv
 	cmake --build $(SANITIZE_BUILD) -j $(JOBS)
 	cd $(SANITIZE_BUILD) && $(SANITIZE_ENV) ctest --output-on-failure -j $(JOBS)
 
-# Trains the GPT example with AdamW and with DMuon on 2 ranks and compares them (scripts/demo.sh).
+# Trains the GPT example with AdamW and with DMuon on 2 ranks and compares them, then the same GPT in
+# PyTorch under FSDP2 with AdamW and with owner-centric DMuon (scripts/demo.sh).
 demo: build
-	BUILD=$(BUILD) bash scripts/demo.sh
+	BUILD=$(BUILD) VENV=$(VENV) bash scripts/demo.sh
 
 # Leaves the venv (VENV) in place: `rm -rf .venv` removes it.
 clean:

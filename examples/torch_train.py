@@ -2,7 +2,7 @@
 trained on Debian's fortunes with torch.optim.AdamW or dmuon.torch.DMuon, on gloo (CPU), data
 parallel under DDP (the default), FSDP2 (--fsdp2: fully_shard per block and at the root, on a 1-D
 mesh of every rank) or HSDP (--hsdp R,S: fully_shard on a 2-D (replicate, shard) mesh of R replicas
-of S shards each; --hsdp alone is 2 replicas of W/2 shards).
+of S shards each; --hsdp alone is 2 replicas of W/2 shards); --owner-held: DMuon's owner-centric mode.
 
     torchrun --standalone --nproc_per_node 2 examples/torch_train.py --optim dmuon --fsdp2
     mpirun --allow-run-as-root -np 2 python examples/torch_train.py --optim dmuon   (also works)
@@ -12,9 +12,17 @@ The only line that differs between the two optimizers is the one that builds it 
 from model.named_parameters() in every mode. Every rank draws the same global batch of sequences
 (seeded by step) and trains on its slice; DDP and FSDP2 average the gradients over all ranks, so the
 update is the one of the global batch.
+
+--csv FILE writes `dmuon train --csv`'s metrics file (read by `dmuon compare`, as `make demo` does):
+per step the training loss, the validation loss every --val-every steps (the mean over --val-batches
+fixed batches of the held-out last tenth of the corpus), and the slowest rank's step time, its exposed
+communication (the time it was blocked on torch.distributed's collectives: a synchronous call, an
+asynchronous one's wait(); tests/python/collective_ledger.py) and, as `dmuon train`'s, its
+forward+backward and optimizer times without those waits.
 """
 
 import argparse
+import contextlib
 import math
 import pathlib
 import sys
@@ -26,6 +34,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+
+
+CONTEXT = 64
 
 
 class Block(nn.Module):
@@ -74,6 +85,54 @@ class Gpt(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.shape[-1]), targets.reshape(-1))
 
 
+class StepMetrics:
+    """Per-step times of this rank (forward+backward and optimizer, each less its time blocked on
+    collectives, and that time), their maximum over the ranks written by rank 0 (path given) as
+    `dmuon train --csv`'s rows."""
+
+    HEADER = "step,train_loss,val_loss,step_s,fwd_bwd_s,optim_s,comm_wait_s"
+
+    def __init__(self, path):
+        sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "python"))
+        import collective_ledger
+        self.ledger = collective_ledger.Ledger()
+        self._recording = collective_ledger.recording(self.ledger)
+        self._recording.__enter__()
+        self.times = {}
+        self.file = open(path, "w") if path else None
+        if self.file:
+            print(self.HEADER, file=self.file, flush=True)
+
+    @contextlib.contextmanager
+    def timing(self, part):
+        self.ledger.label = part
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[part] = time.perf_counter() - t0
+            self.ledger.label = None
+
+    def write(self, step, train_loss, val_loss):
+        """The slowest rank's times of this step (one small all_reduce), written by rank 0. As `dmuon
+        train`'s, forward+backward and optimizer times leave out the waits, so on each rank the three parts
+        add up to its step."""
+        wait = {part: self.ledger.blocked(part) for part in ("fwd_bwd", "optim")}
+        fwd_bwd, optim = (self.times[part] - wait[part] for part in ("fwd_bwd", "optim"))
+        t = torch.tensor([sum(self.times.values()), fwd_bwd, optim, sum(wait.values())], dtype=torch.float64)
+        self.ledger.records.clear()
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        if self.file:
+            val = "" if val_loss is None else f"{val_loss:.9g}"
+            print(f"{step},{train_loss:.9g},{val}," + ",".join(f"{x:.9g}" for x in t.tolist()),
+                  file=self.file, flush=True)
+
+    def close(self):
+        self._recording.__exit__(None, None, None)
+        if self.file:
+            self.file.close()
+
+
 def load_corpus(folder):
     """Bytes of every plain file of the folder in name order (no symlinks, subfolders or NAME.dat indexes)."""
     folder = pathlib.Path(folder)
@@ -85,18 +144,25 @@ def load_corpus(folder):
     return torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
 
 
-def parallelize(model, mode, world):
+def parallelize(model, mode, world, owner_held):
     """The model under DDP, FSDP2 (mode "fsdp2") or HSDP (mode (R, S)): each block, then the root,
-    wrapped with fully_shard, whose parameters become DTensors sharded on dim 0 over the mesh."""
-    if mode == "ddp":
-        return nn.parallel.DistributedDataParallel(model) if world > 1 else model
+    wrapped with fully_shard, whose parameters become DTensors sharded on dim 0 over the mesh. With
+    owner_held, DMuon's matrices are first held whole on their owners (dmuon.torch.hold_on_owners)
+    and kept out of DDP and FSDP2."""
+    mesh = None
     if mode == "fsdp2":
         mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
-    else:
+    elif mode != "ddp":
         mesh = init_device_mesh("cpu", mode, mesh_dim_names=("replicate", "shard"))
+    ignored = None
+    if owner_held:
+        import dmuon.torch
+        ignored = dmuon.torch.hold_on_owners(model, mesh).params
+    if mode == "ddp":
+        return nn.parallel.DistributedDataParallel(model) if world > 1 else model
     for block in model.blocks:
-        fully_shard(block, mesh=mesh)
-    return fully_shard(model, mesh=mesh)
+        fully_shard(block, mesh=mesh, ignored_params=ignored)
+    return fully_shard(model, mesh=mesh, ignored_params=ignored)
 
 
 def hsdp_mesh_shape(spec, world):
@@ -114,6 +180,17 @@ def hsdp_mesh_shape(spec, world):
         raise SystemExit(f"torch_train: --hsdp {spec}: {replicas} replicas x {shards} shards is not the "
                          f"world size {world}")
     return replicas, shards
+
+
+def cosine_schedule(warmup, steps, floor=0.1):
+    """The multiplier of `dmuon train`'s schedule at each step: linear warmup over `warmup` steps,
+    then a cosine decay to `floor` times the peak at the last step."""
+    def factor(step):
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - 1 - warmup)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+    return factor
 
 
 def make_optimizer(args, model):
@@ -137,6 +214,13 @@ def main():
     layout.add_argument("--hsdp", nargs="?", const="auto", metavar="R,S",
                         help="HSDP: FSDP2 on a 2-D (replicate, shard) mesh of R replicas x S shards "
                              "(default 2 x world/2)")
+    parser.add_argument("--owner-held", action="store_true",
+                        help="DMuon's owner-centric mode: Muon matrices held whole on their owners, moved by hooks")
+    parser.add_argument("--warmup", type=int, default=None,
+                        help="linear warmup over this many steps, then cosine decay to 0.1x (default: constant lr)")
+    parser.add_argument("--csv", default=None, help="write per-step metrics here (dmuon train --csv's format)")
+    parser.add_argument("--val-every", type=int, default=50, help="validation loss every N steps (with --csv)")
+    parser.add_argument("--val-batches", type=int, default=8, help="batches of --batch sequences per validation")
     parser.add_argument("--check-loss-falls", action="store_true",
                         help="exit 1 unless the mean loss of the last 5 steps is below that of the first 5")
     args = parser.parse_args()
@@ -146,37 +230,61 @@ def main():
     if args.batch % world:
         raise SystemExit(f"torch_train: --batch {args.batch} is not divisible by {world} ranks")
     mode = hsdp_mesh_shape(args.hsdp, world) if args.hsdp else "fsdp2" if args.fsdp2 else "ddp"
+    if args.owner_held and args.optim != "dmuon":
+        raise SystemExit("torch_train: --owner-held is DMuon's mode (--optim dmuon)")
     torch.manual_seed(args.seed)
-    model = parallelize(Gpt(), mode, world)
+    model = parallelize(Gpt(), mode, world, args.owner_held)
     optimizer = make_optimizer(args, model)
+    schedule = None
+    if args.warmup is not None:
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, cosine_schedule(args.warmup, args.steps))
 
     data = load_corpus(args.corpus)
     split = len(data) - len(data) // 10
-    context = 64
+
+    def batch(seed, low, high):  # this rank's slice of a global batch of --batch sequences from data[low:high]
+        offsets = torch.randint(low, high - CONTEXT - 1, (args.batch,), generator=torch.Generator().manual_seed(seed))
+        mine = offsets[rank * (args.batch // world):(rank + 1) * (args.batch // world)]
+        return torch.stack([data[o:o + CONTEXT + 1] for o in mine.tolist()])  # (B/W, T+1)
+
+    metrics = StepMetrics(args.csv if rank == 0 else None) if args.csv else None
     losses = []
     start = time.perf_counter()
     for step in range(args.steps):
-        gen = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
-        offsets = torch.randint(0, split - context - 1, (args.batch,), generator=gen)
-        mine = offsets[rank * (args.batch // world):(rank + 1) * (args.batch // world)]
-        rows = torch.stack([data[o:o + context + 1] for o in mine.tolist()])  # (B/W, T+1)
-        loss = model(rows[:, :-1], rows[:, 1:])
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
+        rows = batch(args.seed * 1_000_003 + step, 0, split)
+        with metrics.timing("fwd_bwd") if metrics else contextlib.nullcontext():
+            loss = model(rows[:, :-1], rows[:, 1:])
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+        with metrics.timing("optim") if metrics else contextlib.nullcontext():
+            optimizer.step()
+        if schedule is not None:
+            schedule.step()
         mean = loss.detach().clone()
         dist.all_reduce(mean)
         losses.append(float(mean) / world)
+        if metrics:
+            val = None
+            if step % args.val_every == 0 or step == args.steps - 1:
+                with torch.no_grad():
+                    val = torch.stack([model(r[:, :-1], r[:, 1:]) for r in
+                                       (batch(10**9 + i, split, len(data)) for i in range(args.val_batches))]).mean()
+                dist.all_reduce(val)
+                val = float(val) / world
+            metrics.write(step, losses[-1], val)
         if rank == 0 and (step % 10 == 0 or step == args.steps - 1):
             print(f"step {step:4d}  loss {losses[-1]:.4f}  {time.perf_counter() - start:.1f} s", flush=True)
     first, last = sum(losses[:5]) / len(losses[:5]), sum(losses[-5:]) / len(losses[-5:])
     if rank == 0:
         where = "x".join(map(str, mode)) + " HSDP" if isinstance(mode, tuple) else mode.upper()
+        where += ", owner-held" if args.owner_held else ""
         print(f"{args.optim}, {where}: {world} ranks, {args.steps} steps, loss {first:.4f} (first 5) -> {last:.4f} (last 5)")
     # The model goes before the process group. A DDP model's Reducer (C++) holds a reference to the
     # group; were it the last one, dropping the model would join gloo's worker threads while holding
     # the GIL, and a worker still freeing a tensor that Python let go of waits for the GIL: a deadlock
     # (torch 1.13 and 2.11). Freed last through its Python object, the group is destroyed without the GIL.
+    if metrics:
+        metrics.close()
     del optimizer, model
     dist.destroy_process_group()
     if args.check_loss_falls and not last < first:

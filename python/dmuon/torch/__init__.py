@@ -2,5 +2,6 @@
 
 from dmuon.torch.layout import Sharded, chunk_rows
 from dmuon.torch.optimizer import DMuon
+from dmuon.torch.owner_held import HeldMatrices, hold_on_owners
 
-__all__ = ["DMuon", "Sharded", "chunk_rows"]
+__all__ = ["DMuon", "HeldMatrices", "Sharded", "chunk_rows", "hold_on_owners"]

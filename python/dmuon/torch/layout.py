@@ -8,6 +8,8 @@ torch.chunk(full, S, dim=0)[shard]. The three kinds of parameter map onto the gr
     FSDP2 (Shard(0),)            R = 1, S = W
     HSDP (Replicate(), Shard(0)) R = mesh.size(0), S = mesh.size(1)
     Replicate() everywhere       R = W, S = 1
+  owner-held (dmuon.torch.hold_on_owners)      R = 1, S = W, and the owner's shard holds every row
+                                               (other ranks hold none: their copies come and go)
 A DTensor's mesh must list exactly the optimizer group's ranks, in order, so that group rank g is the
 mesh's g-th rank (row-major) and its coordinate gives g's (replica, shard).
 
@@ -74,13 +76,19 @@ class Layout:
 
     tensor: what holds the values and sits in the param group (a DTensor, a Sharded's local tensor,
     or a plain parameter). global_shape: the full parameter's shape. grid: its replicas × shards.
-    shard: the shard this rank holds.
+    shard: the shard this rank holds. held: an owner-held parameter's HeldParam (owner_held.py), else None.
     """
 
     tensor: torch.Tensor
     global_shape: tuple
     grid: Grid
     shard: int
+    held: object = None
+
+    @property
+    def held_elsewhere(self):
+        """An owner-held parameter on a rank other than its owner: no values, gradient or state here."""
+        return self.held is not None and self.held.owner != self.shard
 
     def local(self, t):
         """The local part of t (the parameter, its gradient or a state tensor) as a plain tensor."""
@@ -88,6 +96,8 @@ class Layout:
 
     def rows_of_shard(self, shard):
         """(start, count) of the dim-0 rows that `shard` holds."""
+        if self.held is not None:
+            return (0, self.global_shape[0]) if shard == self.held.owner else (0, 0)
         return chunk_rows(self.global_shape[0], self.grid.shards)[shard]
 
 
@@ -161,6 +171,12 @@ def describe(name, param, group, group_ranks, rank):
     Raises ValueError naming the parameter for a layout the optimizer cannot handle.
     """
     world = len(group_ranks)
+    held = getattr(param, "_dmuon_held", None)
+    if held is not None:
+        if list(held.global_ranks) != list(group_ranks):
+            raise ValueError(f"parameter '{name}': held on its owner over ranks {list(held.global_ranks)} "
+                             f"(dmuon.torch.hold_on_owners), not the optimizer's process group ranks {list(group_ranks)}")
+        return Layout(param, tuple(param.shape), sharded_grid(world), rank, held)
     if isinstance(param, Sharded):
         if _or_world(param.group) is not _or_world(group):
             raise ValueError(f"parameter '{name}': Sharded over another process group than the optimizer's")

@@ -130,6 +130,9 @@ class DMuon(torch.optim.Optimizer):
                         raise ValueError(f"DMuon: parameter '{name}' is given twice (also as "
                                          f"'{seen[id(layout.tensor)]}')")
                     seen[id(layout.tensor)] = name
+                    if layout.held is not None and not g["use_muon"]:
+                        raise ValueError(f"DMuon: parameter '{name}' is held on its owner "
+                                         "(dmuon.torch.hold_on_owners) for Muon, but its param group is AdamW's")
                     if g["use_muon"]:
                         try:
                             engine_target(layout.local(layout.tensor).device, self._state_dtype_of(layout.tensor))
@@ -199,6 +202,9 @@ class DMuon(torch.optim.Optimizer):
         """Parameter i's state before its first update, laid out as the parameter (a DTensor
         parameter gets DTensors of the same mesh and placements)."""
         p = self._layouts[i].tensor
+        if self._layouts[i].held_elsewhere:  # its state lives on its owner; an empty entry here lets
+            self.state[p] = {}               # DCP's set_state_dict find one for every parameter
+            return
         dtype = self._state_dtype_of(p)
 
         def zeros():
@@ -218,7 +224,11 @@ class DMuon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        grads = [l.local(l.tensor.grad) if l.tensor.grad is not None else None for l in self._layouts]
+        schedules = self._held_schedules()
+        for schedule in schedules:
+            schedule.ready_for_step()
+        grads = [l.local(l.tensor.grad) if l.tensor.grad is not None and not l.held_elsewhere else None
+                 for l in self._layouts]
         agreed = self._agree_on_gradients(grads)
         if agreed is None:
             return loss
@@ -239,9 +249,22 @@ class DMuon(torch.optim.Optimizer):
 
         muon = MuonStep(self.comm, self.ns, momentum, grads, grad_scale)
         active = set(active)
-        muon.run([[k for k in bucket if k.index in active] for bucket in self._buckets])
+        me = self.comm.rank
+        # Owner-held buckets (their own, see _buckets) run on the owner alone: nothing travels.
+        muon.run([[k for k in bucket if k.index in active and (k.layout.held is None or k.owner == me)]
+                  for bucket in self._buckets])
         self.last_stats = {"ns_s": muon.ns_seconds, "ns_matrices": muon.ns_matrices}
+        for schedule in schedules:
+            schedule.after_step()
         return loss
+
+    def _held_schedules(self):
+        """The hold_on_owners schedules of this optimizer's owner-held parameters, in a fixed order."""
+        out = {}
+        for layout in self._layouts:
+            if layout.held is not None:
+                out.setdefault(id(layout.held.schedule), layout.held.schedule)
+        return list(out.values())
 
     def _agree_on_gradients(self, grads):
         """(indices of parameters to update, gradient scale), or None for a skipped step. One
@@ -389,11 +412,13 @@ def _plan_on_rank0(comm, shapes, balancer, threads):
 
 
 def _buckets(matrices, state_dtype_of):
-    """Muon matrices batched by (rows, cols, momentum dtype, device), largest Newton–Schulz work
-    first (its communication then overlaps the smaller buckets' Newton–Schulz); ties in a fixed order."""
+    """Muon matrices batched by (rows, cols, momentum dtype, device, owner-held), largest
+    Newton–Schulz work first (its communication then overlaps the smaller buckets' Newton–Schulz);
+    ties in a fixed order. Owner-held matrices get buckets of their own, which move nothing."""
     by_key = {}
     for k in matrices:
-        key = (k.rows, k.cols, str(state_dtype_of(k)), k.layout.local(k.layout.tensor).device.type)
+        key = (k.rows, k.cols, str(state_dtype_of(k)), k.layout.local(k.layout.tensor).device.type,
+               k.layout.held is not None)
         by_key.setdefault(key, []).append(k)
 
     def work(key):

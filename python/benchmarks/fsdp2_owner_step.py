@@ -1,0 +1,288 @@
+"""Training steps under FSDP2 (CPU, gloo) side by side in one run, for notes (not a test):
+
+  adamw            torch.optim.AdamW on every parameter (the baseline)
+  torch-muon       torch.optim.Muon the way FSDP2 users use it today: all-gather each Muon matrix's
+                   full gradient, run Muon on a full copy on every rank, keep this rank's rows;
+                   AdamW for the rest
+  muon-fsdp2       the muon-fsdp2 package from PyPI (gathers each gradient on one rank, scatters the
+                   orthogonalized rows back; needs rows divisible by the ranks), when importable
+  dion-muon        microsoft/dion's Muon on FSDP2's shards (all-to-all of same-shape batches), when
+                   importable
+  dmuon-a2a        dmuon.torch.DMuon on FSDP2's shards (the all-to-all mode)
+  dmuon-owner      dmuon.torch.hold_on_owners + DMuon (the owner-centric mode)
+
+    PYTHONPATH=build/python torchrun --standalone --nproc_per_node 2 python/benchmarks/fsdp2_owner_step.py \\
+        [--models small,qwen4] [--tokens 256,1024] [--steps 2] [--warmup 2] [--json FILE]
+
+The peers are not dependencies of dmuon: install them beside it for a run, e.g.
+`pip install --no-deps --target /tmp/peers muon-fsdp2` and a checkout of microsoft/dion in /tmp/dion,
+then PYTHONPATH=build/python:/tmp/peers:/tmp/dion; a peer that does not import is skipped with a line
+saying why. Both peers and torch.optim.Muon orthogonalize in bfloat16 (their fixed choice; on a CPU
+without bfloat16 instructions that is emulated and slow), dmuon in float32.
+
+Models: "small", a GPT of width 128 (4 layers); "qwen4", qwen2.5-0.5b's layer shapes (4 layers: q and
+o 896×896, k and v 128×896, gate and up 4864×896, down 896×4864) with a 4096-token vocabulary instead
+of its 151936 (the embedding is AdamW's either way). Every block and the root under fully_shard.
+Tokens per step are global (each rank trains tokens/W). Per optimizer and setting, medians over
+--steps timed steps after --warmup untimed ones, each the slowest rank's: the optimizer step, forward+backward,
+the whole step, the communication the ranks were blocked on (in forward+backward and in the step:
+a synchronous collective's call, an asynchronous one's wait()), and the wire bytes per step of the
+whole job (nccl-tests' bus bytes; tests/python/collective_ledger.py), and of them those sent inside
+the optimizer step.
+"""
+
+import argparse
+import importlib
+import json
+import math
+import os
+import pathlib
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+
+from dmuon.torch import DMuon, hold_on_owners
+from dmuon.torch.mpirun import init_process_group
+from dmuon.torch.params import module_groups
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"))
+from collective_ledger import Ledger, recording  # noqa: E402
+
+OPTIMIZERS = ("adamw", "torch-muon", "muon-fsdp2", "dion-muon", "dmuon-a2a", "dmuon-owner")
+PEERS = ("torch-muon", "muon-fsdp2", "dion-muon")   # what a user would pick instead of dmuon
+MODELS = {  # dim, heads, kv heads, ffn, layers, vocab
+    "small": (128, 4, 4, 512, 4, 512),
+    "qwen4": (896, 14, 2, 4864, 4, 4096),
+}
+SEQ = 64
+
+
+class Block(torch.nn.Module):
+    def __init__(self, dim, heads, kv_heads, ffn):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.attn_norm = torch.nn.RMSNorm(dim)
+        self.q = torch.nn.Linear(dim, dim, bias=False)
+        self.k = torch.nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.v = torch.nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.o = torch.nn.Linear(dim, dim, bias=False)
+        self.mlp_norm = torch.nn.RMSNorm(dim)
+        self.gate = torch.nn.Linear(dim, ffn, bias=False)
+        self.up = torch.nn.Linear(dim, ffn, bias=False)
+        self.down = torch.nn.Linear(ffn, dim, bias=False)
+
+    def forward(self, x):  # x (B, T, D)
+        b, t, d = x.shape
+        h = self.attn_norm(x)
+        q = self.q(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)       # (B, H, T, hd)
+        k = self.k(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)    # (B, Hkv, T, hd)
+        v = self.v(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
+        h = self.mlp_norm(x)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, dim, heads, kv_heads, ffn, layers, vocab):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.blocks = torch.nn.ModuleList([Block(dim, heads, kv_heads, ffn) for _ in range(layers)])
+        self.norm = torch.nn.RMSNorm(dim)
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens):  # (B, T) → (B, T, V)
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+# ---- the peers ----
+
+class TorchMuonFsdp2(torch.optim.Optimizer):
+    """torch.optim.Muon on full copies of the Muon matrices, fed all-gathered gradients on every rank
+    (each rank orthogonalizes every matrix), each rank keeping its rows; torch.optim.AdamW for the rest."""
+
+    def __init__(self, model, lr, adamw_lr):
+        groups = module_groups(model)
+        self.muon_params = [p for g in groups if g["use_muon"] for _, p in g["params"]]
+        self.full = [torch.nn.Parameter(p.full_tensor().detach().clone()) for p in self.muon_params]
+        self.muon = torch.optim.Muon(self.full, lr=lr, adjust_lr_fn="match_rms_adamw")
+        self.adamw = torch.optim.AdamW([p for g in groups if not g["use_muon"] for _, p in g["params"]], lr=adamw_lr)
+        super().__init__(self.full, {})
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        for p, full in zip(self.muon_params, self.full):
+            local = p.grad.to_local().contiguous()
+            gathered = local.new_empty((local.shape[0] * dist.get_world_size(),) + tuple(local.shape[1:]))
+            dist.all_gather_into_tensor(gathered, local)   # rows divide by the ranks in these models
+            full.grad = gathered
+        self.muon.step()
+        for p, full in zip(self.muon_params, self.full):
+            rows = p.to_local().shape[0]
+            p.to_local().copy_(full[dist.get_rank() * rows:(dist.get_rank() + 1) * rows])
+        self.adamw.step()
+
+    def zero_grad(self, set_to_none=True):
+        self.adamw.zero_grad(set_to_none)
+        for p in self.muon_params:
+            p.grad = None
+
+
+PEER_MODULES = {"muon-fsdp2": "muon_fsdp2", "dion-muon": "dion"}
+
+
+def peer_module(name):
+    """The peer's module, or the reason it does not import (a str)."""
+    try:
+        return importlib.import_module(PEER_MODULES[name])
+    except Exception as error:  # an optional peer: any failure to import skips it
+        return f"{type(error).__name__}: {error}"
+
+
+def build(name, config, mesh, lr=0.02, adamw_lr=3e-3):
+    torch.manual_seed(0)
+    model = GPT(*config)
+    held = hold_on_owners(model, mesh) if name == "dmuon-owner" else None
+    ignored = held.params if held is not None else None
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, ignored_params=ignored)
+    if name == "adamw":
+        return model, torch.optim.AdamW(model.parameters(), lr=adamw_lr)
+    if name == "torch-muon":
+        return model, TorchMuonFsdp2(model, lr, adamw_lr)
+    if name == "muon-fsdp2":
+        return model, peer_module(name).Muon(
+            [dict(params=[p for _, p in g["params"]], use_muon=g["use_muon"], lr=lr if g["use_muon"] else adamw_lr)
+             for g in module_groups(model)])
+    if name == "dion-muon":
+        return model, peer_module(name).Muon(
+            [dict(params=[p for _, p in g["params"]]) if g["use_muon"] else
+             dict(params=[p for _, p in g["params"]], algorithm="adamw", lr=adamw_lr) for g in module_groups(model)],
+            distributed_mesh=mesh, lr=lr, adjust_lr="rms_norm")
+    return model, DMuon(model, lr=lr, adamw_lr=adamw_lr)
+
+
+def slowest(value):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t)
+
+
+def total(value):
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return float(t)
+
+
+def measure(name, config, tokens, steps, warmup):
+    world, rank = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (world,))
+    model, opt = build(name, config, mesh)
+    batch = max(1, tokens // SEQ // world)
+    gen = torch.Generator().manual_seed(1)
+    ledger = Ledger()
+    rows = []
+    also = [sys.modules[m] for m in ("muon_fsdp2",) if m in sys.modules]  # imports the collectives by name
+    with recording(ledger, also=also):
+        for step in range(warmup + steps):
+            data = torch.randint(0, config[5], (world, batch, SEQ + 1), generator=gen)[rank]
+            ledger.records.clear()
+            ledger.label = None
+            dist.barrier()
+            ledger.label = "forward+backward"
+            t0 = time.perf_counter()
+            logits = model(data[:, :-1])
+            loss = F.cross_entropy(logits.reshape(-1, config[5]), data[:, 1:].reshape(-1))
+            loss.backward()
+            t1 = time.perf_counter()
+            ledger.label = "step"
+            opt.step()
+            opt.zero_grad()
+            t2 = time.perf_counter()
+            ledger.label = None
+            rows.append(dict(fwd_bwd=t1 - t0, step=t2 - t1, total=t2 - t0,
+                             blocked_fwd_bwd=ledger.blocked("forward+backward"), blocked_step=ledger.blocked("step"),
+                             wire=ledger.wire("forward+backward") + ledger.wire("step"), wire_step=ledger.wire("step"),
+                             loss=loss.item()))
+    timed = rows[warmup:]
+    out = {key: statistics.median(slowest(r[key]) for r in timed)
+           for key in ("fwd_bwd", "step", "total", "blocked_fwd_bwd", "blocked_step")}
+    out["wire_bytes"] = statistics.median(total(r["wire"]) for r in timed)
+    out["wire_bytes_in_step"] = statistics.median(total(r["wire_step"]) for r in timed)
+    out["loss_last"] = timed[-1]["loss"]
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="small,qwen4")
+    parser.add_argument("--tokens", default="256,1024", help="global tokens per step, comma-separated")
+    parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
+    parser.add_argument("--steps", type=int, default=2, help="timed steps per optimizer and setting")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
+    parser.add_argument("--json", default=None, help="also write the results to this file (rank 0)")
+    args = parser.parse_args()
+    rank, world = init_process_group("gloo")
+    requested = args.optimizers.split(",")
+    unknown = [n for n in requested if n not in OPTIMIZERS]
+    if unknown:
+        raise SystemExit(f"fsdp2_owner_step: unknown --optimizers {', '.join(unknown)} (known: {', '.join(OPTIMIZERS)})")
+    skipped = {n: peer_module(n) for n in requested if n in PEER_MODULES and isinstance(peer_module(n), str)}
+    names = [n for n in requested if n not in skipped]
+    if rank == 0:
+        for n, why in skipped.items():
+            print(f"{n}: not run, `import {PEER_MODULES[n]}` failed ({why})", flush=True)
+    results = []
+    for model_name in args.models.split(","):
+        for tokens in [int(t) for t in args.tokens.split(",")]:
+            setting = []
+            for name in names:
+                r = measure(name, MODELS[model_name], tokens, args.steps, args.warmup)
+                setting.append(dict(model=model_name, world=world, tokens=tokens, optimizer=name,
+                                    load_average_1min=os.getloadavg()[0], **r))
+            base = next(r for r in setting if r["optimizer"] == "adamw") if "adamw" in names else None
+            peers = [r["step"] for r in setting if r["optimizer"] in PEERS]
+            for r in setting:
+                r["total_vs_adamw"] = r["total"] / base["total"] if base else math.nan
+                r["bytes_vs_adamw"] = r["wire_bytes"] / base["wire_bytes"] if base and base["wire_bytes"] else math.nan
+                r["step_speedup_vs_fastest_peer"] = (min(peers) / r["step"] if peers and r["optimizer"] != "adamw"
+                                                     else math.nan)
+            results.extend(setting)
+            if rank == 0:
+                print_table(setting)
+    if rank == 0:
+        if args.json:
+            pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
+    dist.destroy_process_group()
+
+
+def print_table(setting):
+    first = setting[0]
+    print(f"\n{first['model']}, {first['world']} ranks, {first['tokens']} tokens per step (times in ms, slowest rank; "
+          f"1-minute load average {first['load_average_1min']:.1f} to {setting[-1]['load_average_1min']:.1f})")
+    print("| optimizer | step | fwd+bwd | total | total vs AdamW | blocked in fwd+bwd | blocked in step "
+          "| wire bytes/step | of which in step | bytes vs AdamW | step speedup vs fastest peer |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    def ratio(x, unit=""):
+        return "-" if math.isnan(x) else f"{x:.3f}{unit}"
+
+    for r in setting:
+        print(f"| {r['optimizer']} | {1e3 * r['step']:.1f} | {1e3 * r['fwd_bwd']:.1f} | {1e3 * r['total']:.1f} | "
+              f"{ratio(r['total_vs_adamw'])} | {1e3 * r['blocked_fwd_bwd']:.1f} | {1e3 * r['blocked_step']:.1f} | "
+              f"{int(r['wire_bytes'])} | {int(r['wire_bytes_in_step'])} | {ratio(r['bytes_vs_adamw'])} | {ratio(r['step_speedup_vs_fastest_peer'], 'x')} |",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,99 @@
+"""Who talks to whom for owner-held matrices (DESIGN 7 "owner-centric"), on a grid of R replicas ×
+S shards (layout.Grid; FSDP2 and DDP: R = 1, S = W; HSDP: the (replicate, shard) mesh).
+
+A matrix's owner o is one rank of the whole group, at cell (replica r_o, shard s_o). The ranks of
+shard s_o, one per replica, are its *column*: each keeps the weights between uses, as its replica's
+source; every other rank frees them. Gradients flow in two stages, weights in two stages back:
+  reduce   stage 1: within each replica, to the column rank (shard group, SUM)
+           stage 2: across the column, to the owner (column group, SUM; HSDP only)
+  weights  stage 1: from the owner across the column, after the owner's update (HSDP only)
+           stage 2: within each replica, from the column rank (shard group)
+The arithmetic is pure; HeldGroups adds the process groups, created by every rank in one order.
+"""
+
+import torch.distributed as dist
+
+from dmuon.torch.layout import mesh_grid, sharded_grid
+
+
+def shard_of(grid, group_rank):
+    return grid.cells[group_rank][1]
+
+
+def replica_of(grid, group_rank):
+    return grid.cells[group_rank][0]
+
+
+def column_of(grid, owner):
+    """Group ranks holding the owner's weights between uses: one per replica, in replica order."""
+    return grid.ranks_of_shard(shard_of(grid, owner))
+
+
+def replica_ranks(grid, replica):
+    """Group ranks of one replica, in shard order."""
+    return [g for _, g in sorted((s, g) for g, (r, s) in enumerate(grid.cells) if r == replica)]
+
+
+def source_in_replica(grid, owner, replica):
+    """The column rank of the owner in `replica`: the source of stage-2 broadcasts there."""
+    return column_of(grid, owner)[replica]
+
+
+def grid_of(mesh, world):
+    """The Grid of a DeviceMesh (1-D: FSDP2 shards; 2-D: (replicate, shard)) or, with mesh None, of a
+    plain process group of `world` ranks (R = 1, S = W)."""
+    if mesh is None:
+        return sharded_grid(world)
+    from torch.distributed.tensor import Replicate, Shard
+
+    if mesh.ndim == 1:
+        placements = (Shard(0),)
+    elif mesh.ndim == 2:
+        placements = (Replicate(), Shard(0))
+    else:
+        raise ValueError(f"dmuon.torch.hold_on_owners: a {mesh.ndim}-D mesh; a 1-D (FSDP2) or 2-D (HSDP: "
+                         "replicate, shard) mesh is supported")
+    ranks = [int(r) for r in mesh.mesh.flatten().tolist()]
+    return mesh_grid("mesh", mesh.mesh, placements, 1, ranks)
+
+
+class HeldGroups:
+    """The grid, this rank's place in it, and a process group per replica (its shard group) and per
+    column, all made here: our broadcasts and reduces then never queue behind FSDP2's collectives.
+
+    global_ranks[g]: the global rank of group rank g (the mesh's ranks row-major, or the process
+    group's). Collective: every rank of the default group builds it in the same order."""
+
+    def __init__(self, global_ranks, grid, rank):
+        self.global_ranks = list(global_ranks)
+        self.grid = grid
+        self.rank = rank
+        self.world = len(self.global_ranks)
+        self.replica = replica_of(grid, rank)
+        self.shard = shard_of(grid, rank)
+        self.shard_group = self.column_group = None
+        if self.world == 1:
+            return
+        for r in range(grid.replicas):
+            pg = self._new_group(replica_ranks(grid, r))
+            if r == self.replica:
+                self.shard_group = pg
+        if grid.replicas > 1:
+            for s in range(grid.shards):
+                pg = self._new_group(grid.ranks_of_shard(s))
+                if s == self.shard:
+                    self.column_group = pg
+
+    def _new_group(self, group_ranks):
+        return dist.new_group([self.global_ranks[g] for g in group_ranks])
+
+    def holds(self, owner):
+        """Whether this rank keeps the owner's weights between uses (it is in the owner's column)."""
+        return self.shard == shard_of(self.grid, owner)
+
+    def source(self, owner):
+        """Global rank of the stage-2 source (and stage-1 reduce target) in this rank's replica."""
+        return self.global_ranks[source_in_replica(self.grid, owner, self.replica)]
+
+    def owner_global(self, owner):
+        return self.global_ranks[owner]
