@@ -5,7 +5,6 @@
 #include <random>
 #include <sstream>
 
-#include "dmuon/device_timing.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/statistics.hpp"
 
@@ -62,7 +61,7 @@ double median_seconds_on(Backend& backend, int warmup, int repeats, const std::f
   DMUON_CHECK(repeats >= 1, "repeats must be at least 1, got ", repeats);
   for (int i = 0; i < warmup; ++i) run();
   std::vector<double> s;
-  for (int i = 0; i < repeats; ++i) s.push_back(time_on(backend, run));
+  for (int i = 0; i < repeats; ++i) s.push_back(backend.time_queued(run));
   return median(s);
 }
 

@@ -1,7 +1,7 @@
 // Newton–Schulz speed on a device backend (DESIGN 2.5 on a GPU): per shape a `reference` row — the plain
 // standard recurrence with full products, in bfloat16 as every public GPU Muon runs it — beside `standard`
 // (symmetric products), `gram` (restarts [1, 3], as DESIGN 2.2 prescribes for half precision) and `auto`. Times
-// are CUDA events around the queued work (time_on), after warm-up, median of the repeats; useful TFLOP/s is the
+// are CUDA events around the queued work (time_queued), after warm-up, median of the repeats; useful TFLOP/s is the
 // plain standard flop count over the time, against the backend's measured bf16 product peak. Standard C++ only
 // (no CLI or JSON library): `dmuon bench ns --device cuda` and the GPU-only check tool both print it.
 #pragma once

@@ -8,7 +8,8 @@
 #
 # HEADERS names the public headers (include/dmuon/<h>) the layer implements; every public header belongs
 # to exactly one layer. SKIP names .cpp files of the folder this build leaves out (one of two
-# implementations of an interface, e.g. the communicator with or without MPI). The layer `base` (include/dmuon/error.hpp, header-only) is below every layer.
+# implementations of an interface, e.g. the communicator with or without MPI). The layer `base`
+# (include/dmuon/error.hpp and dtype.hpp, header-only) is below every layer.
 
 set_property(GLOBAL PROPERTY DMUON_LAYERS "")
 
@@ -18,7 +19,7 @@ target_include_directories(dmuon_base INTERFACE $<BUILD_INTERFACE:${PROJECT_SOUR
                                                 $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>)
 set_property(GLOBAL PROPERTY DMUON_LAYERS base)
 set_property(GLOBAL PROPERTY DMUON_LAYER_base_DEPS "")
-set_property(GLOBAL PROPERTY DMUON_LAYER_base_HEADERS error.hpp)
+set_property(GLOBAL PROPERTY DMUON_LAYER_base_HEADERS error.hpp dtype.hpp)
 
 function(dmuon_layer name)
   cmake_parse_arguments(L "" "" "DEPENDS;HEADERS;PRIVATE_LIBS;PUBLIC_LIBS;SKIP" ${ARGN})

@@ -138,20 +138,6 @@ TYPED_TEST(CommTyped, BroadcastFromEveryRoot) {
   }
 }
 
-TYPED_TEST(CommTyped, ReduceToEveryRoot) {
-  using T = TypeParam;
-  auto c = make_world();
-  const int n = c->size(), me = c->rank();
-  std::vector<T> send(3);
-  for (int64_t i = 0; i < 3; ++i) send[i] = static_cast<T>(me + i);
-  for (int root = 0; root < n; ++root) {
-    std::vector<T> recv(me == root ? 3 : 0);
-    c->reduce<T>(send, recv, ReduceOp::sum, root).wait();
-    if (me != root) continue;
-    for (int64_t i = 0; i < 3; ++i) ASSERT_EQ(recv[i], static_cast<T>(n * (n - 1) / 2 + n * i));
-  }
-}
-
 TYPED_TEST(CommTyped, AllReduceSumMaxInPlace) {
   using T = TypeParam;
   auto c = make_world();

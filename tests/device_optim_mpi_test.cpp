@@ -119,7 +119,7 @@ std::vector<double> train(OptimizerStack& stack, int rank, int ranks) {
   shard::ShardedParams& sp = *stack.params;
   std::vector<double> norms;
   for (int t = 0; t < kSteps; ++t) {
-    test::hook_pass(sp, [&](int p, std::span<float> g) {
+    test::hook_pass(sp, [&](int p, DeviceSpan<float> g) {
       const std::vector<float> v = rank_gradient(p, t, rank, static_cast<int64_t>(g.size()), ranks);
       sp.backend().copy_from_host(g.data(), v.data(), sizeof(float) * v.size());
     });
@@ -293,7 +293,7 @@ TEST(CudaNccl, OptimizersOnEachRanksGpuMatchTheCpuWithinFloat32Rounding) {
   const auto world = test::world();
   // Every rank must take the same decision, or the ones that go on wait for the ones that skipped.
   int64_t usable = world->node().size() <= cuda::device_count() ? 1 : 0;
-  world->all_reduce<int64_t>(std::span<int64_t>(&usable, 1), comm::ReduceOp::min).wait();
+  world->all_reduce<int64_t>(std::span<int64_t>(&usable, 1), ReduceOp::min).wait();
   if (usable == 0) GTEST_SKIP() << "needs one CUDA device per rank of a node; NCCL refuses two ranks on one GPU";
   Backend& gpu = backend_for(DeviceKind::cuda, comm::rank_device(*world));
   const test::ToyModel init(specs(), 7);

@@ -98,7 +98,7 @@ std::unique_ptr<shard::ShardedParams> sharded(Layout layout, Mode mode, std::sha
   std::vector<int> owners;  // the even layout places none
   if (layout == Layout::owner_aligned) owners = default_owners(reg.specs(), comm->size());
   auto sp = std::make_unique<shard::ShardedParams>(std::move(comm), reg,
-                                                   shard::ShardOptions{layout, mode, comm::ReduceOp::average, true},
+                                                   shard::ShardOptions{layout, mode, ReduceOp::average, true},
                                                    owners);
   test::ToyModel init(specs(), 7);
   for (int p = 0; p < sp->registry().size(); ++p) sp->load_full(p, init.values[p]);
@@ -110,7 +110,8 @@ std::unique_ptr<shard::ShardedParams> sharded(Layout layout, Mode mode, std::sha
 // last rank.
 void backward(shard::ShardedParams& sp, int t, int poison = -1, const comm::Comm& comm = *world()) {
   const int rank = comm.rank();
-  test::hook_pass(sp, [&](int p, std::span<float> g) {
+  test::hook_pass(sp, [&](int p, DeviceSpan<float> view) {
+    const std::span<float> g = view.host();
     const std::vector<float> v = rank_gradient(p, t, g.size(), rank, comm.size());
     std::copy(v.begin(), v.end(), g.begin());
     if (p == poison && rank == comm.size() - 1) g[0] = std::numeric_limits<float>::quiet_NaN();
@@ -123,7 +124,7 @@ std::vector<std::vector<float>> full_values(shard::ShardedParams& sp) {
   for (int u = 0; u < sp.num_units(); ++u) {
     sp.gather(u);
     sp.wait(u);
-    for (int p : sp.layout(u).params) out[p].assign(sp.param(p).begin(), sp.param(p).end());
+    for (int p : sp.layout(u).params) out[p] = sp.param(p).to_host();
     sp.release(u);
   }
   return out;
@@ -283,9 +284,9 @@ TEST(DistributedMuon, EachMatrixIsOrthogonalizedOnceOnItsOwner) {
     EXPECT_EQ(muon, 6);
     EXPECT_EQ(opt->last_stats().ns_matrices, mine) << c.name << " on rank " << me;
     std::vector<double> counted = {double(opt->last_stats().ns_matrices)};
-    world()->all_reduce<double>(counted, comm::ReduceOp::sum).wait();
+    world()->all_reduce<double>(counted, ReduceOp::sum).wait();
     EXPECT_EQ(counted[0], c.gather_compute ? muon * world()->size() : muon) << c.name;
-    world()->all_reduce<double>(times, comm::ReduceOp::sum).wait();
+    world()->all_reduce<double>(times, ReduceOp::sum).wait();
     for (size_t p = 0; p < all.size(); ++p) {
       if (opt->group_of(all[p].name) == OptimGroup::muon && !c.gather_compute) {
         EXPECT_EQ(times[p], 1) << c.name << ": " << all[p].name << " orthogonalized " << times[p] << " times";
@@ -327,7 +328,7 @@ TEST(DistributedMuon, OwnersOfSeveralSameShapeMatricesEqualSingleProcessMuon) {
     const std::string what = "rr owners, mode " + std::to_string(int(mode));
     shard::ParamRegistry reg;
     for (const ParamSpec& s : all) reg.add(s);
-    shard::ShardedParams sp(world(), reg, {Layout::owner_aligned, mode, comm::ReduceOp::average, true}, owners);
+    shard::ShardedParams sp(world(), reg, {Layout::owner_aligned, mode, ReduceOp::average, true}, owners);
     const test::ToyModel init(all, 7);
     for (int p = 0; p < sp.registry().size(); ++p) sp.load_full(p, init.values[p]);
     DMuon opt(world(), sp, options(NsAlgo::standard));
@@ -451,7 +452,7 @@ TEST(DistributedMuon, CheckpointResumesBitIdenticallyAndAtOneRank) {
     }
     expect_equal_model(full_values(*straight_sp), alone, std::string(c.name) + " resumed at 1 rank");
     std::vector<double> barrier = {0};
-    world()->all_reduce<double>(barrier, comm::ReduceOp::sum).wait();  // all have read it before the next save
+    world()->all_reduce<double>(barrier, ReduceOp::sum).wait();  // all have read it before the next save
   }
 }
 
@@ -474,7 +475,7 @@ TEST(DistributedMuon, CorruptCheckpointIsRefusedOnEveryRank) {
     write_file_atomically(dir + name, bytes);
   }
   std::vector<double> barrier = {0};
-  world()->all_reduce<double>(barrier, comm::ReduceOp::sum).wait();  // corrupted before anyone loads
+  world()->all_reduce<double>(barrier, ReduceOp::sum).wait();  // corrupted before anyone loads
   auto fresh_sp = sharded(Layout::owner_aligned, Mode::z3);
   DMuon fresh(world(), *fresh_sp, options(NsAlgo::standard));
   const auto before = full_values(*fresh_sp);
@@ -491,7 +492,7 @@ TEST(DistributedMuon, CorruptCheckpointIsRefusedOnEveryRank) {
   }
   EXPECT_EQ(full_values(*fresh_sp), before);
   EXPECT_EQ(fresh.updates(), 0);
-  world()->all_reduce<double>(barrier, comm::ReduceOp::sum).wait();
+  world()->all_reduce<double>(barrier, ReduceOp::sum).wait();
 }
 
 // Save at the world size D with the gather-compute baseline (even layout), resume at ⌈D/2⌉ ranks
@@ -539,7 +540,7 @@ TEST(DistributedMuon, CheckpointReshardsToHalfThenOneRank) {
   expect_equal_model(alone.values, ref, "saved at " + std::to_string(world()->size()) + ", resumed at " +
                                       std::to_string(half_size) + " then 1");
   std::vector<double> barrier = {0};
-  world()->all_reduce<double>(barrier, comm::ReduceOp::sum).wait();  // all done before the folder goes
+  world()->all_reduce<double>(barrier, ReduceOp::sum).wait();  // all done before the folder goes
 }
 
 }  // namespace

@@ -54,7 +54,8 @@ test::ToyModel reference(OptimKind kind) {
 // Gradients of step t through the hooks: rank 0 writes them, the others zeros, and the reduce sums,
 // so every kind sees exactly the reference's gradient.
 void backward(shard::ShardedParams& sp, int t, int rank) {
-  test::hook_pass(sp, [&](int p, std::span<float> g) {
+  test::hook_pass(sp, [&](int p, DeviceSpan<float> view) {
+    const std::span<float> g = view.host();
     for (size_t i = 0; i < g.size(); ++i) g[i] = rank == 0 ? test::ToyModel::sample_grad(p, i, t) : 0.0f;
   });
 }
@@ -62,7 +63,7 @@ void backward(shard::ShardedParams& sp, int t, int rank) {
 OptimizerStackOptions stack_options(OptimKind kind) {
   OptimizerStackOptions o;
   o.kind = kind;
-  o.grad_reduce = comm::ReduceOp::sum;
+  o.grad_reduce = ReduceOp::sum;
   o.optimizer = options(kind);
   if (kind == OptimKind::dmuon) {  // owners from the planner, as callers get them
     PlanOptions plan;
@@ -92,7 +93,7 @@ void expect_equal_to_reference(OptimKind kind, shard::Mode mode) {
     stack.params->gather(u);
     stack.params->wait(u);
     for (int p : stack.params->layout(u).params) {
-      const auto x = stack.params->param(p);
+      const auto x = stack.params->param(p).host();
       double d = 0, n = 0;
       for (size_t i = 0; i < x.size(); ++i) {
         d += std::pow(double(x[i]) - ref.values[p][i], 2);

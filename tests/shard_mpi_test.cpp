@@ -14,7 +14,6 @@
 namespace dmuon::shard {
 namespace {
 
-using comm::ReduceOp;
 
 ParamSpec matrix(std::string name, int64_t r, int64_t c, int unit) {
   return {std::move(name), {r, c}, ParamRole::matrix, unit};
@@ -57,7 +56,7 @@ void step(ShardedParams& sp, int rank, Grad grad, int64_t* wrong_views) {
   const auto& specs = sp.registry().specs();
   auto check_views = [&](int u) {
     for (int p : sp.layout(u).params) {
-      auto v = sp.param(p);
+      auto v = sp.param(p).host();
       for (int64_t i = 0; i < specs[p].numel(); ++i) *wrong_views += v[i] != initial(p, i);
     }
   };
@@ -70,7 +69,7 @@ void step(ShardedParams& sp, int rank, Grad grad, int64_t* wrong_views) {
     sp.before_backward(u);
     check_views(u);
     for (int p : sp.layout(u).params) {
-      auto g = sp.grad(p);
+      auto g = sp.grad(p).host();
       for (int64_t i = 0; i < specs[p].numel(); ++i) g[i] = grad(rank, p, i);
     }
     sp.after_backward(u);
@@ -101,7 +100,7 @@ TEST(Shard, ViewsEqualRegisteredValuesAndShardGradsAreTheExactSumOrMean) {
         int64_t wrong_views = 0, wrong_grads = 0, checked = 0;
         step(*sp, me, int_grad, &wrong_views);
         for (int u = 0; u < sp->num_units(); ++u) {
-          auto g = sp->shard_grads(u);
+          auto g = sp->shard_grads(u).host();
           for (const LocalPiece& pc : sp->local_pieces(u)) {
             for (int64_t j = 0; j < pc.length; ++j) {
               const int64_t i = pc.offset_in_param + j;
@@ -114,7 +113,7 @@ TEST(Shard, ViewsEqualRegisteredValuesAndShardGradsAreTheExactSumOrMean) {
           }
         }
         const std::string what = std::string(k.layout == Layout::even ? "even" : "owner_aligned") + " mode " +
-                                 std::to_string(static_cast<int>(k.mode)) + " " + std::string(comm::to_string(op));
+                                 std::to_string(static_cast<int>(k.mode)) + " " + std::string(to_string(op));
         EXPECT_EQ(wrong_views, 0) << what;
         EXPECT_EQ(wrong_grads, 0) << what;
         // Every element's reduced gradient is checked on exactly one rank.
@@ -155,7 +154,7 @@ TEST(Shard, Z2AndZ3AreBitIdentical) {
       step(*sp, c->rank(), real_grad, &wrong_views);
       EXPECT_EQ(wrong_views, 0);
       for (int u = 0; u < sp->num_units(); ++u) {
-        auto g = sp->shard_grads(u);
+        auto g = sp->shard_grads(u).host();
         grads[z].emplace_back(g.begin(), g.end());
       }
     }
@@ -179,7 +178,7 @@ TEST(Shard, TwoStageReduceEqualsSingleStage) {
         int64_t wrong_views = 0;
         step(*sp, two_nodes->rank(), int_grad, &wrong_views);
         for (int u = 0; u < sp->num_units(); ++u) {
-          auto g = sp->shard_grads(u);
+          auto g = sp->shard_grads(u).host();
           grads[staged].emplace_back(g.begin(), g.end());
         }
       }
@@ -194,7 +193,7 @@ TEST(Shard, ShardUpdatesReachEveryRankThroughTheNextGather) {
   for (const Case& k : kCases) {
     auto sp = make(c, k.layout, k.mode);
     for (int u = 0; u < sp->num_units(); ++u) {
-      auto shard = sp->shard_params(u);
+      auto shard = sp->shard_params(u).host();
       for (const LocalPiece& pc : sp->local_pieces(u))
         for (int64_t j = 0; j < pc.length; ++j) shard[pc.offset_in_shard + j] += 0.5f + pc.param;
     }
@@ -202,7 +201,7 @@ TEST(Shard, ShardUpdatesReachEveryRankThroughTheNextGather) {
     for (int u = 0; u < sp->num_units(); ++u) {
       sp->before_forward(u);
       for (int p : sp->layout(u).params) {
-        auto v = sp->param(p);
+        auto v = sp->param(p).host();
         for (int64_t i = 0; i < static_cast<int64_t>(v.size()); ++i) wrong += v[i] != initial(p, i) + 0.5f + p;
       }
       sp->after_forward(u);
@@ -227,23 +226,20 @@ class SlowComm : public comm::Comm {
   comm::Comm& node() override { return inner_->node(); }
   comm::Comm& cross() override { return inner_->cross(); }
   const comm::Topology& topology() const override { return inner_->topology(); }
-  comm::Work all_gather_raw(const void* send, int64_t count, void* recv, comm::DType t) override {
+  comm::Work all_gather_raw(const void* send, int64_t count, void* recv, DType t) override {
     return slow(inner_->all_gather_raw(send, count, recv, t));
   }
-  comm::Work all_gatherv_raw(const void* send, void* recv, std::span<const int64_t> counts, comm::DType t) override {
+  comm::Work all_gatherv_raw(const void* send, void* recv, std::span<const int64_t> counts, DType t) override {
     return slow(inner_->all_gatherv_raw(send, recv, counts, t));
   }
-  comm::Work reduce_scatterv_raw(const void* send, void* recv, std::span<const int64_t> counts, comm::DType t,
+  comm::Work reduce_scatterv_raw(const void* send, void* recv, std::span<const int64_t> counts, DType t,
                                  ReduceOp op) override {
     return slow(inner_->reduce_scatterv_raw(send, recv, counts, t, op));
   }
-  comm::Work broadcast_raw(void* buf, int64_t count, comm::DType t, int root) override {
+  comm::Work broadcast_raw(void* buf, int64_t count, DType t, int root) override {
     return slow(inner_->broadcast_raw(buf, count, t, root));
   }
-  comm::Work reduce_raw(const void* send, void* recv, int64_t count, comm::DType t, ReduceOp op, int root) override {
-    return slow(inner_->reduce_raw(send, recv, count, t, op, root));
-  }
-  comm::Work all_reduce_raw(const void* send, void* recv, int64_t count, comm::DType t, ReduceOp op) override {
+  comm::Work all_reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op) override {
     return slow(inner_->all_reduce_raw(send, recv, count, t, op));
   }
 

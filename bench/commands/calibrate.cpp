@@ -78,7 +78,7 @@ void run(const Args& a) {
   const auto policy = optim_bench::thread_policy(p);
   linalg::set_threads(policy.threads_per_rank);
   auto slowest = [&](double seconds) {
-    world->all_reduce<double>(std::span<double>(&seconds, 1), comm::ReduceOp::max).wait();
+    world->all_reduce<double>(std::span<double>(&seconds, 1), ReduceOp::max).wait();
     return seconds;
   };
   auto sync = [&] { slowest(0); };
@@ -221,7 +221,7 @@ void run(const Args& a) {
     double x = 1;
     sync();
     const double ar =
-        slowest(best_of(50, [&] { world->all_reduce<double>(std::span<double>(&x, 1), comm::ReduceOp::sum).wait(); }));
+        slowest(best_of(50, [&] { world->all_reduce<double>(std::span<double>(&x, 1), ReduceOp::sum).wait(); }));
     latency = ar / (2.0 * std::ceil(std::log2(static_cast<double>(p))));
   }
   if (world->rank() != 0) return;

@@ -1,8 +1,8 @@
 // `dmuon bench comm`: bus bandwidth of each collective, nccl-tests style, under mpirun.
 //   size   = bytes of the collective's full buffer (all-gather: recv; reduce-scatter: send;
-//            all-reduce, broadcast, reduce: the buffer)
+//            all-reduce, broadcast: the buffer)
 //   algbw  = size / time;  busbw = algbw × factor: all-gather(v) and reduce-scatter(v) (n−1)/n,
-//            all-reduce 2(n−1)/n, broadcast and reduce 1
+//            all-reduce 2(n−1)/n, broadcast 1
 //   time   = mean over the timed iterations on each rank, then the max over ranks
 //   wrong  = elements that differ from the value known by formula, summed over ranks (must be 0)
 // The uneven rows (DESIGN 3.1) give rank 0 half of the buffer, spread the rest over the other
@@ -22,7 +22,7 @@
 namespace {
 
 using dmuon::comm::Comm;
-using dmuon::comm::ReduceOp;
+using dmuon::ReduceOp;
 using dmuon::comm::VAlgorithm;
 using dmuon::comm::Work;
 using clock_type = std::chrono::steady_clock;
@@ -142,14 +142,6 @@ class Bench {
         [&] {
           int64_t wrong = 0;
           for (int64_t i = 0; i < total; ++i) wrong += recv[i] != value(0, i);
-          return wrong;
-        }));
-    std::vector<float> root_out(me_ == 0 ? total : 0);
-    rows.push_back(measure(
-        "reduce", "mpi", size, 1, [&] { return c_->reduce<float>(full, root_out, ReduceOp::sum, 0); },
-        [&] {
-          int64_t wrong = 0;
-          for (std::size_t i = 0; i < root_out.size(); ++i) wrong += root_out[i] != sum_at(i);
           return wrong;
         }));
     return rows;

@@ -58,7 +58,7 @@ void backward(shard::ShardedParams& sp, int step) {
   for (int u = sp.num_units() - 1; u >= 0; --u) {
     sp.before_backward(u);
     for (int p : sp.layout(u).params) {
-      const std::span<float> grad = sp.grad(p);
+      const DeviceSpan<float> grad = sp.grad(p);
       g.resize(grad.size());
       fill_gradient(g, static_cast<uint64_t>(p) * 7919 + step);
       sp.backend().copy_from_host(grad.data(), g.data(), sizeof(float) * g.size());
@@ -69,7 +69,7 @@ void backward(shard::ShardedParams& sp, int step) {
 }
 
 void max_over_ranks(comm::Comm& world, std::span<double> values) {
-  world.all_reduce<double>(values, comm::ReduceOp::max).wait();
+  world.all_reduce<double>(values, ReduceOp::max).wait();
 }
 
 // The variant's NS: the library's tuned Orthogonalizer (the ablations switch one tuned choice off), or fixed
@@ -320,14 +320,10 @@ struct Runner {
     if (kind != OptimKind::adamw)
       for (const auto& per_step : ns_s) m.ns_s_per_rank.push_back(median(per_step));
     std::vector<double> sum_sq = {0};
-    std::vector<float> host;
     for (int u = 0; u < stack.params->num_units(); ++u) {
-      const std::span<float> shard = stack.params->shard_params(u);
-      host.resize(shard.size());
-      stack.params->backend().copy_to_host(host.data(), shard.data(), sizeof(float) * host.size());
-      for (float w : host) sum_sq[0] += static_cast<double>(w) * w;
+      for (float w : stack.params->shard_params(u).to_host()) sum_sq[0] += static_cast<double>(w) * w;
     }
-    world.all_reduce<double>(sum_sq, comm::ReduceOp::sum).wait();
+    world.all_reduce<double>(sum_sq, ReduceOp::sum).wait();
     m.weight_norm = std::sqrt(sum_sq[0]);
     return m;
   }

@@ -19,16 +19,13 @@
 #include <string>
 #include <vector>
 
+#include "dmuon/dtype.hpp"
+
 namespace dmuon {
 
 enum class DeviceKind { cpu, cuda, record };
-// Storage types. Products always accumulate in float32; bf16 is a GPU storage type for NS operands (every
-// backend's convert takes it, so host code can hold bf16 data and compute in float32).
-enum class DType { f32, bf16 };
 
-size_t dtype_size(DType dtype);
 std::string to_string(DeviceKind device);
-std::string to_string(DType dtype);
 DeviceKind parse_device_kind(const std::string& name);  // "cpu", "cuda"; throws listing the valid names
 
 // `count` matrices of rows×cols on one device, matrix i at data + i·batch_stride elements, row r of a
@@ -72,13 +69,23 @@ struct AdamWStepConstants {
   float eps;
 };
 
+// What a backend runs on: for tuning keys, logs, and the libraries that queue work beside it (NCCL).
+struct DeviceProperties {
+  int index = 0;                 // the device's index (cuda:index); 0 on the CPU and the recorder
+  std::string name;              // "NVIDIA H200"; on the CPU its BLAS ("OpenBLAS"), on the recorder "record"
+  std::string versions;          // "CUDA runtime 13.0, driver 13.0, cuBLAS 13.1.0"; the BLAS's build on the CPU
+  void* native_queue = nullptr;  // the cudaStream_t this backend queues on; null on host backends
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual DeviceKind device() const = 0;
   // "cpu: OpenBLAS 0.3.21 (...), 2 threads", "cuda:0 NVIDIA H200, cuBLAS 13.1", for logs and cache keys.
   virtual std::string description() const = 0;
-  // Whether products and elementwise ops take `dtype` views (convert takes both types on every backend).
+  virtual DeviceProperties properties() const = 0;
+  // Whether products and elementwise ops take `dtype` views (convert takes f32 and bf16 on every backend;
+  // no backend computes on f64, i64 or u8).
   virtual bool supports(DType dtype) const = 0;
   // Whether the host may read this backend's memory directly (CPU): then copies are memcpy and
   // synchronize() returns at once.
@@ -148,6 +155,10 @@ class Backend {
   // How many matrices of a batch to put in one batched kernel: 1 on the CPU (one matrix at a time stays in
   // cache and runs the same calls as the unbatched path), the whole batch on a GPU.
   virtual int64_t preferred_batch() const = 0;
+  // Seconds the work that `enqueue` queues takes, for the autotuner and the benchmarks. A GPU times it with
+  // events around the queued work on the device (the host clock would time the queueing); this default, for
+  // host backends, is the steady clock around enqueue() between two synchronize() calls.
+  virtual double time_queued(const std::function<void()>& enqueue);
 
   // ---- replay (CUDA graphs per (shape, batch), DESIGN 6) ----
   // Queues `fn`'s work, which may be recorded once and replayed: on the first call with a key a GPU

@@ -40,7 +40,8 @@ class RecordingBackend final : public Backend {
 
   DeviceKind device() const override { return DeviceKind::record; }
   std::string description() const override { return "record (executes nothing)"; }
-  bool supports(DType) const override { return true; }
+  DeviceProperties properties() const override { return {0, "record", "", nullptr}; }
+  bool supports(DType dtype) const override { return dtype == DType::f32 || dtype == DType::bf16; }
   bool host_memory() const override { return false; }
 
   void* allocate(size_t bytes) override;  // an address that is never dereferenced

@@ -50,33 +50,12 @@
 #include <memory>
 #include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
+#include "dmuon/dtype.hpp"
 #include "dmuon/error.hpp"
 
 namespace dmuon::comm {
-
-enum class DType { f32, f64, i64, u8 };
-enum class ReduceOp { sum, average, max, min };
-
-std::string_view to_string(DType t);
-std::string_view to_string(ReduceOp op);
-std::size_t dtype_size(DType t);
-
-template <typename T>
-constexpr DType dtype_of() {
-  if constexpr (std::is_same_v<T, float>)
-    return DType::f32;
-  else if constexpr (std::is_same_v<T, double>)
-    return DType::f64;
-  else if constexpr (std::is_same_v<T, int64_t>)
-    return DType::i64;
-  else if constexpr (std::is_same_v<T, uint8_t>)
-    return DType::u8;
-  else
-    static_assert(sizeof(T) == 0, "dmuon::comm supports float, double, int64_t and uint8_t");
-}
 
 // How all-gather(v) and reduce-scatter(v) with uneven per-rank counts run (DESIGN 3.1).
 //  native: MPI_Iallgatherv / MPI_Ireduce_scatter as OpenMPI implements them (ring-like for large
@@ -139,8 +118,6 @@ class Work {
   // order whatever order its operations complete in. A communicator that receives deferred posts
   // must receive no other (eagerly posted) operations while they are pending.
   static Work then_start(Work first, Comm& target, std::function<Work()> next);
-  // Done when every one of `parts` is.
-  static Work all(std::vector<Work> parts);
 
  private:
   std::shared_ptr<WorkState> state_;
@@ -188,8 +165,6 @@ class Comm {
   virtual Work reduce_scatterv_raw(const void* send, void* recv, std::span<const int64_t> counts, DType t,
                                    ReduceOp op) = 0;
   virtual Work broadcast_raw(void* buf, int64_t count, DType t, int root) = 0;
-  // recv (count) on root = reduction over ranks of send; recv is ignored elsewhere.
-  virtual Work reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op, int root) = 0;
   // send == recv reduces in place.
   virtual Work all_reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op) = 0;
 
@@ -221,13 +196,6 @@ class Comm {
   template <typename T>
   Work broadcast(std::span<T> buf, int root) {
     return broadcast_raw(buf.data(), static_cast<int64_t>(buf.size()), dtype_of<T>(), root);
-  }
-  // recv must have send.size() elements on root; it may be empty elsewhere.
-  template <typename T>
-  Work reduce(std::span<const T> send, std::span<T> recv, ReduceOp op, int root) {
-    DMUON_CHECK(rank() != root || recv.size() == send.size(), "reduce on rank ", rank(), ": recv has ", recv.size(),
-                " elements, send ", send.size());
-    return reduce_raw(send.data(), recv.data(), static_cast<int64_t>(send.size()), dtype_of<T>(), op, root);
   }
   template <typename T>
   Work all_reduce(std::span<const T> send, std::span<T> recv, ReduceOp op) {
@@ -283,10 +251,10 @@ namespace dmuon::comm {
 
 // What the collectives issued through a counting communicator cost this rank (benchmarks).
 //   payload_bytes: Σ over collectives of the whole buffer's bytes (all-gather(v): recv; reduce-scatter(v):
-//     send; all-reduce, broadcast, reduce: the buffer).
+//     send; all-reduce, broadcast: the buffer).
 //   sent_bytes: Σ of the bytes each rank sends, on average over ranks, when the collective runs as a ring
 //     (all-gather(v), reduce-scatter(v): (n−1)/n · payload; all-reduce: 2(n−1)/n · payload) or a pipelined
-//     chain (broadcast, reduce: (n−1)/n · payload): exact arithmetic on the sizes, the nccl-tests bus-bandwidth
+//     chain (broadcast: (n−1)/n · payload): exact arithmetic on the sizes, the nccl-tests bus-bandwidth
 //     convention. What the MPI library's chosen algorithm actually puts on the wire may differ.
 //   blocked_s: seconds this rank spent inside the communicator (posting, and every test()/wait() of the
 //     returned Work until it completed): communication the caller did not hide behind compute.

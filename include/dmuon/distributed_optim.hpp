@@ -37,14 +37,15 @@ class ShardedOptimizer : public Optimizer {
   void sum_across_ranks(std::span<double> values) override;
 
  protected:
-  void refresh_views(bool grads) override;
+  // This rank's piece of the slot's parameter, asked of ShardedParams (local_params, local_grads) each time.
+  float* values_of(const Slot& s) const override;
+  const float* grad_of(const Slot& s) const override;
   comm::Comm& comm() { return *comm_; }
   shard::ShardedParams& sharded() { return params_; }
 
  private:
   std::shared_ptr<comm::Comm> comm_;
   shard::ShardedParams& params_;
-  std::vector<int64_t> offset_in_shard_;  // per slot (registry order): where its piece starts in the unit's shard
 };
 
 // AdamW on every parameter's local piece, whatever its role (any layout and mode).

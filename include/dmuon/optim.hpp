@@ -88,7 +88,8 @@ void muon_apply(std::span<float> w, std::span<const float> o, const MuonHyper& h
 // A parameter as the optimizer sees it. `values` and `grad` hold the elements [offset, offset+count)
 // of the flattened (row-major) tensor: the whole tensor in single-process or replicated use, a
 // shard otherwise. They point into the optimizer's backend's memory. The optimizer never owns this
-// memory; it must outlive the optimizer.
+// memory; it must outlive the optimizer. The sharded optimizers (distributed_optim.hpp) leave both null:
+// they ask ShardedParams for this rank's piece whenever they touch it.
 struct ParamRef {
   ParamSpec spec;
   float* values = nullptr;
@@ -180,6 +181,7 @@ class Optimizer {
  protected:
   // One parameter's state, each buffer `count` values in the backend's memory (allocated once).
   struct Slot {
+    int index = 0;  // in the parameter list (registry order)
     ParamRef ref;
     OptimGroup group;
     Buffer momentum;     // Muon
@@ -200,9 +202,11 @@ class Optimizer {
   // For this update: momentum on every local slice with gradient g·grad_scale, then every MuonMatrix's
   // U in its `full` buffer. Single process: momentum straight into `full`.
   virtual void prepare_muon_inputs(float grad_scale, std::span<MuonMatrix> matrices);
-  // Points each slot's ref.values (and, with grads, ref.grad) at the current buffers; for owners of
-  // buffers that move between steps (sharded parameters). Single process: they never move.
-  virtual void refresh_views(bool grads);
+  // Where slot s's values and gradient are now (ref.count values each, in the backend's memory). Single
+  // process: ref.values and ref.grad, which never move. The sharded optimizers ask ShardedParams, whose
+  // buffers may move between steps.
+  virtual float* values_of(const Slot& s) const;
+  virtual const float* grad_of(const Slot& s) const;
 
   const float* effective_grad(const Slot& s) const;
   // Momentum of slot s with g·grad_scale, U into u (count values).

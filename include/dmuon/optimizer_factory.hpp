@@ -37,7 +37,7 @@ OptimKind parse_optim_kind(std::string_view text);
 struct OptimizerStackOptions {
   OptimKind kind = OptimKind::dmuon;
   shard::Mode mode = shard::Mode::z3;                    // how parameters are gathered (shard.hpp)
-  comm::ReduceOp grad_reduce = comm::ReduceOp::average;  // sum or average over ranks
+  ReduceOp grad_reduce = ReduceOp::average;  // sum or average over ranks
   bool two_stage = true;                                 // two-stage gradient reduce on two-level topologies
   OptimizerOptions optimizer;                            // adamw: every parameter goes to AdamW
   Orthogonalizer orth;                                   // Muon kinds; empty: ns_orthogonalizer(optimizer.muon.ns)

@@ -11,8 +11,8 @@
 //   shard grads   (layout.shard_size(r)): the reduced gradients of my shard (sum or mean over
 //                  ranks, ShardOptions::grad_reduce). With the owner-aligned layout these are
 //                  the full reduced gradients of the matrices I own.
-// param(p)/grad(p) are full, contiguous views (in backend memory: on a GPU the host must not touch
-// them). A parameter stored as one segment of the packed buffer is viewed in place; one cut into
+// param(p)/grad(p) are full, contiguous views (DeviceSpan: in backend memory, which on a GPU the host
+// reaches only by copies). A parameter stored as one segment of the packed buffer is viewed in place; one cut into
 // several segments (an elementwise parameter spread over several shards in the owner-aligned layout)
 // is copied out of the packed buffer after the gather (and into it before the reduce), which costs
 // only its own bytes. The host touches none of these buffers: every copy is a backend operation.
@@ -51,6 +51,7 @@
 
 #include "dmuon/backend.hpp"
 #include "dmuon/comm.hpp"
+#include "dmuon/device_span.hpp"
 #include "dmuon/params.hpp"
 #include "dmuon/shard_layout.hpp"
 
@@ -84,7 +85,7 @@ Mode parse_mode(std::string_view text);
 struct ShardOptions {
   Layout layout = Layout::owner_aligned;
   Mode mode = Mode::z3;
-  comm::ReduceOp grad_reduce = comm::ReduceOp::average;  // sum or average
+  ReduceOp grad_reduce = ReduceOp::average;  // sum or average
   bool two_stage = true;
   // Where the unit buffers (shards, gathered parameters, gradients) live; null: cpu_backend(). The
   // communicator must reach that memory (MPI: host memory; NCCL, Comm::device_buffers(): GPU memory).
@@ -126,9 +127,15 @@ class ShardedParams {
   const UnitLayout& layout(int unit) const;
   // My shard's parameter ranges in unit `unit` (layout(unit).local_pieces(rank)).
   std::vector<LocalPiece> local_pieces(int unit) const;
-  std::span<float> shard_params(int unit);
+  DeviceSpan<float> shard_params(int unit);
   // Valid after reduce_grads(unit) completed, until the next reduce of that unit starts.
-  std::span<float> shard_grads(int unit);
+  DeviceSpan<float> shard_grads(int unit);
+  // My piece of parameter p in its unit's shard (elements [offset_in_param, + length) of p; empty where I hold
+  // none): what the optimizer updates. A view is valid until the unit's buffers change (a gather, release or
+  // reduce may free and allocate them), so a holder asks again rather than keeping data(). Throws when the
+  // layout gives me more than one piece of p.
+  DeviceSpan<float> local_params(int p);
+  DeviceSpan<float> local_grads(int p);  // valid as shard_grads
 
   // Sets parameter p from its full value (numel elements, the same on every rank): my shard's
   // part (the whole packed buffer in replicated mode). Views show it after the next gather.
@@ -149,9 +156,9 @@ class ShardedParams {
   void progress();
 
   // Full view of parameter p; its unit must be gathered (after the gather completed).
-  std::span<float> param(int p);
+  DeviceSpan<float> param(int p);
   // Full view of p's gradient; its unit's gradients must have been zeroed since the last reduce.
-  std::span<float> grad(int p);
+  DeviceSpan<float> grad(int p);
   bool gathered(int unit) const;
 
   // ---- training-loop hooks (units run forward 0..U-1, backward U-1..0) ----
@@ -167,6 +174,8 @@ class ShardedParams {
  private:
   struct Unit;
   Unit& unit_at(int unit, const char* what);
+  // My piece of parameter p (length 0: none), from the unit's local pieces.
+  LocalPiece my_piece(int p, const char* what) const;
   void start_gather(Unit& u);
   void wait_gather(Unit& u);
   void wait_reduce(Unit& u);

@@ -204,7 +204,7 @@ Orthogonalizer tuned_orthogonalizer(std::vector<TuneEntry> entries, NsOptions de
 // last (shape, batch) between calls and makes one untimed warm-up run whenever that changes.
 MeasureFn make_ns_timer();
 // The same on `backend`'s memory with `dtype` iterates (every candidate runs in that dtype), timed on the device
-// (time_on: CUDA events on a GPU). src/tune/tune_measure_device.cpp.
+// (Backend::time_queued: CUDA events on a GPU). src/tune/tune_measure_device.cpp.
 MeasureFn make_ns_timer(Backend& backend, DType dtype);
 
 }  // namespace dmuon

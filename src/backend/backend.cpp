@@ -1,13 +1,12 @@
 // What every backend shares (backend.hpp): views, owned buffers, names, and the choice of backend.
 #include "dmuon/backend.hpp"
 
+#include <chrono>
 #include <utility>
 
 #include "dmuon/error.hpp"
 
 namespace dmuon {
-
-size_t dtype_size(DType dtype) { return dtype == DType::bf16 ? 2 : 4; }
 
 std::string to_string(DeviceKind device) {
   switch (device) {
@@ -17,8 +16,6 @@ std::string to_string(DeviceKind device) {
   }
   return "?";
 }
-
-std::string to_string(DType dtype) { return dtype == DType::bf16 ? "bfloat16" : "float32"; }
 
 DeviceKind parse_device_kind(const std::string& name) {
   if (name == "cpu") return DeviceKind::cpu;
@@ -51,6 +48,14 @@ MatView f32_view(DeviceKind device, float* data, int64_t rows, int64_t cols, int
 }
 
 void Backend::run_graph(const std::vector<int64_t>&, const std::function<void()>& fn) { fn(); }
+
+double Backend::time_queued(const std::function<void()>& enqueue) {
+  synchronize();
+  const auto start = std::chrono::steady_clock::now();
+  enqueue();
+  synchronize();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 ParallelismScope::ParallelismScope(Backend& backend, int n) : backend_(backend), previous_(backend.parallelism()) {
   if (n > 0 && n != previous_) backend_.set_parallelism(n);

@@ -56,9 +56,6 @@ class CountingComm : public Comm {
   Work broadcast_raw(void* buf, int64_t count, DType t, int root) override {
     return post(ring(count, t), [&] { return inner_->broadcast_raw(buf, count, t, root); });
   }
-  Work reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op, int root) override {
-    return post(ring(count, t), [&] { return inner_->reduce_raw(send, recv, count, t, op, root); });
-  }
   Work all_reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op) override {
     Cost c = ring(count, t);
     c.sent *= 2;  // reduce-scatter then all-gather

@@ -31,8 +31,10 @@ MPI_Datatype mpi_type(DType t) {
       return MPI_INT64_T;
     case DType::u8:
       return MPI_UINT8_T;
+    case DType::bf16:
+      break;
   }
-  DMUON_FAIL("unknown dtype");
+  DMUON_FAIL("the MPI communicator takes no ", to_string(t), " buffers (MPI has no such type)");
 }
 
 // average is a sum followed by a division on completion.
@@ -145,16 +147,15 @@ class MpiWork : public WorkState {
 struct Signature {
   int64_t collective, dtype, op, root, count, counts_hash;
 };
-constexpr const char* kCollectiveNames[] = {"all_gather", "all_gatherv", "reduce_scatterv",
-                                            "broadcast",  "reduce",      "all_reduce"};
-enum Collective : int64_t { kAllGather, kAllGatherv, kReduceScatterv, kBroadcast, kReduce, kAllReduce };
+constexpr const char* kCollectiveNames[] = {"all_gather", "all_gatherv", "reduce_scatterv", "broadcast", "all_reduce"};
+enum Collective : int64_t { kAllGather, kAllGatherv, kReduceScatterv, kBroadcast, kAllReduce };
 
 std::string to_string(const Signature& s) {
   std::ostringstream os;
   os << kCollectiveNames[s.collective] << "(" << to_string(static_cast<DType>(s.dtype));
-  if (s.collective == kReduceScatterv || s.collective == kReduce || s.collective == kAllReduce)
+  if (s.collective == kReduceScatterv || s.collective == kAllReduce)
     os << ", " << to_string(static_cast<ReduceOp>(s.op));
-  if (s.collective == kBroadcast || s.collective == kReduce) os << ", root " << s.root;
+  if (s.collective == kBroadcast) os << ", root " << s.root;
   if (s.collective == kAllGatherv || s.collective == kReduceScatterv)
     os << ", per-rank counts hash " << s.counts_hash << ", total " << s.count;
   else
@@ -260,19 +261,6 @@ class MpiComm : public Comm {
     auto w = start("broadcast");
     check_mpi(MPI_Ibcast(buf, to_int(count, "broadcast", rank_), mpi_type(t), root, comm_, &w->requests.emplace_back()),
               "broadcast (MPI_Ibcast)", rank_);
-    return finish(std::move(w));
-  }
-
-  Work reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op, int root) override {
-    check_root(root, "reduce");
-    check_op(t, op, "reduce");
-    handshake({kReduce, int64_t(t), int64_t(op), root, count, 0});
-    auto w = start("reduce");
-    const bool in_place = rank_ == root && send == recv;
-    check_mpi(MPI_Ireduce(in_place ? MPI_IN_PLACE : send, recv, to_int(count, "reduce", rank_), mpi_type(t), mpi_op(op),
-                          root, comm_, &w->requests.emplace_back()),
-              "reduce (MPI_Ireduce)", rank_);
-    if (op == ReduceOp::average && rank_ == root) w->on_done = scale_by_size(recv, count, t);
     return finish(std::move(w));
   }
 

@@ -37,11 +37,6 @@ class SingleProcessComm final : public Comm {
     detail::check_root(root, 1, 0, "broadcast");
     return {};
   }
-  Work reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op, int root) override {
-    detail::check_root(root, 1, 0, "reduce");
-    detail::check_reduce_op(t, op, 0, "reduce");
-    return copy(send, recv, count, t);
-  }
   Work all_reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op) override {
     detail::check_reduce_op(t, op, 0, "all_reduce");
     return copy(send, recv, count, t);

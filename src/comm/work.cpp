@@ -19,48 +19,6 @@ void mark_comm_failed() { g_failed = true; }
 bool comm_failed() { return g_failed; }
 }  // namespace detail
 
-std::string_view to_string(DType t) {
-  switch (t) {
-    case DType::f32:
-      return "float32";
-    case DType::f64:
-      return "float64";
-    case DType::i64:
-      return "int64";
-    case DType::u8:
-      return "uint8";
-  }
-  return "?";
-}
-
-std::string_view to_string(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return "sum";
-    case ReduceOp::average:
-      return "average";
-    case ReduceOp::max:
-      return "max";
-    case ReduceOp::min:
-      return "min";
-  }
-  return "?";
-}
-
-std::size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::f32:
-      return 4;
-    case DType::f64:
-      return 8;
-    case DType::i64:
-      return 8;
-    case DType::u8:
-      return 1;
-  }
-  return 0;
-}
-
 namespace {
 const char* env(const char* name) {
   const char* v = std::getenv(name);
@@ -224,24 +182,6 @@ class ThenStart : public WorkState {
   detail::DeferredPosts& queue_;
   std::shared_ptr<detail::DeferredPosts::Entry> entry_;
 };
-
-class All : public WorkState {
- public:
-  explicit All(std::vector<Work> parts) : parts_(std::move(parts)) {}
-  bool test() override {
-    bool all_done = true;
-    for (auto& w : parts_) all_done = w.test() && all_done;
-    return all_done;
-  }
-  std::string describe() const override {
-    for (const auto& w : parts_)
-      if (!w.done()) return w.describe();
-    return "a completed operation";
-  }
-
- private:
-  std::vector<Work> parts_;
-};
 }  // namespace
 
 std::string Work::describe() const { return state_ ? state_->describe() : "a completed operation"; }
@@ -265,12 +205,6 @@ Work Work::then_start(Work first, Comm& target, std::function<Work()> next) {
   auto entry = target.deferred_->add(std::move(first), std::move(next));
   target.deferred_->drive();
   return Work(std::make_shared<ThenStart>(*target.deferred_, std::move(entry)), timeout);
-}
-
-Work Work::all(std::vector<Work> parts) {
-  double timeout = 0;
-  for (const auto& w : parts) timeout = std::max(timeout, w.timeout_s_);
-  return Work(std::make_shared<All>(std::move(parts)), timeout);
 }
 
 }  // namespace dmuon::comm

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "dmuon/error.hpp"
-#include "dmuon/fault_injection.hpp"
+#include "io/fault_injection.hpp"
 
 namespace dmuon {
 

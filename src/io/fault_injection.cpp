@@ -1,5 +1,5 @@
-// Fault-injection hooks (include/dmuon/fault_injection.hpp).
-#include "dmuon/fault_injection.hpp"
+// Fault-injection hooks (fault_injection.hpp).
+#include "io/fault_injection.hpp"
 
 #include <signal.h>
 #include <unistd.h>

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/check.hpp"
-#include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda/cuda_backend.hpp"  // cuda::device_count
 #include "backend/cuda/kernels.hpp"
 #include "comm/collective_checks.hpp"
 #include "comm/failure.hpp"
@@ -32,6 +32,8 @@ ncclDataType_t nccl_type(DType t) {
       return ncclInt64;
     case DType::u8:
       return ncclUint8;
+    case DType::bf16:
+      return ncclBfloat16;
   }
   DMUON_FAIL("unknown dtype");
 }
@@ -46,34 +48,6 @@ ncclRedOp_t nccl_op(ReduceOp op) {
       return ncclMax;
     case ReduceOp::min:
       return ncclMin;
-  }
-  DMUON_FAIL("unknown reduce op");
-}
-
-cuda::ElementKind element_kind(DType t) {
-  switch (t) {
-    case DType::f32:
-      return cuda::ElementKind::f32;
-    case DType::f64:
-      return cuda::ElementKind::f64;
-    case DType::i64:
-      return cuda::ElementKind::i64;
-    case DType::u8:
-      return cuda::ElementKind::u8;
-  }
-  DMUON_FAIL("unknown dtype");
-}
-
-cuda::ReduceKind reduce_kind(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::sum:
-      return cuda::ReduceKind::sum;
-    case ReduceOp::average:
-      return cuda::ReduceKind::average;
-    case ReduceOp::max:
-      return cuda::ReduceKind::max;
-    case ReduceOp::min:
-      return cuda::ReduceKind::min;
   }
   DMUON_FAIL("unknown reduce op");
 }
@@ -143,13 +117,20 @@ class NcclWork : public WorkState {
 
 class NcclComm : public Comm {
  public:
-  // A communicator over `comm` (from ncclCommInitRank or ncclCommSplit) whose host-memory collectives go to
-  // `host`, the MPI communicator of the same ranks in the same order.
-  NcclComm(ncclComm_t comm, cuda::CudaBackend& backend, const Options& options, Topology topology, Comm& host)
-      : comm_(comm), backend_(backend), options_(options), topology_(std::move(topology)), host_(host) {
+  // A communicator over `comm` (from ncclCommInitRank or ncclCommSplit) on CUDA device `device`, queued after
+  // `backend_queue` (the CUDA backend's stream), whose host-memory collectives go to `host`, the MPI
+  // communicator of the same ranks in the same order.
+  NcclComm(ncclComm_t comm, int device, cudaStream_t backend_queue, const Options& options, Topology topology,
+           Comm& host)
+      : comm_(comm),
+        device_(device),
+        backend_queue_(backend_queue),
+        options_(options),
+        topology_(std::move(topology)),
+        host_(host) {
     check_nccl(ncclCommUserRank(comm_, &rank_), "ncclCommUserRank", -1, comm_);
     check_nccl(ncclCommCount(comm_, &size_), "ncclCommCount", rank_, comm_);
-    DMUON_CUDA_CHECK(cudaSetDevice(backend_.device_index()));
+    DMUON_CUDA_CHECK(cudaSetDevice(device_));
     DMUON_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     DMUON_CUDA_CHECK(cudaEventCreateWithFlags(&inputs_ready_, cudaEventDisableTiming));
   }
@@ -171,8 +152,10 @@ class NcclComm : public Comm {
     const int node_index = mpi_world->cross().rank(), local_index = mpi_world->node().rank();
     check_nccl(ncclCommSplit(comm_, node_index, rank_, &node, nullptr), "ncclCommSplit (node)", rank_, comm_);
     check_nccl(ncclCommSplit(comm_, local_index, rank_, &cross, nullptr), "ncclCommSplit (cross-node)", rank_, comm_);
-    node_ = std::make_unique<NcclComm>(node, backend_, options_, Topology{1, 1, true, {rank_}}, mpi_world->node());
-    cross_ = std::make_unique<NcclComm>(cross, backend_, options_, Topology{1, 1, true, {rank_}}, mpi_world->cross());
+    node_ = std::make_unique<NcclComm>(node, device_, backend_queue_, options_, Topology{1, 1, true, {rank_}},
+                                       mpi_world->node());
+    cross_ = std::make_unique<NcclComm>(cross, device_, backend_queue_, options_, Topology{1, 1, true, {rank_}},
+                                        mpi_world->cross());
   }
 
   int rank() const override { return rank_; }
@@ -247,7 +230,7 @@ class NcclComm : public Comm {
         }
       });
       if (mine > 0) {
-        cuda::launch_reduce_blocks(blocks, recv, mine, size_, element_kind(t), reduce_kind(op), stream_);
+        cuda::launch_reduce_blocks(blocks, recv, mine, size_, t, op, stream_);
         DMUON_CUDA_CHECK(cudaFreeAsync(blocks, stream_));
       }
     });
@@ -259,17 +242,6 @@ class NcclComm : public Comm {
     return post("broadcast", [&] {
       check_nccl(ncclBroadcast(buf, buf, count, nccl_type(t), root, comm_, stream_), "broadcast (ncclBroadcast)", rank_,
                  comm_);
-    });
-  }
-
-  Work reduce_raw(const void* send, void* recv, int64_t count, DType t, ReduceOp op, int root) override {
-    if (on_host({send, rank_ == root ? recv : nullptr}, "reduce"))
-      return host_.reduce_raw(send, recv, count, t, op, root);
-    check_root(root, "reduce");
-    check_op(t, op, "reduce");
-    return post("reduce", [&] {
-      check_nccl(ncclReduce(send, rank_ == root ? recv : nullptr, count, nccl_type(t), nccl_op(op), root, comm_, stream_),
-                 "reduce (ncclReduce)", rank_, comm_);
     });
   }
 
@@ -304,8 +276,8 @@ class NcclComm : public Comm {
   template <typename Enqueue>
   Work post(const char* what, Enqueue&& enqueue) {
     DMUON_CHECK(!detail::comm_failed(), what, " on rank ", rank_, ": the communicator failed earlier");
-    DMUON_CUDA_CHECK(cudaSetDevice(backend_.device_index()));
-    DMUON_CUDA_CHECK(cudaEventRecord(inputs_ready_, backend_.stream()));
+    DMUON_CUDA_CHECK(cudaSetDevice(device_));
+    DMUON_CUDA_CHECK(cudaEventRecord(inputs_ready_, backend_queue_));
     DMUON_CUDA_CHECK(cudaStreamWaitEvent(stream_, inputs_ready_, 0));
     enqueue();
     return Work(std::make_shared<NcclWork>(what, rank_, size_, options_.timeout_s, comm_, stream_),
@@ -341,7 +313,8 @@ class NcclComm : public Comm {
   void check_op(DType t, ReduceOp op, const char* what) const { detail::check_reduce_op(t, op, rank_, what); }
 
   ncclComm_t comm_;
-  cuda::CudaBackend& backend_;
+  int device_;
+  cudaStream_t backend_queue_;
   Options options_;
   Topology topology_;
   int rank_ = 0, size_ = 1;
@@ -391,9 +364,10 @@ int rank_device(Comm& mpi_world) {
 
 std::shared_ptr<Comm> nccl_world(std::shared_ptr<Comm> mpi_world, Backend& backend) {
   DMUON_CHECK(mpi_world != nullptr, "nccl_world: no MPI communicator to bootstrap from");
-  auto* cuda_backend = dynamic_cast<cuda::CudaBackend*>(&backend);
-  DMUON_CHECK(cuda_backend != nullptr, "nccl_world on rank ", mpi_world->rank(), ": the backend is ",
+  DMUON_CHECK(backend.device() == DeviceKind::cuda, "nccl_world on rank ", mpi_world->rank(), ": the backend is ",
               backend.description(), ", not a CUDA backend");
+  const DeviceProperties device = backend.properties();
+  const auto queue = static_cast<cudaStream_t>(device.native_queue);
   const Options& options = mpi_world->options();
   DMUON_CHECK(!options.check_calls, "nccl_world: the NCCL communicator does not offer the call-signature check "
               "(unset DMUON_COMM_CHECK)");
@@ -402,11 +376,11 @@ std::shared_ptr<Comm> nccl_world(std::shared_ptr<Comm> mpi_world, Backend& backe
   std::memset(&id, 0, sizeof id);
   if (mpi_world->rank() == 0) check_nccl(ncclGetUniqueId(&id), "ncclGetUniqueId", 0);
   mpi_world->broadcast_raw(&id, sizeof id, DType::u8, 0).wait();
-  DMUON_CUDA_CHECK(cudaSetDevice(cuda_backend->device_index()));
+  DMUON_CUDA_CHECK(cudaSetDevice(device.index));
   ncclComm_t comm = nullptr;
   check_nccl(ncclCommInitRank(&comm, mpi_world->size(), id, mpi_world->rank()),
-             "ncclCommInitRank on cuda:" + std::to_string(cuda_backend->device_index()), mpi_world->rank());
-  auto world = std::make_shared<NcclComm>(comm, *cuda_backend, options, mpi_world->topology(), *mpi_world);
+             "ncclCommInitRank on cuda:" + std::to_string(device.index), mpi_world->rank());
+  auto world = std::make_shared<NcclComm>(comm, device.index, queue, options, mpi_world->topology(), *mpi_world);
   world->build_groups(mpi_world);
   return world;
 }

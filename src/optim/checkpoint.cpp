@@ -11,7 +11,7 @@
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/checksum.hpp"
 #include "dmuon/error.hpp"
-#include "dmuon/fault_injection.hpp"
+#include "io/fault_injection.hpp"
 #include "dmuon/npy.hpp"
 #include "dmuon/rank_agreement.hpp"
 #include "dmuon/safetensors.hpp"

@@ -9,7 +9,7 @@
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/checkpoint.hpp"
 #include "dmuon/error.hpp"
-#include "dmuon/fault_injection.hpp"
+#include "io/fault_injection.hpp"
 
 namespace dmuon {
 

@@ -9,57 +9,46 @@ namespace dmuon {
 
 namespace {
 
-// Rank `rank`'s piece of every registry parameter (count 0 where it holds none), in registry order,
-// and where each piece starts in its unit's shard.
-struct LocalView {
-  std::vector<ParamRef> refs;
-  std::vector<int64_t> offset_in_shard;
-};
-
-LocalView local_view(const shard::ShardedParams& params, int rank) {
+// Rank `rank`'s piece of every registry parameter (count 0 where it holds none), in registry order. No
+// pointers: the optimizer asks ShardedParams for the piece's memory whenever it touches it.
+std::vector<ParamRef> local_refs(const shard::ShardedParams& params, int rank) {
   const std::vector<ParamSpec>& specs = params.registry().specs();
-  LocalView view;
-  view.refs.resize(specs.size());
-  view.offset_in_shard.assign(specs.size(), 0);
+  std::vector<ParamRef> refs(specs.size());
   std::vector<bool> seen(specs.size(), false);
-  for (size_t p = 0; p < specs.size(); ++p) view.refs[p] = {specs[p], nullptr, nullptr, 0, 0};
+  for (size_t p = 0; p < specs.size(); ++p) refs[p] = {specs[p], nullptr, nullptr, 0, 0};
   for (int unit = 0; unit < params.num_units(); ++unit) {
     for (const shard::LocalPiece& piece : params.layout(unit).local_pieces(rank)) {
       DMUON_CHECK(!seen[piece.param], "parameter '", specs[piece.param].name, "' has more than one piece in rank ",
                   rank, "'s shard; the optimizer expects one contiguous piece per rank");
       seen[piece.param] = true;
-      view.refs[piece.param].offset = piece.offset_in_param;
-      view.refs[piece.param].count = piece.length;
-      view.offset_in_shard[piece.param] = piece.offset_in_shard;
+      refs[piece.param].offset = piece.offset_in_param;
+      refs[piece.param].count = piece.length;
     }
   }
-  return view;
+  return refs;
 }
 
 }  // namespace
 
 ShardedOptimizer::ShardedOptimizer(std::shared_ptr<comm::Comm> comm, shard::ShardedParams& params,
                                    OptimizerOptions options, Orthogonalizer orth)
-    : Optimizer(local_view(params, comm->rank()).refs, std::move(options), std::move(orth), params.backend()),
+    : Optimizer(local_refs(params, comm->rank()), std::move(options), std::move(orth), params.backend()),
       comm_(std::move(comm)),
       params_(params) {
   rank_ = comm_->rank();
   world_size_ = comm_->size();
-  offset_in_shard_ = local_view(params, rank_).offset_in_shard;
 }
 
 void ShardedOptimizer::sum_across_ranks(std::span<double> values) {
-  comm_->all_reduce<double>(values, comm::ReduceOp::sum).wait();
+  comm_->all_reduce<double>(values, ReduceOp::sum).wait();
 }
 
-void ShardedOptimizer::refresh_views(bool grads) {
-  std::vector<Slot>& all = slots();
-  for (size_t p = 0; p < all.size(); ++p) {
-    ParamRef& ref = all[p].ref;
-    if (ref.count == 0) continue;
-    ref.values = params_.shard_params(ref.spec.unit).data() + offset_in_shard_[p];
-    if (grads) ref.grad = params_.shard_grads(ref.spec.unit).data() + offset_in_shard_[p];
-  }
+float* ShardedOptimizer::values_of(const Slot& s) const {
+  return s.ref.count == 0 ? nullptr : params_.local_params(s.index).data();
+}
+
+const float* ShardedOptimizer::grad_of(const Slot& s) const {
+  return s.ref.count == 0 ? nullptr : params_.local_grads(s.index).data();
 }
 
 ShardedAdamW::ShardedAdamW(std::shared_ptr<comm::Comm> comm, shard::ShardedParams& params, OptimizerOptions options)
@@ -91,7 +80,7 @@ MuonGatherCompute::MuonGatherCompute(std::shared_ptr<comm::Comm> comm, shard::Sh
   // Every rank's piece of every Muon matrix (pure layout arithmetic, the same on every rank).
   pieces_.resize(world_size_);
   for (int r = 0; r < world_size_; ++r) {
-    const std::vector<ParamRef> refs = local_view(params, r).refs;
+    const std::vector<ParamRef> refs = local_refs(params, r);
     for (size_t p = 0; p < refs.size(); ++p) {
       if (slots()[p].group == OptimGroup::muon) pieces_[r].push_back(refs[p]);
     }

@@ -51,7 +51,7 @@ Optimizer::Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Ort
     DMUON_CHECK(names.insert(p.spec.name).second, "parameter '", p.spec.name, "' is registered twice");
     DMUON_CHECK(p.offset >= 0 && p.offset + p.count <= numel, "parameter '", p.spec.name, "': local slice [",
                 p.offset, ", ", p.offset + p.count, ") lies outside its ", numel, " elements");
-    Slot s{p, assign_group(options_.rules, p.spec), {}, {}, {}, {}};
+    Slot s{static_cast<int>(slots_.size()), p, assign_group(options_.rules, p.spec), {}, {}, {}, {}};
     if (s.group == OptimGroup::muon) {
       DMUON_CHECK(p.spec.shape.size() >= 2, "parameter '", p.spec.name, "' has ", p.spec.shape.size(),
                   " dimension(s); Muon needs a matrix (move it to AdamW with a GroupRule)");
@@ -89,7 +89,7 @@ void Optimizer::set_counters(int64_t updates, int64_t skipped) {
 }
 
 const float* Optimizer::effective_grad(const Slot& s) const {
-  return options_.accumulation_steps > 1 ? s.accumulated.f32() : s.ref.grad;
+  return options_.accumulation_steps > 1 ? s.accumulated.f32() : grad_of(s);
 }
 
 OptimizerOptions all_adamw(OptimizerOptions options) {
@@ -101,18 +101,18 @@ AdamW::AdamW(std::vector<ParamRef> params, OptimizerOptions options, Backend& ba
     : Optimizer(std::move(params), all_adamw(std::move(options)), Orthogonalizer{}, backend) {}
 
 void Optimizer::sum_across_ranks(std::span<double>) {}
-void Optimizer::refresh_views(bool) {}
+float* Optimizer::values_of(const Slot& s) const { return s.ref.values; }
+const float* Optimizer::grad_of(const Slot& s) const { return s.ref.grad; }
 
 bool Optimizer::step() {
-  refresh_views(true);
   for (const Slot& s : slots_) {
-    DMUON_CHECK(s.ref.count == 0 || (s.ref.values && s.ref.grad), "parameter '", s.ref.spec.name, "' on rank ", rank_,
-                " has no values or gradient buffer");
+    DMUON_CHECK(s.ref.count == 0 || (values_of(s) && grad_of(s)), "parameter '", s.ref.spec.name, "' on rank ",
+                rank_, " has no values or gradient buffer");
   }
   const int k = options_.accumulation_steps;
   ++micro_;
   if (k > 1) {
-    for (Slot& s : slots_) backend_->accumulate(s.accumulated.f32(), s.ref.grad, s.ref.count, micro_ == 1);
+    for (Slot& s : slots_) backend_->accumulate(s.accumulated.f32(), grad_of(s), s.ref.count, micro_ == 1);
     if (micro_ < k) return false;
   }
   micro_ = 0;
@@ -170,7 +170,7 @@ void Optimizer::update_adamw(float grad_scale) {
   const AdamWStepConstants k = adamw_step_constants(options_.adamw, updates_);
   for (Slot& s : slots_) {
     if (s.group != OptimGroup::adamw || s.ref.count == 0) continue;
-    backend_->adamw_step(s.ref.values, effective_grad(s), grad_scale, s.m.f32(), s.v.f32(), s.ref.count, k);
+    backend_->adamw_step(values_of(s), effective_grad(s), grad_scale, s.m.f32(), s.v.f32(), s.ref.count, k);
   }
 }
 
@@ -243,17 +243,16 @@ void Optimizer::update_muon(float grad_scale) {
     for (MuonMatrix* m : b.matrices) {
       if (!m->slot) continue;
       const ParamRef& r = m->slot->ref;
-      backend_->muon_apply(r.values, m->full.f32() + r.offset, r.count, decay, neg_lr, scale);
+      backend_->muon_apply(values_of(*m->slot), m->full.f32() + r.offset, r.count, decay, neg_lr, scale);
     }
   }
 }
 
 std::vector<StateSlice> Optimizer::state_slices() {
-  refresh_views(false);
   std::vector<StateSlice> out;
   for (Slot& s : slots_) {
     const ParamRef& r = s.ref;
-    out.push_back({r.spec.name, "param", r.spec.shape, r.offset, r.values, r.count});
+    out.push_back({r.spec.name, "param", r.spec.shape, r.offset, values_of(s), r.count});
     if (s.group == OptimGroup::muon) {
       out.push_back({r.spec.name, "muon.momentum", r.spec.shape, r.offset, s.momentum.f32(), r.count});
     } else {

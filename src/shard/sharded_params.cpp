@@ -8,6 +8,7 @@ namespace dmuon::shard {
 struct ShardedParams::Unit {
   UnitLayout layout;
   std::vector<int64_t> counts;                                  // per-rank shard sizes
+  std::vector<LocalPiece> mine;                                 // layout.local_pieces(my rank)
   // In the backend's memory (ShardOptions::backend):
   Buffer shard;         // my shard of the parameters (sharded modes)
   Buffer packed;        // gathered parameters (replicated: persistent)
@@ -26,6 +27,7 @@ struct ShardedParams::Unit {
 
 namespace {
 std::span<float> all_of(const Buffer& b) { return {b.f32(), static_cast<size_t>(b.size())}; }
+DeviceSpan<float> view_of(const Buffer& b) { return {*b.backend(), b.f32(), static_cast<size_t>(b.size())}; }
 
 // b holds n values (its memory kept when it already does, else allocated; contents undefined).
 void ensure(Buffer& b, Backend& backend, int64_t n) {
@@ -58,8 +60,8 @@ ShardedParams::ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry reg
   DMUON_CHECK(backend().host_memory() || comm_->device_buffers(), "sharded parameters on ", backend().description(),
               " need a communicator that takes device memory (NCCL: comm::nccl_world); this one takes host memory "
               "only (MPI)");
-  DMUON_CHECK(options_.grad_reduce == comm::ReduceOp::sum || options_.grad_reduce == comm::ReduceOp::average,
-              "gradient reduction must be sum or average, got ", comm::to_string(options_.grad_reduce));
+  DMUON_CHECK(options_.grad_reduce == ReduceOp::sum || options_.grad_reduce == ReduceOp::average,
+              "gradient reduction must be sum or average, got ", to_string(options_.grad_reduce));
   registry_.verify_across(*comm_);
   const auto& specs = registry_.specs();
   const int d = comm_->size();
@@ -75,6 +77,7 @@ ShardedParams::ShardedParams(std::shared_ptr<comm::Comm> comm, ParamRegistry reg
     unit->layout =
         options_.layout == Layout::even ? even_layout(specs, u, d) : owner_aligned_layout(specs, owners_, u, d);
     unit->counts = unit->layout.shard_sizes();
+    unit->mine = unit->layout.local_pieces(comm_->rank());
     if (options_.mode == Mode::replicated) {
       zeros(unit->packed, backend(), unit->layout.total());
       unit->is_gathered = true;
@@ -113,19 +116,43 @@ const UnitLayout& ShardedParams::layout(int unit) const {
 
 std::vector<LocalPiece> ShardedParams::local_pieces(int unit) const { return layout(unit).local_pieces(comm_->rank()); }
 
-std::span<float> ShardedParams::shard_params(int unit) {
+DeviceSpan<float> ShardedParams::shard_params(int unit) {
   Unit& u = unit_at(unit, "shard_params");
   if (options_.mode == Mode::replicated)
-    return all_of(u.packed).subspan(u.layout.shard_offset[comm_->rank()], u.counts[comm_->rank()]);
-  return all_of(u.shard);
+    return view_of(u.packed).subspan(u.layout.shard_offset[comm_->rank()], u.counts[comm_->rank()]);
+  return view_of(u.shard);
 }
 
-std::span<float> ShardedParams::shard_grads(int unit) {
+DeviceSpan<float> ShardedParams::shard_grads(int unit) {
   Unit& u = unit_at(unit, "shard_grads");
   DMUON_CHECK(u.reduced, "shard_grads: unit ", unit, " has no reduced gradients (call reduce_grads and wait)");
   if (options_.mode == Mode::replicated)
-    return all_of(u.packed_grads).subspan(u.layout.shard_offset[comm_->rank()], u.counts[comm_->rank()]);
-  return all_of(u.shard_grads);
+    return view_of(u.packed_grads).subspan(u.layout.shard_offset[comm_->rank()], u.counts[comm_->rank()]);
+  return view_of(u.shard_grads);
+}
+
+LocalPiece ShardedParams::my_piece(int p, const char* what) const {
+  DMUON_CHECK(p >= 0 && p < registry_.size(), what, ": parameter index ", p, " out of range");
+  LocalPiece found{p, 0, 0, 0};
+  int pieces = 0;
+  for (const LocalPiece& piece : units_[registry_.specs()[p].unit]->mine) {
+    if (piece.param != p) continue;
+    found = piece;
+    ++pieces;
+  }
+  DMUON_CHECK(pieces <= 1, what, ": parameter '", registry_.specs()[p].name, "' has ", pieces, " pieces in rank ",
+              comm_->rank(), "'s shard; one contiguous piece per rank is expected");
+  return found;
+}
+
+DeviceSpan<float> ShardedParams::local_params(int p) {
+  const LocalPiece piece = my_piece(p, "local_params");
+  return shard_params(registry_.specs()[p].unit).subspan(piece.offset_in_shard, piece.length);
+}
+
+DeviceSpan<float> ShardedParams::local_grads(int p) {
+  const LocalPiece piece = my_piece(p, "local_grads");
+  return shard_grads(registry_.specs()[p].unit).subspan(piece.offset_in_shard, piece.length);
 }
 
 void ShardedParams::load_full(int param, std::span<const float> values) {
@@ -205,7 +232,7 @@ comm::Work ShardedParams::reduce_grads(int unit) {
     ensure(u.shard_grads, backend(), u.counts[me]);
     const int64_t at = u.layout.shard_offset[me];
     w = comm::Work::then_start(comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.f32(), u.shard_grads.f32(),
-                                                               u.counts, comm::DType::f32, op),
+                                                               u.counts, DType::f32, op),
                                *comm_, [comm = comm_.get(), &b = backend(), &u, at, me] {
                                  b.copy(u.packed_grads.f32() + at, u.shard_grads.f32(),
                                         sizeof(float) * u.shard_grads.size());
@@ -219,7 +246,7 @@ comm::Work ShardedParams::reduce_grads(int unit) {
     ensure(u.shard_grads, backend(), u.counts[me]);
     if (two_stage)
       w = comm::reduce_scatterv_two_stage(*comm_, u.packed_grads.f32(), u.shard_grads.f32(), u.counts,
-                                          comm::DType::f32, op);
+                                          DType::f32, op);
     else
       w = comm_->reduce_scatterv<float>(all_of(u.packed_grads), all_of(u.shard_grads), u.counts, op);
   }
@@ -260,15 +287,15 @@ void ShardedParams::progress() {
 
 namespace {
 // Full view of parameter p: its own copy if it is cut into several segments, else in place.
-std::span<float> full_view(const UnitLayout& layout, int p, int64_t numel, const Buffer& packed,
-                           const std::map<int, Buffer>& split) {
+DeviceSpan<float> full_view(const UnitLayout& layout, int p, int64_t numel, const Buffer& packed,
+                            const std::map<int, Buffer>& split) {
   auto it = split.find(p);
-  if (it != split.end()) return all_of(it->second);
-  return all_of(packed).subspan(layout.segments_of(p).front().offset_in_packed, numel);
+  if (it != split.end()) return view_of(it->second);
+  return view_of(packed).subspan(layout.segments_of(p).front().offset_in_packed, numel);
 }
 }  // namespace
 
-std::span<float> ShardedParams::param(int p) {
+DeviceSpan<float> ShardedParams::param(int p) {
   DMUON_CHECK(p >= 0 && p < registry_.size(), "param: index ", p, " out of range");
   const ParamSpec& spec = registry_.specs()[p];
   Unit& u = *units_[spec.unit];
@@ -277,7 +304,7 @@ std::span<float> ShardedParams::param(int p) {
   return full_view(u.layout, p, spec.numel(), u.packed, u.split_params);
 }
 
-std::span<float> ShardedParams::grad(int p) {
+DeviceSpan<float> ShardedParams::grad(int p) {
   DMUON_CHECK(p >= 0 && p < registry_.size(), "grad: index ", p, " out of range");
   const ParamSpec& spec = registry_.specs()[p];
   Unit& u = *units_[spec.unit];

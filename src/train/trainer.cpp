@@ -126,8 +126,8 @@ struct Trainer::Impl {
   shard::ShardedParams& sharded() { return *stack.params; }
 
   // Sums `values` over ranks, in place.
-  void sum(std::span<double> values) { comm->all_reduce<double>(values, comm::ReduceOp::sum).wait(); }
-  void max(std::span<double> values) { comm->all_reduce<double>(values, comm::ReduceOp::max).wait(); }
+  void sum(std::span<double> values) { comm->all_reduce<double>(values, ReduceOp::sum).wait(); }
+  void max(std::span<double> values) { comm->all_reduce<double>(values, ReduceOp::max).wait(); }
 
   // Binds the parameters of `unit` to the runtime's gathered views (and gradients in backward).
   void bind_unit(int unit, bool grads) {
@@ -406,8 +406,7 @@ std::vector<std::vector<float>> Trainer::full_params() {
     m.sharded().gather(u);
     m.sharded().wait(u);
     for (int p : m.model.unit_params(u)) {
-      const auto v = m.sharded().param(p);
-      out[p].assign(v.begin(), v.end());
+      out[p] = m.sharded().param(p).to_host();
     }
     m.sharded().release(u);
   }

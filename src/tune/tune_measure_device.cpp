@@ -1,12 +1,11 @@
 // The autotuner's clock on a device backend (tune.hpp: make_ns_timer(Backend&, DType)): newton_schulz_batched on
-// fixed random Gaussian inputs in the backend's memory, every candidate in the given dtype, timed with time_on
-// (CUDA events on a GPU, so the time is the device's, not the host's queueing).
+// fixed random Gaussian inputs in the backend's memory, every candidate in the given dtype, timed with
+// Backend::time_queued (CUDA events on a GPU, so the time is the device's, not the host's queueing).
 #include <algorithm>
 #include <memory>
 #include <random>
 #include <tuple>
 
-#include "dmuon/device_timing.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/tune.hpp"
 
@@ -62,7 +61,7 @@ MeasureFn make_ns_timer(Backend& backend, DType dtype) {
       run();
       state->warmed.push_back(options);
     }
-    return time_on(*be, run);
+    return be->time_queued(run);
   };
 }
 

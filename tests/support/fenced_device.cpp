@@ -275,35 +275,30 @@ class FencedComm final : public comm::Comm {
   const comm::Topology& topology() const override { return inner_.topology(); }
   bool device_buffers() const override { return true; }
 
-  comm::Work all_gather_raw(const void* send, int64_t count, void* recv, comm::DType t) override {
+  comm::Work all_gather_raw(const void* send, int64_t count, void* recv, DType t) override {
     return route({{send, bytes(count, t)}, {recv, bytes(count * size(), t)}}, "all_gather",
                  [&] { return inner_.all_gather_raw(send, count, recv, t); });
   }
-  comm::Work all_gatherv_raw(const void* send, void* recv, std::span<const int64_t> counts, comm::DType t) override {
+  comm::Work all_gatherv_raw(const void* send, void* recv, std::span<const int64_t> counts, DType t) override {
     return route({{send, bytes(counts[rank()], t)}, {recv, bytes(total(counts), t)}}, "all_gatherv",
                  [&] { return inner_.all_gatherv_raw(send, recv, counts, t); });
   }
-  comm::Work reduce_scatterv_raw(const void* send, void* recv, std::span<const int64_t> counts, comm::DType t,
-                                 comm::ReduceOp op) override {
+  comm::Work reduce_scatterv_raw(const void* send, void* recv, std::span<const int64_t> counts, DType t,
+                                 ReduceOp op) override {
     return route({{send, bytes(total(counts), t)}, {recv, bytes(counts[rank()], t)}}, "reduce_scatterv",
                  [&] { return inner_.reduce_scatterv_raw(send, recv, counts, t, op); });
   }
-  comm::Work broadcast_raw(void* buf, int64_t count, comm::DType t, int root) override {
+  comm::Work broadcast_raw(void* buf, int64_t count, DType t, int root) override {
     return route({{buf, bytes(count, t)}}, "broadcast", [&] { return inner_.broadcast_raw(buf, count, t, root); });
   }
-  comm::Work reduce_raw(const void* send, void* recv, int64_t count, comm::DType t, comm::ReduceOp op,
-                        int root) override {
-    return route({{send, bytes(count, t)}, {recv, rank() == root ? bytes(count, t) : 0}}, "reduce",
-                 [&] { return inner_.reduce_raw(send, recv, count, t, op, root); });
-  }
-  comm::Work all_reduce_raw(const void* send, void* recv, int64_t count, comm::DType t,
-                            comm::ReduceOp op) override {
+  comm::Work all_reduce_raw(const void* send, void* recv, int64_t count, DType t,
+                            ReduceOp op) override {
     return route({{send, bytes(count, t)}, {recv, bytes(count, t)}}, "all_reduce",
                  [&] { return inner_.all_reduce_raw(send, recv, count, t, op); });
   }
 
  private:
-  static size_t bytes(int64_t count, comm::DType t) { return static_cast<size_t>(count) * comm::dtype_size(t); }
+  static size_t bytes(int64_t count, DType t) { return static_cast<size_t>(count) * dtype_size(t); }
   static int64_t total(std::span<const int64_t> counts) {
     return std::accumulate(counts.begin(), counts.end(), int64_t{0});
   }

@@ -70,6 +70,7 @@ class FencedBackend final : public Backend {
 
   DeviceKind device() const override { return inner_.device(); }
   std::string description() const override { return "fenced " + inner_.description(); }
+  DeviceProperties properties() const override { return inner_.properties(); }
   bool supports(DType dtype) const override { return inner_.supports(dtype); }
   bool host_memory() const override { return false; }
 

@@ -10,7 +10,7 @@
 
 namespace dmuon::test {
 
-inline void hook_pass(shard::ShardedParams& sp, const std::function<void(int p, std::span<float> g)>& write_grad) {
+inline void hook_pass(shard::ShardedParams& sp, const std::function<void(int p, DeviceSpan<float> g)>& write_grad) {
   for (int u = 0; u < sp.num_units(); ++u) {
     sp.before_forward(u);
     sp.after_forward(u);

@@ -7,7 +7,6 @@
 #include <sstream>
 
 #include "device_ns_bench.hpp"
-#include "dmuon/device_timing.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/statistics.hpp"
@@ -92,7 +91,7 @@ MuonStepReport bench_muon_step(Backend& backend, std::vector<MuonBucket> buckets
     for (BucketState& s : states) s.apply(backend);
   };
   step();  // untimed: workspaces, cuBLAS heuristics, CUDA graphs
-  for (int i = 0; i < repeats; ++i) report.step_seconds_all.push_back(time_on(backend, step));
+  for (int i = 0; i < repeats; ++i) report.step_seconds_all.push_back(backend.time_queued(step));
   report.step_seconds = median(report.step_seconds_all);
   for (BucketState& s : states) {
     MuonBucket b = s.shape;

@@ -3,7 +3,7 @@
 // float32 stack (muon_momentum), Newton–Schulz of the stack as one batch (bf16 iterates, the device default:
 // automatic algorithm, restarts [1, 3]), and W ← W − lr·s·O per matrix (muon_apply). Weights and gradients are
 // random (never zeros); the timed steps follow one untimed step (workspaces, cuBLAS heuristics, CUDA graphs).
-// Each step is timed whole with CUDA events (time_on); the report gives the median, and the median time of each
+// Each step is timed whole with CUDA events (time_queued); the report gives the median, and the median time of each
 // bucket's Newton–Schulz alone. The torch counterpart is python/benchmarks/muon_step_torch.py (torch.optim.Muon
 // on the same matrices).
 #pragma once

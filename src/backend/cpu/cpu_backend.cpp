@@ -61,6 +61,8 @@ std::string CpuBackend::description() const {
          std::to_string(linalg::threads()) + " threads";
 }
 
+DeviceProperties CpuBackend::properties() const { return {0, "OpenBLAS", linalg::blas_description(), nullptr}; }
+
 void* CpuBackend::allocate(size_t bytes) {
   const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   void* p = std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded);

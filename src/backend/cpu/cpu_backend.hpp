@@ -10,6 +10,7 @@ class CpuBackend final : public Backend {
  public:
   DeviceKind device() const override { return DeviceKind::cpu; }
   std::string description() const override;
+  DeviceProperties properties() const override;
   bool supports(DType dtype) const override { return dtype == DType::f32; }
   bool host_memory() const override { return true; }
 

@@ -4,17 +4,18 @@
 
 #include "backend/cuda/device_view.cuh"
 #include "backend/cuda/kernels.hpp"
+#include "dmuon/error.hpp"
 
 namespace dmuon::cuda {
 
 namespace {
 
 template <typename T>
-__device__ T combine(T a, T b, ReduceKind op) {
+__device__ T combine(T a, T b, ReduceOp op) {
   switch (op) {
-    case ReduceKind::max:
+    case ReduceOp::max:
       return a > b ? a : b;
-    case ReduceKind::min:
+    case ReduceOp::min:
       return a < b ? a : b;
     default:
       return a + b;
@@ -22,17 +23,17 @@ __device__ T combine(T a, T b, ReduceKind op) {
 }
 
 template <typename T>
-__global__ void reduce_blocks_kernel(const T* blocks, T* out, int64_t n, int count, ReduceKind op) {
+__global__ void reduce_blocks_kernel(const T* blocks, T* out, int64_t n, int count, ReduceOp op) {
   for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < n; i += int64_t{gridDim.x} * kThreads) {
     T acc = blocks[i];
     for (int b = 1; b < count; ++b) acc = combine(acc, blocks[int64_t{b} * n + i], op);
-    if (op == ReduceKind::average) acc = acc / static_cast<T>(count);
+    if (op == ReduceOp::average) acc = acc / static_cast<T>(count);
     out[i] = acc;
   }
 }
 
 template <typename T>
-void reduce_blocks(const void* blocks, void* out, int64_t n, int count, ReduceKind op, cudaStream_t stream) {
+void reduce_blocks(const void* blocks, void* out, int64_t n, int count, ReduceOp op, cudaStream_t stream) {
   reduce_blocks_kernel<T><<<grid_for(n), kThreads, 0, stream>>>(static_cast<const T*>(blocks), static_cast<T*>(out),
                                                                   n, count, op);
   check_launch();
@@ -40,19 +41,22 @@ void reduce_blocks(const void* blocks, void* out, int64_t n, int count, ReduceKi
 
 }  // namespace
 
-void launch_reduce_blocks(const void* blocks, void* out, int64_t n, int count, ElementKind type, ReduceKind op,
+void launch_reduce_blocks(const void* blocks, void* out, int64_t n, int count, DType type, ReduceOp op,
                           cudaStream_t stream) {
   if (n == 0) return;
   switch (type) {
-    case ElementKind::f32:
+    case DType::f32:
       return reduce_blocks<float>(blocks, out, n, count, op, stream);
-    case ElementKind::f64:
+    case DType::f64:
       return reduce_blocks<double>(blocks, out, n, count, op, stream);
-    case ElementKind::i64:
+    case DType::i64:
       return reduce_blocks<int64_t>(blocks, out, n, count, op, stream);
-    case ElementKind::u8:
+    case DType::u8:
       return reduce_blocks<uint8_t>(blocks, out, n, count, op, stream);
+    case DType::bf16:
+      break;
   }
+  DMUON_FAIL("the block reduction of an uneven NCCL reduce-scatter takes no ", to_string(type), " buffers");
 }
 
 }  // namespace dmuon::cuda

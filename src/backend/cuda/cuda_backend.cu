@@ -133,6 +133,10 @@ std::string CudaBackend::description() const {
          (graphs_on_ ? "" : ", CUDA graphs off");
 }
 
+DeviceProperties CudaBackend::properties() const {
+  return {device_, device_name(device_), library_versions(), static_cast<void*>(stream_)};
+}
+
 void CudaBackend::check_device(const MatView& v, const char* op, const char* name) const {
   DMUON_CHECK(v.device == DeviceKind::cuda, op, " on cuda:", device_, ": ", name, " is a ", to_string(v.device),
               " view");
@@ -440,7 +444,7 @@ void CudaBackend::run_graph(const std::vector<int64_t>& key, const std::function
   DMUON_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
 }
 
-double CudaBackend::time_on_device(const std::function<void()>& enqueue) {
+double CudaBackend::time_queued(const std::function<void()>& enqueue) {
   activate();
   TimingEvents events;
   DMUON_CUDA_CHECK(cudaEventRecord(events.start, stream_));

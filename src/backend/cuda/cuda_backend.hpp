@@ -2,8 +2,8 @@
 // with its own cuBLAS handle. Products run as the column-major calls of cublas_calls.hpp (float32: cublasSsyrk
 // for one X·Xᵀ, GemmEx otherwise; bfloat16: GemmEx / GemmStridedBatchedEx with float32 accumulation; a batch is
 // one strided-batched call per product); elementwise ops and reductions are the kernels of kernels.hpp. Nothing
-// waits for the device except copy_to_host, synchronize and Event::wait. Internal header: the NCCL
-// communicator and the CUDA timer need the stream.
+// waits for the device except copy_to_host, synchronize and Event::wait. Internal header: code outside
+// src/backend reaches the device and its stream through Backend::properties().
 #pragma once
 
 #include <cublas_v2.h>
@@ -36,7 +36,8 @@ class CudaBackend final : public Backend {
 
   DeviceKind device() const override { return DeviceKind::cuda; }
   std::string description() const override;
-  bool supports(DType) const override { return true; }
+  DeviceProperties properties() const override;  // native_queue: stream()
+  bool supports(DType dtype) const override { return dtype == DType::f32 || dtype == DType::bf16; }
   bool host_memory() const override { return false; }
 
   void* allocate(size_t bytes) override;
@@ -83,9 +84,8 @@ class CudaBackend final : public Backend {
   // replays on other buffers and needs no cudaGraphExecUpdate. The cache is bounded: a graph goes when a buffer
   // whose address its key names is deallocated here, or, past kMaxGraphs, when it is the least recently launched.
   void run_graph(const std::vector<int64_t>& key, const std::function<void()>& fn) override;
-
-  // Seconds the work that `enqueue` queues takes on the device, from CUDA events around it (no host timing).
-  double time_on_device(const std::function<void()>& enqueue);
+  // CUDA events around the queued work on this stream (no host timing).
+  double time_queued(const std::function<void()>& enqueue) override;
 
  private:
   void activate() const;  // makes device_ current for this thread

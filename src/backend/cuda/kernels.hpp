@@ -36,10 +36,9 @@ void launch_muon_apply(float* w, const float* o, int64_t n, float decay, float n
                        cudaStream_t stream);
 
 // ---- communication helpers (src/nccl/nccl_comm.cpp) ----
-enum class ReduceKind { sum, average, max, min };
-enum class ElementKind { f32, f64, i64, u8 };
 // out[i] = op over b of blocks[b·n + i], b = 0..count−1 in that order (average: the sum divided by count).
-void launch_reduce_blocks(const void* blocks, void* out, int64_t n, int count, ElementKind type, ReduceKind op,
+// type: f32, f64, i64 or u8.
+void launch_reduce_blocks(const void* blocks, void* out, int64_t n, int count, DType type, ReduceOp op,
                           cudaStream_t stream);
 
 }  // namespace dmuon::cuda

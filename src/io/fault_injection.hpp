@@ -1,4 +1,5 @@
-// Hooks for the fault-injection tests (docs/RELIABILITY.md), read once from the environment:
+// Hooks for the fault-injection tests (docs/RELIABILITY.md), internal to the library (the tests drive them
+// through the environment, not this header), read once from the environment:
 //   DMUON_FAULT_KILL_AT=N         the process kills itself with SIGKILL at the N-th fault point
 //                                 (1-based, counted over the whole process): after each temporary
 //                                 file and each rename of atomic_file.hpp (checkpoints, tuning
