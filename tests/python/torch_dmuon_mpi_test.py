@@ -47,6 +47,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from dmuon.torch import DMuon, Sharded, chunk_rows
 from dmuon.torch.mpirun import init_process_group
+from muon_reference import newton_schulz_ref
 
 SPECS = [
     ("embed.weight", (50, 16)),              # AdamW by name
@@ -64,7 +65,6 @@ SPECS = [
 ]
 STEPS = 10
 TOLERANCE = 1e-5
-KELLER = (3.4445, -4.7750, 2.0315)
 
 failures = []
 
@@ -76,19 +76,6 @@ def check(ok, what):
 
 
 # ---- the reference (float64, one process, DESIGN 1 and 2.1) ----
-
-def newton_schulz_ref(u, steps=5):
-    x = u.double()
-    transposed = x.shape[0] > x.shape[1]
-    if transposed:
-        x = x.T
-    x = x / (x.norm() + 1e-7)
-    a, b, c = KELLER
-    for _ in range(steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if transposed else x
-
 
 def muon_matrices(w):
     """w as a (count, rows, cols) stack of its Muon matrices: a 3-D parameter is a stack of experts,
