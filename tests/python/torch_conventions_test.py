@@ -28,7 +28,8 @@ from torch.optim import lr_scheduler
 from dmuon.torch import DMuon
 from dmuon.torch.muon_step import muon_scale
 from dmuon.torch.params import is_muon_by_default
-from torch_dmuon_mpi_test import KELLER, TOLERANCE, Reference, hyper_of, newton_schulz_ref
+from muon_reference import KELLER, newton_schulz_ref
+from torch_dmuon_mpi_test import TOLERANCE, Reference, hyper_of
 
 STEPS = 10
 
