@@ -79,7 +79,7 @@ TEST(CliOptions, NsAndBenchmarksRejectOutOfRangeNumbersNamingTheFlag) {
            {"bench gpt --repeats 0", "--repeats: must be at least 1, got 0"},
            {"bench gpt --threads -1", "--threads: must be between 0 and 1024, got -1"},
            {"bench gpt --width 32 --heads 3",
-            "dmuon: error: GPT width (--width) 32 is not divisible by heads (--heads) 3"},
+            "dmuon: error: --width 32 is not divisible by --heads 3"},
            {"bench comm --iters 0", "--iters: must be at least 1, got 0"},
            {"bench comm --bytes 1e30G", "dmuon: error: --bytes: '1e30G' is larger than 64G, the largest size"},
            {"bench comm --bytes 1K,inf", "dmuon: error: --bytes: 'inf' is larger than 64G, the largest size"},

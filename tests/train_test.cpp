@@ -89,8 +89,8 @@ TEST(Train, EachBadNumberIsAnErrorNamingItsOption) {
   EXPECT_THAT(construction_error([](TrainOptions& o) { o.val_every = -1; }), HasSubstr("TrainOptions.val_every "));
   EXPECT_THAT(construction_error([](TrainOptions& o) { o.val_batches = 0; }), HasSubstr("TrainOptions.val_batches "));
   EXPECT_THAT(construction_error([](TrainOptions& o) { o.model.layers = 0; }),
-              HasSubstr("layers (--layers) must be positive, got 0"));
-  EXPECT_THAT(construction_error([](TrainOptions& o) { o.model.heads = 3; }), HasSubstr("(--heads) 3"));
+              HasSubstr("GptConfig.layers must be positive, got 0"));
+  EXPECT_THAT(construction_error([](TrainOptions& o) { o.model.heads = 3; }), HasSubstr("GptConfig.heads 3"));
 }
 
 // Splits of a corpus file: the training part ends at the last newline before 90% of the file.

@@ -15,17 +15,18 @@ std::string train_flag(std::string_view field) {
 }
 
 std::string with_flags(const std::string& text) {
-  static const std::regex field(R"(TrainOptions\.([a-z_]+(\.[a-z_]+)?))");
+  // "TrainOptions.model.width" and "GptConfig.width" are both --width.
+  static const std::regex field(R"((TrainOptions|GptConfig)\.([a-z_]+(\.[a-z_]+)?))");
   std::string out;
   auto last = text.cbegin();
   for (std::sregex_iterator it(text.begin(), text.end(), field), end; it != end; ++it) {
     out.append(last, text.cbegin() + it->position());
-    out += train_flag((*it)[1].str());
+    out += train_flag((*it)[2].str());
     last = text.cbegin() + it->position() + it->length();
   }
   out.append(last, text.cend());
-  static const std::regex kind(R"(OptimizerStackOptions\.kind)");
-  return std::regex_replace(out, kind, "--optim");
+  static const std::regex kind(R"(OptimizerStackOptions\.kind)"), cache(R"(TuneSessionOptions\.cache_path)");
+  return std::regex_replace(std::regex_replace(out, kind, "--optim"), cache, "--tune-cache");
 }
 
 }  // namespace dmuon::cli

@@ -11,8 +11,8 @@ namespace dmuon::cli {
 // "model.width" → "--width".
 std::string train_flag(std::string_view field);
 
-// `text` with each "TrainOptions.<field>" replaced by train_flag(field) and "OptimizerStackOptions.kind"
-// by "--optim".
+// `text` with each "TrainOptions.<field>" and "GptConfig.<field>" replaced by train_flag(field),
+// "OptimizerStackOptions.kind" by "--optim" and "TuneSessionOptions.cache_path" by "--tune-cache".
 std::string with_flags(const std::string& text);
 
 }  // namespace dmuon::cli

@@ -100,7 +100,6 @@ dmuon::cli::Registration reg("", [](CLI::App& bench) {
       ->check(positive);
   c->add_option("--context", args->config.context, "sequence length T")->capture_default_str()->check(positive);
   c->add_option("--batch", args->batch, "sequences per batch B")->capture_default_str()->check(positive);
-  c->add_flag("--tied-head", args->config.tied_head, "share the token embedding with the output head");
   c->add_option("--data", args->data, "text file or folder (default: the fortunes corpus)");
   c->add_option("--threads", args->threads, "BLAS threads (0: OpenBLAS's setting)")
       ->capture_default_str()

@@ -10,9 +10,7 @@
 // Units (ParamSpec::unit), run forward in order 0..L+1 and backward in order L+1..0:
 //   0       token embedding "wte" (V,C) and position embedding "wpe" (maxT,C)
 //   1..L    transformer block l = unit−1: "blocks.<l>.{ln1,attn.qkv,attn.proj,ln2,mlp.fc,mlp.proj}.*"
-//   L+1     final LayerNorm "ln_f.*" and, untied, the output head "head.weight" (V,C)
-// With a tied head (config.tied_head) unit L+1 has no head parameter: it reads wte and accumulates
-// into wte's gradient, so unit 0's value and gradient views must stay bound while unit L+1 runs.
+//   L+1     final LayerNorm "ln_f.*" and the output head "head.weight" (V,C), not tied to wte
 //
 // Roles: the 2-D hidden weights (attn.qkv, attn.proj, mlp.fc, mlp.proj) are `matrix` (Muon);
 // embeddings, head, LayerNorm weights and biases and all biases are `elementwise` (AdamW).
@@ -36,7 +34,6 @@ struct GptConfig {
   int64_t layers = 4;    // L
   int64_t heads = 4;     // NH; width must be divisible by it
   int64_t width = 128;   // C
-  bool tied_head = false;
 };
 
 // Throws dmuon::Error naming the field when a dimension is non-positive or width % heads != 0.

@@ -290,7 +290,7 @@ std::vector<std::string> supported_model_types() {
 std::vector<ParamSpec> params_from_hf_config(const nlohmann::json& config, const std::string& origin, int layers,
                                              int first_unit, const std::string* prefix) {
   DMUON_CHECK(config.is_object(), origin, ": a model config must be a JSON object");
-  DMUON_CHECK(layers >= 0, "--layers must be ≥ 0, got ", layers);
+  DMUON_CHECK(layers >= 0, origin, ": the number of layers to take must be at least 0 (0: all), got ", layers);
   auto supported = [] {
     std::string s;
     for (const auto& t : supported_model_types()) s += (s.empty() ? "" : ", ") + t;

@@ -49,7 +49,7 @@ Gpt::Gpt(const GptConfig& config) : config_(config), specs_(gpt_param_specs(conf
   const int after_blocks = block_first_ + kBlockParams * static_cast<int>(config_.layers);
   lnf_w_ = after_blocks;
   lnf_b_ = after_blocks + 1;
-  head_ = config_.tied_head ? wte_ : after_blocks + 2;
+  head_ = after_blocks + 2;
   layers_.resize(config_.layers);
 }
 
@@ -71,9 +71,7 @@ const float* Gpt::value(int index) const { return values_[index]; }
 float* Gpt::grad(int index) const { return grads_[index]; }
 
 void Gpt::check_bound(int unit, bool need_grads) const {
-  std::vector<int> needed = unit_params_[unit];
-  if (config_.tied_head && unit == num_units() - 1) needed.push_back(wte_);
-  for (int i : needed) {
+  for (int i : unit_params_[unit]) {
     DMUON_CHECK(values_[i] != nullptr, "GPT parameter ", specs_[i].name, " (unit ", unit, ") has no bound value");
     DMUON_CHECK(!need_grads || grads_[i] != nullptr, "GPT parameter ", specs_[i].name, " (unit ", unit,
                 ") has no bound gradient");

@@ -10,14 +10,13 @@
 namespace dmuon {
 
 void validate(const GptConfig& c) {
-  // Each message names the field and the CLI flag (dmuon train / bench gpt) that sets it.
-  DMUON_CHECK(c.vocab > 0, "GPT vocab must be positive, got ", c.vocab);
-  DMUON_CHECK(c.context > 0, "GPT context (--context) must be positive, got ", c.context);
-  DMUON_CHECK(c.layers > 0, "GPT layers (--layers) must be positive, got ", c.layers);
-  DMUON_CHECK(c.heads > 0, "GPT heads (--heads) must be positive, got ", c.heads);
-  DMUON_CHECK(c.width > 0, "GPT width (--width) must be positive, got ", c.width);
-  DMUON_CHECK(c.width % c.heads == 0, "GPT width (--width) ", c.width, " is not divisible by heads (--heads) ",
-              c.heads);
+  // Messages name the fields (GptConfig.width); dmuon train and dmuon-bench gpt show their flags instead.
+  DMUON_CHECK(c.vocab > 0, "GptConfig.vocab must be positive, got ", c.vocab);
+  DMUON_CHECK(c.context > 0, "GptConfig.context must be positive, got ", c.context);
+  DMUON_CHECK(c.layers > 0, "GptConfig.layers must be positive, got ", c.layers);
+  DMUON_CHECK(c.heads > 0, "GptConfig.heads must be positive, got ", c.heads);
+  DMUON_CHECK(c.width > 0, "GptConfig.width must be positive, got ", c.width);
+  DMUON_CHECK(c.width % c.heads == 0, "GptConfig.width ", c.width, " is not divisible by GptConfig.heads ", c.heads);
 }
 
 std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
@@ -46,7 +45,7 @@ std::vector<ParamSpec> gpt_param_specs(const GptConfig& c) {
   const int last = static_cast<int>(L) + 1;
   s.push_back({"ln_f.weight", {C}, E, last});
   s.push_back({"ln_f.bias", {C}, E, last});
-  if (!c.tied_head) s.push_back({"head.weight", {c.vocab, C}, E, last});
+  s.push_back({"head.weight", {c.vocab, C}, E, last});
   return s;
 }
 

@@ -127,7 +127,6 @@ struct Trainer::Impl {
 
   // Sums `values` over ranks, in place.
   void sum(std::span<double> values) { comm->all_reduce<double>(values, ReduceOp::sum).wait(); }
-  void max(std::span<double> values) { comm->all_reduce<double>(values, ReduceOp::max).wait(); }
 
   // Binds the parameters of `unit` to the runtime's gathered views (and gradients in backward).
   void bind_unit(int unit, bool grads) {
@@ -214,7 +213,6 @@ void validate(const TrainOptions& o, int world) {
   DMUON_CHECK(o.save_every >= 0, "TrainOptions.save_every must be at least 0, got ", o.save_every);
   DMUON_CHECK(o.save_every == 0 || !o.save_dir.empty(), "TrainOptions.save_every needs TrainOptions.save_dir");
   DMUON_CHECK(o.keep >= 1, "TrainOptions.keep must be at least 1, got ", o.keep);
-  DMUON_CHECK(!o.model.tied_head, "a tied head is not supported in training (units 0 and L+1 would share wte)");
 }
 
 // Before any tuning or allocation: the checkpoint to resume from holds every parameter of this model
@@ -356,15 +354,24 @@ StepMetrics Trainer::train_step() {
   }
   StepMetrics r;
   r.step = ++m.step;
-  // The stop code rides on the times' max-reduction: any rank's signal stops every rank after this step.
+  // What every rank reports travels in one all-gather: the times and the stop code are max-reduced (any
+  // rank's signal stops every rank after this step), the losses summed, here, the same on every rank. Each
+  // rank's loss is a sum of float32 losses: their sum in double is exact (unless they differ by more than
+  // 2^29 in magnitude), so it equals the all-reduce's, whatever the order.
   const int stop_here = o.stop_signal ? std::max(0, o.stop_signal()) : 0;
-  double times[5] = {seconds_since(t_step), fwd_bwd, optim, m.comm_wait_total() - comm_before, double(stop_here)};
-  m.max(times);
-  r.step_s = times[0], r.fwd_bwd_s = times[1], r.optim_s = times[2], r.comm_wait_s = times[3];
-  m.stop = static_cast<int>(times[4]);
-  double loss[1] = {loss_sum};
-  m.sum(loss);
-  r.train_loss = loss[0] / (o.micro_batches * m.world());
+  constexpr int kFields = 6;  // step, fwd_bwd, optim, comm wait, stop code (max); loss (sum)
+  const double mine[kFields] = {seconds_since(t_step), fwd_bwd, optim, m.comm_wait_total() - comm_before,
+                                double(stop_here), loss_sum};
+  std::vector<double> all(kFields * m.world());
+  m.comm->all_gather<double>(mine, all).wait();
+  double max[kFields - 1] = {}, loss = 0;
+  for (int q = 0; q < m.world(); ++q) {
+    for (int k = 0; k < kFields - 1; ++k) max[k] = std::max(max[k], all[q * kFields + k]);
+    loss += all[q * kFields + kFields - 1];
+  }
+  r.step_s = max[0], r.fwd_bwd_s = max[1], r.optim_s = max[2], r.comm_wait_s = max[3];
+  m.stop = static_cast<int>(max[4]);
+  r.train_loss = loss / (o.micro_batches * m.world());
   if ((o.val_every > 0 && r.step % o.val_every == 0) || r.step == o.steps) r.val_loss = validation_loss();
   if (!o.save_dir.empty()) {
     m.finish_save(o);  // the previous step's, written while this step ran

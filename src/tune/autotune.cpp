@@ -270,7 +270,9 @@ TuneCache TuneCache::load(const std::string& path, const TuneKey& key, std::stri
   // Ours: our format field, or, where the text is not JSON (cut short), our format's name in it.
   const bool ours = j.is_object() ? j.value("format", std::string()) == "dmuon-tune"
                                   : j.is_null() && text.find("\"dmuon-tune\"") != std::string::npos;
-  DMUON_CHECK(ours, path, " is not a dmuon tuning cache; refusing to replace it (name another file with --tune-cache)");
+  DMUON_CHECK(ours, path,
+              " is not a dmuon tuning cache; refusing to replace it (name another file with "
+              "TuneSessionOptions.cache_path)");
   if (!j.is_object()) {
     warn("is corrupt (not JSON); tuning again and rewriting it");
     return cache;
@@ -355,7 +357,8 @@ std::string default_tune_cache_path() {
   const char* xdg = std::getenv("XDG_CACHE_HOME");
   if (xdg && *xdg) return std::string(xdg) + "/dmuon/tune.json";
   const char* home = std::getenv("HOME");
-  DMUON_CHECK(home && *home, "neither XDG_CACHE_HOME nor HOME is set: name the tuning cache with --tune-cache FILE");
+  DMUON_CHECK(home && *home,
+              "neither XDG_CACHE_HOME nor HOME is set: name the tuning cache with TuneSessionOptions.cache_path");
   return std::string(home) + "/.cache/dmuon/tune.json";
 }
 
