@@ -10,13 +10,13 @@ Run: torchrun --standalone --nproc_per_node N tests/python/torch_conventions_ran
 with PYTHONPATH=build/python and one BLAS thread per rank.
 """
 
-import sys
 
 import torch
 import torch.distributed as dist
 
 from dmuon.torch import DMuon
 from torch_dmuon_mpi_test import SPECS, STEPS, TOLERANCE, Model, Reference, gradients, hyper_of, initial_values
+from rank_exit import exit_rank
 
 FIRST = ["layers.0.attn.weight", "odd.weight", "norm.weight", "embed.weight"]
 LATE = [n for n, _ in SPECS if n not in FIRST]          # added by add_param_group after ADD_AT steps
@@ -130,4 +130,4 @@ def main():
 
 if __name__ == "__main__":
     dist.init_process_group("gloo")
-    sys.exit(main())
+    exit_rank(main())

@@ -38,6 +38,7 @@ from torch.distributed.fsdp import fully_shard
 
 from dmuon.torch import DMuon
 from dmuon.torch.mpirun import init_process_group
+from rank_exit import exit_rank
 
 VOCAB, DIM, HIDDEN, EXPERTS, GATE = 64, 40, 70, 5, 2
 SAVED_AT, STEPS = 5, 10
@@ -251,4 +252,4 @@ if __name__ == "__main__":
     HSDP = sys.argv[3:] == ["hsdp"]
     if HSDP and WORLD % 2:
         sys.exit(f"{sys.argv[0]}: hsdp needs an even number of ranks, not {WORLD}")
-    sys.exit(main(sys.argv[1], sys.argv[2]))
+    exit_rank(main(sys.argv[1], sys.argv[2]))

@@ -35,7 +35,6 @@ reference after 10 steps.
 
 import io
 import math
-import sys
 
 import torch
 import torch.distributed as dist
@@ -48,6 +47,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from dmuon.torch import DMuon, Sharded, chunk_rows
 from dmuon.torch.mpirun import init_process_group
 from muon_reference import newton_schulz_ref
+from rank_exit import exit_rank
 
 SPECS = [
     ("embed.weight", (50, 16)),              # AdamW by name
@@ -655,4 +655,4 @@ def main():
 if __name__ == "__main__":
     RANK, WORLD = init_process_group("gloo")
     torch.manual_seed(0)
-    sys.exit(main())
+    exit_rank(main())

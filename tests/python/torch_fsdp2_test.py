@@ -57,6 +57,7 @@ from torch.utils._pytree import tree_leaves
 
 from muon_reference import newton_schulz_ref
 from dmuon.torch import DMuon, Sharded
+from rank_exit import exit_rank
 
 STEPS = 10
 TOLERANCE = 1e-5  # parameters after STEPS steps vs the float64 reference fed the same gradients
@@ -577,4 +578,4 @@ def main():
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_rank(main())

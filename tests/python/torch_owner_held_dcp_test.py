@@ -32,6 +32,7 @@ from dmuon.torch.mpirun import init_process_group
 from owner_held_model import global_batches, loss_of, make_net
 from rank_checks import check, finish
 from torch_dcp_test import load, save  # get_state_dict + dcp.save; dcp.load + set_state_dict
+from rank_exit import exit_rank
 
 SAVED_AT, STEPS = 5, 10
 TOLERANCE = 1e-5
@@ -139,4 +140,4 @@ if __name__ == "__main__":
     RANK, WORLD = init_process_group("gloo")
     role, folder, options = sys.argv[1], sys.argv[2], sys.argv[3:]
     summary = role_save(folder, hsdp="hsdp" in options) if role == "save" else role_load(folder)
-    sys.exit(finish(f"torch_owner_held_dcp_test {role} np {WORLD}: {summary}"))
+    exit_rank(finish(f"torch_owner_held_dcp_test {role} np {WORLD}: {summary}"))

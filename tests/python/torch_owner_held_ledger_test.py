@@ -16,7 +16,6 @@ with PYTHONPATH=build/python:tests/python and one BLAS thread per rank.
             checkpointing too, where each block's recompute finds its weights broadcast again.
 """
 
-import sys
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
@@ -28,6 +27,7 @@ from dmuon.torch.held_buffer import HeldBuffer
 from dmuon.torch.mpirun import init_process_group
 from owner_held_model import global_batches, loss_of, make_net, rank_slice
 from rank_checks import check, finish, total_over_ranks
+from rank_exit import exit_rank
 
 STEPS = 3
 BATCH = 12
@@ -181,4 +181,4 @@ def main():
 if __name__ == "__main__":
     RANK, WORLD = init_process_group("gloo")
     torch.manual_seed(0)
-    sys.exit(main())
+    exit_rank(main())

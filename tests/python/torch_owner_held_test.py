@@ -25,7 +25,6 @@ same error on every rank.
 """
 
 import math
-import sys
 
 import torch
 import torch.distributed as dist
@@ -39,6 +38,7 @@ from dmuon.torch.mpirun import init_process_group
 from owner_held_model import global_batches, loss_of, make_net, rank_slice
 from rank_checks import check, finish, total_over_ranks
 from torch_dmuon_mpi_test import Reference, muon_matrices
+from rank_exit import exit_rank
 
 STEPS = 10
 BATCH = 36  # divides by N·micro-batches for N = 1..4 and 3 micro-batches
@@ -256,4 +256,4 @@ def main():
 if __name__ == "__main__":
     RANK, WORLD = init_process_group("gloo")
     torch.manual_seed(0)
-    sys.exit(main())
+    exit_rank(main())

@@ -14,13 +14,13 @@ Run: torchrun --standalone --nproc_per_node 2 tests/python/torch_state_dict_one_
 import datetime
 import faulthandler
 import os
-import sys
 
 import torch
 import torch.distributed as dist
 
 from dmuon.torch import DMuon
 from torch_dmuon_mpi_test import SPECS, Model, gradients, initial_values
+from rank_exit import exit_rank
 
 WAIT_S = 120  # far above a small model's state_dict() (well under a second), far below ctest's timeout
 SHARDED = ["odd.weight", "tiny.weight", "layers.0.mlp.up.bias"]
@@ -74,4 +74,4 @@ def main():
 
 if __name__ == "__main__":
     dist.init_process_group("gloo")
-    sys.exit(main())
+    exit_rank(main())
