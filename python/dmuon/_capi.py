@@ -75,7 +75,8 @@ _lib = _load()
 def _check(code):
     if code == _OK:
         return
-    message = _lib.dmuon_last_error().decode()
+    # The engine names the C++ field; the Python argument that sets it is tune_cache.
+    message = _lib.dmuon_last_error().decode().replace("TuneSessionOptions.cache_path", "tune_cache")
     raise (UnsupportedError if code == _ERR_UNSUPPORTED else DmuonError)(message)
 
 

@@ -188,6 +188,15 @@ def test_plan_owners():
         dmuon.plan_owners(shapes, 2, costs="tuned", tune_cache=None)
 
 
+def test_a_file_that_is_not_a_tuning_cache_is_refused_and_kept(tmp_path):
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a cache\n")
+    with pytest.raises(dmuon.DmuonError, match=r"not a dmuon tuning cache; refusing to replace it \(name another "
+                                               r"file with tune_cache\)"):
+        dmuon.tune([(16, 40, 1)], threads=1, rounds=1, tune_cache=str(notes))
+    assert notes.read_text() == "not a cache\n"
+
+
 def test_tuned_cache_is_used_by_ns_and_planner(tmp_path):
     cache = str(tmp_path / "tune.json")
     dmuon.tune([(16, 40, 2)], threads=1, rounds=1, tune_cache=cache)
