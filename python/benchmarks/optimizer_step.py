@@ -8,7 +8,7 @@ side by side in one run (numbers for notes, not a test):
   dmuon            dmuon.torch.DMuon on replicated parameters (the DDP case)
   dmuon-sharded    dmuon.torch.DMuon on dim-0 shards (the FSDP2 case; AdamW then runs on shards too)
 
-    mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 /usr/bin/python3 \\
+    mpirun --allow-run-as-root --oversubscribe --bind-to none -np 2 .venv/bin/python \\
         python/benchmarks/optimizer_step.py [--autotune] [--json]
 
 Gradients are seeded random values, identical on every rank (as after DDP's all-reduce). A step's
