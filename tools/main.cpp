@@ -20,6 +20,7 @@
 #include "stop_signals.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/rank_agreement.hpp"
 #include "console/progress.hpp"
 
 namespace dmuon::cli {
@@ -78,6 +79,10 @@ void read_integers_as_decimal(CLI::App& app) {
 }
 
 namespace {
+// How long a rank that saw PeerFailed waits for the failing rank to print its error and end the job
+// before it ends the job itself (that rank is alive: it joined the collective that told this one).
+constexpr double kPeerAbortGraceS = 10;
+
 // The library's error, with the flags of the fields it names ("TrainOptions.steps" → "--steps").
 std::string user_message(const std::string& library_what) {
   const std::string what = with_flags(library_what);
@@ -112,6 +117,11 @@ int main(int argc, char** argv) {
     // A bad command line is one line too, like every other error.
     std::fprintf(stderr, "dmuon: error: %s (see --help)\n", e.what());
     return e.get_exit_code();
+  } catch (const dmuon::comm::PeerFailed& e) {  // another rank's error says why; it ends the job
+    dmuon::end_open_progress_line();
+    std::fprintf(stderr, "dmuon: error: %s\n", dmuon::cli::user_message(e.what()).c_str());
+    dmuon::comm::abort_world(1, dmuon::cli::kPeerAbortGraceS);
+    return 1;
   } catch (const dmuon::Error& e) {
     dmuon::end_open_progress_line();  // the error starts on its own line
     std::fprintf(stderr, "dmuon: error: %s\n", dmuon::cli::user_message(e.what()).c_str());

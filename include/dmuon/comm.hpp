@@ -234,8 +234,10 @@ std::shared_ptr<Comm> self(const Options& options = Options::from_env());
 
 // For a program's top level after it printed an error: with MPI initialised and more than one
 // rank in MPI_COMM_WORLD, ends every rank of the job now (MPI_Abort) with `exit_code`; otherwise
-// (a world of one, MPI not initialised or already finalised) returns and the caller exits.
-void abort_world(int exit_code);
+// (a world of one, MPI not initialised or already finalised) returns and the caller exits. With
+// grace_s > 0 it first waits that long for another rank to end the job (a rank that saw PeerFailed
+// lets the failing rank print its error and abort first).
+void abort_world(int exit_code, double grace_s = 0);
 
 // Reduce-scatter(v) in two stages when the topology has several nodes of several ranks: a
 // reduce-scatter inside each node, then one across nodes among ranks with the same local index,

@@ -3,12 +3,14 @@
 // handshake. The only file that includes <mpi.h>.
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/collective_checks.hpp"
@@ -377,7 +379,7 @@ std::shared_ptr<Comm> self(const Options& options) {
   return std::make_shared<MpiComm>(dup, options, true);
 }
 
-void abort_world(int exit_code) {
+void abort_world(int exit_code, double grace_s) {
   int initialized = 0, finalized = 0, size = 1;
   MPI_Initialized(&initialized);
   MPI_Finalized(&finalized);
@@ -385,6 +387,7 @@ void abort_world(int exit_code) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (size <= 1) return;
   std::fflush(nullptr);  // the caller's error line must reach mpirun before the job is torn down
+  if (grace_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(grace_s));
   MPI_Abort(MPI_COMM_WORLD, exit_code);
 }
 

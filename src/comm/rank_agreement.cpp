@@ -24,7 +24,7 @@ std::exception_ptr capture_failure(const std::function<void()>& action, const st
 
 void throw_if_any_failed(const std::exception_ptr& mine, double failures, int rank, const std::string& elsewhere) {
   if (mine) std::rethrow_exception(mine);
-  DMUON_CHECK(failures == 0, elsewhere, "; this is rank ", rank);
+  if (failures != 0) throw PeerFailed(elsewhere + "; this is rank " + std::to_string(rank));
 }
 
 void throw_if_any_failed(Comm& comm, const std::exception_ptr& mine, const std::string& elsewhere) {

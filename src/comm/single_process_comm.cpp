@@ -59,6 +59,6 @@ std::shared_ptr<Comm> world(const Options& options) { return std::make_shared<Si
 
 std::shared_ptr<Comm> self(const Options& options) { return std::make_shared<SingleProcessComm>(options); }
 
-void abort_world(int) {}
+void abort_world(int, double) {}
 
 }  // namespace dmuon::comm
