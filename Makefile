@@ -6,7 +6,7 @@ JOBS ?= $(shell nproc)
 VENV ?= .venv
 PYTHON ?= python3
 
-.PHONY: deps venv build test test-sanitize demo clean
+.PHONY: deps venv build test build-sanitize test-sanitize demo clean
 
 deps:
 	@bash scripts/install-deps.sh
@@ -30,8 +30,9 @@ test: build
 
 # The whole suite again, every binary built with -fsanitize=address,undefined (UB is an error), MPI
 # tests included. LeakSanitizer skips OpenMPI's and hwloc's known leaks (scripts/sanitize/lsan.supp);
-# nothing of dmuon's is suppressed. Built at -O1, as AddressSanitizer's documentation advises: a shorter
-# build than -O3 (it runs in CI on 2 cores) and stacks that name every frame. Without the CUDA backend
+# nothing of dmuon's is suppressed. The library is built at -O1, as AddressSanitizer's documentation
+# advises (a shorter build than -O3, and stacks that name every frame), the code that only drives it at
+# -O0 (CMakeLists.txt): it runs in CI on 2 cores. Without the CUDA backend
 # (DMUON_CUDA=OFF): the sanitizers instrument host C++ only, and no CUDA code runs without a GPU; `make
 # test` compiles and links it.
 SANITIZE_BUILD ?= $(BUILD)-sanitize
@@ -40,12 +41,14 @@ SANITIZE_BUILD ?= $(BUILD)-sanitize
 SANITIZE_ENV = ASAN_OPTIONS=detect_leaks=1:fast_unwind_on_malloc=0 \
 	LSAN_OPTIONS=suppressions=$(CURDIR)/scripts/sanitize/lsan.supp:print_suppressions=0 \
 	UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
-test-sanitize: deps venv
+build-sanitize: deps venv
 	@cmake -S . -B $(SANITIZE_BUILD) -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE=-O1 \
 		-DPython3_EXECUTABLE=$(abspath $(VENV))/bin/python \
 		-DDMUON_SANITIZE=address,undefined -DDMUON_CUDA=OFF \
 		> $(SANITIZE_BUILD).configure.log 2>&1 || (cat $(SANITIZE_BUILD).configure.log; exit 1)
 	cmake --build $(SANITIZE_BUILD) -j $(JOBS)
+
+test-sanitize: build-sanitize
 	cd $(SANITIZE_BUILD) && $(SANITIZE_ENV) ctest --output-on-failure -j $(JOBS)
 
 # Trains the GPT example with AdamW and with DMuon on 2 ranks and compares them, then the same GPT in

@@ -8,22 +8,27 @@
                    orthogonalized rows back; needs rows divisible by the ranks), when importable
   dion-muon        microsoft/dion's Muon on FSDP2's shards (all-to-all of same-shape batches), when
                    importable
+  dion-muon-f32    the same, given a float32 Newton–Schulz (Keller's quintic, dmuon's 5 steps) as its
+                   newton_schulz_func: dion's design without bfloat16 arithmetic (its all-to-alls still
+                   carry bfloat16)
   dmuon-a2a        dmuon.torch.DMuon on FSDP2's shards (the all-to-all mode)
   dmuon-owner      dmuon.torch.hold_on_owners + DMuon (the owner-centric mode)
 
     PYTHONPATH=build/python torchrun --standalone --nproc_per_node 2 python/benchmarks/fsdp2_owner_step.py \\
-        [--models small,qwen4] [--tokens 256,1024] [--steps 2] [--warmup 2] [--json FILE]
+        [--models small,qwen4] [--tokens 256,1024] [--micro-batches 1] [--steps 2] [--warmup 2] [--json FILE]
 
 The peers are not dependencies of dmuon: install them beside it for a run, e.g.
 `pip install --no-deps --target /tmp/peers muon-fsdp2` and a checkout of microsoft/dion in /tmp/dion,
 then PYTHONPATH=build/python:/tmp/peers:/tmp/dion; a peer that does not import is skipped with a line
 saying why. Both peers and torch.optim.Muon orthogonalize in bfloat16 (their fixed choice; on a CPU
-without bfloat16 instructions that is emulated and slow), dmuon in float32.
+without bfloat16 instructions that is emulated and slow), dmuon and dion-muon-f32 in float32.
 
 Models: "small", a GPT of width 128 (4 layers); "qwen4", qwen2.5-0.5b's layer shapes (4 layers: q and
 o 896×896, k and v 128×896, gate and up 4864×896, down 896×4864) with a 4096-token vocabulary instead
 of its 151936 (the embedding is AdamW's either way). Every block and the root under fully_shard.
-Tokens per step are global (each rank trains tokens/W). Per optimizer and setting, medians over
+Tokens per step are global (each rank trains tokens/W), in --micro-batches forward+backwards per step
+(gradient accumulation: `set_requires_gradient_sync` on FSDP2's modules and on the owner-held matrices,
+so that only the last micro-batch reduces). Per optimizer and setting, medians over
 --steps timed steps after --warmup untimed ones, each the slowest rank's: the optimizer step, forward+backward,
 the whole step, the communication the ranks were blocked on (in forward+backward and in the step:
 a synchronous collective's call, an asynchronous one's wait()), and the wire bytes per step of the
@@ -55,8 +60,8 @@ from dmuon.torch.params import module_groups
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"))
 from collective_ledger import Ledger, recording  # noqa: E402
 
-OPTIMIZERS = ("adamw", "torch-muon", "muon-fsdp2", "dion-muon", "dmuon-a2a", "dmuon-owner")
-PEERS = ("torch-muon", "muon-fsdp2", "dion-muon")   # what a user would pick instead of dmuon
+OPTIMIZERS = ("adamw", "torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32", "dmuon-a2a", "dmuon-owner")
+PEERS = ("torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32")   # what a user would pick instead of dmuon
 MODELS = {  # dim, heads, kv heads, ffn, layers, vocab
     "small": (128, 4, 4, 512, 4, 512),
     "qwen4": (896, 14, 2, 4864, 4, 4096),
@@ -138,7 +143,23 @@ class TorchMuonFsdp2(torch.optim.Optimizer):
             p.grad = None
 
 
-PEER_MODULES = {"muon-fsdp2": "muon_fsdp2", "dion-muon": "dion"}
+PEER_MODULES = {"muon-fsdp2": "muon_fsdp2", "dion-muon": "dion", "dion-muon-f32": "dion"}
+KELLER = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz_f32(u, epsilon=1e-7, steps=5):
+    """dion's newton_schulz_func contract: u (..., rows, cols), any float dtype → the orthogonalized u in
+    u's dtype. Keller's quintic in float32, on the transposed-if-tall matrices, as dmuon computes it."""
+    x = u.float()
+    tall = x.size(-2) > x.size(-1)
+    if tall:
+        x = x.mT
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) + epsilon)
+    a, b, c = KELLER
+    for _ in range(steps):
+        gram = x @ x.mT
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x.mT if tall else x).to(u.dtype)
 
 
 def peer_module(name):
@@ -150,6 +171,7 @@ def peer_module(name):
 
 
 def build(name, config, mesh, lr=0.02, adamw_lr=3e-3):
+    """(the model under fully_shard, its optimizer, HeldMatrices for dmuon-owner or None)"""
     torch.manual_seed(0)
     model = GPT(*config)
     held = hold_on_owners(model, mesh) if name == "dmuon-owner" else None
@@ -158,19 +180,20 @@ def build(name, config, mesh, lr=0.02, adamw_lr=3e-3):
         fully_shard(block, mesh=mesh, ignored_params=ignored)
     fully_shard(model, mesh=mesh, ignored_params=ignored)
     if name == "adamw":
-        return model, torch.optim.AdamW(model.parameters(), lr=adamw_lr)
+        return model, torch.optim.AdamW(model.parameters(), lr=adamw_lr), held
     if name == "torch-muon":
-        return model, TorchMuonFsdp2(model, lr, adamw_lr)
+        return model, TorchMuonFsdp2(model, lr, adamw_lr), held
     if name == "muon-fsdp2":
         return model, peer_module(name).Muon(
             [dict(params=[p for _, p in g["params"]], use_muon=g["use_muon"], lr=lr if g["use_muon"] else adamw_lr)
-             for g in module_groups(model)])
-    if name == "dion-muon":
+             for g in module_groups(model)]), held
+    if name in ("dion-muon", "dion-muon-f32"):
+        custom = dict(newton_schulz_func=newton_schulz_f32) if name == "dion-muon-f32" else {}
         return model, peer_module(name).Muon(
             [dict(params=[p for _, p in g["params"]]) if g["use_muon"] else
              dict(params=[p for _, p in g["params"]], algorithm="adamw", lr=adamw_lr) for g in module_groups(model)],
-            distributed_mesh=mesh, lr=lr, adjust_lr="rms_norm")
-    return model, DMuon(model, lr=lr, adamw_lr=adamw_lr)
+            distributed_mesh=mesh, lr=lr, adjust_lr="rms_norm", **custom), held
+    return model, DMuon(model, lr=lr, adamw_lr=adamw_lr), held
 
 
 def slowest(value):
@@ -185,26 +208,36 @@ def total(value):
     return float(t)
 
 
-def measure(name, config, tokens, steps, warmup):
+def set_gradient_sync(model, held, sync):
+    """Gradient accumulation as FSDP2 users write it: only the last micro-batch's backward reduces."""
+    model.set_requires_gradient_sync(sync)
+    if held is not None:
+        held.set_requires_gradient_sync(sync)
+
+
+def measure(name, config, tokens, micro_batches, steps, warmup):
     world, rank = dist.get_world_size(), dist.get_rank()
     mesh = init_device_mesh("cpu", (world,))
-    model, opt = build(name, config, mesh)
-    batch = max(1, tokens // SEQ // world)
+    model, opt, held = build(name, config, mesh)
+    batch = max(1, tokens // SEQ // world // micro_batches)  # sequences per rank and micro-batch
     gen = torch.Generator().manual_seed(1)
     ledger = Ledger()
     rows = []
     also = [sys.modules[m] for m in ("muon_fsdp2",) if m in sys.modules]  # imports the collectives by name
     with recording(ledger, also=also):
         for step in range(warmup + steps):
-            data = torch.randint(0, config[5], (world, batch, SEQ + 1), generator=gen)[rank]
+            data = torch.randint(0, config[5], (world, micro_batches, batch, SEQ + 1), generator=gen)[rank]
             ledger.records.clear()
             ledger.label = None
             dist.barrier()
             ledger.label = "forward+backward"
             t0 = time.perf_counter()
-            logits = model(data[:, :-1])
-            loss = F.cross_entropy(logits.reshape(-1, config[5]), data[:, 1:].reshape(-1))
-            loss.backward()
+            for k, part in enumerate(data):  # part (batch, SEQ + 1)
+                if micro_batches > 1:
+                    set_gradient_sync(model, held, k == micro_batches - 1)
+                logits = model(part[:, :-1])
+                loss = F.cross_entropy(logits.reshape(-1, config[5]), part[:, 1:].reshape(-1))
+                (loss / micro_batches).backward()
             t1 = time.perf_counter()
             ledger.label = "step"
             opt.step()
@@ -229,6 +262,8 @@ def main():
     parser.add_argument("--models", default="small,qwen4")
     parser.add_argument("--tokens", default="256,1024", help="global tokens per step, comma-separated")
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
+    parser.add_argument("--micro-batches", type=int, default=1,
+                        help="forward+backwards per step, each of tokens/K; only the last reduces gradients")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per optimizer and setting")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     parser.add_argument("--json", default=None, help="also write the results to this file (rank 0)")
@@ -248,8 +283,9 @@ def main():
         for tokens in [int(t) for t in args.tokens.split(",")]:
             setting = []
             for name in names:
-                r = measure(name, MODELS[model_name], tokens, args.steps, args.warmup)
-                setting.append(dict(model=model_name, world=world, tokens=tokens, optimizer=name,
+                r = measure(name, MODELS[model_name], tokens, args.micro_batches, args.steps, args.warmup)
+                setting.append(dict(model=model_name, world=world, tokens=tokens, micro_batches=args.micro_batches,
+                                    optimizer=name,
                                     load_average_1min=os.getloadavg()[0], **r))
             base = next(r for r in setting if r["optimizer"] == "adamw") if "adamw" in names else None
             peers = [r["step"] for r in setting if r["optimizer"] in PEERS]
@@ -269,7 +305,8 @@ def main():
 
 def print_table(setting):
     first = setting[0]
-    print(f"\n{first['model']}, {first['world']} ranks, {first['tokens']} tokens per step (times in ms, slowest rank; "
+    print(f"\n{first['model']}, {first['world']} ranks, {first['tokens']} tokens per step in {first['micro_batches']} "
+          f"micro-batch(es) (times in ms, slowest rank; "
           f"1-minute load average {first['load_average_1min']:.1f} to {setting[-1]['load_average_1min']:.1f})")
     print("| optimizer | step | fwd+bwd | total | total vs AdamW | blocked in fwd+bwd | blocked in step "
           "| wire bytes/step | of which in step | bytes vs AdamW | step speedup vs fastest peer |")
