@@ -59,6 +59,7 @@ from dmuon.torch.params import module_groups
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"))
 from collective_ledger import Ledger, recording  # noqa: E402
+from muon_reference import KELLER  # noqa: E402
 
 OPTIMIZERS = ("adamw", "torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32", "dmuon-a2a", "dmuon-owner")
 PEERS = ("torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32")   # what a user would pick instead of dmuon
@@ -144,7 +145,6 @@ class TorchMuonFsdp2(torch.optim.Optimizer):
 
 
 PEER_MODULES = {"muon-fsdp2": "muon_fsdp2", "dion-muon": "dion", "dion-muon-f32": "dion"}
-KELLER = (3.4445, -4.7750, 2.0315)
 
 
 def newton_schulz_f32(u, epsilon=1e-7, steps=5):
