@@ -117,15 +117,12 @@ int main(int argc, char** argv) {
     // A bad command line is one line too, like every other error.
     std::fprintf(stderr, "dmuon: error: %s (see --help)\n", e.what());
     return e.get_exit_code();
-  } catch (const dmuon::comm::PeerFailed& e) {  // another rank's error says why; it ends the job
-    dmuon::end_open_progress_line();
-    std::fprintf(stderr, "dmuon: error: %s\n", dmuon::cli::user_message(e.what()).c_str());
-    dmuon::comm::abort_world(1, dmuon::cli::kPeerAbortGraceS);
-    return 1;
   } catch (const dmuon::Error& e) {
     dmuon::end_open_progress_line();  // the error starts on its own line
     std::fprintf(stderr, "dmuon: error: %s\n", dmuon::cli::user_message(e.what()).c_str());
-    dmuon::comm::abort_world(1);
+    // After PeerFailed another rank's error says why, and that rank ends the job: give it the time.
+    const bool peer_failed = dynamic_cast<const dmuon::comm::PeerFailed*>(&e) != nullptr;
+    dmuon::comm::abort_world(1, peer_failed ? dmuon::cli::kPeerAbortGraceS : 0);
     return 1;
   } catch (const std::filesystem::filesystem_error& e) {
     dmuon::end_open_progress_line();
