@@ -23,7 +23,7 @@ from torch.distributed.fsdp import fully_shard
 
 from collective_ledger import Ledger, recording
 from dmuon.torch import DMuon, hold_on_owners
-from dmuon.torch.held_buffer import HeldBuffer
+from dmuon.torch.held.buffer import HeldBuffer
 from dmuon.torch.mpirun import init_process_group
 from owner_held_model import global_batches, loss_of, make_net, rank_slice
 from rank_checks import check, finish, total_over_ranks

@@ -18,6 +18,7 @@ import torch
 
 import dmuon
 from dmuon.torch.adamw import adamw_update
+from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
 from dmuon.torch.collectives import Group
 from dmuon.torch.layout import describe, is_dtensor
 from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, engine_target, matrices_of, muon_scale
@@ -148,7 +149,7 @@ class DMuon(torch.optim.Optimizer):
         except (ValueError, TypeError, dmuon.DmuonError) as e:
             error = str(e)
         signature = [(n, l.global_shape, l.grid, g["use_muon"]) for n, l, g in layouts]
-        _agree_on_parameters(self.comm, error, signature)
+        agree_on_parameters(self.comm, error, signature)
 
         torch_groups, torch_group_of = [], {}
         for g in groups:
@@ -179,7 +180,7 @@ class DMuon(torch.optim.Optimizer):
                     matrices.append(MuonMatrix(i, expert, name + ("" if expert is None else f"[{expert}]"), layout,
                                                group, rows, cols, muon_scale(rows, cols, self.scale_kind)))
         assign_owners(matrices, self.comm.world,
-                      lambda shapes, world: _plan_on_rank0(self.comm, shapes, self._balancer, self._threads))
+                      lambda shapes, world: plan_on_rank0(self.comm, shapes, self._balancer, self._threads))
         self._matrices.extend(matrices)
         self.owners.update((k.name, k.owner) for k in matrices)
         self._buckets = _buckets(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
@@ -381,40 +382,6 @@ def _check_hyper(g):
             raise ValueError(f"DMuon: {where}: betas must be in [0, 1), got {g['betas']}")
         if not g["eps"] > 0:
             raise ValueError(f"DMuon: {where}: eps must be > 0, got {g['eps']}")
-
-
-def _agree_on_parameters(comm, error, signature):
-    """Raises the same ValueError on every rank when any rank failed to parse its parameters or the
-    ranks' (name, global shape, grid, use_muon) lists differ."""
-    gathered = comm.all_gather_object((error, signature))
-    for r, (e, _) in enumerate(gathered):
-        if e is not None:
-            raise ValueError(f"{e} (rank {r})" if "rank" not in e else e)
-    reference = gathered[0][1]
-    for r, (_, sig) in enumerate(gathered[1:], start=1):
-        if sig == reference:
-            continue
-        k = next((k for k, (a, b) in enumerate(zip(reference, sig)) if a != b), min(len(reference), len(sig)))
-        here = sig[k] if k < len(sig) else "nothing"
-        there = reference[k] if k < len(reference) else "nothing"
-        raise ValueError(f"DMuon: parameter lists differ across ranks: at index {k} rank 0 has {there}, "
-                         f"rank {r} has {here} ({len(reference)} vs {len(sig)} parameters)")
-
-
-def _plan_on_rank0(comm, shapes, balancer, threads):
-    """Owners of the Muon matrices: planned on rank 0 (milp is time-limited, so not reproducible on
-    every rank) and broadcast; a planning error is raised on every rank."""
-    result = None
-    if comm.rank == 0:
-        try:
-            result = dmuon.plan_owners(shapes, comm.world, balancer=balancer, costs="auto", tune_cache="",
-                                       threads=threads)[0]
-        except dmuon.DmuonError as e:
-            result = f"DMuon: planning owners on rank 0 failed: {e}"
-    result = comm.broadcast_object(result)
-    if isinstance(result, str):
-        raise dmuon.DmuonError(result)
-    return result
 
 
 def _buckets(matrices, state_dtype_of):

@@ -1,31 +1,39 @@
 """When owner-held matrices move (DESIGN 7 "owner-centric"): module hooks over HeldUnits.
 
-A unit is one module (a transformer block, by default) and the buckets (held_buffer.py) of its
-owner-held parameters. Every rank runs the same hooks in the same order, so every process group
-sees the same sequence of collectives on all its ranks.
+A unit is one module (a transformer block, by default) and the buckets (buffer.py) of its owner-held
+parameters. Every rank runs the same hooks in the same order, so every process group sees the same
+sequence of collectives on all its ranks.
 
-  forward pre-hook of unit i   make unit i's weights present (broadcast from their owners, or wait
-                               for the one already in flight), then start unit i+1's broadcast so
-                               it travels while unit i computes; HSDP: also unit i+2's stage 1
-  forward post-hook of unit i  outside the owners' columns, free the weights (reshard_after_forward,
-                               or always when no backward will follow); hook the outputs so the
-                               unit's backward starts with its weights present
+  forward pre-hook of unit i   make unit i's working copies present (broadcast from their owners, or
+                               wait for the one already in flight) and register them on its modules,
+                               then start unit i+1's broadcast so it travels while unit i computes;
+                               HSDP: also unit i+2's stage 1
+  forward post-hook of unit i  register the master / placeholder parameters again (autograd keeps its
+                               own references to the working ones); outside the owners' columns, free
+                               the working copies (reshard_after_forward, or always when no backward
+                               will follow); hook the outputs so the unit's backward starts with its
+                               working copies present
   pre-backward (outputs' grad) broadcast unit i's weights again where freed, start unit i−1's
-  post-accumulate-grad hooks   when the last of unit i's gradients is complete: free the weights,
-                               post the gradient reduce to the owners (asynchronous), and move older
-                               reduces on by one stage (HSDP: the stage across replicas)
+  post-accumulate-grad hooks   when the last of unit i's working gradients is complete: free the
+                               working copies, post the gradient reduce to the owners (asynchronous),
+                               and move older reduces on by one stage (HSDP: the stage across replicas)
   end of backward (autograd's final callback)  finish every reduce; the owner's .grad is the mean
-                               gradient over the group, other ranks' .grad is None
+                               gradient over the group (added to what .grad held), another rank's .grad
+                               a HeldElsewhere placeholder that refuses reads
 A recompute under activation checkpointing runs the forward pre-hook inside backward: it only makes
-the weights present (no prefetch, no free: the unit's backward follows).
+the weights present and registered (no prefetch, no free: the unit's backward follows); a recompute
+that stops early runs no post-hook, so the unit's backward end registers the masters again.
 
-Gradient accumulation: with set_requires_gradient_sync(False) a backward keeps each rank's local
-gradients here (not in .grad) and the next synced backward sends their sum. The owner's .grad
-between backwards is the reduced gradient, which the next backward adds to.
+Gradient accumulation: with set_requires_gradient_sync(False) a backward leaves each rank's local
+gradients in the working parameters, and the next synced backward sends their sum.
+unshard(): every unit's working copies present and registered until reshard() (an eval loop, or
+reading parameters on every rank).
 """
 
 import torch
 import torch.utils._pytree as pytree
+
+from dmuon.torch.held.placeholder import HeldElsewhere
 
 FREE, STAGE1, STAGE2, READY = "free", "stage1", "stage2", "ready"
 
@@ -41,25 +49,36 @@ def _wait(works):
 
 
 class HeldUnit:
-    """One module's owner-held buckets and where its weights and gradients stand on this rank."""
+    """One module's owner-held buckets and where its weights and gradients stand on this rank.
+    slots: [(module, attribute, full name)] of each bucket parameter, in bucket order."""
 
-    def __init__(self, index, name, module, buckets):
+    def __init__(self, index, name, module, buckets, slots):
         self.index, self.name, self.module, self.buckets = index, name, module, buckets
         self.params = [p for b in buckets for p in b.params]
-        self.grad_params = sum(p.requires_grad for p in self.params)
+        self.slots = slots
         self.state = FREE
         self.stale = False  # HSDP: the column copies predate the owner's last update
+        self.resolve_policy = None  # hold.py: finds fully_shard's MixedPrecisionPolicy at the first use
         self._works = []
         # one backward pass
         self.entered_backward = False
         self.accumulated = 0
         self.reduced = False
 
+    @property
+    def working(self):
+        return [w for b in self.buckets for w in b.working]
+
     # ---- weights: FREE → (STAGE1 →) STAGE2 → READY → FREE ----
 
     def post_unshard(self, stage2=True):
         if self.state != FREE:
             return
+        if self.resolve_policy is not None:
+            self.resolve_policy()
+            self.resolve_policy = None
+        if any([b.follow_masters() for b in self.buckets]) and any(b.keeps for b in self.buckets):
+            self.stale = True
         if self.stale:
             self._works = [b.broadcast_across_column() for b in self.buckets]
             self.state = STAGE1
@@ -83,18 +102,31 @@ class HeldUnit:
             self.state = READY
 
     def free(self):
-        """Frees the weights outside the owners' columns (no-op for the column); a broadcast still
-        in flight is waited for first (it writes into the storage)."""
+        """Frees the working copies outside the owners' columns (the column keeps them); a broadcast
+        still in flight is waited for first (it writes into the storage)."""
         if self.state in (STAGE1, STAGE2):
             self.wait()
         for b in self.buckets:
             b.free()
         self.state = FREE
 
-    def check_registered(self, names_in_module):
-        """Raises when fully_shard (or anything) replaced a held parameter on the module."""
-        for (local, p), full in names_in_module:
-            if self.module.get_parameter(local) is not p:
+    # ---- which tensor the modules see ----
+
+    def register_working(self):
+        for (module, attr, _), p, w in zip(self.slots, self.params, self.working):
+            w.requires_grad_(p.requires_grad)
+            module._parameters[attr] = w
+
+    def register_masters(self):
+        for (module, attr, _), p in zip(self.slots, self.params):
+            module._parameters[attr] = p
+
+    def check_registered(self):
+        """Raises when fully_shard (or anything) replaced a held parameter on its module."""
+        working = {id(w) for w in self.working}
+        for (module, attr, full), p in zip(self.slots, self.params):
+            now = module._parameters.get(attr)
+            if now is not p and id(now) not in working:
                 raise RuntimeError(f"dmuon.torch.hold_on_owners: parameter '{full}' is no longer the module's "
                                    "parameter (fully_shard sharded it?): pass ignored_params=held.params to every "
                                    "fully_shard call")
@@ -108,42 +140,38 @@ class HeldSchedule:
         self.groups = groups
         self.reshard_after_forward = reshard_after_forward
         self.requires_gradient_sync = True
+        self.unsharded = False  # unshard(): every unit stays present and registered
         self._pending = []      # [[unit, [(bucket, flat gradient, work)], stage]] in posting order
-        self._stash = {}        # owner: parameter → its .grad before this backward (the reduced sum so far)
-        self._unreduced = {}    # parameter → its local gradient kept through backwards without sync
         self._callback_queued = False
         self._kept_local = False  # the last backward kept its gradients local (no sync)
-        self._checked = set()
         self._handles = []
 
     # ---- installation ----
 
-    def install(self, names_in_unit):
-        """names_in_unit[i]: [((name in unit i's module, parameter), full name)]."""
-        for unit, names in zip(self.units, names_in_unit):
-            self._handles.append(unit.module.register_forward_pre_hook(
-                lambda m, args, u=unit, n=names: self._pre_forward(u, n)))
+    def install(self):
+        for unit in self.units:
+            self._handles.append(unit.module.register_forward_pre_hook(lambda m, args, u=unit: self._pre_forward(u)))
             self._handles.append(unit.module.register_forward_hook(
                 lambda m, args, out, u=unit: self._post_forward(u, out)))
-            for p in unit.params:
-                if p.requires_grad:
-                    self._handles.append(p.register_post_accumulate_grad_hook(
-                        lambda p, u=unit: self._accumulated(u)))
+            for b in unit.buckets:
+                b.on_gradient = lambda w, u=unit: self._accumulated(u)
 
     def remove(self):
+        self.reshard()
         for h in self._handles:
             h.remove()
         self._handles = []
 
     # ---- forward ----
 
-    def _pre_forward(self, unit, names):
-        if unit.index not in self._checked:
-            unit.check_registered(names)
-            self._checked.add(unit.index)
+    def _pre_forward(self, unit):
+        unit.check_registered()
+        if self.unsharded:
+            return
         if _in_backward():  # a recompute (activation checkpointing): the unit's backward follows
             self._enter_backward(unit)
             unit.wait()
+            unit.register_working()
             return
         unit.post_unshard()
         unit.advance()
@@ -154,8 +182,12 @@ class HeldSchedule:
         if len(following) > 1:
             following[1].post_unshard(stage2=False)  # HSDP: its stage 1 travels during two units
         unit.wait()
+        unit.register_working()
 
     def _post_forward(self, unit, output):
+        if self.unsharded:
+            return
+        unit.register_masters()
         if _in_backward():
             return
         grad = torch.is_grad_enabled()
@@ -164,6 +196,31 @@ class HeldSchedule:
             for t in tensors:
                 t.register_hook(lambda g, u=unit: self._pre_backward(u))
         if self.reshard_after_forward or not grad:
+            unit.free()
+
+    # ---- unshard (FSDPModule.unshard's counterpart) ----
+
+    def unshard(self):
+        """Every unit's working copies present (broadcast from the owners) and registered on the
+        modules until reshard(): forwards then move nothing, and every rank reads the parameters.
+        Collective. The masters (and placeholders) are registered again by reshard()."""
+        if self.unsharded:
+            return
+        self.drain()
+        for unit in self.units:
+            unit.post_unshard()
+            unit.advance()
+        for unit in self.units:
+            unit.wait()
+            unit.register_working()
+        self.unsharded = True
+
+    def reshard(self):
+        if not self.unsharded:
+            return
+        self.unsharded = False
+        for unit in self.units:
+            unit.register_masters()
             unit.free()
 
     # ---- backward ----
@@ -185,35 +242,26 @@ class HeldSchedule:
         if not self._callback_queued:
             torch.autograd.Variable._execution_engine.queue_callback(self._end_of_backward)
             self._callback_queued = True
-        for b in unit.buckets:
-            for p in b.params:
-                if b.is_owner:
-                    self._stash[p] = p.grad
-                p.grad = self._unreduced.pop(p, None)
 
     def _accumulated(self, unit):
+        self._enter_backward(unit)  # under unshard() no pre-backward hook ran
         unit.accumulated += 1
-        if unit.accumulated == unit.grad_params:
+        if unit.accumulated == sum(w.requires_grad for w in unit.working):
             self._post_backward(unit)
 
     def _post_backward(self, unit):
         if unit.reduced:
             return
         unit.reduced = True
-        unit.free()
+        if not self.unsharded:
+            unit.register_masters()  # a recompute that stopped early (checkpointing) ran no post-hook
+            unit.free()
         self._kept_local = not self.requires_gradient_sync
         if not self.requires_gradient_sync:
-            for b in unit.buckets:
-                for p in b.params:
-                    if p.grad is not None:
-                        self._unreduced[p] = p.grad
-                    p.grad = self._stash.pop(p, None) if b.is_owner else None
-            return
+            return  # the working parameters keep their local gradients until a synced backward
         posted = []
         for b in unit.buckets:
-            flat = b.local_gradients()  # (numel,)
-            for p in b.params:
-                p.grad = None
+            flat = b.local_gradients()  # (numel,) in the reduce dtype
             posted.append((b, flat, b.reduce_in_replica(flat)))
         for entry in list(self._pending):
             self._move_on(entry)
@@ -234,14 +282,19 @@ class HeldSchedule:
         self._pending = [e for e in self._pending if e[2] < 3]
 
     def _finish(self, bucket, flat):
-        """The owner's .grad: the reduced sum over the group's ranks, divided by their number, added
-        to what .grad held before this backward."""
+        """The owner's .grad: the reduced sum over the group's ranks, divided by their number, in the
+        master's dtype, added to what .grad held before this backward. Elsewhere: a placeholder."""
         if not bucket.is_owner:
+            for p in bucket.params:
+                if p.requires_grad:
+                    p.grad = HeldElsewhere(p.shape, p.dtype, p.device, p.held_name, p.held_owner, gradient=True)
             return
         flat.div_(self.groups.world)
         for p, g in zip(bucket.params, bucket.gradient_views(flat)):
-            before = self._stash.pop(p, None)
-            p.grad = g if before is None else before.add_(g)
+            if not p.requires_grad:
+                continue
+            g = g.to(p.dtype)
+            p.grad = g if p.grad is None else p.grad.add_(g)
 
     def drain(self):
         """Finishes every reduce in flight (in posting order, stage by stage)."""
@@ -255,7 +308,7 @@ class HeldSchedule:
                 self._post_backward(unit)  # some of its parameters got no gradient: they count as zeros
         self.drain()
         for unit in self.units:
-            if unit.state != FREE and not unit.entered_backward:
+            if unit.state != FREE and not unit.entered_backward and not self.unsharded:
                 unit.free()  # prefetched for a backward that never reached it
             unit.entered_backward = False
             unit.accumulated = 0
@@ -273,9 +326,11 @@ class HeldSchedule:
         self.drain()
 
     def after_step(self):
-        """The owners changed the weights: copies outside the columns are freed (they are stale) and,
-        with replicas, the column copies are refreshed before their next use. No communication."""
+        """The owners changed their masters: every working copy is stale. Copies outside the columns
+        are freed and, with replicas, the column copies are refreshed before their next use. No
+        communication."""
         self.drain()
+        self.reshard()
         for unit in self.units:
             unit.free()
             unit.stale = self.groups.grid.replicas > 1

@@ -8,10 +8,13 @@ DDP) keeps each Muon matrix whole on one owner rank, out of FSDP2's hands:
     optimizer = dmuon.torch.DMuon(model)                      # updates both kinds
 
 Here: which parameters are held (DMuon's routing, or a predicate), their owners (dmuon's planner on
-rank 0, broadcast; each rank's owned bytes within the planner's bound), the hook units (modules)
-and buckets, and the model state_dict's view of them (each held matrix appears on its owner only).
-held_hooks.py moves them; DMuon's step updates each on its owner without communication.
+rank 0, broadcast; each rank's owned bytes within the planner's bound), the placeholders that stand
+for them elsewhere (placeholder.py), the hook units (modules) and buckets (buffer.py), and the model
+state_dict's view of them (state_dict.py). hooks.py moves them; DMuon's step updates each master on
+its owner without communication.
 """
+
+import contextlib
 
 import math
 from dataclasses import dataclass
@@ -19,12 +22,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
 from dmuon.torch.collectives import Group
-from dmuon.torch.held_buffer import HeldBuffer
-from dmuon.torch.held_groups import HeldGroups, grid_of
-from dmuon.torch.held_hooks import HeldSchedule, HeldUnit, _wait
+from dmuon.torch.held.buffer import HeldBuffer
+from dmuon.torch.held.groups import HeldGroups, grid_of
+from dmuon.torch.held.hooks import HeldSchedule, HeldUnit
+from dmuon.torch.held.placeholder import HeldElsewhere
+from dmuon.torch.held.state_dict import install_state_dict_hooks
 from dmuon.torch.layout import is_dtensor
-from dmuon.torch.optimizer import _agree_on_parameters, _plan_on_rank0
 from dmuon.torch.params import module_groups
 
 MEMORY_SLACK = 0.25  # the planner's bound: a rank owns at most (1 + slack) · total / W bytes (plan.hpp)
@@ -32,11 +37,13 @@ MEMORY_SLACK = 0.25  # the planner's bound: a rank owns at most (1 + slack) · t
 
 @dataclass(frozen=True)
 class HeldParam:
-    """What a held parameter carries (as p._dmuon_held) for DMuon: its owner (group rank), the group's
-    global ranks, and the schedule whose hooks move it."""
+    """What a held parameter carries (as p._dmuon_held) for DMuon and clip_grad_norm_: its owner (group
+    rank), the group's global ranks and process group (None: the default one), and the schedule whose
+    hooks move it."""
 
     owner: int
     global_ranks: tuple
+    process_group: object
     schedule: object
 
 
@@ -55,8 +62,21 @@ class HeldMatrices:
         (accumulated on every rank); the next backward with True sends their sum to the owners."""
         self._schedule.requires_gradient_sync = bool(requires_gradient_sync)
 
+    @contextlib.contextmanager
+    def unshard(self):
+        """Every held matrix present on every rank inside the block, as FSDPModule.unshard(): the
+        modules' parameters are then the working copies (values on every rank: norm logging, EMA
+        copies, deepcopy), and forwards move nothing (an eval or generation loop sends each weight
+        once). Collective on entry; the working copies are freed on exit. Writes inside reach the
+        owner's master on the owner only: change weights outside it."""
+        self._schedule.unshard()
+        try:
+            yield self
+        finally:
+            self._schedule.reshard()
+
     def remove(self):
-        """Removes the hooks (the parameters stay views of their buckets)."""
+        """Removes the hooks."""
         self._schedule.remove()
 
 
@@ -115,17 +135,24 @@ def _group_ranks(mesh, process_group):
 
 
 def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, units=None, balancer="milp",
-                   reshard_after_forward=True):
+                   reshard_after_forward=True, mp_policy=None):
     """Makes the Muon matrices of `model` owner-held; returns a HeldMatrices.
 
-    Call it on every rank, after the model is on its device and before fully_shard or DDP. mesh: the
-    DeviceMesh fully_shard gets (1-D: FSDP2; 2-D: HSDP (replicate, shard)); without one, the
-    parameters are replicated over process_group (DDP; DDP is told to ignore the held ones). Its
-    ranks must be DMuon's process group's, in order. predicate(name, parameter) → bool picks the
-    parameters instead of DMuon's routing. units: the modules whose hooks move their parameters
-    (default: each block "….N" of the model, else the module holding the parameter). balancer:
-    dmuon.plan_owners's ("milp" over measured Newton–Schulz costs, "lpt", "rr").
-    reshard_after_forward: as fully_shard's; False keeps the weights from forward to backward.
+    Call it on every rank before fully_shard or DDP, with the model materialised or on the meta device
+    (then to_empty() and init as FSDP2's recipe, before or after fully_shard). mesh: the DeviceMesh
+    fully_shard gets (1-D: FSDP2; 2-D: HSDP (replicate, shard)); without one, the parameters are
+    replicated over process_group (DDP; DDP is told to ignore the held ones). Its ranks must be
+    DMuon's process group's, in order. predicate(name, parameter) → bool picks the parameters
+    instead of DMuon's routing. units: the modules whose hooks move their parameters (default: each
+    block "….N" of the model, else the module holding the parameter). balancer: dmuon.plan_owners's
+    ("milp" over measured Newton–Schulz costs, "lpt", "rr"). reshard_after_forward: as fully_shard's;
+    False keeps the weights from forward to backward. mp_policy: a MixedPrecisionPolicy for the held
+    matrices (default: the one fully_shard gave the unit's module or its nearest sharded ancestor at
+    the first forward, else none): the masters and DMuon's state stay in their dtype on the owner,
+    the working copies and broadcasts are in param_dtype, the gradient reduces in reduce_dtype.
+
+    On a rank other than its owner a held parameter is a placeholder without storage outside its
+    module's forward and backward (placeholder.py): reads raise an error naming it, writes are skipped.
     """
     comm = Group(process_group)
     global_ranks = _group_ranks(mesh, process_group)
@@ -147,36 +174,38 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     except ValueError as e:
         error = str(e)
     signature = [(n, tuple(p.shape), str(p.dtype), unit_names[n]) for n, p in chosen] if error is None else []
-    _agree_on_parameters(comm, error, signature)
+    agree_on_parameters(comm, error, signature)
 
     world = comm.world
-    owners_list = _plan_on_rank0(comm, [_plan_shape(tuple(p.shape)) for _, p in chosen], balancer,
-                                 torch.get_num_threads())
+    owners_list = plan_on_rank0(comm, [_plan_shape(tuple(p.shape)) for _, p in chosen], balancer,
+                                torch.get_num_threads())
     owners = {n: o for (n, _), o in zip(chosen, owners_list)}
     groups = HeldGroups(global_ranks, grid_of(mesh, world), comm.rank)
+    registered = {n: _register_placeholder(model, n, p, global_ranks[owners[n]]) if owners[n] != comm.rank else p
+                  for n, p in chosen}
 
     order = {n: k for k, (n, _) in enumerate(model.named_modules())}
     by_unit = {}
-    for n, p in chosen:
-        by_unit.setdefault(unit_names[n], []).append((n, p))
-    unit_list, names_in_unit = [], []
+    for n, _ in chosen:
+        by_unit.setdefault(unit_names[n], []).append((n, registered[n]))
+    unit_list = []
     for k, unit_name in enumerate(sorted(by_unit, key=order.__getitem__)):
         module = model.get_submodule(unit_name)
-        members = by_unit[unit_name]
         keys = {}
-        for n, p in members:
+        for n, p in by_unit[unit_name]:
             keys.setdefault((owners[n], str(p.dtype), str(p.device)), []).append((n, p))
         buckets = [HeldBuffer(keys[key], key[0], groups) for key in sorted(keys)]
-        unit_list.append(HeldUnit(k, unit_name, module, buckets))
-        prefix = unit_name + "." if unit_name else ""
-        names_in_unit.append([((n[len(prefix):], p), n) for n, p in members])
-    _sync_columns(unit_list)
+        slots = [(*_module_and_attr(model, n), n) for b in buckets for n in b.names]
+        unit_list.append(HeldUnit(k, unit_name, module, buckets, slots))
+        _set_policy(unit_list[-1], mp_policy, model, unit_name)
+        unit_list[-1].stale = groups.grid.replicas > 1  # the columns have no copy yet
 
     schedule = HeldSchedule(unit_list, groups, reshard_after_forward)
-    schedule.install(names_in_unit)
-    for n, p in chosen:
-        p._dmuon_held = HeldParam(owners[n], tuple(global_ranks), schedule)
-    _hide_others_from_state_dict(model, chosen, owners, comm.rank, schedule)
+    schedule.install()
+    for n, _ in chosen:
+        registered[n]._dmuon_held = HeldParam(owners[n], tuple(global_ranks), process_group, schedule)
+    install_state_dict_hooks(model, {n: (registered[n], owners[n] == comm.rank) for n, _ in chosen},
+                             _entry_mesh(mesh, global_ranks, comm), schedule)
     if chosen:
         torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
             model, [n for n, _ in chosen])
@@ -187,36 +216,59 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     total = sum(owned)
     largest = max((p.numel() * p.element_size() for _, p in chosen), default=0)
     bound = max(largest, math.ceil((1 + MEMORY_SLACK) * total / world))
-    return HeldMatrices([n for n, _ in chosen], {p for _, p in chosen}, owners, owned, bound,
+    return HeldMatrices([n for n, _ in chosen], {registered[n] for n, _ in chosen}, owners, owned, bound,
                         [u.name for u in unit_list], schedule)
 
 
-def _sync_columns(units):
-    """The owner's initial values to the rest of its column (HSDP). The other ranks' copies are
-    overwritten by the first forward's broadcast and freed after it (not here: a fully_shard that
-    was not told to ignore them reads them, and the first forward then names the mistake)."""
-    for unit in units:
-        _wait([b.broadcast_across_column() for b in unit.buckets])
+def _module_and_attr(model, name):
+    module_name, _, attr = name.rpartition(".")
+    return model.get_submodule(module_name), attr
 
 
-def _hide_others_from_state_dict(model, chosen, owners, rank, schedule):
-    """model.state_dict() lists a held matrix on its owner only (elsewhere its storage is freed or
-    stale), so DCP saves the owner's; load_state_dict does not miss it elsewhere, and after a load
-    every copy is refreshed from the owners before its next use."""
-    others = {n for n, _ in chosen if owners[n] != rank}
-    by_module = {}
-    for n in others:
-        module, _, attr = n.rpartition(".")
-        by_module.setdefault(module, []).append(attr)
-    for module_name, attrs in by_module.items():
-        def drop(module, state_dict, prefix, local_metadata, attrs=attrs):
-            for attr in attrs:
-                state_dict.pop(prefix + attr, None)
-        model.get_submodule(module_name).register_state_dict_post_hook(drop)
+def _register_placeholder(model, name, p, owner_global):
+    """Replaces parameter `name` (not owned here) on its module by a placeholder without storage, which
+    keeps the parameter's attributes; the values are dropped here (the owner has them)."""
+    module, attr = _module_and_attr(model, name)
+    placeholder = torch.nn.Parameter(HeldElsewhere(p.shape, p.dtype, p.device, name, owner_global),
+                                     requires_grad=p.requires_grad)
+    for key, value in vars(p).items():
+        setattr(placeholder, key, value)
+    module._parameters[attr] = placeholder
+    return placeholder
 
-    def not_missing(module, incompatible_keys):
-        incompatible_keys.missing_keys[:] = [
-            k for k in incompatible_keys.missing_keys
-            if not any(k == n or k.endswith("." + n) for n in others)]
-        schedule.after_step()
-    model.register_load_state_dict_post_hook(not_missing)
+
+def _set_policy(unit, mp_policy, model, unit_name):
+    """The unit's buckets' compute and reduce dtypes: mp_policy's, else the MixedPrecisionPolicy that
+    fully_shard gave the unit's module or its nearest sharded ancestor, looked up at the first forward
+    (fully_shard comes after hold_on_owners)."""
+    def apply(policy):
+        for b in unit.buckets:
+            b.param_dtype = policy.param_dtype if policy is not None else None
+            b._reduce_dtype = policy.reduce_dtype if policy is not None else None
+
+    if mp_policy is not None:
+        apply(mp_policy)
+        return
+    parts = unit_name.split(".") if unit_name else []
+    chain = [model.get_submodule(".".join(parts[:k])) for k in range(len(parts), -1, -1)]
+
+    def lookup():
+        for module in chain:
+            state = getattr(module, "_get_fsdp_state", None)
+            if state is not None:
+                apply(state()._mp_policy)
+                return
+    unit.resolve_policy = lookup
+
+
+def _entry_mesh(mesh, global_ranks, comm):
+    """The 1-D DeviceMesh over the held group's ranks of the state dict's entries (state_dict.py);
+    None in a single process without torch.distributed. Collective (it makes a process group)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    if mesh is not None and mesh.ndim == 1:
+        return mesh
+    if not comm.distributed:
+        return None
+    device_type = mesh.device_type if mesh is not None else comm.tensor_device().type
+    return DeviceMesh(device_type, global_ranks)

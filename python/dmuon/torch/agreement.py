@@ -1,0 +1,38 @@
+"""What every rank of a DMuon (or hold_on_owners) group must agree on before it builds anything:
+the same parameters, and the owners of the Muon matrices (planned once, on rank 0)."""
+
+import dmuon
+
+
+def agree_on_parameters(comm, error, signature):
+    """Raises the same ValueError on every rank when any rank failed to parse its parameters or the
+    ranks' (name, global shape, grid, use_muon) lists differ."""
+    gathered = comm.all_gather_object((error, signature))
+    for r, (e, _) in enumerate(gathered):
+        if e is not None:
+            raise ValueError(f"{e} (rank {r})" if "rank" not in e else e)
+    reference = gathered[0][1]
+    for r, (_, sig) in enumerate(gathered[1:], start=1):
+        if sig == reference:
+            continue
+        k = next((k for k, (a, b) in enumerate(zip(reference, sig)) if a != b), min(len(reference), len(sig)))
+        here = sig[k] if k < len(sig) else "nothing"
+        there = reference[k] if k < len(reference) else "nothing"
+        raise ValueError(f"DMuon: parameter lists differ across ranks: at index {k} rank 0 has {there}, "
+                         f"rank {r} has {here} ({len(reference)} vs {len(sig)} parameters)")
+
+
+def plan_on_rank0(comm, shapes, balancer, threads):
+    """Owners of the Muon matrices: planned on rank 0 (milp is time-limited, so not reproducible on
+    every rank) and broadcast; a planning error is raised on every rank."""
+    result = None
+    if comm.rank == 0:
+        try:
+            result = dmuon.plan_owners(shapes, comm.world, balancer=balancer, costs="auto", tune_cache="",
+                                       threads=threads)[0]
+        except dmuon.DmuonError as e:
+            result = f"DMuon: planning owners on rank 0 failed: {e}"
+    result = comm.broadcast_object(result)
+    if isinstance(result, str):
+        raise dmuon.DmuonError(result)
+    return result

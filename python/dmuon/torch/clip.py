@@ -1,0 +1,67 @@
+"""dmuon.torch.clip_grad_norm_: torch.nn.utils.clip_grad_norm_ for models with owner-held matrices.
+
+The gradients of one model can live three ways at once: FSDP2's DTensors (sharded: each rank has a
+part), owner-held matrices (the whole gradient on its owner, a placeholder elsewhere) and plain
+replicated tensors (DDP's, or a single process's: every rank has all of it). The norm is the
+single-process one, the same on every rank: each kind's sum of |g|^p counted once, the DTensors'
+through DTensor's own reduction, the held ones by one all_reduce over their group. Collective:
+every rank calls it with the same parameters. torch's own clip_grad_norm_ refuses held gradients
+(their placeholders raise: its norm would differ on every rank).
+"""
+
+import torch
+import torch.distributed as dist
+
+from dmuon.torch.collectives import Group
+from dmuon.torch.held.placeholder import HeldElsewhere
+from dmuon.torch.layout import is_dtensor
+
+
+def _power_sum(grads, norm_type):
+    """Σ |g|^p over plain tensors (max |g| for p = inf), as float64 on the grads' first device."""
+    if not grads:
+        return torch.zeros((), dtype=torch.float64)
+    norms = torch.stack([torch.linalg.vector_norm(g, norm_type, dtype=torch.float64) for g in grads])
+    return norms.max() if norm_type == float("inf") else norms.pow(norm_type).sum()
+
+
+@torch.no_grad()
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
+    """Clips the gradients of `parameters` (a model's parameters(), FSDP2, HSDP, DDP or one process,
+    with or without owner-held matrices) in place so that their total norm is at most max_norm;
+    returns the total norm before clipping (a float64 tensor, equal on every rank). As
+    torch.nn.utils.clip_grad_norm_: norm_type p (inf: the largest |g|), scale max_norm / (norm + 1e-6)
+    when below 1, error_if_nonfinite raises for a non-finite norm."""
+    if isinstance(parameters, torch.Tensor):
+        parameters = [parameters]
+    norm_type = float(norm_type)
+    params = [p for p in parameters if p.grad is not None]
+    sharded = [p.grad for p in params if is_dtensor(p.grad)]
+    held = [p for p in params if getattr(p, "_dmuon_held", None) is not None]
+    held_ids = {id(p) for p in held}
+    replicated = [p.grad for p in params if not is_dtensor(p.grad) and id(p) not in held_ids]
+    owned = [p.grad for p in held if not isinstance(p.grad, HeldElsewhere)]
+
+    inf = norm_type == float("inf")
+    total = _power_sum(replicated, norm_type)
+    if sharded:
+        dtensor_norm = torch.nn.utils.get_total_norm(sharded, norm_type).full_tensor().double().cpu()
+        total = torch.maximum(total, dtensor_norm) if inf else total + dtensor_norm ** norm_type
+    if held:
+        part = _power_sum(owned, norm_type)
+        comm = Group(held[0]._dmuon_held.process_group)
+        if comm.distributed:
+            part = part.to(comm.tensor_device())
+            dist.all_reduce(part, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, group=comm.pg)
+        total = torch.maximum(total, part.cpu()) if inf else total + part.cpu()
+    norm = total if inf else total ** (1.0 / norm_type)
+    if error_if_nonfinite and not torch.isfinite(norm):
+        raise RuntimeError(f"dmuon.torch.clip_grad_norm_: the total norm of order {norm_type} of the gradients is "
+                           "non-finite, so it cannot be clipped (error_if_nonfinite=True)")
+    scale = max_norm / (float(norm) + 1e-6)
+    if scale < 1.0:
+        for g in replicated + owned:
+            g.mul_(scale)
+        for g in sharded:
+            g.mul_(scale)
+    return norm

@@ -1,0 +1,166 @@
+"""One bucket of owner-held matrices: the parameters of one hook unit (a module) that share an owner,
+a compute dtype and a device, with the working copy their module runs on and the collectives that
+move it (groups.py names the stages).
+
+Two tensors stand for each parameter (as FSDP2's sharded and unsharded parameters):
+  the registered parameter  what model.parameters() gives outside the module's forward and backward:
+                            on the owner the master weights (the optimizer updates them; any dtype, any
+                            storage: .to(), .to_empty() and load_state_dict may replace it), elsewhere a
+                            HeldElsewhere placeholder without storage (placeholder.py)
+  the working parameter     a view of the bucket's flat working tensor, in the compute dtype
+                            (MixedPrecisionPolicy.param_dtype, else the parameter's): what the module
+                            computes with and autograd accumulates gradients into (hooks.py swaps it in)
+The flat working tensor (numel,) is allocated on first use, on the parameters' device then, and its
+storage is freed between uses (resized to 0 bytes, as FSDP2 frees unsharded parameters; autograd's
+saved references stay valid views); the ranks of the owner's column other than the owner (HSDP) keep
+it, as their replica's source. Before it is sent, the owner fills it from the master weights, cast to
+the compute dtype.
+
+Gradients leave as one flat tensor per bucket in the reduce dtype (MixedPrecisionPolicy.reduce_dtype,
+else the compute dtype), summed onto the owner; the owner divides by the group's size (the mean over
+data-parallel ranks, as FSDP2 and DDP) and casts to the master's dtype. All collectives are
+asynchronous; each stage returns its Work handles, or None when nothing travels.
+"""
+
+import torch
+import torch.distributed as dist
+
+
+class HeldBuffer:
+    """params: [(name, registered parameter)], all owned by `owner` (group rank); param_dtype,
+    reduce_dtype: the mixed-precision policy's (None: the parameters' own dtype). on_gradient(working
+    parameter), set by the schedule: run when autograd has accumulated a working parameter's gradient."""
+
+    def __init__(self, params, owner, groups, param_dtype=None, reduce_dtype=None):
+        self.names = [n for n, _ in params]
+        self.params = [p for _, p in params]
+        self.owner = owner
+        self.groups = groups
+        self.is_owner = groups.rank == owner
+        self.keeps = groups.holds(owner) and not self.is_owner  # an HSDP column rank: its replica's source
+        self.param_dtype = param_dtype
+        self._reduce_dtype = reduce_dtype
+        self.numel = sum(p.numel() for p in self.params)
+        self.on_gradient = None
+        self.flat = None      # (numel,) in dtype, made on first use
+        self.working = []     # the working parameters, views of flat, in bucket order
+
+    # ---- weights ----
+
+    @property
+    def device(self):
+        return self.params[0].device
+
+    @property
+    def dtype(self):
+        """The compute dtype: the policy's, else the (first) master's."""
+        return self.param_dtype or self.params[0].dtype
+
+    @property
+    def reduce_dtype(self):
+        return self._reduce_dtype or self.dtype
+
+    def follow_masters(self):
+        """Drops a working copy made for another device or dtype than the masters' now (the model was
+        moved, or cast without a policy, after its first forward); returns whether it did. Only
+        between uses (nothing of autograd's refers to it then)."""
+        if self.flat is None or (self.flat.device == self.device and self.flat.dtype == self.dtype):
+            return False
+        self.flat, self.working = None, []
+        return True
+
+    @property
+    def allocated(self):
+        return self.flat is not None and self.flat.untyped_storage().nbytes() > 0
+
+    def _make(self):
+        """The flat working tensor and its parameter views, on the parameters' device now."""
+        self.flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
+        self.working, offset = [], 0
+        for p in self.params:
+            w = torch.nn.Parameter(self.flat[offset:offset + p.numel()].view(p.shape))
+            w.register_post_accumulate_grad_hook(lambda w: self.on_gradient(w))
+            w.requires_grad_(p.requires_grad)
+            self.working.append(w)
+            offset += p.numel()
+
+    def allocate(self):
+        if self.flat is None:
+            self._make()
+        elif not self.allocated:
+            self.flat.untyped_storage().resize_(self.numel * self.flat.element_size())
+
+    def free(self):
+        """Releases the working copy's storage (not on the column ranks that keep it)."""
+        if not self.keeps and self.allocated:
+            self.flat.untyped_storage().resize_(0)
+
+    def _fill_from_master(self):
+        """The owner's master weights into the working copy, cast to the compute dtype. The version
+        counter is kept: autograd's saved references see the same values again (a refill before
+        backward), as for a broadcast into the storage."""
+        self.allocate()
+        with torch.no_grad():
+            for p, w in zip(self.params, self.working):
+                with torch.autograd._unsafe_preserve_version_counter(w):
+                    w.copy_(p)
+
+    def broadcast_across_column(self):
+        """Weights stage 1 (HSDP): the owner's weights to the rest of its column."""
+        if not self.groups.holds(self.owner) or self.groups.column_group is None:
+            return None
+        if self.is_owner:
+            self._fill_from_master()
+        else:
+            self.allocate()
+        return dist.broadcast(_bytes(self.flat), src=self.groups.owner_global(self.owner),
+                              group=self.groups.column_group, async_op=True)
+
+    def broadcast_in_replica(self):
+        """Weights stage 2: the column rank of this replica to the other ranks of the replica."""
+        if self.is_owner:
+            self._fill_from_master()
+        else:
+            self.allocate()
+        if self.groups.shard_group is None or self.groups.grid.shards == 1:
+            return None
+        return dist.broadcast(_bytes(self.flat), src=self.groups.source(self.owner),
+                              group=self.groups.shard_group, async_op=True)
+
+    # ---- gradients ----
+
+    def local_gradients(self):
+        """The working parameters' gradients as one new flat tensor in the reduce dtype (a missing
+        gradient counts as zeros); the working gradients are cleared."""
+        flat = torch.cat([(w.grad if w.grad is not None else torch.zeros_like(w)).reshape(-1).to(self.reduce_dtype)
+                          for w in self.working])
+        for w in self.working:
+            w.grad = None
+        return flat
+
+    def reduce_in_replica(self, flat_grad):
+        """Gradient stage 1: sums flat_grad onto this replica's column rank."""
+        if self.groups.shard_group is None or self.groups.grid.shards == 1:
+            return None
+        return dist.reduce(flat_grad, dst=self.groups.source(self.owner), op=dist.ReduceOp.SUM,
+                           group=self.groups.shard_group, async_op=True)
+
+    def reduce_across_column(self, flat_grad):
+        """Gradient stage 2 (HSDP): sums the column's stage-1 results onto the owner."""
+        if not self.groups.holds(self.owner) or self.groups.column_group is None:
+            return None
+        return dist.reduce(flat_grad, dst=self.groups.owner_global(self.owner), op=dist.ReduceOp.SUM,
+                           group=self.groups.column_group, async_op=True)
+
+    def gradient_views(self, flat_grad):
+        """The parameters' (shape) views of a flat gradient, in bucket order."""
+        out, offset = [], 0
+        for p in self.params:
+            out.append(flat_grad[offset:offset + p.numel()].view(p.shape))
+            offset += p.numel()
+        return out
+
+
+def _bytes(t):
+    """A contiguous tensor as a flat uint8 view (shares memory): any dtype travels on any backend."""
+    return t.view(-1).view(torch.uint8)
