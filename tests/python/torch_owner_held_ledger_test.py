@@ -126,9 +126,9 @@ def check_overlap(checkpointing):
     blocks = list(net.blocks)
     for i, block in enumerate(blocks):
         block.register_forward_hook(lambda m, a, o, i=i: ledger.note(("forward end", i)))
-        held_here = [p for p in held.params if any(p is q for q in block.parameters())]
-        for p in held_here:
-            p.register_post_accumulate_grad_hook(lambda p, i=i: ledger.note(("gradient", i)))
+        unit = next(u for u in schedule.units if u.module is block)
+        for bucket in unit.buckets:  # each working gradient accumulated: after the schedule's own hook
+            bucket.on_gradient = lambda w, i=i, hook=bucket.on_gradient: (hook(w), ledger.note(("gradient", i)))
     originals = label_buffers(ledger, schedule)
     try:
         with recording(ledger):

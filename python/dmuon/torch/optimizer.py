@@ -93,6 +93,8 @@ class DMuon(torch.optim.Optimizer):
         self._matrices, self.owners = [], {}  # every Muon matrix, in parameter order; its owner by name
 
         if isinstance(params, torch.nn.Module):
+            for schedule in params.__dict__.get("_dmuon_held_schedules", ()):
+                schedule.adopt()  # parameter objects that .to_empty() replaced get their held marks
             params = module_groups(params)
         torch_groups, layouts = self._parse(params, defaults, first_group=0)
         self._constructed = False

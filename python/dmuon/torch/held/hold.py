@@ -52,10 +52,16 @@ class HeldMatrices:
     owners: name → owner (group rank); owned_bytes: the weight bytes each rank owns, in group rank
     order, each at most owned_bytes_bound; units: the hook modules' names, in order."""
 
-    def __init__(self, names, params, owners, owned_bytes, bound, units, schedule):
-        self.names, self.params, self.owners = names, params, owners
+    def __init__(self, names, owners, owned_bytes, bound, units, schedule):
+        self.names, self.owners = names, owners
         self.owned_bytes, self.owned_bytes_bound, self.units = owned_bytes, bound, units
         self._schedule = schedule
+
+    @property
+    def params(self):
+        """The held parameters as the modules register them now (a set, for ignored_params)."""
+        self._schedule.adopt()
+        return {p for p, _ in self._schedule.registry.values()}
 
     def set_requires_gradient_sync(self, requires_gradient_sync):
         """As FSDPModule.set_requires_gradient_sync: False keeps the next backwards' gradients local
@@ -200,12 +206,13 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
         _set_policy(unit_list[-1], mp_policy, model, unit_name)
         unit_list[-1].stale = groups.grid.replicas > 1  # the columns have no copy yet
 
-    schedule = HeldSchedule(unit_list, groups, reshard_after_forward)
+    registry = {n: [registered[n], owners[n] == comm.rank] for n, _ in chosen}
+    schedule = HeldSchedule(unit_list, groups, reshard_after_forward, registry)
     schedule.install()
     for n, _ in chosen:
         registered[n]._dmuon_held = HeldParam(owners[n], tuple(global_ranks), process_group, schedule)
-    install_state_dict_hooks(model, {n: (registered[n], owners[n] == comm.rank) for n, _ in chosen},
-                             _entry_mesh(mesh, global_ranks, comm), schedule)
+    install_state_dict_hooks(model, _entry_mesh(mesh, global_ranks, comm), schedule)
+    model.__dict__.setdefault("_dmuon_held_schedules", []).append(schedule)  # DMuon(model) adopts through it
     if chosen:
         torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
             model, [n for n, _ in chosen])
@@ -216,7 +223,7 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     total = sum(owned)
     largest = max((p.numel() * p.element_size() for _, p in chosen), default=0)
     bound = max(largest, math.ceil((1 + MEMORY_SLACK) * total / world))
-    return HeldMatrices([n for n, _ in chosen], {registered[n] for n, _ in chosen}, owners, owned, bound,
+    return HeldMatrices([n for n, _ in chosen], owners, owned, bound,
                         [u.name for u in unit_list], schedule)
 
 

@@ -33,7 +33,9 @@ reading parameters on every rank).
 import torch
 import torch.utils._pytree as pytree
 
-from dmuon.torch.held.placeholder import HeldElsewhere
+from dmuon.torch.layout import is_dtensor
+
+from dmuon.torch.held.placeholder import HeldElsewhere, drop_scratch
 
 FREE, STAGE1, STAGE2, READY = "free", "stage1", "stage2", "ready"
 
@@ -54,7 +56,6 @@ class HeldUnit:
 
     def __init__(self, index, name, module, buckets, slots):
         self.index, self.name, self.module, self.buckets = index, name, module, buckets
-        self.params = [p for b in buckets for p in b.params]
         self.slots = slots
         self.state = FREE
         self.stale = False  # HSDP: the column copies predate the owner's last update
@@ -66,8 +67,34 @@ class HeldUnit:
         self.reduced = False
 
     @property
+    def params(self):
+        """The registered parameters (masters here, placeholders elsewhere), in bucket order."""
+        return [p for b in self.buckets for p in b.params]
+
+    @property
     def working(self):
         return [w for b in self.buckets for w in b.working]
+
+    def adopt(self, registry):
+        """Takes a parameter object that replaced a held one on its module by .to_empty() or .to()
+        (nn.Module._apply makes a new Parameter when the storage kind changes, e.g. from meta): the
+        owner's master as a plain tensor, a placeholder elsewhere, of the same shape. It gets the
+        held parameter's marks; registry (name → [parameter, owner here]) follows. Anything else is
+        left for check_registered to refuse."""
+        k = 0
+        for b in self.buckets:
+            for j, old in enumerate(b.params):
+                module, attr, full = self.slots[k]
+                k += 1
+                now = module._parameters.get(attr)
+                if now is old or now is None or any(now is w for w in b.working):
+                    continue
+                kind_ok = isinstance(now, HeldElsewhere) != b.is_owner and not is_dtensor(now)
+                if not kind_ok or tuple(now.shape) != tuple(old.shape):
+                    continue
+                now._dmuon_held = old._dmuon_held
+                b.params[j] = now
+                registry[full][0] = now
 
     # ---- weights: FREE → (STAGE1 →) STAGE2 → READY → FREE ----
 
@@ -135,8 +162,9 @@ class HeldUnit:
 class HeldSchedule:
     """The hooks of all units of one hold_on_owners call, and the reduces in flight."""
 
-    def __init__(self, units, groups, reshard_after_forward):
+    def __init__(self, units, groups, reshard_after_forward, registry):
         self.units = units
+        self.registry = registry  # name → [registered parameter, owner here] (state_dict.py reads it)
         self.groups = groups
         self.reshard_after_forward = reshard_after_forward
         self.requires_gradient_sync = True
@@ -164,7 +192,14 @@ class HeldSchedule:
 
     # ---- forward ----
 
+    def adopt(self):
+        """Every unit's adopt(): after .to_empty() or .to() replaced parameter objects."""
+        for unit in self.units:
+            unit.adopt(self.registry)
+
     def _pre_forward(self, unit):
+        drop_scratch()
+        unit.adopt(self.registry)
         unit.check_registered()
         if self.unsharded:
             return
@@ -206,6 +241,8 @@ class HeldSchedule:
         Collective. The masters (and placeholders) are registered again by reshard()."""
         if self.unsharded:
             return
+        drop_scratch()
+        self.adopt()
         self.drain()
         for unit in self.units:
             unit.post_unshard()
@@ -329,6 +366,7 @@ class HeldSchedule:
         """The owners changed their masters: every working copy is stale. Copies outside the columns
         are freed and, with replicas, the column copies are refreshed before their next use. No
         communication."""
+        drop_scratch()
         self.drain()
         self.reshard()
         for unit in self.units:

@@ -10,7 +10,10 @@ module's working copy in); outside that, the module's registered parameter is a 
   writes       are skipped: every rank runs the same script, and the owner's copy takes the write
                (init_weights, reset_parameters, load_state_dict, zero_grad(set_to_none=False))
   random fills draw as many numbers as on the owner, so every rank's generator stays in step with a
-               materialised init (nn.init.normal_, uniform_, trunc_normal_, ...)
+               materialised init: the fill runs on a scratch copy, which the placeholder then reads
+               and writes as the owner does its master (trunc_normal_ resamples by the values it
+               drew), until another placeholder's fill or the held hooks' next use drop it: one
+               matrix at a time, the owner's values (every rank runs the same ops)
   .to(), .to_empty(), .half(), detach, views   give another HeldElsewhere (with the new dtype or
                device), so nn.Module._apply keeps the parameter object
 """
@@ -42,6 +45,7 @@ class HeldElsewhere(torch.Tensor):
     def __new__(cls, shape, dtype, device, name, owner, gradient=False, requires_grad=False):
         t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device, requires_grad=requires_grad)
         t.held_name, t.held_owner, t.held_gradient = name, owner, gradient
+        t.scratch = None  # the values of a random fill, until drop_scratch()
         return t
 
     def like(self, shape=None, dtype=None, device=None):
@@ -78,11 +82,20 @@ class HeldElsewhere(torch.Tensor):
         held = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, HeldElsewhere)]
         first = held[0]
         packet = func.overloadpacket
-        if packet in _RANDOM_FILLS:
-            if isinstance(args[0], HeldElsewhere):
-                scratch = torch.empty(args[0].shape, dtype=args[0].dtype, device=args[0].device)
-                func(scratch, *args[1:], **kwargs)
-            return args[0]
+        if packet in _RANDOM_FILLS and isinstance(args[0], HeldElsewhere):
+            target = args[0]
+            if _live[0] is not target:
+                drop_scratch()
+                target.scratch = torch.empty(target.shape, dtype=target.dtype, device=target.device)
+                _live[0] = target
+            func(target.scratch, *args[1:], **kwargs)
+            return target
+        moves = packet in _RETYPES and ("device" in kwargs or "dtype" in kwargs)
+        if not moves and any(t.scratch is not None for t in held):
+            def values(t):
+                return t.scratch if isinstance(t, HeldElsewhere) and t.scratch is not None else t
+            out = func(*tree_map(values, args), **tree_map(values, kwargs))
+            return args[0] if func._schema.is_mutable and isinstance(args[0], HeldElsewhere) else out
         if packet in _RETYPES:
             return first.like(dtype=kwargs.get("dtype"), device=kwargs.get("device"))
         if packet in _FACTORIES:
@@ -96,6 +109,16 @@ class HeldElsewhere(torch.Tensor):
         if func._schema.is_mutable:
             return _write(func, args, kwargs)
         raise first.error()
+
+
+_live = [None]  # the placeholder holding a scratch copy, if any
+
+
+def drop_scratch():
+    """Drops the scratch copy of the last random fill (hooks.py, before any use of held weights)."""
+    if _live[0] is not None:
+        _live[0].scratch = None
+        _live[0] = None
 
 
 def _written(func, args, kwargs):

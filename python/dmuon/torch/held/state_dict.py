@@ -74,11 +74,14 @@ class HeldEntry(DTensor):
         return self._local_tensor
 
 
-def install_state_dict_hooks(model, held_names, mesh, schedule):
-    """held_names: {full name: (registered parameter: the master or a placeholder, owner here)}. Registers the model's hooks: its
-    state_dict lists HeldEntry values for them; load_state_dict takes any of the values above."""
+def install_state_dict_hooks(model, mesh, schedule):
+    """Registers the model's hooks for the held parameters of `schedule` (its registry: name →
+    [registered parameter: the master or a placeholder, owner here]): its state_dict lists HeldEntry
+    values for them; load_state_dict takes any of the values above."""
+    held_names = schedule.registry
 
     def entries(module, state_dict, prefix, local_metadata):
+        schedule.adopt()
         for name, (p, owner_here) in held_names.items():
             key = prefix + name
             if key not in state_dict:
@@ -87,6 +90,7 @@ def install_state_dict_hooks(model, held_names, mesh, schedule):
             state_dict[key] = HeldEntry.make(local, mesh, owner_here)
 
     def to_plain(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        schedule.adopt()
         for name in held_names:
             key = prefix + name
             value = state_dict.get(key)
