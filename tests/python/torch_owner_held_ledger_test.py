@@ -118,6 +118,13 @@ def label_buffers(ledger, schedule):
     return originals
 
 
+def noted(hook, ledger, event):
+    def run(working):
+        hook(working)
+        ledger.note(event)
+    return run
+
+
 def check_overlap(checkpointing):
     label = f"overlap{' with checkpointing' if checkpointing else ''}"
     net, opt, held = build("owner-held", checkpointing=checkpointing)
@@ -128,7 +135,7 @@ def check_overlap(checkpointing):
         block.register_forward_hook(lambda m, a, o, i=i: ledger.note(("forward end", i)))
         unit = next(u for u in schedule.units if u.module is block)
         for bucket in unit.buckets:  # each working gradient accumulated: after the schedule's own hook
-            bucket.on_gradient = lambda w, i=i, hook=bucket.on_gradient: (hook(w), ledger.note(("gradient", i)))
+            bucket.on_gradient = noted(bucket.on_gradient, ledger, ("gradient", i))
     originals = label_buffers(ledger, schedule)
     try:
         with recording(ledger):

@@ -13,7 +13,9 @@ sequence of collectives on all its ranks.
                                the working copies (reshard_after_forward, or always when no backward
                                will follow); hook the outputs so the unit's backward starts with its
                                working copies present
-  pre-backward (outputs' grad) broadcast unit i's weights again where freed, start unit i−1's
+  pre-backward (outputs' grad) broadcast unit i's weights again where freed and register them (a
+                               recompute of the module's forward, not its __call__, runs no hook:
+                               transformers' gradient checkpointing), start unit i−1's
   post-accumulate-grad hooks   when the last of unit i's working gradients is complete: free the
                                working copies, post the gradient reduce to the owners (asynchronous),
                                and move older reduces on by one stage (HSDP: the stage across replicas)
@@ -267,6 +269,7 @@ class HeldSchedule:
             return
         self._enter_backward(unit)
         unit.wait()
+        unit.register_working()  # a recompute of the module's forward alone (transformers' checkpointing) runs no hook
         if unit.index > 0:
             before = self.units[unit.index - 1]
             before.post_unshard()
