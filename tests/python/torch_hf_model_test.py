@@ -33,7 +33,10 @@ from rank_exit import exit_rank
 STEPS = 4
 BATCH, SEQ = 12, 16
 MAX_NORM = 0.655  # the reference's norms are 0.653 to 0.661: clipping is active in some steps, not all
-TOLERANCE = 1e-5  # float32 after STEPS steps: the distributed runs and the reference differ in summation order
+# The runs differ from the reference by float32 rounding in the gradients' summation order (ε = 1.2e-7);
+# Newton–Schulz with Keller's coefficients multiplies a perturbation along a small singular direction by
+# up to a = 3.4445 per step, a^5 = 486 over its 5 steps: rtol = ε·a^5 = 5.8e-5.
+TOLERANCE = 5.8e-5
 HYPER = dict(lr=0.02, momentum=0.95, weight_decay=0.01)
 ADAMW = dict(lr=3e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
 CONFIG = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,

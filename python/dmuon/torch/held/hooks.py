@@ -82,7 +82,8 @@ class HeldUnit:
         (nn.Module._apply makes a new Parameter when the storage kind changes, e.g. from meta): the
         owner's master as a plain tensor, a placeholder elsewhere, of the same shape. It gets the
         held parameter's marks; registry (name → [parameter, owner here]) follows. Anything else is
-        left for check_registered to refuse."""
+        left for check_registered to refuse. Called outside forward only (DMuon(model), held.params,
+        state dicts, unshard): inside it, FSDP2 registers plain unsharded parameters of its own."""
         k = 0
         for b in self.buckets:
             for j, old in enumerate(b.params):
@@ -157,8 +158,9 @@ class HeldUnit:
             now = module._parameters.get(attr)
             if now is not p and id(now) not in working:
                 raise RuntimeError(f"dmuon.torch.hold_on_owners: parameter '{full}' is no longer the module's "
-                                   "parameter (fully_shard sharded it?): pass ignored_params=held.params to every "
-                                   "fully_shard call")
+                                   "parameter: fully_shard sharded it (pass ignored_params=held.params to every "
+                                   "fully_shard call), or .to_empty()/.to() made a new one (build DMuon(model) or read "
+                                   "held.params after moving the model: they take the new object)")
 
 
 class HeldSchedule:
@@ -201,7 +203,6 @@ class HeldSchedule:
 
     def _pre_forward(self, unit):
         drop_scratch()
-        unit.adopt(self.registry)
         unit.check_registered()
         if self.unsharded:
             return
