@@ -45,7 +45,7 @@ def check_add_param_group():
     for step in range(STEPS):
         if step == ADD_AT:
             opt.add_param_group({"params": model.named(LATE), "lr": 0.01, "adamw_lr": 1e-3})
-            late_muon = [n for g in opt.param_groups[2:] if g["use_muon"] for n in g["names"]]
+            late_muon = [n for g in opt.param_groups[2:] if g["use_muon"] for n in g["param_names"]]
             owned = {name.split("[")[0] for name in opt.owners}  # an expert stack's matrices are name[e]
             check(sorted(late_muon + ["layers.0.attn.weight", "odd.weight"]) == sorted(owned),
                   f"add_param_group: owners {opt.owners}")
