@@ -67,11 +67,12 @@ class DMuon(torch.optim.Optimizer):
     """
 
     # Defaults, and where they differ from the C++ engine's on purpose (docs/pytorch.md, "Defaults"): Muon's
-    # lr, momentum and Nesterov equal MuonHyper's (optim.hpp). AdamW's lr 3e-4 and betas (0.9, 0.95) are the
-    # usual settings of the transformer AdamW this optimizer replaces, and scale="match_rms_adamw" gives
-    # Muon's updates that AdamW's RMS (Moonlight), so the two halves share a schedule; optim.hpp's AdamWHyper
-    # keeps torch.optim.AdamW's own defaults (lr 1e-3, betas (0.9, 0.999)) and MuonScale::original is
-    # KellerJordan/Muon's, the definitions the golden tensors pin; trainer.hpp's 3e-3 is the GPT example's.
+    # lr, momentum and Nesterov equal MuonHyper's (optim.hpp). AdamW parameters take the same lr unless
+    # adamw_lr is given, for scale="match_rms_adamw" gives Muon's updates AdamW's RMS (Moonlight), so the two
+    # halves share one lr and schedule; AdamW's betas (0.9, 0.95) are the usual setting of the transformer
+    # AdamW this optimizer replaces. optim.hpp's AdamWHyper keeps torch.optim.AdamW's own defaults (lr 1e-3,
+    # betas (0.9, 0.999)) and MuonScale::original is KellerJordan/Muon's, the definitions the golden tensors
+    # pin; trainer.hpp's 3e-3 is the GPT example's.
     def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=None,
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, ns_steps=5, coeffs="keller",
                  algo="auto", scale="match_rms_adamw", balancer="milp", process_group=None, clip_grad_norm=None,
@@ -159,7 +160,7 @@ class DMuon(torch.optim.Optimizer):
                             raise ValueError(f"DMuon: parameter '{name}': {e}") from None
                     layouts.append((name, layout, g))
         except (ValueError, TypeError, dmuon.DmuonError) as e:
-            error = (type(e), str(e))
+            error = (TypeError if isinstance(e, TypeError) else ValueError, str(e))  # torch.optim's kinds
         signature = [(n, l.global_shape, l.grid, g["use_muon"]) for n, l, g in layouts]
         _agree_on_parameters(self.comm, error, signature)
 
@@ -428,8 +429,8 @@ def _check_hyper(g):
 
 def _agree_on_parameters(comm, error, signature):
     """Raises the same exception on every rank when any rank failed to parse its parameters (error:
-    (exception type, message), or None) or the ranks' (name, global shape, grid, use_muon) lists differ
-    (ValueError). A message gets the failing rank."""
+    (TypeError or ValueError, message), or None) or the ranks' (name, global shape, grid, use_muon)
+    lists differ (ValueError). A message gets the failing rank."""
     gathered = comm.all_gather_object((error, signature))
     for r, (e, _) in enumerate(gathered):
         if e is not None:

@@ -142,11 +142,8 @@ def _hyper(group, defaults, muon):
     if muon:
         return {key: group.get(key, defaults[key]) for key in ("lr", "momentum", "nesterov", "weight_decay")}
 
-    def pick(*keys):
-        for source, key in [(group, k) for k in keys] + [(defaults, k) for k in keys]:
-            if source.get(key) is not None:
-                return source[key]
-        raise KeyError(keys[0])  # defaults hold every key
+    def pick(*keys):  # the first of keys set (not None) in the group, else in defaults
+        return next((v for v in (source.get(k) for source in (group, defaults) for k in keys) if v is not None), None)
 
     return {"lr": pick("adamw_lr", "lr"), "betas": tuple(pick("betas", "adamw_betas")),
             "eps": pick("eps", "adamw_eps"), "weight_decay": pick("adamw_weight_decay", "weight_decay")}
