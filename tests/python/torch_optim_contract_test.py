@@ -8,7 +8,7 @@ trip and deep copies at 2–3 ranks are in torch_conventions_ranks_test.py):
                 groups keep their indices; mixing named and unnamed raises torch's error
   copies        copy.deepcopy and pickle keep every public attribute, and the copy steps as the original
   lr            lr (given to DMuon or in a group) reaches every parameter, adamw_lr only AdamW's; a
-                1-element tensor lr (0-D, 1-D, 2-D) steps as the float; a group key that none of its
+                1-element tensor lr (0-D, 1-D, 2-D) steps as the float, also under OneCycleLR; a group key that none of its
                 parameters uses, and an option of the whole optimizer in a group, raise at construction
   inputs        a bare tensor, a set, a non-leaf tensor, duplicates within and across groups, an empty list
   base          zero_grad(set_to_none=True/False), step(closure), add_param_group with names,
@@ -270,13 +270,34 @@ def test_an_option_of_the_whole_optimizer_in_a_group_is_refused(option, value):
 @pytest.mark.parametrize("shape", [(), (1,), (1, 1)])
 def test_a_one_element_tensor_lr_steps_as_the_float(shape):
     results = []
-    for lr in (torch.full(shape, 0.01), 0.01):
+    for lr in (torch.full(shape, 0.01, dtype=torch.float64), 0.01):  # float64: the float's own value
         net = make_net()
         opt = DMuon(net.named_parameters(), lr=lr, adamw_lr=lr)
         train(net, opt, 3)
         results.append(values(net))
     assert_equal_lists(*results)
     torch.optim.AdamW(make_net().parameters(), lr=torch.full(shape, 0.01), foreach=False)  # torch takes it too
+
+
+def test_one_cycle_lr_schedules_a_tensor_lr_as_a_float_and_as_for_adamw():
+    results, lrs = [], []
+    for lr in (torch.tensor(0.01, dtype=torch.float64), 0.01):  # a scheduler fill_s the tensor: float64 holds
+        net, adamw_net = make_net(), make_net()                   # the float's values exactly
+        opt = DMuon(net.named_parameters(), lr=lr)
+        adamw = torch.optim.AdamW(adamw_net.parameters(), lr=lr, foreach=False)
+        scheds = [torch.optim.lr_scheduler.OneCycleLR(o, max_lr=0.04, total_steps=6) for o in (opt, adamw)]
+        for _ in range(5):
+            backward(net)
+            backward(adamw_net)
+            opt.step()
+            adamw.step()
+            for sched in scheds:
+                sched.step()
+            assert [float(g["lr"]) for g in opt.param_groups] == [float(adamw.param_groups[0]["lr"])] * 2
+            lrs.append(float(opt.param_groups[0]["lr"]))
+        results.append(values(net))
+    assert_equal_lists(*results)
+    assert lrs[:5] == lrs[5:]
 
 
 def test_a_tensor_lr_of_more_elements_raises_as_torch():
