@@ -401,6 +401,12 @@ def test_add_param_group_with_names_as_adamw():
         assert opt.param_groups[-1]["param_names"] == ["2.weight"] and opt.param_groups[-1]["lr"] == 0.5
 
 
+def test_add_param_group_takes_a_dict_only_as_adamw():
+    w0, b0, w2, b2 = make_net().parameters()
+    for group in ([w2], w2):
+        same_error(lambda cls: cls([w0]).add_param_group(group), TypeError)
+
+
 def test_a_saved_state_dict_loads_with_weights_only_and_resumes_bit_for_bit():
     net, twin = make_net(), make_net()
     opt = DMuon(net.named_parameters(), lr=torch.tensor(0.02))

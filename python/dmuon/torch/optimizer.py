@@ -125,17 +125,18 @@ class DMuon(torch.optim.Optimizer):
         if not self._constructed:  # torch.optim.Optimizer.__init__ registering the groups _parse made
             self.param_groups.append(param_group)
             return
-        torch_groups, layouts = self._parse([param_group], self.defaults, first_group=len(self.param_groups))
+        torch_groups, layouts = self._parse(param_group, self.defaults, first_group=len(self.param_groups))
         self.param_groups.extend(torch_groups)
         self._track(layouts)
 
     def _parse(self, params, defaults, first_group):
-        """(torch param groups, [(name, Layout, torch group)]) from DMuon's `params` (collective).
+        """(torch param groups, [(name, Layout, torch group)]) from DMuon's `params`, or from
+        add_param_group's one group when first_group > 0 (collective).
 
         Every rank parses its parameters; errors and the parameter lists are then compared across
         ranks, so a problem on one rank becomes the same exception on all of them (no hang)."""
         groups, layouts, error = [], [], None
-        named_groups = "param_names" in self.param_groups[0] if first_group else None  # add_param_group
+        named_groups = "param_names" in self.param_groups[0] if first_group else None
         try:
             groups = split_groups(params, defaults, first_group, warn=self.comm.rank == 0, named_groups=named_groups)
             seen = {id(l.tensor): n for n, l in zip(self.param_groups_names, self._layouts)}

@@ -159,9 +159,14 @@ def split_groups(params, defaults, first_group=0, warn=False, named_groups=None)
     adamw_weight_decay, adamw_betas (or betas) and adamw_eps (or eps) AdamW's. A key that none of
     the group's parameters uses, an option of the whole optimizer, or an unknown key raises
     ValueError. Groups are numbered from first_group in made-up names and messages. warn: issue the
-    warnings (one rank does). named_groups: whether the optimizer's existing groups are named (None:
-    it has none yet), for torch.optim's rule that all groups are named or none.
+    warnings (one rank does). named_groups: whether the optimizer's existing groups are named, for
+    torch.optim's rule that all groups are named or none; None at construction, else `params` is
+    add_param_group's one group, a dict as torch.optim's.
     """
+    if named_groups is not None:
+        if not isinstance(params, dict):
+            raise TypeError(f"param_group must be a dict, but got {type(params)}")
+        params = [params]
     if isinstance(params, (torch.Tensor, Sharded)):
         raise TypeError("params argument given to the optimizer should be an iterable of Tensors or dicts, "
                         "but got " + torch.typename(params))
@@ -174,7 +179,7 @@ def split_groups(params, defaults, first_group=0, warn=False, named_groups=None)
     out = []
     for g, group in enumerate(user_groups, start=first_group):
         if not isinstance(group, dict):
-            raise TypeError(f"param_group must be a dict, but got {torch.typename(group)}")
+            raise TypeError(f"param_group must be a dict, but got {type(group)}")
         if "params" not in group:
             raise ValueError(f"DMuon: param group {g} has no 'params'")
         options = sorted(set(group) & set(OPTIMIZER_OPTIONS))
