@@ -161,7 +161,7 @@ class DMuon(torch.optim.Optimizer):
                             raise ValueError(f"DMuon: parameter '{name}': {e}") from None
                     layouts.append((name, layout, g))
         except (ValueError, TypeError, dmuon.DmuonError) as e:
-            error = (TypeError if isinstance(e, TypeError) else ValueError, str(e))  # torch.optim's kinds
+            error = (TypeError, str(e)) if isinstance(e, TypeError) else str(e)  # torch.optim's kinds
         signature = [(n, l.global_shape, l.grid, g["use_muon"]) for n, l, g in layouts]
         _agree_on_parameters(self.comm, error, signature)
 
@@ -430,12 +430,12 @@ def _check_hyper(g):
 
 def _agree_on_parameters(comm, error, signature):
     """Raises the same exception on every rank when any rank failed to parse its parameters (error:
-    (TypeError or ValueError, message), or None) or the ranks' (name, global shape, grid, use_muon)
-    lists differ (ValueError). A message gets the failing rank."""
+    None, the message of a ValueError, or (TypeError, message)) or the ranks' (name, global shape,
+    grid, use_muon) lists differ (ValueError). A message gets the failing rank."""
     gathered = comm.all_gather_object((error, signature))
     for r, (e, _) in enumerate(gathered):
         if e is not None:
-            kind, message = e
+            kind, message = e if isinstance(e, tuple) else (ValueError, e)
             raise kind(message if "rank" in message else f"{message} (rank {r})")
     reference = gathered[0][1]
     for r, (_, sig) in enumerate(gathered[1:], start=1):
