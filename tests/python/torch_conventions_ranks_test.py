@@ -5,22 +5,34 @@
   mismatch          an add_param_group whose parameters differ across ranks, or that is bad on one
                     rank only, raises the same ValueError on every rank and leaves the optimizer as it was
   no gradients      step() with no gradient on any rank changes nothing and counts nothing
+  state dict        under FSDP2, the state_dict() of DMuon over named parameters, loaded into one over
+                    the same parameters unnamed (and back), resumes bit for bit (torch.optim loads by position)
+  deepcopy          copy.deepcopy((model, optimizer)) over replicated and Sharded parameters: the copy
+                    steps collectively, bit for bit as the original
 
 Run: torchrun --standalone --nproc_per_node N tests/python/torch_conventions_ranks_test.py (N = 1..4),
 with PYTHONPATH=build/python and one BLAS thread per rank.
 """
 
+import copy
+import warnings
 
 import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 from dmuon.torch import DMuon
-from torch_dmuon_mpi_test import SPECS, STEPS, TOLERANCE, Model, Reference, gradients, hyper_of, initial_values
+from torch_dmuon_mpi_test import (SPECS, STEPS, TOLERANCE, Holder, Model, Reference, gradients, hyper_of,
+                                  initial_values)
 from rank_exit import exit_rank
 
 FIRST = ["layers.0.attn.weight", "odd.weight", "norm.weight", "embed.weight"]
 LATE = [n for n, _ in SPECS if n not in FIRST]          # added by add_param_group after ADD_AT steps
 SHARDED = ["odd.weight", "layers.1.attn.weight", "tiny.weight", "conv.weight", "layers.0.mlp.up.bias"]
+# Names that route as their shapes do (no embedding, head or expert stack), so that the parameters
+# unnamed give DMuon the same groups and matrices.
+PLAIN = ["layers.0.attn.weight", "odd.weight", "tiny.weight", "conv.weight", "norm.weight", "layers.0.mlp.up.bias"]
 ADD_AT = 3
 
 failures = []
@@ -45,7 +57,7 @@ def check_add_param_group():
     for step in range(STEPS):
         if step == ADD_AT:
             opt.add_param_group({"params": model.named(LATE), "lr": 0.01, "adamw_lr": 1e-3})
-            late_muon = [n for g in opt.param_groups[2:] if g["use_muon"] for n in g["names"]]
+            late_muon = [n for g in opt.param_groups[2:] if g["use_muon"] for n in g["param_names"]]
             owned = {name.split("[")[0] for name in opt.owners}  # an expert stack's matrices are name[e]
             check(sorted(late_muon + ["layers.0.attn.weight", "odd.weight"]) == sorted(owned),
                   f"add_param_group: owners {opt.owners}")
@@ -114,11 +126,61 @@ def check_no_gradients():
         check(all(torch.equal(v, opt.state[p][k]) for k, v in state[n].items()), f"no gradients: {n}'s state changed")
 
 
+def check_state_dict_named_and_unnamed():
+    """Under FSDP2: 3 steps, state_dict(), load into an optimizer over the same parameters with the
+    other naming, 3 more steps on both: every local shard bit-identical."""
+    def holder():
+        model = Holder(initial_values(), PLAIN)
+        fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
+        return model
+
+    def build(model, named):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="DMuon: parameters without names")
+            return DMuon(model.named() if named else [p for _, p in model.named()], balancer="lpt")
+
+    for saved_named in (True, False):
+        label = f"state dict {'named → unnamed' if saved_named else 'unnamed → named'}"
+        model, twin = holder(), holder()
+        opt = build(model, saved_named)
+        for step in range(3):
+            model.train_step(opt, step)
+        loaded = build(twin, not saved_named)
+        twin.load_state_dict(model.state_dict())
+        loaded.load_state_dict(opt.state_dict())
+        for step in range(3, 6):
+            model.train_step(opt, step)
+            twin.train_step(loaded, step)
+        for (name, p), (_, q) in zip(model.named(), twin.named()):
+            check(torch.equal(p.to_local(), q.to_local()), f"{label}: {name} differs")
+        check("param_names" in loaded.param_groups[0], f"{label}: param_names {loaded.param_groups[0].keys()}")
+
+
+def check_deepcopy():
+    """copy.deepcopy((model, optimizer)) after 3 steps; 3 more steps on both, bit-identical."""
+    model = Model(initial_values(), SHARDED)
+    opt = DMuon(model.named(), balancer="lpt")
+    for step in range(3):
+        model.set_grads(gradients(step))
+        opt.step()
+    model_copy, opt_copy = copy.deepcopy((model, opt))
+    check(opt_copy.owners == opt.owners and opt_copy.comm is opt.comm, "deepcopy: owners or group differ")
+    for step in range(3, 6):
+        for m, o in ((model, opt), (model_copy, opt_copy)):
+            m.set_grads(gradients(step))
+            o.step()
+    for name in model.params:
+        check(torch.equal(model.params[name], model_copy.params[name]), f"deepcopy: {name} differs")
+    check(opt_copy.updates == opt.updates == 6, f"deepcopy: {opt_copy.updates} and {opt.updates} updates")
+
+
 def main():
     torch.manual_seed(0)
     worst = check_add_param_group()
     check_mismatch()
     check_no_gradients()
+    check_state_dict_named_and_unnamed()
+    check_deepcopy()
     ok = torch.tensor([0 if failures else 1])
     dist.all_reduce(ok, op=dist.ReduceOp.MIN)
     if dist.get_rank() == 0:

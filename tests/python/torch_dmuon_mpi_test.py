@@ -208,11 +208,9 @@ class Holder(torch.nn.Module):
 
 
 def hyper_of(opt):
-    out = {}
-    for g in opt.param_groups:
-        for n in g["names"]:
-            out[n] = dict(g)
-    return out
+    """{parameter name, as DMuon names it: its param group's values}."""
+    groups = [g for g in opt.param_groups for _ in g["params"]]
+    return {n: dict(g) for n, g in zip(opt.param_groups_names, groups)}
 
 
 def run(model, opt, steps, first_step=0, ref=None, sched=None):

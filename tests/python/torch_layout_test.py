@@ -75,9 +75,10 @@ def layout(global_shape, grid, shard):
 
 
 def test_matrices_of_a_stack_a_matrix_and_a_conv():
-    assert matrices_of((8, 24, 16)) == [(e, 24, 16) for e in range(8)]
-    assert matrices_of((7, 12)) == [(None, 7, 12)]
-    assert matrices_of((6, 3, 2, 2)) == [(None, 6, 12)]
+    assert matrices_of((8, 24, 16), experts=True) == [(e, 24, 16) for e in range(8)]
+    assert matrices_of((7, 12), experts=False) == [(None, 7, 12)]
+    assert matrices_of((16, 8, 3), experts=False) == [(None, 16, 24)]  # a Conv1d's (out, in, k)
+    assert matrices_of((6, 3, 2, 2), experts=False) == [(None, 6, 12)]
 
 
 def test_rows_of_a_sharded_matrix_are_torch_chunk():

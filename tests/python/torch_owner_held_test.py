@@ -129,7 +129,7 @@ def full_weights(net):
 
 
 def hyper_of(opt):
-    return {n: dict(g) for g in opt.param_groups for n in g["names"]}
+    return {n: dict(g) for g in opt.param_groups for n in g["param_names"]}
 
 
 def reference_run(variant, hyper):

@@ -26,7 +26,7 @@ def adamw_update(p, grad, exp_avg, exp_avg_sq, step, hyper, grad_scale):
     """p, grad: this rank's values and gradient (grad None: zeros); exp_avg, exp_avg_sq: its moments
     (local tensors shaped as p); step: this update's number (1 for the first); hyper: its param group."""
     grad = torch.zeros_like(p) if grad is None else grad
-    lr, betas, eps, wd = hyper["lr"], hyper["betas"], hyper["eps"], hyper["weight_decay"]
+    lr, betas, eps, wd = float(hyper["lr"]), hyper["betas"], hyper["eps"], hyper["weight_decay"]  # lr may be a tensor
     m, v = exp_avg, exp_avg_sq
     engine = _engine(p)
     if (engine is not None and p.is_contiguous() and grad.is_contiguous() and grad.dtype == p.dtype

@@ -5,12 +5,14 @@ import dmuon
 
 
 def agree_on_parameters(comm, error, signature):
-    """Raises the same ValueError on every rank when any rank failed to parse its parameters or the
-    ranks' (name, global shape, grid, use_muon) lists differ."""
+    """Raises the same exception on every rank when any rank failed to parse its parameters (error:
+    None, the message of a ValueError, or (TypeError, message)) or the ranks' (name, global shape,
+    grid, use_muon) lists differ (ValueError). A message gets the failing rank."""
     gathered = comm.all_gather_object((error, signature))
     for r, (e, _) in enumerate(gathered):
         if e is not None:
-            raise ValueError(f"{e} (rank {r})" if "rank" not in e else e)
+            kind, message = e if isinstance(e, tuple) else (ValueError, e)
+            raise kind(message if "rank" in message else f"{message} (rank {r})")
     reference = gathered[0][1]
     for r, (_, sig) in enumerate(gathered[1:], start=1):
         if sig == reference:

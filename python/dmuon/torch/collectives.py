@@ -21,6 +21,18 @@ class Group:
             raise ValueError("DMuon: this process is not a member of the given process_group")
         self.ranks = [self.global_rank(g) for g in range(self.world)]  # global rank of each group rank
 
+    def __deepcopy__(self, memo):
+        """A deep copy of an optimizer shares its communicator, as it would share a file handle."""
+        return self
+
+    def __reduce__(self):
+        """Pickled as the default group (rebuilt where it is unpickled); another group has no name
+        that outlives this process."""
+        if self.pg is not None:
+            raise TypeError("DMuon over a process_group other than the default one cannot be pickled; "
+                            "pickle its state_dict(), or copy.deepcopy it")
+        return Group, (None,)
+
     def global_rank(self, group_rank):
         if not self.distributed or self.pg is None or self.pg is dist.group.WORLD:
             return group_rank

@@ -1,7 +1,8 @@
 """The Muon half of one DMuon step (DESIGN 1, 3 and 7 "all-to-all after the fact") for every layout.
 
 A Muon parameter is one or more matrices: a 2-D parameter is one (m, n) matrix, a 3-D (E, m, n)
-stack (MoE experts) is E matrices of (m, n), a ≥4-D conv weight is one (out, in·kh·kw) matrix. Each
+stack of experts (the optimizer's `experts` predicate says which) is E matrices of (m, n), any other
+≥ 3-D parameter (a Conv1d's (out, in, k), a Conv2d's (out, in, kh, kw)) one (out, in·k…) matrix. Each
 matrix has one owner rank in the whole group, which alone runs its Newton–Schulz. The parameter lies
 on a grid of R replicas × S shards (layout.py); per bucket of same-shape matrices:
   launch:  every rank forms momentum and U on its local rows (the momentum mirrors the parameter's
@@ -28,9 +29,10 @@ import torch
 import dmuon
 
 
-def matrices_of(global_shape):
-    """[(expert or None, rows, cols)]: the Muon matrices of a parameter of this shape."""
-    if len(global_shape) == 3:
+def matrices_of(global_shape, experts):
+    """[(expert or None, rows, cols)]: the Muon matrices of a parameter of this shape; experts: it is
+    an (E, m, n) stack of experts (else a ≥ 3-D parameter is one (out, in·k…) matrix, a conv filter)."""
+    if experts:
         return [(e, global_shape[1], global_shape[2]) for e in range(global_shape[0])]
     return [(None, global_shape[0], math.prod(global_shape[1:]))]
 
@@ -173,7 +175,7 @@ class MuonStep:
         """W ← W·(1 − lr·wd) − lr·s·O on this rank's rows; in the wider of the two dtypes, rounded
         once to the parameter's."""
         values = k.local_view(k.layout.local(k.layout.tensor))
-        lr, wd = k.group["lr"], k.group["weight_decay"]
+        lr, wd = float(k.group["lr"]), k.group["weight_decay"]  # lr may be a 1-element tensor, as torch.optim's
         wide = torch.promote_types(values.dtype, update.dtype)
         w = values if wide == values.dtype else values.to(wide)
         if wd:

@@ -12,6 +12,7 @@ reshards it: state[param] holds tensors laid out as the parameter (DTensors with
 placements for a DTensor parameter, full tensors for a replicated one), created at construction.
 """
 
+import copy
 import math
 
 import torch
@@ -22,7 +23,7 @@ from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
 from dmuon.torch.collectives import Group
 from dmuon.torch.layout import describe, is_dtensor
 from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, engine_target, matrices_of, muon_scale
-from dmuon.torch.params import module_groups, split_groups
+from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
 
 _COEFFS = ("keller", "you", "polar-express")
 _ALGOS = ("auto", "standard", "gram")
@@ -35,17 +36,25 @@ class DMuon(torch.optim.Optimizer):
     """Distributed Muon + AdamW. `params`: the model itself (routed by name and module type),
     model.named_parameters() (routed by name: hidden ≥2-D matrices → Muon; embeddings, head, 1-D →
     AdamW; params.py states the rule), tensors (routed by shape alone, with a warning), or param
-    groups with use_muon=True/False. Parameters may be plain (replicated: DDP or single process),
-    DTensors (FSDP2 Shard(0), HSDP (Replicate(), Shard(0)), or Replicate(), on a mesh of the
-    optimizer's group's ranks) or dmuon.torch.Sharded descriptions of dim-0 chunks.
+    groups, with use_muon=True/False or without. Parameters may be plain (replicated: DDP or single
+    process), DTensors (FSDP2 Shard(0), HSDP (Replicate(), Shard(0)), or Replicate(), on a mesh of
+    the optimizer's group's ranks) or dmuon.torch.Sharded descriptions of dim-0 chunks.
 
     `defaults` holds the per-group hyper-parameters under their keyword names (lr, momentum,
     nesterov, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param group
     is all-Muon (keys lr, momentum, nesterov, weight_decay) or all-AdamW (lr, betas, eps,
-    weight_decay), so LR schedulers set each kind's own lr. Schedulers that cycle momentum
-    (OneCycleLR, CyclicLR with cycle_momentum) find "momentum" in defaults and write
-    group["momentum"] in every group: Muon groups follow it; AdamW groups keep their betas (the key
-    is ignored there).
+    weight_decay), so a group's "lr" is the lr of every parameter in it and LR schedulers set it as
+    torch.optim's. lr and weight_decay, given to DMuon or in a group, reach every parameter;
+    adamw_lr and adamw_weight_decay (None: lr's, weight_decay's) only AdamW's, before them.
+    A user group becomes one param group, or two (Muon's, then AdamW's) when it has no use_muon and
+    holds both kinds; named parameters put "param_names" in their groups (split_groups in params.py;
+    docs/pytorch.md, "Param groups"). Schedulers that cycle momentum (OneCycleLR, CyclicLR with
+    cycle_momentum) find "momentum" in defaults and write group["momentum"] in every group: Muon
+    groups follow it; AdamW groups keep their betas (the key is ignored there).
+
+    experts(name, global_shape) -> bool: which 3-D Muon parameters are stacks of experts (E
+    matrices of m×n); by default those with "expert" in a name component. Every other ≥ 3-D
+    parameter is one (out, in·k…) matrix, as a convolution's filter.
 
     state_dtype: the dtype of Muon's momentum and AdamW's moments (float32 by default, so bf16
     parameters keep float32 state; None: each parameter's own dtype).
@@ -59,15 +68,16 @@ class DMuon(torch.optim.Optimizer):
     """
 
     # Defaults, and where they differ from the C++ engine's on purpose (docs/pytorch.md, "Defaults"): Muon's
-    # lr, momentum and Nesterov equal MuonHyper's (optim.hpp). AdamW's lr 3e-4 and betas (0.9, 0.95) are the
-    # usual settings of the transformer AdamW this optimizer replaces, and scale="match_rms_adamw" gives
-    # Muon's updates that AdamW's RMS (Moonlight), so the two halves share a schedule; optim.hpp's AdamWHyper
-    # keeps torch.optim.AdamW's own defaults (lr 1e-3, betas (0.9, 0.999)) and MuonScale::original is
-    # KellerJordan/Muon's, the definitions the golden tensors pin; trainer.hpp's 3e-3 is the GPT example's.
-    def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=3e-4,
-                 adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=0.0, ns_steps=5, coeffs="keller",
+    # lr, momentum and Nesterov equal MuonHyper's (optim.hpp). AdamW parameters take the same lr unless
+    # adamw_lr is given, for scale="match_rms_adamw" gives Muon's updates AdamW's RMS (Moonlight), so the two
+    # halves share one lr and schedule; AdamW's betas (0.9, 0.95) are the usual setting of the transformer
+    # AdamW this optimizer replaces. optim.hpp's AdamWHyper keeps torch.optim.AdamW's own defaults (lr 1e-3,
+    # betas (0.9, 0.999)) and MuonScale::original is KellerJordan/Muon's, the definitions the golden tensors
+    # pin; trainer.hpp's 3e-3 is the GPT example's.
+    def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=None,
+                 adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, ns_steps=5, coeffs="keller",
                  algo="auto", scale="match_rms_adamw", balancer="milp", process_group=None, clip_grad_norm=None,
-                 nonfinite="error", state_dtype=torch.float32):
+                 nonfinite="error", state_dtype=torch.float32, experts=is_expert_stack_by_default):
         _check_choice("coeffs", coeffs, _COEFFS)
         _check_choice("algo", algo, _ALGOS)
         _check_choice("scale", scale, _SCALES)
@@ -82,11 +92,11 @@ class DMuon(torch.optim.Optimizer):
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, adamw_lr=adamw_lr,
                         adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay)
         self.comm = Group(process_group)
-        self._process_group = process_group
         self.clip_grad_norm = clip_grad_norm
         self.nonfinite = nonfinite
         self.scale_kind = scale
         self.state_dtype = state_dtype
+        self.experts = experts
         self._balancer = balancer
         self._threads = torch.get_num_threads()
         self.param_groups_names, self._layouts, self._groups = [], [], []
@@ -100,8 +110,8 @@ class DMuon(torch.optim.Optimizer):
         self._constructed = False
         super().__init__(torch_groups, defaults)  # its add_param_group calls only append them
         self._constructed = True
-        self.ns = dmuon.Orthogonalizer(coeffs=coeffs, algo=algo, steps=int(ns_steps), threads=self._threads,
-                                       tune_cache="")
+        self._ns_options = dict(coeffs=coeffs, algo=algo, steps=int(ns_steps))
+        self.ns = dmuon.Orthogonalizer(**self._ns_options, threads=self._threads, tune_cache="")
         self.last_grad_norm = 0.0
         self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
         self._track(layouts)
@@ -112,33 +122,38 @@ class DMuon(torch.optim.Optimizer):
         `defaults`). A group without use_muon is split as at construction, so param_groups may grow
         by two. Collective, like construction: every rank calls it with the same parameter names and
         shapes, and a difference, a parameter the optimizer has already, or a bad value raises the
-        same ValueError on every rank. The new Muon matrices' owners are planned among themselves
+        same exception on every rank. The new Muon matrices' owners are planned among themselves
         (on rank 0, with the optimizer's balancer); existing owners, and the state they hold, stay.
         """
         if not self._constructed:  # torch.optim.Optimizer.__init__ registering the groups _parse made
             self.param_groups.append(param_group)
             return
-        torch_groups, layouts = self._parse([param_group], self.defaults, first_group=len(self.param_groups))
+        torch_groups, layouts = self._parse(param_group, self.defaults, first_group=len(self.param_groups))
         self.param_groups.extend(torch_groups)
         self._track(layouts)
 
     def _parse(self, params, defaults, first_group):
-        """(torch param groups, [(name, Layout, torch group)]) from DMuon's `params` (collective).
+        """(torch param groups, [(name, Layout, torch group)]) from DMuon's `params`, or from
+        add_param_group's one group when first_group > 0 (collective).
 
         Every rank parses its parameters; errors and the parameter lists are then compared across
         ranks, so a problem on one rank becomes the same exception on all of them (no hang)."""
         groups, layouts, error = [], [], None
+        named_groups = "param_names" in self.param_groups[0] if first_group else None
         try:
-            groups = split_groups(params, defaults, first_group, warn_unnamed=self.comm.rank == 0)
+            groups = split_groups(params, defaults, first_group, warn=self.comm.rank == 0, named_groups=named_groups)
             seen = {id(l.tensor): n for n, l in zip(self.param_groups_names, self._layouts)}
             for g in groups:
                 _check_hyper(g)
                 for name, p in g["named"]:
-                    layout = describe(name, p, self._process_group, self.comm.ranks, self.comm.rank)
+                    layout = describe(name, p, self.comm.pg, self.comm.ranks, self.comm.rank)
                     if id(layout.tensor) in seen:
-                        raise ValueError(f"DMuon: parameter '{name}' is given twice (also as "
-                                         f"'{seen[id(layout.tensor)]}')")
+                        raise ValueError(f"DMuon: some parameters appear in more than one parameter group: "
+                                         f"'{name}' (also '{seen[id(layout.tensor)]}')")
                     seen[id(layout.tensor)] = name
+                    if g["use_muon"] and self.experts(name, layout.global_shape) and len(layout.global_shape) != 3:
+                        raise ValueError(f"DMuon: parameter '{name}' of shape {layout.global_shape} is marked a "
+                                         "stack of experts (the experts predicate); a stack is (E, rows, cols)")
                     if layout.held is not None and not g["use_muon"]:
                         raise ValueError(f"DMuon: parameter '{name}' is held on its owner "
                                          "(dmuon.torch.hold_on_owners) for Muon, but its param group is AdamW's")
@@ -149,15 +164,16 @@ class DMuon(torch.optim.Optimizer):
                             raise ValueError(f"DMuon: parameter '{name}': {e}") from None
                     layouts.append((name, layout, g))
         except (ValueError, TypeError, dmuon.DmuonError) as e:
-            error = str(e)
+            error = (TypeError, str(e)) if isinstance(e, TypeError) else str(e)  # torch.optim's kinds
         signature = [(n, l.global_shape, l.grid, g["use_muon"]) for n, l, g in layouts]
         agree_on_parameters(self.comm, error, signature)
 
         torch_groups, torch_group_of = [], {}
         for g in groups:
-            hyper = {k: v for k, v in g.items() if k != "named"}
-            hyper["names"] = [n for n, _ in g["named"]]
+            hyper = {k: v for k, v in g.items() if k not in ("named", "param_names")}
             hyper["params"] = [l.tensor for n, l, gg in layouts if gg is g]
+            if g["param_names"]:
+                hyper["param_names"] = [n for n, _ in g["named"]]
             torch_groups.append(hyper)
             torch_group_of[id(g)] = hyper
         return torch_groups, [(n, l, torch_group_of[id(g)]) for n, l, g in layouts]
@@ -178,7 +194,7 @@ class DMuon(torch.optim.Optimizer):
             self._layouts.append(layout)
             self._groups.append(group)
             if group["use_muon"]:
-                for expert, rows, cols in matrices_of(layout.global_shape):
+                for expert, rows, cols in matrices_of(layout.global_shape, self.experts(name, layout.global_shape)):
                     matrices.append(MuonMatrix(i, expert, name + ("" if expert is None else f"[{expert}]"), layout,
                                                group, rows, cols, muon_scale(rows, cols, self.scale_kind)))
         assign_owners(matrices, self.comm.world,
@@ -311,38 +327,65 @@ class DMuon(torch.optim.Optimizer):
 
     # ---- checkpoints (state_dict() is torch.optim.Optimizer's: local, keyed by index) ----
 
+    @torch._disable_dynamo
     @torch.no_grad()
     def load_state_dict(self, state_dict):
-        """Loads a state_dict() of a DMuon over the same parameters (names, groups, kinds) laid out
-        the same way: saved tensors are copied into this optimizer's state (a DTensor into a DTensor
-        of the same mesh and placements). Parameters are matched by position in param_groups, as
-        torch.optim.Optimizer does, so DCP's set_state_dict (keys are parameter names) works. Local."""
+        """Loads a state_dict() of a DMuon over parameters of the same groups, kinds and layouts, with
+        or without names: parameters are matched by position in param_groups, as torch.optim.Optimizer
+        does (so DCP's set_state_dict, whose keys are parameter names, works), and saved tensors are
+        copied into this optimizer's state (a DTensor into a DTensor of the same mesh and placements).
+        The saved groups' values replace the groups' own (their "param_names" too, as torch's). Runs
+        the load_state_dict pre- and post-hooks as torch.optim.Optimizer does. Local."""
+        state_dict = state_dict.copy()  # shallow, as torch's: a pre-hook may change it in place
+        for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
+            result = pre_hook(self, state_dict)
+            if result is not None:
+                state_dict = result
         saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"loaded state dict has a different number of parameter groups ({len(saved_groups)}, "
+                             f"DMuon has {len(self.param_groups)})")
         if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in self.param_groups]:
-            raise ValueError(f"DMuon.load_state_dict: the saved state has param groups of "
-                             f"{[len(g['params']) for g in saved_groups]} parameters, this optimizer "
+            raise ValueError(f"loaded state dict contains a parameter group that doesn't match the size of "
+                             f"optimizer's group: {[len(g['params']) for g in saved_groups]} parameters, DMuon's "
                              f"{[len(g['params']) for g in self.param_groups]}")
+        first = 0
         for g, saved in zip(self.param_groups, saved_groups):
-            if "names" in saved and list(saved["names"]) != g["names"]:
-                diff = next(k for k, (a, b) in enumerate(zip(saved["names"], g["names"])) if a != b)
-                raise ValueError(f"DMuon.load_state_dict: parameter {diff} of the group of '{g['names'][0]}' is "
-                                 f"'{saved['names'][diff]}' in the saved state, '{g['names'][diff]}' here")
             if saved.get("use_muon", g["use_muon"]) != g["use_muon"]:
-                raise ValueError(f"DMuon.load_state_dict: the group of '{g['names'][0]}' is Muon in one state, "
-                                 "AdamW in the other")
+                raise ValueError(f"DMuon.load_state_dict: the group of '{self.param_groups_names[first]}' is Muon in "
+                                 "one state, AdamW in the other")
+            first += len(g["params"])
         saved_state = state_dict["state"]
         index = 0
         for g, saved in zip(self.param_groups, saved_groups):
             for key in saved["params"]:
-                name = self.param_groups_names[index]
                 if key in saved_state:
-                    self._load_entry(index, name, saved_state[key])
+                    self._load_entry(index, self.param_groups_names[index], saved_state[key])
                 else:
                     self._zero_state(index)
                 index += 1
-            for k, v in saved.items():
-                if k not in ("params", "names"):
-                    g[k] = v
+            for k, v in saved.items():  # in place: MuonMatrix and _groups hold these dicts
+                if k != "params":
+                    g[k] = copy.deepcopy(v)
+        for post_hook in self._optimizer_load_state_dict_post_hooks.values():
+            post_hook(self)
+
+    # ---- copies (copy.deepcopy, pickle) ----
+
+    def __getstate__(self):
+        """torch.optim.Optimizer's (defaults, state, param_groups) and DMuon's own attributes, but the
+        Newton–Schulz engine (rebuilt by __setstate__) and the hooks (a copy has none, as torch's). The
+        process group is shared by a deep copy and pickled as the default group (collectives.Group)."""
+        if any(layout.held is not None for layout in self._layouts):
+            raise TypeError("DMuon over owner-held parameters (dmuon.torch.hold_on_owners) cannot be copied or "
+                            "pickled: their hooks and buffers belong to the model; save its state_dict() instead")
+        state = super().__getstate__()
+        state.update((k, v) for k, v in self.__dict__.items() if k != "ns" and not k.startswith("_optimizer_"))
+        return state
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self.ns = dmuon.Orthogonalizer(**self._ns_options, threads=self._threads, tune_cache="")
 
     def _load_entry(self, i, name, entry):
         mine = self.state[self._layouts[i].tensor]
@@ -373,6 +416,8 @@ def _check_choice(name, value, choices):
 
 def _check_hyper(g):
     where = f"param group of '{g['named'][0][0]}'"
+    if torch.is_tensor(g["lr"]) and g["lr"].numel() != 1:
+        raise ValueError(f"DMuon: {where}: Tensor lr must be 1-element, got shape {tuple(g['lr'].shape)}")
     if not g["lr"] >= 0:
         raise ValueError(f"DMuon: {where}: lr must be >= 0, got {g['lr']}")
     if g["use_muon"]:
