@@ -15,7 +15,8 @@
   dmuon-owner      dmuon.torch.hold_on_owners + DMuon (the owner-centric mode)
 
     PYTHONPATH=build/python torchrun --standalone --nproc_per_node 2 python/benchmarks/fsdp2_owner_step.py \\
-        [--models small,qwen4] [--tokens 256,1024] [--micro-batches 1] [--steps 2] [--warmup 2] [--json FILE]
+        [--models small,qwen4] [--tokens 256,1024] [--micro-batches 1] [--param-dtype float32] [--steps 2]
+        [--warmup 2] [--json FILE]
 
 The peers are not dependencies of dmuon: install them beside it for a run, e.g.
 `pip install --no-deps --target /tmp/peers muon-fsdp2` and a checkout of microsoft/dion in /tmp/dion,
@@ -50,7 +51,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
 
 from dmuon.torch import DMuon, hold_on_owners
@@ -170,15 +171,15 @@ def peer_module(name):
         return f"{type(error).__name__}: {error}"
 
 
-def build(name, config, mesh, lr=0.02, adamw_lr=3e-3):
-    """(the model under fully_shard, its optimizer, HeldMatrices for dmuon-owner or None)"""
+def build(name, config, mesh, mp_policy, lr=0.02, adamw_lr=3e-3):
+    """(the model under fully_shard(mp_policy=...), its optimizer, HeldMatrices for dmuon-owner or None)"""
     torch.manual_seed(0)
     model = GPT(*config)
     held = hold_on_owners(model, mesh) if name == "dmuon-owner" else None
     ignored = held.params if held is not None else None
     for block in model.blocks:
-        fully_shard(block, mesh=mesh, ignored_params=ignored)
-    fully_shard(model, mesh=mesh, ignored_params=ignored)
+        fully_shard(block, mesh=mesh, ignored_params=ignored, mp_policy=mp_policy)
+    fully_shard(model, mesh=mesh, ignored_params=ignored, mp_policy=mp_policy)
     if name == "adamw":
         return model, torch.optim.AdamW(model.parameters(), lr=adamw_lr), held
     if name == "torch-muon":
@@ -215,10 +216,10 @@ def set_gradient_sync(model, held, sync):
         held.set_requires_gradient_sync(sync)
 
 
-def measure(name, config, tokens, micro_batches, steps, warmup):
+def measure(name, config, tokens, micro_batches, steps, warmup, mp_policy):
     world, rank = dist.get_world_size(), dist.get_rank()
     mesh = init_device_mesh("cpu", (world,))
-    model, opt, held = build(name, config, mesh)
+    model, opt, held = build(name, config, mesh, mp_policy)
     batch = max(1, tokens // SEQ // world // micro_batches)  # sequences per rank and micro-batch
     gen = torch.Generator().manual_seed(1)
     ledger = Ledger()
@@ -264,10 +265,15 @@ def main():
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     parser.add_argument("--micro-batches", type=int, default=1,
                         help="forward+backwards per step, each of tokens/K; only the last reduces gradients")
+    parser.add_argument("--param-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="bfloat16: MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) on every "
+                             "fully_shard (the held matrices follow it)")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per optimizer and setting")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     parser.add_argument("--json", default=None, help="also write the results to this file (rank 0)")
     args = parser.parse_args()
+    policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+              if args.param_dtype == "bfloat16" else MixedPrecisionPolicy())
     rank, world = init_process_group("gloo")
     requested = args.optimizers.split(",")
     unknown = [n for n in requested if n not in OPTIMIZERS]
@@ -283,9 +289,9 @@ def main():
         for tokens in [int(t) for t in args.tokens.split(",")]:
             setting = []
             for name in names:
-                r = measure(name, MODELS[model_name], tokens, args.micro_batches, args.steps, args.warmup)
+                r = measure(name, MODELS[model_name], tokens, args.micro_batches, args.steps, args.warmup, policy)
                 setting.append(dict(model=model_name, world=world, tokens=tokens, micro_batches=args.micro_batches,
-                                    optimizer=name,
+                                    param_dtype=args.param_dtype, optimizer=name,
                                     load_average_1min=os.getloadavg()[0], **r))
             base = next(r for r in setting if r["optimizer"] == "adamw") if "adamw" in names else None
             peers = [r["step"] for r in setting if r["optimizer"] in PEERS]

@@ -5,20 +5,26 @@
                HeldElsewhereError naming it and its owner elsewhere (p.float().pow(2).sum(), clone,
                copy.deepcopy); inside `with held.unshard():` every rank reads the owner's values
                (norm logging), and a no_grad eval loop there moves no weight again
-  clipping     torch.nn.utils.clip_grad_norm_ over model.parameters() refuses held gradients on the
-               ranks that do not own them (never a per-rank norm); dmuon.torch.clip_grad_norm_ gives
-               the single-process norm and clipped gradients (against one process, float32)
+  clipping     under FSDP2, DDP and (4 ranks) HSDP (2, 2): torch.nn.utils.clip_grad_norm_ over
+               model.parameters() refuses held gradients on the ranks that do not own them (never a
+               per-rank norm); dmuon.torch.clip_grad_norm_ gives the single-process norm and clipped
+               gradients (against one process, float32)
   full export  get_model_state_dict(full_state_dict=True) with and without cpu_offload holds every
                tensor, bit-identical to the owners' values; loading it into a fresh meta-initialised
                model with broadcast_from_rank0=True gives the same weights bit for bit
   meta init    with torch.device("meta"), hold_on_owners, fully_shard, to_empty, init (and to_empty
                and init before fully_shard): every held matrix equals a materialised init of the same
                seed bit for bit (torch's own init runs on the owner; the other ranks' generators
-               draw the same numbers)
+               draw the same numbers); each rank holds masters of exactly the bytes it owns, and in
+               the first step at most two units' working copies at once (the running one and the
+               prefetched one, as FSDP2)
   bf16         MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) from fully_shard
                applies to the held matrices: float32 masters and state on the owner, bfloat16 working
                copies; 3 steps equal a single-process run that applies the same casts (bfloat16
                forward and backward on each rank's slice, float32 mean of the gradients)
+  offload      a CPUOffloadPolicy on a block with held matrices is refused at the unit's first use
+  compile      (2 ranks) each block under torch.compile after fully_shard, with the held hooks:
+               3 steps as eager within float32 rounding
 
 Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc 2 -- tests/python/torch_owner_held_habits_test.py
 """
@@ -29,11 +35,13 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from torch.nn.parallel import DistributedDataParallel
 
 import dmuon.torch
 from dmuon.torch import DMuon, HeldElsewhereError, hold_on_owners
+from dmuon.torch.held import HeldElsewhere
 from dmuon.torch.held.buffer import HeldBuffer
 from dmuon.torch.mpirun import init_process_group
 from owner_held_model import Net, global_batches, loss_of, make_net, rank_slice
@@ -148,12 +156,25 @@ def count_broadcasts(action):
 
 # ---- clipping ----
 
-def check_clipping():
-    max_norm = 0.05
+def wrapped(kind):
+    """(model, held) under FSDP2, HSDP (2, W/2) or DDP, the held matrices out of their hands."""
     net = make_net()
-    held = build(net)
+    if kind == "ddp":
+        held = hold_on_owners(net)
+        return (DistributedDataParallel(net) if WORLD > 1 else net), held
+    mesh = init_device_mesh("cpu", (WORLD,)) if kind == "fsdp2" else \
+        init_device_mesh("cpu", (2, WORLD // 2), mesh_dim_names=("replicate", "shard"))
+    held = hold_on_owners(net, mesh)
+    shard(net, mesh, held)
+    return net, held
+
+
+def check_clipping(kind):
+    max_norm = 0.05
+    model, held = wrapped(kind)
+    net = model.module if kind == "ddp" and WORLD > 1 else model
     tokens = global_batches(1, BATCH)[0]
-    loss_of(net, rank_slice(tokens, RANK, WORLD)).backward()
+    loss_of(model, rank_slice(tokens, RANK, WORLD)).backward()
     if any(p._dmuon_held.owner != RANK for n, p in net.named_parameters() if n in held.owners):
         expect_held_error("torch.nn.utils.clip_grad_norm_", lambda: torch.nn.utils.clip_grad_norm_(
             net.parameters(), max_norm), "gradient of parameter", "dmuon.torch.clip_grad_norm_")
@@ -165,7 +186,7 @@ def check_clipping():
         (loss_of(ref, rank_slice(tokens, r, WORLD)) / WORLD).backward()
     ref_norm = torch.nn.utils.clip_grad_norm_(ref.parameters(), max_norm)
     check(abs(float(norm) - float(ref_norm)) <= FLOAT32_TOLERANCE * float(ref_norm),
-          f"clipping: norm {float(norm)}, one process {float(ref_norm)}")
+          f"clipping ({kind}): norm {float(norm)}, one process {float(ref_norm)}")
     for name, p in net.named_parameters():
         g = p.grad
         if name in held.owners:
@@ -175,7 +196,7 @@ def check_clipping():
             g = g.full_tensor()
         r = dict(ref.named_parameters())[name].grad
         error = float((g - r).norm() / r.norm().clamp_min(1e-30))
-        check(error <= FLOAT32_TOLERANCE, f"clipping: {name} gradient relative error {error:.2e}")
+        check(error <= FLOAT32_TOLERANCE, f"clipping ({kind}): {name} gradient relative error {error:.2e}")
 
 
 # ---- full export, broadcast_from_rank0, meta init ----
@@ -202,6 +223,35 @@ def init_weights(net):
                 p.fill_(0.5 if name.endswith("norm.weight") else 0.01)
 
 
+class WorkingBytes:
+    """Counts the held working copies' bytes allocated at once on this rank (patches HeldBuffer)."""
+
+    def __init__(self):
+        self.now = self.peak = 0
+        self._originals = (HeldBuffer.allocate, HeldBuffer.free)
+
+    def __enter__(self):
+        allocate, free = self._originals
+
+        def counted_allocate(buffer):
+            before = buffer.allocated
+            allocate(buffer)
+            if not before:
+                self.now += buffer.numel * buffer.flat.element_size()
+                self.peak = max(self.peak, self.now)
+
+        def counted_free(buffer):
+            before = buffer.allocated
+            free(buffer)
+            if before and not buffer.allocated:
+                self.now -= buffer.numel * buffer.flat.element_size()
+        HeldBuffer.allocate, HeldBuffer.free = counted_allocate, counted_free
+        return self
+
+    def __exit__(self, *exc):
+        HeldBuffer.allocate, HeldBuffer.free = self._originals
+
+
 def check_meta_init():
     reference = Net(checkpointing=None)
     reference.to_empty(device="cpu")
@@ -218,10 +268,23 @@ def check_meta_init():
         if order == "init first":
             shard(net, mesh, held)
         opt = DMuon(net, **HYPER)  # as a script does after init (it gives replaced parameters their marks)
+        masters = sum(p.numel() * p.element_size() for n, p in net.named_parameters()
+                      if n in held.owners and not isinstance(p, HeldElsewhere))
+        check(masters == held.owned_bytes[RANK], f"meta init ({order}): {masters} bytes of held masters here, "
+              f"the rank owns {held.owned_bytes[RANK]}")
         for name, value in owner_values(net, held).items():
             check(torch.equal(value, expected[name].detach()), f"meta init ({order}): {name} differs from a "
                   "materialised init of the same seed")
-        train(net, held, 1, opt)  # the first forward and step run on the initialised masters
+        unit_bytes = max(sum(p.numel() * 4 for p in u.params) for u in held._schedule.units)
+        with WorkingBytes() as working:
+            train(net, held, 1, opt)  # the first forward and step run on the initialised masters
+        check(working.peak <= 2 * unit_bytes, f"meta init ({order}): {working.peak} bytes of working copies at "
+              f"once, more than two units' {2 * unit_bytes} (the running one and the prefetched one)")
+        figures = [None] * WORLD
+        dist.all_gather_object(figures, (masters, working.peak))
+    total = sum(held.owned_bytes)
+    return "; ".join(f"rank {r}: masters {m} B, working peak {w} B" for r, (m, w) in enumerate(figures)) + \
+        f" (held total {total} B, largest unit {unit_bytes} B)"
 
 
 def check_export():
@@ -284,13 +347,55 @@ def check_bf16():
         check(error <= FLOAT32_TOLERANCE, f"bf16: {name} relative error {error:.2e} to one process with the same casts")
 
 
+def check_offload_refused():
+    """fully_shard's CPUOffloadPolicy cannot reach the held matrices: the units' first use says so,
+    naming the module. FSDP2's CPU offload needs CUDA (pinned memory), so here the policy is set on
+    the block's FSDP2 state as fully_shard(offload_policy=CPUOffloadPolicy()) records it, and the
+    unit's first-use check runs directly."""
+    net = make_net()
+    held = build(net)
+    net.blocks[0]._get_fsdp_state()._fsdp_param_group.offload_policy = CPUOffloadPolicy()
+    try:
+        held._schedule.units[0].resolve_policy()
+    except RuntimeError as e:
+        check("CPUOffloadPolicy" in str(e) and "'blocks.0'" in str(e), f"offload: {e}")
+        return
+    check(False, "offload: a CPUOffloadPolicy on a block with held matrices was not refused")
+
+
+# ---- torch.compile of each block ----
+
+def check_compile():
+    """Each block compiled after fully_shard (torchtitan's recipe; aot_eager: AOTAutograd's graphs without
+    inductor's C++ build) trains as eager: 3 steps within float32 rounding."""
+    weights = {}
+    for compiled in (False, True):
+        net = make_net()
+        mesh = init_device_mesh("cpu", (WORLD,))
+        held = hold_on_owners(net, mesh)
+        for block in net.blocks:
+            fully_shard(block, mesh=mesh, ignored_params=held.params)
+            if compiled:
+                block.compile(backend="aot_eager")
+        fully_shard(net, mesh=mesh, ignored_params=held.params)
+        train(net, held, 3)
+        weights[compiled] = full_weights(net, held)
+    for name, eager in weights[False].items():
+        error = float((weights[True][name] - eager).norm() / eager.norm().clamp_min(1e-30))
+        check(error <= FLOAT32_TOLERANCE, f"compile: {name} relative error {error:.2e} to eager")
+
+
 def main():
     check_reads()
-    check_clipping()
-    check_meta_init()
+    for kind in ("fsdp2", "ddp") + (("hsdp",) if WORLD == 4 else ()):
+        check_clipping(kind)
+    memory = check_meta_init()
     check_export()
     check_bf16()
-    return finish(f"torch_owner_held_habits_test np {WORLD}")
+    check_offload_refused()
+    if WORLD == 2:  # compiling is slow on 2 CPU cores: one world size
+        check_compile()
+    return finish(f"torch_owner_held_habits_test np {WORLD}: setup and first step after a meta init: {memory}")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,9 @@ with PYTHONPATH=build/python:tests/python and one BLAS thread per rank.
   bytes     the same model (owner_held_model.Net, 3 blocks, every block and the root under fully_shard)
             trained 3 steps three ways: AdamW + FSDP2, DMuon's all-to-all mode, DMuon with
             hold_on_owners. The third step's wire bytes (forward, backward, step, the whole job): the
-            owner-held run's at most 1.05× AdamW + FSDP2's (the figures are printed).
+            owner-held run's at most 1.05× AdamW + FSDP2's (the figures are printed); and again with
+            MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) on every fully_shard (bf16
+            all-gathers and held broadcasts, float32 reduces), AdamW + FSDP2-MP against owner-held.
   step()    with hold_on_owners, step() issues exactly one collective: an all_reduce of
             (1 + N + parameters) float64 (gradient norm, non-finite flags, gradient present).
   NS once   every Muon matrix is orthogonalized once per step in the whole job (counted across ranks).
@@ -19,7 +21,7 @@ with PYTHONPATH=build/python:tests/python and one BLAS thread per rank.
 
 import torch
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 from collective_ledger import Ledger, recording
 from dmuon.torch import DMuon, hold_on_owners
@@ -34,21 +36,22 @@ BATCH = 12
 RATIO_LIMIT = 1.05
 HYPER = dict(lr=0.02, momentum=0.9, adamw_lr=3e-3)
 
-def build(mode, **net_kwargs):
+def build(mode, mp_policy=None, **net_kwargs):
     net = make_net(**net_kwargs)
     mesh = init_device_mesh("cpu", (WORLD,))
     held = hold_on_owners(net, mesh) if mode == "owner-held" else None
     ignored = held.params if held is not None else None
+    policy = {} if mp_policy is None else {"mp_policy": mp_policy}
     for block in net.blocks:
-        fully_shard(block, mesh=mesh, ignored_params=ignored)
-    fully_shard(net, mesh=mesh, ignored_params=ignored)
+        fully_shard(block, mesh=mesh, ignored_params=ignored, **policy)
+    fully_shard(net, mesh=mesh, ignored_params=ignored, **policy)
     opt = torch.optim.AdamW(net.parameters(), lr=3e-3) if mode == "adamw" else DMuon(net, **HYPER)
     return net, opt, held
 
 
-def train_recorded(mode):
+def train_recorded(mode, mp_policy):
     """(ledger, Newton–Schulz matrices per step in the job, Muon matrices, parameters) of STEPS steps."""
-    net, opt, held = build(mode)
+    net, opt, held = build(mode, mp_policy)
     ledger = Ledger()
     ns = []
     with recording(ledger):
@@ -70,19 +73,23 @@ def train_recorded(mode):
     return ledger, [int(total_over_ranks(n)) for n in ns], matrices, sum(1 for _ in net.parameters())
 
 
-def check_bytes():
+def check_bytes(mp_policy=None, modes=("adamw", "all-to-all", "owner-held")):
+    """Bytes per step of each mode, all under fully_shard(mp_policy=mp_policy) (bf16: FSDP2's all-gathers
+    and the held broadcasts carry bfloat16, the reduces float32)."""
     last = STEPS - 1
     figures, ledgers = {}, {}
-    for mode in ("adamw", "all-to-all", "owner-held"):
-        ledger, ns, matrices, params = train_recorded(mode)
+    for mode in modes:
+        ledger, ns, matrices, params = train_recorded(mode, mp_policy)
         ledgers[mode] = ledger
         figures[mode] = {phase: total_over_ranks(ledger.wire((phase, last))) for phase in ("forward", "backward", "step")}
         if mode != "adamw":
             check(all(n == matrices for n in ns), f"{mode}: Newton–Schulz ran on {ns} matrices per step, not {matrices}")
     whole = {mode: sum(f.values()) for mode, f in figures.items()}
     ratio = whole["owner-held"] / whole["adamw"] if whole["adamw"] else 1.0
+    kind = "" if mp_policy is None else " (bf16 policy)"
     if WORLD > 1:
-        check(ratio <= RATIO_LIMIT, f"owner-held moves {ratio:.3f}× AdamW + FSDP2's bytes per step (limit {RATIO_LIMIT})")
+        check(ratio <= RATIO_LIMIT, f"owner-held{kind} moves {ratio:.3f}× AdamW + FSDP2's bytes per step "
+              f"(limit {RATIO_LIMIT})")
     in_step = [r for r in ledgers["owner-held"].records if r["label"] == ("step", last)]
     if WORLD > 1:
         expected = (1 + WORLD + params) * 8
@@ -172,17 +179,25 @@ def check_order(label, events, blocks):
               f"ends (event {below_done}): {events}")
 
 
-def main():
-    figures, whole, ratio = check_bytes()
-    if WORLD > 1:
-        check_overlap(None)
-        check_overlap("non-reentrant")
+def report(kind, figures, whole):
     if RANK == 0:
         for mode, f in figures.items():
             parts = ", ".join(f"{phase} {int(b)}" for phase, b in f.items())
-            print(f"torch_owner_held_ledger_test np {WORLD}: {mode}: wire bytes per step {int(whole[mode])} "
+            print(f"torch_owner_held_ledger_test np {WORLD}{kind}: {mode}: wire bytes per step {int(whole[mode])} "
                   f"({parts}); {whole[mode] / whole['adamw'] if whole['adamw'] else 1.0:.3f}× AdamW + FSDP2", flush=True)
-    return finish(f"torch_owner_held_ledger_test np {WORLD}: owner-held / AdamW + FSDP2 = {ratio:.3f}")
+
+
+def main():
+    figures, whole, ratio = check_bytes()
+    bf16 = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    figures_bf16, whole_bf16, ratio_bf16 = check_bytes(bf16, ("adamw", "owner-held"))
+    if WORLD > 1:
+        check_overlap(None)
+        check_overlap("non-reentrant")
+    report("", figures, whole)
+    report(" bf16", figures_bf16, whole_bf16)
+    return finish(f"torch_owner_held_ledger_test np {WORLD}: owner-held / AdamW + FSDP2 = {ratio:.3f}, with a "
+                  f"bf16 policy {ratio_bf16:.3f}")
 
 
 if __name__ == "__main__":

@@ -187,26 +187,23 @@ def check_variant(label, variant):
 
 # ---- errors: the same on every rank ----
 
-def expect_same_error(label, action, exception, *needles):
+def expect_error_everywhere(label, action, exception, *needles):
+    """Every rank raises, each naming what it found (the ranks may find different parameters); returns
+    this rank's message."""
     message = None
     try:
         action()
     except exception as e:
         message = str(e)
+    check(message is not None and all(n in message for n in needles), f"{label}: {message!r} lacks {needles}")
+    return message
+
+
+def expect_same_error(label, action, exception, *needles):
+    message = expect_error_everywhere(label, action, exception, *needles)
     messages = [None] * WORLD
     dist.all_gather_object(messages, message) if WORLD > 1 else messages.__setitem__(0, message)
     check(message is not None and all(m == messages[0] for m in messages), f"{label}: messages {messages}")
-    check(message is not None and all(n in message for n in needles), f"{label}: {message!r} lacks {needles}")
-
-
-def expect_error_everywhere(label, action, exception, *needles):
-    """Every rank raises, each naming what it found (the ranks may find different parameters)."""
-    message = None
-    try:
-        action()
-    except exception as e:
-        message = str(e)
-    check(message is not None and all(n in message for n in needles), f"{label}: {message!r} lacks {needles}")
 
 
 def check_errors():

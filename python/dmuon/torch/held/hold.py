@@ -245,27 +245,28 @@ def _register_placeholder(model, name, p, owner_global):
 
 
 def _set_policy(unit, mp_policy, model, unit_name):
-    """The unit's buckets' compute and reduce dtypes: mp_policy's, else the MixedPrecisionPolicy that
-    fully_shard gave the unit's module or its nearest sharded ancestor, looked up at the first forward
-    (fully_shard comes after hold_on_owners)."""
-    def apply(policy):
+    """At the unit's first use (fully_shard comes after hold_on_owners), from the fully_shard state of
+    the unit's module or its nearest sharded ancestor: the buckets' compute and reduce dtypes
+    (mp_policy's when given, else that state's MixedPrecisionPolicy), and a refusal of its
+    CPUOffloadPolicy, which cannot reach the held matrices (FSDP2 ignores them)."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    parts = unit_name.split(".") if unit_name else []
+    chain = [(".".join(parts[:k]), model.get_submodule(".".join(parts[:k]))) for k in range(len(parts), -1, -1)]
+
+    def resolve():
+        state = next(((name, m._get_fsdp_state()) for name, m in chain if hasattr(m, "_get_fsdp_state")), None)
+        if state is not None:
+            group = getattr(state[1], "_fsdp_param_group", None)
+            if isinstance(getattr(group, "offload_policy", None), CPUOffloadPolicy):
+                raise RuntimeError(f"dmuon.torch.hold_on_owners: fully_shard of '{state[0] or 'the model'}' has a "
+                                   "CPUOffloadPolicy, which cannot offload the held matrices (FSDP2 ignores them): "
+                                   "fully_shard without offload_policy, or DMuon without hold_on_owners")
+        policy = mp_policy if mp_policy is not None else (state[1]._mp_policy if state is not None else None)
         for b in unit.buckets:
             b.param_dtype = policy.param_dtype if policy is not None else None
             b._reduce_dtype = policy.reduce_dtype if policy is not None else None
-
-    if mp_policy is not None:
-        apply(mp_policy)
-        return
-    parts = unit_name.split(".") if unit_name else []
-    chain = [model.get_submodule(".".join(parts[:k])) for k in range(len(parts), -1, -1)]
-
-    def lookup():
-        for module in chain:
-            state = getattr(module, "_get_fsdp_state", None)
-            if state is not None:
-                apply(state()._mp_policy)
-                return
-    unit.resolve_policy = lookup
+    unit.resolve_policy = resolve
 
 
 def _entry_mesh(mesh, global_ranks, comm):

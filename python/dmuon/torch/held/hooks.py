@@ -61,7 +61,7 @@ class HeldUnit:
         self.slots = slots
         self.state = FREE
         self.stale = False  # HSDP: the column copies predate the owner's last update
-        self.resolve_policy = None  # hold.py: finds fully_shard's MixedPrecisionPolicy at the first use
+        self.resolve_policy = None  # hold.py: reads fully_shard's policies at the first use
         self._works = []
         # one backward pass
         self.entered_backward = False

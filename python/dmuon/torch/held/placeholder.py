@@ -62,8 +62,8 @@ class HeldElsewhere(torch.Tensor):
         return HeldElsewhereError(
             f"parameter '{self.held_name}' is held on rank {self.held_owner} (dmuon.torch.hold_on_owners): this rank "
             "has its values only while its module runs. Read it on every rank inside `with held.unshard():`, "
-            "on rank {0} alone, or through get_model_state_dict(model, options=StateDictOptions("
-            "full_state_dict=True)); fully_shard and DDP must be given ignored_params=held.params".format(self.held_owner))
+            f"on rank {self.held_owner} alone, or through get_model_state_dict(model, options=StateDictOptions("
+            "full_state_dict=True)); fully_shard and DDP must be given ignored_params=held.params")
 
     def __repr__(self, *, tensor_contents=None):
         kind = "gradient of" if self.held_gradient else "parameter"
