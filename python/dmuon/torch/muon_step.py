@@ -27,6 +27,7 @@ from functools import cached_property
 import torch
 
 import dmuon
+from dmuon.torch.muon_update import muon_apply, muon_momentum
 
 
 def matrices_of(global_shape, experts):
@@ -160,29 +161,15 @@ class MuonStep:
     # ---- per parameter ----
 
     def _form_u(self, index, group):
-        """M ← β·M + (1−β)·g; U = nesterov ? (1−β)·g + β·M : M, on this rank's local tensor, in the
-        momentum's dtype (DESIGN 1). Returns U, shaped as the local parameter."""
-        buf = self.momentum(index)
-        g = self.grads[index]
-        g = torch.zeros_like(buf) if g is None else g.to(buf.dtype)
-        if self.grad_scale != 1.0:
-            g = g * self.grad_scale
-        beta = group["momentum"]
-        buf.lerp_(g, 1.0 - beta)
-        return torch.lerp(g, buf, beta) if group["nesterov"] else buf
+        """U of parameter `index` on this rank's local tensor, shaped as it, in the momentum's dtype."""
+        return muon_momentum(self.momentum(index), self.grads[index], group["momentum"], group["nesterov"],
+                             self.grad_scale)
 
     def _apply(self, k, update):
-        """W ← W·(1 − lr·wd) − lr·s·O on this rank's rows; in the wider of the two dtypes, rounded
-        once to the parameter's."""
+        """The update of matrix k's rows on this rank from their rows of O."""
         values = k.local_view(k.layout.local(k.layout.tensor))
-        lr, wd = float(k.group["lr"]), k.group["weight_decay"]  # lr may be a 1-element tensor, as torch.optim's
-        wide = torch.promote_types(values.dtype, update.dtype)
-        w = values if wide == values.dtype else values.to(wide)
-        if wd:
-            w.mul_(1.0 - lr * wd)
-        w.add_(update, alpha=-lr * k.scale)
-        if w is not values:
-            values.copy_(w)
+        # lr may be a 1-element tensor, as torch.optim's
+        muon_apply(values, update, float(k.group["lr"]), k.group["weight_decay"], k.scale)
 
     def _orthogonalize(self, stack, owned):
         """Newton–Schulz in place on stack (K, rows, cols), contiguous, in the engine's dtype."""
