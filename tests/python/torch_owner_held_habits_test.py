@@ -22,6 +22,7 @@
                applies to the held matrices: float32 masters and state on the owner, bfloat16 working
                copies; 3 steps equal a single-process run that applies the same casts (bfloat16
                forward and backward on each rank's slice, float32 mean of the gradients)
+  moves        .double() after the first forward, requires_grad_(False) on a held matrix
   offload      a CPUOffloadPolicy on a block with held matrices is refused at the unit's first use
   compile      (2 ranks) each block under torch.compile after fully_shard, with the held hooks:
                3 steps as eager within float32 rounding
@@ -347,6 +348,27 @@ def check_bf16():
         check(error <= FLOAT32_TOLERANCE, f"bf16: {name} relative error {error:.2e} to one process with the same casts")
 
 
+def check_moves_and_freezing():
+    """After the first forward: .double() of the whole model (masters and placeholders follow, the
+    working copies are made anew) gives the same logits as the same model in one process, bit for
+    bit; requires_grad_(False) on a held matrix leaves its gradient None on its owner too. Replicated
+    parameters without DDP (forwards and one backward only)."""
+    net, ref = make_net(), make_net()
+    held = hold_on_owners(net)
+    tokens = rank_slice(global_batches(1, BATCH)[0], RANK, WORLD)[:, :-1]
+    net(tokens)
+    net.double()
+    ref.double()
+    out = net(tokens)
+    check(out.dtype == torch.float64 and torch.equal(out, ref(tokens)), "moves: logits after .double() differ")
+    frozen = net.blocks[0].mix.weight
+    frozen.requires_grad_(False)
+    net(tokens).sum().backward()
+    check(frozen.grad is None, "freezing: a held matrix with requires_grad False got a gradient")
+    check(net.blocks[0].up.weight.grad is not None, "freezing: the other held matrices lost their gradients")
+    held.remove()
+
+
 def check_offload_refused():
     """fully_shard's CPUOffloadPolicy cannot reach the held matrices: the units' first use says so,
     naming the module. FSDP2's CPU offload needs CUDA (pinned memory), so here the policy is set on
@@ -393,6 +415,7 @@ def main():
     check_export()
     check_bf16()
     check_offload_refused()
+    check_moves_and_freezing()
     if WORLD == 2:  # compiling is slow on 2 CPU cores: one world size
         check_compile()
     return finish(f"torch_owner_held_habits_test np {WORLD}: setup and first step after a meta init: {memory}")

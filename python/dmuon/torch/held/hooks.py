@@ -294,7 +294,9 @@ class HeldSchedule:
         if unit.reduced:
             return
         unit.reduced = True
-        if not self.unsharded:
+        if not self.unsharded and all(w.requires_grad for w in unit.working):
+            # (a frozen matrix of the unit may still be read by the backward of its input: then the end
+            # of backward frees it)
             unit.register_masters()  # a recompute that stopped early (checkpointing) ran no post-hook
             unit.free()
         self._kept_local = not self.requires_gradient_sync
@@ -349,8 +351,9 @@ class HeldSchedule:
                 self._post_backward(unit)  # some of its parameters got no gradient: they count as zeros
         self.drain()
         for unit in self.units:
-            if unit.state != FREE and not unit.entered_backward and not self.unsharded:
-                unit.free()  # prefetched for a backward that never reached it
+            if not self.unsharded and (unit.entered_backward or unit.state != FREE):
+                unit.register_masters()
+                unit.free()  # kept for a frozen matrix, or prefetched for a backward that never reached it
             unit.entered_backward = False
             unit.accumulated = 0
             unit.reduced = False
