@@ -22,6 +22,7 @@
                applies to the held matrices: float32 masters and state on the owner, bfloat16 working
                copies; 3 steps equal a single-process run that applies the same casts (bfloat16
                forward and backward on each rank's slice, float32 mean of the gradients)
+  state dict   DMuon's state dict saved from named parameters loads into unnamed ones and back
   moves        .double() after the first forward, requires_grad_(False) on a held matrix
   offload      a CPUOffloadPolicy on a block with held matrices is refused at the unit's first use
   compile      (2 ranks) each block under torch.compile after fully_shard, with the held hooks:
@@ -348,6 +349,29 @@ def check_bf16():
         check(error <= FLOAT32_TOLERANCE, f"bf16: {name} relative error {error:.2e} to one process with the same casts")
 
 
+def check_named_unnamed_state():
+    """torch.optim's convention with held matrices: a DMuon state dict saved from named parameters
+    (DMuon(model)) loads by position into a DMuon over the same groups of unnamed tensors and back;
+    the reloaded state equals the saved one on every rank (the owners' momenta included)."""
+    net = make_net()
+    held = build(net)
+    named = train(net, held, 2)
+    groups = [{"params": [p for p in g["params"]], "use_muon": g["use_muon"]} for g in named.param_groups]
+    unnamed = DMuon(groups, **HYPER)
+    for source, target, label in ((named, unnamed, "named → unnamed"), (unnamed, named, "unnamed → named")):
+        saved = source.state_dict()
+        target.load_state_dict(saved)
+        loaded = target.state_dict()
+        # as torch.optim: the names travel with a named state and stay with a named optimizer
+        check("param_names" in loaded["param_groups"][0], f"state ({label}): param_names lost")
+        for index, entry in saved["state"].items():
+            for key, value in entry.items():
+                other = loaded["state"][index][key]
+                same = torch.equal(other.to_local() if isinstance(other, DTensor) else other,
+                                   value.to_local() if isinstance(value, DTensor) else value)
+                check(same, f"state ({label}): parameter {index} {key} differs after the load")
+
+
 def check_moves_and_freezing():
     """After the first forward: .double() of the whole model (masters and placeholders follow, the
     working copies are made anew) gives the same logits as the same model in one process, bit for
@@ -416,6 +440,7 @@ def main():
     check_bf16()
     check_offload_refused()
     check_moves_and_freezing()
+    check_named_unnamed_state()
     if WORLD == 2:  # compiling is slow on 2 CPU cores: one world size
         check_compile()
     return finish(f"torch_owner_held_habits_test np {WORLD}: setup and first step after a meta init: {memory}")
