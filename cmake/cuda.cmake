@@ -43,7 +43,7 @@ if(NOT DMUON_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_EXTENSIONS OFF)
-    add_compile_options($<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+    add_compile_options($<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-ffp-contract=off>)  # host code as CMakeLists.txt's
     if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY AND NOT DMUON_GPU_ONLY)
       set(DMUON_HAVE_NCCL ON)
       add_library(dmuon::nccl UNKNOWN IMPORTED)

@@ -111,6 +111,10 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
 };
 
+// The cuBLAS math mode of every backend's handle: float32 products in float32 (TF32 tensor cores when `tf32`),
+// and every product's reduction in float32 (CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION, DESIGN's float32
+// accumulation; PyTorch's allow_bf16_reduced_precision_reduction = False).
+cublasMath_t blas_math_mode(bool tf32);
 // The number of CUDA devices this process sees (0 without a driver or device: never throws).
 int device_count();
 // "NVIDIA H200" for device `index`.
