@@ -70,6 +70,12 @@ cublasMath_t blas_math_mode(bool tf32) {
   return static_cast<cublasMath_t>(base | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
 }
 
+cudaError_t query_event(cudaEvent_t event) {
+  const cudaError_t rc = cudaEventQuery(event);
+  if (rc == cudaErrorNotReady) (void)cudaGetLastError();
+  return rc;
+}
+
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
