@@ -22,7 +22,8 @@
 #     batch of 28 x 896x896; small shapes (batches of 28 x 128x512 and 256x1024) with CUDA graphs and without
 #     (DMUON_CUDA_NO_GRAPHS=1); the device Muon step on the same matrices as torch.optim.Muon's (bench muon).
 #     With the full build also the optimizer step (adamw, muon, muon-gather, dmuon) on qwen2.5-0.5b on one GPU,
-#     on every GPU when there are several, the refusal of more ranks than GPUs, and dmuon.torch on CUDA tensors
+#     on every GPU when there are several, the refusal of more ranks than GPUs, examples/torch_train.py on the
+#     GPUs (--device cuda, NCCL; DMuon over FSDP2, plain and owner-held), and dmuon.torch on CUDA tensors
 #     (python/benchmarks/gpu_check_torch.py: FSDP2 on CUDA, CUDA vs CPU, DMuon's step vs torch.optim.Muon)
 #     -> bench_*.json, share_gpu_refused.log, gpu_check_torch.json
 #  6. prints the summary (summary.txt: each step's status, each figure beside its torch counterpart), then the
@@ -387,15 +388,21 @@ if [ "$MODE" = full ]; then
     skip share_gpu_refused "no mpirun"
   fi
   if [ "$TORCH_CUDA" = 1 ] || [ "$DRY_RUN" = 1 ]; then
+    # The PyTorch example on the GPUs (NCCL), DMuon in both modes: parameters sharded by FSDP2, and owner-held.
+    TRAIN=(env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" -m torch.distributed.run --standalone
+           --nproc_per_node "$((GPUS > 0 ? GPUS : 1))" examples/torch_train.py --optim dmuon --device cuda
+           --steps 20 --batch 16 --check-loss-falls --fsdp2)
+    step torch_train_cuda 90 "${TRAIN[@]}"
+    step torch_train_cuda_owner_held 90 "${TRAIN[@]}" --owner-held
     step gpu_check_torch 150 env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" \
       python/benchmarks/gpu_check_torch.py \
       --results "$RESULTS"
   else
-    skip gpu_check_torch "no torch with CUDA"
+    for s in torch_train_cuda torch_train_cuda_owner_held gpu_check_torch; do skip $s "no torch with CUDA"; done
   fi
 else
   skip bench_optimizer "needs the full build"
-  skip gpu_check_torch "needs the full build (libdmuon_c)"
+  for s in torch_train_cuda torch_train_cuda_owner_held gpu_check_torch; do skip $s "needs the full build (libdmuon_c)"; done
 fi
 
 # ---- 6. the summary first, then the end of each failed step's log ----
