@@ -8,8 +8,12 @@
 //    derived bound of float64 Newton–Schulz.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <future>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "backend/bf16.hpp"
@@ -94,6 +98,54 @@ TEST(CapiCalls, NewtonSchulzOnTheFencedDeviceEqualsTheCpuBitForBit) {
       }
     }
   }
+}
+
+// Unchecked (check_finite false, as dmuon.torch.DMuon calls it), Newton–Schulz on a device reads nothing back, so
+// on a GPU the host does not wait for the caller's stream; checked, it reads the norms back. Both give the same bits.
+TEST(CapiCalls, UncheckedNewtonSchulzReadsNothingBackAndEqualsChecked) {
+  test::FencedBackend fenced;
+  const int64_t k = 3, rows = 24, cols = 64;
+  for (DType storage : {DType::f32, DType::bf16}) {
+    const std::vector<char> stack = random_stack(storage, k, rows, cols, 5);
+    std::vector<char> results[2];
+    for (bool check : {true, false}) {
+      capi::Staging staging;
+      void* device = fenced.allocate(stack.size());
+      fenced.copy_from_host(device, stack.data(), stack.size());
+      const auto ptrs = matrix_pointers(device, storage, k, rows, cols);
+      const int64_t before = fenced.copies_to_host();
+      capi::ns_run(fenced, storage, {ptrs.data(), ptrs.size()}, ptrs, rows, cols, NsOptions{}, {}, staging, check);
+      EXPECT_EQ(fenced.copies_to_host() > before, check) << to_string(storage) << " check " << check;
+      results[check].resize(stack.size());
+      fenced.copy_to_host(results[check].data(), device, stack.size());
+      fenced.deallocate(device);
+    }
+    EXPECT_NE(results[0], stack);
+    EXPECT_EQ(results[0], results[1]) << to_string(storage);
+  }
+}
+
+// hold: threads that call the C ABI at once take one device backend in turn (on_caller_stream holds it for the whole
+// call), while other backends stay free.
+TEST(CapiCalls, OneCallAtATimeHoldsABackend) {
+  test::FencedBackend shared, other;
+  std::atomic<int> inside = 0, most = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 20; ++i) {
+        const auto held = capi::hold(shared);
+        const int now = ++inside;
+        for (int seen = most.load(); now > seen && !most.compare_exchange_weak(seen, now);) {
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));  // a window for an overlap to show
+        --inside;
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(most.load(), 1);
+  const auto held = capi::hold(shared);
+  EXPECT_TRUE(std::async(std::launch::async, [&] { return capi::hold(other).owns_lock(); }).get());
 }
 
 // p, grad, m, v of n values in `storage` after `steps` AdamW steps through adamw_run on `backend`.

@@ -8,6 +8,7 @@
 
 #include "backend/cuda/check.hpp"
 #include "backend/cuda/cuda_backend.hpp"
+#include "capi/abi_calls.hpp"
 
 namespace dmuon::capi {
 
@@ -67,6 +68,7 @@ int cuda_device_of(std::span<const void* const> pointers, const std::function<st
 void on_caller_stream(int device, void* stream, const std::function<void(Backend&)>& work) {
   CurrentDeviceKept kept;
   auto& backend = static_cast<cuda::CudaBackend&>(cuda_backend(device));
+  const auto held = hold(backend);  // one call at a time on the device's backend
   const auto caller = static_cast<cudaStream_t>(stream);
   DMUON_CUDA_CHECK(cudaSetDevice(device));
   order_after(backend.stream(), caller);
