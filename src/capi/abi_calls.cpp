@@ -2,6 +2,7 @@
 #include "capi/abi_calls.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <vector>
 
 #include "dmuon/error.hpp"
@@ -45,6 +46,19 @@ std::unique_lock<std::mutex> hold(const Backend& backend) {
     lock = &locks[&backend];
   }
   return std::unique_lock<std::mutex>(*lock);
+}
+
+void run_joined(Backend& backend, const QueueJoin& join, const std::function<void(Backend&)>& work) {
+  const auto held = hold(backend);
+  join.backend_waits_for_caller();
+  std::exception_ptr failure;
+  try {
+    work(backend);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  join.caller_waits_for_backend();
+  if (failure) std::rethrow_exception(failure);
 }
 
 float* Staging::take(Backend& backend, int64_t elements) { return grown(buffers_, backend, elements); }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <span>
@@ -34,6 +35,15 @@ class Staging {
 // per device, shared by every thread that calls the C ABI, whose functions are reentrant (cuda_caller_stream.cpp
 // takes it for the whole call; the CPU backend is thread-safe and is not held).
 std::unique_lock<std::mutex> hold(const Backend& backend);
+
+// A call's order with its caller's queue (on a GPU two events, cuda_caller_stream.cpp): the backend's queue waits
+// for what the caller queued before the call, and the caller's queue for the call's work.
+struct QueueJoin {
+  std::function<void()> backend_waits_for_caller, caller_waits_for_backend;
+};
+// Holds `backend` (hold) and runs join.backend_waits_for_caller, work, then join.caller_waits_for_backend, the last
+// even when work throws (the caller's queue must not run ahead of what the work did queue); rethrows after it.
+void run_joined(Backend& backend, const QueueJoin& join, const std::function<void(Backend&)>& work);
 
 // The options a batch stored as `storage` runs with on `backend`: bf16 storage takes bf16 iterates (with
 // DESIGN 2.2's half-precision restarts) where the backend supports them; float32 storage keeps `options`.
