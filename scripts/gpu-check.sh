@@ -341,7 +341,9 @@ elif [ "$DRY_RUN" = 1 ]; then
 fi
 GPU_CHECK=("$BUILD/dmuon_gpu_check")
 CLI=("${GPU_CHECK[@]}")
-if [ "$MODE" != torch ]; then
+if [ "$MODE" = torch ]; then
+  skip gpu_check "$WHY"
+else
   step gpu_check 90 "${GPU_CHECK[@]}" test
 fi
 if [ "$MODE" = full ]; then

@@ -80,13 +80,14 @@ def test_gpu_check_torch_skips_what_this_machine_lacks_and_writes_its_results(tm
 SCRIPT = REPO / "scripts" / "gpu-check.sh"
 
 
-def run_script(results, env=None, fake_bin=None):
+def run_script(results, env=None, fake_bin=None, without=None):
     """Runs the script with this interpreter's folder first on PATH (its python3 has torch), and fake_bin before
-    it; returns (exit status, standard output, standard error)."""
+    it, with no folder that holds the program `without`; returns (exit status, standard output, standard error)."""
     import os
     import subprocess
     import sys
-    path = [str(pathlib.Path(sys.executable).parent), os.environ["PATH"]]
+    path = [str(pathlib.Path(sys.executable).parent)] + [
+        p for p in os.environ["PATH"].split(os.pathsep) if not (without and (pathlib.Path(p) / without).exists())]
     if fake_bin:
         path.insert(0, str(fake_bin))
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("DMUON_GPU")}
@@ -110,6 +111,17 @@ def test_dry_run_probes_first_waits_for_the_anchors_before_the_gpu_tests_and_pri
     assert summary.startswith("== gpu-check: ") and "of a 300 s budget, dry run" in summary
     assert (tmp_path / "report.txt").read_text().startswith(summary)
     assert "gpu_check                dry-run" in summary
+
+
+def test_without_nvcc_the_probe_picks_the_torch_mode_and_skips_what_needs_a_build(tmp_path):
+    rc, out, err = run_script(tmp_path, {"DMUON_GPU_CHECK_DRY_RUN": "1"}, without="nvcc")
+    assert rc == 0, out + err
+    assert "\nnvcc:      missing" in out
+    assert "\nmode:      torch (cannot build, missing: nvcc), dry run" in out
+    summary = (tmp_path / "summary.txt").read_text()
+    assert summary.startswith("== gpu-check: torch mode")
+    for step in ("build", "gpu_check", "bench_ns", "bench_muon"):
+        assert f"\n{step:<24} skipped (cannot build, missing: nvcc)" in summary, step
 
 
 FAKE_CMAKE = """#!/bin/bash
