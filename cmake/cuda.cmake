@@ -26,9 +26,10 @@ if(NOT DMUON_CUDA STREQUAL "OFF")
     endforeach()
   endif()
   find_package(CUDAToolkit QUIET)
+  # After the toolkit's headers: that folder also holds the wheels' CUDA runtime headers, which must not shadow
+  # nvcc's own; cublas_v2.h comes from it when the toolkit has none.
   if(CUBLAS_ROOT AND TARGET CUDA::cublas)
-    get_target_property(_cublas_includes CUDA::cublas INTERFACE_INCLUDE_DIRECTORIES)
-    set_target_properties(CUDA::cublas PROPERTIES INTERFACE_INCLUDE_DIRECTORIES "${CUBLAS_ROOT}/include;${_cublas_includes}")
+    set_property(TARGET CUDA::cublas APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES ${CUBLAS_ROOT}/include)
   endif()
   # NCCL has no CMake package: the toolkit on our machines carries it; NCCL_ROOT (or the nvidia-nccl-cu13
   # Python wheel's folder) points elsewhere.
