@@ -65,7 +65,8 @@ bool env_flag(const char* name) {
 cublasMath_t blas_math_mode(bool tf32) {
   // TF32 only when asked: float32 products otherwise round as float32 (cublasSsyrk follows the math mode; the
   // GemmEx calls choose their compute type in run()). Without DISALLOW_REDUCED_PRECISION_REDUCTION cuBLAS may
-  // sum the split-K partials of a bf16 product in bf16 (cublas_api.h), an extra rounding per partial.
+  // reduce the split-K partials of a product with a bf16 output in bf16, the output type, rather than in the
+  // float32 accumulator (cublas_api.h): an extra rounding per partial.
   const cublasMath_t base = tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
   return static_cast<cublasMath_t>(base | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
 }
