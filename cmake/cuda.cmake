@@ -17,7 +17,20 @@ if(NOT DMUON_CUDA STREQUAL "OFF")
   endif()
   include(CheckLanguage)
   check_language(CUDA)
+  # cuBLAS outside the toolkit: CUBLAS_ROOT (scripts/gpu-check.sh passes torch's wheel folder, site-packages/nvidia/
+  # cu13, whose libraries have only versioned names) gives FindCUDAToolkit's CUDA::cublas its libraries and headers.
+  if(CUBLAS_ROOT)
+    foreach(_lib cublas cublasLt)
+      find_library(CUDA_${_lib}_LIBRARY NAMES ${_lib} lib${_lib}.so.13 lib${_lib}.so.12 PATHS ${CUBLAS_ROOT}
+                   PATH_SUFFIXES lib lib64 NO_DEFAULT_PATH)
+    endforeach()
+  endif()
   find_package(CUDAToolkit QUIET)
+  # After the toolkit's headers: that folder also holds the wheels' CUDA runtime headers, which must not shadow
+  # nvcc's own; cublas_v2.h comes from it when the toolkit has none.
+  if(CUBLAS_ROOT AND TARGET CUDA::cublas)
+    set_property(TARGET CUDA::cublas APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES ${CUBLAS_ROOT}/include)
+  endif()
   # NCCL has no CMake package: the toolkit on our machines carries it; NCCL_ROOT (or the nvidia-nccl-cu13
   # Python wheel's folder) points elsewhere.
   find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${NCCL_ROOT} $ENV{NCCL_ROOT} ${CUDAToolkit_INCLUDE_DIRS} PATH_SUFFIXES include)
@@ -43,7 +56,7 @@ if(NOT DMUON_CUDA STREQUAL "OFF")
     set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_EXTENSIONS OFF)
-    add_compile_options($<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
+    add_compile_options($<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-ffp-contract=off>)  # host code as CMakeLists.txt's
     if(NCCL_INCLUDE_DIR AND NCCL_LIBRARY AND NOT DMUON_GPU_ONLY)
       set(DMUON_HAVE_NCCL ON)
       add_library(dmuon::nccl UNKNOWN IMPORTED)
@@ -57,7 +70,8 @@ if(NOT DMUON_CUDA STREQUAL "OFF")
       set(_nccl_found "no NCCL (GPU-only build)")
     endif()
     message(STATUS "dmuon: CUDA backend ON: nvcc ${CMAKE_CUDA_COMPILER_VERSION} (${CMAKE_CUDA_COMPILER}), "
-                   "CUDA toolkit ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, ${_nccl_found}")
+                   "CUDA toolkit ${CUDAToolkit_VERSION}, architectures ${CMAKE_CUDA_ARCHITECTURES}, "
+                   "cuBLAS ${CUDA_cublas_LIBRARY}, ${_nccl_found}")
   elseif(DMUON_CUDA STREQUAL "ON")
     message(FATAL_ERROR "dmuon: DMUON_CUDA=ON but not found: ${_dmuon_cuda_missing}")
   else()

@@ -3,8 +3,11 @@ trained on Debian's fortunes with torch.optim.AdamW or dmuon.torch.DMuon, on glo
 parallel under DDP (the default), FSDP2 (--fsdp2: fully_shard per block and at the root, on a 1-D
 mesh of every rank) or HSDP (--hsdp R,S: fully_shard on a 2-D (replicate, shard) mesh of R replicas
 of S shards each; --hsdp alone is 2 replicas of W/2 shards); --owner-held: DMuon's owner-centric mode.
+--device cuda: each rank on its own GPU (the node's LOCAL_RANK-th) with NCCL between ranks, the model, its
+batches and the optimizer's state on it (dmuon.torch then runs Newton-Schulz through libdmuon_c's CUDA backend).
 
     torchrun --standalone --nproc_per_node 2 examples/torch_train.py --optim dmuon --fsdp2
+    torchrun --standalone --nproc_per_node 1 examples/torch_train.py --optim dmuon --device cuda [--owner-held]
     mpirun --allow-run-as-root -np 2 python examples/torch_train.py --optim dmuon   (also works)
     PYTHONPATH=build/python when running from the build tree.
 
@@ -24,6 +27,7 @@ forward+backward and optimizer times without those waits.
 import argparse
 import contextlib
 import math
+import os
 import pathlib
 import sys
 import time
@@ -144,22 +148,40 @@ def load_corpus(folder):
     return torch.frombuffer(bytearray(text), dtype=torch.uint8).long()
 
 
-def parallelize(model, mode, world, owner_held):
-    """The model under DDP, FSDP2 (mode "fsdp2") or HSDP (mode (R, S)): each block, then the root,
-    wrapped with fully_shard, whose parameters become DTensors sharded on dim 0 over the mesh. With
+def setup_device(name, environ=os.environ):
+    """(process group backend, torch.device) for --device: gloo on the CPU, or NCCL on this rank's own GPU,
+    the node's local rank-th (LOCAL_RANK from torchrun, OMPI_COMM_WORLD_LOCAL_RANK from mpirun), made current."""
+    if name == "cpu":
+        return "gloo", torch.device("cpu")
+    local = int(environ.get("LOCAL_RANK", environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")))
+    if not torch.cuda.is_available():
+        raise SystemExit("torch_train: --device cuda needs a GPU, and torch sees none")
+    if local >= torch.cuda.device_count():
+        raise SystemExit(f"torch_train: local rank {local} has no GPU of its own ({torch.cuda.device_count()} "
+                         "on this node): start at most one rank per GPU")
+    torch.cuda.set_device(local)
+    return "nccl", torch.device("cuda", local)
+
+
+def parallelize(model, mode, world, owner_held, device=torch.device("cpu")):
+    """The model, on `device`, under DDP, FSDP2 (mode "fsdp2") or HSDP (mode (R, S)): each block, then the
+    root, wrapped with fully_shard, whose parameters become DTensors sharded on dim 0 over the mesh. With
     owner_held, DMuon's matrices are first held whole on their owners (dmuon.torch.hold_on_owners)
     and kept out of DDP and FSDP2."""
+    model = model.to(device)
     mesh = None
     if mode == "fsdp2":
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("shard",))
+        mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
     elif mode != "ddp":
-        mesh = init_device_mesh("cpu", mode, mesh_dim_names=("replicate", "shard"))
+        mesh = init_device_mesh(device.type, mode, mesh_dim_names=("replicate", "shard"))
     ignored = None
     if owner_held:
         import dmuon.torch
         ignored = dmuon.torch.hold_on_owners(model, mesh).params
     if mode == "ddp":
-        return nn.parallel.DistributedDataParallel(model) if world > 1 else model
+        if world == 1:
+            return model
+        return nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     for block in model.blocks:
         fully_shard(block, mesh=mesh, ignored_params=ignored)
     return fully_shard(model, mesh=mesh, ignored_params=ignored)
@@ -209,6 +231,8 @@ def main():
     parser.add_argument("--adamw-lr", type=float, default=3e-3, help="AdamW learning rate")
     parser.add_argument("--corpus", default="/usr/share/games/fortunes")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="cuda: one GPU per rank (the node's local rank-th), NCCL between ranks")
     layout = parser.add_mutually_exclusive_group()
     layout.add_argument("--fsdp2", action="store_true", help="FSDP2 (fully_shard) on a 1-D mesh instead of DDP")
     layout.add_argument("--hsdp", nargs="?", const="auto", metavar="R,S",
@@ -226,14 +250,15 @@ def main():
     args = parser.parse_args()
 
     from dmuon.torch.mpirun import init_process_group
-    rank, world = init_process_group("gloo")
+    backend, device = setup_device(args.device)
+    rank, world = init_process_group(backend)
     if args.batch % world:
         raise SystemExit(f"torch_train: --batch {args.batch} is not divisible by {world} ranks")
     mode = hsdp_mesh_shape(args.hsdp, world) if args.hsdp else "fsdp2" if args.fsdp2 else "ddp"
     if args.owner_held and args.optim != "dmuon":
         raise SystemExit("torch_train: --owner-held is DMuon's mode (--optim dmuon)")
     torch.manual_seed(args.seed)
-    model = parallelize(Gpt(), mode, world, args.owner_held)
+    model = parallelize(Gpt(), mode, world, args.owner_held, device)
     optimizer = make_optimizer(args, model)
     schedule = None
     if args.warmup is not None:
@@ -245,7 +270,7 @@ def main():
     def batch(seed, low, high):  # this rank's slice of a global batch of --batch sequences from data[low:high]
         offsets = torch.randint(low, high - CONTEXT - 1, (args.batch,), generator=torch.Generator().manual_seed(seed))
         mine = offsets[rank * (args.batch // world):(rank + 1) * (args.batch // world)]
-        return torch.stack([data[o:o + CONTEXT + 1] for o in mine.tolist()])  # (B/W, T+1)
+        return torch.stack([data[o:o + CONTEXT + 1] for o in mine.tolist()]).to(device)  # (B/W, T+1)
 
     metrics = StepMetrics(args.csv if rank == 0 else None) if args.csv else None
     losses = []
@@ -278,7 +303,8 @@ def main():
     if rank == 0:
         where = "x".join(map(str, mode)) + " HSDP" if isinstance(mode, tuple) else mode.upper()
         where += ", owner-held" if args.owner_held else ""
-        print(f"{args.optim}, {where}: {world} ranks, {args.steps} steps, loss {first:.4f} (first 5) -> {last:.4f} (last 5)")
+        print(f"{args.optim}, {where}: {world} ranks on {args.device}, {args.steps} steps, "
+              f"loss {first:.4f} (first 5) -> {last:.4f} (last 5)")
     # The model goes before the process group. A DDP model's Reducer (C++) holds a reference to the
     # group; were it the last one, dropping the model would join gloo's worker threads while holding
     # the GIL, and a worker still freeing a tensor that Python let go of waits for the GIL: a deadlock

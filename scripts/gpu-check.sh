@@ -1,32 +1,40 @@
 #!/usr/bin/env bash
-# The GPU check (docs/gpu.md): one run of at most about 8 minutes on a machine with an NVIDIA GPU (written for
-# the H200 machine of ../shared/GPU.md: nvcc 13, CMake, ninja, Python 3.12 + torch 2.11; no network, no installs).
+# The GPU check (docs/gpu.md): one run of at most DMUON_GPU_CHECK_BUDGET_S (default 300 s, so that a second run
+# fits in a 15-minute loan) on a machine with an NVIDIA GPU (written for the H200 machine of ../shared/GPU.md:
+# nvcc 13, CMake, ninja, Python 3.12 + torch 2.11 with NVIDIA's cuBLAS and NCCL wheels; no network, no installs).
 # From the repository root:   bash scripts/gpu-check.sh RESULTS_DIR     (or RESULTS_DIR in $OUT)
-#  1. probes what exists (GPU, nvcc, g++, cuBLAS and NCCL of the system and of torch's wheels, the Debian
-#     libraries of the full build, torch) -> probe.txt
+#  1. probe, printed first on one screen (probe.txt): GPU model and count, driver, nvcc, cuBLAS and NCCL (headers
+#     and libraries, in the toolkit or in torch's wheels under site-packages/nvidia), CMake, ninja, Python, torch
+#     and its CUDA, the Debian libraries of the full build; and the mode it allows, the richest of
+#       full      CUDA, cuBLAS, NCCL and every Debian library: the project, libdmuon_c, the GoogleTest GPU suites
+#       gpu-only  CUDA and cuBLAS: the GPU subset (-DDMUON_GPU_ONLY=ON), dmuon_gpu_check alone
+#       torch     no build possible: the PyTorch anchors only
+#     cuBLAS and NCCL from torch's wheels are handed to CMake (CUBLAS_ROOT, NCCL_ROOT) when the toolkit lacks them.
 #  2. starts the PyTorch anchors in the background while the build runs (the GPU is idle then): the bf16 quintic
 #     Newton–Schulz of DESIGN 2.1 and torch.matmul's bf16 rate (torch_anchor.json), then torch.optim.Muon's step
 #     on qwen2.5-0.5b's Muon matrices (python/benchmarks/muon_step_torch.py, torch only -> torch_muon_step.json)
-#  3. builds: the full project when every library is there (with libdmuon_c and the Python package), else the
-#     GPU subset (-DDMUON_GPU_ONLY=ON: CUDA and the C++ standard library only) -> build.log
-#  4. runs the GPU tests (dmuon_gpu_check test: products, Newton–Schulz against float64 and the emulated bf16
-#     recurrence, elementwise and update kernels, graphs; with the full build also the GoogleTest suites:
-#     conformance vs the CPU backend, CUDA graphs, NCCL, the distributed optimizers on the GPU over NCCL vs the
-#     CPU) -> tests.log
-#  5. benchmarks, in both modes: bench ns on 896x4864, 4864x896, 4096x4096, 4096x14336, 14336x4096 and a batch
-#     of 28 x 896x896; small shapes (batches of 28 x 128x512 and 256x1024) with CUDA graphs and without
+#  3. builds -> build.log: the full project in full mode; when its configure or its build fails, the GPU subset
+#  4. waits for the anchors (nothing else may use the GPU while they time it), then runs the GPU tests, each a
+#     step of its own: dmuon_gpu_check test (products, Newton–Schulz against float64 and the emulated bf16
+#     recurrence, elementwise and update kernels, graphs, streams) and, with the full build, each GoogleTest GPU
+#     suite (conformance vs the CPU backend, CUDA graphs, NCCL, the distributed optimizers on the GPU over NCCL)
+#  5. benchmarks, in both build modes: bench ns on 896x4864, 4864x896, 4096x4096, 4096x14336, 14336x4096 and a
+#     batch of 28 x 896x896; small shapes (batches of 28 x 128x512 and 256x1024) with CUDA graphs and without
 #     (DMUON_CUDA_NO_GRAPHS=1); the device Muon step on the same matrices as torch.optim.Muon's (bench muon).
 #     With the full build also the optimizer step (adamw, muon, muon-gather, dmuon) on qwen2.5-0.5b on one GPU,
-#     on every GPU when there are several, the refusal of more ranks than GPUs, and dmuon.torch on CUDA tensors
+#     on every GPU when there are several, the refusal of more ranks than GPUs, examples/torch_train.py on the
+#     GPUs (--device cuda, NCCL; DMuon over FSDP2, plain and owner-held), and dmuon.torch on CUDA tensors
 #     (python/benchmarks/gpu_check_torch.py: FSDP2 on CUDA, CUDA vs CPU, DMuon's step vs torch.optim.Muon)
 #     -> bench_*.json, share_gpu_refused.log, gpu_check_torch.json
-#  6. writes summary.txt last: each step's status, and each figure beside its torch counterpart.
-# Every step has its own time limit, cut to what is left of the whole run's budget (DMUON_GPU_CHECK_BUDGET_S,
-# default 450 s; a step with less than 15 s left is skipped); a failing step is logged and the script goes on,
-# and the exit status is 1 when any step failed or timed out (0 when every step passed or was skipped).
-# DMUON_GPU_CHECK_DRY_RUN=1 (for machines without a GPU): probes, prints every command it would run, rehearses
-# what needs no GPU (the Muon matrices' shapes, the torch Muon step on a CPU with DMUON_GPU_CHECK_CPU_MODEL, the
-# summary) and builds nothing. DMUON_GPU_CHECK_MODE=gpu-only skips the full build where its libraries exist.
+#  6. prints the summary (summary.txt: each step's status, each figure beside its torch counterpart), then the
+#     end of each failed step's log; report.txt holds the same.
+# Progress goes to standard error and progress.log. Every step has its own time limit, cut to what is left of
+# the budget (a step with less than 15 s left is skipped); a failing step is logged and the script goes on, and
+# the exit status is 1 when any step failed or timed out (0 when every step passed or was skipped).
+# DMUON_GPU_CHECK_DRY_RUN=1 (for machines without a GPU; CI runs it): probes, prints every command it would
+# run, rehearses what needs no GPU (the Muon matrices' shapes, the torch Muon step on a CPU with
+# DMUON_GPU_CHECK_CPU_MODEL, the summary) and builds nothing. DMUON_GPU_CHECK_MODE=gpu-only skips the full build
+# where its libraries exist. DMUON_GPU_BUILD names the build folder (default build-gpu; the subset's: ...-only).
 set -uo pipefail
 
 RESULTS=${1:-${OUT:-}}
@@ -42,7 +50,7 @@ BUILD=${DMUON_GPU_BUILD:-build-gpu}
 JOBS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc obeys OMP_NUM_THREADS
 START=$(date +%s)
 DRY_RUN=${DMUON_GPU_CHECK_DRY_RUN:-0}
-BUDGET=${DMUON_GPU_CHECK_BUDGET_S:-450}
+BUDGET=${DMUON_GPU_CHECK_BUDGET_S:-300}
 FORCE_MODE=${DMUON_GPU_CHECK_MODE:-}
 MODEL=models/qwen2.5-0.5b.json
 case "$DRY_RUN" in 0 | 1) ;; *) echo "DMUON_GPU_CHECK_DRY_RUN must be 0 or 1, got '$DRY_RUN'" >&2; exit 2 ;; esac
@@ -51,7 +59,7 @@ case "$BUDGET" in '' | *[!0-9]*) echo "DMUON_GPU_CHECK_BUDGET_S must be a number
 declare -A STATUS
 STEPS=()  # in the order they were met, for the summary
 
-say() { echo "[gpu-check $(($(date +%s) - START))s] $*"; }
+say() { echo "[gpu-check $(($(date +%s) - START))s] $*" | tee -a "$RESULTS/progress.log" >&2; }
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 status_of_rc() {
   case $1 in
@@ -97,64 +105,110 @@ json() {
 }
 
 # ---- 1. probe ----
+: >"$RESULTS/progress.log"
 have_lib() { ldconfig -p 2>/dev/null | grep -c "$1" >/dev/null; }  # grep -q would SIGPIPE ldconfig under pipefail
 have_header() { [ -e "/usr/include/$1" ] || [ -e "/usr/local/include/$1" ]; }
-PYTHON=$(command -v python3 || true)
-NCCL_ROOT_HINT=""
-if [ -n "$PYTHON" ]; then
-  # torch's NCCL wheel (nvidia-nccl-cu13) carries nccl.h and libnccl.so when the toolkit does not.
-  NCCL_ROOT_HINT=$("$PYTHON" -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null || true)
-fi
-# where_is NAME COMMAND: "path (version line)" of a tool, or "missing".
-where_is() {
-  local path
-  path=$(command -v "$1" 2>/dev/null) || { echo missing; return; }
-  echo "$path ($("$@" 2>&1 | grep -m1 -iE 'release|version|[0-9]+\.[0-9]+' || true))"
+yes_no() { "$@" && echo yes || echo no; }
+# The first line of a tool's version output with a version number in it, or "missing".
+version_of() {
+  command -v "$1" >/dev/null 2>&1 || { echo missing; return; }
+  echo "$(command -v "$1"), $("$@" 2>&1 | grep -oE '(release |version )?[0-9]+\.[0-9]+(\.[0-9]+)?' | head -n1)"
 }
-# The libraries a name matches in the loader's cache, and under a folder.
-libs_in_cache() { ldconfig -p 2>/dev/null | grep -o "/[^ ]*$1[^ ]*" | sort -u | tr '\n' ' '; }
-libs_under() { [ -d "$2" ] && find "$2" -name "$1*" -printf '%p ' 2>/dev/null; }
-{
-  echo "date: $(date -u +%FT%TZ)"
-  echo "host: $(uname -srm), $(nproc) cores"
-  echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo none)"
-  echo "nvcc: $(where_is nvcc --version)"
-  echo "g++: $(where_is g++ --version)"
-  echo "cmake: $(where_is cmake --version)"
-  echo "ninja: $(where_is ninja --version)"
-  echo "python: $(where_is "${PYTHON:-python3}" --version)"
-  TOOLKIT=$(dirname "$(dirname "$(command -v nvcc 2>/dev/null || echo /none/bin/nvcc)")")
-  echo "cuda toolkit: $TOOLKIT"
-  echo "system cuBLAS: $(libs_in_cache libcublas.so) $(libs_under libcublas.so "$TOOLKIT/lib64")"
-  echo "system NCCL: $(libs_in_cache libnccl.so) $(libs_under libnccl.so "$TOOLKIT/lib64")"
-  if [ -n "$PYTHON" ]; then
-    # torch and the NVIDIA wheels it brings (cuBLAS, NCCL, the runtime), in one interpreter start.
-    "$PYTHON" - <<'PY' 2>&1
-import importlib.metadata as md, os
-try:
-    import torch
-    print("torch:", torch.__version__, "CUDA", torch.version.cuda, "at", os.path.dirname(torch.__file__))
-except Exception as e:
-    print("torch: missing", type(e).__name__)
+PYTHON=$(command -v python3 || true)
+NVCC=$(command -v nvcc || true)
+TOOLKIT=""
+[ -n "$NVCC" ] && TOOLKIT=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
+# In the toolkit: a header under include/ (or targets/*/include) and a library under lib64/ or lib/.
+toolkit_header() { [ -n "$TOOLKIT" ] && ls "$TOOLKIT"/include/"$1" "$TOOLKIT"/targets/*/include/"$1" >/dev/null 2>&1; }
+toolkit_lib() { [ -n "$TOOLKIT" ] && ls "$TOOLKIT"/lib64/"$1"* "$TOOLKIT"/lib/"$1"* "$TOOLKIT"/targets/*/lib/"$1"* >/dev/null 2>&1; }
+# torch, its CUDA and the GPU it sees, and the folders of torch's NVIDIA wheels that hold cuBLAS and NCCL
+# (nvidia/cu13 for CUDA 13's wheels, nvidia/cublas and nvidia/nccl before), in one interpreter start.
+TORCH_VERSION=missing TORCH_CUDA_VERSION=none TORCH_CUDA=0 TORCH_GPUS=0 WHEEL_CUBLAS="" WHEEL_NCCL=""
+if [ -n "$PYTHON" ]; then
+  eval "$("$PYTHON" - <<'PY' 2>/dev/null
+import glob, os, shlex
+def out(name, value):
+    print(f"{name}={shlex.quote(str(value))}")
+def wheel(folders, header, lib):
+    for d in folders:
+        if os.path.exists(os.path.join(d, "include", header)) and glob.glob(os.path.join(d, "lib", lib + "*")):
+            return d
+    return ""
 try:
     import nvidia
-    root = list(nvidia.__path__)[0]
-    libs = sorted(os.path.join(d, f) for d, _, files in os.walk(root) for f in files
-                  if f.startswith(("libcublas.so", "libcublasLt.so", "libnccl.so", "libcudart.so")))
-    print("torch's NVIDIA wheels:", root, *libs, sep="\n  ")
+    roots = list(nvidia.__path__)
+    out("WHEEL_CUBLAS", wheel([os.path.join(r, n) for r in roots for n in ("cu13", "cublas")], "cublas_v2.h", "libcublas.so"))
+    out("WHEEL_NCCL", wheel([os.path.join(r, n) for r in roots for n in ("nccl", "cu13")], "nccl.h", "libnccl.so"))
 except Exception:
-    print("torch's NVIDIA wheels: none")
-names = sorted(f"{d.metadata['Name']} {d.version}" for d in md.distributions()
-               if (d.metadata["Name"] or "").lower().startswith("nvidia"))
-print("NVIDIA wheel versions:", ", ".join(names) or "none")
+    pass
+try:
+    import torch
+    out("TORCH_VERSION", torch.__version__)
+    out("TORCH_CUDA_VERSION", torch.version.cuda or "none")
+    available = torch.cuda.is_available()
+    out("TORCH_CUDA", int(available))
+    out("TORCH_GPUS", torch.cuda.device_count() if available else 0)
+except Exception as e:
+    out("TORCH_VERSION", f"missing ({type(e).__name__})")
 PY
-  fi
-  for lib in libopenblas libmpi.so libCbc libcublas libnccl; do echo "$lib: $(have_lib $lib && echo yes || echo no)"; done
-  for h in nlohmann/json.hpp CLI/CLI.hpp gtest/gtest.h; do echo "$h: $(have_header $h && echo yes || echo no)"; done
+)"
+fi
+GPU_LIST=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true)
+GPUS=$(printf '%s' "$GPU_LIST" | grep -c . || true)
+[ "${GPUS:-0}" -eq 0 ] && GPUS=$TORCH_GPUS
+CMAKE_VERSION=$(cmake --version 2>/dev/null | grep -m1 -oE '[0-9]+\.[0-9]+(\.[0-9]+)?' || true)
+CMAKE_OK=0
+[ -n "$CMAKE_VERSION" ] && [ "$(printf '%s\n' 3.25 "$CMAKE_VERSION" | sort -V | head -n1)" = 3.25 ] && CMAKE_OK=1
+# cuBLAS and NCCL: the toolkit's, else torch's wheel's (handed to CMake as CUBLAS_ROOT / NCCL_ROOT).
+CUBLAS="" NCCL="" HINTS=()
+if toolkit_header cublas_v2.h && toolkit_lib libcublas.so; then
+  CUBLAS="toolkit $TOOLKIT"
+elif [ -n "$WHEEL_CUBLAS" ]; then
+  CUBLAS="torch's wheel $WHEEL_CUBLAS"
+  HINTS+=(-DCUBLAS_ROOT="$WHEEL_CUBLAS")
+fi
+if toolkit_header nccl.h && toolkit_lib libnccl.so; then
+  NCCL="toolkit $TOOLKIT"
+elif [ -n "$WHEEL_NCCL" ]; then
+  NCCL="torch's wheel $WHEEL_NCCL"
+  HINTS+=(-DNCCL_ROOT="$WHEEL_NCCL")
+fi
+DEBIAN_MISSING=""
+for lib in libopenblas libmpi.so libCbc; do have_lib $lib || DEBIAN_MISSING+=" $lib"; done
+for h in nlohmann/json.hpp CLI/CLI.hpp gtest/gtest.h; do have_header $h || DEBIAN_MISSING+=" $h"; done
+# The richest mode this machine allows.
+BUILD_MISSING=""
+[ -n "$NVCC" ] || BUILD_MISSING+=" nvcc"
+[ "$CMAKE_OK" = 1 ] || BUILD_MISSING+=" CMake>=3.25"
+[ -n "$CUBLAS" ] || BUILD_MISSING+=" cuBLAS"
+if [ -n "$BUILD_MISSING" ]; then
+  MODE=torch
+  WHY="cannot build, missing:$BUILD_MISSING"
+elif [ "$FORCE_MODE" = gpu-only ]; then
+  MODE=gpu-only
+  WHY="DMUON_GPU_CHECK_MODE=gpu-only"
+elif [ -n "$NCCL" ] && [ -z "$DEBIAN_MISSING" ]; then
+  MODE=full
+  WHY="every library of the full build is here"
+else
+  MODE=gpu-only
+  WHY="the full build lacks:$([ -n "$NCCL" ] || echo " NCCL")$DEBIAN_MISSING"
+fi
+{
+  echo "== gpu-check probe, $(date -u +%FT%TZ), $(uname -srm), $(nproc) cores =="
+  echo "gpu:       ${GPUS:-0} ($(printf '%s' "${GPU_LIST:-no nvidia-smi}" | tr '\n' ';'))"
+  echo "nvcc:      $(version_of nvcc --version)"
+  echo "g++:       $(version_of g++ --version)"
+  echo "cmake:     $(version_of cmake --version)$([ "$CMAKE_OK" = 1 ] || echo ' (needs >= 3.25)')"
+  echo "ninja:     $(version_of ninja --version)"
+  echo "python:    $(version_of "${PYTHON:-python3}" --version)"
+  echo "torch:     $TORCH_VERSION, CUDA $TORCH_CUDA_VERSION, GPU usable: $([ "$TORCH_CUDA" = 1 ] && echo yes || echo no)"
+  echo "cuBLAS:    ${CUBLAS:-missing} (torch's wheel: ${WHEEL_CUBLAS:-none})"
+  echo "NCCL:      ${NCCL:-missing} (torch's wheel: ${WHEEL_NCCL:-none})"
+  echo "full-build libraries: $([ -z "$DEBIAN_MISSING" ] && echo "all here" || echo "missing$DEBIAN_MISSING")"
+  echo "mode:      $MODE ($WHY)$([ "$DRY_RUN" = 1 ] && echo ', dry run')"
 } >"$RESULTS/probe.txt" 2>&1
 cat "$RESULTS/probe.txt"
-TORCH_CUDA=0
-[ -n "$PYTHON" ] && "$PYTHON" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null && TORCH_CUDA=1
 
 # ---- 2. the PyTorch anchors, in the background while the build runs ----
 cat >"$RESULTS/torch_anchor.py" <<'PY'
@@ -226,13 +280,15 @@ if [ "$DRY_RUN" = 1 ]; then
   fi
 elif [ "$TORCH_CUDA" = 1 ]; then
   STEPS+=(torch_anchor torch_muon_step)
-  say "torch_anchor, torch_muon_step: in the background while the build runs"
+  # Each at most 120 s and a third of the budget, so that the GPU tests are not kept waiting for them.
+  ANCHOR_LIMIT=$((BUDGET / 3 < 120 ? BUDGET / 3 : 120))
+  say "torch_anchor, torch_muon_step: in the background while the build runs (${ANCHOR_LIMIT}s each)"
   (
-    timeout --kill-after=10 120 "$PYTHON" "$RESULTS/torch_anchor.py" "$RESULTS/torch_anchor.json" \
+    timeout --kill-after=10 "$ANCHOR_LIMIT" "$PYTHON" "$RESULTS/torch_anchor.py" "$RESULTS/torch_anchor.json" \
       >"$RESULTS/torch_anchor.log" 2>&1
     echo $? >"$RESULTS/torch_anchor.rc"
-    timeout --kill-after=10 120 "$PYTHON" python/benchmarks/muon_step_torch.py --model "$MODEL" --device cuda \
-      --json "$RESULTS/torch_muon_step.json" >"$RESULTS/torch_muon_step.log" 2>&1
+    timeout --kill-after=10 "$ANCHOR_LIMIT" "$PYTHON" python/benchmarks/muon_step_torch.py --model "$MODEL" \
+      --device cuda --json "$RESULTS/torch_muon_step.json" >"$RESULTS/torch_muon_step.log" 2>&1
     echo $? >"$RESULTS/torch_muon_step.rc"
   ) &
   ANCHOR_PID=$!
@@ -241,56 +297,67 @@ else
   skip torch_muon_step "no torch with CUDA"
 fi
 
-# ---- 3. build (about 3 minutes at most) ----
-# The full configuration is the real probe: CMake finds (or misses) every library of the full build; when it
-# fails, the GPU subset needs only CUDA and the C++ standard library.
+# ---- 3. build ----
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 COMMON=("${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDMUON_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=90-real;90-virtual")
-[ -n "$NCCL_ROOT_HINT" ] && COMMON+=(-DNCCL_ROOT="$NCCL_ROOT_HINT")
+COMMON+=("${HINTS[@]}")
 [ -n "$PYTHON" ] && COMMON+=(-DPython3_EXECUTABLE="$PYTHON")
-MODE=full
-TARGETS=(dmuon_cli dmuon_gpu_check dmuon_python cublas_calls_test cuda_backend_test cuda_optim_test
-         backend_conformance_test comm_nccl_mpi_test device_optim_mpi_test)
-if [ "$FORCE_MODE" = gpu-only ]; then
-  MODE=gpu-only
-elif [ "$DRY_RUN" = 1 ]; then
-  say "would run (configure-full): cmake -S . -B $BUILD ${COMMON[*]} (gpu-only mode if it fails)"
-elif ! cmake -S . -B "$BUILD" "${COMMON[@]}" >"$RESULTS/configure-full.log" 2>&1; then
-  MODE=gpu-only
-fi
-if [ "$MODE" = gpu-only ]; then
+FULL_TARGETS=(dmuon_cli dmuon_gpu_check dmuon_python cublas_calls_test cuda_backend_test cuda_optim_test
+              backend_conformance_test comm_nccl_mpi_test device_optim_mpi_test)
+# The GPU subset: when the probe chose it, or when the full configure or build failed.
+build_gpu_only() {
   BUILD=$BUILD-only
-  TARGETS=(dmuon_gpu_check)
-  step configure 60 nice cmake -S . -B "$BUILD" "${COMMON[@]}" -DDMUON_GPU_ONLY=ON
-fi
-say "build mode: $MODE (the full build needs OpenBLAS, OpenMPI, CBC, nlohmann-json, CLI11, GoogleTest: configure-full.log)"
+  step configure_gpu_only 60 nice cmake -S . -B "$BUILD" "${COMMON[@]}" -DDMUON_GPU_ONLY=ON &&
+    step build_gpu_only 240 nice cmake --build "$BUILD" -j "$JOBS" --target dmuon_gpu_check
+}
 # nice: the torch anchors time the GPU meanwhile, and their kernel launches need a CPU.
-step build 240 nice cmake --build "$BUILD" -j "$JOBS" --target "${TARGETS[@]}"
+case "$MODE" in
+  full)
+    if ! step configure 60 nice cmake -S . -B "$BUILD" "${COMMON[@]}" ||
+      ! step build 240 nice cmake --build "$BUILD" -j "$JOBS" --target "${FULL_TARGETS[@]}"; then
+      say "the full build failed: the GPU subset instead (configure.log, build.log)"
+      MODE=gpu-only
+      build_gpu_only
+    elif [ "$DRY_RUN" = 1 ]; then
+      say "(had the full configure or build failed: the GPU subset, configure_gpu_only and build_gpu_only)"
+    fi
+    ;;
+  gpu-only) build_gpu_only ;;
+  torch) skip build "$WHY" ;;
+esac
 
-# ---- 4. GPU tests ----
-if [ "$MODE" = full ]; then
-  GPU_TESTS='^(gpu_check|cublas_calls_test|cuda_backend_test|cuda_optim_test|backend_conformance_test'
-  GPU_TESTS+='|comm_nccl_mpi_test\.np[12]|device_optim_mpi_test\.np[12])$'
-  step tests 150 bash -c "cd '$BUILD' && ctest --output-on-failure --timeout 90 -R '$GPU_TESTS'"
-  CLI=("$BUILD/dmuon")
-else
-  step tests 90 "$BUILD/dmuon_gpu_check" test
-  CLI=("$BUILD/dmuon_gpu_check")
-fi
-GPU_CHECK=("$BUILD/dmuon_gpu_check")
-
-# The background anchors must be done before anything else times the GPU.
+# ---- 4. the anchors done, then the GPU tests, each on its own ----
+# The background anchors time the GPU: nothing else may run on it before they are done.
 if [ -n "$ANCHOR_PID" ]; then
   say "waiting for torch_anchor and torch_muon_step"
   wait "$ANCHOR_PID"
   for s in torch_anchor torch_muon_step; do
-    STATUS[$s]=$(status_of_rc "$(cat "$RESULTS/$s.rc" 2>/dev/null || echo 1)" 120)
+    STATUS[$s]=$(status_of_rc "$(cat "$RESULTS/$s.rc" 2>/dev/null || echo 1)" "$ANCHOR_LIMIT")
     say "$s: ${STATUS[$s]}"
+  done
+elif [ "$DRY_RUN" = 1 ]; then
+  say "would wait for torch_anchor and torch_muon_step before the GPU tests"
+fi
+GPU_CHECK=("$BUILD/dmuon_gpu_check")
+CLI=("${GPU_CHECK[@]}")
+if [ "$MODE" = torch ]; then
+  skip gpu_check "$WHY"
+else
+  step gpu_check 90 "${GPU_CHECK[@]}" test
+fi
+if [ "$MODE" = full ]; then
+  CLI=("$BUILD/dmuon")
+  for t in cublas_calls_test cuda_backend_test cuda_optim_test backend_conformance_test comm_nccl_mpi_test.np1 \
+    comm_nccl_mpi_test.np2 device_optim_mpi_test.np1 device_optim_mpi_test.np2; do
+    step "$t" 60 bash -c "cd '$BUILD' && ctest --output-on-failure --timeout 60 -R '^$t\$'"
   done
 fi
 
 # ---- 5. benchmarks ----
+if [ "$MODE" = torch ]; then
+  for b in bench_ns bench_ns_batch bench_ns_small bench_ns_small_nographs bench_muon; do skip $b "$WHY"; done
+else
 json bench_ns 120 "${CLI[@]}" bench ns --device cuda --shapes 896x4864,4864x896,4096x4096,4096x14336,14336x4096 \
   --repeats 20
 json bench_ns_batch 45 "${CLI[@]}" bench ns --device cuda --shapes 896x896 --batch 28 --repeats 20
@@ -303,7 +370,7 @@ if [ -n "$MUON_SHAPES" ]; then
 else
   skip bench_muon "no Muon matrices (muon_shapes.log)"
 fi
-GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+fi
 MPIRUN=()
 command -v mpirun >/dev/null && MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 if [ "$MODE" = full ]; then
@@ -323,20 +390,27 @@ if [ "$MODE" = full ]; then
     skip share_gpu_refused "no mpirun"
   fi
   if [ "$TORCH_CUDA" = 1 ] || [ "$DRY_RUN" = 1 ]; then
+    # The PyTorch example on the GPUs (NCCL), DMuon in both modes: parameters sharded by FSDP2, and owner-held.
+    TRAIN=(env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" -m torch.distributed.run --standalone
+           --nproc_per_node "$((GPUS > 0 ? GPUS : 1))" examples/torch_train.py --optim dmuon --device cuda
+           --steps 20 --batch 16 --check-loss-falls --fsdp2)
+    step torch_train_cuda 90 "${TRAIN[@]}"
+    step torch_train_cuda_owner_held 90 "${TRAIN[@]}" --owner-held
     step gpu_check_torch 150 env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" \
       python/benchmarks/gpu_check_torch.py \
       --results "$RESULTS"
   else
-    skip gpu_check_torch "no torch with CUDA"
+    for s in torch_train_cuda torch_train_cuda_owner_held gpu_check_torch; do skip $s "no torch with CUDA"; done
   fi
 else
   skip bench_optimizer "needs the full build"
-  skip gpu_check_torch "needs the full build (libdmuon_c)"
+  for s in torch_train_cuda torch_train_cuda_owner_held gpu_check_torch; do skip $s "needs the full build (libdmuon_c)"; done
 fi
 
-# ---- 6. the table ----
+# ---- 6. the summary first, then the end of each failed step's log ----
+
 summary() {
-  echo "== gpu-check: $MODE build, $(($(date +%s) - START)) s$([ "$DRY_RUN" = 1 ] && echo ', dry run') =="
+  echo "== gpu-check: $MODE mode, $(($(date +%s) - START)) s of a ${BUDGET} s budget$([ "$DRY_RUN" = 1 ] && echo ', dry run') =="
   for s in "${STEPS[@]}"; do
     [ -n "${STATUS[$s]:-}" ] && printf '%-24s %s\n' "$s" "${STATUS[$s]}"
   done
@@ -396,8 +470,17 @@ if mm:
 PY
   fi
 }
-summary | tee "$RESULTS/summary.txt"
+summary >"$RESULTS/summary.txt"
+FAILED=()
 for s in "${STEPS[@]}"; do
-  case "${STATUS[$s]:-}" in failed* | timed*) exit 1 ;; esac
+  case "${STATUS[$s]:-}" in failed* | timed*) FAILED+=("$s") ;; esac
 done
-exit 0
+{
+  cat "$RESULTS/summary.txt"
+  for s in "${FAILED[@]}"; do
+    echo "== $s: ${STATUS[$s]}; the end of $s.log =="
+    tail -n 15 "$RESULTS/$s.log" 2>/dev/null
+  done
+} >"$RESULTS/report.txt"
+cat "$RESULTS/report.txt"
+[ "${#FAILED[@]}" -eq 0 ]

@@ -8,8 +8,13 @@
 //    derived bound of float64 Newton–Schulz.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstring>
+#include <functional>
+#include <future>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "backend/bf16.hpp"
@@ -93,6 +98,116 @@ TEST(CapiCalls, NewtonSchulzOnTheFencedDeviceEqualsTheCpuBitForBit) {
         EXPECT_EQ(device, cpu) << to_string(storage) << " " << rows << "x" << cols << " " << to_string(algo);
       }
     }
+  }
+}
+
+// Unchecked (check_finite false, as dmuon.torch.DMuon calls it), Newton–Schulz on a device reads nothing back, so
+// on a GPU the host does not wait for the caller's stream; checked, it reads the norms back. Both give the same bits.
+TEST(CapiCalls, UncheckedNewtonSchulzReadsNothingBackAndEqualsChecked) {
+  test::FencedBackend fenced;
+  const int64_t k = 3, rows = 24, cols = 64;
+  for (DType storage : {DType::f32, DType::bf16}) {
+    const std::vector<char> stack = random_stack(storage, k, rows, cols, 5);
+    std::vector<char> results[2];
+    for (bool check : {true, false}) {
+      capi::Staging staging;
+      void* device = fenced.allocate(stack.size());
+      fenced.copy_from_host(device, stack.data(), stack.size());
+      const auto ptrs = matrix_pointers(device, storage, k, rows, cols);
+      const int64_t before = fenced.copies_to_host();
+      capi::ns_run(fenced, storage, {ptrs.data(), ptrs.size()}, ptrs, rows, cols, NsOptions{}, {}, staging, check);
+      EXPECT_EQ(fenced.copies_to_host() > before, check) << to_string(storage) << " check " << check;
+      results[check].resize(stack.size());
+      fenced.copy_to_host(results[check].data(), device, stack.size());
+      fenced.deallocate(device);
+    }
+    EXPECT_NE(results[0], stack);
+    EXPECT_EQ(results[0], results[1]) << to_string(storage);
+  }
+}
+
+// hold: threads that call the C ABI at once take one device backend in turn (on_caller_stream holds it for the whole
+// call), while other backends stay free.
+TEST(CapiCalls, OneCallAtATimeHoldsABackend) {
+  test::FencedBackend shared, other;
+  std::atomic<int> inside = 0, most = 0;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&] {
+      for (int i = 0; i < 20; ++i) {
+        const auto held = capi::hold(shared);
+        const int now = ++inside;
+        for (int seen = most.load(); now > seen && !most.compare_exchange_weak(seen, now);) {
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(200));  // a window for an overlap to show
+        --inside;
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(most.load(), 1);
+  const auto held = capi::hold(shared);
+  EXPECT_TRUE(std::async(std::launch::async, [&] { return capi::hold(other).owns_lock(); }).get());
+}
+
+// The caller's stream, modelled: operations queued on it run only when something waits for them (the backend's
+// queue, in backend_waits_for_caller) or at the end.
+struct CallerQueue {
+  std::vector<std::function<void()>> queued;
+  void run_queued() {
+    for (auto& op : queued) op();
+    queued.clear();
+  }
+};
+
+// run_joined, the C ABI's join of the caller's stream (on_caller_stream's on a GPU), on the fenced device: the work
+// sees what the caller queued before the call, what the caller queues after the call sees the work's results, and
+// both hold after the work throws, with the backend held throughout.
+TEST(CapiCalls, TheCallerStreamJoinOrdersBothWaysAlsoAfterAThrow) {
+  test::FencedBackend fenced;
+  for (bool throws : {false, true}) {
+    Buffer x(fenced, DType::f32, 4), y(fenced, DType::f32, 4), z(fenced, DType::f32, 4);
+    fenced.fill(x.view(1, 4), 1.0f);
+    fenced.fill(y.view(1, 4), -1.0f);
+    CallerQueue caller;
+    caller.queued.push_back([&] { fenced.fill(x.view(1, 4), 3.0f); });  // queued before the call
+    std::vector<std::string> order;
+    bool held_during_work = false;
+    std::promise<void> other_holds;
+    std::future<void> other;  // another thread's call on the same backend, started during the work
+    const capi::QueueJoin join{[&] {
+                                 order.push_back("backend waits");
+                                 caller.run_queued();
+                               },
+                               [&] {
+                                 order.push_back("caller waits");
+                                 // queued after the call: it reads the work's result, once the join has ordered it
+                                 caller.queued.push_back([&] { fenced.copy(z.data(), y.data(), 4 * sizeof(float)); });
+                               }};
+    const auto work = [&](Backend& b) {
+      order.push_back("work");
+      b.copy(y.data(), x.data(), 4 * sizeof(float));
+      b.scale(y.view(1, 4), 2.0f);
+      other = std::async(std::launch::async, [&] {
+        const auto other_held = capi::hold(fenced);
+        other_holds.set_value();
+      });
+      // A window for the other call to get in, which it must not while this call holds the backend.
+      const auto window = other_holds.get_future().wait_for(std::chrono::milliseconds(50));
+      held_during_work = window == std::future_status::timeout;
+      if (throws) throw Error("the work failed");
+    };
+    if (throws) {
+      EXPECT_THROW(capi::run_joined(fenced, join, work), Error);
+    } else {
+      capi::run_joined(fenced, join, work);
+    }
+    caller.run_queued();
+    other.get();  // released after the call
+    EXPECT_EQ(order, (std::vector<std::string>{"backend waits", "work", "caller waits"})) << "throws " << throws;
+    EXPECT_TRUE(held_during_work) << "throws " << throws;
+    std::vector<float> got(4);
+    z.download(got);
+    EXPECT_EQ(got, std::vector<float>(4, 6.0f)) << "throws " << throws;  // 2·3: the caller's fill, then the work
   }
 }
 

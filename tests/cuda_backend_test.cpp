@@ -100,6 +100,17 @@ class CudaBackendTest : public ::testing::Test {
 
 // ---- products ----
 
+#ifdef DMUON_HAVE_CUDA
+// Runs without a device: the handle's math mode never lets cuBLAS sum bf16 products' partials in bf16.
+TEST(CudaBackendMathMode, AccumulatesInFloat32WithAndWithoutTf32) {
+  for (bool tf32 : {false, true}) {
+    const int mode = cuda::blas_math_mode(tf32);
+    EXPECT_TRUE(mode & CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION) << "tf32 " << tf32;
+    EXPECT_EQ(mode & 0xf, tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH) << "tf32 " << tf32;
+  }
+}
+#endif
+
 struct ProductCase {
   bool ta, tb;
   int64_t m, n, k, count;

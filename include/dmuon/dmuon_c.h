@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature below changes; python/dmuon checks it when it loads the library. */
-#define DMUON_C_ABI_VERSION 1
+#define DMUON_C_ABI_VERSION 2
 DMUON_C_API int dmuon_abi_version(void);
 
 /* Return codes. */
@@ -44,7 +44,8 @@ enum {
  * call, and `stream` waits for the engine's work, with events, so the caller's allocator may reuse the
  * arguments' memory in `stream`'s order (PyTorch's caching allocator does). dmuon_adamw_step returns without
  * waiting for the device; dmuon_ns_run waits for its inputs' norms (it reports a non-finite input as an
- * error), so the host waits for what the caller queued before it. A call leaves the thread's current CUDA
+ * error), so the host waits for what the caller queued before it, unless the handle's finite check is off
+ * (dmuon_ns_set_check_finite): then it returns without waiting too. A call leaves the thread's current CUDA
  * device as it found it. */
 typedef enum { DMUON_DEVICE_CPU = 0, DMUON_DEVICE_CUDA = 1 } dmuon_device;
 /* Storage type of the data passed to dmuon_ns_run and dmuon_adamw_step. bfloat16 data is widened to
@@ -82,6 +83,12 @@ DMUON_C_API void dmuon_ns_destroy(dmuon_ns* ns);
 /* Number of tuned entries the handle uses, and why a given cache was rejected ("" when it was not). */
 DMUON_C_API int64_t dmuon_ns_tuned_entries(const dmuon_ns* ns);
 DMUON_C_API const char* dmuon_ns_warning(const dmuon_ns* ns);
+/* check 1 (a new handle's setting): dmuon_ns_run reads its inputs' norms back and fails naming a non-finite
+ * input, so on a GPU the host waits for what the caller queued before the call. check 0: the norms stay on the
+ * device, the call returns without waiting for it, and a non-finite input gives non-finite outputs: for callers
+ * that check their gradients before (dmuon.torch.DMuon does), so one bucket's Newton-Schulz queues behind the
+ * previous bucket's communication instead of waiting for it. */
+DMUON_C_API int dmuon_ns_set_check_finite(dmuon_ns* ns, int check);
 
 /* O_i = orth(U_i) for `batch` same-shape rows×cols matrices: in[i] and out[i] point at rows·cols
  * elements of `dtype` on `device` (in[i] may equal out[i]). `stream` is the CUDA stream for

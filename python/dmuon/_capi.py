@@ -10,7 +10,7 @@ import json
 import os
 import pathlib
 
-ABI_VERSION = 1  # DMUON_C_ABI_VERSION
+ABI_VERSION = 2  # DMUON_C_ABI_VERSION
 
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 DTYPE_F32, DTYPE_BF16 = 0, 1
@@ -49,6 +49,7 @@ def _load():
         "dmuon_ns_destroy": (None, [c_void_p]),
         "dmuon_ns_tuned_entries": (c_i64, [c_void_p]),
         "dmuon_ns_warning": (c_char_p, [c_void_p]),
+        "dmuon_ns_set_check_finite": (c_int, [c_void_p, c_int]),
         "dmuon_ns_run": (c_int, [c_void_p, c_int, c_int, c_void_p, ctypes.POINTER(c_void_p),
                                  ctypes.POINTER(c_void_p), c_i64, c_i64, c_i64, ctypes.POINTER(c_char_p)]),
         "dmuon_adamw_step": (c_int, [c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_i64, c_i64,
@@ -107,16 +108,19 @@ class Orthogonalizer:
 
     coeffs: "keller" | "you" | "polar-express"; algo: "auto" (tuned kernel when the tuning cache has
     the shape) | "standard" | "gram"; threads: BLAS threads per call; tune_cache: a path, "" for the
-    default path, None for no tuning.
+    default path, None for no tuning; check_finite: run() fails naming a non-finite input, which makes it wait
+    for the input's norms (on a GPU, for everything queued before); False: no wait, and a non-finite input gives
+    non-finite outputs, for callers that check their gradients first.
     """
 
     _handle = None
 
-    def __init__(self, coeffs="keller", algo="auto", steps=5, threads=1, tune_cache=""):
+    def __init__(self, coeffs="keller", algo="auto", steps=5, threads=1, tune_cache="", check_finite=True):
         handle = ctypes.c_void_p()
         _check(_lib.dmuon_ns_create(coeffs.encode(), algo.encode(), int(steps), int(threads),
                                     _cache_arg(tune_cache), ctypes.byref(handle)))
         self._handle = handle
+        _check(_lib.dmuon_ns_set_check_finite(handle, int(bool(check_finite))))
         self.tuned_entries = _lib.dmuon_ns_tuned_entries(handle)
         self.warning = _lib.dmuon_ns_warning(handle).decode()
 

@@ -2,6 +2,7 @@
 #include "capi/abi_calls.hpp"
 
 #include <algorithm>
+#include <exception>
 #include <vector>
 
 #include "dmuon/error.hpp"
@@ -27,12 +28,43 @@ MatView dense_view(const Backend& backend, void* data, DType dtype, int64_t rows
 // AdamW's bf16 values per staged pass: a CPU pass stays in cache; a GPU pass is a few large kernels.
 int64_t adamw_chunk(const Backend& backend) { return backend.host_memory() ? int64_t{1} << 16 : int64_t{1} << 24; }
 
-}  // namespace
-
-float* Staging::take(Backend& backend, int64_t elements) {
-  Buffer& b = buffers_[&backend];
+// At least `elements` float32 values on `backend` in `buffers`, grown on demand.
+float* grown(std::map<const Backend*, Buffer>& buffers, Backend& backend, int64_t elements) {
+  Buffer& b = buffers[&backend];
   if (b.size() < elements) b = Buffer(backend, DType::f32, elements);
   return b.f32();
+}
+
+}  // namespace
+
+std::unique_lock<std::mutex> hold(const Backend& backend) {
+  static std::mutex registry;
+  static std::map<const Backend*, std::mutex> locks;  // map nodes stay put: a reference outlives the registry lock
+  std::mutex* lock = nullptr;
+  {
+    const std::lock_guard<std::mutex> guard(registry);
+    lock = &locks[&backend];
+  }
+  return std::unique_lock<std::mutex>(*lock);
+}
+
+void run_joined(Backend& backend, const QueueJoin& join, const std::function<void(Backend&)>& work) {
+  const auto held = hold(backend);
+  join.backend_waits_for_caller();
+  std::exception_ptr failure;
+  try {
+    work(backend);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  join.caller_waits_for_backend();
+  if (failure) std::rethrow_exception(failure);
+}
+
+float* Staging::take(Backend& backend, int64_t elements) { return grown(buffers_, backend, elements); }
+
+double* Staging::norms(Backend& backend, int64_t count) {
+  return reinterpret_cast<double*>(grown(norms_, backend, 2 * count));  // two float32 slots per double
 }
 
 NsOptions ns_options_for(const Backend& backend, DType storage, const NsOptions& options) {
@@ -46,17 +78,18 @@ NsOptions ns_options_for(const Backend& backend, DType storage, const NsOptions&
 
 void ns_run(Backend& backend, DType storage, std::span<const void* const> in, std::span<void* const> out,
             int64_t rows, int64_t cols, const NsOptions& options, std::span<const std::string> names,
-            Staging& staging) {
+            Staging& staging, bool check_finite) {
   DMUON_CHECK(in.size() == out.size(), "ns_run: ", in.size(), " inputs but ", out.size(), " outputs");
   const auto batch = static_cast<int64_t>(in.size());
   const NsOptions e = ns_options_for(backend, storage, options);
+  double* norms = check_finite ? nullptr : staging.norms(backend, batch);
   std::vector<MatView> u(in.size()), o(in.size());
   if (storage == DType::f32) {
     for (size_t i = 0; i < in.size(); ++i) {
       u[i] = dense_view(backend, const_cast<void*>(in[i]), DType::f32, rows, cols);
       o[i] = dense_view(backend, out[i], DType::f32, rows, cols);
     }
-    newton_schulz_batched(backend, u, o, e, names);
+    newton_schulz_batched(backend, u, o, e, names, norms);
     return;
   }
   // bf16: widen into the staging, orthogonalize there in place, round back into out.
@@ -65,7 +98,7 @@ void ns_run(Backend& backend, DType storage, std::span<const void* const> in, st
     u[i] = dense_view(backend, wide + i * rows * cols, DType::f32, rows, cols);
     backend.convert(dense_view(backend, const_cast<void*>(in[i]), DType::bf16, rows, cols), u[i]);
   }
-  newton_schulz_batched(backend, u, u, e, names);
+  newton_schulz_batched(backend, u, u, e, names, norms);
   for (int64_t i = 0; i < batch; ++i) backend.convert(u[i], dense_view(backend, out[i], DType::bf16, rows, cols));
 }
 

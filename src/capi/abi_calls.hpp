@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
+#include <mutex>
 #include <span>
 #include <string>
 
@@ -22,20 +24,38 @@ class Staging {
  public:
   // At least `elements` float32 values on `backend`.
   float* take(Backend& backend, int64_t elements);
+  // At least `count` doubles on `backend`: the input norms of an unchecked Newton–Schulz call.
+  double* norms(Backend& backend, int64_t count);
 
  private:
-  std::map<const Backend*, Buffer> buffers_;
+  std::map<const Backend*, Buffer> buffers_, norms_;
 };
+
+// Holds `backend` for one C ABI call: a CUDA backend (its stream, cuBLAS handle, graph cache and capture flag) is one
+// per device, shared by every thread that calls the C ABI, whose functions are reentrant (cuda_caller_stream.cpp
+// takes it for the whole call; the CPU backend is thread-safe and is not held).
+std::unique_lock<std::mutex> hold(const Backend& backend);
+
+// A call's order with its caller's queue (on a GPU two events, cuda_caller_stream.cpp): the backend's queue waits
+// for what the caller queued before the call, and the caller's queue for the call's work.
+struct QueueJoin {
+  std::function<void()> backend_waits_for_caller, caller_waits_for_backend;
+};
+// Holds `backend` (hold) and runs join.backend_waits_for_caller, work, then join.caller_waits_for_backend, the last
+// even when work throws (the caller's queue must not run ahead of what the work did queue); rethrows after it.
+void run_joined(Backend& backend, const QueueJoin& join, const std::function<void(Backend&)>& work);
 
 // The options a batch stored as `storage` runs with on `backend`: bf16 storage takes bf16 iterates (with
 // DESIGN 2.2's half-precision restarts) where the backend supports them; float32 storage keeps `options`.
 NsOptions ns_options_for(const Backend& backend, DType storage, const NsOptions& options);
 
 // O_i = orth(U_i) for in.size() rows×cols matrices of `storage` at in[i] / out[i] (dense, row-major; out[i] may
-// equal in[i]) in `backend`'s memory.
+// equal in[i]) in `backend`'s memory. check_finite: the inputs' norms are read back and a non-finite input throws,
+// naming it (on a GPU the host then waits for everything queued before); false: the norms stay in the staging,
+// nothing is read back and a non-finite input gives non-finite outputs (for callers that check their gradients).
 void ns_run(Backend& backend, DType storage, std::span<const void* const> in, std::span<void* const> out,
             int64_t rows, int64_t cols, const NsOptions& options, std::span<const std::string> names,
-            Staging& staging);
+            Staging& staging, bool check_finite = true);
 
 // One AdamW step (constants k) on n values of `storage` at p, grad, m, v in `backend`'s memory, in place.
 void adamw_run(Backend& backend, DType storage, void* p, const void* grad, void* m, void* v, int64_t n,

@@ -3,11 +3,11 @@
 
 #include <cuda_runtime_api.h>
 
-#include <exception>
 #include <string>
 
 #include "backend/cuda/check.hpp"
 #include "backend/cuda/cuda_backend.hpp"
+#include "capi/abi_calls.hpp"
 
 namespace dmuon::capi {
 
@@ -69,16 +69,8 @@ void on_caller_stream(int device, void* stream, const std::function<void(Backend
   auto& backend = static_cast<cuda::CudaBackend&>(cuda_backend(device));
   const auto caller = static_cast<cudaStream_t>(stream);
   DMUON_CUDA_CHECK(cudaSetDevice(device));
-  order_after(backend.stream(), caller);
-  std::exception_ptr failure;
-  try {
-    work(backend);
-  } catch (...) {
-    failure = std::current_exception();
-  }
-  // Even after a failure: the caller's stream must not run ahead of whatever the work did queue.
-  order_after(caller, backend.stream());
-  if (failure) std::rethrow_exception(failure);
+  run_joined(backend, {[&] { order_after(backend.stream(), caller); }, [&] { order_after(caller, backend.stream()); }},
+             work);
 }
 
 }  // namespace dmuon::capi

@@ -23,7 +23,8 @@ int cuda_device_of(std::span<const void* const> pointers, const std::function<st
 // on `stream` (everything the caller queued before), and `stream` then waits for an event recorded on the
 // backend's stream after the work, even when `work` throws partway. The host never waits, and the caller's
 // allocator may reuse the memory of the arguments in `stream`'s order (PyTorch's caching allocator does), as if
-// the work had run there. The thread's current device is restored before returning.
+// the work had run there. The thread's current device is restored before returning. Calls from several threads
+// take the device's backend in turn (abi_calls.hpp: run_joined, whose order the fenced device's tests check).
 void on_caller_stream(int device, void* stream, const std::function<void(Backend&)>& work);
 
 }  // namespace dmuon::capi

@@ -31,7 +31,8 @@ struct dmuon_ns {
   dmuon::NsOptions defaults;         // the math, and the kernel when nothing is tuned
   std::vector<dmuon::TuneEntry> tuned;  // empty: run `defaults` (entries for the CPU: a GPU runs `defaults`)
   std::string warning;               // why the given tuning cache was rejected
-  dmuon::capi::Staging staging;      // bf16 matrices widened to float32, per backend
+  dmuon::capi::Staging staging;      // bf16 matrices widened to float32, and unchecked norms, per backend
+  bool check_finite = true;          // dmuon_ns_set_check_finite
 };
 
 namespace {
@@ -181,6 +182,14 @@ int64_t dmuon_ns_tuned_entries(const dmuon_ns* ns) { return ns ? static_cast<int
 
 const char* dmuon_ns_warning(const dmuon_ns* ns) { return ns ? ns->warning.c_str() : ""; }
 
+int dmuon_ns_set_check_finite(dmuon_ns* ns, int check) {
+  return guarded("dmuon_ns_set_check_finite", [&] {
+    require(ns != nullptr, "handle is NULL");
+    require(check == 0 || check == 1, "check must be 0 or 1, got " + std::to_string(check));
+    ns->check_finite = check == 1;
+  });
+}
+
 int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* const* in, void* const* out,
                  int64_t batch, int64_t rows, int64_t cols, const char* const* names) {
   return guarded("dmuon_ns_run", [&] {
@@ -208,7 +217,8 @@ int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* 
           ns->tuned.empty() || !backend.host_memory()
               ? ns->defaults
               : dmuon::tuned_options(ns->tuned, rows, cols, static_cast<int>(batch), ns->defaults);
-      dmuon::capi::ns_run(backend, storage, inputs, outputs, rows, cols, options, labels, ns->staging);
+      dmuon::capi::ns_run(backend, storage, inputs, outputs, rows, cols, options, labels, ns->staging,
+                          ns->check_finite);
     });
   });
 }

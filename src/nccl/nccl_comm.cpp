@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "backend/cuda/check.hpp"
-#include "backend/cuda/cuda_backend.hpp"  // cuda::device_count
+#include "backend/cuda/cuda_backend.hpp"  // cuda::device_count, cuda::query_event
 #include "backend/cuda/kernels.hpp"
 #include "comm/collective_checks.hpp"
 #include "comm/failure.hpp"
@@ -98,14 +98,8 @@ class NcclWork : public WorkState {
   }
 
  private:
-  // cudaEventQuery, leaving no error behind: a NotReady answer also becomes the thread's last error, which the
-  // next kernel launch's check (cudaGetLastError) would report as its own failure (PyTorch's CUDAEvent::query
-  // clears it the same way).
-  cudaError_t query_event() const {
-    const cudaError_t rc = cudaEventQuery(event_);
-    if (rc == cudaErrorNotReady) (void)cudaGetLastError();
-    return rc;
-  }
+  // Leaves no cudaErrorNotReady behind for the next launch check (cuda::query_event).
+  cudaError_t query_event() const { return cuda::query_event(event_); }
 
   std::string what_;
   int rank_, size_;

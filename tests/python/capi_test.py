@@ -133,6 +133,16 @@ def test_bad_arguments_and_non_finite_input():
         run(dmuon.Orthogonalizer(threads=1, tune_cache=None), batch, names=["layer7"])
 
 
+def test_without_the_finite_check_a_non_finite_input_gives_non_finite_outputs_and_finite_ones_are_unchanged():
+    batch = np.random.default_rng(4).standard_normal((2, 8, 16)).astype(np.float32)
+    checked = run(dmuon.Orthogonalizer(threads=1, tune_cache=None), batch)
+    unchecked_ns = dmuon.Orthogonalizer(threads=1, tune_cache=None, check_finite=False)
+    assert np.array_equal(run(unchecked_ns, batch), checked)
+    batch[1, 3, 4] = np.nan
+    out = run(unchecked_ns, batch, names=["w0", "w1"])
+    assert np.array_equal(out[0], checked[0]) and np.isnan(out[1]).all()
+
+
 @pytest.mark.parametrize("weight_decay,grad_scale", [(0.0, 1.0), (0.1, 0.5)])
 def test_adamw_step_matches_torch_adamw(weight_decay, grad_scale):
     gen = torch.Generator().manual_seed(6)

@@ -73,3 +73,85 @@ def test_gpu_check_torch_skips_what_this_machine_lacks_and_writes_its_results(tm
     assert all("no CUDA device" in r["detail"] for r in results)
     with pytest.raises(SystemExit):
         gpu_check_torch.main(["--checks", "fsdp2-gpu"])
+
+
+# ---- scripts/gpu-check.sh itself, without a GPU ----
+
+SCRIPT = REPO / "scripts" / "gpu-check.sh"
+
+
+def run_script(results, env=None, fake_bin=None, without=None):
+    """Runs the script with this interpreter's folder first on PATH (its python3 has torch), and fake_bin before
+    it, with no folder that holds the program `without`; returns (exit status, standard output, standard error)."""
+    import os
+    import subprocess
+    import sys
+    path = [str(pathlib.Path(sys.executable).parent)] + [
+        p for p in os.environ["PATH"].split(os.pathsep) if not (without and (pathlib.Path(p) / without).exists())]
+    if fake_bin:
+        path.insert(0, str(fake_bin))
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DMUON_GPU")}
+    full_env.update({"PATH": os.pathsep.join(path), **(env or {})})
+    p = subprocess.run(["bash", str(SCRIPT), str(results)], env=full_env, capture_output=True, text=True, timeout=240)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_dry_run_probes_first_waits_for_the_anchors_before_the_gpu_tests_and_prints_the_summary(tmp_path):
+    rc, out, err = run_script(tmp_path, {"DMUON_GPU_CHECK_DRY_RUN": "1"})
+    assert rc == 0, out + err
+    assert out.startswith("== gpu-check probe")
+    for item in ("gpu:", "nvcc:", "cmake:", "python:", "torch:", "cuBLAS:", "NCCL:", "mode:"):
+        assert f"\n{item}" in out, item
+    assert (tmp_path / "probe.txt").read_text() in out
+    # The anchors time the GPU alone (N2): the wait comes before the first GPU test.
+    wait = err.index("would wait for torch_anchor and torch_muon_step")
+    assert wait < err.index("would run (gpu_check")
+    assert err.index("would run (build") < wait
+    summary = (tmp_path / "summary.txt").read_text()
+    assert summary.startswith("== gpu-check: ") and "of a 300 s budget, dry run" in summary
+    assert (tmp_path / "report.txt").read_text().startswith(summary)
+    assert "gpu_check                dry-run" in summary
+
+
+def test_without_nvcc_the_probe_picks_the_torch_mode_and_skips_what_needs_a_build(tmp_path):
+    rc, out, err = run_script(tmp_path, {"DMUON_GPU_CHECK_DRY_RUN": "1"}, without="nvcc")
+    assert rc == 0, out + err
+    assert "\nnvcc:      missing" in out
+    assert "\nmode:      torch (cannot build, missing: nvcc), dry run" in out
+    summary = (tmp_path / "summary.txt").read_text()
+    assert summary.startswith("== gpu-check: torch mode")
+    for step in ("build", "gpu_check", "bench_ns", "bench_muon"):
+        assert f"\n{step:<24} skipped (cannot build, missing: nvcc)" in summary, step
+
+
+FAKE_CMAKE = """#!/bin/bash
+# Configures anything; builds only the GPU subset's folder (name ending in -only).
+echo "$*" >> "$FAKE_CMAKE_LOG"
+[ "$1" = --version ] && { echo "cmake version 3.25.1"; exit 0; }
+if [ "$1" = --build ] && [[ "$2" != *-only ]]; then echo "fake: the full build fails"; exit 2; fi
+exit 0
+"""
+
+
+def test_a_failing_full_build_falls_back_to_the_gpu_subset(tmp_path):
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "cmake").write_text(FAKE_CMAKE)
+    (fake_bin / "cmake").chmod(0o755)
+    log, build = tmp_path / "cmake.log", tmp_path / "b"
+    rc, out, err = run_script(tmp_path / "results", {"FAKE_CMAKE_LOG": str(log), "DMUON_GPU_BUILD": str(build),
+                                                     "DMUON_GPU_CHECK_BUDGET_S": "120"}, fake_bin)
+    if "\nmode:      full" not in out:
+        pytest.skip("this machine lacks a library of the full build: " + out)
+    calls = [line.split()[:3] for line in log.read_text().splitlines() if line != "--version"]
+    assert calls == [["-S", ".", "-B"], ["--build", str(build), "-j"], ["-S", ".", "-B"],
+                     ["--build", f"{build}-only", "-j"]], log.read_text()
+    assert "-DDMUON_GPU_ONLY=ON" in log.read_text().splitlines()[-2]
+    summary = (tmp_path / "results" / "summary.txt").read_text()
+    assert "gpu-only mode" in summary.splitlines()[0]
+    assert "\nbuild                    failed (exit 2)" in summary
+    assert "\nbuild_gpu_only           ok" in summary
+    # No GPU tool was built: every later step fails on its own, and the script still writes its report.
+    assert rc == 1
+    report = (tmp_path / "results" / "report.txt").read_text()
+    assert "fake: the full build fails" in report and "== gpu_check: failed" in report

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "dmuon/error.hpp"
+#include "dmuon/ns.hpp"  // ns_release_workspaces
 
 namespace dmuon::test {
 
@@ -96,7 +97,9 @@ Fence::Scope::~Scope() {
 
 // ---- FencedBackend ----
 
-FencedBackend::~FencedBackend() = default;
+// Newton–Schulz's workspace pool keeps workspaces per backend address: freed here, while this backend can still
+// deallocate them, so that a later backend at the same address does not lease this one's unmapped memory.
+FencedBackend::~FencedBackend() { ns_release_workspaces(this); }
 
 void FencedBackend::run(std::vector<Fence::Region> regions, const char* name, std::function<void()> op) {
   std::function<void()> step = [this, regions = std::move(regions), name, op = std::move(op)] {
@@ -126,6 +129,7 @@ void FencedBackend::copy_from_host(void* dst, const void* src, size_t bytes) {
 void FencedBackend::copy_to_host(void* dst, const void* src, size_t bytes) {
   refuse_in_graph("copy_to_host");
   DMUON_CHECK(bytes == 0 || !fence_.owns(dst), "fenced device: copy_to_host into device memory");
+  ++copies_to_host_;
   run({{src, bytes}}, "copy_to_host", [=, this] { inner_.copy_to_host(dst, src, bytes); });
 }
 

@@ -14,6 +14,7 @@
 // so run_concurrently's workers may share one. Test-only.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -110,6 +111,7 @@ class FencedBackend final : public Backend {
   Fence& fence() { return fence_; }
   int64_t graphs_recorded() const;  // distinct keys run_graph recorded
   int64_t graphs_replayed() const;  // calls of run_graph that replayed a recording
+  int64_t copies_to_host() const { return copies_to_host_; }  // copy_to_host calls: a GPU's host waits
 
  private:
   // Runs `op` with `regions` open, and appends it to the recording when this thread records a graph.
@@ -121,6 +123,7 @@ class FencedBackend final : public Backend {
   mutable std::mutex graphs_mutex_;
   std::map<std::vector<int64_t>, std::vector<std::function<void()>>> graphs_;
   int64_t replayed_ = 0;
+  std::atomic<int64_t> copies_to_host_ = 0;
 };
 
 // The fenced world over `mpi` (a world communicator, MPI).

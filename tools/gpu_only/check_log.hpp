@@ -1,8 +1,10 @@
-// dmuon_gpu_check's verdicts: one line per check ("ok" or "FAIL", what, the measured value, its limit) and the
-// failure count that decides the exit status.
+// dmuon_gpu_check's verdicts: one line per check ("ok" or "FAIL", what, the measured value, its limit), an exception
+// as a failed check, and the failure count that decides the exit status.
 #pragma once
 
 #include <cstdio>
+#include <exception>
+#include <functional>
 #include <string>
 
 namespace dmuon {
@@ -20,6 +22,15 @@ class CheckLog {
     if (!ok) ++failures_;
   }
   void note(const std::string& what) { std::printf("note %s\n", what.c_str()); }
+  // Runs one check (or one group of checks), so that an exception fails that check alone: reported as FAIL with its
+  // message and counted, and the checks after it still run (a sticky CUDA error fails them on their own).
+  void guard(const std::string& what, const std::function<void()>& check) {
+    try {
+      check();
+    } catch (const std::exception& e) {
+      expect(false, what + " threw: " + e.what());
+    }
+  }
   int failures() const { return failures_; }
 
  private:

@@ -75,7 +75,9 @@ test::MatD absolute(test::MatD m) {
 void check_products(Backend& gpu) {
   const double u = FLT_EPSILON / 2;
   for (DType dtype : {DType::f32, DType::bf16}) {
-    for (int t = 0; t < 4; ++t) {  // gemm, all transposes, odd shapes, float32 result
+    const std::string dt = to_string(dtype);
+    for (int t = 0; t < 4; ++t) check_log.guard("gemm " + dt + " #" + std::to_string(t), [&] {
+      // gemm, all transposes, odd shapes, float32 result
       const bool ta = t & 1, tb = t & 2;
       const int64_t m = 67, n = 45, k = 129;
       Buffer a_dev, b_dev;
@@ -86,8 +88,9 @@ void check_products(Backend& gpu) {
       gpu.gemm(ta, tb, 1.0f, a_dev.view(a.rows, a.cols), b_dev.view(b.rows, b.cols), 0.0f, c.view(m, n));
       const double err = scaled_error(download(c, m, n), test::matmul(op_a, op_b), test::matmul(absolute(op_a), absolute(op_b)));
       report(err <= (k + 2) * u, "gemm " + to_string(dtype) + (ta ? " A^T" : " A") + (tb ? " B^T" : " B"), err, (k + 2) * u);
-    }
-    for (int trans = 0; trans < 2; ++trans) {  // syrk: X·Xᵀ and Xᵀ·X (bf16: the tiled GemmEx path)
+    });
+    for (int trans = 0; trans < 2; ++trans) check_log.guard("syrk " + dt + " #" + std::to_string(trans), [&] {
+      // syrk: X·Xᵀ and Xᵀ·X (bf16: the tiled GemmEx path)
       const int64_t n = 600, k = 70;
       Buffer x_dev;
       const test::MatD x = as_operand(gpu, test::gaussian(trans ? k : n, trans ? n : k, 30 + trans), dtype, &x_dev);
@@ -97,8 +100,9 @@ void check_products(Backend& gpu) {
       const double err = scaled_error(download(c, n, n), test::matmul(op, test::transposed(op)),
                                       test::matmul(absolute(op), test::transposed(absolute(op))));
       report(err <= (k + 2) * u, "syrk " + to_string(dtype) + (trans ? " X^T X" : " X X^T"), err, (k + 2) * u);
-    }
-    for (int tiles : {1, 3, 8}) {  // tiled symmetric products of commuting symmetric factors
+    });
+    for (int tiles : {1, 3, 8}) check_log.guard("symmetric_gemm " + dt + " #" + std::to_string(tiles), [&] {
+      // tiled symmetric products of commuting symmetric factors
       const int64_t m = 301;
       const test::MatD g = test::gaussian(m, m, 40 + tiles);
       const test::MatD r = test::matmul(g, test::transposed(g), 1.0 / m);
@@ -114,7 +118,7 @@ void check_products(Backend& gpu) {
       const double err = scaled_error(got, want, bound);
       report(err <= (m + 2) * u, "symmetric_gemm " + to_string(dtype) + " tiles " + std::to_string(tiles), err,
              (m + 2) * u);
-    }
+    });
   }
 }
 
@@ -129,25 +133,26 @@ void check_newton_schulz(Backend& gpu) {
       const test::MatD u = test::gaussian(rows, cols, 50 + rows);
       for (const std::string path : {"reference", "standard", "gram"}) {
         for (const int steps : dtype == DType::f32 ? std::vector<int>{5} : std::vector<int>{1, 2, 5}) {
-          NsOptions options = device_ns_path_options(path, dtype);
-          options.tiles = 3;
-          options.steps = steps;
-          const auto schedule = ns_schedule(options.coeffs, options.steps);
-          const bool emulated = dtype == DType::bf16 && steps <= 2;
-          const bool gram = ns_effective_options(options, rows, cols).algo == NsAlgo::gram;
-          const test::MatD want = emulated ? (gram ? test::Bf16Emulation<float>{}.gram(u, schedule, 1.0, options.restarts)
-                                                   : test::Bf16Emulation<float>{}.standard(u, schedule, 1.0))
-                                           : test::standard_ns_reference(u, schedule, 1.0);
-          const double limit = dtype == DType::f32 ? 1e-4 : emulated ? 1e-3 : 5e-2;
-          Buffer in = upload(gpu, u), out(gpu, DType::f32, rows * cols);
-          const MatView iv = in.view(rows, cols), ov = out.view(rows, cols);
-          newton_schulz_batched(gpu, std::span<const MatView>(&iv, 1), std::span<const MatView>(&ov, 1), options);
-          const double err = test::relative_distance(download(out, rows, cols), want);
-          report(err <= limit,
-                 "newton_schulz " + path + " " + to_string(dtype) + " " + std::to_string(rows) + "x" +
-                     std::to_string(cols) + " " + std::to_string(steps) + " steps vs " +
-                     (emulated ? "emulated bf16" : "float64"),
-                 err, limit);
+          const std::string what = "newton_schulz " + path + " " + to_string(dtype) + " " + std::to_string(rows) + "x" +
+                                   std::to_string(cols) + " " + std::to_string(steps) + " steps";
+          check_log.guard(what, [&] {
+            NsOptions options = device_ns_path_options(path, dtype);
+            options.tiles = 3;
+            options.steps = steps;
+            const auto schedule = ns_schedule(options.coeffs, options.steps);
+            const bool emulated = dtype == DType::bf16 && steps <= 2;
+            const bool gram = ns_effective_options(options, rows, cols).algo == NsAlgo::gram;
+            const test::Bf16Emulation<float> bf16;
+            const test::MatD want = emulated ? (gram ? bf16.gram(u, schedule, 1.0, options.restarts)
+                                                     : bf16.standard(u, schedule, 1.0))
+                                             : test::standard_ns_reference(u, schedule, 1.0);
+            const double limit = dtype == DType::f32 ? 1e-4 : emulated ? 1e-3 : 5e-2;
+            Buffer in = upload(gpu, u), out(gpu, DType::f32, rows * cols);
+            const MatView iv = in.view(rows, cols), ov = out.view(rows, cols);
+            newton_schulz_batched(gpu, std::span<const MatView>(&iv, 1), std::span<const MatView>(&ov, 1), options);
+            const double err = test::relative_distance(download(out, rows, cols), want);
+            report(err <= limit, what + " vs " + (emulated ? "emulated bf16" : "float64"), err, limit);
+          });
         }
       }
     }

@@ -320,44 +320,116 @@ void check_graphs(Backend& gpu, CheckLog& log) {
   log.expect(bit_differences(a.read(gpu, h), h) == 0, "the next launch after a refused capture runs (no stale error)");
 }
 
-// After a not-ready event query the CUDA runtime may keep cudaErrorNotReady as the thread's last error (what the
-// NCCL communicator clears, src/nccl/nccl_comm.cpp); whether it does is noted here, and a launch after the query
-// and the clear must succeed.
+// run_concurrently: each worker's stream starts after what this stream queued before (a large product into each
+// worker's input) and this stream continues after every worker (the read-back sees their results).
+void check_concurrent(Backend& gpu, CheckLog& log) {
+  constexpr int kWorkers = 3;
+  const HostBatch h(DType::f32, 512, 512, 1, 11);
+  HostBatch want = h;
+  for (int64_t i = 0; i < h.rows; ++i)
+    for (int64_t j = 0; j < h.cols; ++j) want.at(0, i, j) *= 2.0f;
+  const HostBatch stale(DType::f32, 512, 512, 1, 99);  // what a worker that started too early would copy
+  std::vector<DeviceBatch> inputs, outputs;
+  inputs.reserve(kWorkers), outputs.reserve(kWorkers);
+  for (int w = 0; w < kWorkers; ++w) inputs.emplace_back(gpu, stale), outputs.emplace_back(gpu, h);
+  const DeviceBatch source(gpu, h);
+  for (int w = 0; w < kWorkers; ++w) gpu.copy(inputs[w].buffer.data(), source.buffer.data(), h.bytes());
+  gpu.run_concurrently(kWorkers, [&](Backend& queue, int w) {
+    queue.copy(outputs[w].buffer.data(), inputs[w].buffer.data(), h.bytes());
+    queue.scale(outputs[w].view, 2.0f);
+  });
+  for (int w = 0; w < kWorkers; ++w)
+    log.expect(bit_differences(outputs[w].read(gpu, h), want) == 0,
+               "run_concurrently: worker " + std::to_string(w) + " saw this stream's copy, this stream its result");
+}
+
+// The graph cache's bounds: a graph whose key names a deallocated buffer is dropped (a new buffer at the same
+// address captures again), and past 128 keys the least recently launched goes (its key captures again).
+void check_graph_eviction(Backend& gpu, CheckLog& log) {
+  if (gpu.description().find("CUDA graphs off") != std::string::npos) {
+    log.note("CUDA graphs are off (DMUON_CUDA_NO_GRAPHS=1): no graph cache to check");
+    return;
+  }
+  const HostBatch h(DType::f32, 8, 8, 1, 12);
+  const auto address = [](const void* p) { return static_cast<int64_t>(reinterpret_cast<intptr_t>(p)); };
+  int calls = 0;
+  const void* first = nullptr;
+  {
+    DeviceBatch a(gpu, h);
+    first = a.buffer.data();
+    gpu.run_graph({9, address(first)}, [&] { ++calls, gpu.scale(a.view, 2.0f); });
+  }
+  DeviceBatch b(gpu, h);
+  gpu.run_graph({9, address(b.buffer.data())}, [&] { ++calls, gpu.scale(b.view, 2.0f); });
+  if (b.buffer.data() == first) {
+    log.expect(calls == 2, "run_graph: a buffer deallocated and allocated again at its address captures again");
+  } else {
+    log.note("the pool gave the second buffer another address: deallocation's eviction not observable");
+  }
+  int evicted_calls = 0;
+  const auto scale_b = [&](int64_t key, int* counter) {
+    gpu.run_graph({10, key}, [&] { ++*counter, gpu.scale(b.view, 1.0f); });
+  };
+  scale_b(0, &evicted_calls);
+  int others = 0;
+  for (int64_t key = 1; key <= 128; ++key) scale_b(key, &others);  // 129 keys: key 0, the oldest, goes
+  scale_b(0, &evicted_calls);
+  log.expect(evicted_calls == 2 && others == 128,
+             "run_graph: past 128 graphs the least recently launched is evicted and captured again (" +
+                 std::to_string(evicted_calls) + " captures of it)");
+  HostBatch want = h;
+  for (int64_t i = 0; i < h.rows; ++i)
+    for (int64_t j = 0; j < h.cols; ++j) want.at(0, i, j) *= 2.0f;
+  log.expect(bit_differences(b.read(gpu, h), want) == 0, "run_graph: the evicted and replayed graphs computed right");
+}
+
+// After a not-ready event query the CUDA runtime may keep cudaErrorNotReady as the thread's last error: whether it
+// does is noted from a plain cudaEventQuery; then cuda::query_event (the NCCL communicator's poll) must leave
+// nothing behind, so that the next launch's check succeeds. Vacuous (noted) when the event has fired already.
 void check_not_ready_query(Backend& gpu, CheckLog& log) {
   auto& cuda_gpu = static_cast<cuda::CudaBackend&>(gpu);
   const int64_t n = 4096;
   Buffer x(gpu, DType::bf16, n * n), y(gpu, DType::f32, n * n);
   gpu.fill(x.view(n, n), 0.01f);
-  for (int i = 0; i < 8; ++i) gpu.gemm(false, true, 1.0f, x.view(n, n), x.view(n, n), 0.0f, y.view(n, n));
-  cudaEvent_t event = nullptr;
+  const auto busy_event = [&] {  // an event behind about 1 TFLOP of products: not ready when queried at once
+    for (int i = 0; i < 8; ++i) gpu.gemm(false, true, 1.0f, x.view(n, n), x.view(n, n), 0.0f, y.view(n, n));
+    cudaEvent_t event = nullptr;
+    DMUON_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess &&
+                    cudaEventRecord(event, cuda_gpu.stream()) == cudaSuccess,
+                "creating or recording an event failed");
+    return event;
+  };
+  cudaEvent_t plain = busy_event();
+  const cudaError_t rc = cudaEventQuery(plain);
+  log.note(std::string("cudaEventQuery right after queuing: ") + cudaGetErrorName(rc) + "; last error then: " +
+           cudaGetErrorName(cudaPeekAtLastError()));
+  (void)cudaGetLastError();
+  cudaEventDestroy(plain);
+  cudaEvent_t event = busy_event();
+  const cudaError_t ours = cuda::query_event(event);
+  if (ours != cudaErrorNotReady) log.note(std::string("cuda::query_event answered ") + cudaGetErrorName(ours));
   bool launched = false;
-  if (cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess &&
-      cudaEventRecord(event, cuda_gpu.stream()) == cudaSuccess) {
-    const cudaError_t rc = cudaEventQuery(event);
-    const cudaError_t last = cudaPeekAtLastError();
-    log.note(std::string("cudaEventQuery right after queuing: ") + cudaGetErrorName(rc) + "; last error then: " +
-             cudaGetErrorName(last));
-    if (rc == cudaErrorNotReady) (void)cudaGetLastError();
-    try {
-      gpu.scale(y.view(n, n), 0.5f);
-      gpu.synchronize();
-      launched = true;
-    } catch (const Error& e) {
-      log.note(e.what());
-    }
-    cudaEventDestroy(event);
+  try {
+    gpu.scale(y.view(n, n), 0.5f);
+    gpu.synchronize();
+    launched = true;
+  } catch (const Error& e) {
+    log.note(e.what());
   }
-  log.expect(launched, "a launch after a not-ready event query (error cleared) succeeds");
+  cudaEventDestroy(event);
+  log.expect(launched, "a launch right after cuda::query_event answered not ready succeeds (no stale error)");
 }
 
 }  // namespace
 
 void check_kernels(Backend& gpu, CheckLog& log) {
-  check_elementwise(gpu, log);
-  check_update_rules(gpu, log);
-  check_empty_products(gpu, log);
-  check_graphs(gpu, log);
-  check_not_ready_query(gpu, log);
+  log.guard("elementwise kernels", [&] { check_elementwise(gpu, log); });
+  log.guard("update rules", [&] { check_update_rules(gpu, log); });
+  log.guard("empty products", [&] { check_empty_products(gpu, log); });
+  log.guard("graphs", [&] { check_graphs(gpu, log); });
+  log.guard("concurrent streams", [&] { check_concurrent(gpu, log); });
+  log.guard("graph eviction", [&] { check_graph_eviction(gpu, log); });
+  log.guard("not-ready event query", [&] { check_not_ready_query(gpu, log); });
 }
 
 }  // namespace dmuon

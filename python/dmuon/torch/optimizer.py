@@ -110,7 +110,9 @@ class DMuon(torch.optim.Optimizer):
         self._constructed = False
         super().__init__(torch_groups, defaults)  # its add_param_group calls only append them
         self._constructed = True
-        self._ns_options = dict(coeffs=coeffs, algo=algo, steps=int(ns_steps))
+        # check_finite=False: _agree_on_gradients has checked every gradient, so a bucket's Newton-Schulz on a GPU
+        # need not wait for its inputs' norms (the next bucket's all-to-all overlaps it).
+        self._ns_options = dict(coeffs=coeffs, algo=algo, steps=int(ns_steps), check_finite=False)
         self.ns = dmuon.Orthogonalizer(**self._ns_options, threads=self._threads, tune_cache="")
         self.last_grad_norm = 0.0
         self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}

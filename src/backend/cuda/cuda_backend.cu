@@ -62,6 +62,21 @@ bool env_flag(const char* name) {
 
 }  // namespace
 
+cublasMath_t blas_math_mode(bool tf32) {
+  // TF32 only when asked: float32 products otherwise round as float32 (cublasSsyrk follows the math mode; the
+  // GemmEx calls choose their compute type in run()). Without DISALLOW_REDUCED_PRECISION_REDUCTION cuBLAS may
+  // reduce the split-K partials of a product with a bf16 output in bf16, the output type, rather than in the
+  // float32 accumulator (cublas_api.h): an extra rounding per partial.
+  const cublasMath_t base = tf32 ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH;
+  return static_cast<cublasMath_t>(base | CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION);
+}
+
+cudaError_t query_event(cudaEvent_t event) {
+  const cudaError_t rc = cudaEventQuery(event);
+  if (rc == cudaErrorNotReady) (void)cudaGetLastError();
+  return rc;
+}
+
 int device_count() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
@@ -96,9 +111,7 @@ CudaBackend::CudaBackend(int device, bool tf32, bool graphs) : device_(device), 
   DMUON_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   DMUON_CUBLAS_CHECK(cublasCreate(&blas_));
   DMUON_CUBLAS_CHECK(cublasSetStream(blas_, stream_));
-  // TF32 only when asked: float32 products otherwise round as float32 (cublasSsyrk follows the math mode; the
-  // GemmEx calls choose their compute type in run()).
-  DMUON_CUBLAS_CHECK(cublasSetMathMode(blas_, tf32_ ? CUBLAS_TF32_TENSOR_OP_MATH : CUBLAS_PEDANTIC_MATH));
+  DMUON_CUBLAS_CHECK(cublasSetMathMode(blas_, blas_math_mode(tf32_)));
   // A workspace of cuBLAS's recommended size for Hopper (cublasSetWorkspace: 32 MiB), so that products
   // captured by run_graph use it instead of allocating inside the capture.
   DMUON_CUDA_CHECK(cudaMalloc(&blas_workspace_, kBlasWorkspaceBytes));

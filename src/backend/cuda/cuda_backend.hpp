@@ -111,6 +111,14 @@ class CudaBackend final : public Backend {
   bool capturing_ = false;
 };
 
+// The cuBLAS math mode of every backend's handle: float32 products in float32 (TF32 tensor cores when `tf32`),
+// and every product's reduction in float32 (CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION, DESIGN's float32
+// accumulation; PyTorch's allow_bf16_reduced_precision_reduction = False).
+cublasMath_t blas_math_mode(bool tf32);
+// cudaEventQuery leaving no error behind: a cudaErrorNotReady answer also becomes the thread's last error, which the
+// next launch check (cudaGetLastError) would report as its own failure; cleared here, as PyTorch's CUDAEvent::query
+// clears it. The NCCL communicator's polling and dmuon_gpu_check's not-ready check use it.
+cudaError_t query_event(cudaEvent_t event);
 // The number of CUDA devices this process sees (0 without a driver or device: never throws).
 int device_count();
 // "NVIDIA H200" for device `index`.
