@@ -105,23 +105,24 @@ class HeldBuffer:
                 with torch.autograd._unsafe_preserve_version_counter(w):
                     w.copy_(p)
 
-    def broadcast_across_column(self):
-        """Weights stage 1 (HSDP): the owner's weights to the rest of its column."""
-        if not self.groups.holds(self.owner) or self.groups.column_group is None:
-            return None
+    def _make_present(self):
+        """Storage for the working copy; on the owner, its masters in it (the source of every broadcast)."""
         if self.is_owner:
             self._fill_from_master()
         else:
             self.allocate()
+
+    def broadcast_across_column(self):
+        """Weights stage 1 (HSDP): the owner's weights to the rest of its column."""
+        if not self.groups.holds(self.owner) or self.groups.column_group is None:
+            return None
+        self._make_present()
         return dist.broadcast(_bytes(self.flat), src=self.groups.owner_global(self.owner),
                               group=self.groups.column_group, async_op=True)
 
     def broadcast_in_replica(self):
         """Weights stage 2: the column rank of this replica to the other ranks of the replica."""
-        if self.is_owner:
-            self._fill_from_master()
-        else:
-            self.allocate()
+        self._make_present()
         if self.groups.shard_group is None or self.groups.grid.shards == 1:
             return None
         return dist.broadcast(_bytes(self.flat), src=self.groups.source(self.owner),

@@ -206,8 +206,7 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
         _set_policy(unit_list[-1], mp_policy, model, unit_name)
         unit_list[-1].stale = groups.grid.replicas > 1  # the columns have no copy yet
 
-    registry = {n: [registered[n], owners[n] == comm.rank] for n, _ in chosen}
-    schedule = HeldSchedule(unit_list, groups, reshard_after_forward, registry)
+    schedule = HeldSchedule(unit_list, groups, reshard_after_forward)
     schedule.install()
     for n, _ in chosen:
         registered[n]._dmuon_held = HeldParam(owners[n], tuple(global_ranks), process_group, schedule)

@@ -77,11 +77,11 @@ class HeldUnit:
     def working(self):
         return [w for b in self.buckets for w in b.working]
 
-    def adopt(self, registry):
+    def adopt(self):
         """Takes a parameter object that replaced a held one on its module by .to_empty() or .to()
         (nn.Module._apply makes a new Parameter when the storage kind changes, e.g. from meta): the
         owner's master as a plain tensor, a placeholder elsewhere, of the same shape. It gets the
-        held parameter's marks; registry (name → [parameter, owner here]) follows. Anything else is
+        held parameter's marks and its place in the bucket. Anything else is
         left for check_registered to refuse. Called outside forward only (DMuon(model), held.params,
         state dicts, unshard): inside it, FSDP2 registers plain unsharded parameters of its own."""
         k = 0
@@ -97,7 +97,6 @@ class HeldUnit:
                     continue
                 now._dmuon_held = old._dmuon_held
                 b.params[j] = now
-                registry[full][0] = now
 
     # ---- weights: FREE → (STAGE1 →) STAGE2 → READY → FREE ----
 
@@ -166,9 +165,8 @@ class HeldUnit:
 class HeldSchedule:
     """The hooks of all units of one hold_on_owners call, and the reduces in flight."""
 
-    def __init__(self, units, groups, reshard_after_forward, registry):
+    def __init__(self, units, groups, reshard_after_forward):
         self.units = units
-        self.registry = registry  # name → [registered parameter, owner here] (state_dict.py reads it)
         self.groups = groups
         self.reshard_after_forward = reshard_after_forward
         self.requires_gradient_sync = True
@@ -199,7 +197,12 @@ class HeldSchedule:
     def adopt(self):
         """Every unit's adopt(): after .to_empty() or .to() replaced parameter objects."""
         for unit in self.units:
-            unit.adopt(self.registry)
+            unit.adopt()
+
+    @property
+    def registry(self):
+        """name → (registered parameter: the master here or a placeholder, whether this rank owns it)."""
+        return {n: (p, b.is_owner) for u in self.units for b in u.buckets for n, p in zip(b.names, b.params)}
 
     def _pre_forward(self, unit):
         drop_scratch()

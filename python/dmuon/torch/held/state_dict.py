@@ -75,14 +75,12 @@ class HeldEntry(DTensor):
 
 
 def install_state_dict_hooks(model, mesh, schedule):
-    """Registers the model's hooks for the held parameters of `schedule` (its registry: name →
-    [registered parameter: the master or a placeholder, owner here]): its state_dict lists HeldEntry
-    values for them; load_state_dict takes any of the values above."""
-    held_names = schedule.registry
+    """Registers the model's hooks for the held parameters of `schedule` (schedule.registry): its
+    state_dict lists HeldEntry values for them; load_state_dict takes any of the values above."""
 
     def entries(module, state_dict, prefix, local_metadata):
         schedule.adopt()
-        for name, (p, owner_here) in held_names.items():
+        for name, (p, owner_here) in schedule.registry.items():
             key = prefix + name
             if key not in state_dict:
                 continue
@@ -91,7 +89,7 @@ def install_state_dict_hooks(model, mesh, schedule):
 
     def to_plain(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
         schedule.adopt()
-        for name in held_names:
+        for name in schedule.registry:
             key = prefix + name
             value = state_dict.get(key)
             if isinstance(value, HeldEntry):
@@ -105,7 +103,7 @@ def install_state_dict_hooks(model, mesh, schedule):
     def not_missing(module, incompatible_keys):
         incompatible_keys.missing_keys[:] = [
             k for k in incompatible_keys.missing_keys
-            if not any(k == n or k.endswith("." + n) for n, (_, here) in held_names.items() if not here)]
+            if not any(k == n or k.endswith("." + n) for n, (_, here) in schedule.registry.items() if not here)]
         schedule.after_step()
 
     model.register_state_dict_post_hook(entries)
