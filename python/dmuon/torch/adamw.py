@@ -1,52 +1,35 @@
-"""AdamW on one tensor, torch.optim.AdamW's rule (bias-corrected, decoupled decay): one fused pass in
-the engine where libdmuon_c supports the tensor's device and dtype (float32 or bfloat16; the CPU, or
-CUDA in a build with it) and the moments share the parameter's dtype, else the same rule in torch ops,
-computed in the moments' dtype and rounded once to the parameter's (bf16 parameters with float32 moments)."""
+"""The AdamW half of one DMuon step: torch.optim.AdamW's fused step (torch.optim.adamw.adamw with
+fused=True: bias-corrected, decoupled decay; one kernel per device and dtype for all of a param group's
+tensors), given the step's clipping factor and skip flag as device tensors, so nothing waits for the
+device. A parameter whose dtype differs from its moments' (bf16 parameters, float32 state) is stepped
+on a copy in the moments' dtype and rounded once back to its own.
 
-import math
+torch's fused step divides the gradients by grad_scale and stores them so (GradScaler's convention):
+with clipping, the AdamW parameters' .grad are left clipped, as torch.nn.utils.clip_grad_norm_
+leaves them."""
 
 import torch
-
-import dmuon
-
-_DTYPES = {torch.float32: dmuon.DTYPE_F32, torch.bfloat16: dmuon.DTYPE_BF16}
+from torch.optim.adamw import adamw
 
 
-def _engine(p):
-    """(device code, dtype code, stream) when the engine runs AdamW for p, else None."""
-    dtype = _DTYPES.get(p.dtype)
-    device = {"cpu": dmuon.DEVICE_CPU, "cuda": dmuon.DEVICE_CUDA}.get(p.device.type)
-    if dtype is None or device is None or not dmuon.supports(device, dtype):
-        return None
-    stream = torch.cuda.current_stream(p.device).cuda_stream if device == dmuon.DEVICE_CUDA else None
-    return device, dtype, stream
-
-
-def adamw_update(p, grad, exp_avg, exp_avg_sq, step, hyper, grad_scale):
-    """p, grad: this rank's values and gradient (grad None: zeros); exp_avg, exp_avg_sq: its moments
-    (local tensors shaped as p); step: this update's number (1 for the first); hyper: its param group."""
-    grad = torch.zeros_like(p) if grad is None else grad
-    lr, betas, eps, wd = float(hyper["lr"]), hyper["betas"], hyper["eps"], hyper["weight_decay"]  # lr may be a tensor
-    m, v = exp_avg, exp_avg_sq
-    engine = _engine(p)
-    if (engine is not None and p.is_contiguous() and grad.is_contiguous() and grad.dtype == p.dtype
-            and m.dtype == p.dtype and v.dtype == p.dtype):
-        device, dtype, stream = engine
-        dmuon.adamw_step(p.data_ptr(), grad.data_ptr(), m.data_ptr(), v.data_ptr(), p.numel(), step, lr,
-                         betas, eps, wd, grad_scale, device=device, dtype=dtype, stream=stream)
-        return
-    grad = grad.to(m.dtype)
-    if grad_scale != 1.0:
-        grad = grad * grad_scale
-    wide = torch.promote_types(p.dtype, m.dtype)
-    w = p if wide == p.dtype else p.to(wide)
-    if wd:
-        w.mul_(1.0 - lr * wd)
-    m.lerp_(grad, 1.0 - betas[0])
-    v.mul_(betas[1]).addcmul_(grad, grad, value=1.0 - betas[1])
-    bias1 = 1.0 - betas[0] ** step
-    bias2 = 1.0 - betas[1] ** step
-    denom = v.sqrt().div_(math.sqrt(bias2)).add_(eps)
-    w.addcdiv_(m, denom, value=-lr / bias1)
-    if w is not p:
-        p.copy_(w)
+def adamw_step(params, grads, exp_avgs, exp_avg_sqs, steps, hyper, grad_scale, skip):
+    """One AdamW step of a param group's local tensors: params, grads, exp_avgs, exp_avg_sqs (lists, the
+    moments in the state dtype), steps (their "step" counters, float32 tensors on each parameter's
+    device, counted up here unless skipped); hyper: the param group; grad_scale: the clipping factor
+    (a 0-dim tensor) or None; skip: a 0-dim bool tensor, true: nothing changes."""
+    rounded = []  # (parameter, its copy in the moments' dtype)
+    work_params, work_grads = [], []
+    for p, g, m in zip(params, grads, exp_avgs):
+        if p.dtype != m.dtype:
+            rounded.append((p, p.to(m.dtype)))
+            p = rounded[-1][1]
+        work_params.append(p)
+        work_grads.append(g if g.dtype == m.dtype else g.to(m.dtype))
+    device = work_params[0].device
+    inverse_scale = None if grad_scale is None else (1.0 / grad_scale).to(device, torch.float32)
+    b1, b2 = hyper["betas"]
+    adamw(work_params, work_grads, exp_avgs, exp_avg_sqs, [], steps, fused=True, grad_scale=inverse_scale,
+          found_inf=skip.to(device, torch.float32), amsgrad=False, beta1=b1, beta2=b2, lr=hyper["lr"],
+          weight_decay=hyper["weight_decay"], eps=hyper["eps"], maximize=False)
+    for p, copy in rounded:
+        p.copy_(copy)

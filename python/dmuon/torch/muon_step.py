@@ -135,11 +135,12 @@ def engine_target(device, dtype):
 
 class MuonStep:
     """One step's Muon updates. `momentum(index)` is the parameter's local momentum buffer (state
-    dtype), `grads[index]` its local gradient (None: zeros), `grad_scale` the clipping factor, `ns` a
+    dtype), `grads[index]` its local gradient (None: zeros), `check` the step's GradientCheck (its
+    clipping factor, and per parameter whether it is updated: device tensors), `ns` a
     dmuon.Orthogonalizer."""
 
-    def __init__(self, comm, ns, momentum, grads, grad_scale):
-        self.comm, self.ns, self.momentum, self.grads, self.grad_scale = comm, ns, momentum, grads, grad_scale
+    def __init__(self, comm, ns, momentum, grads, check):
+        self.comm, self.ns, self.momentum, self.grads, self.check = comm, ns, momentum, grads, check
         self.ns_seconds = 0.0
         self.ns_matrices = 0
 
@@ -163,13 +164,15 @@ class MuonStep:
     def _form_u(self, index, group):
         """U of parameter `index` on this rank's local tensor, shaped as it, in the momentum's dtype."""
         return muon_momentum(self.momentum(index), self.grads[index], group["momentum"], group["nesterov"],
-                             self.grad_scale)
+                             self.check.keep[index], self.check.grad_scale)
 
     def _apply(self, k, update):
         """The update of matrix k's rows on this rank from their rows of O."""
         values = k.local_view(k.layout.local(k.layout.tensor))
-        # lr may be a 1-element tensor, as torch.optim's
-        muon_apply(values, update, float(k.group["lr"]), k.group["weight_decay"], k.scale)
+        lr = k.group["lr"]  # a float, or a 1-element tensor as torch.optim's (used as it is: no read)
+        if torch.is_tensor(lr):
+            lr = lr.reshape(())
+        muon_apply(values, update, lr, k.group["weight_decay"], k.scale, self.check.keep[k.index])
 
     def _orthogonalize(self, stack, owned):
         """Newton–Schulz in place on stack (K, rows, cols), contiguous, in the engine's dtype."""

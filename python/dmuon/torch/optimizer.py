@@ -13,14 +13,14 @@ placements for a DTensor parameter, full tensors for a replicated one), created 
 """
 
 import copy
-import math
 
 import torch
 
 import dmuon
-from dmuon.torch.adamw import adamw_update
+from dmuon.torch.adamw import adamw_step
 from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
 from dmuon.torch.collectives import Group
+from dmuon.torch.gradient_check import GradientCheck
 from dmuon.torch.layout import describe, is_dtensor
 from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, engine_target, matrices_of, muon_scale
 from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
@@ -110,11 +110,12 @@ class DMuon(torch.optim.Optimizer):
         self._constructed = False
         super().__init__(torch_groups, defaults)  # its add_param_group calls only append them
         self._constructed = True
-        # check_finite=False: _agree_on_gradients has checked every gradient, so a bucket's Newton-Schulz on a GPU
+        # check_finite=False: the GradientCheck has checked every gradient, so a bucket's Newton-Schulz on a GPU
         # need not wait for its inputs' norms (the next bucket's all-to-all overlaps it).
         self._ns_options = dict(coeffs=coeffs, algo=algo, steps=int(ns_steps), check_finite=False)
         self.ns = dmuon.Orthogonalizer(**self._ns_options, threads=self._threads, tune_cache="")
-        self.last_grad_norm = 0.0
+        self._pending = []  # the GradientChecks of steps not settled yet, oldest first
+        self._last_grad_norm = 0.0
         self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
         self._track(layouts)
 
@@ -130,6 +131,7 @@ class DMuon(torch.optim.Optimizer):
         if not self._constructed:  # torch.optim.Optimizer.__init__ registering the groups _parse made
             self.param_groups.append(param_group)
             return
+        self._settle()
         torch_groups, layouts = self._parse(param_group, self.defaults, first_group=len(self.param_groups))
         self.param_groups.extend(torch_groups)
         self._track(layouts)
@@ -210,11 +212,13 @@ class DMuon(torch.optim.Optimizer):
     @property
     def updates(self):
         """Updates applied."""
+        self._settle()
         return self.param_groups[0]["updates"]
 
     @property
     def skipped_steps(self):
         """Updates skipped for a non-finite gradient (nonfinite="skip")."""
+        self._settle()
         return self.param_groups[0]["skipped_steps"]
 
     def _count(self, key):
@@ -240,13 +244,23 @@ class DMuon(torch.optim.Optimizer):
         if self._groups[i]["use_muon"]:
             self.state[p] = {"momentum_buffer": zeros()}
         else:
-            self.state[p] = {"step": torch.tensor(0.0), "exp_avg": zeros(), "exp_avg_sq": zeros()}
+            # "step" on the parameter's device, as torch.optim.AdamW's fused step keeps it
+            self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device), "exp_avg": zeros(),
+                             "exp_avg_sq": zeros()}
 
     # ---- the step ----
 
     @torch.compiler.disable  # a clean graph break under torch.compile: the engine is called through ctypes
     @torch.no_grad()
     def step(self, closure=None):
+        """One update of every parameter that has a gradient on some rank (collective). Nothing here
+        waits for the device: the gradient norm, the clipping factor and the non-finite check stay
+        device tensors (gradient_check.py), and the host reads them once they have arrived: at the end
+        of a CPU step; on a GPU at a later step() that finds them there, or when updates,
+        skipped_steps, last_grad_norm or state_dict() are read (those wait for them). A non-finite
+        gradient skips the step on the device either way; with nonfinite="error" the call that
+        settles it raises FloatingPointError naming it."""
+        self._settle(arrived_only=True)
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -256,34 +270,77 @@ class DMuon(torch.optim.Optimizer):
             schedule.ready_for_step()
         grads = [l.local(l.tensor.grad) if l.tensor.grad is not None and not l.held_elsewhere else None
                  for l in self._layouts]
-        agreed = self._agree_on_gradients(grads)
-        if agreed is None:
-            return loss
-        active, grad_scale = agreed
-        if not active:  # no parameter has a gradient on any rank: nothing changes, nothing is counted
-            return loss
-        self._count("updates")
-        for i in active:
-            if not self._groups[i]["use_muon"]:
-                layout, st = self._layouts[i], self.state[self._layouts[i].tensor]
-                st["step"] += 1
-                adamw_update(layout.local(layout.tensor), grads[i], layout.local(st["exp_avg"]),
-                             layout.local(st["exp_avg_sq"]), int(st["step"]), self._groups[i], grad_scale)
+        counted = [l.grid.cells[self.comm.rank][0] == 0 for l in self._layouts]
+        device = next((g.device for g in grads if g is not None), None) or self._layouts[0].tensor.device
+        check = GradientCheck(self.comm, grads, counted, self.clip_grad_norm, device)
+        self._pending.append(check)
+        self._adamw(grads, check)
 
         def momentum(i):
             layout = self._layouts[i]
             return layout.local(self.state[layout.tensor]["momentum_buffer"])
 
-        muon = MuonStep(self.comm, self.ns, momentum, grads, grad_scale)
-        active = set(active)
+        muon = MuonStep(self.comm, self.ns, momentum, grads, check)
         me = self.comm.rank
-        # Owner-held buckets (their own, see _buckets) run on the owner alone: nothing travels.
-        muon.run([[k for k in bucket if k.index in active and (k.layout.held is None or k.owner == me)]
+        # Every matrix that may have a gradient takes part (whether it has one anywhere is known on the
+        # device only); owner-held buckets (their own, see _buckets) run on the owner alone: nothing travels.
+        muon.run([[k for k in bucket if k.layout.tensor.requires_grad and (k.layout.held is None or k.owner == me)]
                   for bucket in self._buckets])
         self.last_stats = {"ns_s": muon.ns_seconds, "ns_matrices": muon.ns_matrices}
         for schedule in schedules:
             schedule.after_step()
+        self._settle(arrived_only=True)
         return loss
+
+    def _adamw(self, grads, check):
+        """The AdamW parameters' step: per param group, one fused call for those with a gradient here
+        (skipped when any gradient is non-finite) and one per parameter without one here (zeros,
+        skipped unless another rank has its gradient)."""
+        for group in self.param_groups:
+            if group["use_muon"]:
+                continue
+            with_grad, without = [], []
+            for i in (i for i, g in enumerate(self._groups) if g is group and self._layouts[i].tensor.requires_grad):
+                (with_grad if grads[i] is not None else without).append(i)
+            if with_grad:
+                self._adamw_call(with_grad, [grads[i] for i in with_grad], group, check, ~check.finite)
+            for i in without:
+                local = self._layouts[i].local(self._layouts[i].tensor)
+                self._adamw_call([i], [torch.zeros_like(local)], group, check, ~check.keep[i])
+
+    def _adamw_call(self, indices, grads, group, check, skip):
+        layouts = [self._layouts[i] for i in indices]
+        states = [self.state[l.tensor] for l in layouts]
+        adamw_step([l.local(l.tensor) for l in layouts], grads, [l.local(st["exp_avg"]) for l, st in zip(layouts, states)],
+                   [l.local(st["exp_avg_sq"]) for l, st in zip(layouts, states)], [st["step"] for st in states],
+                   group, check.grad_scale, skip)
+
+    def _settle(self, arrived_only=False):
+        """Reads the pending steps' GradientChecks in order (arrived_only: those that need no wait):
+        counts each update or skipped step, sets last_grad_norm, raises FloatingPointError for a
+        non-finite gradient (nonfinite="error")."""
+        while self._pending and (not arrived_only or self._pending[0].arrived()):
+            verdict = self._pending.pop(0).settle()
+            if verdict.bad:
+                if self.nonfinite == "skip":
+                    self._count("skipped_steps")
+                    continue
+                where = ", ".join(f"'{self.param_groups_names[i]}' on rank {r}" for r, i in verdict.bad)
+                raise FloatingPointError(f"DMuon: non-finite gradient in parameter {where} at update "
+                                         f"{self.param_groups[0]['updates'] + 1} (that step was skipped)")
+            self._last_grad_norm = verdict.norm
+            if verdict.any_gradient:
+                self._count("updates")
+
+    @property
+    def last_grad_norm(self):
+        """The global gradient norm of the last step (before clipping; of the finite gradients)."""
+        self._settle()
+        return self._last_grad_norm
+
+    def state_dict(self):
+        self._settle()
+        return super().state_dict()
 
     def _held_schedules(self):
         """The hold_on_owners schedules of this optimizer's owner-held parameters, in a fixed order."""
@@ -292,40 +349,6 @@ class DMuon(torch.optim.Optimizer):
             if layout.held is not None:
                 out.setdefault(id(layout.held.schedule), layout.held.schedule)
         return list(out.values())
-
-    def _agree_on_gradients(self, grads):
-        """(indices of parameters to update, gradient scale), or None for a skipped step. One
-        all_reduce of [Σ g² over replica 0's local parts, per-rank first non-finite parameter,
-        per-parameter gradient present]; replica 0's cells hold every element of a parameter once."""
-        c, n = self.comm, len(grads)
-        present = [i for i, g in enumerate(grads) if g is not None]
-        norms = torch.stack(torch._foreach_norm([grads[i] for i in present])).double().tolist() if present else []
-        square_sum = 0.0
-        first_bad = 0
-        for i, norm in zip(present, norms):
-            if not math.isfinite(norm):
-                first_bad = first_bad or i + 1
-            elif self._layouts[i].grid.cells[c.rank][0] == 0:
-                square_sum += norm * norm
-        flags = torch.zeros(1 + c.world + n, dtype=torch.float64)
-        flags[0] = square_sum
-        flags[1 + c.rank] = first_bad
-        flags[1 + c.world + torch.tensor(present, dtype=torch.long)] = 1.0
-        totals = c.all_reduce_sum(flags.to(c.tensor_device())).cpu()
-        bad = [(r, int(totals[1 + r]) - 1) for r in range(c.world) if totals[1 + r] > 0]
-        if bad:
-            if self.nonfinite == "skip":
-                self._count("skipped_steps")
-                return None
-            where = ", ".join(f"'{self.param_groups_names[i]}' on rank {r}" for r, i in bad)
-            raise FloatingPointError(f"DMuon: non-finite gradient in parameter {where} at update {self.updates + 1}")
-        norm = math.sqrt(float(totals[0]))
-        self.last_grad_norm = norm
-        grad_scale = 1.0
-        if self.clip_grad_norm is not None and norm > self.clip_grad_norm:
-            grad_scale = self.clip_grad_norm / (norm + 1e-6)  # as torch.nn.utils.clip_grad_norm_
-        active = [i for i in range(n) if totals[1 + c.world + i] > 0]
-        return active, grad_scale
 
     # ---- checkpoints (state_dict() is torch.optim.Optimizer's: local, keyed by index) ----
 
@@ -338,6 +361,7 @@ class DMuon(torch.optim.Optimizer):
         copied into this optimizer's state (a DTensor into a DTensor of the same mesh and placements).
         The saved groups' values replace the groups' own (their "param_names" too, as torch's). Runs
         the load_state_dict pre- and post-hooks as torch.optim.Optimizer does. Local."""
+        self._settle()
         state_dict = state_dict.copy()  # shallow, as torch's: a pre-hook may change it in place
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
             result = pre_hook(self, state_dict)
@@ -381,6 +405,7 @@ class DMuon(torch.optim.Optimizer):
         if any(layout.held is not None for layout in self._layouts):
             raise TypeError("DMuon over owner-held parameters (dmuon.torch.hold_on_owners) cannot be copied or "
                             "pickled: their hooks and buffers belong to the model; save its state_dict() instead")
+        self._settle()
         state = super().__getstate__()
         state.update((k, v) for k, v in self.__dict__.items() if k != "ns" and not k.startswith("_optimizer_"))
         return state

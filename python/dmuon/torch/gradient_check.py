@@ -1,0 +1,98 @@
+"""What one DMuon step learns from its gradients, kept on their device (no host sync in step()).
+
+One all_reduce over the optimizer's group of a float64 vector [Σ g² over replica 0's local parts,
+per rank the first non-finite parameter (index + 1, 0 for none), per parameter 1 where this rank has
+a gradient] gives every rank, as device tensors:
+  grad_scale  the clipping factor, max_norm / (norm + 1e-6) when the norm exceeds max_norm, else 1
+              (torch.nn.utils.clip_grad_norm_'s); None without clipping
+  keep        per parameter: it has a gradient on some rank and every gradient is finite (the update
+              of a parameter whose keep is false changes nothing: update rules mask, not branch)
+The host reads the vector only in settle(), once it has arrived on the host: a CPU step's at its own
+end; a GPU step's (a pinned copy made without waiting) at a later step() that finds it arrived, or
+when the optimizer's counters, last_grad_norm or a state_dict are read (which wait for it). So a GPU
+step() queues its work and returns, and a non-finite gradient is reported by a later call, its step
+already skipped on the device.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+def to_device(values, dtype, device):
+    """A host list as a tensor on `device` without making the host wait for the device's queue (a
+    pageable host-to-device copy would)."""
+    t = torch.tensor(values, dtype=dtype)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+@dataclass
+class Verdict:
+    """What settle() read: the non-finite gradients [(rank, parameter index)], whether any parameter
+    had a gradient on any rank, the global gradient norm (of the finite gradients)."""
+
+    bad: list
+    any_gradient: bool
+    norm: float
+
+
+class GradientCheck:
+    """The step's gradient facts for parameters 0..n-1 (the optimizer's agreed order). grads[i]: this
+    rank's local gradient or None; counted[i]: whether this rank's part of parameter i counts in the
+    global norm (replica 0's cells hold every element once). Collective over comm."""
+
+    def __init__(self, comm, grads, counted, max_norm, device):
+        n, world = len(grads), comm.world
+        present = [i for i, g in enumerate(grads) if g is not None]
+        flags_device = comm.tensor_device()
+        if present:
+            norms = torch.stack(torch._foreach_norm([grads[i] for i in present])).to(device, torch.float64)
+            finite = torch.isfinite(norms)
+            counts = to_device([bool(counted[i]) for i in present], torch.bool, device)
+            square_sum = torch.where(finite & counts, norms * norms, 0.0).sum()
+            place = to_device([i + 1.0 for i in present], torch.float64, device)
+            first_bad = torch.where(finite, math.inf, place).min()
+            first_bad = torch.where(torch.isinf(first_bad), 0.0, first_bad)
+            head = torch.zeros(1 + world, dtype=torch.float64, device=device)
+            head[0] = square_sum
+            head[1 + comm.rank] = first_bad
+        else:
+            head = torch.zeros(1 + world, dtype=torch.float64, device=device)
+        has = [0.0] * n
+        for i in present:
+            has[i] = 1.0
+        flags = torch.cat([head.to(flags_device), to_device(has, torch.float64, flags_device)])
+        reduced = comm.all_reduce_sum(flags)
+        self.totals = reduced.to(device)  # a CPU group's result moves to the gradients' device
+        self._world = world
+        finite_everywhere = self.totals[1:1 + world].sum() == 0
+        self.keep = (self.totals[1 + world:] > 0) & finite_everywhere        # (n,) bool
+        self.finite = finite_everywhere                                        # () bool
+        self.norm = self.totals[0].sqrt()                                      # () float64
+        self.grad_scale = None
+        if max_norm is not None:
+            self.grad_scale = torch.where(self.norm > max_norm, max_norm / (self.norm + 1e-6), 1.0)
+        self._ready = None
+        if reduced.device.type == "cpu":
+            self._host = reduced
+        else:  # copied without waiting; settle() waits on the event, by then long passed
+            self._host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
+            self._host.copy_(reduced, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def arrived(self):
+        """Whether settle() would not wait: the vector is on the host (a CPU step's always is)."""
+        return self._ready is None or self._ready.query()
+
+    def settle(self):
+        """Reads the vector (waiting for its copy if it has not arrived)."""
+        if self._ready is not None:
+            self._ready.synchronize()
+        totals = self._host.tolist()
+        world = self._world
+        bad = [(r, int(totals[1 + r]) - 1) for r in range(world) if totals[1 + r] > 0]
+        return Verdict(bad=bad, any_gradient=any(v > 0 for v in totals[1 + world:]), norm=math.sqrt(totals[0]))

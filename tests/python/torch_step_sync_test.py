@@ -1,0 +1,176 @@
+"""DMuon.step() reads nothing back from its tensors: the gradient norm, the clipping factor and the
+non-finite check stay tensors until the optimizer settles them (dmuon/torch/gradient_check.py).
+
+A CPU step settles at its own end (the data is already on the host). A GPU step settles later: at a
+step() that finds its check arrived on the host, or when updates, skipped_steps, last_grad_norm or
+state_dict() are read; these tests give a CPU step a GPU's timing, with checks that never arrive by
+themselves (GradientCheck.arrived patched to False), and run step()
+under a guard that fails on any read of a tensor's values by the host (.item(), float(), int(), bool(),
+.tolist(), .numpy(), .cpu()): on a GPU each is a device-to-host copy that makes the host wait for the
+queue. (A GPU tensor's .to("cpu") would be one too; on a CPU it is no operation, so only a GPU run
+could see it.) Checked with the settling deferred:
+  no reads      a step of Muon and AdamW parameters, clipping active, reads nothing; it gives the same
+                parameters, bit for bit, as steps that settle at once, and counts its update when settled
+  error         a non-finite gradient: step() returns, nothing changes (parameters and state bit for
+                bit); the next read of updates raises FloatingPointError naming the parameter, and
+                the next finite step updates
+  skip          nonfinite="skip": the same step is skipped and counted when settled
+  state_dict    state_dict() settles first, so a checkpoint carries the counters of every step taken
+
+Run: PYTHONPATH=build/python:tests/python python -m pytest -q tests/python/torch_step_sync_test.py
+"""
+
+import contextlib
+import copy
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from dmuon.torch import DMuon
+from dmuon.torch.gradient_check import GradientCheck
+
+
+class Model(torch.nn.Module):
+    """An embedding, a norm and an output head (AdamW's) around two hidden matrices (Muon's)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(16, 8)
+        self.hidden = torch.nn.Sequential(torch.nn.Linear(8, 12), torch.nn.Tanh(), torch.nn.Linear(12, 8))
+        self.norm = torch.nn.RMSNorm(8)
+        self.head = torch.nn.Linear(8, 16)
+
+    def forward(self, tokens):
+        return self.head(self.norm(self.hidden(self.embed(tokens))))
+
+
+TOKENS = torch.randint(0, 16, (4, 6), generator=torch.Generator().manual_seed(1))
+
+
+def backward(model, scale=1.0):
+    model.zero_grad(set_to_none=True)
+    (model(TOKENS).pow(2).mean() * scale).backward()
+
+
+class HostReads(TorchDispatchMode):
+    """Records the operators that read a tensor's value on the host: .item(), float(), int(), bool()
+    all reach _local_scalar_dense."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.item.default):
+            self.reads.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def no_host_reads():
+    """Fails the test on any read of tensor values by the host inside the block: the dispatcher's
+    scalar reads, and the Tensor methods that read a CPU tensor's memory directly (they do not go
+    through the dispatcher)."""
+    mode = HostReads()
+    saved = {name: getattr(torch.Tensor, name) for name in ("tolist", "numpy", "cpu")}
+
+    def refuse(name):
+        def method(self, *args, **kwargs):
+            mode.reads.append(f"Tensor.{name}")
+            return saved[name](self, *args, **kwargs)
+        return method
+
+    for name in saved:
+        setattr(torch.Tensor, name, refuse(name))
+    try:
+        with mode:
+            yield
+    finally:
+        for name, method in saved.items():
+            setattr(torch.Tensor, name, method)
+    assert mode.reads == [], f"step() read tensors back on the host: {mode.reads}"
+
+
+@pytest.fixture
+def deferred(monkeypatch):
+    """Steps settle as a GPU's do: later, not at their own end."""
+    monkeypatch.setattr(GradientCheck, "arrived", lambda self: False)
+
+
+def make(**options):
+    model = Model()
+    return model, DMuon(model, lr=0.02, clip_grad_norm=0.05, **options)
+
+
+def snapshot(model, opt):
+    return copy.deepcopy(([p.detach().clone() for p in model.parameters()], opt.state_dict()["state"]))
+
+
+def assert_identical(a, b):
+    params_a, state_a = a
+    params_b, state_b = b
+    for x, y in zip(params_a, params_b):
+        assert torch.equal(x, y)
+    assert state_a.keys() == state_b.keys()
+    for key in state_a:
+        for name in state_a[key]:
+            assert torch.equal(state_a[key][name], state_b[key][name]), (key, name)
+
+
+def test_step_reads_nothing_back_and_equals_settling_at_once(monkeypatch):
+    at_once_model, at_once = make()
+    for _ in range(3):
+        backward(at_once_model)
+        at_once.step()
+    assert at_once.last_grad_norm > 0.05, "clipping never active: the test would not see the clipping factor"
+
+    monkeypatch.setattr(GradientCheck, "arrived", lambda self: False)
+    model, opt = make()
+    for _ in range(3):
+        backward(model)
+        with no_host_reads():
+            opt.step()
+    assert opt.updates == 3 and opt.skipped_steps == 0
+    assert opt.last_grad_norm == at_once.last_grad_norm
+    assert_identical(snapshot(model, opt), snapshot(at_once_model, at_once))
+
+
+def test_nonfinite_gradient_changes_nothing_and_the_next_settle_raises(deferred):
+    model, opt = make()
+    backward(model)
+    opt.step()
+    before = snapshot(model, opt)
+    backward(model)
+    model.hidden[0].weight.grad[1, 2] = float("nan")
+    with no_host_reads():
+        opt.step()
+    with pytest.raises(FloatingPointError, match=r"'hidden\.0\.weight' on rank 0 at update 2 \(that step was skipped\)"):
+        opt.updates
+    assert_identical(snapshot(model, opt), before)
+    assert opt.updates == 1
+    backward(model)
+    opt.step()
+    assert opt.updates == 2
+
+
+def test_nonfinite_skip_is_counted_when_settled(deferred):
+    model, opt = make(nonfinite="skip")
+    backward(model)
+    opt.step()
+    before = snapshot(model, opt)
+    backward(model)
+    model.embed.weight.grad[0, 0] = float("inf")
+    opt.step()
+    assert_identical(snapshot(model, opt), before)
+    assert (opt.updates, opt.skipped_steps) == (1, 1)
+
+
+def test_state_dict_settles_first(deferred):
+    model, opt = make()
+    for _ in range(2):
+        backward(model)
+        opt.step()
+    saved = opt.state_dict()
+    assert [g["updates"] for g in saved["param_groups"]] == [2] * len(saved["param_groups"])
