@@ -1,4 +1,4 @@
-// `dmuon train`: trains the GPT example (include/dmuon/trainer.hpp) on every rank of mpirun, with a
+// `dmuon train`: trains the GPT example (include/dmuon/trainer.hpp) on the CPU of every rank of mpirun, with a
 // live progress line, a metrics CSV and optional checkpoints (a --save folder of step-N checkpoints).
 // Only rank 0 prints and writes files (checkpoints are written by every rank: each saves the slices
 // it holds).

@@ -1,6 +1,10 @@
 // End-to-end training of the GPT example (gpt.hpp) on byte-level text (data.hpp): the loop behind
 // `dmuon train`, in the library so tests drive it directly.
 //
+// CPU only, by design: the CPU reference and the MPI demonstration of the engine (docs/ARCHITECTURE.md,
+// "The C++ trainer's role"). The model computes on the host and the optimizer stack is built without a
+// backend (the CPU's, trainer.cpp); training on GPUs is dmuon.torch under FSDP2 (docs/pytorch.md).
+//
 // One optimizer step = M micro-batches, each a forward over units 0..U-1 and a backward over U-1..0
 // driven through the sharded runtime's hooks (shard.hpp: the next unit's gather is in flight while a
 // unit computes; a unit's gradient reduce is in flight while the previous unit's backward runs), then
