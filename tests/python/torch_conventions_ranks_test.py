@@ -5,6 +5,8 @@
   mismatch          an add_param_group whose parameters differ across ranks, or that is bad on one
                     rank only, raises the same ValueError on every rank and leaves the optimizer as it was
   no gradients      step() with no gradient on any rank changes nothing and counts nothing
+  requires_grad     a Muon matrix that requires grad on some ranks only: step() raises the same
+                    ValueError naming it on every rank (its all-to-alls would not match), nothing changes
   state dict        under FSDP2, the state_dict() of DMuon over named parameters, loaded into one over
                     the same parameters unnamed (and back), resumes bit for bit (torch.optim loads by position)
   deepcopy          copy.deepcopy((model, optimizer)) over replicated and Sharded parameters: the copy
@@ -126,6 +128,26 @@ def check_no_gradients():
         check(all(torch.equal(v, opt.state[p][k]) for k, v in state[n].items()), f"no gradients: {n}'s state changed")
 
 
+def check_requires_grad_differs():
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world == 1:
+        return
+    model = Model(initial_values(), SHARDED)
+    opt = DMuon(model.named())
+    model.set_grads(gradients(0))
+    model.params["layers.0.attn.weight"].requires_grad_(rank != world - 1)
+    before = {n: p.detach().clone() for n, p in model.params.items()}
+    message = None
+    try:
+        opt.step()
+    except ValueError as e:
+        message = str(e)
+    messages = gathered(message)
+    check(message is not None and all(m == messages[0] for m in messages), f"requires_grad: messages {messages}")
+    check(message is not None and "'layers.0.attn.weight' requires grad on" in message, f"requires_grad: {message!r}")
+    check(all(torch.equal(p, before[n]) for n, p in model.params.items()), "requires_grad: a parameter changed")
+
+
 def check_state_dict_named_and_unnamed():
     """Under FSDP2: 3 steps, state_dict(), load into an optimizer over the same parameters with the
     other naming, 3 more steps on both: every local shard bit-identical."""
@@ -179,6 +201,7 @@ def main():
     worst = check_add_param_group()
     check_mismatch()
     check_no_gradients()
+    check_requires_grad_differs()
     check_state_dict_named_and_unnamed()
     check_deepcopy()
     ok = torch.tensor([0 if failures else 1])

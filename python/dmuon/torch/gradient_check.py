@@ -2,7 +2,8 @@
 
 One all_reduce over the optimizer's group of a float64 vector [Σ g² over replica 0's local parts,
 per rank the first non-finite parameter (index + 1, 0 for none), per parameter 1 where this rank has
-a gradient] gives every rank, as device tensors:
+a gradient, per parameter 1 where this rank takes part in its update] gives every rank, as device
+tensors:
   grad_scale  the clipping factor, max_norm / (norm + 1e-6) when the norm exceeds max_norm, else 1
               (torch.nn.utils.clip_grad_norm_'s); None without clipping
   keep        per parameter: it has a gradient on some rank and every gradient is finite (the update
@@ -42,9 +43,10 @@ class Verdict:
 class GradientCheck:
     """The step's gradient facts for parameters 0..n-1 (the optimizer's agreed order). grads[i]: this
     rank's local gradient or None; counted[i]: whether this rank's part of parameter i counts in the
-    global norm (replica 0's cells hold every element once). Collective over comm."""
+    global norm (replica 0's cells hold every element once); taking_part[i]: whether this rank takes
+    part in its update (requires_grad; every rank must say the same). Collective over comm."""
 
-    def __init__(self, comm, grads, counted, max_norm, device):
+    def __init__(self, comm, grads, counted, taking_part, max_norm, device):
         n, world = len(grads), comm.world
         present = [i for i, g in enumerate(grads) if g is not None]
         flags_device = comm.tensor_device()
@@ -64,12 +66,13 @@ class GradientCheck:
         has = [0.0] * n
         for i in present:
             has[i] = 1.0
-        flags = torch.cat([head.to(flags_device), to_device(has, torch.float64, flags_device)])
+        flags = torch.cat([head.to(flags_device), to_device(has + [float(t) for t in taking_part], torch.float64,
+                                                            flags_device)])
         reduced = comm.all_reduce_sum(flags)
         self.totals = reduced.to(device)  # a CPU group's result moves to the gradients' device
         self._world = world
         finite_everywhere = self.totals[1:1 + world].sum() == 0
-        self.keep = (self.totals[1 + world:] > 0) & finite_everywhere        # (n,) bool
+        self.keep = (self.totals[1 + world:1 + world + n] > 0) & finite_everywhere  # (n,) bool
         self.finite = finite_everywhere                                        # () bool
         self.norm = self.totals[0].sqrt()                                      # () float64
         self.grad_scale = None
@@ -84,6 +87,13 @@ class GradientCheck:
             self._ready = torch.cuda.Event()
             self._ready.record()
 
+    def first_disagreement(self):
+        """(index, ranks taking part) of the first parameter that some ranks but not all take part in,
+        else None. Reads the vector: call it only when arrived()."""
+        n = (len(self._host) - 1 - self._world) // 2
+        parts = self._host[1 + self._world + n:].tolist()
+        return next(((i, int(c)) for i, c in enumerate(parts) if 0 < c < self._world), None)
+
     def arrived(self):
         """Whether settle() would not wait: the vector is on the host (a CPU step's always is)."""
         return self._ready is None or self._ready.query()
@@ -95,4 +105,6 @@ class GradientCheck:
         totals = self._host.tolist()
         world = self._world
         bad = [(r, int(totals[1 + r]) - 1) for r in range(world) if totals[1 + r] > 0]
-        return Verdict(bad=bad, any_gradient=any(v > 0 for v in totals[1 + world:]), norm=math.sqrt(totals[0]))
+        n = (len(totals) - 1 - world) // 2
+        return Verdict(bad=bad, any_gradient=any(v > 0 for v in totals[1 + world:1 + world + n]),
+                       norm=math.sqrt(totals[0]))

@@ -271,10 +271,17 @@ class DMuon(torch.optim.Optimizer):
         grads = [l.local(l.tensor.grad) if l.tensor.grad is not None and not l.held_elsewhere else None
                  for l in self._layouts]
         counted = [l.grid.cells[self.comm.rank][0] == 0 for l in self._layouts]
+        taking_part = [l.tensor.requires_grad for l in self._layouts]
         device = next((g.device for g in grads if g is not None), None) or self._layouts[0].tensor.device
-        check = GradientCheck(self.comm, grads, counted, self.clip_grad_norm, device)
+        check = GradientCheck(self.comm, grads, counted, taking_part, self.clip_grad_norm, device)
+        if check.arrived():  # a CPU step can afford the check that keeps its all-to-alls in step (a GPU's cannot)
+            disagreement = check.first_disagreement()
+            if disagreement is not None:
+                i, ranks = disagreement
+                raise ValueError(f"DMuon: parameter '{self.param_groups_names[i]}' requires grad on {ranks} of "
+                                 f"{self.comm.world} ranks; every rank must set requires_grad alike")
         self._pending.append(check)
-        self._adamw(grads, check)
+        self._adamw(grads, taking_part, check)
 
         def momentum(i):
             layout = self._layouts[i]
@@ -284,7 +291,7 @@ class DMuon(torch.optim.Optimizer):
         me = self.comm.rank
         # Every matrix that may have a gradient takes part (whether it has one anywhere is known on the
         # device only); owner-held buckets (their own, see _buckets) run on the owner alone: nothing travels.
-        muon.run([[k for k in bucket if k.layout.tensor.requires_grad and (k.layout.held is None or k.owner == me)]
+        muon.run([[k for k in bucket if taking_part[k.index] and (k.layout.held is None or k.owner == me)]
                   for bucket in self._buckets])
         self.last_stats = {"ns_s": muon.ns_seconds, "ns_matrices": muon.ns_matrices}
         for schedule in schedules:
@@ -292,7 +299,7 @@ class DMuon(torch.optim.Optimizer):
         self._settle(arrived_only=True)
         return loss
 
-    def _adamw(self, grads, check):
+    def _adamw(self, grads, taking_part, check):
         """The AdamW parameters' step: per param group, one fused call for those with a gradient here
         (skipped when any gradient is non-finite) and one per parameter without one here (zeros,
         skipped unless another rank has its gradient)."""
@@ -300,7 +307,7 @@ class DMuon(torch.optim.Optimizer):
             if group["use_muon"]:
                 continue
             with_grad, without = [], []
-            for i in (i for i, g in enumerate(self._groups) if g is group and self._layouts[i].tensor.requires_grad):
+            for i in (i for i, g in enumerate(self._groups) if g is group and taking_part[i]):
                 (with_grad if grads[i] is not None else without).append(i)
             if with_grad:
                 self._adamw_call(with_grad, [grads[i] for i in with_grad], group, check, ~check.finite)
