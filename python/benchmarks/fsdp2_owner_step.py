@@ -295,6 +295,7 @@ class Tuner:
         self.folder = folder[0]
         self.path = os.path.join(self.folder, "tune.json")
         self.tuned = set()   # (rows, cols, batch) in the cache
+        self.times = {}      # rank 0: (rows, cols, batch) → (the tuned kernel's seconds, the untuned one's), from the cache
         self.calls = 0
 
     def tune(self, requests):
@@ -313,8 +314,16 @@ class Tuner:
                 error = f"{type(e).__name__}: {e}"
             pathlib.Path(done + ".part").write_text(error)
             os.replace(done + ".part", done)
-            print(f"tuned on rank 0 in {time.perf_counter() - t0:.1f} s ({torch.get_num_threads()} BLAS threads): "
-                  + ", ".join(f"{r}x{c} batch {b}" for r, c, b in todo), flush=True)
+            if not error:  # each entry of the cache file holds both times (seconds, default_seconds)
+                for setting in json.loads(pathlib.Path(self.path).read_text())["settings"]:
+                    for e in setting["entries"]:
+                        self.times[(e["rows"], e["cols"], e["batch"])] = (e["seconds"], e["default_seconds"])
+            def times(q):
+                tuned, untuned = self.times.get(q, (math.nan, math.nan))
+                return f"{1e3 * tuned:.1f} ms (untuned {1e3 * untuned:.1f} ms)"
+            print(f"tuned on rank 0 in {time.perf_counter() - t0:.1f} s ({torch.get_num_threads()} BLAS threads); "
+                  "the chosen kernel's time as the tuner measured it: "
+                  + "; ".join(f"{r}x{c} batch {b}: {times((r, c, b))}" for r, c, b in todo), flush=True)
         else:
             while not os.path.exists(done):
                 time.sleep(0.5)
@@ -423,6 +432,8 @@ def measure(name, config, tokens, micro_batches, steps, warmup, mp_policy, tuner
         if tuner:
             missing = sorted({tuple(q) for r in ranks for q in r["batches"]} - tuner.tuned)
             out["untuned_batches"] = missing
+            out["tuner_seconds"] = [dict(rows=q[0], cols=q[1], batch=q[2], tuned=t[0], untuned=t[1])
+                                    for q, t in sorted(tuner.times.items())] if rank == 0 else None
             if missing and rank == 0:
                 print(f"{name}{TUNED}: the ranks' buckets run (shape, batch) not in the cache: {missing}", flush=True)
     return out
