@@ -14,9 +14,20 @@
   dmuon-a2a        dmuon.torch.DMuon on FSDP2's shards (the all-to-all mode)
   dmuon-owner      dmuon.torch.hold_on_owners + DMuon (the owner-centric mode)
 
+Each dmuon setting runs twice: without a tuning cache (tune_cache=None: untuned kernels, the owner
+planner on flop costs; a cache at the default path is not read) and as `dmuon-a2a+tuned` /
+`dmuon-owner+tuned`, with a cache that this run makes, before any timing of the model, in a temporary
+folder (tune_cache=that path, to DMuon and hold_on_owners): rank 0 runs dmuon.tune (the engine
+`dmuon tune` runs) while the other ranks wait, first for the requests `dmuon tune --ranks W` makes
+(each Muon shape with batch ceil(count/W), what the owner planner's tuned costs ask for), then, after
+building each tuned setting once untimed to learn its owners, for every (shape, batch) a rank's
+buckets run that the cache still lacks; a tuned row whose buckets (re-planned when it is built again
+for timing) still run a batch not tuned lists it in "untuned_batches" (the engine then uses the
+nearest tuned batch). --no-tuned skips these rows.
+
     PYTHONPATH=build/python torchrun --standalone --nproc_per_node 2 python/benchmarks/fsdp2_owner_step.py \\
         [--models small,qwen4] [--tokens 256,1024] [--micro-batches 1] [--param-dtype float32] [--steps 2]
-        [--warmup 2] [--json FILE]
+        [--warmup 2] [--no-tuned] [--json FILE]
 
 The peers are not dependencies of dmuon: install them beside it for a run, e.g.
 `pip install --no-deps --target /tmp/peers muon-fsdp2` and a checkout of microsoft/dion in /tmp/dion,
@@ -35,16 +46,31 @@ the whole step, the communication the ranks were blocked on (in forward+backward
 a synchronous collective's call, an asynchronous one's wait()), and the wire bytes per step of the
 whole job (nccl-tests' bus bytes; tests/python/collective_ledger.py), and of them those sent inside
 the optimizer step.
+
+Per dmuon row, three Newton–Schulz columns, all of the rank whose median optimizer step is the longest
+(--json has every rank's: step_per_rank, ns_in_step_per_rank, ns_pred_per_rank, owned_batches_per_rank):
+  NS in step  the engine's time inside that rank's steps (DMuon.last_stats["ns_s"]), median over the timed
+              steps
+  NS pred     the engine's time for the same work without the rest of the step: after the timed steps,
+              each rank runs, with the optimizer's own Orthogonalizer (same settings, same cache), one call
+              per bucket it owns matrices of, in the step's order, on random matrices of those shapes and
+              counts, every rank at once after a barrier as in the step; --steps times, the median
+  step/NS     that rank's median step time over its NS pred: 1.0 would be a step that is nothing but its
+              Newton–Schulz; the rest is the step's other work (AdamW, momentum, copies, communication,
+              waiting for the other ranks)
 """
 
 import argparse
+import gc
 import importlib
 import json
 import math
 import os
 import pathlib
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 import torch
@@ -53,8 +79,10 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
+import dmuon
 from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
+from dmuon.torch.muon_step import engine_target
 from dmuon.torch.params import module_groups
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"))
@@ -63,6 +91,8 @@ from muon_reference import KELLER  # noqa: E402
 
 OPTIMIZERS = ("adamw", "torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32", "dmuon-a2a", "dmuon-owner")
 PEERS = ("torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32")   # what a user would pick instead of dmuon
+DMUON = ("dmuon-a2a", "dmuon-owner")
+TUNED = "+tuned"  # the row of a dmuon setting run with this run's tuning cache
 MODELS = {  # dim, heads, kv heads, ffn, layers, vocab
     "small": (128, 4, 4, 512, 4, 512),
     "qwen4": (896, 14, 2, 4864, 4, 4096),
@@ -170,11 +200,12 @@ def peer_module(name):
         return f"{type(error).__name__}: {error}"
 
 
-def build(name, config, mesh, mp_policy, lr=0.02, adamw_lr=3e-3):
-    """(the model under fully_shard(mp_policy=...), its optimizer, HeldMatrices for dmuon-owner or None)"""
+def build(name, config, mesh, mp_policy, tune_cache=None, lr=0.02, adamw_lr=3e-3):
+    """(the model under fully_shard(mp_policy=...), its optimizer, HeldMatrices for dmuon-owner or None);
+    tune_cache: the dmuon settings' (None: none)"""
     torch.manual_seed(0)
     model = GPT(*config)
-    held = hold_on_owners(model, mesh) if name == "dmuon-owner" else None
+    held = hold_on_owners(model, mesh, tune_cache=tune_cache) if name == "dmuon-owner" else None
     ignored = held.params if held is not None else None
     for block in model.blocks:
         fully_shard(block, mesh=mesh, ignored_params=ignored, mp_policy=mp_policy)
@@ -193,7 +224,7 @@ def build(name, config, mesh, mp_policy, lr=0.02, adamw_lr=3e-3):
             [dict(params=[p for _, p in g["params"]]) if g["use_muon"] else
              dict(params=[p for _, p in g["params"]], algorithm="adamw", lr=adamw_lr) for g in module_groups(model)],
             distributed_mesh=mesh, lr=lr, adjust_lr="rms_norm", **custom), held
-    return model, DMuon(model, lr=lr, adamw_lr=adamw_lr), held
+    return model, DMuon(model, lr=lr, adamw_lr=adamw_lr, tune_cache=tune_cache), held
 
 
 def slowest(value):
@@ -215,10 +246,139 @@ def set_gradient_sync(model, held, sync):
         held.set_requires_gradient_sync(sync)
 
 
-def measure(name, config, tokens, micro_batches, steps, warmup, mp_policy):
+# ---- the +tuned rows' cache, and Newton–Schulz alone ----
+
+def gathered(value):
+    """Every rank's value, in rank order."""
+    out = [None] * dist.get_world_size()
+    dist.all_gather_object(out, value)
+    return out
+
+
+def owned_buckets(opt):
+    """What this rank's Newton–Schulz runs in a step of DMuon `opt`: per bucket (the optimizer's, in the
+    step's order) with matrices this rank owns, (rows, cols, how many, the dtype the engine gets them in)."""
+    out = []
+    for bucket in opt._buckets:
+        owned = [k for k in bucket if k.owner == opt.comm.rank]
+        if owned:
+            k = owned[0]
+            state_dtype = opt.state_dtype if opt.state_dtype is not None else k.layout.tensor.dtype
+            ns_dtype = engine_target(k.layout.local(k.layout.tensor).device, state_dtype)[2]
+            out.append((k.rows, k.cols, len(owned), ns_dtype))
+    return out
+
+
+def muon_requests(config, world):
+    """The (rows, cols, batch) requests `dmuon tune --ranks W` makes for this model (the engine's
+    tune_requests, which the C ABI does not export): each Muon shape of DMuon's routing with batch
+    ceil(count/W), the batches the owner planner's tuned costs ask for."""
+    with torch.device("meta"):
+        model = GPT(*config)
+    counts = {}
+    for g in module_groups(model):
+        if g["use_muon"]:
+            for _, p in g["params"]:
+                shape = (p.shape[0], math.prod(p.shape[1:]))
+                counts[shape] = counts.get(shape, 0) + 1
+    return sorted((rows, cols, -(-n // world)) for (rows, cols), n in counts.items())
+
+
+class Tuner:
+    """This run's tuning cache: tune.json in a temporary folder (removed by close()), which rank 0 fills with
+    dmuon.tune while the other ranks wait for a file that says it is done (a large shape can take longer to
+    tune than the process group's timeout, so they do not wait in a collective)."""
+
+    def __init__(self):
+        folder = [tempfile.mkdtemp(prefix="dmuon-fsdp2-bench-") if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(folder)
+        self.folder = folder[0]
+        self.path = os.path.join(self.folder, "tune.json")
+        self.tuned = set()   # (rows, cols, batch) in the cache
+        self.times = {}      # rank 0: (rows, cols, batch) → (the tuned kernel's seconds, the untuned one's), from the cache
+        self.calls = 0
+
+    def tune(self, requests):
+        """Tunes the requests (the same on every rank) that the cache lacks. Collective."""
+        todo = sorted(set(requests) - self.tuned)
+        if not todo:
+            return
+        done = os.path.join(self.folder, f"done.{self.calls}")
+        self.calls += 1
+        if dist.get_rank() == 0:
+            t0 = time.perf_counter()
+            error = ""
+            try:
+                dmuon.tune(todo, threads=torch.get_num_threads(), tune_cache=self.path)
+            except Exception as e:  # every rank raises it below
+                error = f"{type(e).__name__}: {e}"
+            pathlib.Path(done + ".part").write_text(error)
+            os.replace(done + ".part", done)
+            if not error:  # each entry of the cache file holds both times (seconds, default_seconds)
+                for setting in json.loads(pathlib.Path(self.path).read_text())["settings"]:
+                    for e in setting["entries"]:
+                        self.times[(e["rows"], e["cols"], e["batch"])] = (e["seconds"], e["default_seconds"])
+            def times(q):
+                tuned, untuned = self.times.get(q, (math.nan, math.nan))
+                return f"{1e3 * tuned:.1f} ms (untuned {1e3 * untuned:.1f} ms)"
+            print(f"tuned on rank 0 in {time.perf_counter() - t0:.1f} s ({torch.get_num_threads()} BLAS threads); "
+                  "the chosen kernel's time as the tuner measured it: "
+                  + "; ".join(f"{r}x{c} batch {b}: {times((r, c, b))}" for r, c, b in todo), flush=True)
+        else:
+            while not os.path.exists(done):
+                time.sleep(0.5)
+        error = pathlib.Path(done).read_text()
+        if error:
+            raise RuntimeError(f"fsdp2_owner_step: dmuon.tune on rank 0 failed: {error}")
+        self.tuned.update(todo)
+        dist.barrier()
+
+    def prepare(self, names, config, mp_policy):
+        """The cache for the tuned dmuon settings `names` of this model, before any of its timings: the
+        planner's requests, then every (shape, batch) the ranks' buckets run once built with them."""
+        world = dist.get_world_size()
+        self.tune(muon_requests(config, world))
+        for name in names:
+            model, opt, held = build(name, config, init_device_mesh("cpu", (world,)), mp_policy, self.path)
+            mine = [(r, c, n) for r, c, n, _ in owned_buckets(opt)]
+            del model, opt, held
+            gc.collect()
+            self.tune({q for rank_requests in gathered(mine) for q in rank_requests})
+
+    def close(self):
+        dist.barrier()
+        if dist.get_rank() == 0:
+            shutil.rmtree(self.folder, ignore_errors=True)
+
+
+def ns_alone(opt, buckets, repeats):
+    """Seconds this rank's engine takes for `buckets` (owned_buckets) alone, per repeat: random matrices,
+    one call per bucket with the optimizer's own Orthogonalizer, every rank at once after a barrier."""
+    gen = torch.Generator().manual_seed(2 + dist.get_rank())
+    inputs = [torch.randn((n, rows, cols), generator=gen).to(dtype) for rows, cols, n, dtype in buckets]
+    work = [t.clone() for t in inputs]
+    times = []
+    for _ in range(repeats):
+        for w, t in zip(work, inputs):
+            w.copy_(t)
+        dist.barrier()
+        seconds = 0.0
+        for w in work:
+            device, dtype_code, _, stream = engine_target(w.device, w.dtype)
+            size = w[0].numel() * w.element_size()
+            pointers = [w.data_ptr() + j * size for j in range(w.shape[0])]
+            t0 = time.perf_counter()
+            opt.ns.run(pointers, pointers, w.shape[1], w.shape[2], device=device, dtype=dtype_code, stream=stream)
+            seconds += time.perf_counter() - t0
+        times.append(seconds)
+    return times
+
+
+def measure(name, config, tokens, micro_batches, steps, warmup, mp_policy, tuner=None):
+    """tuner: the +tuned row's (its cache), None for the untuned one (tune_cache=None)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     mesh = init_device_mesh("cpu", (world,))
-    model, opt, held = build(name, config, mesh, mp_policy)
+    model, opt, held = build(name, config, mesh, mp_policy, tuner.path if tuner else None)
     batch = max(1, tokens // SEQ // world // micro_batches)  # sequences per rank and micro-batch
     gen = torch.Generator().manual_seed(1)
     ledger = Ledger()
@@ -247,13 +407,35 @@ def measure(name, config, tokens, micro_batches, steps, warmup, mp_policy):
             rows.append(dict(fwd_bwd=t1 - t0, step=t2 - t1, total=t2 - t0,
                              blocked_fwd_bwd=ledger.blocked("forward+backward"), blocked_step=ledger.blocked("step"),
                              wire=ledger.wire("forward+backward") + ledger.wire("step"), wire_step=ledger.wire("step"),
-                             loss=loss.item()))
+                             loss=loss.item(), ns=opt.last_stats["ns_s"] if isinstance(opt, DMuon) else math.nan))
     timed = rows[warmup:]
     out = {key: statistics.median(slowest(r[key]) for r in timed)
            for key in ("fwd_bwd", "step", "total", "blocked_fwd_bwd", "blocked_step")}
     out["wire_bytes"] = statistics.median(total(r["wire"]) for r in timed)
     out["wire_bytes_in_step"] = statistics.median(total(r["wire_step"]) for r in timed)
     out["loss_last"] = timed[-1]["loss"]
+    out.update(ns_in_step=math.nan, ns_pred=math.nan, step_vs_ns_pred=math.nan)
+    if isinstance(opt, DMuon):
+        buckets = owned_buckets(opt)
+        mine = dict(step=statistics.median(r["step"] for r in timed),
+                    ns_in_step=statistics.median(r["ns"] for r in timed),
+                    ns_pred=statistics.median(ns_alone(opt, buckets, steps)),
+                    batches=[(r, c, n) for r, c, n, _ in buckets])
+        ranks = gathered(mine)
+        slow = max(range(world), key=lambda r: ranks[r]["step"])
+        out.update(slowest_rank=slow, ns_in_step=ranks[slow]["ns_in_step"], ns_pred=ranks[slow]["ns_pred"],
+                   step_vs_ns_pred=(ranks[slow]["step"] / ranks[slow]["ns_pred"] if ranks[slow]["ns_pred"] > 0
+                                    else math.nan),
+                   step_per_rank=[r["step"] for r in ranks], ns_in_step_per_rank=[r["ns_in_step"] for r in ranks],
+                   ns_pred_per_rank=[r["ns_pred"] for r in ranks], owned_batches_per_rank=[r["batches"] for r in ranks],
+                   tune_cache="this run's" if tuner else None, tuned_entries=opt.ns.tuned_entries)
+        if tuner:
+            missing = sorted({tuple(q) for r in ranks for q in r["batches"]} - tuner.tuned)
+            out["untuned_batches"] = missing
+            out["tuner_seconds"] = [dict(rows=q[0], cols=q[1], batch=q[2], tuned=t[0], untuned=t[1])
+                                    for q, t in sorted(tuner.times.items())] if rank == 0 else None
+            if missing and rank == 0:
+                print(f"{name}{TUNED}: the ranks' buckets run (shape, batch) not in the cache: {missing}", flush=True)
     return out
 
 
@@ -269,6 +451,8 @@ def main():
                              "fully_shard (the held matrices follow it)")
     parser.add_argument("--steps", type=int, default=2, help="timed steps per optimizer and setting")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
+    parser.add_argument("--no-tuned", action="store_true",
+                        help="skip the dmuon settings' +tuned rows (and the tuning they need)")
     parser.add_argument("--json", default=None, help="also write the results to this file (rank 0)")
     args = parser.parse_args()
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -283,14 +467,20 @@ def main():
     if rank == 0:
         for n, why in skipped.items():
             print(f"{n}: not run, `import {PEER_MODULES[n]}` failed ({why})", flush=True)
+    runs = [(n, tuned) for n in names for tuned in ((False, True) if n in DMUON and not args.no_tuned else (False,))]
+    tuned_names = [n for n, tuned in runs if tuned]
+    tuner = Tuner() if tuned_names else None
     results = []
     for model_name in args.models.split(","):
+        if tuner:
+            tuner.prepare(tuned_names, MODELS[model_name], policy)
         for tokens in [int(t) for t in args.tokens.split(",")]:
             setting = []
-            for name in names:
-                r = measure(name, MODELS[model_name], tokens, args.micro_batches, args.steps, args.warmup, policy)
+            for name, tuned in runs:
+                r = measure(name, MODELS[model_name], tokens, args.micro_batches, args.steps, args.warmup, policy,
+                            tuner if tuned else None)
                 setting.append(dict(model=model_name, world=world, tokens=tokens, micro_batches=args.micro_batches,
-                                    param_dtype=args.param_dtype, optimizer=name,
+                                    param_dtype=args.param_dtype, optimizer=name + (TUNED if tuned else ""),
                                     load_average_1min=os.getloadavg()[0], **r))
             base = next(r for r in setting if r["optimizer"] == "adamw") if "adamw" in names else None
             peers = [r["step"] for r in setting if r["optimizer"] in PEERS]
@@ -302,6 +492,8 @@ def main():
             results.extend(setting)
             if rank == 0:
                 print_table(setting)
+    if tuner:
+        tuner.close()
     if rank == 0:
         if args.json:
             pathlib.Path(args.json).write_text(json.dumps(results, indent=1))
@@ -314,15 +506,20 @@ def print_table(setting):
           f"micro-batch(es) (times in ms, slowest rank; "
           f"1-minute load average {first['load_average_1min']:.1f} to {setting[-1]['load_average_1min']:.1f})")
     print("| optimizer | step | fwd+bwd | total | total vs AdamW | blocked in fwd+bwd | blocked in step "
-          "| wire bytes/step | of which in step | bytes vs AdamW | step speedup vs fastest peer |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| wire bytes/step | of which in step | bytes vs AdamW | step speedup vs fastest peer "
+          "| NS in step | NS pred | step/NS |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     def ratio(x, unit=""):
         return "-" if math.isnan(x) else f"{x:.3f}{unit}"
+
+    def ms(x):
+        return "-" if math.isnan(x) else f"{1e3 * x:.1f}"
 
     for r in setting:
         print(f"| {r['optimizer']} | {1e3 * r['step']:.1f} | {1e3 * r['fwd_bwd']:.1f} | {1e3 * r['total']:.1f} | "
               f"{ratio(r['total_vs_adamw'])} | {1e3 * r['blocked_fwd_bwd']:.1f} | {1e3 * r['blocked_step']:.1f} | "
-              f"{int(r['wire_bytes'])} | {int(r['wire_bytes_in_step'])} | {ratio(r['bytes_vs_adamw'])} | {ratio(r['step_speedup_vs_fastest_peer'], 'x')} |",
+              f"{int(r['wire_bytes'])} | {int(r['wire_bytes_in_step'])} | {ratio(r['bytes_vs_adamw'])} | {ratio(r['step_speedup_vs_fastest_peer'], 'x')} | "
+              f"{ms(r['ns_in_step'])} | {ms(r['ns_pred'])} | {ratio(r['step_vs_ns_pred'])} |",
               flush=True)
 
 

@@ -1,6 +1,8 @@
 """dmuon.torch.DMuon follows torch.optim's conventions (one process; torch_conventions_ranks_test.py
 runs the collective parts at several ranks):
   defaults     the hyper-parameters under their keyword names; each group holds its kind's keys only
+  tune_cache   DMuon's kernels read the cache it names, none with None, the default path's with ""
+               (also in a deep copy)
   muon_scale   the update scale meets the table the C++ engine's muon_scale meets (tests/data/muon_scale.json)
   schedulers   LambdaLR, StepLR, OneCycleLR, CyclicLR (cycle_momentum) set every group's lr exactly as
                they set torch.optim.AdamW's, Muon groups' momentum as AdamW's beta1, AdamW groups'
@@ -16,6 +18,7 @@ runs the collective parts at several ranks):
 Run: PYTHONPATH=build/python python -m pytest -q tests/python/torch_conventions_test.py
 """
 
+import copy
 import json
 import math
 import pathlib
@@ -25,6 +28,7 @@ import pytest
 import torch
 from torch.optim import lr_scheduler
 
+import dmuon
 from dmuon.torch import DMuon
 from dmuon.torch.muon_step import muon_scale
 from dmuon.torch.params import is_muon_by_default
@@ -115,6 +119,22 @@ def test_defaults_hold_the_hyper_parameters_and_groups_their_kinds_keys():
         dict(use_muon=True, lr=0.03, momentum=0.9, nesterov=False, weight_decay=0.01, **counters)
     assert {k: adamw[k] for k in adamw if k not in ("params", "param_names")} == \
         dict(use_muon=False, lr=1e-3, betas=(0.85, 0.99), eps=1e-7, weight_decay=0.1, **counters)
+
+
+def test_tune_cache_names_the_cache_the_kernels_read(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    named = str(tmp_path / "named.json")
+    default = dmuon.default_tune_cache_path()
+    assert default.startswith(str(tmp_path / "xdg"))
+    params = parameters([("w", (8, 6)), ("b", (8,))])
+    assert DMuon(list(params.items())).ns.tuned_entries == 0            # the default path: no file yet
+    dmuon.tune([(8, 6, 1)], threads=torch.get_num_threads(), rounds=1, tune_cache=named)
+    opt = DMuon(list(params.items()), tune_cache=named)
+    assert opt.ns.tuned_entries == 1 and copy.deepcopy(opt).ns.tuned_entries == 1
+    assert DMuon(list(params.items()), tune_cache=None).ns.tuned_entries == 0
+    dmuon.tune([(8, 6, 1), (8, 6, 2)], threads=torch.get_num_threads(), rounds=1, tune_cache="")
+    assert DMuon(list(params.items())).ns.tuned_entries == 2             # "" (the default): the default path
+    assert DMuon(list(params.items()), tune_cache=None).ns.tuned_entries == 0
 
 
 def test_muon_scale_meets_the_table_of_the_cpp_engine():

@@ -24,13 +24,14 @@ def agree_on_parameters(comm, error, signature):
                          f"rank {r} has {here} ({len(reference)} vs {len(sig)} parameters)")
 
 
-def plan_on_rank0(comm, shapes, balancer, threads):
+def plan_on_rank0(comm, shapes, balancer, threads, tune_cache=""):
     """Owners of the Muon matrices: planned on rank 0 (milp is time-limited, so not reproducible on
-    every rank) and broadcast; a planning error is raised on every rank."""
+    every rank) and broadcast; a planning error is raised on every rank. tune_cache: as
+    dmuon.plan_owners's ("" the default path, None none, else a path)."""
     result = None
     if comm.rank == 0:
         try:
-            result = dmuon.plan_owners(shapes, comm.world, balancer=balancer, costs="auto", tune_cache="",
+            result = dmuon.plan_owners(shapes, comm.world, balancer=balancer, costs="auto", tune_cache=tune_cache,
                                        threads=threads)[0]
         except dmuon.DmuonError as e:
             result = f"DMuon: planning owners on rank 0 failed: {e}"

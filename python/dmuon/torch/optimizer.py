@@ -56,6 +56,10 @@ class DMuon(torch.optim.Optimizer):
     matrices of m×n); by default those with "expert" in a name component. Every other ≥ 3-D
     parameter is one (out, in·k…) matrix, as a convolution's filter.
 
+    tune_cache: the Newton–Schulz tuning cache (`dmuon tune`, dmuon.tune) that picks each bucket's kernel
+    (algo="auto") and the owner planner's costs: "" the default path (dmuon.default_tune_cache_path()),
+    None none (untuned kernels, flop costs), else a path. Give hold_on_owners the same one.
+
     state_dtype: the dtype of Muon's momentum and AdamW's moments (float32 by default, so bf16
     parameters keep float32 state; None: each parameter's own dtype).
 
@@ -77,7 +81,7 @@ class DMuon(torch.optim.Optimizer):
     def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=None,
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, ns_steps=5, coeffs="keller",
                  algo="auto", scale="match_rms_adamw", balancer="milp", process_group=None, clip_grad_norm=None,
-                 nonfinite="error", state_dtype=torch.float32, experts=is_expert_stack_by_default):
+                 nonfinite="error", state_dtype=torch.float32, experts=is_expert_stack_by_default, tune_cache=""):
         _check_choice("coeffs", coeffs, _COEFFS)
         _check_choice("algo", algo, _ALGOS)
         _check_choice("scale", scale, _SCALES)
@@ -98,6 +102,7 @@ class DMuon(torch.optim.Optimizer):
         self.state_dtype = state_dtype
         self.experts = experts
         self._balancer = balancer
+        self._tune_cache = tune_cache
         self._threads = torch.get_num_threads()
         self.param_groups_names, self._layouts, self._groups = [], [], []
         self._matrices, self.owners = [], {}  # every Muon matrix, in parameter order; its owner by name
@@ -113,7 +118,7 @@ class DMuon(torch.optim.Optimizer):
         # check_finite=False: the GradientCheck has checked every gradient, so a bucket's Newton-Schulz on a GPU
         # need not wait for its inputs' norms (the next bucket's all-to-all overlaps it).
         self._ns_options = dict(coeffs=coeffs, algo=algo, steps=int(ns_steps), check_finite=False)
-        self.ns = dmuon.Orthogonalizer(**self._ns_options, threads=self._threads, tune_cache="")
+        self.ns = dmuon.Orthogonalizer(**self._ns_options, threads=self._threads, tune_cache=tune_cache)
         self._pending = []  # the GradientChecks of steps not settled yet, oldest first
         self._last_grad_norm = 0.0
         self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
@@ -202,7 +207,8 @@ class DMuon(torch.optim.Optimizer):
                     matrices.append(MuonMatrix(i, expert, name + ("" if expert is None else f"[{expert}]"), layout,
                                                group, rows, cols, muon_scale(rows, cols, self.scale_kind)))
         assign_owners(matrices, self.comm.world,
-                      lambda shapes, world: plan_on_rank0(self.comm, shapes, self._balancer, self._threads))
+                      lambda shapes, world: plan_on_rank0(self.comm, shapes, self._balancer, self._threads,
+                                                          self._tune_cache))
         self._matrices.extend(matrices)
         self.owners.update((k.name, k.owner) for k in matrices)
         self._buckets = _buckets(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
@@ -419,7 +425,8 @@ class DMuon(torch.optim.Optimizer):
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self.ns = dmuon.Orthogonalizer(**self._ns_options, threads=self._threads, tune_cache="")
+        self.ns = dmuon.Orthogonalizer(**self._ns_options, threads=self._threads,
+                                       tune_cache=self.__dict__.get("_tune_cache", ""))
 
     def _load_entry(self, i, name, entry):
         mine = self.state[self._layouts[i].tensor]

@@ -141,7 +141,7 @@ def _group_ranks(mesh, process_group):
 
 
 def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, units=None, balancer="milp",
-                   reshard_after_forward=True, mp_policy=None):
+                   reshard_after_forward=True, mp_policy=None, tune_cache=""):
     """Makes the Muon matrices of `model` owner-held; returns a HeldMatrices.
 
     Call it on every rank before fully_shard or DDP, with the model materialised or on the meta device
@@ -151,10 +151,11 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     DMuon's process group's, in order. predicate(name, parameter) → bool picks the parameters
     instead of DMuon's routing. units: the modules whose hooks move their parameters (default: each
     block "….N" of the model, else the module holding the parameter). balancer: dmuon.plan_owners's
-    ("milp" over measured Newton–Schulz costs, "lpt", "rr"). reshard_after_forward: as fully_shard's;
-    False keeps the weights from forward to backward. mp_policy: a MixedPrecisionPolicy for the held
-    matrices (default: the one fully_shard gave the unit's module or its nearest sharded ancestor at
-    the first forward, else none): the masters and DMuon's state stay in their dtype on the owner,
+    ("milp" over measured Newton–Schulz costs, "lpt", "rr"); tune_cache: the tuning cache it plans
+    with, as DMuon's ("" the default path, None none, else a path). reshard_after_forward: as
+    fully_shard's; False keeps the weights from forward to backward. mp_policy: a MixedPrecisionPolicy
+    for the held matrices (default: the one fully_shard gave the unit's module or its nearest sharded
+    ancestor at the first forward, else none): the masters and DMuon's state stay in their dtype on the owner,
     the working copies and broadcasts are in param_dtype, the gradient reduces in reduce_dtype.
 
     On a rank other than its owner a held parameter is a placeholder without storage outside its
@@ -184,7 +185,7 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
 
     world = comm.world
     owners_list = plan_on_rank0(comm, [_plan_shape(tuple(p.shape)) for _, p in chosen], balancer,
-                                torch.get_num_threads())
+                                torch.get_num_threads(), tune_cache)
     owners = {n: o for (n, _), o in zip(chosen, owners_list)}
     groups = HeldGroups(global_ranks, grid_of(mesh, world), comm.rank)
     registered = {n: _register_placeholder(model, n, p, global_ranks[owners[n]]) if owners[n] != comm.rank else p
