@@ -10,7 +10,7 @@ with PYTHONPATH=build/python:tests/python and one BLAS thread per rank.
             MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) on every fully_shard (bf16
             all-gathers and held broadcasts, float32 reduces), AdamW + FSDP2-MP against owner-held.
   step()    with hold_on_owners, step() issues exactly one collective: an all_reduce of
-            (1 + N + parameters) float64 (gradient norm, non-finite flags, gradient present).
+            (1 + N + 2·parameters) float64 (gradient norm, non-finite flags, gradient present, taking part).
   NS once   every Muon matrix is orthogonalized once per step in the whole job (counted across ranks).
   overlap   (N ≥ 2) in forward, the broadcast of block i+1's held matrices is posted before block i's
             forward ends; in backward, block i's gradient reduce is posted (asynchronously) before the
@@ -92,7 +92,7 @@ def check_bytes(mp_policy=None, modes=("adamw", "all-to-all", "owner-held")):
               f"(limit {RATIO_LIMIT})")
     in_step = [r for r in ledgers["owner-held"].records if r["label"] == ("step", last)]
     if WORLD > 1:
-        expected = (1 + WORLD + params) * 8
+        expected = (1 + WORLD + 2 * params) * 8
         check(len(in_step) == 1 and in_step[0]["op"] == "all_reduce" and in_step[0]["payload"] == expected,
               f"owner-held step() issued {[(r['op'], r['payload']) for r in in_step]}, not one all_reduce of "
               f"{expected} bytes")
