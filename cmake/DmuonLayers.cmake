@@ -1,7 +1,9 @@
 # The library's layers (docs/ARCHITECTURE.md): each folder src/<name>/ is the static library dmuon_<name>,
 # declared bottom up in src/CMakeLists.txt with dmuon_layer(). A layer may depend only on layers declared
 # before it, so a cycle between folders cannot be written; check_layers.cmake, run by every build, then
-# holds each folder's #include lines to the dependencies it declared.
+# holds each folder's #include lines to the dependencies it declared, and keeps each layer's subfolders
+# (src/backend/cuda/, src/backend/cpu/, ...) private to it: another layer includes only the headers at the top of a
+# folder it depends on (src/backend/cuda_support.hpp), or the public ones.
 #
 #   dmuon_layer(<name> [DEPENDS <layers>...] HEADERS <include/dmuon/ headers>...
 #               [PRIVATE_LIBS <targets>...] [PUBLIC_LIBS <targets>...] [SKIP <file names>...])
@@ -51,12 +53,29 @@ function(dmuon_layer name)
   set_property(GLOBAL PROPERTY DMUON_LAYER_${name}_HEADERS "${L_HEADERS}")
 endfunction()
 
+# A folder under src/ that is no layer (no library of dmuon::dmuon) but whose #include lines are checked as a
+# layer's: src/capi, the C ABI above the layers it calls. HEADERS: its public headers in include/dmuon/.
+#   dmuon_checked_folder(<name> DEPENDS <layers>... [HEADERS <headers>...])
+function(dmuon_checked_folder name)
+  cmake_parse_arguments(L "" "" "DEPENDS;HEADERS" ${ARGN})
+  get_property(declared GLOBAL PROPERTY DMUON_LAYERS)
+  foreach(dep IN LISTS L_DEPENDS)
+    if(NOT dep IN_LIST declared)
+      message(FATAL_ERROR "dmuon_checked_folder(${name}): depends on '${dep}', which is not a layer declared before it")
+    endif()
+  endforeach()
+  set_property(GLOBAL APPEND PROPERTY DMUON_CHECKED_FOLDERS ${name})
+  set_property(GLOBAL PROPERTY DMUON_LAYER_${name}_DEPS "${L_DEPENDS}")
+  set_property(GLOBAL PROPERTY DMUON_LAYER_${name}_HEADERS "${L_HEADERS}")
+endfunction()
+
 # After the last dmuon_layer: writes the layer table for check_layers.cmake and adds the check, which
 # runs whenever a source or public header changes and fails the build on an include across the layers.
 function(dmuon_layers_done)
   get_property(layers GLOBAL PROPERTY DMUON_LAYERS)
-  set(table "set(DMUON_LAYERS \"${layers}\")\n")
-  foreach(layer IN LISTS layers)
+  get_property(folders GLOBAL PROPERTY DMUON_CHECKED_FOLDERS)
+  set(table "set(DMUON_LAYERS \"${layers}\")\nset(DMUON_CHECKED_FOLDERS \"${folders}\")\n")
+  foreach(layer IN LISTS layers folders)
     get_property(deps GLOBAL PROPERTY DMUON_LAYER_${layer}_DEPS)
     get_property(headers GLOBAL PROPERTY DMUON_LAYER_${layer}_HEADERS)
     string(APPEND table "set(DMUON_LAYER_${layer}_DEPS \"${deps}\")\nset(DMUON_LAYER_${layer}_HEADERS \"${headers}\")\n")
@@ -64,7 +83,8 @@ function(dmuon_layers_done)
   set(table_file ${PROJECT_BINARY_DIR}/dmuon_layers.cmake)
   file(CONFIGURE OUTPUT ${table_file} CONTENT "${table}")
   file(GLOB_RECURSE checked CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/*.cpp ${PROJECT_SOURCE_DIR}/src/*.hpp
-       ${PROJECT_SOURCE_DIR}/include/dmuon/*.hpp)
+       ${PROJECT_SOURCE_DIR}/src/*.cu ${PROJECT_SOURCE_DIR}/src/*.cuh ${PROJECT_SOURCE_DIR}/include/dmuon/*.hpp
+       ${PROJECT_SOURCE_DIR}/include/dmuon/*.h)
   set(stamp ${PROJECT_BINARY_DIR}/dmuon_layers.checked)
   add_custom_command(OUTPUT ${stamp}
     COMMAND ${CMAKE_COMMAND} -DSOURCE_DIR=${PROJECT_SOURCE_DIR} -DTABLE=${table_file} -DSTAMP=${stamp}

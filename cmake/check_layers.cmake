@@ -1,13 +1,16 @@
 cmake_minimum_required(VERSION 3.25)
 # Build-time check of the layering (cmake -P; see DmuonLayers.cmake). Every #include "dmuon/<h>" and
-# #include "<folder>/..." in src/<folder>/ and in the public headers of that folder's layer must name
-# a header of the same layer, of the base, or of a layer it declared in DEPENDS. Every public header
-# must belong to a layer. Fails with one line per offending include.
+# #include "<folder>/..." in src/<folder>/ (.cpp, .hpp, .cu, .cuh) and in the public headers of that folder's
+# layer must name a header of the same layer, of the base, or of a layer it declared in DEPENDS; an include of
+# another layer's subfolder ("backend/cuda/...": that layer's private code) is refused even then. The checked
+# folders that are no layer (src/capi, dmuon_checked_folder) are held to their DEPENDS the same way. Every
+# public header must belong to a layer. Fails with one line per offending include.
 #   -DSOURCE_DIR=<repo> -DTABLE=<dmuon_layers.cmake> -DSTAMP=<file touched on success>
 include(${TABLE})
 
 set(problems "")
-foreach(layer IN LISTS DMUON_LAYERS)
+set(folders ${DMUON_LAYERS} ${DMUON_CHECKED_FOLDERS})
+foreach(layer IN LISTS folders)
   foreach(h IN LISTS DMUON_LAYER_${layer}_HEADERS)
     if(DEFINED owner_of_${h})
       string(APPEND problems "include/dmuon/${h} is declared in layers ${owner_of_${h}} and ${layer}\n")
@@ -26,11 +29,12 @@ foreach(h IN LISTS public)
   endif()
 endforeach()
 
-foreach(layer IN LISTS DMUON_LAYERS)
+foreach(layer IN LISTS folders)
   set(allowed ${layer} base ${DMUON_LAYER_${layer}_DEPS})
   set(files "")
   if(IS_DIRECTORY ${SOURCE_DIR}/src/${layer})
-    file(GLOB_RECURSE files ${SOURCE_DIR}/src/${layer}/*.cpp ${SOURCE_DIR}/src/${layer}/*.hpp)
+    file(GLOB_RECURSE files ${SOURCE_DIR}/src/${layer}/*.cpp ${SOURCE_DIR}/src/${layer}/*.hpp
+         ${SOURCE_DIR}/src/${layer}/*.cu ${SOURCE_DIR}/src/${layer}/*.cuh)
   endif()
   foreach(h IN LISTS DMUON_LAYER_${layer}_HEADERS)
     list(APPEND files ${SOURCE_DIR}/include/dmuon/${h})
@@ -50,10 +54,15 @@ foreach(layer IN LISTS DMUON_LAYERS)
         set(target_layer ${owner_of_${h}})
       elseif(target MATCHES "^([^/]+)/")
         set(folder ${CMAKE_MATCH_1})
-        if(folder IN_LIST DMUON_LAYERS)
+        if(folder IN_LIST folders)
           set(target_layer ${folder})
         else()
           string(APPEND problems "${shown}: #include \"${target}\" names no layer's folder under src/\n")
+          continue()
+        endif()
+        if(NOT folder STREQUAL layer AND target MATCHES "^[^/]+/[^/]+/")
+          string(APPEND problems "${shown}: #include \"${target}\" reaches into a subfolder of layer ${folder}, "
+                                 "which is that layer's own: include src/${folder}/*.hpp or a public header\n")
           continue()
         endif()
       else()

@@ -94,15 +94,17 @@ function(dmuon_add_cuda_sources target)
   target_link_libraries(${target} PUBLIC CUDA::cudart CUDA::cublas)
 endfunction()
 
-# dmuon_gpu_check (tools/gpu_only): the GPU checks and `bench ns` on the GPU (bench/device_ns_bench.cpp) over `library`, with the ctest
-# `gpu_check` (exit 77 without a device: reported as skipped).
+# dmuon_gpu_check (bench/gpu_check): the GPU checks and `bench ns` on the GPU (bench/device_ns_bench.cpp) over
+# `library`, with the ctest `gpu_check` (exit 77 without a device: reported as skipped). Beside the library's public
+# headers it includes the backend's top-level internal headers (src/backend/*.hpp: the update rules' host loops,
+# bf16 rounding, the CUDA runtime check) and the tests' float64 Newton–Schulz reference (tests/support).
 function(dmuon_add_gpu_check library)
-  add_executable(dmuon_gpu_check ${PROJECT_SOURCE_DIR}/tools/gpu_only/gpu_check.cpp
-                                 ${PROJECT_SOURCE_DIR}/tools/gpu_only/kernel_checks.cpp
-                                 ${PROJECT_SOURCE_DIR}/tools/gpu_only/muon_step_bench.cpp
+  add_executable(dmuon_gpu_check ${PROJECT_SOURCE_DIR}/bench/gpu_check/gpu_check.cpp
+                                 ${PROJECT_SOURCE_DIR}/bench/gpu_check/kernel_checks.cpp
+                                 ${PROJECT_SOURCE_DIR}/bench/gpu_check/muon_step_bench.cpp
                                  ${PROJECT_SOURCE_DIR}/bench/device_ns_bench.cpp)
-  target_include_directories(dmuon_gpu_check PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tools
-                                                     ${PROJECT_SOURCE_DIR}/bench ${PROJECT_SOURCE_DIR}/tests/support)
+  target_include_directories(dmuon_gpu_check PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/bench
+                                                     ${PROJECT_SOURCE_DIR}/tests/support)
   target_link_libraries(dmuon_gpu_check PRIVATE ${library} CUDA::cudart CUDA::cublas)
   enable_testing()
   add_test(NAME gpu_check COMMAND dmuon_gpu_check test)

@@ -1,11 +1,11 @@
-// dmuon_gpu_check's CheckLog (tools/gpu_only/check_log.hpp), which the GPU-only check has no other test of here:
+// dmuon_gpu_check's CheckLog (bench/gpu_check/check_log.hpp), which the GPU-only check has no other test of here:
 // an exception in one guarded check fails that check alone, and the checks after it still run and count.
 #include <gtest/gtest.h>
 
 #include <string>
 
 #include "dmuon/error.hpp"
-#include "gpu_only/check_log.hpp"
+#include "gpu_check/check_log.hpp"
 
 namespace dmuon {
 namespace {

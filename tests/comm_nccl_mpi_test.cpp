@@ -10,7 +10,6 @@
 #include "dmuon/backend.hpp"
 #include "dmuon/comm.hpp"
 #ifdef DMUON_HAVE_NCCL
-#include "backend/cuda/cuda_backend.hpp"
 #include "dmuon/comm_nccl.hpp"
 #endif
 
@@ -56,11 +55,11 @@ class NcclComm : public ::testing::Test {
 #else
     mpi = world();
     // Every rank must take the same decision, or the ones that go on wait for the ones that skipped.
-    int64_t usable = mpi->node().size() <= cuda::device_count() ? 1 : 0;
+    int64_t usable = mpi->node().size() <= device_count(DeviceKind::cuda) ? 1 : 0;
     mpi->all_reduce<int64_t>(std::span<int64_t>(&usable, 1), ReduceOp::min).wait();
     if (usable == 0)
       GTEST_SKIP() << "needs one CUDA device per rank of a node (" << mpi->node().size() << " ranks, "
-                   << cuda::device_count() << " devices here); NCCL refuses two ranks on one GPU";
+                   << device_count(DeviceKind::cuda) << " devices here); NCCL refuses two ranks on one GPU";
     backend = &backend_for(DeviceKind::cuda, local_device_index(*mpi));
     nccl = nccl_world(mpi, *backend);
 #endif

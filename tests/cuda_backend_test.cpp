@@ -16,6 +16,9 @@
 #include "dmuon/backend.hpp"
 #include "dmuon/error.hpp"
 #include "strided_batch.hpp"
+#ifdef DMUON_HAVE_CUDA
+#include "backend/cuda/cuda_backend.hpp"  // cuda::blas_math_mode, cuda::device_count
+#endif
 
 namespace dmuon {
 namespace {
@@ -110,6 +113,25 @@ TEST(CudaBackendMathMode, AccumulatesInFloat32WithAndWithoutTf32) {
   }
 }
 #endif
+
+// Runs without a device: the public count (backend.hpp) is the CUDA runtime's where this build has the backend,
+// and a host backend has no native queue.
+TEST(DeviceCount, CountsWhatThisBuildCanUse) {
+  EXPECT_EQ(device_count(DeviceKind::cpu), 1);
+  EXPECT_EQ(device_count(DeviceKind::record), 1);
+#ifdef DMUON_HAVE_CUDA
+  EXPECT_EQ(device_count(DeviceKind::cuda), cuda::device_count());
+#else
+  EXPECT_EQ(device_count(DeviceKind::cuda), 0);
+#endif
+  EXPECT_EQ(cpu_backend().native_queue(), nullptr);
+}
+
+// Code above the seam orders its own work with a CUDA backend's through native_queue(): the backend's stream.
+TEST_F(CudaBackendTest, NativeQueueIsTheBackendsStream) {
+  EXPECT_NE(gpu->native_queue(), nullptr);
+  EXPECT_EQ(gpu->native_queue(), gpu->properties().native_queue);
+}
 
 struct ProductCase {
   bool ta, tb;

@@ -1,5 +1,6 @@
 cmake_minimum_required(VERSION 3.25)
-# The CUDA kernels round as the CPU backend does (src/backend/cuda/kernels.hpp): no multiply and add fused into
+# The CUDA kernels round as the CPU backend does (src/backend/cuda/kernels.hpp; the NCCL communicator's block
+# reduction, src/nccl/comm_kernels.cu, sums in rank order): no multiply and add fused into
 # one FMA, which nvcc does by default for a * b + c (its -fmad=true), so each kernel spells its arithmetic in
 # explicitly rounded intrinsics. Checked without a GPU: every kernel file compiled to PTX (compute_90, as the
 # build) holds no fma.rn instruction. (The double division and square root in the norms are single PTX
@@ -7,9 +8,10 @@ cmake_minimum_required(VERSION 3.25)
 #   -DNVCC=<nvcc> -DSOURCE_DIR=<repo> -DOUT=<scratch folder>
 file(MAKE_DIRECTORY ${OUT})
 set(problems "")
-foreach(name IN ITEMS matrix_kernels update_kernels comm_kernels)
+foreach(file IN ITEMS backend/cuda/matrix_kernels backend/cuda/update_kernels nccl/comm_kernels)
+  get_filename_component(name ${file} NAME)
   execute_process(COMMAND ${NVCC} -std=c++20 -ptx -arch=compute_90 -I${SOURCE_DIR}/include -I${SOURCE_DIR}/src
-                          ${SOURCE_DIR}/src/backend/cuda/${name}.cu -o ${OUT}/${name}.ptx
+                          ${SOURCE_DIR}/src/${file}.cu -o ${OUT}/${name}.ptx
                   RESULT_VARIABLE rc ERROR_VARIABLE err)
   if(NOT rc EQUAL 0)
     message(FATAL_ERROR "nvcc -ptx ${name}.cu failed: ${err}")
@@ -28,4 +30,4 @@ endforeach()
 if(problems)
   message(FATAL_ERROR "fused multiply-adds in kernels that must round as the CPU:\n${problems}")
 endif()
-message(STATUS "no fma.rn in matrix_kernels.cu, update_kernels.cu, comm_kernels.cu")
+message(STATUS "no fma.rn in backend/cuda/matrix_kernels.cu, update_kernels.cu, nccl/comm_kernels.cu")

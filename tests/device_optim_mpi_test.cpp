@@ -30,7 +30,6 @@
 #include "test_data.hpp"
 #include "toy_model.hpp"
 #ifdef DMUON_HAVE_NCCL
-#include "backend/cuda/cuda_backend.hpp"
 #include "dmuon/comm_nccl.hpp"
 #endif
 
@@ -292,7 +291,7 @@ TEST(CudaNccl, OptimizersOnEachRanksGpuMatchTheCpuWithinFloat32Rounding) {
 #else
   const auto world = test::world();
   // Every rank must take the same decision, or the ones that go on wait for the ones that skipped.
-  int64_t usable = world->node().size() <= cuda::device_count() ? 1 : 0;
+  int64_t usable = world->node().size() <= device_count(DeviceKind::cuda) ? 1 : 0;
   world->all_reduce<int64_t>(std::span<int64_t>(&usable, 1), ReduceOp::min).wait();
   if (usable == 0) GTEST_SKIP() << "needs one CUDA device per rank of a node; NCCL refuses two ranks on one GPU";
   Backend& gpu = backend_for(DeviceKind::cuda, comm::rank_device(*world));

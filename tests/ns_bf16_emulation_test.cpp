@@ -22,7 +22,7 @@ namespace {
 
 using test::MatD;
 
-// dmuon_gpu_check's bf16 cases (tools/gpu_only/gpu_check.cpp): shapes, inputs, DESIGN 2.2's half-precision restarts.
+// dmuon_gpu_check's bf16 cases (bench/gpu_check/gpu_check.cpp): shapes, inputs, DESIGN 2.2's half-precision restarts.
 const std::vector<std::pair<int64_t, int64_t>> kShapes = {{96, 512}, {512, 96}, {256, 256}};
 const std::vector<int> kRestarts = {1, 3};
 constexpr double kSharpLimit = 1e-3;     // GPU against the emulation, 1 and 2 steps

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
+#include "cli_kit/cli.hpp"
 #include "dmuon/error.hpp"
 
 namespace dmuon::cli {

@@ -2,7 +2,7 @@
 // full logical shape), assembled from however many ranks saved it. Optimizer state is not exported.
 #include <cstdio>
 
-#include "cli.hpp"
+#include "cli_kit/cli.hpp"
 #include "dmuon/checkpoint.hpp"
 #include "dmuon/checkpoint_rotation.hpp"
 

@@ -5,8 +5,8 @@
 #include <sstream>
 #include <string>
 
-#include "cli.hpp"
-#include "device_args.hpp"
+#include "cli_kit/cli.hpp"
+#include "cli_kit/device_args.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/npy.hpp"
 

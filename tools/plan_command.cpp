@@ -6,9 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli.hpp"
+#include "cli_kit/cli.hpp"
 #include "dmuon/plan.hpp"
-#include "model_args.hpp"
+#include "cli_kit/model_args.hpp"
 #include "plan_costs.hpp"
 
 namespace dmuon::cli {

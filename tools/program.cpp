@@ -1,5 +1,5 @@
 // The dmuon executable's name and description (cli.hpp: Program).
-#include "cli.hpp"
+#include "cli_kit/cli.hpp"
 
 namespace dmuon::cli {
 

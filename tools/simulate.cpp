@@ -7,11 +7,11 @@
 #include <sstream>
 #include <unistd.h>
 
-#include "cli.hpp"
+#include "cli_kit/cli.hpp"
 #include "dmuon/gpt.hpp"
 #include "dmuon/models.hpp"
-#include "e2e_configs.hpp"
-#include "model_args.hpp"
+#include "cli_kit/e2e_configs.hpp"
+#include "cli_kit/model_args.hpp"
 #include "console/plot.hpp"
 #include "console/progress.hpp"
 #include "dmuon/sim.hpp"

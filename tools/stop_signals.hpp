@@ -21,9 +21,4 @@ int stop_signal_received();
 // "SIGTERM", "SIGINT", "SIGUSR1", or "a signal".
 const char* stop_signal_name(int signal);
 
-// Thrown to leave the command with this exit status once everything is cleaned up (main.cpp).
-struct ExitStatus {
-  int code;
-};
-
 }  // namespace dmuon::cli

@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
-#include "field_flags.hpp"
+#include "cli_kit/cli.hpp"
+#include "cli_kit/field_flags.hpp"
 #include "console/progress.hpp"
 #include "stop_signals.hpp"
 #include "tune_session.hpp"

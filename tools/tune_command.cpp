@@ -4,10 +4,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "cli.hpp"
+#include "cli_kit/cli.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/tune.hpp"
-#include "model_args.hpp"
+#include "cli_kit/model_args.hpp"
 #include "tune_session.hpp"
 
 namespace dmuon::cli {

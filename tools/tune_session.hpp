@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
-#include "device_args.hpp"
+#include "cli_kit/cli.hpp"
+#include "cli_kit/device_args.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
 #include "console/progress.hpp"

@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
+#include "cli_kit/cli.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/statistics.hpp"
-#include "model_args.hpp"
+#include "cli_kit/model_args.hpp"
 #include "optim_bench.hpp"
 
 namespace dmuon::cli {

@@ -31,7 +31,7 @@
 #include <thread>
 #include <vector>
 
-#include "cli.hpp"
+#include "cli_kit/cli.hpp"
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/gpt.hpp"
@@ -39,8 +39,8 @@
 #include "dmuon/ns.hpp"
 #include "dmuon/optim.hpp"
 #include "dmuon/sim.hpp"
-#include "e2e_configs.hpp"
-#include "model_args.hpp"
+#include "cli_kit/e2e_configs.hpp"
+#include "cli_kit/model_args.hpp"
 #include "optim_bench.hpp"
 
 namespace dmuon::cli {

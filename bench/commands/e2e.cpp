@@ -10,12 +10,12 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
+#include "cli_kit/cli.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/statistics.hpp"
 #include "dmuon/trainer.hpp"
-#include "e2e_configs.hpp"
+#include "cli_kit/e2e_configs.hpp"
 #include "optim_bench.hpp"
 
 namespace dmuon::cli {

@@ -9,13 +9,13 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
-#include "device_args.hpp"
+#include "cli_kit/cli.hpp"
+#include "cli_kit/device_args.hpp"
 #include "dmuon/linalg.hpp"
 #ifdef DMUON_HAVE_NCCL
 #include "dmuon/comm_nccl.hpp"
 #endif
-#include "model_args.hpp"
+#include "cli_kit/model_args.hpp"
 #include "optim_bench.hpp"
 
 namespace dmuon::cli {

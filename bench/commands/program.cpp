@@ -1,5 +1,5 @@
 // The benchmarks' executable (cli.hpp: Program): `dmuon bench <command>` runs `dmuon-bench <command>`.
-#include "cli.hpp"
+#include "cli_kit/cli.hpp"
 
 namespace dmuon::cli {
 

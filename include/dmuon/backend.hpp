@@ -74,7 +74,7 @@ struct DeviceProperties {
   int index = 0;                 // the device's index (cuda:index); 0 on the CPU and the recorder
   std::string name;              // "NVIDIA H200"; on the CPU its BLAS ("OpenBLAS"), on the recorder "record"
   std::string versions;          // "CUDA runtime 13.0, driver 13.0, cuBLAS 13.1.0"; the BLAS's build on the CPU
-  void* native_queue = nullptr;  // the cudaStream_t this backend queues on; null on host backends
+  void* native_queue = nullptr;  // native_queue() below
 };
 
 class Backend {
@@ -90,6 +90,10 @@ class Backend {
   // Whether the host may read this backend's memory directly (CPU): then copies are memcpy and
   // synchronize() returns at once.
   virtual bool host_memory() const = 0;
+  // The queue this backend's work goes on, for code that queues its own work beside it and orders the two
+  // (the NCCL communicator, the C ABI's join with a caller's stream): a CUDA backend's cudaStream_t; null
+  // on host backends (this default).
+  virtual void* native_queue() const { return nullptr; }
 
   // ---- memory (Buffer below owns it) ----
   virtual void* allocate(size_t bytes) = 0;  // throws dmuon::Error when out of memory
@@ -214,6 +218,12 @@ class Buffer {
 
 // The process's CPU backend (OpenBLAS on host memory); thread-safe, lives for the whole process.
 Backend& cpu_backend();
+
+// How many devices of `device` this build can use on this machine, so that code above the seam never asks a
+// device library itself: cuda, the CUDA devices this process sees when the build has the CUDA backend (0
+// without it, without a driver or without a device; never throws); cpu 1 (0 in the GPU-only build, which has
+// no CPU backend); record 1 (a RecordingBackend needs no device).
+int device_count(DeviceKind device);
 
 // A backend for `device` (cuda: device `index`, created on first use and kept for the process). Throws
 // dmuon::Error naming the device when this build or machine lacks it.

@@ -1,5 +1,5 @@
 """torch.optim.Muon's step on a model's Muon matrices, in torch alone (no dmuon import): the torch counterpart of
-`dmuon_gpu_check bench muon` (tools/gpu_only/muon_step_bench.hpp) in scripts/gpu-check.sh.
+`dmuon_gpu_check bench muon` (bench/gpu_check/muon_step_bench.hpp) in scripts/gpu-check.sh.
 
 The matrices are those of a llama-family manifest (models/*.json: qwen2, llama, mistral; per layer q, k, v, o,
 gate, up, down, as dmuon's manifest loader lists them, src/io/models.cpp; tests/python/benchmarks_test.py checks

@@ -119,9 +119,27 @@ void Buffer::download(std::span<float> values, int64_t offset) const {
   if (!values.empty()) backend_->copy_to_host(values.data(), f32() + offset, values.size_bytes());
 }
 
+int cpu_device_count();  // 1 (src/backend/cpu), or 0 in the GPU-only build (no_cpu_backend.cpp)
 #ifdef DMUON_HAVE_CUDA
 Backend& cuda_backend(int index);  // src/backend/cuda
+namespace cuda {
+int device_count();  // src/backend/cuda
+}
 #endif
+
+int device_count(DeviceKind device) {
+  switch (device) {
+    case DeviceKind::cpu: return cpu_device_count();
+    case DeviceKind::cuda:
+#ifdef DMUON_HAVE_CUDA
+      return cuda::device_count();
+#else
+      return 0;
+#endif
+    case DeviceKind::record: return 1;
+  }
+  return 0;
+}
 
 Backend& backend_for(DeviceKind device, int index) {
   switch (device) {

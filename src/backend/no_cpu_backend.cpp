@@ -9,4 +9,6 @@ Backend& cpu_backend() {
   DMUON_FAIL("this GPU-only build of dmuon (DMUON_GPU_ONLY=ON) has no CPU backend; use backend_for(DeviceKind::cuda)");
 }
 
+int cpu_device_count() { return 0; }
+
 }  // namespace dmuon

@@ -5,8 +5,7 @@
 
 #include <string>
 
-#include "backend/cuda/check.hpp"
-#include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda_support.hpp"
 #include "capi/abi_calls.hpp"
 
 namespace dmuon::capi {
@@ -40,7 +39,7 @@ void order_after(cudaStream_t waiter, cudaStream_t signaller) {
 }  // namespace
 
 int cuda_devices() {
-  static const int count = cuda::device_count();
+  static const int count = device_count(DeviceKind::cuda);
   return count;
 }
 
@@ -66,11 +65,11 @@ int cuda_device_of(std::span<const void* const> pointers, const std::function<st
 
 void on_caller_stream(int device, void* stream, const std::function<void(Backend&)>& work) {
   CurrentDeviceKept kept;
-  auto& backend = static_cast<cuda::CudaBackend&>(cuda_backend(device));
+  Backend& backend = backend_for(DeviceKind::cuda, device);
+  const auto queue = static_cast<cudaStream_t>(backend.native_queue());
   const auto caller = static_cast<cudaStream_t>(stream);
   DMUON_CUDA_CHECK(cudaSetDevice(device));
-  run_joined(backend, {[&] { order_after(backend.stream(), caller); }, [&] { order_after(caller, backend.stream()); }},
-             work);
+  run_joined(backend, {[&] { order_after(queue, caller); }, [&] { order_after(caller, queue); }}, work);
 }
 
 }  // namespace dmuon::capi

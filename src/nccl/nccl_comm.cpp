@@ -9,14 +9,14 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/check.hpp"
-#include "backend/cuda/cuda_backend.hpp"  // cuda::device_count, cuda::query_event
-#include "backend/cuda/kernels.hpp"
+#include "backend/cuda_support.hpp"  // DMUON_CUDA_CHECK, cuda::query_event
 #include "comm/collective_checks.hpp"
 #include "comm/failure.hpp"
 #include "comm/polling.hpp"
+#include "dmuon/backend.hpp"
 #include "dmuon/comm_nccl.hpp"
 #include "dmuon/rank_agreement.hpp"
+#include "nccl/comm_kernels.hpp"
 
 namespace dmuon::comm {
 
@@ -224,7 +224,7 @@ class NcclComm : public Comm {
         }
       });
       if (mine > 0) {
-        cuda::launch_reduce_blocks(blocks, recv, mine, size_, t, op, stream_);
+        launch_reduce_blocks(blocks, recv, mine, size_, t, op, stream_);
         DMUON_CUDA_CHECK(cudaFreeAsync(blocks, stream_));
       }
     });
@@ -330,7 +330,7 @@ int rank_device(Comm& mpi_world) {
   std::array<uint8_t, 16> uuid{};
   const std::exception_ptr missing = capture_failure(
       [&] {
-        const int count = cuda::device_count();
+        const int count = device_count(DeviceKind::cuda);
         DMUON_CHECK(index < count, "rank ", mpi_world.rank(), " is rank ", index, " of ", node.size(),
                     " on its node, which has ", count, " usable CUDA device(s): NCCL needs a GPU of its own for "
                     "every rank (two ranks cannot share one), so start at most ", count, " rank(s) per node");

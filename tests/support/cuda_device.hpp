@@ -5,9 +5,6 @@
 #include <string>
 
 #include "dmuon/backend.hpp"
-#ifdef DMUON_HAVE_CUDA
-#include "backend/cuda/cuda_backend.hpp"
-#endif
 
 namespace dmuon::test {
 
@@ -16,7 +13,7 @@ inline Backend* cuda_backend_or_null(std::string* why) {
   *why = "this build has no CUDA backend (DMUON_CUDA=OFF or no CUDA toolkit)";
   return nullptr;
 #else
-  if (cuda::device_count() == 0) {
+  if (device_count(DeviceKind::cuda) == 0) {
     *why = "no CUDA device on this machine (cudaGetDeviceCount)";
     return nullptr;
   }

@@ -259,4 +259,6 @@ Backend& cpu_backend() {
   return *backend;
 }
 
+int cpu_device_count() { return 1; }
+
 }  // namespace dmuon

@@ -1,24 +1,11 @@
-// Error checks for the CUDA runtime and cuBLAS: a failed call becomes dmuon::Error naming the call, the
-// library's own error string and the source line (as llm.c's cudaCheck). A failed runtime call also leaves its
-// error as the thread's last error; DMUON_CUDA_CHECK clears it before throwing, so that a caller who handles the
-// exception does not see it again from the next launch check (cudaGetLastError). Sticky errors (a faulting
-// kernel) cannot be cleared and keep failing every call, as they should.
+// Error checks for the CUDA runtime (DMUON_CUDA_CHECK, backend/cuda_support.hpp) and cuBLAS: a failed call
+// becomes dmuon::Error naming the call, the library's own error string and the source line (as llm.c's cudaCheck).
 #pragma once
 
 #include <cublas_v2.h>
-#include <cuda_runtime_api.h>
 
+#include "backend/cuda_support.hpp"
 #include "dmuon/error.hpp"
-
-#define DMUON_CUDA_CHECK(call)                                                                           \
-  do {                                                                                                   \
-    const cudaError_t dmuon_cuda_rc = (call);                                                            \
-    if (dmuon_cuda_rc != cudaSuccess) {                                                                  \
-      (void)cudaGetLastError();                                                                          \
-      DMUON_FAIL("CUDA: ", #call, " failed: ", cudaGetErrorName(dmuon_cuda_rc), " (",                    \
-                 cudaGetErrorString(dmuon_cuda_rc), ")");                                                \
-    }                                                                                                    \
-  } while (0)
 
 #define DMUON_CUBLAS_CHECK(call)                                                                         \
   do {                                                                                                   \

@@ -147,7 +147,7 @@ std::string CudaBackend::description() const {
 }
 
 DeviceProperties CudaBackend::properties() const {
-  return {device_, device_name(device_), library_versions(), static_cast<void*>(stream_)};
+  return {device_, device_name(device_), library_versions(), native_queue()};
 }
 
 void CudaBackend::check_device(const MatView& v, const char* op, const char* name) const {

@@ -3,7 +3,7 @@
 // for one X·Xᵀ, GemmEx otherwise; bfloat16: GemmEx / GemmStridedBatchedEx with float32 accumulation; a batch is
 // one strided-batched call per product); elementwise ops and reductions are the kernels of kernels.hpp. Nothing
 // waits for the device except copy_to_host, synchronize and Event::wait. Internal header: code outside
-// src/backend reaches the device and its stream through Backend::properties().
+// src/backend reaches the device and its stream through Backend::properties() and Backend::native_queue().
 #pragma once
 
 #include <cublas_v2.h>
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/cuda/cublas_calls.hpp"
+#include "backend/cuda_support.hpp"
 #include "dmuon/backend.hpp"
 
 namespace dmuon::cuda {
@@ -37,6 +38,7 @@ class CudaBackend final : public Backend {
   DeviceKind device() const override { return DeviceKind::cuda; }
   std::string description() const override;
   DeviceProperties properties() const override;  // native_queue: stream()
+  void* native_queue() const override { return stream_; }
   bool supports(DType dtype) const override { return dtype == DType::f32 || dtype == DType::bf16; }
   bool host_memory() const override { return false; }
 
@@ -115,11 +117,9 @@ class CudaBackend final : public Backend {
 // and every product's reduction in float32 (CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION, DESIGN's float32
 // accumulation; PyTorch's allow_bf16_reduced_precision_reduction = False).
 cublasMath_t blas_math_mode(bool tf32);
-// cudaEventQuery leaving no error behind: a cudaErrorNotReady answer also becomes the thread's last error, which the
-// next launch check (cudaGetLastError) would report as its own failure; cleared here, as PyTorch's CUDAEvent::query
-// clears it. The NCCL communicator's polling and dmuon_gpu_check's not-ready check use it.
-cudaError_t query_event(cudaEvent_t event);
-// The number of CUDA devices this process sees (0 without a driver or device: never throws).
+// query_event: backend/cuda_support.hpp.
+// The number of CUDA devices this process sees (0 without a driver or device: never throws); above the backend,
+// device_count(DeviceKind::cuda) (backend.hpp).
 int device_count();
 // "NVIDIA H200" for device `index`.
 std::string device_name(int index);

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "backend/cuda/check.hpp"
+#include "backend/cuda_support.hpp"
 #include "dmuon/backend.hpp"
 
 namespace dmuon::cuda {
@@ -36,14 +36,7 @@ inline DeviceView device_view(const MatView& v) {
   return {v.data, v.dtype, v.rows, v.cols, v.ld, v.count, v.batch_stride};
 }
 
-constexpr int kThreads = 256;
-
-// Blocks for a grid-stride loop over n items.
-inline unsigned grid_for(int64_t n) {
-  return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 8192));
-}
-
-inline void check_launch() { DMUON_CUDA_CHECK(cudaGetLastError()); }
+// kThreads, grid_for and check_launch: backend/cuda_support.hpp.
 
 // partials[b·P + p] = Σ of load(b, i)² over the i ≡ p·kThreads + t (mod P·kThreads) of matrix b, tree-summed in
 // the block: a fixed order, so the result is the same every run.

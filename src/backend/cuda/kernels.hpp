@@ -35,10 +35,4 @@ void launch_muon_momentum(const float* grad, float grad_scale, float* momentum, 
 void launch_muon_apply(float* w, const float* o, int64_t n, float decay, float neg_lr, float scale,
                        cudaStream_t stream);
 
-// ---- communication helpers (src/nccl/nccl_comm.cpp) ----
-// out[i] = op over b of blocks[b·n + i], b = 0..count−1 in that order (average: the sum divided by count).
-// type: f32, f64, i64 or u8.
-void launch_reduce_blocks(const void* blocks, void* out, int64_t n, int count, DType type, ReduceOp op,
-                          cudaStream_t stream);
-
 }  // namespace dmuon::cuda

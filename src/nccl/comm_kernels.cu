@@ -1,12 +1,17 @@
 // The NCCL communicator's local reduction: an uneven reduce-scatter receives every rank's block of its part
 // (grouped ncclSend/ncclRecv) and sums them here in rank order, so the result does not depend on arrival order.
+#include "nccl/comm_kernels.hpp"
+
 #include <cstdint>
 
-#include "backend/cuda/device_view.cuh"
-#include "backend/cuda/kernels.hpp"
+#include "backend/cuda_support.hpp"
 #include "dmuon/error.hpp"
 
-namespace dmuon::cuda {
+namespace dmuon::comm {
+
+using cuda::check_launch;
+using cuda::grid_for;
+using cuda::kThreads;
 
 namespace {
 
@@ -59,4 +64,4 @@ void launch_reduce_blocks(const void* blocks, void* out, int64_t n, int count, D
   DMUON_FAIL("the block reduction of an uneven NCCL reduce-scatter takes no ", to_string(type), " buffers");
 }
 
-}  // namespace dmuon::cuda
+}  // namespace dmuon::comm

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
+#include "cli_kit/cli.hpp"
 #include "dmuon/data.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/gpt.hpp"

@@ -15,9 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
-#include "field_flags.hpp"
-#include "stop_signals.hpp"
+#include "cli_kit/cli.hpp"
+#include "cli_kit/field_flags.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/rank_agreement.hpp"

@@ -5,7 +5,7 @@
 
 #include <string>
 
-#include "cli.hpp"
+#include "cli_kit/cli.hpp"
 #include "dmuon/backend.hpp"
 #include "dmuon/error.hpp"
 

@@ -16,7 +16,7 @@
 #include <string>
 #include <vector>
 
-#include "cli.hpp"
+#include "cli_kit/cli.hpp"
 #include "dmuon/comm.hpp"
 
 namespace {

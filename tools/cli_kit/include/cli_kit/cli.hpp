@@ -33,6 +33,12 @@ extern const Program kProgram;
 // Called by main(): adds every registered subcommand.
 void add_registered_subcommands(CLI::App& app);
 
+// Thrown by a subcommand to leave with this exit status once everything is cleaned up (main.cpp), e.g.
+// `dmuon train` stopped by a signal after a complete step (kStoppedExitCode, tools/stop_signals.hpp).
+struct ExitStatus {
+  int code;
+};
+
 // Called by main() once every option exists: integer options read "010" as ten, not octal 8.
 void read_integers_as_decimal(CLI::App& app);
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "backend/bf16.hpp"
-#include "backend/cuda/cuda_backend.hpp"
+#include "backend/cuda_support.hpp"  // cuda::query_event
 #include "backend/update_rule_loops.hpp"
 #include "dmuon/error.hpp"
 
@@ -387,7 +387,7 @@ void check_graph_eviction(Backend& gpu, CheckLog& log) {
 // does is noted from a plain cudaEventQuery; then cuda::query_event (the NCCL communicator's poll) must leave
 // nothing behind, so that the next launch's check succeeds. Vacuous (noted) when the event has fired already.
 void check_not_ready_query(Backend& gpu, CheckLog& log) {
-  auto& cuda_gpu = static_cast<cuda::CudaBackend&>(gpu);
+  const auto stream = static_cast<cudaStream_t>(gpu.native_queue());
   const int64_t n = 4096;
   Buffer x(gpu, DType::bf16, n * n), y(gpu, DType::f32, n * n);
   gpu.fill(x.view(n, n), 0.01f);
@@ -395,7 +395,7 @@ void check_not_ready_query(Backend& gpu, CheckLog& log) {
     for (int i = 0; i < 8; ++i) gpu.gemm(false, true, 1.0f, x.view(n, n), x.view(n, n), 0.0f, y.view(n, n));
     cudaEvent_t event = nullptr;
     DMUON_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming) == cudaSuccess &&
-                    cudaEventRecord(event, cuda_gpu.stream()) == cudaSuccess,
+                    cudaEventRecord(event, stream) == cudaSuccess,
                 "creating or recording an event failed");
     return event;
   };

@@ -1,5 +1,5 @@
 // Field names to command-line flags (field_flags.hpp).
-#include "field_flags.hpp"
+#include "cli_kit/field_flags.hpp"
 
 #include <algorithm>
 #include <regex>

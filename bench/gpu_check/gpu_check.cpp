@@ -17,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/cuda_backend.hpp"
 #include "check_log.hpp"
 #include "device_ns_bench.hpp"
 #include "dmuon/backend.hpp"
@@ -213,7 +212,7 @@ int bench_muon(int argc, char** argv) {
 int run(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
   if (command == "test") {
-    if (cuda::device_count() == 0) {
+    if (device_count(DeviceKind::cuda) == 0) {
       std::printf("skipped: no CUDA device on this machine\n");
       return 77;
     }
