@@ -27,10 +27,14 @@
   offload      a CPUOffloadPolicy on a block with held matrices is refused at the unit's first use
   compile      (2 ranks) each block under torch.compile after fully_shard, with the held hooks:
                3 steps as eager within float32 rounding
+  no reads     3 steps with clipping active, their checks settled as a GPU's are (later), read no
+               tensor back inside step() (torch_step_sync_test's guard), and give the same weights,
+               bit for bit, as steps settled at once
 
 Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc 2 -- tests/python/torch_owner_held_habits_test.py
 """
 
+import contextlib
 import copy
 
 import torch
@@ -44,11 +48,13 @@ from torch.nn.parallel import DistributedDataParallel
 import dmuon.torch
 from dmuon.torch import DMuon, HeldElsewhereError, hold_on_owners
 from dmuon.torch.held import HeldElsewhere
+from dmuon.torch.gradient_check import GradientCheck
 from dmuon.torch.held.buffer import HeldBuffer
 from dmuon.torch.mpirun import init_process_group
 from owner_held_model import Net, global_batches, loss_of, make_net, rank_slice
 from rank_checks import check, finish
 from rank_exit import exit_rank
+from torch_step_sync_test import no_host_reads
 
 BATCH = 12
 HYPER = dict(lr=0.02, momentum=0.9, weight_decay=0.01, adamw_lr=3e-3, adamw_weight_decay=0.01)
@@ -431,8 +437,38 @@ def check_compile():
         check(error <= FLOAT32_TOLERANCE, f"compile: {name} relative error {error:.2e} to eager")
 
 
+def check_no_host_reads():
+    def run(deferred):
+        net = make_net()
+        held = build(net)
+        opt = DMuon(net, clip_grad_norm=0.01, **HYPER)
+        arrived = GradientCheck.arrived
+        if deferred:
+            GradientCheck.arrived = lambda self: False
+        try:
+            for tokens in global_batches(3, BATCH):
+                loss_of(net, rank_slice(tokens, RANK, WORLD)).backward()
+                with no_host_reads() if deferred else contextlib.nullcontext():
+                    opt.step()
+                opt.zero_grad()
+        finally:
+            GradientCheck.arrived = arrived
+        check(opt.updates == 3, f"no reads: {opt.updates} updates")
+        check(opt.last_grad_norm > 0.01, f"no reads: clipping never active (norm {opt.last_grad_norm})")
+        return full_weights(net, held)
+
+    try:
+        deferred = run(True)
+    except AssertionError as e:
+        check(False, f"no reads: {e}")
+        return
+    at_once = run(False)
+    check(all(torch.equal(deferred[n], at_once[n]) for n in at_once), "no reads: weights differ from steps settled at once")
+
+
 def main():
     check_reads()
+    check_no_host_reads()
     for kind in ("fsdp2", "ddp") + (("hsdp",) if WORLD == 4 else ()):
         check_clipping(kind)
     memory = check_meta_init()
