@@ -49,35 +49,30 @@ class GradientCheck:
     def __init__(self, comm, grads, counted, taking_part, max_norm, device):
         n, world = len(grads), comm.world
         present = [i for i, g in enumerate(grads) if g is not None]
-        flags_device = comm.tensor_device()
+        head = torch.zeros(1 + world, dtype=torch.float64, device=device)  # [Σ g², first bad per rank]
         if present:
             norms = torch.stack(torch._foreach_norm([grads[i] for i in present])).to(device, torch.float64)
             finite = torch.isfinite(norms)
             counts = to_device([bool(counted[i]) for i in present], torch.bool, device)
-            square_sum = torch.where(finite & counts, norms * norms, 0.0).sum()
+            head[0] = torch.where(finite & counts, norms * norms, 0.0).sum()
             place = to_device([i + 1.0 for i in present], torch.float64, device)
             first_bad = torch.where(finite, math.inf, place).min()
-            first_bad = torch.where(torch.isinf(first_bad), 0.0, first_bad)
-            head = torch.zeros(1 + world, dtype=torch.float64, device=device)
-            head[0] = square_sum
-            head[1 + comm.rank] = first_bad
-        else:
-            head = torch.zeros(1 + world, dtype=torch.float64, device=device)
+            head[1 + comm.rank] = torch.where(torch.isinf(first_bad), 0.0, first_bad)
         has = [0.0] * n
         for i in present:
             has[i] = 1.0
+        flags_device = comm.tensor_device()
         flags = torch.cat([head.to(flags_device), to_device(has + [float(t) for t in taking_part], torch.float64,
                                                             flags_device)])
         reduced = comm.all_reduce_sum(flags)
-        self.totals = reduced.to(device)  # a CPU group's result moves to the gradients' device
-        self._world = world
-        finite_everywhere = self.totals[1:1 + world].sum() == 0
-        self.keep = (self.totals[1 + world:1 + world + n] > 0) & finite_everywhere  # (n,) bool
-        self.finite = finite_everywhere                                        # () bool
-        self.norm = self.totals[0].sqrt()                                      # () float64
+        totals = reduced.to(device)  # a CPU group's result moves to the gradients' device
+        self._world, self._n = world, n
+        self.finite = totals[1:1 + world].sum() == 0                      # () bool
+        self.keep = (totals[1 + world:1 + world + n] > 0) & self.finite   # (n,) bool
         self.grad_scale = None
         if max_norm is not None:
-            self.grad_scale = torch.where(self.norm > max_norm, max_norm / (self.norm + 1e-6), 1.0)
+            norm = totals[0].sqrt()
+            self.grad_scale = torch.where(norm > max_norm, max_norm / (norm + 1e-6), 1.0)
         self._ready = None
         if reduced.device.type == "cpu":
             self._host = reduced
@@ -90,8 +85,7 @@ class GradientCheck:
     def first_disagreement(self):
         """(index, ranks taking part) of the first parameter that some ranks but not all take part in,
         else None. Reads the vector: call it only when arrived()."""
-        n = (len(self._host) - 1 - self._world) // 2
-        parts = self._host[1 + self._world + n:].tolist()
+        parts = self._host[1 + self._world + self._n:].tolist()
         return next(((i, int(c)) for i, c in enumerate(parts) if 0 < c < self._world), None)
 
     def arrived(self):
@@ -103,8 +97,7 @@ class GradientCheck:
         if self._ready is not None:
             self._ready.synchronize()
         totals = self._host.tolist()
-        world = self._world
+        world, n = self._world, self._n
         bad = [(r, int(totals[1 + r]) - 1) for r in range(world) if totals[1 + r] > 0]
-        n = (len(totals) - 1 - world) // 2
         return Verdict(bad=bad, any_gradient=any(v > 0 for v in totals[1 + world:1 + world + n]),
                        norm=math.sqrt(totals[0]))

@@ -309,19 +309,23 @@ class DMuon(torch.optim.Optimizer):
         """The AdamW parameters' step: per param group, one fused call for those with a gradient here
         (skipped when any gradient is non-finite) and one per parameter without one here (zeros,
         skipped unless another rank has its gradient)."""
-        for group in self.param_groups:
-            if group["use_muon"]:
+        with_grad, without = {}, []  # with_grad: id(param group) → indices
+        for i, group in enumerate(self._groups):
+            if group["use_muon"] or not taking_part[i]:
                 continue
-            with_grad, without = [], []
-            for i in (i for i, g in enumerate(self._groups) if g is group and taking_part[i]):
-                (with_grad if grads[i] is not None else without).append(i)
-            if with_grad:
-                self._adamw_call(with_grad, [grads[i] for i in with_grad], group, check, ~check.finite)
-            for i in without:
-                local = self._layouts[i].local(self._layouts[i].tensor)
-                self._adamw_call([i], [torch.zeros_like(local)], group, check, ~check.keep[i])
+            if grads[i] is None:
+                without.append(i)
+            else:
+                with_grad.setdefault(id(group), []).append(i)
+        for indices in with_grad.values():
+            self._adamw_call(indices, [grads[i] for i in indices], check, ~check.finite)
+        for i in without:
+            local = self._layouts[i].local(self._layouts[i].tensor)
+            self._adamw_call([i], [torch.zeros_like(local)], check, ~check.keep[i])
 
-    def _adamw_call(self, indices, grads, group, check, skip):
+    def _adamw_call(self, indices, grads, check, skip):
+        """One fused AdamW call for parameters `indices` of one param group."""
+        group = self._groups[indices[0]]
         layouts = [self._layouts[i] for i in indices]
         states = [self.state[l.tensor] for l in layouts]
         adamw_step([l.local(l.tensor) for l in layouts], grads, [l.local(st["exp_avg"]) for l, st in zip(layouts, states)],
