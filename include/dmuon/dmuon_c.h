@@ -27,7 +27,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature below changes; python/dmuon checks it when it loads the library. */
-#define DMUON_C_ABI_VERSION 2
+#define DMUON_C_ABI_VERSION 3
 DMUON_C_API int dmuon_abi_version(void);
 
 /* Return codes. */
@@ -98,6 +98,41 @@ DMUON_C_API int dmuon_ns_set_check_finite(dmuon_ns* ns, int check);
  * float32 copy of its largest bfloat16 batch per device for reuse until it is destroyed. */
 DMUON_C_API int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* const* in, void* const* out,
                  int64_t batch, int64_t rows, int64_t cols, const char* const* names);
+
+/* ---- Muon's update rule around Newton-Schulz (DESIGN 1) ----
+ *
+ * For a step that keeps its per-step values on the device (dmuon.torch's: nothing in it waits for the device).
+ * Tensors come as n data pointers with n sizes (elements) and n dtype codes (float32 updated in place; bfloat16
+ * widened to float32, computed on and rounded back once per value). Two values stay where the step computed
+ * them, read by the device and never by the host: keep[i] points at one float32 in the data's memory (0: tensor
+ * i's update changes nothing, bit for bit; keep NULL: every tensor is updated) and grad_scale at one float32, the
+ * gradients' factor (clipping; NULL: 1). Device and stream as for dmuon_ns_run; none of these calls waits for the
+ * device, except dmuon_muon_update with a handle whose finite check is on (dmuon_ns_set_check_finite). Rounding
+ * as torch.optim's float32 order: 1-beta and beta rounded from double separately (lerp_'s weights),
+ * 1 - lr*weight_decay, -lr and each scale rounded once to float32. */
+
+/* M <- lerp(M, g, 1-beta); U = nesterov ? lerp(g, M, beta) : M, for n tensors, g = grads[i]*grad_scale (grads[i]
+ * NULL: a zero gradient); where keep[i] is 0, g is taken as M (so M stays bit for bit and U = M). u[i] may equal
+ * grads[i]. */
+DMUON_C_API int dmuon_muon_momentum(int device, void* stream, int64_t n, const int64_t* sizes, const void* const* grads,
+                                    const int* grad_dtypes, void* const* momenta, const int* momentum_dtypes,
+                                    void* const* u, const int* u_dtypes, const float* const* keep,
+                                    const float* grad_scale, double beta, int nesterov);
+
+/* W <- W*(1 - lr*weight_decay) - lr*(O*scales[i]) for n tensors, where keep[i] is not 0. */
+DMUON_C_API int dmuon_muon_apply(int device, void* stream, int64_t n, const int64_t* sizes, void* const* w,
+                                 const int* w_dtypes, const void* const* o, const int* o_dtypes,
+                                 const float* const* keep, double lr, double weight_decay, const double* scales);
+
+/* The whole update of `batch` same-shape rows x cols matrices held here whole (their owner's), in one call: the
+ * momentum of dmuon_muon_momentum into a float32 U, O = orth(U) by `ns` (its coefficients, steps and tuned kernel;
+ * bfloat16 iterates where the device computes in bfloat16, as dmuon_ns_run on bfloat16 data), then the apply of
+ * dmuon_muon_apply with the one `scale`. names (NULL or `batch` strings) as for dmuon_ns_run. */
+DMUON_C_API int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_t batch, int64_t rows, int64_t cols,
+                                  const void* const* grads, const int* grad_dtypes, void* const* momenta,
+                                  const int* momentum_dtypes, void* const* w, const int* w_dtypes,
+                                  const float* const* keep, const float* grad_scale, double beta, int nesterov,
+                                  double lr, double weight_decay, double scale, const char* const* names);
 
 /* ---- AdamW ---- */
 

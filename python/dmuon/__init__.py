@@ -17,6 +17,8 @@ from dmuon._capi import (
     adamw_step,
     default_tune_cache_path,
     model_params,
+    muon_apply,
+    muon_momentum,
     plan_owners,
     supports,
     tune,
@@ -26,5 +28,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEVICE_CPU", "DEVICE_CUDA", "DTYPE_BF16", "DTYPE_F32", "DmuonError", "Orthogonalizer", "UnsupportedError",
-    "adamw_step", "default_tune_cache_path", "model_params", "plan_owners", "supports", "tune",
+    "adamw_step", "default_tune_cache_path", "model_params", "muon_apply", "muon_momentum", "plan_owners", "supports",
+    "tune",
 ]

@@ -10,7 +10,7 @@ import json
 import os
 import pathlib
 
-ABI_VERSION = 2  # DMUON_C_ABI_VERSION
+ABI_VERSION = 3  # DMUON_C_ABI_VERSION
 
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 DTYPE_F32, DTYPE_BF16 = 0, 1
@@ -41,6 +41,7 @@ def _load():
     c_int, c_i64, c_char_p, c_void_p = ctypes.c_int, ctypes.c_int64, ctypes.c_char_p, ctypes.c_void_p
     c_size_t = ctypes.c_size_t
     p_i64 = ctypes.POINTER(c_i64)
+    p_void, p_int = ctypes.POINTER(c_void_p), ctypes.POINTER(c_int)
     signatures = {
         "dmuon_abi_version": (c_int, []),
         "dmuon_last_error": (c_char_p, []),
@@ -52,6 +53,13 @@ def _load():
         "dmuon_ns_set_check_finite": (c_int, [c_void_p, c_int]),
         "dmuon_ns_run": (c_int, [c_void_p, c_int, c_int, c_void_p, ctypes.POINTER(c_void_p),
                                  ctypes.POINTER(c_void_p), c_i64, c_i64, c_i64, ctypes.POINTER(c_char_p)]),
+        "dmuon_muon_momentum": (c_int, [c_int, c_void_p, c_i64, p_i64, p_void, p_int, p_void, p_int, p_void, p_int,
+                                        p_void, c_void_p, ctypes.c_double, c_int]),
+        "dmuon_muon_apply": (c_int, [c_int, c_void_p, c_i64, p_i64, p_void, p_int, p_void, p_int, p_void,
+                                     ctypes.c_double, ctypes.c_double, ctypes.POINTER(ctypes.c_double)]),
+        "dmuon_muon_update": (c_int, [c_void_p, c_int, c_void_p, c_i64, c_i64, c_i64, p_void, p_int, p_void, p_int,
+                                      p_void, p_int, p_void, c_void_p, ctypes.c_double, c_int, ctypes.c_double,
+                                      ctypes.c_double, ctypes.c_double, ctypes.POINTER(c_char_p)]),
         "dmuon_adamw_step": (c_int, [c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_i64, c_i64,
                                      ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double,
                                      ctypes.c_double, ctypes.c_float]),
@@ -88,6 +96,19 @@ def _cache_arg(tune_cache):
 
 def _i64_array(values):
     return (ctypes.c_int64 * len(values))(*values)
+
+
+def _pointers(values):
+    """A C array of pointers (ints; None for NULL)."""
+    return (ctypes.c_void_p * max(len(values), 1))(*values)
+
+
+def _ints(values):
+    return (ctypes.c_int * max(len(values), 1))(*values)
+
+
+def _names(names):
+    return None if names is None else (ctypes.c_char_p * max(len(names), 1))(*[n.encode() for n in names])
 
 
 def _read_string(fn, *args):
@@ -134,6 +155,17 @@ class Orthogonalizer:
         name_arr = None if names is None else (ctypes.c_char_p * batch)(*[n.encode() for n in names])
         _check(_lib.dmuon_ns_run(self._handle, device, dtype, stream, in_arr, out_arr, batch, rows, cols, name_arr))
 
+    def muon_update(self, grads, momenta, params, rows, cols, keep, grad_scale, beta, nesterov, lr, weight_decay,
+                    scale, device=DEVICE_CPU, stream=None, names=None):
+        """Muon's whole update of same-shape rows×cols matrices held here whole, in one call (dmuon_muon_update):
+        grads, momenta, params are sequences of (pointer, DTYPE_*) (a grad's pointer None: zeros); keep: None or
+        one pointer per matrix to a float32 flag on the device; grad_scale: None or a pointer to one float32."""
+        batch = len(params)
+        _check(_lib.dmuon_muon_update(self._handle, device, stream, batch, rows, cols, *_operands(grads),
+                                      *_operands(momenta), *_operands(params), _keep(keep, batch), grad_scale,
+                                      float(beta), int(bool(nesterov)), float(lr), float(weight_decay), float(scale),
+                                      _names(names)))
+
     def close(self):
         if self._handle:
             _lib.dmuon_ns_destroy(self._handle)
@@ -141,6 +173,36 @@ class Orthogonalizer:
 
     def __del__(self):
         self.close()
+
+
+def _operands(pairs):
+    """(pointers, dtype codes) C arrays of a sequence of (pointer, DTYPE_*)."""
+    return _pointers([p for p, _ in pairs]), _ints([d for _, d in pairs])
+
+
+def _keep(keep, n):
+    if keep is None:
+        return None
+    if len(keep) != n:
+        raise ValueError(f"keep has {len(keep)} pointers for {n} tensors")
+    return _pointers(keep)
+
+
+def muon_momentum(sizes, grads, momenta, u, keep, grad_scale, beta, nesterov, device=DEVICE_CPU, stream=None):
+    """Muon's momentum and U of tensors of `sizes` elements (dmuon_muon_momentum): grads, momenta, u are
+    sequences of (pointer, DTYPE_*) (a grad's pointer None: zeros); keep, grad_scale as Orthogonalizer.muon_update's."""
+    n = len(sizes)
+    _check(_lib.dmuon_muon_momentum(device, stream, n, _i64_array(sizes), *_operands(grads), *_operands(momenta),
+                                    *_operands(u), _keep(keep, n), grad_scale, float(beta), int(bool(nesterov))))
+
+
+def muon_apply(sizes, params, updates, keep, lr, weight_decay, scales, device=DEVICE_CPU, stream=None):
+    """W ← W·(1 − lr·wd) − lr·(O·scale) of tensors of `sizes` elements (dmuon_muon_apply): params, updates are
+    sequences of (pointer, DTYPE_*), scales one per tensor; keep as Orthogonalizer.muon_update's."""
+    n = len(sizes)
+    _check(_lib.dmuon_muon_apply(device, stream, n, _i64_array(sizes), *_operands(params), *_operands(updates),
+                                 _keep(keep, n), float(lr), float(weight_decay),
+                                 (ctypes.c_double * max(n, 1))(*scales)))
 
 
 def adamw_step(p, grad, exp_avg, exp_avg_sq, n, step, lr, betas, eps, weight_decay, grad_scale=1.0,

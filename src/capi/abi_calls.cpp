@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "dmuon/error.hpp"
+#include "dmuon/update_rules.hpp"
 
 namespace dmuon::capi {
 
@@ -100,6 +101,109 @@ void ns_run(Backend& backend, DType storage, std::span<const void* const> in, st
   }
   newton_schulz_batched(backend, u, u, e, names, norms);
   for (int64_t i = 0; i < batch; ++i) backend.convert(u[i], dense_view(backend, out[i], DType::bf16, rows, cols));
+}
+
+NsOptions muon_ns_options(const Backend& backend, const std::vector<TuneEntry>& tuned, const NsOptions& defaults,
+                          int64_t rows, int64_t cols, int64_t batch) {
+  const NsOptions options = tuned.empty() || !backend.host_memory()
+                                ? defaults
+                                : tuned_options(tuned, rows, cols, static_cast<int>(batch), defaults);
+  return ns_options_for(backend, DType::bf16, options);
+}
+
+namespace {
+
+// An operand's values as float32 on the backend: the operand itself when float32, else `slot` (room for its
+// values), filled from it when `read`.
+float* widened(Backend& backend, const Operand& x, int64_t n, float* slot, bool read) {
+  if (x.dtype == DType::f32) return static_cast<float*>(x.data);
+  if (read) backend.convert(dense_view(backend, x.data, x.dtype, 1, n), dense_view(backend, slot, DType::f32, 1, n));
+  return slot;
+}
+
+// Rounds `wide` back into the operand when it is not float32 (wide is then its slot).
+void narrowed(Backend& backend, const float* wide, const Operand& x, int64_t n) {
+  if (x.dtype == DType::f32) return;
+  backend.convert(dense_view(backend, const_cast<float*>(wide), DType::f32, 1, n), dense_view(backend, x.data, x.dtype, 1, n));
+}
+
+// One tensor's momentum: the rule on n values, U written to `u` (float32, or its slot and rounded back).
+void momentum_of(Backend& backend, int64_t n, const Operand& grad, const Operand& momentum, const Operand& u,
+                 const float* keep, const StepFlags& flags, double beta, bool nesterov, float* slots) {
+  rules::MuonMomentum rule;
+  if (grad.data != nullptr) rule.grad = {backend, widened(backend, grad, n, slots, true), static_cast<size_t>(n)};
+  float* m = widened(backend, momentum, n, slots + n, true);
+  float* out = widened(backend, u, n, slots + 2 * n, false);
+  rule.momentum = {backend, m, static_cast<size_t>(n)};
+  rule.u = {backend, out, static_cast<size_t>(n)};
+  rule.one_minus_beta = static_cast<float>(1.0 - beta);  // rounded from double separately, as torch's lerp_ weights
+  rule.beta = static_cast<float>(beta);
+  rule.nesterov = nesterov;
+  rule.device_grad_scale = flags.grad_scale;
+  rule.keep = keep;
+  backend.run(UpdateRule{rule});
+  narrowed(backend, m, momentum, n);
+  narrowed(backend, out, u, n);
+}
+
+// One tensor's apply: W ← W·decay + (−lr)·(O·scale) where kept.
+void apply_of(Backend& backend, int64_t n, const Operand& w, const Operand& o, const float* keep, double lr,
+              double weight_decay, double scale, float* slots) {
+  rules::MuonApply rule;
+  float* wide_w = widened(backend, w, n, slots, true);
+  rule.w = {backend, wide_w, static_cast<size_t>(n)};
+  rule.o = {backend, widened(backend, o, n, slots + n, true), static_cast<size_t>(n)};
+  rule.decay = static_cast<float>(1.0 - lr * weight_decay);
+  rule.neg_lr = static_cast<float>(-lr);
+  rule.scale = static_cast<float>(scale);
+  rule.keep = keep;
+  backend.run(UpdateRule{rule});
+  narrowed(backend, wide_w, w, n);
+}
+
+int64_t largest(std::span<const int64_t> sizes) {
+  int64_t n = 0;
+  for (int64_t s : sizes) n = std::max(n, s);
+  return n;
+}
+
+}  // namespace
+
+void muon_momentum_run(Backend& backend, std::span<const int64_t> sizes, std::span<const Operand> grads,
+                       std::span<const Operand> momenta, std::span<const Operand> u, const StepFlags& flags,
+                       double beta, bool nesterov, Staging& staging) {
+  float* slots = staging.take(backend, 3 * largest(sizes));
+  for (size_t i = 0; i < sizes.size(); ++i)
+    momentum_of(backend, sizes[i], grads[i], momenta[i], u[i], flags.keep_of(i), flags, beta, nesterov, slots);
+}
+
+void muon_apply_run(Backend& backend, std::span<const int64_t> sizes, std::span<const Operand> w,
+                    std::span<const Operand> o, const StepFlags& flags, double lr, double weight_decay,
+                    std::span<const double> scales, Staging& staging) {
+  float* slots = staging.take(backend, 2 * largest(sizes));
+  for (size_t i = 0; i < sizes.size(); ++i)
+    apply_of(backend, sizes[i], w[i], o[i], flags.keep_of(i), lr, weight_decay, scales[i], slots);
+}
+
+void muon_update_run(Backend& backend, int64_t rows, int64_t cols, std::span<const Operand> grads,
+                     std::span<const Operand> momenta, std::span<const Operand> w, const StepFlags& flags, double beta,
+                     bool nesterov, double lr, double weight_decay, double scale, const NsOptions& options,
+                     std::span<const std::string> names, Staging& staging, bool check_finite) {
+  const auto batch = static_cast<int64_t>(w.size());
+  const int64_t n = rows * cols;
+  // [U_0 … U_{batch−1} | three slots of one matrix for the widened operands]
+  float* stack = staging.take(backend, (batch + 3) * n);
+  float* slots = stack + batch * n;
+  double* norms = check_finite ? nullptr : staging.norms(backend, batch);
+  std::vector<MatView> u(w.size());
+  for (int64_t i = 0; i < batch; ++i) {
+    const Operand ui{stack + i * n, DType::f32};
+    momentum_of(backend, n, grads[i], momenta[i], ui, flags.keep_of(i), flags, beta, nesterov, slots);
+    u[i] = dense_view(backend, ui.data, DType::f32, rows, cols);
+  }
+  newton_schulz_batched(backend, u, u, options, names, norms);
+  for (int64_t i = 0; i < batch; ++i)
+    apply_of(backend, n, w[i], {stack + i * n, DType::f32}, flags.keep_of(i), lr, weight_decay, scale, slots);
 }
 
 void adamw_run(Backend& backend, DType storage, void* p, const void* grad, void* m, void* v, int64_t n,

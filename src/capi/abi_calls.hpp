@@ -12,9 +12,11 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "dmuon/backend.hpp"
 #include "dmuon/ns.hpp"
+#include "dmuon/tune.hpp"
 
 namespace dmuon::capi {
 
@@ -56,6 +58,45 @@ NsOptions ns_options_for(const Backend& backend, DType storage, const NsOptions&
 void ns_run(Backend& backend, DType storage, std::span<const void* const> in, std::span<void* const> out,
             int64_t rows, int64_t cols, const NsOptions& options, std::span<const std::string> names,
             Staging& staging, bool check_finite = true);
+
+// The options a Muon update's Newton–Schulz of `batch` rows×cols matrices runs with on `backend`: the tuned kernel
+// where `tuned` has the shape (tuned for the CPU: a GPU runs `defaults`), bfloat16 iterates where the backend computes
+// in bfloat16 (a GPU; DESIGN 2.2), else float32.
+NsOptions muon_ns_options(const Backend& backend, const std::vector<TuneEntry>& tuned, const NsOptions& defaults,
+                          int64_t rows, int64_t cols, int64_t batch);
+
+// One tensor of a multi-tensor call: `data` in the caller's storage type, `size` elements.
+struct Operand {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+};
+
+// The values a Muon step keeps on the device (dmuon_c.h): per tensor a pointer to its keep flag (null: kept), and
+// the gradients' factor (null: 1). The host never reads them.
+struct StepFlags {
+  std::span<const float* const> keep;  // one per tensor, or empty: every tensor is updated
+  const float* grad_scale = nullptr;
+  const float* keep_of(size_t i) const { return keep.empty() ? nullptr : keep[i]; }
+};
+
+// Muon's momentum for tensors i of sizes[i] values: M_i ← lerp(M_i, g_i, 1−β), U_i = nesterov ? lerp(g_i, M_i, β) : M_i
+// (rules::MuonMomentum; grads[i].data null: a zero gradient). float32 operands are used in place, bfloat16 ones widened
+// into `staging` and rounded back once.
+void muon_momentum_run(Backend& backend, std::span<const int64_t> sizes, std::span<const Operand> grads,
+                       std::span<const Operand> momenta, std::span<const Operand> u, const StepFlags& flags,
+                       double beta, bool nesterov, Staging& staging);
+
+// W_i ← W_i·(1 − lr·wd) − lr·(O_i·scales[i]) where kept (rules::MuonApply), operands as muon_momentum_run's.
+void muon_apply_run(Backend& backend, std::span<const int64_t> sizes, std::span<const Operand> w,
+                    std::span<const Operand> o, const StepFlags& flags, double lr, double weight_decay,
+                    std::span<const double> scales, Staging& staging);
+
+// The whole update of w.size() rows×cols matrices held here: momentum into a float32 U in `staging`, O = orth(U) in
+// place with `options` (check_finite as ns_run's), then the apply with `scale`.
+void muon_update_run(Backend& backend, int64_t rows, int64_t cols, std::span<const Operand> grads,
+                     std::span<const Operand> momenta, std::span<const Operand> w, const StepFlags& flags, double beta,
+                     bool nesterov, double lr, double weight_decay, double scale, const NsOptions& options,
+                     std::span<const std::string> names, Staging& staging, bool check_finite);
 
 // One AdamW step (constants k) on n values of `storage` at p, grad, m, v in `backend`'s memory, in place.
 void adamw_run(Backend& backend, DType storage, void* p, const void* grad, void* m, void* v, int64_t n,

@@ -129,6 +129,57 @@ void on_device(int device, void* stream, std::span<const void* const> pointers,
 #endif
 }
 
+// The n operands of a multi-tensor call: data[i] (null only where `optional`) of dtypes[i], named what[i] in errors.
+std::vector<dmuon::capi::Operand> operands(const char* what, int64_t n, const void* const* data, const int* dtypes,
+                                           const void* stream, int device, bool optional = false) {
+  require(data != nullptr && dtypes != nullptr, std::string(what) + " and its dtypes must be given");
+  std::vector<dmuon::capi::Operand> out(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    require(optional || data[i] != nullptr, std::string(what) + "[" + std::to_string(i) + "] is NULL");
+    out[i] = {const_cast<void*>(data[i]), check_device_dtype(device, dtypes[i], stream)};
+  }
+  return out;
+}
+
+// Every pointer a call touches, for on_device (which finds the GPU from them), named "<what>[i]".
+struct Touched {
+  std::vector<const void*> pointers;
+  std::vector<std::string> names;
+  void add(const char* what, std::span<const dmuon::capi::Operand> xs) {
+    for (size_t i = 0; i < xs.size(); ++i) add(what, i, xs[i].data);
+  }
+  void add(const char* what, size_t i, const void* p) {
+    if (p == nullptr) return;
+    pointers.push_back(p);
+    names.push_back(std::string(what) + "[" + std::to_string(i) + "]");
+  }
+  std::function<std::string(size_t)> name_of() const {
+    return [this](size_t i) { return names[i]; };
+  }
+};
+
+// The step flags of n tensors (keep: NULL or n pointers, grad_scale: NULL or one), touched for on_device.
+dmuon::capi::StepFlags step_flags(int64_t n, const float* const* keep, const float* grad_scale, Touched& touched) {
+  dmuon::capi::StepFlags flags;
+  if (keep != nullptr) {
+    flags.keep = {keep, static_cast<size_t>(n)};
+    for (int64_t i = 0; i < n; ++i) {
+      require(keep[i] != nullptr, "keep[" + std::to_string(i) + "] is NULL (give NULL for the whole array instead)");
+      touched.add("keep", static_cast<size_t>(i), keep[i]);
+    }
+  }
+  flags.grad_scale = grad_scale;
+  touched.add("grad_scale", 0, grad_scale);
+  return flags;
+}
+
+void require_sizes(int64_t n, const int64_t* sizes) {
+  require(n >= 0, "n must be >= 0, got " + std::to_string(n));
+  require(n == 0 || sizes != nullptr, "sizes must be given");
+  for (int64_t i = 0; i < n; ++i)
+    require(sizes[i] >= 0, "sizes[" + std::to_string(i) + "] is " + std::to_string(sizes[i]));
+}
+
 // NULL: no cache; "": the default path; else the path itself.
 const char* resolve_cache(const char* tune_cache, std::string& storage) {
   if (tune_cache == nullptr) return nullptr;
@@ -239,6 +290,80 @@ int dmuon_adamw_step(int device, int dtype, void* stream, void* p, const void* g
     const auto name_of = [](size_t i) { return std::string(std::array{"p", "grad", "exp_avg", "exp_avg_sq"}[i]); };
     on_device(device, stream, pointers, name_of, [&](dmuon::Backend& backend) {
       dmuon::capi::adamw_run(backend, storage, p, grad, exp_avg, exp_avg_sq, n, k, grad_scale, staging);
+    });
+  });
+}
+
+int dmuon_muon_momentum(int device, void* stream, int64_t n, const int64_t* sizes, const void* const* grads,
+                        const int* grad_dtypes, void* const* momenta, const int* momentum_dtypes, void* const* u,
+                        const int* u_dtypes, const float* const* keep, const float* grad_scale, double beta,
+                        int nesterov) {
+  return guarded("dmuon_muon_momentum", [&] {
+    require_sizes(n, sizes);
+    require(beta >= 0 && beta < 1, "beta must be in [0, 1), got " + std::to_string(beta));
+    if (n == 0) return;
+    const auto g = operands("grads", n, grads, grad_dtypes, stream, device, true);
+    const auto m = operands("momenta", n, momenta, momentum_dtypes, stream, device);
+    const auto us = operands("u", n, u, u_dtypes, stream, device);
+    Touched touched;
+    touched.add("grads", g);
+    touched.add("momenta", m);
+    touched.add("u", us);
+    const dmuon::capi::StepFlags flags = step_flags(n, keep, grad_scale, touched);
+    thread_local dmuon::capi::Staging staging;  // per thread, as the function is reentrant
+    on_device(device, stream, touched.pointers, touched.name_of(), [&](dmuon::Backend& backend) {
+      dmuon::capi::muon_momentum_run(backend, {sizes, static_cast<size_t>(n)}, g, m, us, flags, beta, nesterov != 0,
+                                     staging);
+    });
+  });
+}
+
+int dmuon_muon_apply(int device, void* stream, int64_t n, const int64_t* sizes, void* const* w, const int* w_dtypes,
+                     const void* const* o, const int* o_dtypes, const float* const* keep, double lr,
+                     double weight_decay, const double* scales) {
+  return guarded("dmuon_muon_apply", [&] {
+    require_sizes(n, sizes);
+    if (n == 0) return;
+    require(scales != nullptr, "scales must be given");
+    const auto ws = operands("w", n, w, w_dtypes, stream, device);
+    const auto os = operands("o", n, o, o_dtypes, stream, device);
+    Touched touched;
+    touched.add("w", ws);
+    touched.add("o", os);
+    const dmuon::capi::StepFlags flags = step_flags(n, keep, nullptr, touched);
+    thread_local dmuon::capi::Staging staging;
+    on_device(device, stream, touched.pointers, touched.name_of(), [&](dmuon::Backend& backend) {
+      dmuon::capi::muon_apply_run(backend, {sizes, static_cast<size_t>(n)}, ws, os, flags, lr, weight_decay,
+                                  {scales, static_cast<size_t>(n)}, staging);
+    });
+  });
+}
+
+int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_t batch, int64_t rows, int64_t cols,
+                      const void* const* grads, const int* grad_dtypes, void* const* momenta,
+                      const int* momentum_dtypes, void* const* w, const int* w_dtypes, const float* const* keep,
+                      const float* grad_scale, double beta, int nesterov, double lr, double weight_decay,
+                      double scale, const char* const* names) {
+  return guarded("dmuon_muon_update", [&] {
+    require(ns != nullptr, "handle is NULL");
+    require(batch >= 0, "batch must be >= 0, got " + std::to_string(batch));
+    require(rows >= 1 && cols >= 1, "shape must be positive, got " + std::to_string(rows) + "x" + std::to_string(cols));
+    require(beta >= 0 && beta < 1, "beta must be in [0, 1), got " + std::to_string(beta));
+    if (batch == 0) return;
+    const auto g = operands("grads", batch, grads, grad_dtypes, stream, device, true);
+    const auto m = operands("momenta", batch, momenta, momentum_dtypes, stream, device);
+    const auto ws = operands("w", batch, w, w_dtypes, stream, device);
+    Touched touched;
+    touched.add("grads", g);
+    touched.add("momenta", m);
+    touched.add("w", ws);
+    const dmuon::capi::StepFlags flags = step_flags(batch, keep, grad_scale, touched);
+    std::vector<std::string> labels;
+    for (int64_t i = 0; names && i < batch; ++i) labels.emplace_back(names[i] ? names[i] : "matrix");
+    on_device(device, stream, touched.pointers, touched.name_of(), [&](dmuon::Backend& backend) {
+      const dmuon::NsOptions options = dmuon::capi::muon_ns_options(backend, ns->tuned, ns->defaults, rows, cols, batch);
+      dmuon::capi::muon_update_run(backend, rows, cols, g, m, ws, flags, beta, nesterov != 0, lr, weight_decay, scale,
+                                   options, labels, ns->staging, ns->check_finite);
     });
   });
 }

@@ -12,6 +12,11 @@ on a grid of R replicas × S shards (layout.py); per bucket of same-shape matric
            batched engine call), and sends every other rank holding rows of a matrix, in every
            replica, its rows of O (a second all_to_all_single, async)
   finish:  every rank applies its rows of O: W ← W·(1 − lr·wd) − lr·s·O
+Each phase is one engine call (muon_update.py): per param group of the bucket the momentum of every
+local part and the apply of every local part, per bucket the Newton–Schulz of the owner's stack. A
+bucket whose matrices this rank owns and alone holds (owner-held ones, every bucket of a one-rank
+group) skips the phases: one engine call per param group does momentum, Newton–Schulz and apply,
+while the first travelling bucket's rows are in flight.
 So every matrix is orthogonalized once in the whole job and all replicas apply the same O (their
 weights stay bit-identical). A matrix its owner holds whole (a replicated parameter, an expert of a
 stack sharded by experts) sends no U; a collective with nothing to move on any rank is not called.
@@ -27,7 +32,7 @@ from functools import cached_property
 import torch
 
 import dmuon
-from dmuon.torch.muon_update import muon_apply, muon_momentum
+from dmuon.torch.muon_update import StepValues, muon_apply, muon_momentum, muon_update
 
 
 def matrices_of(global_shape, experts):
@@ -140,39 +145,72 @@ class MuonStep:
     dmuon.Orthogonalizer."""
 
     def __init__(self, comm, ns, momentum, grads, check):
-        self.comm, self.ns, self.momentum, self.grads, self.check = comm, ns, momentum, grads, check
+        self.comm, self.ns, self.momentum, self.grads = comm, ns, momentum, grads
+        self.values = StepValues(check)
         self.ns_seconds = 0.0
         self.ns_matrices = 0
 
     def run(self, buckets):
+        me = self.comm.rank
         buckets = [b for b in buckets if b]
-        if not buckets:
-            return
-        launched = self._launch(buckets[0])
+        alone = [all(k.owner == me and not k.u_travels and not k.o_travels for k in b) for b in buckets]
+        travelling = [b for b, a in zip(buckets, alone) if not a]
+        launched = self._launch(travelling[0]) if travelling else None
+        for bucket in (b for b, a in zip(buckets, alone) if a):  # while the first bucket's rows travel
+            self._update_held(bucket)
         previous = None
-        for k in range(len(buckets)):
-            following = self._launch(buckets[k + 1]) if k + 1 < len(buckets) else None
-            current = self._compute(buckets[k], launched)
+        for k in range(len(travelling)):
+            following = self._launch(travelling[k + 1]) if k + 1 < len(travelling) else None
+            current = self._compute(travelling[k], launched)
             if previous is not None:
                 self._finish(*previous)
-            previous = (buckets[k], current)
+            previous = (travelling[k], current)
             launched = following
-        self._finish(*previous)
+        if previous is not None:
+            self._finish(*previous)
 
-    # ---- per parameter ----
+    # ---- per parameter group of a bucket (hyper-parameters are the group's) ----
 
-    def _form_u(self, index, group):
-        """U of parameter `index` on this rank's local tensor, shaped as it, in the momentum's dtype."""
-        return muon_momentum(self.momentum(index), self.grads[index], group["momentum"], group["nesterov"],
-                             self.check.keep[index], self.check.grad_scale)
+    @staticmethod
+    def _by_group(items, group_of):
+        """items split by param group, in first-seen order."""
+        out = {}
+        for item in items:
+            out.setdefault(id(group_of(item)), []).append(item)
+        return list(out.values())
 
-    def _apply(self, k, update):
-        """The update of matrix k's rows on this rank from their rows of O."""
-        values = k.local_view(k.layout.local(k.layout.tensor))
-        lr = k.group["lr"]  # a float, or a 1-element tensor as torch.optim's (used as it is: no read)
-        if torch.is_tensor(lr):
-            lr = lr.reshape(())
-        muon_apply(values, update, lr, k.group["weight_decay"], k.scale, self.check.keep[k.index])
+    def _form_u(self, indices, groups):
+        """{index: U} of parameters `indices` (groups[index] their param group) on this rank's local
+        tensors, shaped as them, in the momentum's dtype: one engine call per param group."""
+        u = {}
+        for part in self._by_group(indices, lambda i: groups[i]):
+            group = groups[part[0]]
+            entries = [(i, self.momentum(i), self.grads[i]) for i in part]
+            u.update(zip(part, muon_momentum(entries, group["momentum"], group["nesterov"], self.values)))
+        return u
+
+    def _apply(self, pairs):
+        """The update of this rank's rows of matrices from their rows of O, for (k, O rows) pairs: one
+        engine call per param group."""
+        for part in self._by_group(pairs, lambda pair: pair[0].group):
+            group = part[0][0].group
+            muon_apply([(k.index, k.local_view(k.layout.local(k.layout.tensor)), update, k.scale) for k, update in part],
+                       group["lr"], group["weight_decay"], self.values)
+
+    def _update_held(self, bucket):
+        """The whole update of matrices this rank holds whole and alone (nothing travels): momentum,
+        Newton–Schulz and apply in one engine call per param group."""
+        for part in self._by_group(bucket, lambda k: k.group):
+            entries = []
+            for k in part:
+                grad = self.grads[k.index]
+                entries.append((k.index, k.local_view(k.layout.local(k.layout.tensor)),
+                                k.local_view(self.momentum(k.index)), None if grad is None else k.local_view(grad)))
+            t0 = time.perf_counter()
+            muon_update(self.ns, entries, part[0].rows, part[0].cols, part[0].group, part[0].scale, self.values,
+                        [k.name for k in part])
+            self.ns_seconds += time.perf_counter() - t0
+            self.ns_matrices += len(part)
 
     def _orthogonalize(self, stack, owned):
         """Newton–Schulz in place on stack (K, rows, cols), contiguous, in the engine's dtype."""
@@ -192,10 +230,8 @@ class MuonStep:
 
     def _launch(self, bucket):
         c, me = self.comm, self.comm.rank
-        u = {}
-        for k in bucket:
-            if k.index not in u:
-                u[k.index] = self._form_u(k.index, k.group)
+        groups = {k.index: k.group for k in bucket}
+        u = self._form_u(list(groups), groups)
         if not any(k.u_travels for k in bucket):
             return u, None, None
         # Send: my rows of U of every matrix whose owner is another rank of my replica; the owner
@@ -262,10 +298,11 @@ class MuonStep:
         full, owned, received, work = computed
         if work is not None:
             work.wait()
+        pairs = []  # (matrix, this rank's rows of its O)
         for j, k in enumerate(owned):
             start, count = k.rank_rows[me]
             if count:
-                self._apply(k, full[j, start:start + count])
+                pairs.append((k, full[j, start:start + count]))
         by_owner = [[] for _ in range(c.world)]
         for k in bucket:
             if k.owner != me and k.rank_rows[me][1]:
@@ -274,5 +311,7 @@ class MuonStep:
         for k in (k for owner in by_owner for k in owner):
             count = k.rank_rows[me][1]
             n = count * k.cols
-            self._apply(k, received[offset:offset + n].view(count, k.cols))
+            pairs.append((k, received[offset:offset + n].view(count, k.cols)))
             offset += n
+        if pairs:
+            self._apply(pairs)

@@ -1,35 +1,118 @@
-"""Muon's update rule on one rank's rows of a matrix (DESIGN 1), as functions of tensors: the part
-before Newton–Schulz and the part after it. Both modes call them through muon_step.py: the all-to-all
-mode on each rank's rows (its U rows travel to the owner and its O rows back between the two), the
-owner-centric mode on the owner's whole matrices (nothing travels).
+"""Muon's update rule (DESIGN 1) on tensors, by the engine's multi-tensor calls (include/dmuon/dmuon_c.h):
+the part before Newton–Schulz (momentum and U), the part after it (the apply), and, for matrices held whole
+here by their owner, both with the Newton–Schulz between them in one call. muon_step.py makes one call
+per bucket and param group for each part; this module turns tensors into the engine's pointers.
 
-Whether the step updates the matrix at all (`keep`: it has a gradient on some rank, and every gradient
-of the step is finite) is a 0-dim bool tensor on the device, not a host branch (gradient_check.py):
-with keep false both functions leave their tensors as they were, bit for bit."""
+The step's values stay on the device (gradient_check.py): per parameter `keep` (it has a gradient on some
+rank and every gradient is finite; false: its update changes nothing, bit for bit) and the clipping factor
+are float32 device tensors whose addresses the engine's kernels read. The host reads neither.
+
+The engine takes float32 and bfloat16 operands (bfloat16 is widened, computed on in float32 and rounded
+back once). A tensor of another dtype (a float64 parameter, float16 state) or layout goes through a float32
+copy, an output's copied back after the call: the arithmetic is float32 either way."""
 
 import torch
 
+import dmuon
 
-def muon_momentum(buf, grad, beta, nesterov, keep, grad_scale=None):
-    """M ← β·M + (1−β)·g (in place in buf); returns U = nesterov ? (1−β)·g + β·M : M. buf: the momentum
-    (its dtype is the arithmetic's); grad: the gradient, None for zeros; keep: false takes g as M, so
-    M stays as it was and a non-finite g leaves no trace; grad_scale: the clipping factor (a 0-dim
-    tensor) or None."""
-    g = torch.zeros_like(buf) if grad is None else grad.to(buf.dtype)
-    if grad_scale is not None:
-        g = g * grad_scale
-    g = torch.where(keep, g, buf)
-    buf.lerp_(g, 1.0 - beta)
-    return torch.lerp(g, buf, beta) if nesterov else buf
+CODES = {torch.float32: dmuon.DTYPE_F32, torch.bfloat16: dmuon.DTYPE_BF16}
 
 
-def muon_apply(values, update, lr, weight_decay, scale, keep):
-    """W ← W·(1 − lr·wd) − lr·s·O in place in values where keep, computed in the wider of the two dtypes
-    (float32 at least) and rounded once to the parameter's. lr: a float or a 1-element tensor."""
-    wide = torch.promote_types(torch.promote_types(values.dtype, update.dtype), torch.float32)
-    w = values if wide == values.dtype else values.to(wide)
-    if weight_decay:
-        w.mul_(torch.where(keep, 1.0 - lr * weight_decay, 1.0))
-    w.addcmul_(update, torch.where(keep, -lr * scale, 0.0))
-    if w is not values:
-        values.copy_(w)
+def engine_device(device):
+    """(device code, stream) of the engine's calls on tensors on `device`."""
+    if device.type == "cuda":
+        return dmuon.DEVICE_CUDA, torch.cuda.current_stream(device).cuda_stream
+    return dmuon.DEVICE_CPU, None
+
+
+def host_number(value):
+    """A hyper-parameter as a float: a float as it is, a 1-element tensor read (on the CPU, where LR
+    schedulers keep it, no wait for a device)."""
+    return float(value) if torch.is_tensor(value) else value
+
+
+class StepValues:
+    """The engine's view of a step's GradientCheck: per parameter index a pointer to its keep flag, and a
+    pointer to the clipping factor (None without clipping), both float32 on the gradients' device."""
+
+    def __init__(self, check):
+        self._keep = check.keep.to(torch.float32)
+        self._grad_scale = None if check.grad_scale is None else check.grad_scale.to(torch.float32)
+
+    def keep(self, indices):
+        base, size = self._keep.data_ptr(), self._keep.element_size()
+        return [base + i * size for i in indices]
+
+    @property
+    def grad_scale(self):
+        return None if self._grad_scale is None else self._grad_scale.data_ptr()
+
+
+class Operands:
+    """(pointer, dtype code) pairs of tensors for one engine call, with the copies that need it: an input
+    of another dtype or layout is read through a float32 copy; an output is written through one and copied
+    back by write_back(). Holds the copies until the call has returned (the engine orders its work in the
+    tensors' stream, so the caching allocator may then reuse them)."""
+
+    def __init__(self):
+        self._copies, self._back = [], []
+
+    def read(self, t):
+        if t is None:
+            return None, dmuon.DTYPE_F32
+        if t.dtype not in CODES or not t.is_contiguous():
+            t = t.to(torch.float32, memory_format=torch.contiguous_format)
+            self._copies.append(t)
+        return t.data_ptr(), CODES[t.dtype]
+
+    def write(self, t):
+        if t.dtype in CODES and t.is_contiguous():
+            return t.data_ptr(), CODES[t.dtype]
+        wide = t.to(torch.float32, memory_format=torch.contiguous_format)
+        self._back.append((t, wide))
+        return wide.data_ptr(), dmuon.DTYPE_F32
+
+    def write_back(self):
+        for t, wide in self._back:
+            t.copy_(wide)
+
+
+def muon_momentum(entries, beta, nesterov, values):
+    """M ← lerp(M, g, 1−β) in place and U = nesterov ? lerp(g, M, β) : M for each (index, momentum, grad)
+    of `entries` (grad None: zeros; momentum contiguous, float32 or bfloat16); returns the U tensors (the
+    momentum's dtype and shape), in order. values: the step's StepValues."""
+    ops = Operands()
+    u = [torch.empty_like(m) for _, m, _ in entries]
+    device, stream = engine_device(entries[0][1].device)
+    dmuon.muon_momentum([m.numel() for _, m, _ in entries], [ops.read(g) for _, _, g in entries],
+                        [ops.write(m) for _, m, _ in entries], [ops.write(x) for x in u],
+                        values.keep([i for i, _, _ in entries]), values.grad_scale, beta, nesterov,
+                        device=device, stream=stream)
+    ops.write_back()
+    return u
+
+
+def muon_apply(entries, lr, weight_decay, values):
+    """W ← W·(1 − lr·wd) − lr·(O·scale) in place for each (index, W, O, scale) of `entries`, where the
+    parameter is kept; computed in float32 and rounded once to W's dtype."""
+    ops = Operands()
+    device, stream = engine_device(entries[0][1].device)
+    dmuon.muon_apply([w.numel() for _, w, _, _ in entries], [ops.write(w) for _, w, _, _ in entries],
+                     [ops.read(o) for _, _, o, _ in entries], values.keep([i for i, _, _, _ in entries]),
+                     host_number(lr), weight_decay, [s for _, _, _, s in entries], device=device, stream=stream)
+    ops.write_back()
+
+
+def muon_update(ns, entries, rows, cols, group, scale, values, names):
+    """The whole update of rows×cols matrices held here whole, one call: for each (index, W, momentum,
+    grad) of `entries` (views of shape (rows, cols)), the momentum, O = orth(U) by the Orthogonalizer
+    `ns`, and the apply with `scale` and the param group's hyper-parameters."""
+    ops = Operands()
+    device, stream = engine_device(entries[0][1].device)
+    grads = [ops.read(g) for _, _, _, g in entries]
+    momenta = [ops.write(m) for _, _, m, _ in entries]
+    params = [ops.write(w) for _, w, _, _ in entries]
+    ns.muon_update(grads, momenta, params, rows, cols, values.keep([i for i, _, _, _ in entries]), values.grad_scale,
+                   group["momentum"], group["nesterov"], host_number(group["lr"]), group["weight_decay"], scale,
+                   device=device, stream=stream, names=names)
+    ops.write_back()
