@@ -15,6 +15,7 @@
 
 #include "dmuon/backend.hpp"
 #include "dmuon/ns.hpp"
+#include "dmuon/update_rules.hpp"
 
 namespace dmuon::capi {
 
