@@ -81,10 +81,12 @@ else()
   message(STATUS "dmuon: CUDA backend OFF (DMUON_CUDA=OFF)")
 endif()
 
-# Adds the CUDA backend's kernels and host code (src/backend/cuda/*.cu, compiled by nvcc) to `target` (the
-# backend layer, or dmuon_gpu). Its call descriptors (cublas_calls.cpp) are plain C++ in every build.
+# Adds the CUDA backend's kernels and host code (src/backend/cuda/*.cu) and the update rules' CUDA launchers
+# (src/backend/rules/*.cu), compiled by nvcc, to `target` (the backend layer, or dmuon_gpu). Its call descriptors
+# (cublas_calls.cpp) are plain C++ in every build.
 function(dmuon_add_cuda_sources target)
-  file(GLOB _cuda_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu)
+  file(GLOB _cuda_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu
+       ${PROJECT_SOURCE_DIR}/src/backend/rules/*.cu)
   add_library(${target}_cuda OBJECT ${_cuda_sources})
   target_include_directories(${target}_cuda PRIVATE ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
   target_link_libraries(${target}_cuda PRIVATE CUDA::cudart CUDA::cublas)
@@ -96,8 +98,9 @@ endfunction()
 
 # dmuon_gpu_check (bench/gpu_check): the GPU checks and `bench ns` on the GPU (bench/device_ns_bench.cpp) over
 # `library`, with the ctest `gpu_check` (exit 77 without a device: reported as skipped). Beside the library's public
-# headers it includes the backend's top-level internal headers (src/backend/*.hpp: the update rules' host loops,
-# bf16 rounding, the CUDA runtime check) and the tests' float64 Newton–Schulz reference (tests/support).
+# headers it includes the backend's top-level internal headers (src/backend/*.hpp: bf16 rounding, the CUDA runtime
+# check), the update rules' element code (src/backend/rules/<rule>.hpp: its host loops are the references) and the
+# tests' float64 Newton–Schulz reference (tests/support).
 function(dmuon_add_gpu_check library)
   add_executable(dmuon_gpu_check ${PROJECT_SOURCE_DIR}/bench/gpu_check/gpu_check.cpp
                                  ${PROJECT_SOURCE_DIR}/bench/gpu_check/kernel_checks.cpp

@@ -6,9 +6,10 @@ if(NOT DMUON_HAVE_CUDA)
   message(FATAL_ERROR "dmuon: DMUON_GPU_ONLY=ON needs the CUDA toolkit (nvcc, cuBLAS)")
 endif()
 # Every source of the two layers, subfolders included (backend/record: ns/kernel_calls.cpp records on it), but
-# the CPU backend's: src/backend/no_cpu_backend.cpp stands in for it (the full build has it, and skips that file).
+# the CPU backend's (src/backend/cpu/ and the rules' CPU launchers, src/backend/rules/*.cpp):
+# src/backend/no_cpu_backend.cpp stands in for it (the full build has it, and skips that file).
 file(GLOB_RECURSE _gpu_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/*.cpp ${PROJECT_SOURCE_DIR}/src/ns/*.cpp)
-list(FILTER _gpu_sources EXCLUDE REGEX "/src/backend/cpu/")
+list(FILTER _gpu_sources EXCLUDE REGEX "/src/backend/(cpu|rules)/")
 add_library(dmuon_gpu STATIC ${_gpu_sources})
 target_include_directories(dmuon_gpu PUBLIC ${PROJECT_SOURCE_DIR}/include ${PROJECT_SOURCE_DIR}/src)
 dmuon_add_cuda_sources(dmuon_gpu)

@@ -1,17 +1,22 @@
 // Backend conformance (as ggml's test-backend-ops): every operation of the Backend interface against a float64
 // reference computed here on the host, on odd shapes, row strides larger than the width, strided batches and
 // zero sizes. Data moves only through the interface (copy_from_host / copy_to_host), so any backend can run it:
-// the CPU backend always, the CUDA backend where this build has it and a device is present (else skipped).
+// the CPU backend always, the fenced test device (tests/support/fenced_device.hpp: the CPU backend behind memory the
+// host cannot touch) always, the CUDA backend where this build has it and a device is present (else skipped).
 #include <gtest/gtest.h>
 
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "dmuon/backend.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/update_rules.hpp"
+#include "fenced_device.hpp"
 
 namespace dmuon {
 namespace {
@@ -35,13 +40,19 @@ struct Host {
   double get(int64_t b, int64_t i, int64_t j) const { return v[b * stride + i * ld + j]; }
 };
 
-class Conformance : public ::testing::TestWithParam<DeviceKind> {
+// The backends under test: cpu, cuda, and "fenced" (the fenced device over the CPU backend).
+class Conformance : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+    if (GetParam() == "fenced") {
+      fenced_ = std::make_unique<test::FencedBackend>();
+      be_ = fenced_.get();
+      return;
+    }
     try {
-      be_ = &backend_for(GetParam());
+      be_ = &backend_for(parse_device_kind(GetParam()));
     } catch (const Error& e) {
-      GTEST_SKIP() << "no " << to_string(GetParam()) << " backend here: " << e.what();
+      GTEST_SKIP() << "no " << GetParam() << " backend here: " << e.what();
     }
   }
   // Device copy of a host image; the view matches its layout.
@@ -73,6 +84,12 @@ class Conformance : public ::testing::TestWithParam<DeviceKind> {
     return out;
   }
 
+  template <typename T>
+  DeviceSpan<T> span(T* p, int64_t n) {
+    return {*be_, p, static_cast<size_t>(n)};
+  }
+
+  std::unique_ptr<test::FencedBackend> fenced_;  // declared before buffers_, which it outlives
   Backend* be_ = nullptr;
   std::vector<Buffer> buffers_;
 };
@@ -312,35 +329,43 @@ TEST_P(Conformance, NormsStayOnTheDeviceAndFlagNonFinite) {
   }
 }
 
+// n values uniform in [−1, 1), the stream `rng` continues.
+std::vector<float> uniform_values(int64_t n, std::mt19937& rng) {
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(n));
+  for (float& e : x) e = d(rng);
+  return x;
+}
+
 TEST_P(Conformance, UpdateRulesAgainstDoubleReferences) {
   const int64_t n = 37;
   std::mt19937 rng(16);
-  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
-  auto random = [&] {
-    std::vector<float> x(n);
-    for (float& e : x) e = d(rng);
-    return x;
-  };
+  const auto random = [&] { return uniform_values(n, rng); };
   const std::vector<float> g = random(), p0 = random(), m0 = random(), mom0 = random();
   std::vector<float> v0 = random();
   for (float& e : v0) e = std::abs(e);
   const float gs = 0.5f;
 
   double* sum = device_doubles(1);
-  be_->sum_of_squares(upload(g), n, gs, sum);
+  be_->run({rules::SumOfSquares{.grad = span<const float>(upload(g), n), .grad_scale = gs, .sum = sum}});
   double ref_sum = 0;
   for (float e : g) ref_sum += double(e * gs) * double(e * gs);
   EXPECT_NEAR(download_doubles(sum, 1)[0], ref_sum, 1e-12 * ref_sum);
 
   float* acc = upload(m0);
-  be_->accumulate(acc, upload(g), n, true);
-  be_->accumulate(acc, upload(g), n, false);
+  be_->run({rules::Accumulate{.acc = span(acc, n), .grad = span<const float>(upload(g), n), .first = true}});
+  be_->run({rules::Accumulate{.acc = span(acc, n), .grad = span<const float>(upload(g), n), .first = false}});
   const std::vector<float> accumulated = download(acc, n);
   for (int64_t i = 0; i < n; ++i) EXPECT_FLOAT_EQ(accumulated[i], 2 * g[i]);
 
   const AdamWStepConstants k{0.99f, 0.1f, 0.95f, 0.05f, 0.01f, 0.3f, 1e-8f};
   float *p = upload(p0), *m = upload(m0), *v = upload(v0);
-  be_->adamw_step(p, upload(g), gs, m, v, n, k);
+  be_->run({rules::AdamWStep{.p = span(p, n),
+                              .grad = span<const float>(upload(g), n),
+                              .m = span(m, n),
+                              .v = span(v, n),
+                              .k = k,
+                              .grad_scale = gs}});
   const std::vector<float> p1 = download(p, n), m1 = download(m, n), v1 = download(v, n);
   for (int64_t i = 0; i < n; ++i) {
     const double gi = double(g[i]) * gs;
@@ -354,7 +379,13 @@ TEST_P(Conformance, UpdateRulesAgainstDoubleReferences) {
   for (const bool nesterov : {false, true}) {
     float* mom = upload(mom0);
     float* u = upload(std::vector<float>(n, 0.0f));
-    be_->muon_momentum(upload(g), gs, mom, u, n, 0.05f, 0.95f, nesterov);
+    be_->run({rules::MuonMomentum{.grad = span<const float>(upload(g), n),
+                                  .momentum = span(mom, n),
+                                  .u = span(u, n),
+                                  .one_minus_beta = 0.05f,
+                                  .beta = 0.95f,
+                                  .nesterov = nesterov,
+                                  .grad_scale = gs}});
     const std::vector<float> mom1 = download(mom, n), u1 = download(u, n);
     for (int64_t i = 0; i < n; ++i) {
       const double gi = double(g[i]) * gs, mi = 0.95 * mom0[i] + 0.05 * gi;
@@ -364,9 +395,101 @@ TEST_P(Conformance, UpdateRulesAgainstDoubleReferences) {
   }
 
   float* w = upload(p0);
-  be_->muon_apply(w, upload(g), n, 0.98f, -0.02f, 1.5f);
+  be_->run({rules::MuonApply{
+      .w = span(w, n), .o = span<const float>(upload(g), n), .decay = 0.98f, .neg_lr = -0.02f, .scale = 1.5f}});
   const std::vector<float> w1 = download(w, n);
   for (int64_t i = 0; i < n; ++i) EXPECT_NEAR(w1[i], 0.98 * p0[i] - 0.02 * 1.5 * g[i], 1e-6);
+}
+
+// torch.lerp in float32, as a plain loop states it (the build never contracts a·b + c into an FMA).
+float lerp(float a, float b, float w) { return w < 0.5f ? a + w * (b - a) : b - (b - a) * (1.0f - w); }
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (std::bit_cast<uint32_t>(a[i]) != std::bit_cast<uint32_t>(b[i])) return false;
+  }
+  return true;
+}
+
+// MuonMomentum's device scalars and empty gradient, and MuonApply's keep, bit for bit against plain loops: a device
+// grad scale is the host one; keep = 1 is no keep; keep = 0 leaves M (U = M) and W as they were; an empty gradient
+// is zeros times the scale.
+TEST_P(Conformance, UpdateRulesKeepDeviceScaleAndEmptyGradientBitForBit) {
+  const int64_t n = 41;
+  std::mt19937 rng(17);
+  const auto random = [&] { return uniform_values(n, rng); };
+  const std::vector<float> g = random(), mom0 = random(), w0 = random(), o = random();
+  const float gs = 0.37f, omb = 0.05f, beta = 0.95f;
+  const float* scalars = upload({gs, 1.0f, 0.0f});
+  const float *device_scale = scalars, *kept = scalars + 1, *dropped = scalars + 2;
+
+  struct Case {
+    const char* what;
+    bool nesterov, device_scale, empty_grad;
+    const float* keep;
+  };
+  for (const Case& c : {Case{"host scale", true, false, false, nullptr},
+                        Case{"device scale", true, true, false, nullptr},
+                        Case{"device scale, plain", false, true, false, nullptr},
+                        Case{"keep 1", true, false, false, kept},
+                        Case{"keep 0", true, true, false, dropped},
+                        Case{"keep 0, plain", false, false, false, dropped},
+                        Case{"empty gradient", true, false, true, nullptr},
+                        Case{"empty gradient, device scale", false, true, true, kept}}) {
+    float* mom = upload(mom0);
+    float* u = upload(std::vector<float>(n, 7.0f));
+    be_->run({rules::MuonMomentum{.grad = c.empty_grad ? DeviceSpan<const float>() : span<const float>(upload(g), n),
+                                  .momentum = span(mom, n),
+                                  .u = span(u, n),
+                                  .one_minus_beta = omb,
+                                  .beta = beta,
+                                  .nesterov = c.nesterov,
+                                  .grad_scale = c.device_scale ? 3.0f : gs,  // the device's replaces it
+                                  .device_grad_scale = c.device_scale ? device_scale : nullptr,
+                                  .keep = c.keep}});
+    std::vector<float> want_m = mom0, want_u(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const float gi = c.keep == dropped ? mom0[i] : (c.empty_grad ? 0.0f : g[i]) * gs;
+      want_m[i] = lerp(mom0[i], gi, omb);
+      want_u[i] = c.nesterov ? lerp(gi, want_m[i], beta) : want_m[i];
+    }
+    const std::vector<float> got_m = download(mom, n), got_u = download(u, n);
+    EXPECT_TRUE(same_bits(got_m, want_m)) << c.what << ": momentum";
+    EXPECT_TRUE(same_bits(got_u, want_u)) << c.what << ": update";
+    if (c.keep == dropped) {
+      EXPECT_TRUE(same_bits(got_m, mom0)) << c.what << ": momentum changed";
+      EXPECT_TRUE(same_bits(got_u, mom0)) << c.what << ": U is not M";
+    }
+  }
+
+  for (const float* keep : {static_cast<const float*>(nullptr), kept, dropped}) {
+    float* w = upload(w0);
+    be_->run({rules::MuonApply{.w = span(w, n),
+                               .o = span<const float>(upload(o), n),
+                               .decay = 0.98f,
+                               .neg_lr = -0.02f,
+                               .scale = 1.5f,
+                               .keep = keep}});
+    std::vector<float> want = w0;
+    if (keep != dropped) {
+      for (int64_t i = 0; i < n; ++i) want[i] = w0[i] * 0.98f + -0.02f * (o[i] * 1.5f);
+    }
+    EXPECT_TRUE(same_bits(download(w, n), want)) << "muon_apply, keep " << (keep == dropped ? 0 : 1);
+  }
+}
+
+// Sizes that differ are refused, naming the rule; an empty gradient is MuonMomentum's only.
+TEST_P(Conformance, UpdateRulesRefuseViewsOfDifferentSizes) {
+  float* a = upload(std::vector<float>(5, 1.0f));
+  float* b = upload(std::vector<float>(5, 1.0f));
+  try {
+    be_->run({rules::Accumulate{.acc = span(a, 5), .grad = span<const float>(b, 4)}});
+    FAIL() << "accumulate of 5 and 4 values ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("accumulate"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(be_->run({rules::MuonApply{.w = span(a, 5), .o = DeviceSpan<const float>()}}), Error);
 }
 
 TEST_P(Conformance, CopiesAndEvents) {
@@ -385,8 +508,8 @@ TEST_P(Conformance, RunConcurrentlyRunsEveryWorkerOnce) {
   EXPECT_EQ(seen, std::vector<int>({1, 1, 1}));
 }
 
-INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::Values(DeviceKind::cpu, DeviceKind::cuda),
-                         [](const auto& info) { return to_string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::Values("cpu", "cuda", "fenced"),
+                         [](const auto& info) { return info.param; });
 
 }  // namespace
 }  // namespace dmuon

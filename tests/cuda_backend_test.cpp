@@ -15,6 +15,7 @@
 #include "cuda_device.hpp"
 #include "dmuon/backend.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/update_rules.hpp"
 #include "strided_batch.hpp"
 #ifdef DMUON_HAVE_CUDA
 #include "backend/cuda/cuda_backend.hpp"  // cuda::blas_math_mode, cuda::device_count
@@ -309,6 +310,8 @@ std::vector<float> random_values(int64_t n, uint32_t seed, float lo, float hi) {
   return v;
 }
 
+// Every rule and option on the GPU gives the CPU's bits (which backend_conformance_test checks against plain loops):
+// u aliasing grad, a device grad scale, keep 1 and 0, an empty gradient.
 TEST_F(CudaBackendTest, UpdateRulesMatchCpuBitForBit) {
   const int64_t n = 100003;
   const auto grad = random_values(n, 1, -2, 2), p0 = random_values(n, 2, -1, 1), m0 = random_values(n, 3, -0.1f, 0.1f);
@@ -316,26 +319,52 @@ TEST_F(CudaBackendTest, UpdateRulesMatchCpuBitForBit) {
   const AdamWStepConstants k{0.9999f, 0.1f, 0.95f, 0.05f, 0.0123f, 0.3f, 1e-8f};
   auto run = [&](Backend& be) {
     std::vector<Buffer> b;
-    for (const auto* host : {&grad, &p0, &m0, &v0, &o, &m0}) {
+    for (const auto* host : {&grad, &p0, &m0, &v0, &o, &m0, &m0, &o, &m0, &o, &m0, &o, &p0}) {
       b.emplace_back(be, DType::f32, n);
       b.back().upload(*host);
     }
-    be.accumulate(b[5].f32(), b[0].f32(), n, false);                           // b5 = m0 + grad
-    be.accumulate(b[4].f32(), b[0].f32(), n, true);                            // b4 = grad
-    be.adamw_step(b[1].f32(), b[0].f32(), 0.5f, b[2].f32(), b[3].f32(), n, k);  // p, m, v
-    be.muon_momentum(b[0].f32(), 0.25f, b[2].f32(), b[0].f32(), n, 0.05f, 0.95f, true);  // u aliases grad
-    be.muon_momentum(b[4].f32(), 1.0f, b[3].f32(), b[4].f32(), n, 0.05f, 0.95f, false);
-    be.muon_apply(b[1].f32(), b[5].f32(), n, 0.999f, -0.02f, 1.5f);
+    Buffer scalars(be, DType::f32, 3);  // {grad scale, keep 1, keep 0}
+    scalars.upload(std::vector<float>{0.25f, 1.0f, 0.0f});
+    const float *device_scale = scalars.f32(), *kept = scalars.f32() + 1, *dropped = scalars.f32() + 2;
+    const auto at = [&](size_t i) { return DeviceSpan(be, b[i].f32(), static_cast<size_t>(n)); };
+    const auto momentum = [&](DeviceSpan<const float> g, size_t m, size_t u, bool nesterov, float scale,
+                              const float* device_grad_scale, const float* keep) {
+      be.run({rules::MuonMomentum{.grad = g,
+                                  .momentum = at(m),
+                                  .u = at(u),
+                                  .one_minus_beta = 0.05f,
+                                  .beta = 0.95f,
+                                  .nesterov = nesterov,
+                                  .grad_scale = scale,
+                                  .device_grad_scale = device_grad_scale,
+                                  .keep = keep}});
+    };
+    be.run({rules::Accumulate{.acc = at(5), .grad = at(0), .first = false}});  // b5 = m0 + grad
+    be.run({rules::Accumulate{.acc = at(4), .grad = at(0), .first = true}});   // b4 = grad
+    be.run({rules::AdamWStep{.p = at(1), .grad = at(0), .m = at(2), .v = at(3), .k = k, .grad_scale = 0.5f}});
+    momentum(at(0), 2, 0, true, 0.25f, nullptr, nullptr);  // u aliases grad
+    momentum(at(4), 3, 4, false, 1.0f, nullptr, nullptr);
+    momentum(at(5), 6, 7, true, 9.0f, device_scale, kept);  // the device scale replaces 9
+    momentum(at(5), 8, 9, true, 1.0f, nullptr, dropped);
+    momentum({}, 10, 11, false, 0.5f, nullptr, nullptr);
+    be.run({rules::MuonApply{.w = at(1), .o = at(5), .decay = 0.999f, .neg_lr = -0.02f, .scale = 1.5f}});
+    be.run({rules::MuonApply{
+        .w = at(12), .o = at(5), .decay = 0.999f, .neg_lr = -0.02f, .scale = 1.5f, .keep = dropped}});
     Doubles sum(be, 1);
-    be.sum_of_squares(b[5].f32(), n, 0.5f, sum.data);
+    be.run({rules::SumOfSquares{.grad = at(5), .grad_scale = 0.5f, .sum = sum.data}});
     std::vector<std::vector<float>> out(b.size(), std::vector<float>(n));
     for (size_t i = 0; i < b.size(); ++i) b[i].download(out[i]);
     return std::make_pair(out, sum.read()[0]);
   };
   const auto [want, want_sum] = run(cpu);
   const auto [got, got_sum] = run(*gpu);
-  const char* names[] = {"nesterov u", "weights", "adam m / momentum", "adam v / momentum", "plain u", "accumulated"};
+  const char* names[] = {"nesterov u",       "weights",           "adam m / momentum",       "adam v / momentum",
+                         "plain u",          "accumulated",       "device scale momentum",   "device scale u",
+                         "keep 0 momentum",  "keep 0 u",          "empty gradient momentum", "empty gradient u",
+                         "keep 0 weights"};
   for (size_t i = 0; i < want.size(); ++i) expect_same_bits(got[i], want[i], names[i]);
+  expect_same_bits(got[12], p0, "keep 0 weights unchanged");
+  expect_same_bits(got[8], m0, "keep 0 momentum unchanged");
   EXPECT_NEAR(got_sum, want_sum, 1e-12 * want_sum);
 }
 

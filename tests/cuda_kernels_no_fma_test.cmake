@@ -1,14 +1,21 @@
 cmake_minimum_required(VERSION 3.25)
-# The CUDA kernels round as the CPU backend does (src/backend/cuda/kernels.hpp; the NCCL communicator's block
-# reduction, src/nccl/comm_kernels.cu, sums in rank order): no multiply and add fused into
-# one FMA, which nvcc does by default for a * b + c (its -fmad=true), so each kernel spells its arithmetic in
-# explicitly rounded intrinsics. Checked without a GPU: every kernel file compiled to PTX (compute_90, as the
-# build) holds no fma.rn instruction. (The double division and square root in the norms are single PTX
-# instructions, div.rn.f64 and sqrt.rn.f64.) Fails naming each kernel that has one.
+# The CUDA kernels round as the CPU backend does (src/backend/cuda/kernels.hpp; the update rules,
+# src/backend/rules/arithmetic.hpp; the NCCL communicator's block reduction, src/nccl/comm_kernels.cu, sums in rank
+# order): no multiply and add fused into one FMA, which nvcc does by default for a * b + c (its -fmad=true), so each
+# kernel spells its arithmetic in explicitly rounded intrinsics. Checked without a GPU: every kernel file (the
+# rules' found by glob) compiled to PTX (compute_90, as the build) holds no fma.rn instruction. (The double
+# division and square root in the norms are single PTX instructions, div.rn.f64 and sqrt.rn.f64.) Fails naming
+# each kernel that has one.
 #   -DNVCC=<nvcc> -DSOURCE_DIR=<repo> -DOUT=<scratch folder>
 file(MAKE_DIRECTORY ${OUT})
 set(problems "")
-foreach(file IN ITEMS backend/cuda/matrix_kernels backend/cuda/update_kernels nccl/comm_kernels)
+file(GLOB rules RELATIVE ${SOURCE_DIR}/src ${SOURCE_DIR}/src/backend/rules/*.cu)
+if(NOT rules)
+  message(FATAL_ERROR "no update rule kernels found in ${SOURCE_DIR}/src/backend/rules")
+endif()
+list(TRANSFORM rules REPLACE "\\.cu$" "")
+set(files backend/cuda/matrix_kernels nccl/comm_kernels ${rules})
+foreach(file IN LISTS files)
   get_filename_component(name ${file} NAME)
   execute_process(COMMAND ${NVCC} -std=c++20 -ptx -arch=compute_90 -I${SOURCE_DIR}/include -I${SOURCE_DIR}/src
                           ${SOURCE_DIR}/src/${file}.cu -o ${OUT}/${name}.ptx
@@ -30,4 +37,5 @@ endforeach()
 if(problems)
   message(FATAL_ERROR "fused multiply-adds in kernels that must round as the CPU:\n${problems}")
 endif()
-message(STATUS "no fma.rn in backend/cuda/matrix_kernels.cu, update_kernels.cu, nccl/comm_kernels.cu")
+list(JOIN files ".cu, " shown)
+message(STATUS "no fma.rn in ${shown}.cu")

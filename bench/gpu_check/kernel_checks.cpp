@@ -13,8 +13,13 @@
 
 #include "backend/bf16.hpp"
 #include "backend/cuda_support.hpp"  // cuda::query_event
-#include "backend/update_rule_loops.hpp"
+#include "backend/rules/accumulate.hpp"
+#include "backend/rules/adamw_step.hpp"
+#include "backend/rules/muon_apply.hpp"
+#include "backend/rules/muon_momentum.hpp"
+#include "backend/rules/sum_of_squares.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/update_rules.hpp"
 
 namespace dmuon {
 namespace {
@@ -207,22 +212,24 @@ void check_update_rules(Backend& gpu, CheckLog& log) {
     for (int64_t i = 0; i < n; ++i) bad += std::bit_cast<uint32_t>(g[i]) != std::bit_cast<uint32_t>(want[i]);
     log.report(bad == 0, what + ": values off the host loop (bits)", static_cast<double>(bad), 0);
   };
+  const auto span = [&](const Buffer& b) { return DeviceSpan(gpu, b.f32(), static_cast<size_t>(b.size())); };
   {
     Buffer grad = upload(g1), sum(gpu, DType::f32, 2);
-    gpu.sum_of_squares(grad.f32(), n, 0.5f, reinterpret_cast<double*>(sum.data()));
-    double got = 0, want = 0;
+    double* device_sum = reinterpret_cast<double*>(sum.data());
+    gpu.run({rules::SumOfSquares{.grad = span(grad), .grad_scale = 0.5f, .sum = device_sum}});
+    double got = 0;
     gpu.copy_to_host(&got, sum.data(), sizeof(double));
-    for (float g : g1) want += double(g * 0.5f) * double(g * 0.5f);
+    const double want = rules::sum_of_squares_loop(g1.data(), n, 0.5f);
     log.report(std::abs(got - want) <= 1e-12 * want, "sum_of_squares: relative error", std::abs(got - want) / want,
                1e-12);
   }
   {
     Buffer acc = upload(p0), a = upload(g1), b = upload(g2);
-    gpu.accumulate(acc.f32(), a.f32(), n, true);
-    gpu.accumulate(acc.f32(), b.f32(), n, false);
+    gpu.run({rules::Accumulate{.acc = span(acc), .grad = span(a), .first = true}});
+    gpu.run({rules::Accumulate{.acc = span(acc), .grad = span(b), .first = false}});
     std::vector<float> want = p0;
-    update_loops::accumulate(want.data(), g1.data(), n, true);
-    update_loops::accumulate(want.data(), g2.data(), n, false);
+    rules::accumulate_loop(want.data(), g1.data(), n, true);
+    rules::accumulate_loop(want.data(), g2.data(), n, false);
     same(acc, want, "accumulate");
   }
   {
@@ -233,27 +240,53 @@ void check_update_rules(Backend& gpu, CheckLog& log) {
                                  static_cast<float>(1e-3 / (1 - std::pow(0.9, t))),
                                  static_cast<float>(std::sqrt(1 - std::pow(0.999, t))), 1e-8f};
       Buffer g = upload(t == 1 ? g1 : g2);
-      gpu.adamw_step(p.f32(), g.f32(), 0.5f, m.f32(), v.f32(), n, k);
-      update_loops::adamw_step(hp.data(), (t == 1 ? g1 : g2).data(), 0.5f, hm.data(), hv.data(), n, k);
+      gpu.run(
+          {rules::AdamWStep{.p = span(p), .grad = span(g), .m = span(m), .v = span(v), .k = k, .grad_scale = 0.5f}});
+      rules::adamw_step_loop(hp.data(), (t == 1 ? g1 : g2).data(), 0.5f, hm.data(), hv.data(), n, k);
     }
     same(p, hp, "adamw_step p");
     same(m, hm, "adamw_step exp_avg");
     same(v, hv, "adamw_step exp_avg_sq");
   }
-  for (const bool nesterov : {true, false}) {
+  // The device scalars: {grad scale 0.5, keep 1, keep 0}.
+  Buffer scalars(gpu, DType::f32, 3);
+  scalars.upload(std::vector<float>{0.5f, 1.0f, 0.0f});
+  const float* device_scale = scalars.f32();
+  const float* kept = scalars.f32() + 1;
+  const float* dropped = scalars.f32() + 2;
+  struct MomentumCase {
+    const char* what;
+    bool nesterov, device_scale, empty_grad;
+    const float* keep;
+  };
+  for (const MomentumCase& c : {MomentumCase{"nesterov", true, false, false, nullptr},
+                                MomentumCase{"plain", false, false, false, nullptr},
+                                MomentumCase{"nesterov, device scale, keep 1", true, true, false, kept},
+                                MomentumCase{"nesterov, keep 0", true, false, false, dropped},
+                                MomentumCase{"plain, empty gradient", false, false, true, nullptr}}) {
     Buffer grad = upload(g1), momentum = upload(g2), u = upload(std::vector<float>(n, kGap));
-    gpu.muon_momentum(grad.f32(), 0.5f, momentum.f32(), u.f32(), n, 0.05f, 0.95f, nesterov);
+    gpu.run({rules::MuonMomentum{.grad = c.empty_grad ? DeviceSpan<const float>() : span(grad),
+                                 .momentum = span(momentum),
+                                 .u = span(u),
+                                 .one_minus_beta = 0.05f,
+                                 .beta = 0.95f,
+                                 .nesterov = c.nesterov,
+                                 .grad_scale = c.device_scale ? 7.0f : 0.5f,
+                                 .device_grad_scale = c.device_scale ? device_scale : nullptr,
+                                 .keep = c.keep}});
     std::vector<float> hm = g2, hu(n);
-    update_loops::muon_momentum(g1.data(), 0.5f, hm.data(), hu.data(), n, 0.05f, 0.95f, nesterov);
-    same(momentum, hm, std::string("muon_momentum") + (nesterov ? " nesterov" : "") + " momentum");
-    same(u, hu, std::string("muon_momentum") + (nesterov ? " nesterov" : "") + " update");
+    rules::muon_momentum_loop(c.empty_grad ? nullptr : g1.data(), 0.5f, hm.data(), hu.data(), n, 0.05f, 0.95f,
+                              c.nesterov, c.keep != dropped);
+    same(momentum, hm, std::string("muon_momentum (") + c.what + ") momentum");
+    same(u, hu, std::string("muon_momentum (") + c.what + ") update");
   }
-  {
+  for (const float* keep : {static_cast<const float*>(nullptr), kept, dropped}) {
     Buffer w = upload(p0), o = upload(g1);
-    gpu.muon_apply(w.f32(), o.f32(), n, 0.998f, -0.02f, 1.7f);
+    gpu.run({rules::MuonApply{
+        .w = span(w), .o = span(o), .decay = 0.998f, .neg_lr = -0.02f, .scale = 1.7f, .keep = keep}});
     std::vector<float> hw = p0;
-    update_loops::muon_apply(hw.data(), g1.data(), n, 0.998f, -0.02f, 1.7f);
-    same(w, hw, "muon_apply");
+    rules::muon_apply_loop(hw.data(), g1.data(), n, 0.998f, -0.02f, 1.7f, keep != dropped);
+    same(w, hw, std::string("muon_apply") + (keep == kept ? " (keep 1)" : keep == dropped ? " (keep 0)" : ""));
   }
 }
 

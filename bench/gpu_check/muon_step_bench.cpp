@@ -10,6 +10,7 @@
 #include "dmuon/error.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/statistics.hpp"
+#include "dmuon/update_rules.hpp"
 
 namespace dmuon {
 
@@ -42,7 +43,13 @@ struct BucketState {
     scale = static_cast<float>(std::sqrt(std::max(1.0, static_cast<double>(b.rows) / b.cols)));
   }
   void momentum(Backend& backend) {
-    backend.muon_momentum(g.f32(), 1.0f, m.f32(), u.f32(), u.size(), 1.0f - kMomentum, kMomentum, true);
+    const size_t n = static_cast<size_t>(u.size());
+    backend.run({rules::MuonMomentum{.grad = DeviceSpan(backend, g.f32(), n),
+                                     .momentum = DeviceSpan(backend, m.f32(), n),
+                                     .u = DeviceSpan(backend, u.f32(), n),
+                                     .one_minus_beta = 1.0f - kMomentum,
+                                     .beta = kMomentum,
+                                     .nesterov = true}});
   }
   void orthogonalize(Backend& backend, const NsOptions& options) {
     newton_schulz_batched(backend, stack, stack, options, {}, reinterpret_cast<double*>(norms.data()));
@@ -50,7 +57,10 @@ struct BucketState {
   void apply(Backend& backend) {
     const int64_t size = shape.rows * shape.cols;
     for (int64_t i = 0; i < shape.count; ++i)
-      backend.muon_apply(w.f32() + i * size, u.f32() + i * size, size, 1.0f, -kLr, scale);
+      backend.run({rules::MuonApply{.w = DeviceSpan(backend, w.f32() + i * size, static_cast<size_t>(size)),
+                                    .o = DeviceSpan(backend, u.f32() + i * size, static_cast<size_t>(size)),
+                                    .neg_lr = -kLr,
+                                    .scale = scale}});
   }
 };
 

@@ -23,6 +23,8 @@
 
 namespace dmuon {
 
+struct UpdateRule;  // dmuon/update_rules.hpp
+
 enum class DeviceKind { cpu, cuda, record };
 
 std::string to_string(DeviceKind device);
@@ -56,17 +58,6 @@ class Event {
  public:
   virtual ~Event() = default;
   virtual void wait() = 0;  // the host waits until the work before it is done
-};
-
-// AdamW's per-step constants, derived once per update on the host (torch.optim.AdamW's rounding).
-struct AdamWStepConstants {
-  float decay;         // 1 − lr·wd
-  float one_minus_b1;  // 1 − β1
-  float b2;            // β2
-  float one_minus_b2;  // 1 − β2
-  float step_size;     // lr / (1 − β1^t)
-  float bias2_sqrt;    // sqrt(1 − β2^t)
-  float eps;
 };
 
 // What a backend runs on: for tuning keys, logs, and the libraries that queue work beside it (NCCL).
@@ -130,20 +121,8 @@ class Backend {
   // x_i ← x_i / (norms[i]·safety + eps), norms read on the device (DESIGN 2.1's normalisation).
   virtual void scale_by_inverse_norm(const MatView& x, const double* norms, double safety, double eps) = 0;
 
-  // ---- the update rules (DESIGN 1) on n float32 values; g = grad·grad_scale ----
-  // *sum = Σ g², in double, on the device. Not finite when a value is not.
-  virtual void sum_of_squares(const float* grad, int64_t n, float grad_scale, double* sum) = 0;
-  // acc ← (first ? 0 : acc) + grad (micro-batch accumulation).
-  virtual void accumulate(float* acc, const float* grad, int64_t n, bool first) = 0;
-  // torch.optim.AdamW's single-tensor step (m.lerp_(g, 1−β1), v ← β2·v + (1−β2)·g², …).
-  virtual void adamw_step(float* p, const float* grad, float grad_scale, float* m, float* v, int64_t n,
-                          const AdamWStepConstants& k) = 0;
-  // M ← lerp(M, g, 1−β); U ← nesterov ? lerp(g, M, β) : M. u may alias grad. 1−β and β come rounded
-  // from double separately (as torch's lerp_ weights are), so both are passed.
-  virtual void muon_momentum(const float* grad, float grad_scale, float* momentum, float* u, int64_t n,
-                             float one_minus_beta, float beta, bool nesterov) = 0;
-  // W ← W·decay + neg_lr·(O·scale).
-  virtual void muon_apply(float* w, const float* o, int64_t n, float decay, float neg_lr, float scale) = 0;
+  // ---- the update rules (DESIGN 1): one elementwise pass over float32 views, update_rules.hpp ----
+  virtual void run(const UpdateRule& rule) = 0;
 
   // ---- ordering and parallelism ----
   virtual void synchronize() = 0;  // the host waits for everything queued

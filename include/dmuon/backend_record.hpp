@@ -65,13 +65,8 @@ class RecordingBackend final : public Backend {
   void frobenius_norms(const MatView& x, double* norms) override;
   void scale_by_inverse_norm(const MatView& x, const double* norms, double safety, double eps) override;
 
-  void sum_of_squares(const float* grad, int64_t n, float grad_scale, double* sum) override;
-  void accumulate(float* acc, const float* grad, int64_t n, bool first) override;
-  void adamw_step(float* p, const float* grad, float grad_scale, float* m, float* v, int64_t n,
-                  const AdamWStepConstants& k) override;
-  void muon_momentum(const float* grad, float grad_scale, float* momentum, float* u, int64_t n,
-                     float one_minus_beta, float beta, bool nesterov) override;
-  void muon_apply(float* w, const float* o, int64_t n, float decay, float neg_lr, float scale) override;
+  // A pass named rule.name over its views' bytes: a read-only view once, a written one twice (read and written).
+  void run(const UpdateRule& rule) override;
 
   void synchronize() override {}
   std::unique_ptr<Event> record_event() override;

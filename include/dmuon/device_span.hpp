@@ -20,6 +20,10 @@ class DeviceSpan {
  public:
   DeviceSpan() = default;
   DeviceSpan(Backend& backend, T* data, size_t size) : backend_(&backend), data_(data), size_(size) {}
+  // A read-only view of a writable one.
+  template <typename U>
+    requires std::is_same_v<const U, T>
+  DeviceSpan(const DeviceSpan<U>& other) : backend_(other.backend_), data_(other.data_), size_(other.size_) {}
 
   T* data() const { return data_; }
   size_t size() const { return size_; }
@@ -46,6 +50,8 @@ class DeviceSpan {
   }
 
  private:
+  template <typename>
+  friend class DeviceSpan;
   Backend* backend_ = nullptr;
   T* data_ = nullptr;
   size_t size_ = 0;

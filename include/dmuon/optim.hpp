@@ -31,6 +31,7 @@
 #include "dmuon/backend.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/params.hpp"
+#include "dmuon/update_rules.hpp"
 
 namespace dmuon {
 

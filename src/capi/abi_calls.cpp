@@ -208,9 +208,16 @@ void muon_update_run(Backend& backend, int64_t rows, int64_t cols, std::span<con
 
 void adamw_run(Backend& backend, DType storage, void* p, const void* grad, void* m, void* v, int64_t n,
                const AdamWStepConstants& k, float grad_scale, Staging& staging) {
+  const auto step = [&](float* p32, const float* grad32, float* m32, float* v32, int64_t len) {
+    backend.run({rules::AdamWStep{.p = DeviceSpan(backend, p32, len),
+                                  .grad = DeviceSpan(backend, grad32, len),
+                                  .m = DeviceSpan(backend, m32, len),
+                                  .v = DeviceSpan(backend, v32, len),
+                                  .k = k,
+                                  .grad_scale = grad_scale}});
+  };
   if (storage == DType::f32) {
-    backend.adamw_step(static_cast<float*>(p), static_cast<const float*>(grad), grad_scale, static_cast<float*>(m),
-                       static_cast<float*>(v), n, k);
+    step(static_cast<float*>(p), static_cast<const float*>(grad), static_cast<float*>(m), static_cast<float*>(v), n);
     return;
   }
   // bf16: p, grad, m, v widened chunk by chunk into four float32 rows, stepped, p, m, v rounded back.
@@ -225,7 +232,7 @@ void adamw_run(Backend& backend, DType storage, void* p, const void* grad, void*
     for (int64_t r = 0; r < 4; ++r)
       backend.convert(dense_view(backend, bf16_at(sources[r], start), DType::bf16, 1, len),
                       dense_view(backend, wide + r * len, DType::f32, 1, len));
-    backend.adamw_step(wide, wide + len, grad_scale, wide + 2 * len, wide + 3 * len, len, k);
+    step(wide, wide + len, wide + 2 * len, wide + 3 * len, len);
     void* targets[4] = {p, nullptr, m, v};
     for (int64_t r : {0, 2, 3})
       backend.convert(dense_view(backend, wide + r * len, DType::f32, 1, len),

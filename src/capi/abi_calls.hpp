@@ -17,6 +17,7 @@
 #include "dmuon/backend.hpp"
 #include "dmuon/ns.hpp"
 #include "dmuon/tune.hpp"
+#include "dmuon/update_rules.hpp"
 
 namespace dmuon::capi {
 

@@ -11,6 +11,7 @@
 #include "dmuon/error.hpp"
 #include "dmuon/optim.hpp"
 #include "dmuon/rank_agreement.hpp"
+#include "dmuon/update_rules.hpp"
 
 namespace dmuon {
 
@@ -112,7 +113,12 @@ bool Optimizer::step() {
   const int k = options_.accumulation_steps;
   ++micro_;
   if (k > 1) {
-    for (Slot& s : slots_) backend_->accumulate(s.accumulated.f32(), grad_of(s), s.ref.count, micro_ == 1);
+    for (Slot& s : slots_) {
+      const int64_t n = s.ref.count;
+      backend_->run({rules::Accumulate{.acc = DeviceSpan(*backend_, s.accumulated.f32(), n),
+                                       .grad = DeviceSpan(*backend_, grad_of(s), n),
+                                       .first = micro_ == 1}});
+    }
     if (micro_ < k) return false;
   }
   micro_ = 0;
@@ -132,7 +138,9 @@ bool Optimizer::step() {
 bool Optimizer::gradient_norm(float mean_scale) {
   double* sums = as_doubles(grad_sums_);
   for (size_t i = 0; i < slots_.size(); ++i) {
-    backend_->sum_of_squares(effective_grad(slots_[i]), slots_[i].ref.count, mean_scale, sums + i);
+    backend_->run({rules::SumOfSquares{.grad = DeviceSpan(*backend_, effective_grad(slots_[i]), slots_[i].ref.count),
+                                       .grad_scale = mean_scale,
+                                       .sum = sums + i}});
   }
   backend_->copy_to_host(host_sums_.data(), sums, host_sums_.size() * sizeof(double));
   // totals = {Σ g², parameters with a non-finite gradient}, summed over ranks so all decide alike.
@@ -170,14 +178,26 @@ void Optimizer::update_adamw(float grad_scale) {
   const AdamWStepConstants k = adamw_step_constants(options_.adamw, updates_);
   for (Slot& s : slots_) {
     if (s.group != OptimGroup::adamw || s.ref.count == 0) continue;
-    backend_->adamw_step(values_of(s), effective_grad(s), grad_scale, s.m.f32(), s.v.f32(), s.ref.count, k);
+    const int64_t n = s.ref.count;
+    backend_->run({rules::AdamWStep{.p = DeviceSpan(*backend_, values_of(s), n),
+                                    .grad = DeviceSpan(*backend_, effective_grad(s), n),
+                                    .m = DeviceSpan(*backend_, s.m.f32(), n),
+                                    .v = DeviceSpan(*backend_, s.v.f32(), n),
+                                    .k = k,
+                                    .grad_scale = grad_scale}});
   }
 }
 
 void Optimizer::momentum_into(Slot& s, float grad_scale, float* u) {
   const MuonHyper& mu = options_.muon;
-  backend_->muon_momentum(effective_grad(s), grad_scale, s.momentum.f32(), u, s.ref.count,
-                          static_cast<float>(1.0 - mu.momentum), static_cast<float>(mu.momentum), mu.nesterov);
+  const int64_t n = s.ref.count;
+  backend_->run({rules::MuonMomentum{.grad = DeviceSpan(*backend_, effective_grad(s), n),
+                                     .momentum = DeviceSpan(*backend_, s.momentum.f32(), n),
+                                     .u = DeviceSpan(*backend_, u, n),
+                                     .one_minus_beta = static_cast<float>(1.0 - mu.momentum),
+                                     .beta = static_cast<float>(mu.momentum),
+                                     .nesterov = mu.nesterov,
+                                     .grad_scale = grad_scale}});
 }
 
 std::vector<Optimizer::MuonMatrix> Optimizer::muon_matrices() {
@@ -243,7 +263,11 @@ void Optimizer::update_muon(float grad_scale) {
     for (MuonMatrix* m : b.matrices) {
       if (!m->slot) continue;
       const ParamRef& r = m->slot->ref;
-      backend_->muon_apply(values_of(*m->slot), m->full.f32() + r.offset, r.count, decay, neg_lr, scale);
+      backend_->run({rules::MuonApply{.w = DeviceSpan(*backend_, values_of(*m->slot), r.count),
+                                      .o = DeviceSpan(*backend_, m->full.f32() + r.offset, r.count),
+                                      .decay = decay,
+                                      .neg_lr = neg_lr,
+                                      .scale = scale}});
     }
   }
 }

@@ -1,10 +1,11 @@
 // The per-tensor AdamW and Muon definitions on host spans (optim.hpp): checks and torch's rounding of the
-// per-step constants here, the elementwise loops in the CPU backend (src/backend/cpu/update_rules.cpp), so the
-// optimizers and these definitions run the same code.
+// per-step constants here, the elementwise loops the CPU backend's rules (dmuon/update_rules.hpp, run by
+// src/backend/rules/), so the optimizers and these definitions run the same code.
 #include <cmath>
 
 #include "dmuon/error.hpp"
 #include "dmuon/optim.hpp"
+#include "dmuon/update_rules.hpp"
 
 namespace dmuon {
 
@@ -26,8 +27,13 @@ void adamw_step(std::span<float> p, std::span<const float> grad, float grad_scal
   DMUON_CHECK(grad.size() == p.size() && m.size() == p.size() && v.size() == p.size(),
               "adamw_step: parameter, gradient and state sizes differ (", p.size(), ", ", grad.size(), ", ",
               m.size(), ", ", v.size(), ")");
-  cpu_backend().adamw_step(p.data(), grad.data(), grad_scale, m.data(), v.data(), static_cast<int64_t>(p.size()),
-                           adamw_step_constants(hyper, t));
+  Backend& cpu = cpu_backend();
+  cpu.run({rules::AdamWStep{.p = DeviceSpan(cpu, p.data(), p.size()),
+                            .grad = DeviceSpan(cpu, grad.data(), grad.size()),
+                            .m = DeviceSpan(cpu, m.data(), m.size()),
+                            .v = DeviceSpan(cpu, v.data(), v.size()),
+                            .k = adamw_step_constants(hyper, t),
+                            .grad_scale = grad_scale}});
 }
 
 void muon_momentum(std::span<const float> grad, float grad_scale, std::span<float> momentum, std::span<float> u,
@@ -35,9 +41,14 @@ void muon_momentum(std::span<const float> grad, float grad_scale, std::span<floa
   DMUON_CHECK(grad.size() == momentum.size() && u.size() == momentum.size(),
               "muon_momentum: gradient, momentum and output sizes differ (", grad.size(), ", ", momentum.size(), ", ",
               u.size(), ")");
-  cpu_backend().muon_momentum(grad.data(), grad_scale, momentum.data(), u.data(), static_cast<int64_t>(grad.size()),
-                              static_cast<float>(1.0 - hyper.momentum), static_cast<float>(hyper.momentum),
-                              hyper.nesterov);
+  Backend& cpu = cpu_backend();
+  cpu.run({rules::MuonMomentum{.grad = DeviceSpan(cpu, grad.data(), grad.size()),
+                               .momentum = DeviceSpan(cpu, momentum.data(), momentum.size()),
+                               .u = DeviceSpan(cpu, u.data(), u.size()),
+                               .one_minus_beta = static_cast<float>(1.0 - hyper.momentum),
+                               .beta = static_cast<float>(hyper.momentum),
+                               .nesterov = hyper.nesterov,
+                               .grad_scale = grad_scale}});
 }
 
 double muon_scale(int64_t rows, int64_t cols, MuonScale scale) {
@@ -48,9 +59,12 @@ double muon_scale(int64_t rows, int64_t cols, MuonScale scale) {
 
 void muon_apply(std::span<float> w, std::span<const float> o, const MuonHyper& hyper, double s) {
   DMUON_CHECK(w.size() == o.size(), "muon_apply: weight has ", w.size(), " values, update ", o.size());
-  cpu_backend().muon_apply(w.data(), o.data(), static_cast<int64_t>(w.size()),
-                           static_cast<float>(1.0 - hyper.lr * hyper.weight_decay), static_cast<float>(-hyper.lr),
-                           static_cast<float>(s));
+  Backend& cpu = cpu_backend();
+  cpu.run({rules::MuonApply{.w = DeviceSpan(cpu, w.data(), w.size()),
+                            .o = DeviceSpan(cpu, o.data(), o.size()),
+                            .decay = static_cast<float>(1.0 - hyper.lr * hyper.weight_decay),
+                            .neg_lr = static_cast<float>(-hyper.lr),
+                            .scale = static_cast<float>(s)}});
 }
 
 }  // namespace dmuon

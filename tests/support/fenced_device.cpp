@@ -7,9 +7,12 @@
 #include <cerrno>
 #include <cstring>
 #include <numeric>
+#include <tuple>
+#include <variant>
 
 #include "dmuon/error.hpp"
 #include "dmuon/ns.hpp"  // ns_release_workspaces
+#include "dmuon/update_rules.hpp"
 
 namespace dmuon::test {
 
@@ -25,7 +28,6 @@ Fence::Region region(const MatView& v) {
   return {v.data, static_cast<size_t>(elements) * dtype_size(v.dtype)};
 }
 
-Fence::Region floats(const float* p, int64_t n) { return {p, sizeof(float) * static_cast<size_t>(n)}; }
 Fence::Region doubles(const double* p, int64_t n) { return {p, sizeof(double) * static_cast<size_t>(n)}; }
 
 void protect(char* base, size_t bytes, int prot) {
@@ -186,29 +188,18 @@ void FencedBackend::scale_by_inverse_norm(const MatView& x, const double* norms,
       [=, this] { inner_.scale_by_inverse_norm(x, norms, safety, eps); });
 }
 
-void FencedBackend::sum_of_squares(const float* grad, int64_t n, float grad_scale, double* sum) {
-  run({floats(grad, n), doubles(sum, 1)}, "sum_of_squares",
-      [=, this] { inner_.sum_of_squares(grad, n, grad_scale, sum); });
-}
-
-void FencedBackend::accumulate(float* acc, const float* grad, int64_t n, bool first) {
-  run({floats(acc, n), floats(grad, n)}, "accumulate", [=, this] { inner_.accumulate(acc, grad, n, first); });
-}
-
-void FencedBackend::adamw_step(float* p, const float* grad, float grad_scale, float* m, float* v, int64_t n,
-                               const AdamWStepConstants& k) {
-  run({floats(p, n), floats(grad, n), floats(m, n), floats(v, n)}, "adamw_step",
-      [=, this] { inner_.adamw_step(p, grad, grad_scale, m, v, n, k); });
-}
-
-void FencedBackend::muon_momentum(const float* grad, float grad_scale, float* momentum, float* u, int64_t n,
-                                  float one_minus_beta, float beta, bool nesterov) {
-  run({floats(grad, n), floats(momentum, n), floats(u, n)}, "muon_momentum",
-      [=, this] { inner_.muon_momentum(grad, grad_scale, momentum, u, n, one_minus_beta, beta, nesterov); });
-}
-
-void FencedBackend::muon_apply(float* w, const float* o, int64_t n, float decay, float neg_lr, float scale) {
-  run({floats(w, n), floats(o, n)}, "muon_apply", [=, this] { inner_.muon_apply(w, o, n, decay, neg_lr, scale); });
+void FencedBackend::run(const UpdateRule& rule) {
+  std::visit(
+      [&](const auto& r) {
+        std::vector<Fence::Region> regions;
+        std::apply([&](const auto&... view) { (regions.push_back({view.data(), view.size_bytes()}), ...); },
+                   r.views());
+        if constexpr (requires { r.scalars(); }) {
+          for (const rules::DeviceScalar& s : r.scalars()) regions.push_back({s.data, s.data ? s.bytes : 0});
+        }
+        run(std::move(regions), r.name, [this, rule] { inner_.run(rule); });
+      },
+      rule.op);
 }
 
 void FencedBackend::synchronize() {

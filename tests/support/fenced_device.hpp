@@ -93,13 +93,7 @@ class FencedBackend final : public Backend {
   void transpose(const MatView& in, const MatView& out) override;
   void frobenius_norms(const MatView& x, double* norms) override;
   void scale_by_inverse_norm(const MatView& x, const double* norms, double safety, double eps) override;
-  void sum_of_squares(const float* grad, int64_t n, float grad_scale, double* sum) override;
-  void accumulate(float* acc, const float* grad, int64_t n, bool first) override;
-  void adamw_step(float* p, const float* grad, float grad_scale, float* m, float* v, int64_t n,
-                  const AdamWStepConstants& k) override;
-  void muon_momentum(const float* grad, float grad_scale, float* momentum, float* u, int64_t n, float one_minus_beta,
-                     float beta, bool nesterov) override;
-  void muon_apply(float* w, const float* o, int64_t n, float decay, float neg_lr, float scale) override;
+  void run(const UpdateRule& rule) override;  // opens the rule's views and device scalars
   void synchronize() override;
   std::unique_ptr<Event> record_event() override { return inner_.record_event(); }
   void run_concurrently(int workers, const std::function<void(Backend& queue, int worker)>& fn) override;

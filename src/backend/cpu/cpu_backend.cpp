@@ -1,6 +1,6 @@
 // The CPU backend's memory, products, elementwise operations and queue (cpu_backend.hpp), each a thin
 // loop over the batch around the linalg.hpp functions, so the engine on this backend makes exactly the
-// BLAS calls it made before the seam.
+// BLAS calls it made before the seam; the update rules through their CPU launchers (src/backend/rules/).
 #include "backend/cpu/cpu_backend.hpp"
 
 #include <cmath>
@@ -9,11 +9,14 @@
 #include <exception>
 #include <new>
 #include <thread>
+#include <variant>
 #include <vector>
 
 #include "backend/bf16.hpp"
+#include "backend/rules/launch.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
+#include "dmuon/update_rules.hpp"
 
 namespace dmuon {
 
@@ -216,6 +219,15 @@ void CpuBackend::frobenius_norms(const MatView& x, double* norms) {
 
 void CpuBackend::scale_by_inverse_norm(const MatView& x, const double* norms, double safety, double eps) {
   for (int64_t b = 0; b < x.count; ++b) scale(x.matrix(b), static_cast<float>(1.0 / (norms[b] * safety + eps)));
+}
+
+void CpuBackend::run(const UpdateRule& rule) {
+  std::visit(
+      [](const auto& r) {
+        rules::checked_size(r);
+        rules::run_on_cpu(r);
+      },
+      rule.op);
 }
 
 std::unique_ptr<Event> CpuBackend::record_event() { return std::make_unique<DoneEvent>(); }

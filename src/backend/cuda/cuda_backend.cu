@@ -10,9 +10,12 @@
 #include <limits>
 #include <mutex>
 #include <string>
+#include <variant>
 
 #include "backend/cuda/check.hpp"
 #include "backend/cuda/kernels.hpp"
+#include "backend/rules/launch.hpp"
+#include "dmuon/update_rules.hpp"
 
 namespace dmuon::cuda {
 
@@ -354,31 +357,14 @@ void CudaBackend::scale_by_inverse_norm(const MatView& x, const double* norms, d
 
 // ---- update rules ----
 
-void CudaBackend::sum_of_squares(const float* grad, int64_t n, float grad_scale, double* sum) {
+void CudaBackend::run(const UpdateRule& rule) {
   activate();
-  launch_sum_of_squares(grad, n, grad_scale, sum, stream_);
-}
-
-void CudaBackend::accumulate(float* acc, const float* grad, int64_t n, bool first) {
-  activate();
-  launch_accumulate(acc, grad, n, first, stream_);
-}
-
-void CudaBackend::adamw_step(float* p, const float* grad, float grad_scale, float* m, float* v, int64_t n,
-                             const AdamWStepConstants& k) {
-  activate();
-  launch_adamw_step(p, grad, grad_scale, m, v, n, k, stream_);
-}
-
-void CudaBackend::muon_momentum(const float* grad, float grad_scale, float* momentum, float* u, int64_t n,
-                                float one_minus_beta, float beta, bool nesterov) {
-  activate();
-  launch_muon_momentum(grad, grad_scale, momentum, u, n, one_minus_beta, beta, nesterov, stream_);
-}
-
-void CudaBackend::muon_apply(float* w, const float* o, int64_t n, float decay, float neg_lr, float scale) {
-  activate();
-  launch_muon_apply(w, o, n, decay, neg_lr, scale, stream_);
+  std::visit(
+      [&](const auto& r) {
+        rules::checked_size(r);
+        rules::run_on_cuda(r, stream_);
+      },
+      rule.op);
 }
 
 // ---- ordering and parallelism ----

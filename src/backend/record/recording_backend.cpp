@@ -4,8 +4,12 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
+#include <type_traits>
+#include <variant>
 
 #include "dmuon/error.hpp"
+#include "dmuon/update_rules.hpp"
 
 namespace dmuon {
 
@@ -18,6 +22,12 @@ class DoneEvent final : public Event {
 
 double bytes_of(const MatView& v) {
   return static_cast<double>(v.count) * static_cast<double>(v.elements()) * static_cast<double>(dtype_size(v.dtype));
+}
+
+// What an update rule's view moves: a read-only view is read once, a written one read and written.
+template <typename T>
+double view_bytes(const DeviceSpan<T>& view) {
+  return (std::is_const_v<T> ? 1.0 : 2.0) * static_cast<double>(view.size_bytes());
 }
 
 }  // namespace
@@ -107,18 +117,14 @@ void RecordingBackend::scale_by_inverse_norm(const MatView& x, const double*, do
   pass("scale_by_inverse_norm", x.count, 2 * bytes_of(x));
 }
 
-void RecordingBackend::sum_of_squares(const float*, int64_t n, float, double*) {
-  pass("sum_of_squares", 1, 4.0 * double(n));
-}
-void RecordingBackend::accumulate(float*, const float*, int64_t n, bool) { pass("accumulate", 1, 12.0 * double(n)); }
-void RecordingBackend::adamw_step(float*, const float*, float, float*, float*, int64_t n, const AdamWStepConstants&) {
-  pass("adamw_step", 1, 28.0 * double(n));  // reads p, g, m, v; writes p, m, v
-}
-void RecordingBackend::muon_momentum(const float*, float, float*, float*, int64_t n, float, float, bool) {
-  pass("muon_momentum", 1, 16.0 * double(n));  // reads g, M; writes M, U
-}
-void RecordingBackend::muon_apply(float*, const float*, int64_t n, float, float, float) {
-  pass("muon_apply", 1, 12.0 * double(n));  // reads W, O; writes W
+void RecordingBackend::run(const UpdateRule& rule) {
+  std::visit(
+      [&](const auto& r) {
+        double bytes = 0;
+        std::apply([&](const auto&... view) { ((bytes += view_bytes(view)), ...); }, r.views());
+        pass(r.name, 1, bytes);
+      },
+      rule.op);
 }
 
 std::unique_ptr<Event> RecordingBackend::record_event() { return std::make_unique<DoneEvent>(); }

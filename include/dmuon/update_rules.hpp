@@ -1,0 +1,141 @@
+// The update rules of DESIGN 1 as values: one struct per elementwise rule, holding its views (DeviceSpans of one
+// size n, on the backend that runs it: float32 values) and its constants, and UpdateRule, the one operation
+// Backend::run takes. Each rule rounds as PyTorch does in float32 (torch.optim.AdamW's single-tensor path,
+// KellerJordan/Muon's lerp_ calls), identically on every backend; g = grad·grad_scale throughout.
+//
+// A rule also tells generic code what it touches, so that the recorder and the test device's fence handle every
+// rule through one path: views() (its DeviceSpans, a tuple; a DeviceSpan<float> is written, a DeviceSpan<const
+// float> only read) and, where it has any, scalars() (single values in device memory it reads or writes).
+// Adding a rule: its struct here and in UpdateRule's variant, and its room in src/backend/rules/
+// (docs/ARCHITECTURE.md, "The device seam").
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <tuple>
+#include <type_traits>
+#include <variant>
+
+#include "dmuon/device_span.hpp"
+#include "dmuon/error.hpp"
+
+namespace dmuon {
+
+// AdamW's per-step constants, derived once per update on the host (torch.optim.AdamW's rounding).
+struct AdamWStepConstants {
+  float decay;         // 1 − lr·wd
+  float one_minus_b1;  // 1 − β1
+  float b2;            // β2
+  float one_minus_b2;  // 1 − β2
+  float step_size;     // lr / (1 − β1^t)
+  float bias2_sqrt;    // sqrt(1 − β2^t)
+  float eps;
+};
+
+namespace rules {
+
+// One value in a backend's memory that a rule reads or writes (null: none).
+struct DeviceScalar {
+  const void* data;
+  size_t bytes;
+};
+
+// *sum = Σ (g·scale)² in double, on the device; not finite when a value is not.
+struct SumOfSquares {
+  static constexpr const char* name = "sum_of_squares";
+  DeviceSpan<const float> grad{};
+  float grad_scale = 1;
+  double* sum = nullptr;  // one double on the device
+
+  auto views() const { return std::tuple{grad}; }
+  std::array<DeviceScalar, 1> scalars() const { return {{{sum, sizeof(double)}}}; }
+};
+
+// acc ← (first ? 0 : acc) + grad (micro-batch accumulation).
+struct Accumulate {
+  static constexpr const char* name = "accumulate";
+  DeviceSpan<float> acc{};
+  DeviceSpan<const float> grad{};
+  bool first = false;
+
+  auto views() const { return std::tuple{acc, grad}; }
+};
+
+// torch.optim.AdamW's single-tensor step: p ← p·decay; m.lerp_(g, 1−β1); v ← β2·v + (1−β2)·g²;
+// p ← p − step_size·m / (sqrt(v)/bias2_sqrt + eps).
+struct AdamWStep {
+  static constexpr const char* name = "adamw_step";
+  DeviceSpan<float> p{};
+  DeviceSpan<const float> grad{};
+  DeviceSpan<float> m{}, v{};
+  AdamWStepConstants k{};
+  float grad_scale = 1;
+
+  auto views() const { return std::tuple{p, grad, m, v}; }
+};
+
+// M ← lerp(M, g, 1−β); U ← nesterov ? lerp(g, M, β) : M. 1−β and β come rounded from double separately (as
+// torch's lerp_ weights are), so both are given. u may alias grad (g is read before u is written).
+struct MuonMomentum {
+  static constexpr const char* name = "muon_momentum";
+  DeviceSpan<const float> grad{};  // may be empty (no data, size 0): a zero gradient of momentum's size
+  DeviceSpan<float> momentum{}, u{};
+  float one_minus_beta = 0, beta = 0;
+  bool nesterov = false;
+  float grad_scale = 1;
+  const float* device_grad_scale = nullptr;  // one float32 on the device; when set, replaces grad_scale
+  // One float32 on the device; *keep == 0 takes g as M (torch.where(keep, g, M)), so M stays and U = M: bit for
+  // bit for finite M other than −0 (lerp(M, M, w) = M + w·0), as the Python side's where-then-lerp.
+  const float* keep = nullptr;
+
+  auto views() const { return std::tuple{grad, momentum, u}; }
+  std::array<DeviceScalar, 2> scalars() const {
+    return {{{device_grad_scale, sizeof(float)}, {keep, sizeof(float)}}};
+  }
+};
+
+// W ← W·decay + neg_lr·(O·scale).
+struct MuonApply {
+  static constexpr const char* name = "muon_apply";
+  DeviceSpan<float> w{};
+  DeviceSpan<const float> o{};
+  float decay = 1, neg_lr = 0, scale = 1;
+  const float* keep = nullptr;  // one float32 on the device; *keep == 0 leaves w as it is, bit for bit
+
+  auto views() const { return std::tuple{w, o}; }
+  std::array<DeviceScalar, 1> scalars() const { return {{{keep, sizeof(float)}}}; }
+};
+
+// n, the one size of a rule's views; throws naming the rule when two differ.
+template <class Rule>
+int64_t checked_size(const Rule& rule) {
+  const auto sizes = std::apply(
+      [](const auto&... view) { return std::array<size_t, sizeof...(view)>{view.size()...}; }, rule.views());
+  for (size_t size : sizes) {
+    DMUON_CHECK(size == sizes[0], Rule::name, ": views of ", sizes[0], " and ", size, " elements");
+  }
+  return static_cast<int64_t>(sizes[0]);
+}
+
+// MuonMomentum's gradient may also be empty, with no data (a zero gradient).
+inline int64_t checked_size(const MuonMomentum& rule) {
+  const size_t n = rule.momentum.size();
+  DMUON_CHECK(rule.u.size() == n && (rule.grad.size() == n || (rule.grad.empty() && !rule.grad.data())),
+              MuonMomentum::name, ": gradient, momentum and output sizes differ (", rule.grad.size(), ", ", n, ", ",
+              rule.u.size(), ")");
+  return static_cast<int64_t>(n);
+}
+
+}  // namespace rules
+
+// One elementwise update rule, for Backend::run.
+struct UpdateRule {
+  std::variant<rules::SumOfSquares, rules::Accumulate, rules::AdamWStep, rules::MuonMomentum, rules::MuonApply> op;
+
+  const char* name() const {
+    return std::visit([](const auto& rule) { return std::decay_t<decltype(rule)>::name; }, op);
+  }
+};
+
+}  // namespace dmuon
