@@ -173,16 +173,19 @@ void muon_momentum_run(Backend& backend, std::span<const int64_t> sizes, std::sp
                        std::span<const Operand> momenta, std::span<const Operand> u, const StepFlags& flags,
                        double beta, bool nesterov, Staging& staging) {
   float* slots = staging.take(backend, 3 * largest(sizes));
-  for (size_t i = 0; i < sizes.size(); ++i)
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] == 0) continue;  // an empty tensor (a rank without rows of a matrix) has nothing to update
     momentum_of(backend, sizes[i], grads[i], momenta[i], u[i], flags.keep_of(i), flags, beta, nesterov, slots);
+  }
 }
 
 void muon_apply_run(Backend& backend, std::span<const int64_t> sizes, std::span<const Operand> w,
                     std::span<const Operand> o, const StepFlags& flags, double lr, double weight_decay,
                     std::span<const double> scales, Staging& staging) {
   float* slots = staging.take(backend, 2 * largest(sizes));
-  for (size_t i = 0; i < sizes.size(); ++i)
-    apply_of(backend, sizes[i], w[i], o[i], flags.keep_of(i), lr, weight_decay, scales[i], slots);
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (sizes[i] > 0) apply_of(backend, sizes[i], w[i], o[i], flags.keep_of(i), lr, weight_decay, scales[i], slots);
+  }
 }
 
 void muon_update_run(Backend& backend, int64_t rows, int64_t cols, std::span<const Operand> grads,

@@ -129,13 +129,16 @@ void on_device(int device, void* stream, std::span<const void* const> pointers,
 #endif
 }
 
-// The n operands of a multi-tensor call: data[i] (null only where `optional`) of dtypes[i], named what[i] in errors.
+// The n operands of a multi-tensor call: data[i] of dtypes[i], named what[i] in errors; null only where `optional` or
+// where sizes (when given) says the tensor is empty.
 std::vector<dmuon::capi::Operand> operands(const char* what, int64_t n, const void* const* data, const int* dtypes,
-                                           const void* stream, int device, bool optional = false) {
+                                           const void* stream, int device, const int64_t* sizes,
+                                           bool optional = false) {
   require(data != nullptr && dtypes != nullptr, std::string(what) + " and its dtypes must be given");
   std::vector<dmuon::capi::Operand> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    require(optional || data[i] != nullptr, std::string(what) + "[" + std::to_string(i) + "] is NULL");
+    require(optional || data[i] != nullptr || (sizes && sizes[i] == 0),
+            std::string(what) + "[" + std::to_string(i) + "] is NULL");
     out[i] = {const_cast<void*>(data[i]), check_device_dtype(device, dtypes[i], stream)};
   }
   return out;
@@ -302,9 +305,9 @@ int dmuon_muon_momentum(int device, void* stream, int64_t n, const int64_t* size
     require_sizes(n, sizes);
     require(beta >= 0 && beta < 1, "beta must be in [0, 1), got " + std::to_string(beta));
     if (n == 0) return;
-    const auto g = operands("grads", n, grads, grad_dtypes, stream, device, true);
-    const auto m = operands("momenta", n, momenta, momentum_dtypes, stream, device);
-    const auto us = operands("u", n, u, u_dtypes, stream, device);
+    const auto g = operands("grads", n, grads, grad_dtypes, stream, device, sizes, true);
+    const auto m = operands("momenta", n, momenta, momentum_dtypes, stream, device, sizes);
+    const auto us = operands("u", n, u, u_dtypes, stream, device, sizes);
     Touched touched;
     touched.add("grads", g);
     touched.add("momenta", m);
@@ -325,8 +328,8 @@ int dmuon_muon_apply(int device, void* stream, int64_t n, const int64_t* sizes, 
     require_sizes(n, sizes);
     if (n == 0) return;
     require(scales != nullptr, "scales must be given");
-    const auto ws = operands("w", n, w, w_dtypes, stream, device);
-    const auto os = operands("o", n, o, o_dtypes, stream, device);
+    const auto ws = operands("w", n, w, w_dtypes, stream, device, sizes);
+    const auto os = operands("o", n, o, o_dtypes, stream, device, sizes);
     Touched touched;
     touched.add("w", ws);
     touched.add("o", os);
@@ -350,9 +353,9 @@ int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_t batch, int
     require(rows >= 1 && cols >= 1, "shape must be positive, got " + std::to_string(rows) + "x" + std::to_string(cols));
     require(beta >= 0 && beta < 1, "beta must be in [0, 1), got " + std::to_string(beta));
     if (batch == 0) return;
-    const auto g = operands("grads", batch, grads, grad_dtypes, stream, device, true);
-    const auto m = operands("momenta", batch, momenta, momentum_dtypes, stream, device);
-    const auto ws = operands("w", batch, w, w_dtypes, stream, device);
+    const auto g = operands("grads", batch, grads, grad_dtypes, stream, device, nullptr, true);
+    const auto m = operands("momenta", batch, momenta, momentum_dtypes, stream, device, nullptr);
+    const auto ws = operands("w", batch, w, w_dtypes, stream, device, nullptr);
     Touched touched;
     touched.add("grads", g);
     touched.add("momenta", m);
