@@ -7,14 +7,13 @@
 // rule through one path: views() (its DeviceSpans, a tuple; a DeviceSpan<float> is written, a DeviceSpan<const
 // float> only read) and, where it has any, scalars() (single values in device memory it reads or writes).
 // Adding a rule: its struct here and in UpdateRule's variant, and its room in src/backend/rules/
-// (docs/ARCHITECTURE.md, "The device seam").
+// (docs/ARCHITECTURE.md, "Backends: where a device plugs in").
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
 #include <tuple>
-#include <type_traits>
 #include <variant>
 
 #include "dmuon/device_span.hpp"
@@ -132,10 +131,6 @@ inline int64_t checked_size(const MuonMomentum& rule) {
 // One elementwise update rule, for Backend::run.
 struct UpdateRule {
   std::variant<rules::SumOfSquares, rules::Accumulate, rules::AdamWStep, rules::MuonMomentum, rules::MuonApply> op;
-
-  const char* name() const {
-    return std::visit([](const auto& rule) { return std::decay_t<decltype(rule)>::name; }, op);
-  }
 };
 
 }  // namespace dmuon
