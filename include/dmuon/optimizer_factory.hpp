@@ -5,7 +5,7 @@
 //   adamw        ShardedAdamW on every parameter over even shards (FSDP/ZeRO + AdamW: the baseline)
 //   muon         single-process Muon (matrices) + AdamW (the rest): a world of one only. Built as DMuon
 //                with every matrix owned by that one rank, which is the single-process definition
-//                (tests/optimizer_factory_mpi_test.cpp compares it with dmuon::Muon)
+//                (tests/optim/optimizer_factory_mpi_test.cpp compares it with dmuon::Muon)
 //   muon-gather  MuonGatherCompute over even shards: gather-then-compute (DESIGN 3.2)
 //   dmuon        DMuon over owner-aligned shards: each matrix updated by its owner alone (DESIGN 3.1);
 //                the owners come from the planner (plan.hpp: plan_across_ranks)

@@ -271,7 +271,7 @@ TEST(FencedDevice, GraphKeysTellBuffersApart) {
 #ifdef DMUON_HAVE_NCCL
 // ‖(x − x0) − (ref − x0)‖ ≤ 1e-4·‖ref − x0‖ per parameter: cuBLAS and OpenBLAS sum products in other
 // orders (float32, a few ulps per product), and Newton–Schulz may amplify such a change by up to a^5 ≈ 490
-// along small singular values (as tests/cuda_optim_test.cpp's Muon step); NCCL and MPI reduce gradients in
+// along small singular values (as tests/optim/cuda_optim_test.cpp's Muon step); NCCL and MPI reduce gradients in
 // other orders too.
 void expect_close_change(const Result& gpu, const Result& cpu, const test::ToyModel& init) {
   for (size_t p = 0; p < cpu.values.size(); ++p) {

@@ -75,7 +75,7 @@ OptimizerStackOptions stack_options(OptimKind kind) {
 }
 
 // ‖x − ref‖ / ‖ref‖ ≤ 1e-5 per tensor: float32 rounding of a few steps through NS (the bound of
-// tests/distributed_optim_mpi_test.cpp, whose argument holds here).
+// tests/optim/distributed_optim_mpi_test.cpp, whose argument holds here).
 void expect_equal_to_reference(OptimKind kind, shard::Mode mode) {
   const std::string what = std::string(to_string(kind)) + " mode " + std::to_string(int(mode)) + " at " +
                            std::to_string(world()->size()) + " ranks, rank " + std::to_string(world()->rank());

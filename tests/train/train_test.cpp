@@ -174,7 +174,7 @@ std::vector<double> single_process_muon_run(const TrainOptions& o, GptBuffers& b
 // A Trainer without a communicator runs on a world of one through the sharded hooks and the optimizer
 // factory, like many ranks; it equals the single-process loop. The same operations in the same order
 // (a reduce over one rank copies), so the difference is at most float32 rounding of reordered sums:
-// the tolerance of tests/train_mpi_test.cpp.
+// the tolerance of tests/train/train_mpi_test.cpp.
 TEST(Train, AWorldOfOneEqualsTheSingleProcessLoop) {
   TrainOptions o = tiny(OptimKind::muon, 4);
   o.micro_batches = 2;
