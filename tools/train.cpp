@@ -22,6 +22,7 @@
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
 #include "dmuon/metrics_csv.hpp"
+#include "dmuon/optimizer_factory.hpp"
 #include "dmuon/rank_agreement.hpp"
 #include "dmuon/trainer.hpp"
 
@@ -202,13 +203,21 @@ void run_train(TrainArgs& args) {
   }
 }
 
+// "adamw | muon (1 rank) | muon-gather | dmuon": every kind of optimizer_factory.hpp's table.
+std::string optim_help() {
+  std::string out;
+  for (const dmuon::OptimKindInfo& k : dmuon::optim_kinds())
+    out += std::string(out.empty() ? "" : " | ") + k.name + (k.single_process ? " (1 rank)" : "");
+  return out;
+}
+
 dmuon::cli::Registration reg("", [](CLI::App& app) {
   auto args = std::make_shared<TrainArgs>();
   dmuon::TrainOptions& o = args->train;
   auto* c = app.add_subcommand("train", "Train the GPT example on text (run under mpirun for several ranks)");
   using dmuon::cli::at_least;
   using dmuon::cli::in_range;
-  c->add_option("--optim", args->optim, "adamw | muon (1 rank) | muon-gather | dmuon")->capture_default_str();
+  c->add_option("--optim", args->optim, optim_help())->capture_default_str();
   c->add_option("--steps", o.steps, "optimizer steps in total")->capture_default_str()->check(at_least<int64_t>(1));
   c->add_option("--seed", o.seed, "initialisation and batch order")
       ->capture_default_str()

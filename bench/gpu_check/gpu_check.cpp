@@ -122,7 +122,7 @@ void check_products(Backend& gpu) {
 }
 
 // float32 iterates: 5 steps against the float64 recurrence, within 1e-4 (GPU.md: float32 ≪ 1e-3). bf16 iterates
-// (tests/ns_bf16_emulation_test.cpp derives both limits on these very inputs): after 1 and 2 steps against the
+// (tests/ns/ns_bf16_emulation_test.cpp derives both limits on these very inputs): after 1 and 2 steps against the
 // emulated GPU recurrence (bf16 at every store, float32 accumulation), within 1e-3, where accumulation order alone
 // moves a correct result by under 2.5e-4 and a missing rounding by over 2e-3; after 5 steps, when the bf16 iterates
 // have become chaotic (correct results 1e-2 … 3.5e-2 from float64), against float64 within 5e-2.

@@ -16,7 +16,7 @@
 //     NS on all of them (the same engine and thread settings as DMuon) and applies its slices.
 //   ShardedAdamW: AdamW on every parameter's piece (the AdamW-only baseline of `dmuon bench optimizer`).
 // Both Muon variants equal single-process dmuon::Muon up to float32 rounding
-// (tests/distributed_optim_mpi_test.cpp). Checkpoints (include/dmuon/checkpoint.hpp) save each rank's
+// (tests/optim/distributed_optim_mpi_test.cpp). Checkpoints (include/dmuon/checkpoint.hpp) save each rank's
 // pieces and load into any variant, layout or world size; load before the next gather, which then
 // delivers the loaded weights to every rank.
 #pragma once

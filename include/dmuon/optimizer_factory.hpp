@@ -5,7 +5,7 @@
 //   adamw        ShardedAdamW on every parameter over even shards (FSDP/ZeRO + AdamW: the baseline)
 //   muon         single-process Muon (matrices) + AdamW (the rest): a world of one only. Built as DMuon
 //                with every matrix owned by that one rank, which is the single-process definition
-//                (tests/optimizer_factory_mpi_test.cpp compares it with dmuon::Muon)
+//                (tests/optim/optimizer_factory_mpi_test.cpp compares it with dmuon::Muon)
 //   muon-gather  MuonGatherCompute over even shards: gather-then-compute (DESIGN 3.2)
 //   dmuon        DMuon over owner-aligned shards: each matrix updated by its owner alone (DESIGN 3.1);
 //                the owners come from the planner (plan.hpp: plan_across_ranks)
@@ -18,6 +18,7 @@
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -33,6 +34,20 @@ enum class OptimKind { adamw, muon, muon_gather, dmuon };
 std::string_view to_string(OptimKind kind);
 // "adamw" | "muon" | "muon-gather" | "dmuon"; throws dmuon::Error naming the accepted values.
 OptimKind parse_optim_kind(std::string_view text);
+
+// What the library knows of a kind, one row each (src/optim/optimizer_factory.cpp: kKinds, where each row also
+// names the function that builds its optimizer). A new kind is its enumerator above and its row there;
+// the tests iterate tests/support/optimizer_kinds.hpp's table, one row a kind too.
+struct OptimKindInfo {
+  OptimKind kind = OptimKind::dmuon;
+  const char* name = "";      // to_string, parse_optim_kind, `dmuon train --optim`
+  double default_lr = 0;      // the trainer's peak learning rate when none is given (trainer.hpp: default_lr)
+  bool single_process = false;  // a world of one only (muon)
+  bool takes_owners = false;    // needs OptimizerStackOptions::owners, one per parameter (dmuon); others refuse owners
+  bool owner_aligned = false;   // owner-aligned shards, each matrix whole on one rank (without owners: rank 0's)
+};
+std::span<const OptimKindInfo> optim_kinds();  // every kind, in OptimKind's order
+const OptimKindInfo& optim_kind_info(OptimKind kind);
 
 struct OptimizerStackOptions {
   OptimKind kind = OptimKind::dmuon;

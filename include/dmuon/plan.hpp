@@ -5,7 +5,7 @@
 // time limit depends on machine speed, so the plan is NOT guaranteed identical when every
 // rank solves it. Contract for distributed use: rank 0 calls make_plan, broadcasts
 // Plan::owner (one int per parameter) and every other rank calls plan_from_owners with it
-// (tests/plan_mpi_test.cpp does exactly this).
+// (tests/plan/plan_mpi_test.cpp does exactly this).
 #pragma once
 
 #include <cstdint>

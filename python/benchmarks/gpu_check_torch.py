@@ -8,7 +8,7 @@ scripts/gpu-check.sh where the full build (libdmuon_c with the CUDA backend) exi
                torch's current stream order
   cuda-vs-cpu  DMuon on CUDA tensors (bf16 Newton–Schulz iterates) equals DMuon on CPU tensors (float32)
                within 1e-2 relative per tensor after 5 steps: each step moves a weight by about 3% of
-               its norm and bf16 Newton–Schulz is 1e-2 … 3.5e-2 off float64 (tests/ns_bf16_emulation_test.cpp)
+               its norm and bf16 Newton–Schulz is 1e-2 … 3.5e-2 off float64 (tests/ns/ns_bf16_emulation_test.cpp)
   step-time    one optimizer step on qwen2.5-0.5b's Muon matrices (all 24 layers, muon_step_torch.py's
                list) on the GPU: dmuon.torch.DMuon against torch.optim.Muon; CUDA events, median
 

@@ -26,7 +26,7 @@
 
 namespace dmuon {
 
-double default_lr(OptimKind kind) { return kind == OptimKind::adamw ? 3e-3 : 0.02; }
+double default_lr(OptimKind kind) { return optim_kind_info(kind).default_lr; }  // the kind's row (optimizer_factory.cpp)
 double peak_lr(const TrainOptions& o) { return o.lr > 0 ? o.lr : default_lr(o.optim); }
 
 double lr_factor(int64_t step, int64_t total, int64_t warmup, double min_ratio) {

@@ -303,7 +303,7 @@ TEST(Plan, DefaultOwnersAreLptOnFlopCosts) {
 
 // DESIGN 2.3's table, in units of m³ for 5 steps: min(standard sym, Gram restart [2] sym). The estimate counts
 // what the engine executes (SYRK's diagonal, 8 tiles of the upper triangle rather than exactly half), so it
-// lies a few percent above the idealised table; tests/ns_record_test.cpp checks the exact closed forms.
+// lies a few percent above the idealised table; tests/ns/ns_record_test.cpp checks the exact closed forms.
 TEST(CostModel, FlopsMatchDesignTable) {
   const int64_t m = 512;
   const double m3 = double(m) * m * m;

@@ -28,6 +28,7 @@
 #include "dmuon/linalg.hpp"
 #include "dmuon/tune.hpp"
 #include "dmuon/trainer.hpp"
+#include "optimizer_kinds.hpp"
 #include "tiny_training.hpp"
 
 namespace dmuon {
@@ -97,21 +98,21 @@ std::string shared_temp_dir(const std::string& tag) {
   return buf;
 }
 
-TEST(TrainMpi, DMuonEqualsSingleProcessMuon) {
-  expect_equal_to_reference({OptimKind::dmuon, OptimKind::muon, shard::Mode::z3, 1});
+// Every kind of the table (support/optimizer_kinds.hpp) that runs at this world size, in z3, equals its
+// single-process definition.
+class TrainMpiKinds : public ::testing::TestWithParam<test::KindRow> {};
+
+TEST_P(TrainMpiKinds, EqualsItsSingleProcessDefinition) {
+  const test::KindRow& k = GetParam();
+  if (!k.runs_at(comm::world()->size())) GTEST_SKIP() << to_string(k.kind) << " runs on at most " << k.max_ranks << " ranks";
+  expect_equal_to_reference({k.kind, k.reference, shard::Mode::z3, 1});
 }
+
+INSTANTIATE_TEST_SUITE_P(TrainMpi, TrainMpiKinds, ::testing::ValuesIn(test::optimizer_kinds()), test::kind_name);
 
 TEST(TrainMpi, DMuonWithMicroBatchesInEveryShardModeEqualsSingleProcessMuon) {
   for (shard::Mode m : {shard::Mode::z3, shard::Mode::z2, shard::Mode::replicated})
     expect_equal_to_reference({OptimKind::dmuon, OptimKind::muon, m, 2});
-}
-
-TEST(TrainMpi, MuonGatherComputeEqualsSingleProcessMuon) {
-  expect_equal_to_reference({OptimKind::muon_gather, OptimKind::muon, shard::Mode::z3, 1});
-}
-
-TEST(TrainMpi, ShardedAdamWEqualsSingleProcessAdamW) {
-  expect_equal_to_reference({OptimKind::adamw, OptimKind::adamw, shard::Mode::z3, 1});
 }
 
 // A hand-written tuning cache that picks non-default kernels (standard recurrence with plain sgemm,

@@ -1,6 +1,6 @@
 cmake_minimum_required(VERSION 3.25)
 # Fails when a public header (include/dmuon/*.hpp) includes or names a private dependency of the
-# library: MPI, nlohmann's JSON, BLAS or CBC. Run by ctest (tests/CMakeLists.txt).
+# library: MPI, nlohmann's JSON, BLAS or CBC. Run by ctest (tests/project/CMakeLists.txt).
 #   cmake -DINCLUDE_DIR=<repo>/include/dmuon -P public_headers_test.cmake
 file(GLOB headers ${INCLUDE_DIR}/*.hpp)
 if(NOT headers)

@@ -1,6 +1,7 @@
-// The distributed optimizers with their memory on a device, at every world size the suite runs (1..4):
-// DMuon (z3, z2, replicated), MuonGatherCompute (z3, replicated), ShardedAdamW and, on one rank, Muon, built by
-// make_optimizer_stack with a device backend and a communicator that takes device memory.
+// The distributed optimizers with their memory on a device, at every world size the suite runs (1..4): every
+// kind of the kinds table (support/optimizer_kinds.hpp) in each of its shard modes (DMuon, MuonGatherCompute and
+// ShardedAdamW in z3, z2 and replicated; Muon on one rank), built by make_optimizer_stack with a device backend
+// and a communicator that takes device memory.
 //  - On the fenced test device (support/fenced_device.hpp), every CI run: parameters, gradients, the unit
 //    buffers and every optimizer state buffer are PROT_NONE except inside a backend operation or a
 //    collective, so any host access to them on these paths is a SIGSEGV. The results — every weight, every
@@ -26,6 +27,7 @@
 #include "dmuon/plan.hpp"  // default_owners
 #include "fenced_device.hpp"
 #include "hook_pass.hpp"
+#include "optimizer_kinds.hpp"
 #include "test_world.hpp"
 #include "test_data.hpp"
 #include "toy_model.hpp"
@@ -61,23 +63,29 @@ std::vector<float> rank_gradient(int p, int t, int r, int64_t n, int ranks) {
   return g;
 }
 
+// A case: a kind of the table in one of its modes, with a Newton–Schulz variant. The variants take turns
+// over the cases, so that each Muon kind runs both recurrences and both batch modes.
 struct Case {
-  const char* name;
+  std::string name;
   OptimKind kind;
   Mode mode;
   NsAlgo algo;
   NsBatchMode batch_mode;
 };
-const Case kCases[] = {
-    {"dmuon z3 gram", OptimKind::dmuon, Mode::z3, NsAlgo::gram, NsBatchMode::sequential},
-    {"dmuon z2 standard concurrent", OptimKind::dmuon, Mode::z2, NsAlgo::standard, NsBatchMode::concurrent},
-    {"dmuon replicated gram", OptimKind::dmuon, Mode::replicated, NsAlgo::gram, NsBatchMode::sequential},
-    {"muon-gather z3 gram", OptimKind::muon_gather, Mode::z3, NsAlgo::gram, NsBatchMode::concurrent},
-    {"muon-gather replicated standard", OptimKind::muon_gather, Mode::replicated, NsAlgo::standard,
-     NsBatchMode::sequential},
-    {"adamw z3", OptimKind::adamw, Mode::z3, NsAlgo::gram, NsBatchMode::sequential},
-    {"muon (one rank)", OptimKind::muon, Mode::z3, NsAlgo::gram, NsBatchMode::sequential},
-};
+Case make_case(const test::KindMode& km) {
+  struct Variant {
+    NsAlgo algo;
+    NsBatchMode batch_mode;
+    const char* name;
+  };
+  static constexpr Variant kVariants[] = {{NsAlgo::gram, NsBatchMode::sequential, "gram"},
+                                          {NsAlgo::standard, NsBatchMode::concurrent, "standard concurrent"},
+                                          {NsAlgo::gram, NsBatchMode::concurrent, "gram concurrent"},
+                                          {NsAlgo::standard, NsBatchMode::sequential, "standard"}};
+  const Variant& v = kVariants[(static_cast<int>(km.row.kind) + static_cast<int>(km.mode)) % std::size(kVariants)];
+  return {std::string(to_string(km.row.kind)) + " " + std::string(shard::to_string(km.mode)) + " " + v.name,
+          km.row.kind, km.mode, v.algo, v.batch_mode};
+}
 
 OptimizerStackOptions stack_options(const Case& c, int ranks, Backend* backend) {
   OptimizerStackOptions o;
@@ -91,7 +99,7 @@ OptimizerStackOptions stack_options(const Case& c, int ranks, Backend* backend) 
   o.optimizer.rules = {{"head", OptimGroup::adamw}};
   o.optimizer.clip_grad_norm = 4.0;
   o.optimizer.nonfinite = NonFinitePolicy::skip;
-  if (c.kind == OptimKind::dmuon) o.owners = default_owners(specs(), ranks);
+  if (optim_kind_info(c.kind).takes_owners) o.owners = default_owners(specs(), ranks);
   o.backend = backend;
   return o;
 }
@@ -185,50 +193,53 @@ void expect_same(const Result& got, const Result& want) {
   }
 }
 
-TEST(FencedDevice, OptimizersNeverTouchDeviceMemoryAndMatchTheCpuBitForBit) {
+// Each kind of the table in each of its modes, on the fenced device; a kind that runs on fewer ranks skips.
+class FencedDevice : public ::testing::TestWithParam<test::KindMode> {
+ protected:
+  void SetUp() override {
+    if (!GetParam().row.runs_at(test::world()->size()))
+      GTEST_SKIP() << to_string(GetParam().row.kind) << " runs on at most " << GetParam().row.max_ranks << " ranks";
+  }
+  const Case c = make_case(GetParam());
+};
+
+TEST_P(FencedDevice, OptimizersNeverTouchDeviceMemoryAndMatchTheCpuBitForBit) {
   const auto world = test::world();
   const auto fenced_world = test::fenced_comm(world, fenced().fence());
-  for (const Case& c : kCases) {
-    if (c.kind == OptimKind::muon && world->size() > 1) continue;
-    SCOPED_TRACE(std::string(c.name) + " on rank " + std::to_string(world->rank()) + " of " +
-                 std::to_string(world->size()));
-    const int64_t replayed = fenced().graphs_replayed();
-    const Result cpu = run(c, cpu_backend(), world);
-    const Result device = run(c, fenced(), fenced_world);
-    EXPECT_EQ(device.skipped, 1);
-    EXPECT_EQ(cpu.grad_norms, device.grad_norms);
-    expect_same(device, cpu);
-    // Gather-then-compute runs NS on every matrix on every rank, so every rank replays recorded graphs.
-    if (c.kind == OptimKind::muon_gather) {
-      EXPECT_GT(fenced().graphs_replayed(), replayed);
-    }
+  SCOPED_TRACE(c.name + " on rank " + std::to_string(world->rank()) + " of " + std::to_string(world->size()));
+  const int64_t replayed = fenced().graphs_replayed();
+  const Result cpu = run(c, cpu_backend(), world);
+  const Result device = run(c, fenced(), fenced_world);
+  EXPECT_EQ(device.skipped, 1);
+  EXPECT_EQ(cpu.grad_norms, device.grad_norms);
+  expect_same(device, cpu);
+  // Gather-then-compute runs NS on every matrix on every rank, so every rank replays recorded graphs.
+  if (c.kind == OptimKind::muon_gather) {
+    EXPECT_GT(fenced().graphs_replayed(), replayed);
   }
 }
 
 // Checkpoints move optimizer state through the backend: saved from the fenced device, loaded into the CPU and
 // into the fenced device again, both hold what was saved, bit for bit.
-TEST(FencedDevice, CheckpointsSaveAndLoadDeviceState) {
+TEST_P(FencedDevice, CheckpointsSaveAndLoadDeviceState) {
   const auto world = test::world();
   const auto fenced_world = test::fenced_comm(world, fenced().fence());
   test::TempDir tmp;
   const std::string dir = test::shared_folder(tmp);
-  for (const Case& c : {kCases[1], kCases[3]}) {
-    SCOPED_TRACE(std::string(c.name) + " on rank " + std::to_string(world->rank()));
-    OptimizerStack device = make_stack(c, fenced(), fenced_world);
-    train(device, world->rank(), world->size());
-    save_checkpoint(dir, *device.optimizer);
-    const Result saved = read(device);
-    OptimizerStack cpu = make_stack(c, cpu_backend(), world);
-    load_checkpoint(dir, *cpu.optimizer);
-    expect_same(read(cpu), saved);
-    OptimizerStack again = make_stack(c, fenced(), fenced_world);
-    load_checkpoint(dir, *again.optimizer);
-    expect_same(read(again), saved);
-  }
+  SCOPED_TRACE(c.name + " on rank " + std::to_string(world->rank()));
+  OptimizerStack device = make_stack(c, fenced(), fenced_world);
+  train(device, world->rank(), world->size());
+  save_checkpoint(dir, *device.optimizer);
+  const Result saved = read(device);
+  OptimizerStack cpu = make_stack(c, cpu_backend(), world);
+  load_checkpoint(dir, *cpu.optimizer);
+  expect_same(read(cpu), saved);
+  OptimizerStack again = make_stack(c, fenced(), fenced_world);
+  load_checkpoint(dir, *again.optimizer);
+  expect_same(read(again), saved);
 }
 
-TEST(FencedDevice, DeviceMemoryWithAHostOnlyCommunicatorIsRefused) {
-  Case c = kCases[0];
+TEST_P(FencedDevice, DeviceMemoryWithAHostOnlyCommunicatorIsRefused) {
   try {
     make_optimizer_stack(test::world(), specs(), stack_options(c, test::world()->size(), &fenced()));
     FAIL() << "a fenced backend over MPI was accepted";
@@ -239,7 +250,7 @@ TEST(FencedDevice, DeviceMemoryWithAHostOnlyCommunicatorIsRefused) {
 
 // Two batches of the same shape in different buffers, orthogonalized with device norms (the optimizer's
 // call): each result equals the CPU's, so a recorded graph never replays onto the other batch's buffers.
-TEST(FencedDevice, GraphKeysTellBuffersApart) {
+TEST(FencedDeviceGraphs, GraphKeysTellBuffersApart) {
   const int64_t rows = 6, cols = 10;
   NsOptions ns;
   ns.algo = NsAlgo::gram;
@@ -271,7 +282,7 @@ TEST(FencedDevice, GraphKeysTellBuffersApart) {
 #ifdef DMUON_HAVE_NCCL
 // ‖(x − x0) − (ref − x0)‖ ≤ 1e-4·‖ref − x0‖ per parameter: cuBLAS and OpenBLAS sum products in other
 // orders (float32, a few ulps per product), and Newton–Schulz may amplify such a change by up to a^5 ≈ 490
-// along small singular values (as tests/cuda_optim_test.cpp's Muon step); NCCL and MPI reduce gradients in
+// along small singular values (as tests/optim/cuda_optim_test.cpp's Muon step); NCCL and MPI reduce gradients in
 // other orders too.
 void expect_close_change(const Result& gpu, const Result& cpu, const test::ToyModel& init) {
   for (size_t p = 0; p < cpu.values.size(); ++p) {
@@ -285,7 +296,13 @@ void expect_close_change(const Result& gpu, const Result& cpu, const test::ToyMo
 }
 #endif
 
-TEST(CudaNccl, OptimizersOnEachRanksGpuMatchTheCpuWithinFloat32Rounding) {
+INSTANTIATE_TEST_SUITE_P(Kinds, FencedDevice, ::testing::ValuesIn(test::kinds_and_modes(test::TestDevice::fenced)),
+                         test::kind_mode_name);
+
+// The same cases on GPUs (the kinds tested on the fenced device).
+class CudaNccl : public FencedDevice {};
+
+TEST_P(CudaNccl, OptimizersOnEachRanksGpuMatchTheCpuWithinFloat32Rounding) {
 #ifndef DMUON_HAVE_NCCL
   GTEST_SKIP() << "this build has no NCCL communicator (DMUON_CUDA=OFF or NCCL not found)";
 #else
@@ -296,18 +313,18 @@ TEST(CudaNccl, OptimizersOnEachRanksGpuMatchTheCpuWithinFloat32Rounding) {
   if (usable == 0) GTEST_SKIP() << "needs one CUDA device per rank of a node; NCCL refuses two ranks on one GPU";
   Backend& gpu = backend_for(DeviceKind::cuda, comm::rank_device(*world));
   const test::ToyModel init(specs(), 7);
-  for (const Case& c : kCases) {
-    if (c.kind == OptimKind::muon && world->size() > 1) continue;
-    SCOPED_TRACE(std::string(c.name) + " on rank " + std::to_string(world->rank()));
-    const Result cpu = run(c, cpu_backend(), world);
-    const Result device = run(c, gpu, comm::nccl_world(world, gpu));
-    EXPECT_EQ(cpu.skipped, device.skipped);
-    for (size_t t = 0; t < cpu.grad_norms.size(); ++t)
-      EXPECT_NEAR(device.grad_norms[t], cpu.grad_norms[t], 1e-6 * cpu.grad_norms[t]) << "step " << t;
-    expect_close_change(device, cpu, init);
-  }
+  SCOPED_TRACE(c.name + " on rank " + std::to_string(world->rank()));
+  const Result cpu = run(c, cpu_backend(), world);
+  const Result device = run(c, gpu, comm::nccl_world(world, gpu));
+  EXPECT_EQ(cpu.skipped, device.skipped);
+  for (size_t t = 0; t < cpu.grad_norms.size(); ++t)
+    EXPECT_NEAR(device.grad_norms[t], cpu.grad_norms[t], 1e-6 * cpu.grad_norms[t]) << "step " << t;
+  expect_close_change(device, cpu, init);
 #endif
 }
+
+INSTANTIATE_TEST_SUITE_P(Kinds, CudaNccl, ::testing::ValuesIn(test::kinds_and_modes(test::TestDevice::fenced)),
+                         test::kind_mode_name);
 
 }  // namespace
 }  // namespace dmuon

@@ -7,7 +7,7 @@
 // tuned run picks its NS kernels and DMuon's owners from this machine's timings.
 //
 // To regenerate the file after a change meant to move the losses (review its diff and say why in the commit):
-//   DMUON_WRITE_LOSS_CURVE=1 build/tests/train_loss_curve_test
+//   DMUON_WRITE_LOSS_CURVE=1 build/tests/train/train_loss_curve_test
 #include <gtest/gtest.h>
 
 #include <cmath>
