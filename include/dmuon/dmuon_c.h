@@ -103,8 +103,8 @@ DMUON_C_API int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, 
  *
  * For a step that keeps its per-step values on the device (dmuon.torch's: nothing in it waits for the device).
  * Tensors come as n data pointers with n sizes (elements) and n dtype codes (float32 updated in place; bfloat16
- * widened to float32, computed on and rounded back once per value); an empty tensor's pointer may be NULL. Two values stay where the step computed
- * them, read by the device and never by the host: keep[i] points at one float32 in the data's memory (0: tensor
+ * widened to float32, computed on and rounded back once per value); an empty tensor's pointer may be NULL. Two
+ * values stay where the step computed them, read by the device and never by the host: keep[i] points at one float32 in the data's memory (0: tensor
  * i's update changes nothing, bit for bit; keep NULL: every tensor is updated) and grad_scale at one float32, the
  * gradients' factor (clipping; NULL: 1). Device and stream as for dmuon_ns_run; none of these calls waits for the
  * device, except dmuon_muon_update with a handle whose finite check is on (dmuon_ns_set_check_finite). Rounding

@@ -84,8 +84,8 @@ struct MuonMomentum {
   bool nesterov = false;
   float grad_scale = 1;
   const float* device_grad_scale = nullptr;  // one float32 on the device; when set, replaces grad_scale
-  // One float32 on the device; *keep == 0 takes g as M (torch.where(keep, g, M)), so M stays and U = M: bit for
-  // bit for finite M other than −0 (lerp(M, M, w) = M + w·0), as the Python side's where-then-lerp.
+  // One float32 on the device; *keep == 0 leaves M as it is, bit for bit, and sets U = M (the step leaves the
+  // tensor out: a non-finite gradient is never read).
   const float* keep = nullptr;
 
   auto views() const { return std::tuple{grad, momentum, u}; }

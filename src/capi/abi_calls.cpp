@@ -124,7 +124,8 @@ float* widened(Backend& backend, const Operand& x, int64_t n, float* slot, bool 
 // Rounds `wide` back into the operand when it is not float32 (wide is then its slot).
 void narrowed(Backend& backend, const float* wide, const Operand& x, int64_t n) {
   if (x.dtype == DType::f32) return;
-  backend.convert(dense_view(backend, const_cast<float*>(wide), DType::f32, 1, n), dense_view(backend, x.data, x.dtype, 1, n));
+  backend.convert(dense_view(backend, const_cast<float*>(wide), DType::f32, 1, n),
+                  dense_view(backend, x.data, x.dtype, 1, n));
 }
 
 // One tensor's momentum: the rule on n values, U written to `u` (float32, or its slot and rounded back).

@@ -1,5 +1,5 @@
-// What dmuon_ns_run and dmuon_adamw_step (include/dmuon/dmuon_c.h) do once the C ABI has checked its arguments
-// and chosen a backend: the same calls for the CPU, for the CUDA backend (its stream joined to the caller's,
+// What dmuon_ns_run, dmuon_adamw_step and the Muon update calls (include/dmuon/dmuon_c.h) do once the C ABI has
+// checked its arguments and chosen a backend: the same calls for the CPU, for the CUDA backend (its stream joined to the caller's,
 // cuda_caller_stream.hpp) and for the tests' fenced device. The caller's data is in the backend's memory, in its
 // storage type: float32 is used in place; bfloat16 is widened into float32 staging (exact), computed there
 // (Newton–Schulz iterates in bf16 where the backend supports it, else float32) and rounded back once per value.
@@ -80,7 +80,8 @@ struct StepFlags {
   const float* keep_of(size_t i) const { return keep.empty() ? nullptr : keep[i]; }
 };
 
-// Muon's momentum for tensors i of sizes[i] values: M_i ← lerp(M_i, g_i, 1−β), U_i = nesterov ? lerp(g_i, M_i, β) : M_i
+// Muon's momentum for tensors i of sizes[i] values: M_i ← lerp(M_i, g_i, 1−β),
+// U_i = nesterov ? lerp(g_i, M_i, β) : M_i
 // (rules::MuonMomentum; grads[i].data null: a zero gradient). float32 operands are used in place, bfloat16 ones widened
 // into `staging` and rounded back once.
 void muon_momentum_run(Backend& backend, std::span<const int64_t> sizes, std::span<const Operand> grads,

@@ -364,7 +364,8 @@ int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_t batch, int
     std::vector<std::string> labels;
     for (int64_t i = 0; names && i < batch; ++i) labels.emplace_back(names[i] ? names[i] : "matrix");
     on_device(device, stream, touched.pointers, touched.name_of(), [&](dmuon::Backend& backend) {
-      const dmuon::NsOptions options = dmuon::capi::muon_ns_options(backend, ns->tuned, ns->defaults, rows, cols, batch);
+      const dmuon::NsOptions options =
+          dmuon::capi::muon_ns_options(backend, ns->tuned, ns->defaults, rows, cols, batch);
       dmuon::capi::muon_update_run(backend, rows, cols, g, m, ws, flags, beta, nesterov != 0, lr, weight_decay, scale,
                                    options, labels, ns->staging, ns->check_finite);
     });

@@ -1,5 +1,5 @@
-// The C ABI's work on a backend (src/capi/abi_calls.hpp), which dmuon_ns_run and dmuon_adamw_step run on the CPU
-// and on a GPU (inside the caller's stream order):
+// The C ABI's work on a backend (src/capi/abi_calls.hpp), which dmuon_ns_run, dmuon_adamw_step and the Muon update
+// calls run on the CPU and on a GPU (inside the caller's stream order):
 //  - called the way dmuon.torch calls it (one contiguous (k, rows, cols) stack per bucket, pointers into it,
 //    in place; AdamW on whole tensors), on the fenced test device, whose memory faults on any host access, it
 //    equals the CPU call bit for bit, for float32 and bfloat16 storage: the device path touches the caller's
@@ -8,8 +8,10 @@
 //    derived bound of float64 Newton–Schulz.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -246,6 +248,76 @@ TEST(CapiCalls, AdamWOnTheFencedDeviceEqualsTheCpuBitForBit) {
     const auto device = adamw_on(fenced, storage, n, 3);
     const char* names[] = {"p", "grad", "exp_avg", "exp_avg_sq"};
     for (int r = 0; r < 4; ++r) EXPECT_EQ(device[r], cpu[r]) << to_string(storage) << " " << names[r];
+  }
+}
+
+// Muon's whole update of a bucket held here (muon_update_run, what dmuon_muon_update runs), called the way
+// dmuon.torch calls it: k matrices' gradients, momenta and weights in `storage`, a keep flag per matrix and the
+// clipping factor in the backend's memory; the second matrix has no gradient (a zero one), the third is kept out
+// (keep = 0). Returns {momenta, weights, the weights before} after `steps` updates as host bytes; `reads` (may be
+// empty) counts the backend's copies to the host, whose number during the updates goes to *read_back.
+std::vector<std::vector<char>> muon_update_on(Backend& backend, DType storage, int64_t k, int64_t rows, int64_t cols,
+                                              int steps, const std::function<int64_t()>& reads = {},
+                                              int64_t* read_back = nullptr) {
+  const size_t bytes = static_cast<size_t>(k * rows * cols) * dtype_size(storage);
+  const std::vector<std::vector<char>> host = {random_stack(storage, k, rows, cols, 11),
+                                               random_stack(storage, k, rows, cols, 12, 0.1f),
+                                               random_stack(storage, k, rows, cols, 13)};  // grads, momenta, weights
+  const std::vector<float> flags = {1, 1, 0, 0.5f};  // keep per matrix, then the clipping factor
+  std::vector<void*> device(3);
+  for (int r = 0; r < 3; ++r) {
+    device[r] = backend.allocate(bytes);
+    backend.copy_from_host(device[r], host[r].data(), bytes);
+  }
+  auto* scalars = static_cast<float*>(backend.allocate(flags.size() * sizeof(float)));
+  backend.copy_from_host(scalars, flags.data(), flags.size() * sizeof(float));
+  const auto grads = matrix_pointers(device[0], storage, k, rows, cols);
+  const auto momenta = matrix_pointers(device[1], storage, k, rows, cols);
+  const auto weights = matrix_pointers(device[2], storage, k, rows, cols);
+  std::vector<capi::Operand> g, m, w;
+  std::vector<const float*> keep;
+  for (int64_t j = 0; j < k; ++j) {
+    g.push_back({j == 1 ? nullptr : grads[j], storage});
+    m.push_back({momenta[j], storage});
+    w.push_back({weights[j], storage});
+    keep.push_back(scalars + std::min<int64_t>(j, 2));
+  }
+  const capi::StepFlags step{keep, scalars + 3};
+  capi::Staging staging;
+  const std::vector<std::string> names(k, "bucket matrix");
+  const NsOptions options = capi::muon_ns_options(backend, {}, NsOptions{}, rows, cols, k);
+  const int64_t before = reads ? reads() : 0;
+  for (int s = 0; s < steps; ++s)
+    capi::muon_update_run(backend, rows, cols, g, m, w, step, 0.95, true, 0.02, 0.1, 0.2 * std::sqrt(double(cols)),
+                          options, names, staging, false);
+  if (read_back) *read_back = reads() - before;
+  std::vector<std::vector<char>> out = {host[1], host[2], host[2]};
+  for (int r = 0; r < 2; ++r) backend.copy_to_host(out[r].data(), device[r + 1], bytes);
+  for (void* p : device) backend.deallocate(p);
+  backend.deallocate(scalars);
+  return out;
+}
+
+// On the fenced device (memory that faults on any host access) the update equals the CPU's bit for bit in float32
+// and bfloat16 storage and reads nothing back (what a GPU step needs: the keep flags and the clipping factor stay on
+// the device); the matrix kept out is unchanged, bit for bit, and the others moved.
+TEST(CapiCalls, MuonUpdateOnTheFencedDeviceEqualsTheCpuBitForBitAndReadsNothingBack) {
+  test::FencedBackend fenced;
+  const int64_t k = 3, rows = 24, cols = 40, n = rows * cols;
+  for (DType storage : {DType::f32, DType::bf16}) {
+    const auto cpu = muon_update_on(cpu_backend(), storage, k, rows, cols, 2);
+    int64_t read_back = -1;
+    const auto device = muon_update_on(fenced, storage, k, rows, cols, 2, [&] { return fenced.copies_to_host(); },
+                                       &read_back);
+    EXPECT_EQ(device[0], cpu[0]) << to_string(storage) << " momenta";
+    EXPECT_EQ(device[1], cpu[1]) << to_string(storage) << " weights";
+    EXPECT_EQ(read_back, 0) << to_string(storage);
+    const size_t size = dtype_size(storage), matrix = static_cast<size_t>(n) * size;
+    for (int64_t j = 0; j < k; ++j) {
+      const bool same = std::equal(cpu[1].begin() + j * matrix, cpu[1].begin() + (j + 1) * matrix,
+                                   cpu[2].begin() + j * matrix);
+      EXPECT_EQ(same, j == 2) << to_string(storage) << " weights of matrix " << j;
+    }
   }
 }
 

@@ -138,7 +138,7 @@ def test_tune_cache_names_the_cache_the_kernels_read(tmp_path, monkeypatch):
 
 
 def test_muon_scale_meets_the_table_of_the_cpp_engine():
-    # The one table of both definitions (tests/optim_test.cpp checks update_rules.cpp's against it).
+    # The one table of both definitions (tests/optim/optim_test.cpp checks update_rules.cpp's against it).
     table = json.loads((pathlib.Path(__file__).parents[1] / "data" / "muon_scale.json").read_text())
     assert len(table["cases"]) >= 4
     for case in table["cases"]:

@@ -194,8 +194,8 @@ class MuonStep:
         engine call per param group."""
         for part in self._by_group(pairs, lambda pair: pair[0].group):
             group = part[0][0].group
-            muon_apply([(k.index, k.local_view(k.layout.local(k.layout.tensor)), update, k.scale) for k, update in part],
-                       group["lr"], group["weight_decay"], self.values)
+            entries = [(k.index, k.local_view(k.layout.local(k.layout.tensor)), update, k.scale) for k, update in part]
+            muon_apply(entries, group["lr"], group["weight_decay"], self.values)
 
     def _update_held(self, bucket):
         """The whole update of matrices this rank holds whole and alone (nothing travels): momentum,

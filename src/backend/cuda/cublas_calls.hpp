@@ -4,7 +4,7 @@
 // dimension ld. So row-major C = op(A)·op(B) is column-major Cᵀ = op(B)ᵀ·op(A)ᵀ: the operands swap, each keeps
 // its transpose flag, and m and n swap. Row-major upper triangle = column-major lower triangle, so row-major
 // X·Xᵀ (X n×k, ld k) is syrk(uplo = lower, trans = T, n, k, X, ld). Each backend operation becomes a list of
-// BlasCall descriptors; the CUDA backend hands each to cuBLAS, and tests/cublas_calls_test runs the very same
+// BlasCall descriptors; the CUDA backend hands each to cuBLAS, and tests/backend/cublas_calls_test runs the very same
 // descriptors through CBLAS in column-major order on the CPU against the CPU backend's row-major results.
 //
 // The upper-triangle tiling of DESIGN 2.3 as strided-batched products: with T tiles of b = ⌊m/T⌋ rows, the tiles

@@ -1,7 +1,7 @@
 // The update rules' float32 arithmetic, written once for the host and the device (DMUON_HOST_DEVICE): every
 // operation rounds once, in the order written, so the CPU loops, the CUDA kernels and dmuon_gpu_check's host
 // references give the same bits. On the device each is an explicitly rounded intrinsic (__fmul_rn, …), which nvcc
-// never contracts into an FMA (tests/cuda_kernels_no_fma_test.cmake); on the host a plain operator, which the build
+// never contracts into an FMA (tests/backend/cuda_kernels_no_fma_test.cmake); on the host a plain operator, which the build
 // never contracts either (-ffp-contract=off, CMakeLists.txt).
 #pragma once
 
