@@ -8,10 +8,12 @@
 #include <cstring>
 #include <exception>
 #include <functional>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -146,6 +148,9 @@ std::vector<dmuon::capi::Operand> operands(const char* what, int64_t n, const vo
 
 // Every pointer a call touches, for on_device (which finds the GPU from them), named "<what>[i]".
 struct Touched {
+  Touched(std::initializer_list<std::pair<const char*, std::span<const dmuon::capi::Operand>>> groups) {
+    for (const auto& [what, xs] : groups) add(what, xs);
+  }
   std::vector<const void*> pointers;
   std::vector<std::string> names;
   void add(const char* what, std::span<const dmuon::capi::Operand> xs) {
@@ -308,10 +313,7 @@ int dmuon_muon_momentum(int device, void* stream, int64_t n, const int64_t* size
     const auto g = operands("grads", n, grads, grad_dtypes, stream, device, sizes, true);
     const auto m = operands("momenta", n, momenta, momentum_dtypes, stream, device, sizes);
     const auto us = operands("u", n, u, u_dtypes, stream, device, sizes);
-    Touched touched;
-    touched.add("grads", g);
-    touched.add("momenta", m);
-    touched.add("u", us);
+    Touched touched{{"grads", g}, {"momenta", m}, {"u", us}};
     const dmuon::capi::StepFlags flags = step_flags(n, keep, grad_scale, touched);
     thread_local dmuon::capi::Staging staging;  // per thread, as the function is reentrant
     on_device(device, stream, touched.pointers, touched.name_of(), [&](dmuon::Backend& backend) {
@@ -330,9 +332,7 @@ int dmuon_muon_apply(int device, void* stream, int64_t n, const int64_t* sizes, 
     require(scales != nullptr, "scales must be given");
     const auto ws = operands("w", n, w, w_dtypes, stream, device, sizes);
     const auto os = operands("o", n, o, o_dtypes, stream, device, sizes);
-    Touched touched;
-    touched.add("w", ws);
-    touched.add("o", os);
+    Touched touched{{"w", ws}, {"o", os}};
     const dmuon::capi::StepFlags flags = step_flags(n, keep, nullptr, touched);
     thread_local dmuon::capi::Staging staging;
     on_device(device, stream, touched.pointers, touched.name_of(), [&](dmuon::Backend& backend) {
@@ -356,10 +356,7 @@ int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_t batch, int
     const auto g = operands("grads", batch, grads, grad_dtypes, stream, device, nullptr, true);
     const auto m = operands("momenta", batch, momenta, momentum_dtypes, stream, device, nullptr);
     const auto ws = operands("w", batch, w, w_dtypes, stream, device, nullptr);
-    Touched touched;
-    touched.add("grads", g);
-    touched.add("momenta", m);
-    touched.add("w", ws);
+    Touched touched{{"grads", g}, {"momenta", m}, {"w", ws}};
     const dmuon::capi::StepFlags flags = step_flags(batch, keep, grad_scale, touched);
     std::vector<std::string> labels;
     for (int64_t i = 0; names && i < batch; ++i) labels.emplace_back(names[i] ? names[i] : "matrix");
