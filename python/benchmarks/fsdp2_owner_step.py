@@ -49,8 +49,8 @@ the optimizer step.
 
 Per dmuon row, three Newton–Schulz columns, all of the rank whose median optimizer step is the longest
 (--json has every rank's: step_per_rank, ns_in_step_per_rank, ns_pred_per_rank, owned_batches_per_rank):
-  NS in step  the engine's time inside that rank's steps (DMuon.last_stats["ns_s"]), median over the timed
-              steps
+  NS in step  the engine's time inside that rank's steps (DMuon.last_stats["ns_s"]; for a bucket the rank
+              holds whole, the one call that also does its momentum and apply), median over the timed steps
   NS pred     the engine's time for the same work without the rest of the step: after the timed steps,
               each rank runs, with the optimizer's own Orthogonalizer (same settings, same cache), one call
               per bucket it owns matrices of, in the step's order, on random matrices of those shapes and
