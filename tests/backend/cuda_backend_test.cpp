@@ -91,16 +91,7 @@ void expect_same_bits(const std::vector<float>& got, const std::vector<float>& w
         << what << " differs at " << i << ": " << got[i] << " vs " << want[i];
 }
 
-class CudaBackendTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    gpu = test::cuda_backend_or_null(&why);
-    if (gpu == nullptr) GTEST_SKIP() << why;
-  }
-  Backend* gpu = nullptr;
-  Backend& cpu = cpu_backend();
-};
+using CudaBackendTest = test::CudaDeviceTest;
 
 // ---- products ----
 

@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <random>
-#include <string>
 #include <vector>
 
 #include "cuda_device.hpp"
@@ -59,15 +58,7 @@ std::vector<float> run_steps(Backend& backend, int steps, Make make) {
   return out;
 }
 
-class CudaOptim : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string why;
-    gpu = test::cuda_backend_or_null(&why);
-    if (gpu == nullptr) GTEST_SKIP() << why;
-  }
-  Backend* gpu = nullptr;
-};
+using CudaOptim = test::CudaDeviceTest;
 
 TEST_F(CudaOptim, AdamWStepsEqualTheCpuBitForBit) {
   auto make = [](std::vector<ParamRef> refs, Backend& be) { return std::make_unique<AdamW>(refs, OptimizerOptions{}, be); };

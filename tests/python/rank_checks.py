@@ -1,4 +1,4 @@
-"""What the owner-held tests' ranks share: failed checks, sums over the ranks, and the verdict.
+"""What the multi-rank torch tests' ranks share: failed checks, sums over the ranks, and the verdict.
 
 check() records a failure on this rank (and prints it); finish() makes every rank agree on the
 verdict (one failing rank fails the job), prints the summary line with PASS or FAIL on rank 0,

@@ -28,6 +28,7 @@ from dmuon.torch import DMuon
 from torch_dmuon_mpi_test import (SPECS, STEPS, TOLERANCE, Holder, Model, Reference, gradients, hyper_of,
                                   initial_values)
 from rank_exit import exit_rank
+from rank_checks import check, finish
 
 FIRST = ["layers.0.attn.weight", "odd.weight", "norm.weight", "embed.weight"]
 LATE = [n for n, _ in SPECS if n not in FIRST]          # added by add_param_group after ADD_AT steps
@@ -36,15 +37,6 @@ SHARDED = ["odd.weight", "layers.1.attn.weight", "tiny.weight", "conv.weight", "
 # unnamed give DMuon the same groups and matrices.
 PLAIN = ["layers.0.attn.weight", "odd.weight", "tiny.weight", "conv.weight", "norm.weight", "layers.0.mlp.up.bias"]
 ADD_AT = 3
-
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"rank {dist.get_rank()}: FAIL {what}", flush=True)
-
 
 def gathered(value):
     values = [None] * dist.get_world_size()
@@ -204,13 +196,8 @@ def main():
     check_requires_grad_differs()
     check_state_dict_named_and_unnamed()
     check_deepcopy()
-    ok = torch.tensor([0 if failures else 1])
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    if dist.get_rank() == 0:
-        print(f"torch_conventions_ranks_test np {dist.get_world_size()}: add_param_group worst relative error "
-              f"{worst:.1e}; {'PASS' if int(ok) else 'FAIL'}", flush=True)
-    dist.destroy_process_group()
-    return 0 if int(ok) and not failures else 1
+    return finish(f"torch_conventions_ranks_test np {dist.get_world_size()}: add_param_group worst relative error "
+                  f"{worst:.1e}")
 
 
 if __name__ == "__main__":

@@ -39,19 +39,11 @@ from torch.distributed.fsdp import fully_shard
 from dmuon.torch import DMuon
 from dmuon.torch.mpirun import init_process_group
 from rank_exit import exit_rank
+from rank_checks import check, finish
 
 VOCAB, DIM, HIDDEN, EXPERTS, GATE = 64, 40, 70, 5, 2
 SAVED_AT, STEPS = 5, 10
 TOLERANCE = 1e-5
-
-failures = []
-
-
-def check(ok, what):
-    if not ok:
-        failures.append(what)
-        print(f"rank {RANK}: FAIL {what}", flush=True)
-
 
 class Block(torch.nn.Module):
     def __init__(self, dim, hidden, experts):
@@ -237,12 +229,7 @@ def role_load(folder):
 
 def main(role, folder):
     summary = {"save": role_save, "load": role_load}[role](folder)
-    ok = torch.tensor([0 if failures else 1])
-    dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-    if RANK == 0:
-        print(f"torch_dcp_test {role} np {WORLD}: {summary}; {'PASS' if int(ok) else 'FAIL'}", flush=True)
-    dist.destroy_process_group()
-    return 0 if int(ok) and not failures else 1
+    return finish(f"torch_dcp_test {role} np {WORLD}: {summary}")
 
 
 if __name__ == "__main__":

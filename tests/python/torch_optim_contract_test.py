@@ -335,6 +335,14 @@ def test_a_parameter_in_two_groups_raises_a_value_error():
     same_error(lambda cls: cls([{"params": [w]}, {"params": [w]}]), ValueError)
 
 
+def test_a_muon_parameter_on_a_device_the_engine_lacks_is_named():
+    # A meta-device model whose optimizer is built before to_empty(): the parameters have no storage yet.
+    with torch.device("meta"):
+        net = make_net()
+    with pytest.raises(ValueError, match=r"parameter '0\.weight': device meta: libdmuon_c runs on cpu and cuda only"):
+        DMuon(net.named_parameters())
+
+
 def test_a_set_warns_as_torch():
     params = set(make_net().parameters())
     for cls in (torch.optim.AdamW, DMuon):

@@ -32,7 +32,7 @@ from functools import cached_property
 import torch
 
 import dmuon
-from dmuon.torch.muon_update import StepValues, muon_apply, muon_momentum, muon_update
+from dmuon.torch.muon_update import StepValues, engine_device, muon_apply, muon_momentum, muon_update
 
 
 def matrices_of(global_shape, experts):
@@ -125,15 +125,12 @@ def engine_target(device, dtype):
     """(device code, dtype code, torch dtype, stream) for Newton–Schulz of U of `dtype` on `device`:
     bf16 where the engine runs it (GPU NS is bf16, DESIGN 6; on the CPU only for bf16 U), else float32.
     Raises dmuon.UnsupportedError naming the device when this build has no backend for it."""
-    codes = {"cpu": dmuon.DEVICE_CPU, "cuda": dmuon.DEVICE_CUDA}
-    code = codes.get(device.type)
-    if code is not None:
-        prefer_bf16 = device.type == "cuda" or dtype == torch.bfloat16
-        choices = ([(dmuon.DTYPE_BF16, torch.bfloat16)] if prefer_bf16 else []) + [(dmuon.DTYPE_F32, torch.float32)]
-        for dtype_code, ns_dtype in choices:
-            if dmuon.supports(code, dtype_code):
-                stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
-                return code, dtype_code, ns_dtype, stream
+    code, stream = engine_device(device)
+    prefer_bf16 = device.type == "cuda" or dtype == torch.bfloat16
+    choices = ([(dmuon.DTYPE_BF16, torch.bfloat16)] if prefer_bf16 else []) + [(dmuon.DTYPE_F32, torch.float32)]
+    for dtype_code, ns_dtype in choices:
+        if dmuon.supports(code, dtype_code):
+            return code, dtype_code, ns_dtype, stream
     raise dmuon.UnsupportedError(f"device {device}: this build of libdmuon_c has no Newton-Schulz backend "
                                  "for it (it runs on cpu)")
 

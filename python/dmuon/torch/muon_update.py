@@ -19,10 +19,13 @@ CODES = {torch.float32: dmuon.DTYPE_F32, torch.bfloat16: dmuon.DTYPE_BF16}
 
 
 def engine_device(device):
-    """(device code, stream) of the engine's calls on tensors on `device`."""
+    """(device code, stream) of the engine's calls on tensors on `device`: the CPU (no stream) or a CUDA device
+    (torch's current stream on it). Raises dmuon.UnsupportedError naming any other device."""
     if device.type == "cuda":
         return dmuon.DEVICE_CUDA, torch.cuda.current_stream(device).cuda_stream
-    return dmuon.DEVICE_CPU, None
+    if device.type == "cpu":
+        return dmuon.DEVICE_CPU, None
+    raise dmuon.UnsupportedError(f"device {device}: libdmuon_c runs on cpu and cuda only")
 
 
 def host_number(value):
