@@ -146,23 +146,24 @@ std::vector<dmuon::capi::Operand> operands(const char* what, int64_t n, const vo
   return out;
 }
 
-// Every pointer a call touches, for on_device (which finds the GPU from them), named "<what>[i]".
+// Every pointer a call touches, for on_device (which finds the GPU from them), named "<what>[i]" (the name is
+// formatted only when on_device asks for it: an error).
 struct Touched {
   Touched(std::initializer_list<std::pair<const char*, std::span<const dmuon::capi::Operand>>> groups) {
     for (const auto& [what, xs] : groups) add(what, xs);
   }
   std::vector<const void*> pointers;
-  std::vector<std::string> names;
+  std::vector<std::pair<const char*, size_t>> names;  // (what, i) of pointers[k]
   void add(const char* what, std::span<const dmuon::capi::Operand> xs) {
     for (size_t i = 0; i < xs.size(); ++i) add(what, i, xs[i].data);
   }
   void add(const char* what, size_t i, const void* p) {
     if (p == nullptr) return;
     pointers.push_back(p);
-    names.push_back(std::string(what) + "[" + std::to_string(i) + "]");
+    names.emplace_back(what, i);
   }
   std::function<std::string(size_t)> name_of() const {
-    return [this](size_t i) { return names[i]; };
+    return [this](size_t k) { return std::string(names[k].first) + "[" + std::to_string(names[k].second) + "]"; };
   }
 };
 
