@@ -82,10 +82,14 @@ class MuonMatrix:
         return [g for g, (_, count) in enumerate(self.rank_rows) if count == self.rows]
 
     def local_view(self, t):
-        """This rank's rows of the matrix in t, a local tensor laid out as the parameter's: a
-        (count, cols) view (writes reach t)."""
+        """This rank's rows of the matrix in t, a local tensor laid out as the parameter's, as a view
+        (writes reach t): (count, cols), or t itself where its strides allow no such view (a
+        channels_last filter; its row-major elements are the matrix's, and muon_update.py hands the
+        engine a dense copy)."""
         if self.expert is None:
-            return t.view(-1, self.cols) if t.numel() else t.reshape(0, self.cols)
+            if t.numel() == 0:
+                return t.reshape(0, self.cols)
+            return t.view(-1, self.cols) if t.is_contiguous() else t
         first = self.layout.rows_of_shard(self.layout.shard)[0]
         return t[self.expert - first]
 
@@ -215,10 +219,9 @@ class MuonStep:
             return
         device, dtype_code, _, stream = engine_target(stack.device, stack.dtype)
         rows, cols = stack.shape[1], stack.shape[2]
-        step = rows * cols * stack.element_size()
-        ptrs = [stack.data_ptr() + j * step for j in range(stack.shape[0])]
+        matrices = list(stack)
         t0 = time.perf_counter()
-        self.ns.run(ptrs, ptrs, rows, cols, device=device, dtype=dtype_code, stream=stream,
+        self.ns.run(matrices, matrices, rows, cols, device=device, dtype=dtype_code, stream=stream,
                     names=[k.name for k in owned])
         self.ns_seconds += time.perf_counter() - t0
         self.ns_matrices += stack.shape[0]
