@@ -46,7 +46,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from dmuon.torch import DMuon, Sharded, chunk_rows
 from dmuon.torch.mpirun import init_process_group
-from muon_reference import newton_schulz_ref
+from muon_reference import muon_apply_ref, newton_schulz_ref, update_scale
 from rank_exit import exit_rank
 from rank_checks import check, finish
 
@@ -76,8 +76,9 @@ def muon_matrices(w):
 
 
 class Reference:
-    """Muon (lerp momentum, nesterov, NS per matrix, scale, decoupled decay) + AdamW
-    (torch.optim.AdamW), float64."""
+    """Muon (lerp momentum, nesterov, NS per matrix, scale, decoupled decay; the options of a
+    parameter's hyper: ns_steps, scale, extra_scale_factor, cautious_wd) + AdamW (torch.optim.AdamW),
+    float64."""
 
     def __init__(self, values, hyper, clip=None, scale="match_rms_adamw"):
         self.w = {n: v.double().clone() for n, v in values.items()}
@@ -96,9 +97,9 @@ class Reference:
                 u = (1 - beta) * g + beta * st["m"] if h["nesterov"] else st["m"]
                 stack = muon_matrices(u)
                 rows, cols = stack.shape[1], stack.shape[2]
-                o = torch.stack([newton_schulz_ref(m) for m in stack]).reshape(w.shape)
-                s = max(1.0, rows / cols) ** 0.5 if self.scale == "original" else 0.2 * max(rows, cols) ** 0.5
-                self.w[name] = w * (1 - h["lr"] * h["weight_decay"]) - h["lr"] * s * o
+                o = torch.stack([newton_schulz_ref(m, h.get("ns_steps", 5)) for m in stack]).reshape(w.shape)
+                s = update_scale(rows, cols, h.get("scale", self.scale)) * h.get("extra_scale_factor", 1.0)
+                self.w[name] = muon_apply_ref(w, o, h["lr"], h["weight_decay"], s, h.get("cautious_wd", False))
             else:
                 b1, b2 = h["betas"]
                 st["t"] = st.get("t", 0) + 1

@@ -43,12 +43,6 @@ def matrices_of(global_shape, experts):
     return [(None, global_shape[0], math.prod(global_shape[1:]))]
 
 
-def muon_scale(rows, cols, kind):
-    if kind == "original":
-        return max(1.0, rows / cols) ** 0.5
-    return 0.2 * max(rows, cols) ** 0.5
-
-
 @dataclass
 class MuonMatrix:
     index: int        # the parameter's position in the optimizer's agreed order
@@ -58,8 +52,13 @@ class MuonMatrix:
     group: dict       # its param group (hyper-parameters are read at every step)
     rows: int         # m
     cols: int         # n
-    scale: float      # s of DESIGN 1, from (m, n)
+    options: object   # muon_options.MuonOptions, frozen from its group
     owner: int = -1   # group rank that runs its Newton–Schulz
+
+    @property
+    def scale(self):
+        """s of DESIGN 1, from (m, n) and its options."""
+        return self.options.scale_of(self.rows, self.cols)
 
     def rows_on(self, shard):
         """(start, count): the rows of this matrix that `shard` holds."""
@@ -138,11 +137,11 @@ def engine_target(device, dtype):
 class MuonStep:
     """One step's Muon updates. `momentum(index)` is the parameter's local momentum buffer (state
     dtype), `grads[index]` its local gradient (None: zeros), `check` the step's GradientCheck (its
-    clipping factor, and per parameter whether it is updated: device tensors), `ns` a
-    dmuon.Orthogonalizer."""
+    clipping factor, and per parameter whether it is updated: device tensors), `ns_of(options)` the
+    dmuon.Orthogonalizer of a matrix's MuonOptions (a bucket's matrices share theirs)."""
 
-    def __init__(self, comm, ns, momentum, grads, check):
-        self.comm, self.ns, self.momentum, self.grads = comm, ns, momentum, grads
+    def __init__(self, comm, ns_of, momentum, grads, check):
+        self.comm, self.ns_of, self.momentum, self.grads = comm, ns_of, momentum, grads
         self.values = StepValues(check)
         self.ns_seconds = 0.0
         self.ns_matrices = 0
@@ -204,8 +203,8 @@ class MuonStep:
                 entries.append((k.index, k.local_view(k.layout.local(k.layout.tensor)),
                                 k.local_view(self.momentum(k.index)), None if grad is None else k.local_view(grad)))
             t0 = time.perf_counter()
-            muon_update(self.ns, entries, part[0].rows, part[0].cols, part[0].group, part[0].scale, self.values,
-                        [k.name for k in part])
+            muon_update(self.ns_of(part[0].options), entries, part[0].rows, part[0].cols, part[0].group, part[0].scale,
+                        self.values, [k.name for k in part])
             self.ns_seconds += time.perf_counter() - t0
             self.ns_matrices += len(part)
 
@@ -218,12 +217,12 @@ class MuonStep:
         step = rows * cols * stack.element_size()
         ptrs = [stack.data_ptr() + j * step for j in range(stack.shape[0])]
         t0 = time.perf_counter()
-        self.ns.run(ptrs, ptrs, rows, cols, device=device, dtype=dtype_code, stream=stream,
-                    names=[k.name for k in owned])
+        self.ns_of(owned[0].options).run(ptrs, ptrs, rows, cols, device=device, dtype=dtype_code, stream=stream,
+                                         names=[k.name for k in owned])
         self.ns_seconds += time.perf_counter() - t0
         self.ns_matrices += stack.shape[0]
 
-    # ---- per bucket (same rows, cols, momentum dtype and device) ----
+    # ---- per bucket (same rows, cols, momentum dtype, device and options) ----
 
     def _launch(self, bucket):
         c, me = self.comm, self.comm.rank
