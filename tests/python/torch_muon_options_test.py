@@ -2,7 +2,8 @@
 (torch_muon_options_ranks_test.py runs them at several ranks, in both modes):
   torch.optim.Muon   groups with their own ns_steps and scale equal torch.optim.Muon's per-group
                      ns_steps / adjust_lr_fn (both with the float64 reference Newton–Schulz) and the
-                     float64 reference; a unit_rms group with an extra_scale_factor the reference alone
+                     float64 reference; a unit_rms group with an extra_scale_factor and cautious weight
+                     decay the reference alone (torch.optim.Muon has neither)
   whole optimizer    a group's options give its matrices the update of an optimizer built with those
                      options, bit for bit (coefficients, algorithm, steps, scales, cautious weight decay)
   buckets            a bucket batches matrices of equal options only; one Newton–Schulz handle per setting
@@ -50,7 +51,7 @@ def set_grads(params, grads):
 GROUP_OPTIONS = {"a.weight": (dict(scale="original"), dict(adjust_lr_fn="original")),
                  "b.weight": (dict(scale="spectral", ns_steps=3), dict(adjust_lr_fn="spectral_unclamped", ns_steps=3)),
                  "c.weight": (dict(ns_steps=4), dict(adjust_lr_fn="match_rms_adamw", ns_steps=4)),
-                 "d.weight": (dict(scale="unit_rms", extra_scale_factor=0.3), None)}
+                 "d.weight": (dict(scale="unit_rms", extra_scale_factor=0.3, cautious_wd=True), None)}
 
 
 def test_groups_with_their_own_options_equal_torch_optim_muon_per_group(monkeypatch):
@@ -89,7 +90,8 @@ def test_groups_with_their_own_options_equal_torch_optim_muon_per_group(monkeypa
 
 
 WHOLE_OPTIONS = [dict(coeffs="you"), dict(coeffs="polar-express", ns_steps=6), dict(algo="gram"),
-                 dict(ns_steps=2, scale="spectral"), dict(scale="unit_rms", extra_scale_factor=0.5)]
+                 dict(ns_steps=2, scale="spectral"), dict(scale="unit_rms", extra_scale_factor=0.5),
+                 dict(cautious_wd=True), dict(scale="original", cautious_wd=True, extra_scale_factor=2.0)]
 
 
 @pytest.mark.parametrize("options", WHOLE_OPTIONS, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
@@ -115,7 +117,7 @@ def test_a_bucket_batches_matrices_of_equal_options_only():
     opt = DMuon([{"params": [("a.weight", params["a.weight"])], "lr": 0.01},
                  {"params": [("c.weight", params["c.weight"])], "lr": 0.03},      # a's options, another lr
                  {"params": [("b.weight", params["b.weight"])], "ns_steps": 3},
-                 {"params": [("d.weight", params["d.weight"])], "extra_scale_factor": 2.0}], balancer="lpt")
+                 {"params": [("d.weight", params["d.weight"])], "cautious_wd": True}], balancer="lpt")
     buckets = sorted(sorted(k.name for k in bucket) for bucket in opt._buckets)
     assert buckets == [["a.weight", "c.weight"], ["b.weight"], ["d.weight"]]
     assert len(opt._ns) == 2 and opt.ns is opt.ns_of(opt._matrices[0].options)  # steps 5 and 3
@@ -128,7 +130,7 @@ def test_a_state_dict_carries_the_groups_options_and_resumes_bit_for_bit():
         return DMuon([{"params": [(n, ps[n]) for n in ("a.weight", "b.weight")], **options},
                       {"params": [(n, ps[n]) for n in ("c.weight", "d.weight")]}], weight_decay=WD, balancer="lpt")
 
-    options = dict(ns_steps=3, scale="spectral", extra_scale_factor=1.5, coeffs="polar-express")
+    options = dict(ns_steps=3, scale="spectral", extra_scale_factor=1.5, cautious_wd=True, coeffs="polar-express")
     opt = build(params, options)
     for t in range(3):
         set_grads(params, grads_of(t))
@@ -168,7 +170,8 @@ def test_an_lr_scheduler_sets_each_groups_lr_and_the_options_stay():
     ("coeffs", "nope", "coeffs must be one of keller, you, polar-express"),
     ("algo", "fast", "algo must be one of auto, standard, gram"),
     ("scale", "sqrt", "scale must be one of original, match_rms_adamw, spectral, unit_rms"),
-    ("extra_scale_factor", -1.0, "extra_scale_factor must be a number > 0")])
+    ("extra_scale_factor", -1.0, "extra_scale_factor must be a number > 0"),
+    ("cautious_wd", "yes", "cautious_wd must be True or False")])
 def test_a_bad_option_in_a_group_names_the_group_and_the_key(key, value, needle):
     params = parameters()
     with pytest.raises(ValueError, match=f"param group of 'b.weight'.*{needle}"):

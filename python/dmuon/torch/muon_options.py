@@ -13,6 +13,8 @@ Update scales s (W ← W·(1 − lr·wd) − lr·s·O, O = orth(U) of an m × n 
                                         "spectral_unclamped", dion "spectral_norm", Megatron "unit_rms_norm"
   unit_rms         √max(m, n)          O's element RMS 1 (O has min(m, n) unit singular values):
                                         Megatron's scale_mode="spectral" (its name, our "unit_rms")
+cautious_wd: the decay W·(1 − lr·wd) only where W·O ≥ 0 (update and weight agree in sign; Chen et al. 2025,
+arXiv 2510.12402, as microsoft/dion's muon.py masks it), W as it is elsewhere: a flag of the engine's MuonApply.
 """
 
 from dataclasses import dataclass
@@ -22,7 +24,8 @@ ALGOS = ("auto", "standard", "gram")
 SCALES = ("original", "match_rms_adamw", "spectral", "unit_rms")
 
 # The keys of a Muon param group that MuonOptions freezes, with the constructor's defaults.
-DEFAULTS = dict(ns_steps=5, coeffs="keller", algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0)
+DEFAULTS = dict(ns_steps=5, coeffs="keller", algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0,
+                cautious_wd=False)
 KEYS = tuple(DEFAULTS)
 
 
@@ -54,6 +57,8 @@ def check_options(values, where):
     factor = values.get("extra_scale_factor", 1.0)
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
         raise ValueError(f"{where}: extra_scale_factor must be a number > 0, got {factor!r}")
+    if not isinstance(values.get("cautious_wd", False), bool):
+        raise ValueError(f"{where}: cautious_wd must be True or False, got {values['cautious_wd']!r}")
 
 
 @dataclass(frozen=True, order=True)
@@ -64,6 +69,7 @@ class MuonOptions:
     algo: str
     scale: str
     extra_scale_factor: float
+    cautious_wd: bool
 
     @classmethod
     def of_group(cls, group):

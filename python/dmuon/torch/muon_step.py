@@ -191,7 +191,7 @@ class MuonStep:
         for part in self._by_group(pairs, lambda pair: pair[0].group):
             group = part[0][0].group
             entries = [(k.index, k.local_view(k.layout.local(k.layout.tensor)), update, k.scale) for k, update in part]
-            muon_apply(entries, group["lr"], group["weight_decay"], self.values)
+            muon_apply(entries, group["lr"], group["weight_decay"], self.values, part[0][0].options.cautious_wd)
 
     def _update_held(self, bucket):
         """The whole update of matrices this rank holds whole and alone (nothing travels): momentum,
@@ -204,7 +204,7 @@ class MuonStep:
                                 k.local_view(self.momentum(k.index)), None if grad is None else k.local_view(grad)))
             t0 = time.perf_counter()
             muon_update(self.ns_of(part[0].options), entries, part[0].rows, part[0].cols, part[0].group, part[0].scale,
-                        self.values, [k.name for k in part])
+                        part[0].options.cautious_wd, self.values, [k.name for k in part])
             self.ns_seconds += time.perf_counter() - t0
             self.ns_matrices += len(part)
 

@@ -80,10 +80,11 @@ class DMuon(torch.optim.Optimizer):
     # pin; trainer.hpp's 3e-3 is the GPT example's.
     def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=None,
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, ns_steps=5, coeffs="keller",
-                 algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0, balancer="milp",
+                 algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0, cautious_wd=False, balancer="milp",
                  process_group=None, clip_grad_norm=None, nonfinite="error", state_dtype=torch.float32,
                  experts=is_expert_stack_by_default, tune_cache=""):
-        muon = dict(ns_steps=ns_steps, coeffs=coeffs, algo=algo, scale=scale, extra_scale_factor=extra_scale_factor)
+        muon = dict(ns_steps=ns_steps, coeffs=coeffs, algo=algo, scale=scale, extra_scale_factor=extra_scale_factor,
+                    cautious_wd=cautious_wd)
         check_options(muon, "DMuon")
         _check_choice("balancer", balancer, _BALANCERS)
         _check_choice("nonfinite", nonfinite, ("error", "skip"))
