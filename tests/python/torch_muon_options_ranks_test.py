@@ -1,12 +1,15 @@
 """Muon's options per param group at N ranks (gloo), in both modes: all-to-all after the fact (every
 block under fully_shard) and owner-centric (hold_on_owners, then fully_shard of the rest). The model of
-torch_owner_held_test.py trains 10 steps with one param group of Muon options per block:
+torch_owner_held_test.py trains 10 steps with param groups of Muon options:
   blocks.0   scale="spectral", ns_steps=4, cautious_wd=True
   blocks.1   scale="unit_rms", extra_scale_factor=0.1, algo="gram"
-  blocks.2   the constructor's options (match_rms_adamw, 5 steps, no cautious weight decay)
+  blocks.2   split Newton–Schulz: mix (12×12) and the experts (3 of 12×12) in 4 heads of 3 rows, up (20×12)
+             in row blocks of 8 and 12, down (12×20) in 2 heads of 10 columns (no divisibility by the
+             world size: 4, 3 and 2 blocks at 3 ranks)
+  blocks.3   the constructor's options (match_rms_adamw, 5 steps, no cautious weight decay)
 and AdamW for the rest. Every tensor must be within 1e-5 (relative Frobenius) of the float64 reference
 (torch_dmuon_mpi_test.Reference, which applies each group's options by their definitions) and of the
-other mode; each block's matrices must be in buckets of their own options only.
+other mode; a bucket holds matrices of one options value only.
 
 Run: torchrun --standalone --nproc_per_node N tests/python/torch_muon_options_ranks_test.py (N = 1..4),
 with PYTHONPATH=build/python:tests/python and one BLAS thread per rank.
@@ -23,20 +26,27 @@ from owner_held_model import global_batches, loss_of, make_net, rank_slice
 from rank_checks import check, finish
 from rank_exit import exit_rank
 
-BLOCK_OPTIONS = [dict(scale="spectral", ns_steps=4, cautious_wd=True),
-                 dict(scale="unit_rms", extra_scale_factor=0.1, algo="gram"),
-                 dict()]
+NET = dict(layers=4)
+# (name prefix, options): a Muon matrix takes the first whose prefix its name starts with.
+OPTIONS = [("blocks.0.", dict(scale="spectral", ns_steps=4, cautious_wd=True)),
+           ("blocks.1.", dict(scale="unit_rms", extra_scale_factor=0.1, algo="gram")),
+           ("blocks.2.mix", dict(split_heads=4)),
+           ("blocks.2.experts", dict(split_heads=4)),
+           ("blocks.2.up", dict(split_sizes=[8, 12])),
+           ("blocks.2.down", dict(split_heads=2, split_dim=1)),
+           ("blocks.3.", dict())]
 
 
 def groups_of(net):
-    """module_groups(net) with its Muon group split into one group per block, with that block's options."""
+    """module_groups(net) with its Muon group split into one group per entry of OPTIONS."""
     out = []
     for group in module_groups(net):
         if not group["use_muon"]:
             out.append(group)
             continue
-        for b, options in enumerate(BLOCK_OPTIONS):
-            members = [(n, p) for n, p in group["params"] if n.startswith(f"blocks.{b}.")]
+        for prefix, options in OPTIONS:
+            members = [(n, p) for n, p in group["params"]
+                       if next(q for q, _ in OPTIONS if n.startswith(q)) == prefix]
             out.append({"params": members, "use_muon": True, **options})
     return out
 
@@ -44,7 +54,7 @@ def groups_of(net):
 def train(hold):
     """(full weights after the steps, the optimizer)."""
     mesh = held_test.mesh_of("fsdp2")
-    net = make_net()
+    net = make_net(**NET)
     held = hold_on_owners(net, mesh) if hold else None
     model = held_test.wrap(net, mesh, held)
     opt = DMuon(groups_of(net), **held_test.HYPER)
@@ -58,12 +68,11 @@ def train(hold):
 def main():
     held_test.RANK, held_test.WORLD = dist.get_rank(), dist.get_world_size()
     results = {mode: train(hold=mode == "owner-centric") for mode in ("all-to-all", "owner-centric")}
-    ref_w, _ = held_test.reference_run({}, held_test.hyper_of(results["all-to-all"][1]))
+    ref_w, _ = held_test.reference_run({"net": NET}, held_test.hyper_of(results["all-to-all"][1]))
     worst = 0.0
     for mode, (weights, opt) in results.items():
         for bucket in opt._buckets:
-            blocks = {k.name.split(".")[1] for k in bucket}
-            check(len(blocks) == 1, f"{mode}: a bucket mixes the options of blocks {sorted(blocks)}")
+            check(len({k.options for k in bucket}) == 1, f"{mode}: a bucket mixes options: {[k.name for k in bucket]}")
         for name, w in weights.items():
             to_ref = held_test.relative(w, ref_w[name])
             to_other = held_test.relative(w, results["all-to-all"][0][name])

@@ -192,3 +192,50 @@ def test_muon_scale_meets_each_kinds_definition(rows, cols):
         assert muon_scale(rows, cols, kind) == pytest.approx(update_scale(rows, cols, kind), rel=4 * 2.0 ** -52)
     with pytest.raises(ValueError, match="scale must be one of"):  # never Moonlight's factor for an unknown kind
         muon_scale(rows, cols, "match_rms")
+
+
+# ---- split Newton–Schulz ----
+
+SPLIT_CASES = [dict(split_heads=4), dict(split_heads=4, split_dim=1, scale="spectral"),
+               dict(split_sizes=[2, 6, 4], cautious_wd=True), dict(split_sizes=[3, 5], split_dim=1, scale="original")]
+
+
+@pytest.mark.parametrize("options", SPLIT_CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_split_newton_schulz_equals_the_matrix_split_by_hand(options):
+    gen = torch.Generator().manual_seed(3)
+    params = {n: torch.nn.Parameter(torch.randn(12, 8, generator=gen) * 0.5) for n in ("q.weight", "k.weight")}
+    params["o.weight"] = torch.nn.Parameter(torch.randn(8, 12, generator=gen) * 0.5)  # unsplit, the same group kind
+    opt = DMuon([{"params": [(n, params[n]) for n in ("q.weight", "k.weight")], **options},
+                 {"params": [("o.weight", params["o.weight"])]}], lr=LR, momentum=MOMENTUM, weight_decay=WD,
+                algo="standard", balancer="lpt")
+    ref = Reference({n: p.detach() for n, p in params.items()}, hyper_of(opt))
+    whole = Reference({n: p.detach() for n, p in params.items()},
+                      {n: {k: v for k, v in h.items() if not k.startswith("split")} for n, h in hyper_of(opt).items()})
+    for t in range(1, STEPS + 1):
+        gen = torch.Generator().manual_seed(200 + t)
+        grads = {n: torch.randn(p.shape, generator=gen) for n, p in params.items()}
+        for r in (ref, whole):
+            r.step(grads)
+        set_grads(params, grads)
+        opt.step()
+        for n in ("q.weight", "k.weight"):
+            # per block as the unsplit test: lr·s·O within 2e-6 per element, a few ulps of W per step; s of a block
+            s = max(update_scale(12, 8, options.get("scale", "match_rms_adamw")), 4.0)
+            bound = t * LR * s * 2e-6 + 4 * t * FLOAT32_EPS * ref.w[n].abs()
+            excess = float(((params[n].detach().double() - ref.w[n]).abs() - bound).max())
+            assert excess <= 0, f"{n} at step {t}: {excess:.2e} beyond the split reference's bound"
+            assert float((ref.w[n] - whole.w[n]).abs().max()) > 1e3 * float(bound.max()), "the split changes nothing"
+    assert opt._buckets[0][0].blocks is not None and len(opt._buckets) == 2
+
+
+@pytest.mark.parametrize("options, needle", [
+    (dict(split_heads=5), r"'q.weight' \(12×8\) has 12 rows, not a multiple of split_heads=5"),
+    (dict(split_sizes=[4, 5], split_dim=1), r"'q.weight' \(12×8\) has 8 columns, but split_sizes \[4, 5\] sum to 9"),
+    (dict(split_sizes=[3, 3]), r"'q.weight' \(12×8\) has 12 rows, but split_sizes \[3, 3\] sum to 6"),
+    (dict(split_heads=2, split_sizes=[6, 6]), "split_heads and split_sizes are two ways of one split"),
+    (dict(split_dim=2, split_heads=2), "split_dim must be 0"),
+    (dict(split_sizes=[12]), "split_sizes must be a list of two or more integers")])
+def test_a_split_that_does_not_fit_names_the_matrix(options, needle):
+    q = torch.nn.Parameter(torch.randn(12, 8))
+    with pytest.raises(ValueError, match=needle):
+        DMuon([{"params": [("q.weight", q)], **options}])

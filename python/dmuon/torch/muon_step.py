@@ -60,6 +60,11 @@ class MuonMatrix:
         """s of DESIGN 1, from (m, n) and its options."""
         return self.options.scale_of(self.rows, self.cols)
 
+    @property
+    def blocks(self):
+        """None, or (dim, sizes) of its split Newton–Schulz (muon_options.MuonOptions.blocks)."""
+        return self.options.blocks(self.rows, self.cols, self.name)
+
     def rows_on(self, shard):
         """(start, count): the rows of this matrix that `shard` holds."""
         start, count = self.layout.rows_of_shard(shard)
@@ -195,7 +200,15 @@ class MuonStep:
 
     def _update_held(self, bucket):
         """The whole update of matrices this rank holds whole and alone (nothing travels): momentum,
-        Newton–Schulz and apply in one engine call per param group."""
+        Newton–Schulz and apply in one engine call per param group (three for matrices split in blocks)."""
+        if bucket[0].blocks is not None:
+            u = self._form_u(list({k.index: None for k in bucket}), {k.index: k.group for k in bucket})
+            like = next(iter(u.values()))
+            _, _, ns_dtype, _ = engine_target(like.device, like.dtype)
+            full = torch.stack([k.local_view(u[k.index]) for k in bucket]).to(ns_dtype)
+            self._orthogonalize(full, bucket)
+            self._apply(list(zip(bucket, full)))
+            return
         for part in self._by_group(bucket, lambda k: k.group):
             entries = []
             for k in part:
@@ -209,18 +222,40 @@ class MuonStep:
             self.ns_matrices += len(part)
 
     def _orthogonalize(self, stack, owned):
-        """Newton–Schulz in place on stack (K, rows, cols), contiguous, in the engine's dtype."""
+        """O in place of U on stack (K, rows, cols), contiguous, in the engine's dtype: Newton–Schulz of each
+        matrix, or of each of its blocks (the bucket's split, MuonMatrix.blocks), all blocks of one shape in one
+        engine call, each block then scaled by s(block) / s(matrix) (the apply scales by s(matrix))."""
         if stack.shape[0] == 0:
             return
-        device, dtype_code, _, stream = engine_target(stack.device, stack.dtype)
-        rows, cols = stack.shape[1], stack.shape[2]
-        step = rows * cols * stack.element_size()
-        ptrs = [stack.data_ptr() + j * step for j in range(stack.shape[0])]
         t0 = time.perf_counter()
-        self.ns_of(owned[0].options).run(ptrs, ptrs, rows, cols, device=device, dtype=dtype_code, stream=stream,
-                                         names=[k.name for k in owned])
+        first = owned[0]
+        if first.blocks is None:
+            self._newton_schulz(list(stack), [k.name for k in owned], first.options)
+        else:
+            dim, sizes = first.blocks
+            starts = [sum(sizes[:b]) for b in range(len(sizes))]
+            for size in dict.fromkeys(sizes):  # each distinct block size once, in order
+                where = [(j, start) for j in range(len(owned)) for start, s in zip(starts, sizes) if s == size]
+                views = [stack[j].narrow(dim, start, size) for j, start in where]  # (size, cols) or (rows, size)
+                # row blocks are contiguous parts of the stack; column blocks are gathered and put back
+                blocks = views if dim == 0 else list(torch.stack(views))
+                self._newton_schulz(blocks, [f"{owned[j].name}:{('rows', 'cols')[dim]} {start}+{size}"
+                                             for j, start in where], first.options)
+                ratio = first.options.scale_of(*blocks[0].shape) / first.scale
+                for view, block in zip(views, blocks):
+                    if view is not block:
+                        view.copy_(block)
+                    if ratio != 1.0:
+                        view.mul_(ratio)
         self.ns_seconds += time.perf_counter() - t0
         self.ns_matrices += stack.shape[0]
+
+    def _newton_schulz(self, matrices, names, options):
+        """Newton–Schulz in place on same-shape contiguous 2-D tensors, one engine call."""
+        device, dtype_code, _, stream = engine_target(matrices[0].device, matrices[0].dtype)
+        rows, cols = matrices[0].shape
+        ptrs = [m.data_ptr() for m in matrices]
+        self.ns_of(options).run(ptrs, ptrs, rows, cols, device=device, dtype=dtype_code, stream=stream, names=names)
 
     # ---- per bucket (same rows, cols, momentum dtype, device and options) ----
 

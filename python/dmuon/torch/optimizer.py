@@ -40,11 +40,13 @@ class DMuon(torch.optim.Optimizer):
 
     `defaults` holds the per-group hyper-parameters and options under their keyword names (lr, momentum,
     nesterov, weight_decay, Muon's options ns_steps, coeffs, algo, scale, extra_scale_factor, cautious_wd,
-    adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param group is all-Muon (keys lr, momentum,
-    nesterov, weight_decay and Muon's options) or all-AdamW (lr, betas, eps, weight_decay), so a group's
-    "lr" is the lr of every parameter in it and LR schedulers set it as torch.optim's. Muon's options
-    (muon_options.py: the Newton–Schulz, the update scale, cautious weight decay) are read from a group
-    when its matrices are tracked (construction, add_param_group) and when a state_dict is loaded. lr and weight_decay, given to DMuon or in a group, reach every parameter;
+    split_heads, split_sizes, split_dim, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param
+    group is all-Muon (keys lr, momentum, nesterov, weight_decay and Muon's options) or all-AdamW (lr,
+    betas, eps, weight_decay), so a group's "lr" is the lr of every parameter in it and LR schedulers set
+    it as torch.optim's. Muon's options (muon_options.py: the Newton–Schulz and its split, the update
+    scale, cautious weight decay) are read from a group when its matrices are tracked (construction,
+    add_param_group) and when a state_dict is loaded. lr and weight_decay, given to DMuon or in a group,
+    reach every parameter;
     adamw_lr and adamw_weight_decay (None: lr's, weight_decay's) only AdamW's, before them.
     A user group becomes one param group, or two (Muon's, then AdamW's) when it has no use_muon and
     holds both kinds; named parameters put "param_names" in their groups (split_groups in params.py;
@@ -80,11 +82,12 @@ class DMuon(torch.optim.Optimizer):
     # pin; trainer.hpp's 3e-3 is the GPT example's.
     def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=None,
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, ns_steps=5, coeffs="keller",
-                 algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0, cautious_wd=False, balancer="milp",
+                 algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0, cautious_wd=False, split_heads=None,
+                 split_sizes=None, split_dim=0, balancer="milp",
                  process_group=None, clip_grad_norm=None, nonfinite="error", state_dtype=torch.float32,
                  experts=is_expert_stack_by_default, tune_cache=""):
         muon = dict(ns_steps=ns_steps, coeffs=coeffs, algo=algo, scale=scale, extra_scale_factor=extra_scale_factor,
-                    cautious_wd=cautious_wd)
+                    cautious_wd=cautious_wd, split_heads=split_heads, split_sizes=split_sizes, split_dim=split_dim)
         check_options(muon, "DMuon")
         _check_choice("balancer", balancer, _BALANCERS)
         _check_choice("nonfinite", nonfinite, ("error", "skip"))
@@ -160,6 +163,10 @@ class DMuon(torch.optim.Optimizer):
                     if g["use_muon"] and self.experts(name, layout.global_shape) and len(layout.global_shape) != 3:
                         raise ValueError(f"DMuon: parameter '{name}' of shape {layout.global_shape} is marked a "
                                          "stack of experts (the experts predicate); a stack is (E, rows, cols)")
+                    if g["use_muon"]:
+                        for expert, rows, cols in matrices_of(layout.global_shape,
+                                                              self.experts(name, layout.global_shape)):
+                            MuonOptions.of_group(g).blocks(rows, cols, name)
                     if layout.held is not None and not g["use_muon"]:
                         raise ValueError(f"DMuon: parameter '{name}' is held on its owner "
                                          "(dmuon.torch.hold_on_owners) for Muon, but its param group is AdamW's")
@@ -511,5 +518,5 @@ def _buckets(matrices, state_dtype_of):
     def work(key):
         rows, cols = key[0], key[1]
         m, n = min(rows, cols), max(rows, cols)
-        return (-len(by_key[key]) * m * m * n, key)
+        return (-len(by_key[key]) * m * m * n, key[:-1], repr(key[-1]))
     return [by_key[key] for key in sorted(by_key, key=work)]
