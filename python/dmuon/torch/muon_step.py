@@ -86,10 +86,14 @@ class MuonMatrix:
         return [g for g, (_, count) in enumerate(self.rank_rows) if count == self.rows]
 
     def local_view(self, t):
-        """This rank's rows of the matrix in t, a local tensor laid out as the parameter's: a
-        (count, cols) view (writes reach t)."""
+        """This rank's rows of the matrix in t, a local tensor laid out as the parameter's, as a view
+        (writes reach t): (count, cols), or t itself where its strides allow no such view (a
+        channels_last filter; its row-major elements are the matrix's, and muon_update.py hands the
+        engine a dense copy)."""
         if self.expert is None:
-            return t.view(-1, self.cols) if t.numel() else t.reshape(0, self.cols)
+            if t.numel() == 0:
+                return t.reshape(0, self.cols)
+            return t.view(-1, self.cols) if t.is_contiguous() else t
         first = self.layout.rows_of_shard(self.layout.shard)[0]
         return t[self.expert - first]
 
@@ -254,8 +258,8 @@ class MuonStep:
         """Newton–Schulz in place on same-shape contiguous 2-D tensors, one engine call."""
         device, dtype_code, _, stream = engine_target(matrices[0].device, matrices[0].dtype)
         rows, cols = matrices[0].shape
-        ptrs = [m.data_ptr() for m in matrices]
-        self.ns_of(options).run(ptrs, ptrs, rows, cols, device=device, dtype=dtype_code, stream=stream, names=names)
+        self.ns_of(options).run(matrices, matrices, rows, cols, device=device, dtype=dtype_code, stream=stream,
+                                names=names)
 
     # ---- per bucket (same rows, cols, momentum dtype, device and options) ----
 
