@@ -290,7 +290,7 @@ std::vector<std::vector<char>> muon_update_on(Backend& backend, DType storage, i
   const int64_t before = reads ? reads() : 0;
   for (int s = 0; s < steps; ++s)
     capi::muon_update_run(backend, rows, cols, g, m, w, step, 0.95, true, 0.02, 0.1, 0.2 * std::sqrt(double(cols)),
-                          options, names, staging, false);
+                          false, options, names, staging, false);
   if (read_back) *read_back = reads() - before;
   std::vector<std::vector<char>> out = {host[1], host[2], host[2]};
   for (int r = 0; r < 2; ++r) backend.copy_to_host(out[r].data(), device[r + 1], bytes);
@@ -342,8 +342,8 @@ TEST(CapiCalls, Float32OperandsTakeNoStagingSlots) {
     const std::vector<double> scales(k, 1.0);
     capi::Staging momentum, apply, update;
     capi::muon_momentum_run(fenced, sizes, gs, ms, us, {}, 0.95, true, momentum);
-    capi::muon_apply_run(fenced, sizes, ws, us, {}, 0.02, 0.1, scales, apply);
-    capi::muon_update_run(fenced, rows, cols, gs, ms, ws, {}, 0.95, true, 0.02, 0.1, 1.0,
+    capi::muon_apply_run(fenced, sizes, ws, us, {}, 0.02, 0.1, scales, false, apply);
+    capi::muon_update_run(fenced, rows, cols, gs, ms, ws, {}, 0.95, true, 0.02, 0.1, 1.0, false,
                           capi::muon_ns_options(fenced, {}, NsOptions{}, rows, cols, k), {}, update, false);
     const bool narrow = storage == DType::bf16;
     EXPECT_EQ(momentum.elements(fenced), narrow ? 3 * n : 0) << to_string(storage);
