@@ -2,6 +2,7 @@
 #include "device_ns_bench.hpp"
 
 #include <cstdio>
+#include <exception>
 #include <random>
 #include <sstream>
 
@@ -26,6 +27,40 @@ std::string describe_path(const NsOptions& o) {
     os << " full";
   os << " " << to_string(o.dtype);
   return os.str();
+}
+
+// Every path of one shape into shape.paths.
+void time_paths(Backend& backend, int batch, int repeats, DType dtype, double peak_gflops, std::mt19937& rng,
+                DeviceNsShape& shape) {
+  const int64_t rows = shape.rows, cols = shape.cols;
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int64_t size = rows * cols;
+  std::vector<float> host(static_cast<size_t>(size * batch));
+  for (float& x : host) x = normal(rng);
+  Buffer in(backend, DType::f32, size * batch), out(backend, DType::f32, size * batch);
+  in.upload(host);
+  std::vector<MatView> u, o;
+  for (int i = 0; i < batch; ++i) {
+    u.push_back(in.view(rows, cols, 1, i * size));
+    o.push_back(out.view(rows, cols, 1, i * size));
+  }
+  Buffer norms(backend, DType::f32, 2 * batch);  // batch doubles: the check stays on the device, as in a step
+  double* norm_slots = reinterpret_cast<double*>(norms.data());
+  const double flops = standard_ns_flops(rows, cols, 5);
+  for (const std::string path : {"reference", "standard", "gram", "auto"}) {
+    const NsOptions options = device_ns_path_options(path, dtype);
+    const double s = median_seconds_on(backend, 2, repeats, [&] {
+      newton_schulz_batched(backend, u, o, options, {}, norm_slots);
+    }) / batch;
+    DeviceNsPath p;
+    p.path = path;
+    p.algo = describe_path(ns_effective_options(options, rows, cols));
+    p.seconds_per_matrix = s;
+    p.useful_gflops = flops / s / 1e9;
+    p.fraction_of_peak = p.useful_gflops / peak_gflops;
+    p.ratio_to_reference = shape.paths.empty() ? 1.0 : shape.paths[0].seconds_per_matrix / s;
+    shape.paths.push_back(p);
+  }
 }
 
 }  // namespace
@@ -88,40 +123,26 @@ DeviceNsReport bench_ns_on_device(Backend& backend, const std::vector<std::pair<
   report.repeats = repeats;
   report.peak_gflops = measure_product_gflops(backend, dtype);
   std::mt19937 rng(1234);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const auto& [rows, cols] : shapes) {
-    const int64_t size = rows * cols;
-    std::vector<float> host(static_cast<size_t>(size * batch));
-    for (float& x : host) x = normal(rng);
-    Buffer in(backend, DType::f32, size * batch), out(backend, DType::f32, size * batch);
-    in.upload(host);
-    std::vector<MatView> u, o;
-    for (int i = 0; i < batch; ++i) {
-      u.push_back(in.view(rows, cols, 1, i * size));
-      o.push_back(out.view(rows, cols, 1, i * size));
-    }
-    Buffer norms(backend, DType::f32, 2 * batch);  // batch doubles: the check stays on the device, as in a step
-    double* norm_slots = reinterpret_cast<double*>(norms.data());
-    DeviceNsShape shape{rows, cols, {}};
-    const double flops = standard_ns_flops(rows, cols, 5);
-    for (const std::string path : {"reference", "standard", "gram", "auto"}) {
-      const NsOptions options = device_ns_path_options(path, dtype);
-      const double s = median_seconds_on(backend, 2, repeats, [&] {
-        newton_schulz_batched(backend, u, o, options, {}, norm_slots);
-      }) / batch;
-      DeviceNsPath p;
-      p.path = path;
-      p.algo = describe_path(ns_effective_options(options, rows, cols));
-      p.seconds_per_matrix = s;
-      p.useful_gflops = flops / s / 1e9;
-      p.fraction_of_peak = p.useful_gflops / report.peak_gflops;
-      p.ratio_to_reference = shape.paths.empty() ? 1.0 : shape.paths[0].seconds_per_matrix / s;
-      shape.paths.push_back(p);
+    DeviceNsShape shape{rows, cols, {}, {}};
+    try {
+      time_paths(backend, batch, repeats, dtype, report.peak_gflops, rng, shape);
+    } catch (const std::exception& e) {
+      shape.error = e.what();
     }
     report.shapes.push_back(shape);
   }
   return report;
 }
+
+std::string device_ns_failures(const DeviceNsReport& r) {
+  std::string out;
+  for (const auto& s : r.shapes)
+    if (!s.error.empty())
+      out += "FAIL bench ns " + std::to_string(s.rows) + "x" + std::to_string(s.cols) + ": " + s.error + "\n";
+  return out;
+}
+
 
 std::string device_ns_json(const DeviceNsReport& r) {
   std::ostringstream os;
@@ -131,7 +152,9 @@ std::string device_ns_json(const DeviceNsReport& r) {
      << ", \"shapes\": [";
   for (size_t i = 0; i < r.shapes.size(); ++i) {
     const auto& s = r.shapes[i];
-    os << (i ? ", " : "") << "{\"rows\": " << s.rows << ", \"cols\": " << s.cols << ", \"paths\": [";
+    os << (i ? ", " : "") << "{\"rows\": " << s.rows << ", \"cols\": " << s.cols;
+    if (!s.error.empty()) os << ", \"error\": " << json_string(s.error);
+    os << ", \"paths\": [";
     for (size_t j = 0; j < s.paths.size(); ++j) {
       const auto& p = s.paths[j];
       os << (j ? ", " : "") << "{\"path\": " << json_string(p.path) << ", \"algo\": " << json_string(p.algo)
@@ -159,6 +182,7 @@ std::string device_ns_table(const DeviceNsReport& r) {
   os << line;
   for (const auto& s : r.shapes) {
     const std::string shape = std::to_string(s.rows) + "x" + std::to_string(s.cols);
+    if (!s.error.empty()) os << shape << " FAIL: " << s.error << "\n";
     for (const auto& p : s.paths) {
       std::snprintf(line, sizeof line, "%-12s %-10s %-28s %12.4f %10.1f %7.0f%% %7.2fx\n", shape.c_str(),
                     p.path.c_str(), p.algo.c_str(), 1e3 * p.seconds_per_matrix, p.useful_gflops / 1e3,

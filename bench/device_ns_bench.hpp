@@ -27,7 +27,8 @@ struct DeviceNsPath {
 
 struct DeviceNsShape {
   int64_t rows = 0, cols = 0;
-  std::vector<DeviceNsPath> paths;
+  std::vector<DeviceNsPath> paths;  // those timed before an error
+  std::string error;                // what this shape threw (the next shapes still run); empty: none
 };
 
 struct DeviceNsReport {
@@ -41,7 +42,8 @@ struct DeviceNsReport {
 // The configuration of each path for `dtype` iterates.
 NsOptions device_ns_path_options(const std::string& path, DType dtype);
 
-// Times every path on `batch` same-shape matrices of each shape (random Gaussian inputs, never zeros).
+// Times every path on `batch` same-shape matrices of each shape (random Gaussian inputs, never zeros). An exception
+// in one shape is kept in its `error` and the next shapes still run.
 DeviceNsReport bench_ns_on_device(Backend& backend, const std::vector<std::pair<int64_t, int64_t>>& shapes, int batch,
                                   int repeats, DType dtype);
 
@@ -56,5 +58,7 @@ std::string device_ns_json(const DeviceNsReport& report);
 // s as a JSON string literal (quotes and backslashes escaped; the reports hold no control characters).
 std::string json_string(const std::string& s);
 std::string device_ns_table(const DeviceNsReport& report);
+// One "FAIL bench ns RxC: error" line per shape that threw (empty when none did).
+std::string device_ns_failures(const DeviceNsReport& report);
 
 }  // namespace dmuon

@@ -3,12 +3,19 @@
 # fits in a 15-minute loan) on a machine with an NVIDIA GPU (written for the H200 machine of ../shared/GPU.md:
 # nvcc 13, CMake, ninja, Python 3.12 + torch 2.11 with NVIDIA's cuBLAS and NCCL wheels; no network, no installs).
 # From the repository root:   bash scripts/gpu-check.sh RESULTS_DIR     (or RESULTS_DIR in $OUT)
-#  1. probe, printed first on one screen (probe.txt): GPU model and count, driver, nvcc, cuBLAS and NCCL (headers
-#     and libraries, in the toolkit or in torch's wheels under site-packages/nvidia), CMake, ninja, Python, torch
-#     and its CUDA, the Debian libraries of the full build; and the mode it allows, the richest of
+# RESULTS_DIR receives two files, rewritten after every step so that a kill loses nothing already done (the device
+# tool brings back at most 8 files): gpu-check.tar.gz, every log and JSON of the run (written meanwhile into a
+# folder of their own outside RESULTS_DIR, or DMUON_GPU_CHECK_LOGS), and report.txt, whose first screen holds
+# every failed step, every FAIL line of every log and every figure (the same is printed last).
+#  1. probe, printed first on one screen (probe.txt): GPU model and count, driver, nvcc (on PATH, else in CUDA_HOME,
+#     CUDA_PATH, /usr/local/cuda, /usr/local/cuda-*, /opt/cuda or torch's nvidia wheels; the folders other than
+#     the wheels' are DMUON_GPU_CHECK_CUDA_DIRS when set), cuBLAS and NCCL (headers and libraries, in the toolkit or
+#     in torch's wheels under site-packages/nvidia), CMake, ninja, Python, torch and its CUDA, the Debian libraries
+#     of the full build; and the mode it allows, the richest of
 #       full      CUDA, cuBLAS, NCCL and every Debian library: the project, libdmuon_c, the GoogleTest GPU suites
 #       gpu-only  CUDA and cuBLAS: the GPU subset (-DDMUON_GPU_ONLY=ON), dmuon_gpu_check alone
-#       torch     no build possible: the PyTorch anchors only
+#       torch     no build possible: the PyTorch anchors only, and every dmuon step FAILS (cannot run): a machine
+#                 that cannot build never reports green
 #     cuBLAS and NCCL from torch's wheels are handed to CMake (CUBLAS_ROOT, NCCL_ROOT) when the toolkit lacks them.
 #  2. starts the PyTorch anchors in the background while the build runs (the GPU is idle then): the bf16 quintic
 #     Newton–Schulz of DESIGN 2.1 and torch.matmul's bf16 rate (torch_anchor.json), then torch.optim.Muon's step
@@ -30,7 +37,8 @@
 #     end of each failed step's log; report.txt holds the same.
 # Progress goes to standard error and progress.log. Every step has its own time limit, cut to what is left of
 # the budget (a step with less than 15 s left is skipped); a failing step is logged and the script goes on, and
-# the exit status is 1 when any step failed or timed out (0 when every step passed or was skipped).
+# the exit status is 1 when any step failed, timed out or could not run (a GPU step that finds no CUDA device
+# fails too, outside the dry run), 0 when every step passed or was skipped for want of time or of a second GPU.
 # DMUON_GPU_CHECK_DRY_RUN=1 (for machines without a GPU; CI runs it): probes, prints every command it would
 # run, rehearses what needs no GPU (the Muon matrices' shapes, the torch Muon step on a CPU with
 # DMUON_GPU_CHECK_CPU_MODEL, the summary) and builds nothing. DMUON_GPU_CHECK_MODE=gpu-only skips the full build
@@ -46,6 +54,12 @@ mkdir -p "$RESULTS"
 RESULTS=$(cd "$RESULTS" && pwd)
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
+# Every log and JSON of the run: packed into RESULTS/gpu-check.tar.gz after each step.
+LOGS=${DMUON_GPU_CHECK_LOGS:-$(mktemp -d "${TMPDIR:-/tmp}/dmuon-gpu-check.XXXXXX")}
+mkdir -p "$LOGS"
+LOGS=$(cd "$LOGS" && pwd)
+rm -f "$RESULTS/report.txt" "$RESULTS/gpu-check.tar.gz"
+export PYTHONUNBUFFERED=1  # the Python steps' lines reach their logs as they are printed, kill or not
 BUILD=${DMUON_GPU_BUILD:-build-gpu}
 JOBS=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc obeys OMP_NUM_THREADS
 START=$(date +%s)
@@ -59,17 +73,17 @@ case "$BUDGET" in '' | *[!0-9]*) echo "DMUON_GPU_CHECK_BUDGET_S must be a number
 declare -A STATUS
 STEPS=()  # in the order they were met, for the summary
 
-say() { echo "[gpu-check $(($(date +%s) - START))s] $*" | tee -a "$RESULTS/progress.log" >&2; }
+say() { echo "[gpu-check $(($(date +%s) - START))s] $*" | tee -a "$LOGS/progress.log" >&2; }
 left() { echo $((BUDGET - ($(date +%s) - START))); }
 status_of_rc() {
   case $1 in
     0) echo "ok" ;;
-    77) echo "skipped (no CUDA device)" ;;
+    77) echo "failed: no CUDA device (exit 77)" ;;  # on the machine lent for this check, nothing is worse
     124 | 137) echo "timed out after ${2}s" ;;
     *) echo "failed (exit $1)" ;;
   esac
 }
-# step NAME SECONDS COMMAND...: runs COMMAND with a time limit, output into RESULTS/NAME.log, status remembered.
+# step NAME SECONDS COMMAND...: runs COMMAND with a time limit, output into LOGS/NAME.log, status remembered.
 step() {
   local name=$1 limit=$2
   shift 2
@@ -86,44 +100,150 @@ step() {
     return 0
   fi
   say "$name: $* (limit ${limit}s)"
-  timeout --kill-after=10 "$limit" "$@" >"$RESULTS/$name.log" 2>&1
+  timeout --kill-after=10 "$limit" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
   STATUS[$name]=$(status_of_rc $rc "$limit")
   say "$name: ${STATUS[$name]}"
+  publish
   return $rc
 }
-# skip NAME REASON: a step this run does not take.
+# skip NAME REASON: a step this run does not take, for a reason that is no fault (one GPU, no mpirun).
 skip() {
   STEPS+=("$1")
   STATUS[$1]="skipped ($2)"
 }
-# json NAME SECONDS COMMAND...: a step whose standard output is one JSON object (RESULTS/NAME.json).
+# cannot NAME REASON: a dmuon step this machine cannot run (no build): a failure, never a quiet skip.
+cannot() {
+  STEPS+=("$1")
+  STATUS[$1]="failed: cannot run ($2)"
+}
+# json NAME SECONDS COMMAND...: a step whose standard output is one JSON object (LOGS/NAME.json).
 json() {
   local name=$1 limit=$2
   shift 2
-  step "$name" "$limit" bash -c '"$@" --json > "$0"' "$RESULTS/$name.json" "$@"
+  step "$name" "$limit" bash -c '"$@" --json > "$0"' "$LOGS/$name.json" "$@"
+}
+
+# ---- the report and the archive, rewritten after every step (publish) ----
+# figures: each figure beside its torch counterpart, from the JSON of the steps so far.
+figures() {
+  [ -n "$PYTHON" ] || return 0
+  "$PYTHON" - "$LOGS" <<'PY'
+import json, os, sys
+r = sys.argv[1]
+def load(name):
+    try:
+        return json.load(open(os.path.join(r, name)))
+    except Exception:
+        return None
+# Newton–Schulz per shape: bench ns reports seconds per matrix; the torch anchor times the whole batch.
+torch_rows = {(x["batch"], x["rows"], x["cols"]): x for x in (load("torch_anchor.json") or {}).get("ns", [])}
+header = f"{'Newton-Schulz':>18} {'path':>10} {'ms/matrix':>10} {'TFLOP/s':>8} {'torch ms':>9} {'torch/this':>10}"
+for name in ("bench_ns.json", "bench_ns_batch.json", "bench_ns_small.json", "bench_ns_small_nographs.json"):
+    data = load(name)
+    if not data:
+        continue
+    if header:
+        print(header)
+        header = None
+    batch = data.get("batch", 1)
+    if name == "bench_ns_small_nographs.json":
+        print("without CUDA graphs (DMUON_CUDA_NO_GRAPHS=1):")
+    for shape in data.get("shapes", []):
+        key = (batch, shape["rows"], shape["cols"])
+        t = torch_rows.get(key)
+        if shape.get("error"):
+            print(f"FAIL {'%dx%dx%d' % key:>13} {shape['error']}")
+        for p in shape.get("paths", []):
+            ms = 1e3 * p["seconds_per_matrix"]
+            tms = f"{t['ms'] / batch:9.3f}" if t else f"{'-':>9}"
+            ratio = f"{t['ms'] / batch / ms:.2f}x" if t and ms > 0 else "-"
+            print(f"{'%dx%dx%d' % key:>18} {p['path']:>10} {ms:10.3f} {p['useful_gflops'] / 1e3:8.1f} {tms} {ratio:>10}")
+# The Muon step on the same matrices: ours on the device, torch.optim.Muon's.
+ours, theirs = load("bench_muon.json"), load("torch_muon_step.json")
+if ours or theirs:
+    print("Muon step on %s's matrices:" % ((theirs or {}).get("model") or "the model"))
+    if ours and ours.get("error"):
+        print(f"FAIL bench muon step: {ours['error']}")
+    for b in (ours or {}).get("buckets", []):
+        if b.get("error"):
+            print(f"FAIL bench muon {b['count']} x {b['rows']}x{b['cols']}: {b['error']}")
+    if ours and ours.get("step_s_median") is not None:
+        print(f"{'dmuon device step':>24} {1e3 * ours['step_s_median']:10.3f} ms  ({ours['matrices']} matrices, "
+              f"{ours['parameters']} parameters)")
+    if theirs:
+        print(f"{'torch.optim.Muon':>24} {1e3 * theirs['step_s_median']:10.3f} ms  ({theirs['matrices']} matrices on "
+              f"{theirs['device_name']}, torch {theirs['torch']})")
+    if ours and theirs and ours["parameters"] == theirs["parameters"] and ours.get("step_s_median"):
+        print(f"{'torch/this':>24} {theirs['step_s_median'] / ours['step_s_median']:10.2f}x")
+for name in ("bench_optimizer.json", "bench_optimizer_np.json"):
+    data = load(name)
+    if data:
+        print(f"optimizer step, {data.get('ranks')} rank(s), {data.get('device')}:")
+        for x in data.get("results", []):
+            print(f"{x['optimizer']:>24} {1e3 * x['step_s_median']:10.3f} ms  weight norm {x['weight_norm']:.6g}")
+for x in load("gpu_check_torch.json") or []:
+    print(f"dmuon.torch {x['check']:>12}: {x['status']} {x['detail']}")
+mm = (load("torch_anchor.json") or {}).get("matmul", [])
+if mm:
+    print(f"torch.matmul bf16 8192^3: {mm[0]['tflops']:.0f} TFLOP/s")
+PY
+}
+failed_steps() {
+  for s in "${STEPS[@]}"; do
+    case "${STATUS[$s]:-}" in failed* | timed*) echo "$s" ;; esac
+  done
+}
+# The first screen: every failed step, every FAIL line of every log (at most 60, each cut to 200 characters:
+# all of them are in the archive), every figure, then every step's status.
+report_head() {
+  local failed
+  failed=$(failed_steps)
+  echo "== gpu-check: $MODE mode, $(($(date +%s) - START)) s of a ${BUDGET} s budget$([ "$DRY_RUN" = 1 ] && echo ', dry run'), $(printf '%s' "$failed" | grep -c .) step(s) failed; every log in $RESULTS/gpu-check.tar.gz =="
+  for s in $failed; do printf 'FAIL step %-24s %s\n' "$s" "${STATUS[$s]}"; done
+  (cd "$LOGS" && grep -HE "$FAIL_LINE" -- *.log 2>/dev/null | grep -v '^progress.log:') | cut -c1-200 | head -n 60
+  figures
+  echo "-- every step --"
+  for s in "${STEPS[@]}"; do
+    [ -n "${STATUS[$s]:-}" ] && printf '%-24s %s\n' "$s" "${STATUS[$s]}"
+  done
+}
+FAIL_LINE='^(FAIL|FAILED)\b|\[  FAILED  \]|^[A-Za-z_.]*(Error|Exception): |^dmuon[-_a-z]*: '
+# The end of each failed step's log.
+failed_tails() {
+  for s in $(failed_steps); do
+    echo "== $s: ${STATUS[$s]}; the end of $s.log =="
+    tail -n 30 "$LOGS/$s.log" 2>/dev/null
+  done
+}
+# report.txt (the first screen, then the failed logs' ends) and gpu-check.tar.gz (LOGS, report included) into
+# RESULTS, each replaced whole, so that a kill at any moment leaves the last complete pair.
+publish() {
+  report_head >"$LOGS/summary.txt"
+  { cat "$LOGS/summary.txt"; failed_tails; } >"$LOGS/report.txt"
+  cp "$LOGS/report.txt" "$RESULTS/report.txt.part" && mv "$RESULTS/report.txt.part" "$RESULTS/report.txt"
+  # A background anchor may be writing meanwhile ("file changed as we read it"): what was read is kept.
+  tar -czf "$RESULTS/gpu-check.tar.gz.part" -C "$LOGS" . 2>/dev/null
+  mv "$RESULTS/gpu-check.tar.gz.part" "$RESULTS/gpu-check.tar.gz"
 }
 
 # ---- 1. probe ----
-: >"$RESULTS/progress.log"
+: >"$LOGS/progress.log"
 have_lib() { ldconfig -p 2>/dev/null | grep -c "$1" >/dev/null; }  # grep -q would SIGPIPE ldconfig under pipefail
 have_header() { [ -e "/usr/include/$1" ] || [ -e "/usr/local/include/$1" ]; }
 yes_no() { "$@" && echo yes || echo no; }
-# The first line of a tool's version output with a version number in it, or "missing".
+# The first line of a tool's version output with a version number in it, or "missing" (a name on PATH or a path).
 version_of() {
   command -v "$1" >/dev/null 2>&1 || { echo missing; return; }
   echo "$(command -v "$1"), $("$@" 2>&1 | grep -oE '(release |version )?[0-9]+\.[0-9]+(\.[0-9]+)?' | head -n1)"
 }
 PYTHON=$(command -v python3 || true)
-NVCC=$(command -v nvcc || true)
-TOOLKIT=""
-[ -n "$NVCC" ] && TOOLKIT=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
 # In the toolkit: a header under include/ (or targets/*/include) and a library under lib64/ or lib/.
 toolkit_header() { [ -n "$TOOLKIT" ] && ls "$TOOLKIT"/include/"$1" "$TOOLKIT"/targets/*/include/"$1" >/dev/null 2>&1; }
 toolkit_lib() { [ -n "$TOOLKIT" ] && ls "$TOOLKIT"/lib64/"$1"* "$TOOLKIT"/lib/"$1"* "$TOOLKIT"/targets/*/lib/"$1"* >/dev/null 2>&1; }
 # torch, its CUDA and the GPU it sees, and the folders of torch's NVIDIA wheels that hold cuBLAS and NCCL
 # (nvidia/cu13 for CUDA 13's wheels, nvidia/cublas and nvidia/nccl before), in one interpreter start.
-TORCH_VERSION=missing TORCH_CUDA_VERSION=none TORCH_CUDA=0 TORCH_GPUS=0 WHEEL_CUBLAS="" WHEEL_NCCL=""
+TORCH_VERSION=missing TORCH_CUDA_VERSION=none TORCH_CUDA=0 TORCH_GPUS=0 WHEEL_CUBLAS="" WHEEL_NCCL="" WHEEL_NVCC=""
 if [ -n "$PYTHON" ]; then
   eval "$("$PYTHON" - <<'PY' 2>/dev/null
 import glob, os, shlex
@@ -139,6 +259,8 @@ try:
     roots = list(nvidia.__path__)
     out("WHEEL_CUBLAS", wheel([os.path.join(r, n) for r in roots for n in ("cu13", "cublas")], "cublas_v2.h", "libcublas.so"))
     out("WHEEL_NCCL", wheel([os.path.join(r, n) for r in roots for n in ("nccl", "cu13")], "nccl.h", "libnccl.so"))
+    out("WHEEL_NVCC", next((d for r in roots for n in ("cu13", "cuda_nvcc")
+                            if os.access(d := os.path.join(r, n, "bin", "nvcc"), os.X_OK)), ""))
 except Exception:
     pass
 try:
@@ -153,6 +275,22 @@ except Exception as e:
 PY
 )"
 fi
+# nvcc: on PATH, else where CUDA toolkits are installed (a toolkit is often not on PATH), else torch's wheel.
+NVCC=$(command -v nvcc || true)
+NVCC_WHERE="on PATH"
+if [ -z "$NVCC" ]; then
+  CUDA_DIRS=${DMUON_GPU_CHECK_CUDA_DIRS-"${CUDA_HOME:-} ${CUDA_PATH:-} /usr/local/cuda $(ls -d /usr/local/cuda-* 2>/dev/null | sort -rV) /opt/cuda"}
+  for d in $CUDA_DIRS; do
+    [ -x "$d/bin/nvcc" ] && { NVCC="$d/bin/nvcc"; break; }
+  done
+  [ -z "$NVCC" ] && [ -n "$WHEEL_NVCC" ] && NVCC=$WHEEL_NVCC
+  if [ -n "$NVCC" ]; then
+    NVCC_WHERE="not on PATH: found at $NVCC, put first on PATH for the build"
+    export PATH="$(dirname "$NVCC"):$PATH" CUDACXX="$NVCC"
+  fi
+fi
+TOOLKIT=""
+[ -n "$NVCC" ] && TOOLKIT=$(dirname "$(dirname "$(readlink -f "$NVCC")")")
 GPU_LIST=$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true)
 GPUS=$(printf '%s' "$GPU_LIST" | grep -c . || true)
 [ "${GPUS:-0}" -eq 0 ] && GPUS=$TORCH_GPUS
@@ -197,7 +335,7 @@ fi
 {
   echo "== gpu-check probe, $(date -u +%FT%TZ), $(uname -srm), $(nproc) cores =="
   echo "gpu:       ${GPUS:-0} ($(printf '%s' "${GPU_LIST:-no nvidia-smi}" | tr '\n' ';'))"
-  echo "nvcc:      $(version_of nvcc --version)"
+  echo "nvcc:      $(version_of "${NVCC:-nvcc}" --version)$([ -n "$NVCC" ] && echo " ($NVCC_WHERE)")"
   echo "g++:       $(version_of g++ --version)"
   echo "cmake:     $(version_of cmake --version)$([ "$CMAKE_OK" = 1 ] || echo ' (needs >= 3.25)')"
   echo "ninja:     $(version_of ninja --version)"
@@ -207,11 +345,11 @@ fi
   echo "NCCL:      ${NCCL:-missing} (torch's wheel: ${WHEEL_NCCL:-none})"
   echo "full-build libraries: $([ -z "$DEBIAN_MISSING" ] && echo "all here" || echo "missing$DEBIAN_MISSING")"
   echo "mode:      $MODE ($WHY)$([ "$DRY_RUN" = 1 ] && echo ', dry run')"
-} >"$RESULTS/probe.txt" 2>&1
-cat "$RESULTS/probe.txt"
+} >"$LOGS/probe.txt" 2>&1
+cat "$LOGS/probe.txt"
 
 # ---- 2. the PyTorch anchors, in the background while the build runs ----
-cat >"$RESULTS/torch_anchor.py" <<'PY'
+cat >"$LOGS/torch_anchor.py" <<'PY'
 # PyTorch anchors for dmuon's GPU Newton–Schulz: the quintic recurrence of DESIGN 2.1 in bf16 (Keller's
 # coefficients, 5 steps, the public reference code's form) and torch.matmul's bf16 rate. CUDA events, warm-up,
 # median of repeats, random (never zero) inputs.
@@ -263,20 +401,20 @@ print(f"torch.matmul bf16 8192^3: {out['matmul'][0]['tflops']:.0f} TFLOP/s")
 PY
 MUON_SHAPES=""
 if [ -n "$PYTHON" ]; then
-  MUON_SHAPES=$("$PYTHON" python/benchmarks/muon_step_torch.py --model "$MODEL" --print-shapes 2>"$RESULTS/muon_shapes.log")
+  MUON_SHAPES=$("$PYTHON" python/benchmarks/muon_step_torch.py --model "$MODEL" --print-shapes 2>"$LOGS/muon_shapes.log")
   say "Muon matrices of $MODEL: ${MUON_SHAPES:-none (muon_shapes.log)}"
 fi
 ANCHOR_PID=""
 if [ "$DRY_RUN" = 1 ]; then
-  say "would run in the background (torch_anchor, 120s): $PYTHON $RESULTS/torch_anchor.py $RESULTS/torch_anchor.json"
-  say "would run in the background (torch_muon_step, 120s): $PYTHON python/benchmarks/muon_step_torch.py --model $MODEL --device cuda --json $RESULTS/torch_muon_step.json"
+  say "would run in the background (torch_anchor, 120s): $PYTHON $LOGS/torch_anchor.py $LOGS/torch_anchor.json"
+  say "would run in the background (torch_muon_step, 120s): $PYTHON python/benchmarks/muon_step_torch.py --model $MODEL --device cuda --json $LOGS/torch_muon_step.json"
   STEPS+=(torch_anchor torch_muon_step)
   STATUS[torch_anchor]="dry-run"
   STATUS[torch_muon_step]="dry-run"
   if [ -n "${DMUON_GPU_CHECK_CPU_MODEL:-}" ] && [ -n "$PYTHON" ]; then
     # Rehearsal on the CPU: the same script on a small model, its JSON where the GPU run puts its own.
     DRY_RUN=0 step torch_muon_step_cpu 300 "$PYTHON" python/benchmarks/muon_step_torch.py \
-      --model "$DMUON_GPU_CHECK_CPU_MODEL" --device cpu --repeats 3 --json "$RESULTS/torch_muon_step.json"
+      --model "$DMUON_GPU_CHECK_CPU_MODEL" --device cpu --repeats 3 --json "$LOGS/torch_muon_step.json"
   fi
 elif [ "$TORCH_CUDA" = 1 ]; then
   STEPS+=(torch_anchor torch_muon_step)
@@ -284,12 +422,12 @@ elif [ "$TORCH_CUDA" = 1 ]; then
   ANCHOR_LIMIT=$((BUDGET / 3 < 120 ? BUDGET / 3 : 120))
   say "torch_anchor, torch_muon_step: in the background while the build runs (${ANCHOR_LIMIT}s each)"
   (
-    timeout --kill-after=10 "$ANCHOR_LIMIT" "$PYTHON" "$RESULTS/torch_anchor.py" "$RESULTS/torch_anchor.json" \
-      >"$RESULTS/torch_anchor.log" 2>&1
-    echo $? >"$RESULTS/torch_anchor.rc"
+    timeout --kill-after=10 "$ANCHOR_LIMIT" "$PYTHON" "$LOGS/torch_anchor.py" "$LOGS/torch_anchor.json" \
+      >"$LOGS/torch_anchor.log" 2>&1
+    echo $? >"$LOGS/torch_anchor.rc"
     timeout --kill-after=10 "$ANCHOR_LIMIT" "$PYTHON" python/benchmarks/muon_step_torch.py --model "$MODEL" \
-      --device cuda --json "$RESULTS/torch_muon_step.json" >"$RESULTS/torch_muon_step.log" 2>&1
-    echo $? >"$RESULTS/torch_muon_step.rc"
+      --device cuda --json "$LOGS/torch_muon_step.json" >"$LOGS/torch_muon_step.log" 2>&1
+    echo $? >"$LOGS/torch_muon_step.rc"
   ) &
   ANCHOR_PID=$!
 else
@@ -303,6 +441,7 @@ command -v ninja >/dev/null && GEN=(-G Ninja)
 COMMON=("${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDMUON_CUDA=ON "-DCMAKE_CUDA_ARCHITECTURES=90-real;90-virtual")
 COMMON+=("${HINTS[@]}")
 [ -n "$PYTHON" ] && COMMON+=(-DPython3_EXECUTABLE="$PYTHON")
+[ -n "$NVCC" ] && COMMON+=(-DCMAKE_CUDA_COMPILER="$NVCC")
 FULL_TARGETS=(dmuon_cli dmuon_gpu_check dmuon_python cublas_calls_test cuda_backend_test cuda_optim_test
               backend_conformance_test comm_nccl_mpi_test device_optim_mpi_test)
 # The GPU subset: when the probe chose it, or when the full configure or build failed.
@@ -324,7 +463,7 @@ case "$MODE" in
     fi
     ;;
   gpu-only) build_gpu_only ;;
-  torch) skip build "$WHY" ;;
+  torch) cannot build "$WHY" ;;
 esac
 
 # ---- 4. the anchors done, then the GPU tests, each on its own ----
@@ -333,7 +472,7 @@ if [ -n "$ANCHOR_PID" ]; then
   say "waiting for torch_anchor and torch_muon_step"
   wait "$ANCHOR_PID"
   for s in torch_anchor torch_muon_step; do
-    STATUS[$s]=$(status_of_rc "$(cat "$RESULTS/$s.rc" 2>/dev/null || echo 1)" "$ANCHOR_LIMIT")
+    STATUS[$s]=$(status_of_rc "$(cat "$LOGS/$s.rc" 2>/dev/null || echo 1)" "$ANCHOR_LIMIT")
     say "$s: ${STATUS[$s]}"
   done
 elif [ "$DRY_RUN" = 1 ]; then
@@ -342,7 +481,7 @@ fi
 GPU_CHECK=("$BUILD/dmuon_gpu_check")
 CLI=("${GPU_CHECK[@]}")
 if [ "$MODE" = torch ]; then
-  skip gpu_check "$WHY"
+  cannot gpu_check "$WHY"
 else
   step gpu_check 90 "${GPU_CHECK[@]}" test
 fi
@@ -356,7 +495,7 @@ fi
 
 # ---- 5. benchmarks ----
 if [ "$MODE" = torch ]; then
-  for b in bench_ns bench_ns_batch bench_ns_small bench_ns_small_nographs bench_muon; do skip $b "$WHY"; done
+  for b in bench_ns bench_ns_batch bench_ns_small bench_ns_small_nographs bench_muon; do cannot $b "$WHY"; done
 else
 json bench_ns 120 "${CLI[@]}" bench ns --device cuda --shapes 896x4864,4864x896,4096x4096,4096x14336,14336x4096 \
   --repeats 20
@@ -398,7 +537,7 @@ if [ "$MODE" = full ]; then
     step torch_train_cuda_owner_held 90 "${TRAIN[@]}" --owner-held
     step gpu_check_torch 150 env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" \
       python/benchmarks/gpu_check_torch.py \
-      --results "$RESULTS"
+      --results "$LOGS"
   else
     for s in torch_train_cuda torch_train_cuda_owner_held gpu_check_torch; do skip $s "no torch with CUDA"; done
   fi
@@ -407,80 +546,8 @@ else
   for s in torch_train_cuda torch_train_cuda_owner_held gpu_check_torch; do skip $s "needs the full build (libdmuon_c)"; done
 fi
 
-# ---- 6. the summary first, then the end of each failed step's log ----
-
-summary() {
-  echo "== gpu-check: $MODE mode, $(($(date +%s) - START)) s of a ${BUDGET} s budget$([ "$DRY_RUN" = 1 ] && echo ', dry run') =="
-  for s in "${STEPS[@]}"; do
-    [ -n "${STATUS[$s]:-}" ] && printf '%-24s %s\n' "$s" "${STATUS[$s]}"
-  done
-  if [ -n "$PYTHON" ]; then
-    "$PYTHON" - "$RESULTS" <<'PY'
-import json, os, sys
-r = sys.argv[1]
-def load(name):
-    try:
-        return json.load(open(os.path.join(r, name)))
-    except Exception:
-        return None
-# Newton–Schulz per shape: bench ns reports seconds per matrix; the torch anchor times the whole batch.
-torch_rows = {(x["batch"], x["rows"], x["cols"]): x for x in (load("torch_anchor.json") or {}).get("ns", [])}
-header = f"{'Newton-Schulz':>18} {'path':>10} {'ms/matrix':>10} {'TFLOP/s':>8} {'torch ms':>9} {'torch/this':>10}"
-for name in ("bench_ns.json", "bench_ns_batch.json", "bench_ns_small.json", "bench_ns_small_nographs.json"):
-    data = load(name)
-    if not data:
-        continue
-    if header:
-        print(header)
-        header = None
-    batch = data.get("batch", 1)
-    if name == "bench_ns_small_nographs.json":
-        print("without CUDA graphs (DMUON_CUDA_NO_GRAPHS=1):")
-    for shape in data.get("shapes", []):
-        key = (batch, shape["rows"], shape["cols"])
-        t = torch_rows.get(key)
-        for p in shape.get("paths", []):
-            ms = 1e3 * p["seconds_per_matrix"]
-            tms = f"{t['ms'] / batch:9.3f}" if t else f"{'-':>9}"
-            ratio = f"{t['ms'] / batch / ms:.2f}x" if t and ms > 0 else "-"
-            print(f"{'%dx%dx%d' % key:>18} {p['path']:>10} {ms:10.3f} {p['useful_gflops'] / 1e3:8.1f} {tms} {ratio:>10}")
-# The Muon step on the same matrices: ours on the device, torch.optim.Muon's.
-ours, theirs = load("bench_muon.json"), load("torch_muon_step.json")
-if ours or theirs:
-    print("Muon step on %s's matrices:" % ((theirs or {}).get("model") or "the model"))
-    if ours:
-        print(f"{'dmuon device step':>24} {1e3 * ours['step_s_median']:10.3f} ms  ({ours['matrices']} matrices, "
-              f"{ours['parameters']} parameters)")
-    if theirs:
-        print(f"{'torch.optim.Muon':>24} {1e3 * theirs['step_s_median']:10.3f} ms  ({theirs['matrices']} matrices on "
-              f"{theirs['device_name']}, torch {theirs['torch']})")
-    if ours and theirs and ours["parameters"] == theirs["parameters"]:
-        print(f"{'torch/this':>24} {theirs['step_s_median'] / ours['step_s_median']:10.2f}x")
-for name in ("bench_optimizer.json", "bench_optimizer_np.json"):
-    data = load(name)
-    if data:
-        print(f"optimizer step, {data.get('ranks')} rank(s), {data.get('device')}:")
-        for x in data.get("results", []):
-            print(f"{x['optimizer']:>24} {1e3 * x['step_s_median']:10.3f} ms  weight norm {x['weight_norm']:.6g}")
-for x in load("gpu_check_torch.json") or []:
-    print(f"dmuon.torch {x['check']:>12}: {x['status']} {x['detail']}")
-mm = (load("torch_anchor.json") or {}).get("matmul", [])
-if mm:
-    print(f"torch.matmul bf16 8192^3: {mm[0]['tflops']:.0f} TFLOP/s")
-PY
-  fi
-}
-summary >"$RESULTS/summary.txt"
-FAILED=()
-for s in "${STEPS[@]}"; do
-  case "${STATUS[$s]:-}" in failed* | timed*) FAILED+=("$s") ;; esac
-done
-{
-  cat "$RESULTS/summary.txt"
-  for s in "${FAILED[@]}"; do
-    echo "== $s: ${STATUS[$s]}; the end of $s.log =="
-    tail -n 15 "$RESULTS/$s.log" 2>/dev/null
-  done
-} >"$RESULTS/report.txt"
-cat "$RESULTS/report.txt"
-[ "${#FAILED[@]}" -eq 0 ]
+# ---- 6. the report: the failed logs' ends, then the first screen again, last in the output ----
+publish
+failed_tails
+cat "$LOGS/summary.txt"
+[ -z "$(failed_steps)" ]

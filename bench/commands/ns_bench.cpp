@@ -210,6 +210,9 @@ void run_bench(const BenchArgs& args) {
     const auto report = dmuon::bench_ns_on_device(args.device.backend(), dims, args.batch, args.repeats,
                                                   args.device.iterates());
     std::fputs((args.json ? dmuon::device_ns_json(report) : dmuon::device_ns_table(report)).c_str(), stdout);
+    std::fflush(stdout);
+    const std::string failures = dmuon::device_ns_failures(report);  // every shape still ran and is reported above
+    DMUON_CHECK(failures.empty(), "bench ns --device ", args.device.device, ": a shape failed\n", failures);
     return;
   }
   DMUON_CHECK(args.device.iterates() == dmuon::DType::f32, "--dtype bf16 needs --device cuda");

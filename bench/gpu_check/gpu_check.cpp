@@ -1,9 +1,11 @@
 // dmuon_gpu_check: the GPU checks that need only CUDA and the C++ standard library (built in every CUDA build,
 // and alone with -DDMUON_GPU_ONLY=ON on machines without our Debian libraries; docs/gpu.md).
 //   dmuon_gpu_check test       products and Newton–Schulz on the GPU against float64 references on the host
-//                              (bf16 Newton–Schulz also against its emulation, tests/support/ns_reference.hpp), and
-//                              the kernel checks of kernel_checks.hpp; exit 0 when all pass, 1 on a failure, 77
-//                              (ctest's skip) without a CUDA device
+//                              (bf16 Newton–Schulz also against its emulation, tests/support/ns_reference.hpp; with
+//                              the norms checked on the host, and with device norms, the path every benchmark and
+//                              dmuon.torch take), and the kernel checks of kernel_checks.hpp; exit 0 when all pass,
+//                              1 on a failure, 77 (ctest's skip) without a CUDA device. Every line is flushed as it
+//                              is written (a kill loses nothing).
 //   dmuon_gpu_check bench ns [--device cuda] [--shapes RxC,...] [--batch K] [--repeats N] [--dtype bf16|f32] [--json]
 //                              as `dmuon bench ns --device cuda` (bench/device_ns_bench.hpp)
 //   dmuon_gpu_check bench muon --shapes RxC:K,... [--repeats N] [--json]
@@ -12,6 +14,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <map>
 #include <random>
 #include <string>
@@ -121,38 +124,107 @@ void check_products(Backend& gpu) {
   }
 }
 
-// float32 iterates: 5 steps against the float64 recurrence, within 1e-4 (GPU.md: float32 ≪ 1e-3). bf16 iterates
-// (tests/ns/ns_bf16_emulation_test.cpp derives both limits on these very inputs): after 1 and 2 steps against the
-// emulated GPU recurrence (bf16 at every store, float32 accumulation), within 1e-3, where accumulation order alone
-// moves a correct result by under 2.5e-4 and a missing rounding by over 2e-3; after 5 steps, when the bf16 iterates
-// have become chaotic (correct results 1e-2 … 3.5e-2 from float64), against float64 within 5e-2.
+// One Newton–Schulz check: its name, options (tiles 3) and schedule, and its reference. float32 iterates: against
+// the float64 recurrence, within 1e-4 (GPU.md: float32 ≪ 1e-3). bf16 iterates (tests/ns/ns_bf16_emulation_test.cpp
+// derives both limits on these very inputs): after 1 and 2 steps against the emulated GPU recurrence (bf16 at every
+// store, float32 accumulation), within 1e-3, where accumulation order alone moves a correct result by under 2.5e-4
+// and a missing rounding by over 2e-3; after 5 steps, when the bf16 iterates have become chaotic (correct results
+// 1e-2 … 3.5e-2 from float64), against float64 within 5e-2.
+struct NsCase {
+  std::string what;
+  NsOptions options;
+  std::vector<NsStep> schedule;
+  bool emulated, gram;
+  double limit;
+
+  NsCase(const std::string& path, DType dtype, int64_t rows, int64_t cols, int steps, const std::string& suffix)
+      : what("newton_schulz " + path + " " + to_string(dtype) + " " + std::to_string(rows) + "x" + std::to_string(cols) +
+             " " + std::to_string(steps) + " steps" + suffix),
+        options(device_ns_path_options(path, dtype)) {
+    options.tiles = 3;
+    options.steps = steps;
+    schedule = ns_schedule(options.coeffs, options.steps);
+    emulated = dtype == DType::bf16 && steps <= 2;
+    gram = ns_effective_options(options, rows, cols).algo == NsAlgo::gram;
+    limit = dtype == DType::f32 ? 1e-4 : emulated ? 1e-3 : 5e-2;
+  }
+  test::MatD want(const test::MatD& u) const {
+    const test::Bf16Emulation<float> bf16;
+    if (!emulated) return test::standard_ns_reference(u, schedule, 1.0);
+    return gram ? bf16.gram(u, schedule, 1.0, options.restarts) : bf16.standard(u, schedule, 1.0);
+  }
+  // Reports the output `got` of input u.
+  void check(const test::MatD& got, const test::MatD& u, const std::string& item) const {
+    const double err = test::relative_distance(got, want(u));
+    report(err <= limit, item + " vs " + (emulated ? "emulated bf16" : "float64"), err, limit);
+  }
+};
+
+// One matrix at a time, the norms read back and checked on the host: only the recurrence is a graph.
 void check_newton_schulz(Backend& gpu) {
   for (DType dtype : {DType::f32, DType::bf16}) {
     for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{96, 512}, {512, 96}, {256, 256}}) {
       const test::MatD u = test::gaussian(rows, cols, 50 + rows);
       for (const std::string path : {"reference", "standard", "gram"}) {
         for (const int steps : dtype == DType::f32 ? std::vector<int>{5} : std::vector<int>{1, 2, 5}) {
-          const std::string what = "newton_schulz " + path + " " + to_string(dtype) + " " + std::to_string(rows) + "x" +
-                                   std::to_string(cols) + " " + std::to_string(steps) + " steps";
-          check_log.guard(what, [&] {
-            NsOptions options = device_ns_path_options(path, dtype);
-            options.tiles = 3;
-            options.steps = steps;
-            const auto schedule = ns_schedule(options.coeffs, options.steps);
-            const bool emulated = dtype == DType::bf16 && steps <= 2;
-            const bool gram = ns_effective_options(options, rows, cols).algo == NsAlgo::gram;
-            const test::Bf16Emulation<float> bf16;
-            const test::MatD want = emulated ? (gram ? bf16.gram(u, schedule, 1.0, options.restarts)
-                                                     : bf16.standard(u, schedule, 1.0))
-                                             : test::standard_ns_reference(u, schedule, 1.0);
-            const double limit = dtype == DType::f32 ? 1e-4 : emulated ? 1e-3 : 5e-2;
+          const NsCase c(path, dtype, rows, cols, steps, "");
+          check_log.guard(c.what, [&] {
             Buffer in = upload(gpu, u), out(gpu, DType::f32, rows * cols);
             const MatView iv = in.view(rows, cols), ov = out.view(rows, cols);
-            newton_schulz_batched(gpu, std::span<const MatView>(&iv, 1), std::span<const MatView>(&ov, 1), options);
-            const double err = test::relative_distance(download(out, rows, cols), want);
-            report(err <= limit, what + " vs " + (emulated ? "emulated bf16" : "float64"), err, limit);
+            newton_schulz_batched(gpu, std::span<const MatView>(&iv, 1), std::span<const MatView>(&ov, 1), c.options);
+            c.check(download(out, rows, cols), u, c.what);
           });
         }
+      }
+    }
+  }
+}
+
+// Newton–Schulz with device norms, as bench ns, bench muon and dmuon.torch run it: the norms stay in device memory
+// (newton_schulz_batched's `norms`), so each chunk — norms, their cudaMallocAsync/cudaFreeAsync scratch
+// (device_view.cuh) and the recurrence — is one CUDA graph. Three matrices of one stack orthogonalised in place (as
+// bench muon's buckets are), twice over the same addresses with new inputs, so the second call replays the graph
+// recorded by the first: each output against its NsCase reference (5 float32 steps, 2 bf16 ones), and the norms left
+// on the device against float64 (float32 squares are exact in double, the sums round at 2^-53 each: within 1e-10).
+void check_newton_schulz_device_norms(Backend& gpu) {
+  constexpr int64_t kCount = 3;
+  for (DType dtype : {DType::f32, DType::bf16}) {
+    for (const auto& [rows, cols] : std::vector<std::pair<int64_t, int64_t>>{{96, 512}, {512, 96}}) {
+      for (const std::string path : {"standard", "gram"}) {
+        const NsCase c(path, dtype, rows, cols, dtype == DType::f32 ? 5 : 2, ", device norms");
+        check_log.guard(c.what, [&] {
+          const int64_t size = rows * cols;
+          Buffer stack(gpu, DType::f32, kCount * size), norms(gpu, DType::f32, 2 * kCount);  // kCount doubles
+          std::vector<MatView> views;
+          for (int64_t i = 0; i < kCount; ++i) views.push_back(stack.view(rows, cols, 1, i * size));
+          for (const int replay : {0, 1}) {
+            std::vector<test::MatD> inputs;
+            std::vector<float> host;
+            for (int64_t i = 0; i < kCount; ++i) {
+              inputs.push_back(test::gaussian(rows, cols, 60 + rows + 7 * i + 100 * replay));
+              const std::vector<float> f = test::to_floats(inputs.back());
+              host.insert(host.end(), f.begin(), f.end());
+            }
+            stack.upload(host);
+            gpu.fill(norms.view(1, 2 * kCount), std::nanf(""));  // poisoned: a norm not written shows
+            newton_schulz_batched(gpu, views, views, c.options, {}, reinterpret_cast<double*>(norms.data()));
+            std::vector<float> out(static_cast<size_t>(kCount * size)), norm_bits(2 * kCount);
+            stack.download(out);
+            norms.download(norm_bits);
+            for (int64_t i = 0; i < kCount; ++i) {
+              const test::MatD& u = inputs[static_cast<size_t>(i)];
+              const std::string item = c.what + (replay ? ", replayed" : ", recorded") + ", matrix " + std::to_string(i);
+              c.check(test::from_floats(out.data() + i * size, rows, cols), u, item);
+              double want_norm = 0;  // of the float32 values the device holds
+              for (float x : test::to_floats(u)) want_norm += static_cast<double>(x) * x;
+              want_norm = std::sqrt(want_norm);
+              double got_norm = 0;
+              std::memcpy(&got_norm, norm_bits.data() + 2 * i, sizeof got_norm);
+              const double norm_err = std::abs(got_norm - want_norm) / want_norm;
+              report(norm_err <= 1e-10, item + " input norm", norm_err, 1e-10);
+            }
+          }
+        });
       }
     }
   }
@@ -197,7 +269,9 @@ int bench_ns(int argc, char** argv) {
   const auto report = bench_ns_on_device(backend_for(DeviceKind::cuda, 0), shapes, args.integer("batch"),
                                          args.integer("repeats"), dtype == "bf16" ? DType::bf16 : DType::f32);
   std::fputs((args.json ? device_ns_json(report) : device_ns_table(report)).c_str(), stdout);
-  return 0;
+  const std::string failures = device_ns_failures(report);  // the shapes that threw: in the output, and the status
+  std::fputs(failures.c_str(), stderr);
+  return failures.empty() ? 0 : 1;
 }
 
 int bench_muon(int argc, char** argv) {
@@ -206,7 +280,9 @@ int bench_muon(int argc, char** argv) {
   const auto report =
       bench_muon_step(backend_for(DeviceKind::cuda, 0), parse_buckets(args.values.at("shapes")), args.integer("repeats"));
   std::fputs((args.json ? muon_step_json(report) : muon_step_table(report)).c_str(), stdout);
-  return 0;
+  const std::string failures = muon_step_failures(report);
+  std::fputs(failures.c_str(), stderr);
+  return failures.empty() ? 0 : 1;
 }
 
 int run(int argc, char** argv) {
@@ -220,6 +296,7 @@ int run(int argc, char** argv) {
     std::printf("%s\n", gpu.description().c_str());
     check_products(gpu);
     check_newton_schulz(gpu);
+    check_newton_schulz_device_norms(gpu);
     check_kernels(gpu, check_log);
     std::printf("%d failure(s)\n", check_log.failures());
     return check_log.failures() == 0 ? 0 : 1;
@@ -235,6 +312,7 @@ int run(int argc, char** argv) {
 }  // namespace dmuon
 
 int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // line by line into the GPU check's logs, whatever ends the process
   try {
     return dmuon::run(argc, argv);
   } catch (const std::exception& e) {

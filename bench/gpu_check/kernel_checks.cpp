@@ -191,6 +191,20 @@ void check_elementwise(Backend& gpu, CheckLog& log) {
   }
 }
 
+// A transpose of more rows than 65535 tiles of 32 (the grid's y limit): the tile kernels stride over the row tiles
+// past it (src/backend/cuda/tile_grid.hpp), so every element still moves, bit for bit.
+void check_tall_transpose(Backend& gpu, CheckLog& log) {
+  const HostBatch x(DType::f32, 2'200'001, 3, 1, 4), out_host(DType::f32, 3, 2'200'001, 1, 5);
+  DeviceBatch in(gpu, x), out(gpu, out_host);
+  gpu.transpose(in.view, out.view);
+  HostBatch want = out_host;
+  for (int64_t i = 0; i < x.rows; ++i)
+    for (int64_t j = 0; j < x.cols; ++j) want.at(0, j, i) = x.at(0, i, j);
+  const auto bad = bit_differences(out.read(gpu, out_host), want);
+  log.report(bad == 0, "transpose 2200001x3 f32 (past the grid's 65535 row tiles): elements off (bits)",
+             static_cast<double>(bad), 0);
+}
+
 void check_update_rules(Backend& gpu, CheckLog& log) {
   const int64_t n = 100003;
   std::mt19937 rng(5);
@@ -465,6 +479,7 @@ void check_not_ready_query(Backend& gpu, CheckLog& log) {
 
 void check_kernels(Backend& gpu, CheckLog& log) {
   log.guard("elementwise kernels", [&] { check_elementwise(gpu, log); });
+  log.guard("tall transpose", [&] { check_tall_transpose(gpu, log); });
   log.guard("update rules", [&] { check_update_rules(gpu, log); });
   log.guard("empty products", [&] { check_empty_products(gpu, log); });
   log.guard("graphs", [&] { check_graphs(gpu, log); });

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <random>
 #include <sstream>
 
@@ -77,7 +78,7 @@ std::vector<MuonBucket> parse_buckets(const std::string& list) {
     const int got = std::sscanf(item.c_str(), "%lldx%lld:%lld%c", &r, &c, &k, &tail);
     DMUON_CHECK((got == 2 || got == 3) && r > 0 && c > 0 && k > 0, "--shapes: '", item,
                 "' is not ROWSxCOLS or ROWSxCOLS:COUNT");
-    out.push_back({r, c, k, 0});
+    out.push_back({r, c, k, 0, {}});
     start = end + 1;
   }
   return out;
@@ -100,15 +101,35 @@ MuonStepReport bench_muon_step(Backend& backend, std::vector<MuonBucket> buckets
     for (BucketState& s : states) s.orthogonalize(backend, options);
     for (BucketState& s : states) s.apply(backend);
   };
-  step();  // untimed: workspaces, cuBLAS heuristics, CUDA graphs
-  for (int i = 0; i < repeats; ++i) report.step_seconds_all.push_back(backend.time_queued(step));
-  report.step_seconds = median(report.step_seconds_all);
+  try {
+    step();  // untimed: workspaces (freeing what earlier buckets' graphs named), cuBLAS heuristics, CUDA graphs
+    step();  // untimed: the graphs the first step's workspace growth left stale, recorded at their final addresses
+    for (int i = 0; i < repeats; ++i) report.step_seconds_all.push_back(backend.time_queued(step));
+    report.step_seconds = median(report.step_seconds_all);
+  } catch (const std::exception& e) {
+    report.error = e.what();
+    report.step_seconds_all.clear();
+  }
   for (BucketState& s : states) {
     MuonBucket b = s.shape;
-    b.ns_seconds = median_seconds_on(backend, 1, repeats, [&] { s.orthogonalize(backend, options); });
+    try {
+      b.ns_seconds = median_seconds_on(backend, 1, repeats, [&] { s.orthogonalize(backend, options); });
+    } catch (const std::exception& e) {
+      b.error = e.what();
+    }
     report.buckets.push_back(b);
   }
   return report;
+}
+
+std::string muon_step_failures(const MuonStepReport& r) {
+  std::string out;
+  if (!r.error.empty()) out += "FAIL bench muon step: " + r.error + "\n";
+  for (const MuonBucket& b : r.buckets)
+    if (!b.error.empty())
+      out += "FAIL bench muon " + std::to_string(b.count) + " x " + std::to_string(b.rows) + "x" +
+             std::to_string(b.cols) + ": " + b.error + "\n";
+  return out;
 }
 
 std::string muon_step_json(const MuonStepReport& r) {
@@ -118,14 +139,21 @@ std::string muon_step_json(const MuonStepReport& r) {
      << r.repeats << ", \"matrices\": ";
   int64_t matrices = 0;
   for (const MuonBucket& b : r.buckets) matrices += b.count;
-  os << matrices << ", \"parameters\": " << r.parameters << ", \"step_s_median\": " << r.step_seconds
-     << ", \"step_s\": [";
+  os << matrices << ", \"parameters\": " << r.parameters << ", \"step_s_median\": ";
+  if (r.error.empty()) {
+    os << r.step_seconds;
+  } else {
+    os << "null, \"error\": " << json_string(r.error);
+  }
+  os << ", \"step_s\": [";
   for (size_t i = 0; i < r.step_seconds_all.size(); ++i) os << (i ? ", " : "") << r.step_seconds_all[i];
   os << "], \"buckets\": [";
   for (size_t i = 0; i < r.buckets.size(); ++i) {
     const MuonBucket& b = r.buckets[i];
     os << (i ? ", " : "") << "{\"rows\": " << b.rows << ", \"cols\": " << b.cols << ", \"count\": " << b.count
-       << ", \"ns_s_median\": " << b.ns_seconds << "}";
+       << ", \"ns_s_median\": " << b.ns_seconds;
+    if (!b.error.empty()) os << ", \"error\": " << json_string(b.error);
+    os << "}";
   }
   os << "]}\n";
   return os.str();
@@ -134,9 +162,20 @@ std::string muon_step_json(const MuonStepReport& r) {
 std::string muon_step_table(const MuonStepReport& r) {
   std::ostringstream os;
   os << r.device << "\nMuon step (momentum, batched bf16 Newton-Schulz per shape, apply) on " << r.parameters
-     << " parameters: median " << 1e3 * r.step_seconds << " ms over " << r.repeats << " steps\n";
-  for (const MuonBucket& b : r.buckets)
-    os << "  " << b.count << " x " << b.rows << "x" << b.cols << ": Newton-Schulz " << 1e3 * b.ns_seconds << " ms\n";
+     << " parameters: ";
+  if (r.error.empty()) {
+    os << "median " << 1e3 * r.step_seconds << " ms over " << r.repeats << " steps\n";
+  } else {
+    os << "FAIL: " << r.error << "\n";
+  }
+  for (const MuonBucket& b : r.buckets) {
+    os << "  " << b.count << " x " << b.rows << "x" << b.cols << ": Newton-Schulz ";
+    if (b.error.empty()) {
+      os << 1e3 * b.ns_seconds << " ms\n";
+    } else {
+      os << "FAIL: " << b.error << "\n";
+    }
+  }
   return os.str();
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <exception>
+#include <initializer_list>
 #include <vector>
 
 #include "dmuon/error.hpp"
@@ -62,7 +63,25 @@ void run_joined(Backend& backend, const QueueJoin& join, const std::function<voi
   if (failure) std::rethrow_exception(failure);
 }
 
+Staging::~Staging() {
+  for (auto* buffers : {&buffers_, &norms_}) {
+    for (auto& [backend, buffer] : *buffers) {
+      const auto held = hold(*backend);
+      buffer = Buffer();
+    }
+  }
+}
+
 float* Staging::take(Backend& backend, int64_t elements) { return grown(buffers_, backend, elements); }
+
+int64_t Staging::elements(const Backend& backend) const {
+  int64_t n = 0;
+  for (const auto* buffers : {&buffers_, &norms_}) {
+    const auto it = buffers->find(&backend);
+    if (it != buffers->end()) n += it->second.size();
+  }
+  return n;
+}
 
 double* Staging::norms(Backend& backend, int64_t count) {
   return reinterpret_cast<double*>(grown(norms_, backend, 2 * count));  // two float32 slots per double
@@ -169,12 +188,21 @@ int64_t largest(std::span<const int64_t> sizes) {
   return n;
 }
 
+// Whether an operand of the lists (a null one aside: a zero gradient) is stored narrower than float32, and so needs
+// a float32 slot of the staging.
+bool any_narrow(std::initializer_list<std::span<const Operand>> lists) {
+  for (const auto& list : lists)
+    for (const Operand& x : list)
+      if (x.data != nullptr && x.dtype != DType::f32) return true;
+  return false;
+}
+
 }  // namespace
 
 void muon_momentum_run(Backend& backend, std::span<const int64_t> sizes, std::span<const Operand> grads,
                        std::span<const Operand> momenta, std::span<const Operand> u, const StepFlags& flags,
                        double beta, bool nesterov, Staging& staging) {
-  float* slots = staging.take(backend, 3 * largest(sizes));
+  float* slots = any_narrow({grads, momenta, u}) ? staging.take(backend, 3 * largest(sizes)) : nullptr;
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] == 0) continue;  // an empty tensor (a rank without rows of a matrix) has nothing to update
     momentum_of(backend, sizes[i], grads[i], momenta[i], u[i], flags.keep_of(i), flags, beta, nesterov, slots);
@@ -184,7 +212,7 @@ void muon_momentum_run(Backend& backend, std::span<const int64_t> sizes, std::sp
 void muon_apply_run(Backend& backend, std::span<const int64_t> sizes, std::span<const Operand> w,
                     std::span<const Operand> o, const StepFlags& flags, double lr, double weight_decay,
                     std::span<const double> scales, bool cautious_wd, Staging& staging) {
-  float* slots = staging.take(backend, 2 * largest(sizes));
+  float* slots = any_narrow({w, o}) ? staging.take(backend, 2 * largest(sizes)) : nullptr;
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] > 0)
       apply_of(backend, sizes[i], w[i], o[i], flags.keep_of(i), lr, weight_decay, scales[i], cautious_wd, slots);
@@ -198,9 +226,10 @@ void muon_update_run(Backend& backend, int64_t rows, int64_t cols, std::span<con
                      bool check_finite) {
   const auto batch = static_cast<int64_t>(w.size());
   const int64_t n = rows * cols;
-  // [U_0 … U_{batch−1} | three slots of one matrix for the widened operands]
-  float* stack = staging.take(backend, (batch + 3) * n);
-  float* slots = stack + batch * n;
+  // [U_0 … U_{batch−1} | three slots of one matrix for the widened operands, when some operand is bfloat16]
+  const int64_t slot_count = any_narrow({grads, momenta, w}) ? 3 : 0;
+  float* stack = staging.take(backend, (batch + slot_count) * n);
+  float* slots = slot_count > 0 ? stack + batch * n : nullptr;
   double* norms = check_finite ? nullptr : staging.norms(backend, batch);
   std::vector<MatView> u(w.size());
   for (int64_t i = 0; i < batch; ++i) {

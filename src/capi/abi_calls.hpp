@@ -22,13 +22,21 @@
 namespace dmuon::capi {
 
 // A handle's float32 staging per backend, grown on demand and kept, so repeated calls reuse its addresses
-// (and a GPU its recorded graphs).
+// (and a GPU its recorded graphs). Its end (dmuon_ns_destroy, a thread's exit for the calls' per-thread staging)
+// frees each backend's buffers under that backend's hold, as a call would: a CUDA backend's deallocation drops
+// graphs from the cache that another thread's call may be using (and keeps the caller's current device).
 class Staging {
  public:
+  Staging() = default;
+  Staging(const Staging&) = delete;
+  Staging& operator=(const Staging&) = delete;
+  ~Staging();
   // At least `elements` float32 values on `backend`.
   float* take(Backend& backend, int64_t elements);
   // At least `count` doubles on `backend`: the input norms of an unchecked Newton–Schulz call.
   double* norms(Backend& backend, int64_t count);
+  // The float32 values (take's and norms' together) held on `backend`.
+  int64_t elements(const Backend& backend) const;
 
  private:
   std::map<const Backend*, Buffer> buffers_, norms_;
@@ -83,7 +91,7 @@ struct StepFlags {
 // Muon's momentum for tensors i of sizes[i] values: M_i ← lerp(M_i, g_i, 1−β),
 // U_i = nesterov ? lerp(g_i, M_i, β) : M_i
 // (rules::MuonMomentum; grads[i].data null: a zero gradient). float32 operands are used in place, bfloat16 ones widened
-// into `staging` and rounded back once.
+// into `staging` and rounded back once (staging is taken only when some operand is bfloat16).
 void muon_momentum_run(Backend& backend, std::span<const int64_t> sizes, std::span<const Operand> grads,
                        std::span<const Operand> momenta, std::span<const Operand> u, const StepFlags& flags,
                        double beta, bool nesterov, Staging& staging);
@@ -95,7 +103,8 @@ void muon_apply_run(Backend& backend, std::span<const int64_t> sizes, std::span<
                     std::span<const double> scales, bool cautious_wd, Staging& staging);
 
 // The whole update of w.size() rows×cols matrices held here: momentum into a float32 U in `staging`, O = orth(U) in
-// place with `options` (check_finite as ns_run's), then the apply with `scale` and cautious_wd.
+// place with `options` (check_finite as ns_run's), then the apply with `scale` and cautious_wd. The staging holds the
+// U stack, and room for three widened matrices only when some operand is bfloat16.
 void muon_update_run(Backend& backend, int64_t rows, int64_t cols, std::span<const Operand> grads,
                      std::span<const Operand> momenta, std::span<const Operand> w, const StepFlags& flags, double beta,
                      bool nesterov, double lr, double weight_decay, double scale, bool cautious_wd,

@@ -12,6 +12,7 @@
 #include <limits>
 #include <vector>
 
+#include "backend/cuda/tile_grid.hpp"
 #include "cuda_device.hpp"
 #include "dmuon/backend.hpp"
 #include "dmuon/error.hpp"
@@ -92,6 +93,21 @@ void expect_same_bits(const std::vector<float>& got, const std::vector<float>& w
 }
 
 using CudaBackendTest = test::CudaDeviceTest;
+
+// Runs without a device (plain C++): the tile kernels' grid stays within CUDA's 65535 blocks in y past 2.1 M rows,
+// and names every row tile for the kernels to stride over (dmuon_gpu_check's tall transpose runs it on a GPU).
+TEST(CudaTileGrid, StaysWithinTheGridLimitsAndCoversEveryRowTile) {
+  const cuda::TileGrid small = cuda::tile_grid(100, 70, 3, 32);
+  EXPECT_EQ(small.x, 3u);
+  EXPECT_EQ(small.y, 4u);
+  EXPECT_EQ(small.z, 3u);
+  EXPECT_EQ(small.row_tiles, 4);
+  const cuda::TileGrid tall = cuda::tile_grid(2'200'001, 3, 1, 32);
+  EXPECT_EQ(tall.x, 1u);
+  EXPECT_EQ(tall.y, 65535u);
+  EXPECT_EQ(tall.row_tiles, 68751);
+  EXPECT_THROW(cuda::tile_grid(10, 10, 65536, 32), Error);
+}
 
 // ---- products ----
 

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <functional>
 #include <future>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -319,6 +320,58 @@ TEST(CapiCalls, MuonUpdateOnTheFencedDeviceEqualsTheCpuBitForBitAndReadsNothingB
       EXPECT_EQ(same, j == 2) << to_string(storage) << " weights of matrix " << j;
     }
   }
+}
+
+// The Muon calls' staging holds float32 slots for widened operands only when some operand is bfloat16 (M6: all-float32
+// calls used to keep three of the largest tensor per thread, for nothing): momentum 3, apply 2 and the whole update 3
+// slots of the largest tensor with bfloat16 operands, none with float32 ones; the update's U stack and unchecked
+// norms either way.
+TEST(CapiCalls, Float32OperandsTakeNoStagingSlots) {
+  test::FencedBackend fenced;
+  const int64_t k = 2, rows = 8, cols = 12, n = rows * cols;
+  for (DType storage : {DType::f32, DType::bf16}) {
+    Buffer g(fenced, storage, k * n), m(fenced, storage, k * n), w(fenced, storage, k * n), u(fenced, storage, k * n);
+    std::vector<capi::Operand> gs, ms, ws, us;
+    for (auto [buffer, list] : {std::pair{&g, &gs}, {&m, &ms}, {&w, &ws}, {&u, &us}}) {
+      const std::vector<char> values = random_stack(storage, k, rows, cols, 21);
+      fenced.copy_from_host(buffer->data(), values.data(), values.size());
+      for (int64_t j = 0; j < k; ++j)
+        list->push_back({static_cast<char*>(buffer->data()) + j * n * dtype_size(storage), storage});
+    }
+    const std::vector<int64_t> sizes(k, n);
+    const std::vector<double> scales(k, 1.0);
+    capi::Staging momentum, apply, update;
+    capi::muon_momentum_run(fenced, sizes, gs, ms, us, {}, 0.95, true, momentum);
+    capi::muon_apply_run(fenced, sizes, ws, us, {}, 0.02, 0.1, scales, false, apply);
+    capi::muon_update_run(fenced, rows, cols, gs, ms, ws, {}, 0.95, true, 0.02, 0.1, 1.0, false,
+                          capi::muon_ns_options(fenced, {}, NsOptions{}, rows, cols, k), {}, update, false);
+    const bool narrow = storage == DType::bf16;
+    EXPECT_EQ(momentum.elements(fenced), narrow ? 3 * n : 0) << to_string(storage);
+    EXPECT_EQ(apply.elements(fenced), narrow ? 2 * n : 0) << to_string(storage);
+    EXPECT_EQ(update.elements(fenced), (k + (narrow ? 3 : 0)) * n + 2 * k) << to_string(storage);  // + k doubles
+  }
+}
+
+// A staging's end (dmuon_ns_destroy, a thread's exit) frees its buffers only while it holds their backend (M7): a
+// deallocation on a CUDA backend drops graphs from the cache a call on another thread may be using.
+TEST(CapiCalls, AStagingEndsUnderItsBackendsHold) {
+  test::FencedBackend fenced;
+  auto staging = std::make_unique<capi::Staging>();
+  staging->take(fenced, 16);
+  staging->norms(fenced, 2);
+  std::atomic<bool> ended = false;
+  std::thread ender;
+  {
+    const auto held = capi::hold(fenced);  // a call on another thread, in progress
+    ender = std::thread([&] {
+      staging.reset();
+      ended = true;
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a window for an end that does not wait to show
+    EXPECT_FALSE(ended.load()) << "the staging freed its buffers while a call held their backend";
+  }
+  ender.join();
+  EXPECT_TRUE(ended.load());
 }
 
 // bf16 AdamW is the float32 step on the widened values with p, m, v rounded once.

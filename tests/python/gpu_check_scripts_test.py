@@ -3,12 +3,16 @@
 muon_step_torch.py (torch.optim.Muon's step, torch only) lists exactly the Muon matrices dmuon's manifest loader
 lists, passes them to dmuon_gpu_check as ROWSxCOLS:COUNT, and runs and writes its JSON on the CPU;
 gpu_check_torch.py parses its options, reports what this machine cannot run as SKIP with the reason and writes
-its results file.
+its results file. scripts/gpu-check.sh itself, as a dry run and with fake tools: its results folder holds only the
+archive and report.txt (the device tool brings back 8 files), the report's first screen holds every failed step,
+every FAIL line and every figure, nvcc is found off PATH, and a machine that cannot build fails.
 """
 
 import importlib.util
 import json
 import pathlib
+import shutil
+import tarfile
 from collections import Counter
 
 import pytest
@@ -96,50 +100,101 @@ def run_script(results, env=None, fake_bin=None, without=None):
     return p.returncode, p.stdout, p.stderr
 
 
+def results_of(results):
+    """The results folder as the device tool brings it back: exactly report.txt and gpu-check.tar.gz; returns the
+    report and {name: text} of the archive's files."""
+    assert sorted(p.name for p in results.iterdir()) == ["gpu-check.tar.gz", "report.txt"]
+    with tarfile.open(results / "gpu-check.tar.gz") as tar:
+        files = {m.name.removeprefix("./"): tar.extractfile(m).read().decode() for m in tar.getmembers() if m.isfile()}
+    return (results / "report.txt").read_text(), files
+
+
+SCREEN = 60  # lines: the report's first screen
+
+
 def test_dry_run_probes_first_waits_for_the_anchors_before_the_gpu_tests_and_prints_the_summary(tmp_path):
     rc, out, err = run_script(tmp_path, {"DMUON_GPU_CHECK_DRY_RUN": "1"})
     assert rc == 0, out + err
     assert out.startswith("== gpu-check probe")
     for item in ("gpu:", "nvcc:", "cmake:", "python:", "torch:", "cuBLAS:", "NCCL:", "mode:"):
         assert f"\n{item}" in out, item
-    assert (tmp_path / "probe.txt").read_text() in out
+    report, files = results_of(tmp_path)
+    assert files["probe.txt"] in out
+    assert {"probe.txt", "progress.log", "summary.txt", "report.txt"} <= set(files)
     # The anchors time the GPU alone (N2): the wait comes before the first GPU test.
     wait = err.index("would wait for torch_anchor and torch_muon_step")
     assert wait < err.index("would run (gpu_check")
     assert err.index("would run (build") < wait
-    summary = (tmp_path / "summary.txt").read_text()
-    assert summary.startswith("== gpu-check: ") and "of a 300 s budget, dry run" in summary
-    assert (tmp_path / "report.txt").read_text().startswith(summary)
-    assert "gpu_check                dry-run" in summary
+    assert report.startswith("== gpu-check: ") and "of a 300 s budget, dry run, 0 step(s) failed" in report
+    assert report == files["report.txt"] and out.endswith(files["summary.txt"])
+    assert "\ngpu_check                dry-run" in report
 
 
-def test_without_nvcc_the_probe_picks_the_torch_mode_and_skips_what_needs_a_build(tmp_path):
-    rc, out, err = run_script(tmp_path, {"DMUON_GPU_CHECK_DRY_RUN": "1"}, without="nvcc")
-    assert rc == 0, out + err
+def test_without_nvcc_anywhere_the_torch_mode_fails_every_dmuon_step(tmp_path):
+    rc, out, err = run_script(tmp_path, {"DMUON_GPU_CHECK_DRY_RUN": "1", "DMUON_GPU_CHECK_CUDA_DIRS": ""},
+                              without="nvcc")
+    assert rc == 1, out + err  # M4: a machine that cannot build never reports green
     assert "\nnvcc:      missing" in out
     assert "\nmode:      torch (cannot build, missing: nvcc), dry run" in out
-    summary = (tmp_path / "summary.txt").read_text()
-    assert summary.startswith("== gpu-check: torch mode")
+    report, _ = results_of(tmp_path)
+    assert report.startswith("== gpu-check: torch mode")
+    first_screen = "\n".join(report.splitlines()[:SCREEN])
     for step in ("build", "gpu_check", "bench_ns", "bench_muon"):
-        assert f"\n{step:<24} skipped (cannot build, missing: nvcc)" in summary, step
+        assert f"\nFAIL step {step:<24} failed: cannot run (cannot build, missing: nvcc)" in first_screen, step
+
+
+def test_nvcc_off_path_is_found_in_the_cuda_folders(tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("no CUDA toolkit on this machine")
+    toolkit = pathlib.Path(nvcc).resolve().parents[1]
+    rc, out, err = run_script(tmp_path, {"DMUON_GPU_CHECK_DRY_RUN": "1",
+                                         "DMUON_GPU_CHECK_CUDA_DIRS": f"/nonexistent {toolkit}"}, without="nvcc")
+    assert f"\nnvcc:      {toolkit}/bin/nvcc, release " in out, out
+    assert "(not on PATH: found at" in out
+    assert "\nmode:      torch" not in out
+    assert f"-DCMAKE_CUDA_COMPILER={toolkit}/bin/nvcc" in err
 
 
 FAKE_CMAKE = """#!/bin/bash
-# Configures anything; builds only the GPU subset's folder (name ending in -only).
+# Configures anything; builds only the GPU subset's folder (name ending in -only), where it leaves a fake
+# dmuon_gpu_check (FAKE_GPU_CHECK).
 echo "$*" >> "$FAKE_CMAKE_LOG"
 [ "$1" = --version ] && { echo "cmake version 3.25.1"; exit 0; }
 if [ "$1" = --build ] && [[ "$2" != *-only ]]; then echo "fake: the full build fails"; exit 2; fi
+[ "$1" = --build ] && cp "$FAKE_GPU_CHECK" "$2/dmuon_gpu_check"
 exit 0
 """
 
+# `test`: 200 verdicts, one FAIL among them, the failure count; `bench ns`: one shape timed and one that threw
+# (M5); `bench muon`: a step time.
+FAKE_GPU_CHECK = """#!/bin/bash
+if [ "$1" = test ]; then
+  for i in $(seq 1 200); do
+    [ $i = 20 ] && echo "FAIL newton_schulz gram bf16 96x512 1 steps, device norms vs emulated bf16   0.5 (limit 0.001)"
+    echo "ok   check $i"
+  done
+  echo "1 failure(s)"; exit 1
+fi
+if [ "$2" = ns ]; then
+  echo '{"batch": 1, "shapes": [{"rows": 896, "cols": 4864, "paths": [{"path": "auto", "seconds_per_matrix": 0.00123,'
+  echo '"useful_gflops": 456000}]}, {"rows": 4096, "cols": 4096, "error": "cuda: fake capture failure", "paths": []}]}'
+  echo "FAIL bench ns 4096x4096: cuda: fake capture failure" >&2; exit 1
+fi
+echo '{"matrices": 3, "parameters": 300, "step_s_median": 0.00789, "buckets": []}'
+"""
 
-def test_a_failing_full_build_falls_back_to_the_gpu_subset(tmp_path):
+
+def test_a_failing_full_build_falls_back_to_the_gpu_subset_and_the_report_shows_every_fail_and_figure(tmp_path):
     fake_bin = tmp_path / "bin"
     fake_bin.mkdir()
-    (fake_bin / "cmake").write_text(FAKE_CMAKE)
-    (fake_bin / "cmake").chmod(0o755)
+    for name, text in (("cmake", FAKE_CMAKE), ("fake_gpu_check", FAKE_GPU_CHECK)):
+        (fake_bin / name).write_text(text)
+        (fake_bin / name).chmod(0o755)
     log, build = tmp_path / "cmake.log", tmp_path / "b"
+    (tmp_path / "b-only").mkdir()
     rc, out, err = run_script(tmp_path / "results", {"FAKE_CMAKE_LOG": str(log), "DMUON_GPU_BUILD": str(build),
+                                                     "FAKE_GPU_CHECK": str(fake_bin / "fake_gpu_check"),
                                                      "DMUON_GPU_CHECK_BUDGET_S": "120"}, fake_bin)
     if "\nmode:      full" not in out:
         pytest.skip("this machine lacks a library of the full build: " + out)
@@ -147,11 +202,25 @@ def test_a_failing_full_build_falls_back_to_the_gpu_subset(tmp_path):
     assert calls == [["-S", ".", "-B"], ["--build", str(build), "-j"], ["-S", ".", "-B"],
                      ["--build", f"{build}-only", "-j"]], log.read_text()
     assert "-DDMUON_GPU_ONLY=ON" in log.read_text().splitlines()[-2]
-    summary = (tmp_path / "results" / "summary.txt").read_text()
-    assert "gpu-only mode" in summary.splitlines()[0]
-    assert "\nbuild                    failed (exit 2)" in summary
-    assert "\nbuild_gpu_only           ok" in summary
-    # No GPU tool was built: every later step fails on its own, and the script still writes its report.
     assert rc == 1
-    report = (tmp_path / "results" / "report.txt").read_text()
-    assert "fake: the full build fails" in report and "== gpu_check: failed" in report
+    report, files = results_of(tmp_path / "results")
+    assert "gpu-only mode" in report.splitlines()[0]
+    assert "\nbuild                    failed (exit 2)" in report
+    assert "\nbuild_gpu_only           ok" in report
+    # M1: the first screen holds every failed step, every FAIL line of the logs and every figure, and so do the
+    # last characters of the output (the device tool keeps 12,000).
+    first_screen = "\n".join(report.splitlines()[:SCREEN])
+    for line in ("FAIL step build                    failed (exit 2)",
+                 "FAIL step gpu_check                failed (exit 1)",
+                 "FAIL step bench_ns                 failed (exit 1)",
+                 "gpu_check.log:FAIL newton_schulz gram bf16 96x512 1 steps, device norms",
+                 "bench_ns.log:FAIL bench ns 4096x4096: cuda: fake capture failure",
+                 "FAIL   1x4096x4096 cuda: fake capture failure",
+                 "  1x896x4864       auto      1.230    456.0",
+                 "dmuon device step      7.890 ms"):
+        assert line in first_screen, line
+        assert line in out[-12000:], line
+    assert "fake: the full build fails" in report and "== gpu_check: failed (exit 1); the end of gpu_check.log" in report
+    # Every log is in the archive, whole.
+    assert files["gpu_check.log"].count("\nok   check ") == 199 and "fake: the full build fails" in files["build.log"]
+    assert json.loads(files["bench_muon.json"])["step_s_median"] == 0.00789

@@ -174,3 +174,28 @@ def test_state_dict_settles_first(deferred):
         opt.step()
     saved = opt.state_dict()
     assert [g["updates"] for g in saved["param_groups"]] == [2] * len(saved["param_groups"])
+
+
+@pytest.mark.parametrize("max_norm", [0.05, 1e6])  # clipping, and a factor of 1
+def test_clip_grad_norm_reads_nothing_back(max_norm):
+    """dmuon.torch.clip_grad_norm_ (here on plain tensors, one process) keeps its norm and clipping factor as
+    tensors, as torch.nn.utils.clip_grad_norm_ does (M8: no float() of the norm on every call): the norm is the
+    float64 one, within float32 rounding of torch's, and every gradient is scaled by min(1, max_norm / (norm +
+    1e-6)), bit for bit."""
+    import dmuon.torch
+
+    model = Model()
+    backward(model)
+    before = [p.grad.clone() for p in model.parameters()]
+    with no_host_reads():
+        norm = dmuon.torch.clip_grad_norm_(model.parameters(), max_norm)
+    want = sum(torch.linalg.vector_norm(g, dtype=torch.float64) ** 2 for g in before) ** 0.5
+    assert norm.dtype == torch.float64 and norm.device == before[0].device
+    assert torch.allclose(norm, want, rtol=1e-12, atol=0)
+    reference = Model()
+    backward(reference)
+    assert abs(float(norm) - float(torch.nn.utils.clip_grad_norm_(reference.parameters(), max_norm))) <= 1e-6 * float(norm)
+    scale = min(1.0, max_norm / (float(norm) + 1e-6))
+    assert (scale < 1.0) == (max_norm == 0.05), "the first case must clip, the second must not"
+    for p, g in zip(model.parameters(), before):
+        assert torch.equal(p.grad, g * scale)

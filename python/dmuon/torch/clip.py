@@ -6,7 +6,9 @@ replicated tensors (DDP's, or a single process's: every rank has all of it). The
 single-process one, the same on every rank: each kind's sum of |g|^p counted once, the DTensors'
 through DTensor's own reduction, the held ones by one all_reduce over their group. Collective:
 every rank calls it with the same parameters. torch's own clip_grad_norm_ refuses held gradients
-(their placeholders raise: its norm would differ on every rank).
+(their placeholders raise: its norm would differ on every rank). As torch's, it never waits for the
+device: the norm and the clipping factor stay tensors on the gradients' device (only
+error_if_nonfinite=True reads the norm back).
 """
 
 import torch
@@ -18,12 +20,17 @@ from dmuon.torch.held.placeholder import HeldElsewhere
 from dmuon.torch.layout import is_dtensor
 
 
-def _power_sum(grads, norm_type):
-    """Σ |g|^p over plain tensors (max |g| for p = inf), as float64 on the grads' first device."""
+def _power_sum(grads, norm_type, device):
+    """Σ |g|^p over plain tensors (max |g| for p = inf), as float64 on `device`."""
     if not grads:
-        return torch.zeros((), dtype=torch.float64)
-    norms = torch.stack([torch.linalg.vector_norm(g, norm_type, dtype=torch.float64) for g in grads])
+        return torch.zeros((), dtype=torch.float64, device=device)
+    norms = torch.stack([torch.linalg.vector_norm(g, norm_type, dtype=torch.float64).to(device) for g in grads])
     return norms.max() if norm_type == float("inf") else norms.pow(norm_type).sum()
+
+
+def _local_device(g):
+    """The device a gradient's values are on (a DTensor's: its local shard's)."""
+    return g.to_local().device if is_dtensor(g) else g.device
 
 
 def _check_scalable(params):
@@ -57,25 +64,30 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     owned = [p.grad for p in held if not isinstance(p.grad, HeldElsewhere)]
 
     inf = norm_type == float("inf")
-    total = _power_sum(replicated, norm_type)
+    # The norm's device: the gradients' (the first one's), so that nothing waits for a copy to the host.
+    first = next(iter(replicated + owned + sharded), None)
+    device = _local_device(first) if first is not None else torch.device("cpu")
+    total = _power_sum(replicated, norm_type, device)
     if sharded:
-        dtensor_norm = torch.nn.utils.get_total_norm(sharded, norm_type).full_tensor().double().cpu()
+        dtensor_norm = torch.nn.utils.get_total_norm(sharded, norm_type).full_tensor().double().to(device)
         total = torch.maximum(total, dtensor_norm) if inf else total + dtensor_norm ** norm_type
     if held:
-        part = _power_sum(owned, norm_type)
+        part = _power_sum(owned, norm_type, device)
         comm = Group(held[0]._dmuon_held.process_group)
         if comm.distributed:
             part = part.to(comm.tensor_device())
             dist.all_reduce(part, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, group=comm.pg)
-        total = torch.maximum(total, part.cpu()) if inf else total + part.cpu()
+        total = torch.maximum(total, part.to(device)) if inf else total + part.to(device)
     norm = total if inf else total ** (1.0 / norm_type)
-    if error_if_nonfinite and not torch.isfinite(norm):
+    if error_if_nonfinite and not torch.isfinite(norm):  # a read of the norm, as torch's own makes here
         raise RuntimeError(f"dmuon.torch.clip_grad_norm_: the total norm of order {norm_type} of the gradients is "
                            "non-finite, so it cannot be clipped (error_if_nonfinite=True)")
-    scale = max_norm / (float(norm) + 1e-6)
-    if scale < 1.0:
-        for g in replicated + owned:
-            g.mul_(scale)
-        for g in sharded:
-            g.mul_(scale)
+    # As torch's: every gradient times min(1, max_norm / (norm + 1e-6)), a tensor (times 1 changes nothing).
+    scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+    on_device = {}
+    for g in replicated + owned + sharded:
+        d = _local_device(g)
+        if d not in on_device:
+            on_device[d] = scale.to(d)
+        g.mul_(on_device[d])
     return norm

@@ -192,8 +192,12 @@ void CudaBackend::deallocate(void* p) noexcept {
     return true;
   });
   // Stream-ordered: after the work queued before it. Errors here (the runtime shutting down at exit) are
-  // dropped, and so is the last error they would leave behind.
+  // dropped, and so is the last error they would leave behind. The calling thread's current device is its own
+  // (a destructor runs anywhere: a C ABI handle's end in a PyTorch program, a thread's exit): put back after.
+  int current = -1;
+  if (cudaGetDevice(&current) != cudaSuccess) current = -1;
   if (cudaSetDevice(device_) != cudaSuccess || cudaFreeAsync(p, stream_) != cudaSuccess) (void)cudaGetLastError();
+  if (current >= 0 && current != device_ && cudaSetDevice(current) != cudaSuccess) (void)cudaGetLastError();
 }
 
 void CudaBackend::copy_from_host(void* dst, const void* src, size_t bytes) {

@@ -3,6 +3,7 @@
 // computes in float and rounds once when it stores, as the CPU backend does in float32.
 #include "backend/cuda/device_view.cuh"
 #include "backend/cuda/kernels.hpp"
+#include "backend/cuda/tile_grid.hpp"
 
 namespace dmuon::cuda {
 
@@ -54,35 +55,45 @@ __global__ void add_identity_kernel(DeviceView c, float alpha) {
   }
 }
 
-// Block (X, Y, b) moves tile (Y, X) of `in` to tile (X, Y) of `out`.
-__global__ void transpose_kernel(DeviceView in, DeviceView out) {
+// Block (X, y, b) moves tile (Y, X) of `in` to tile (X, Y) of `out`, for the row tiles Y = y, y + gridDim.y, …
+// below row_tiles (tile_grid.hpp). The loop's bounds depend on the block alone, so every thread meets each barrier.
+__global__ void transpose_kernel(DeviceView in, DeviceView out, int64_t row_tiles) {
   __shared__ float tile[kTile][kTile + 1];
-  const int64_t b = blockIdx.z, r0 = int64_t{blockIdx.y} * kTile, c0 = int64_t{blockIdx.x} * kTile;
-  for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
-    const int64_t r = r0 + j, c = c0 + threadIdx.x;
-    if (r < in.rows && c < in.cols) tile[j][threadIdx.x] = in.load(in.at(b, r, c));
-  }
-  __syncthreads();
-  for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
-    const int64_t r = c0 + j, c = r0 + threadIdx.x;  // out(r, c) = in(c, r)
-    if (r < in.cols && c < in.rows) out.store(out.at(b, r, c), tile[threadIdx.x][j]);
+  const int64_t b = blockIdx.z, c0 = int64_t{blockIdx.x} * kTile;
+  for (int64_t ty = blockIdx.y; ty < row_tiles; ty += gridDim.y) {
+    const int64_t r0 = ty * kTile;
+    for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
+      const int64_t r = r0 + j, c = c0 + threadIdx.x;
+      if (r < in.rows && c < in.cols) tile[j][threadIdx.x] = in.load(in.at(b, r, c));
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
+      const int64_t r = c0 + j, c = r0 + threadIdx.x;  // out(r, c) = in(c, r)
+      if (r < in.cols && c < in.rows) out.store(out.at(b, r, c), tile[threadIdx.x][j]);
+    }
+    __syncthreads();  // the next row tile overwrites `tile`
   }
 }
 
-// Block (X, Y, b) with Y ≥ X fills the below-diagonal part of tile (Y, X) from tile (X, Y). The diagonal tile
-// reads all of itself before it writes (the barrier), so reads never see a write.
-__global__ void mirror_kernel(DeviceView c) {
+// Block (X, y, b) fills, for each row tile Y = y, y + gridDim.y, … with Y ≥ X, the below-diagonal part of tile (Y, X)
+// from tile (X, Y). The diagonal tile reads all of itself before it writes (the barrier), so reads never see a
+// write.
+__global__ void mirror_kernel(DeviceView c, int64_t row_tiles) {
   __shared__ float tile[kTile][kTile + 1];
-  if (blockIdx.y < blockIdx.x) return;
-  const int64_t b = blockIdx.z, row0 = int64_t{blockIdx.y} * kTile, col0 = int64_t{blockIdx.x} * kTile;
-  for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
-    const int64_t r = col0 + j, s = row0 + threadIdx.x;  // the source tile (X, Y)
-    if (r < c.rows && s < c.rows) tile[j][threadIdx.x] = c.load(c.at(b, r, s));
-  }
-  __syncthreads();
-  for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
-    const int64_t r = row0 + j, s = col0 + threadIdx.x;  // c(r, s) = c(s, r)
-    if (r < c.rows && s < c.rows && r > s) c.store(c.at(b, r, s), tile[threadIdx.x][j]);
+  const int64_t b = blockIdx.z, col0 = int64_t{blockIdx.x} * kTile;
+  for (int64_t ty = blockIdx.y; ty < row_tiles; ty += gridDim.y) {
+    if (ty < blockIdx.x) continue;
+    const int64_t row0 = ty * kTile;
+    for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
+      const int64_t r = col0 + j, s = row0 + threadIdx.x;  // the source tile (X, Y)
+      if (r < c.rows && s < c.rows) tile[j][threadIdx.x] = c.load(c.at(b, r, s));
+    }
+    __syncthreads();
+    for (int j = threadIdx.y; j < kTile; j += blockDim.y) {
+      const int64_t r = row0 + j, s = col0 + threadIdx.x;  // c(r, s) = c(s, r)
+      if (r < c.rows && s < c.rows && r > s) c.store(c.at(b, r, s), tile[threadIdx.x][j]);
+    }
+    __syncthreads();  // the next row tile overwrites `tile`
   }
 }
 
@@ -106,11 +117,7 @@ struct ViewLoad {
   }
 };
 
-dim3 tile_grid(int64_t rows, int64_t cols, int64_t count) {
-  DMUON_CHECK(count <= 65535, "CUDA tile kernels: batch of ", count, " matrices exceeds 65535");
-  return dim3(static_cast<unsigned>((cols + kTile - 1) / kTile), static_cast<unsigned>((rows + kTile - 1) / kTile),
-              static_cast<unsigned>(count));
-}
+dim3 blocks(const TileGrid& g) { return dim3(g.x, g.y, g.z); }
 
 }  // namespace
 
@@ -140,14 +147,15 @@ void launch_add_identity(const MatView& c, float alpha, cudaStream_t stream) {
 
 void launch_mirror_upper(const MatView& c, cudaStream_t stream) {
   if (c.empty()) return;
-  mirror_kernel<<<tile_grid(c.rows, c.rows, c.count), dim3(kTile, 8), 0, stream>>>(device_view(c));
+  const TileGrid g = tile_grid(c.rows, c.rows, c.count, kTile);
+  mirror_kernel<<<blocks(g), dim3(kTile, 8), 0, stream>>>(device_view(c), g.row_tiles);
   check_launch();
 }
 
 void launch_transpose(const MatView& in, const MatView& out, cudaStream_t stream) {
   if (in.empty()) return;
-  transpose_kernel<<<tile_grid(in.rows, in.cols, in.count), dim3(kTile, 8), 0, stream>>>(device_view(in),
-                                                                                          device_view(out));
+  const TileGrid g = tile_grid(in.rows, in.cols, in.count, kTile);
+  transpose_kernel<<<blocks(g), dim3(kTile, 8), 0, stream>>>(device_view(in), device_view(out), g.row_tiles);
   check_launch();
 }
 
