@@ -174,7 +174,7 @@ class DMuon(torch.optim.Optimizer):
                     layouts.append((name, layout, g))
         except (ValueError, TypeError, dmuon.DmuonError) as e:
             error = (TypeError, str(e)) if isinstance(e, TypeError) else str(e)  # torch.optim's kinds
-        signature = [(n, l.global_shape, l.grid, g["use_muon"]) for n, l, g in layouts]
+        signature = [(n, l.global_shape, l.holdings, g["use_muon"]) for n, l, g in layouts]
         agree_on_parameters(self.comm, error, signature)
 
         torch_groups, torch_group_of = [], {}
@@ -276,7 +276,7 @@ class DMuon(torch.optim.Optimizer):
             schedule.ready_for_step()
         grads = [l.local(l.tensor.grad) if l.tensor.grad is not None and not l.held_elsewhere else None
                  for l in self._layouts]
-        counted = [l.grid.cells[self.comm.rank][0] == 0 for l in self._layouts]
+        counted = [l.mine.replica == 0 for l in self._layouts]
         taking_part = [l.tensor.requires_grad for l in self._layouts]
         device = next((g.device for g in grads if g is not None), None) or self._layouts[0].tensor.device
         check = GradientCheck(self.comm, grads, counted, taking_part, self.clip_grad_norm, device)
