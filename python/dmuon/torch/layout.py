@@ -9,7 +9,8 @@
   owner-held (dmuon.torch.hold_on_owners)      the owner holds everything, the other ranks nothing
                                                (their copies come and go)
 A DTensor's mesh must list exactly the optimizer group's ranks, in order (a pipeline stage's DMuon: its
-stage's mesh and process group), so that group rank g is the mesh's g-th rank (row-major).
+stage's mesh and process group), so that group rank g is the mesh's g-th rank (row-major); or be a slice
+by name of such a mesh (FSDP2's "dp" slice of a ("dp", "tp") mesh), Replicate() on the other dims.
 """
 
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import torch
 
 from dmuon.torch.placements import (chunk, kinds_of, mesh_holdings, owner_holdings, replicated_holdings,
                                     row_chunk_holdings)
-from dmuon.torch.torch_private import default_shard_order
+from dmuon.torch.torch_private import default_shard_order, on_root_mesh
 
 
 @dataclass
@@ -94,6 +95,10 @@ def is_dtensor(t):
     return _DTENSOR is not None and isinstance(t, _DTENSOR)
 
 
+def _ranks(device_mesh):
+    return [int(r) for r in device_mesh.mesh.flatten().tolist()]
+
+
 def mesh_layout(name, param, group_ranks, rank):
     """The Layout of DTensor parameter `name` for an optimizer over `group_ranks` (global ranks in group
     order). ValueError naming the parameter for a layout dmuon cannot take."""
@@ -102,25 +107,23 @@ def mesh_layout(name, param, group_ranks, rank):
         kinds_of(placements, param.dim())
     except ValueError as e:
         raise ValueError(f"parameter '{name}': DTensor {e}; placements {placements}") from None
-    kinds = kinds_of(placements, param.dim())
-    if param.device_mesh.ndim > 2 or any(k[0] == "strided" or (k[0] == "shard" and k[1] != 0) for k in kinds) \
-            or sum(k[0] == "shard" for k in kinds) > 1:
-        raise ValueError(f"parameter '{name}': DTensor placements {placements} on a {param.device_mesh.ndim}-D mesh "
-                         "are not supported (dmuon supports Replicate() and one Shard(0) on a 1-D or 2-D mesh)")
     if not default_shard_order(param):
         raise ValueError(f"parameter '{name}': DTensor placements {placements} applied in a shard order other "
                          "than left to right over the mesh dims; dmuon takes the default order")
-    mesh = param.device_mesh.mesh
-    mesh_ranks = [int(r) for r in mesh.flatten().tolist()]
+    mesh = param.device_mesh
+    root = on_root_mesh(mesh, placements)
+    if root is not None and _ranks(root[0]) == list(group_ranks):
+        mesh, placements = root
+    mesh_ranks = _ranks(mesh)
     if mesh_ranks != list(group_ranks):
         raise ValueError(f"parameter '{name}': DTensor mesh ranks {mesh_ranks} (shape {tuple(mesh.shape)}) are not "
                          f"the optimizer's process group ranks {list(group_ranks)} in order")
     shape = tuple(param.shape)
-    layout = Layout(param, shape, mesh_holdings(shape, tuple(mesh.shape), placements), rank, placements)
+    layout = Layout(param, shape, mesh_holdings(shape, tuple(mesh.mesh.shape), placements), rank, placements)
     local = tuple(param.to_local().shape)
     if local != layout.mine.shape:
         raise ValueError(f"parameter '{name}' on rank {rank}: DTensor local shape {local}, placements "
-                         f"{placements} of {shape} on mesh {tuple(mesh.shape)} give {layout.mine.shape}")
+                         f"{placements} of {shape} on mesh {tuple(mesh.mesh.shape)} give {layout.mine.shape}")
     return layout
 
 

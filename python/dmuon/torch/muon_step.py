@@ -84,10 +84,11 @@ def piece_of(holding, expert, cols):
 
 
 def take(matrix, piece):
-    """The piece's part of matrix (rows, cols), shaped as the holder's local view."""
+    """The piece's part of matrix (rows, cols), shaped as the holder's local view and contiguous (a copy
+    for a column block; the engine reads operands densely)."""
     if len(piece.rows.runs) == 1 and len(piece.cols.runs) == 1:
         (r, nr), (c, nc) = piece.rows.runs[0], piece.cols.runs[0]
-        return matrix[r:r + nr, c:c + nc]
+        return matrix[r:r + nr, c:c + nc].contiguous()
     rows, cols = (torch.tensor(s.indices(), device=matrix.device) for s in (piece.rows, piece.cols))
     return matrix[rows[:, None], cols]
 
@@ -195,7 +196,7 @@ class MuonStep:
         alone = [all(k.owner == me and not k.u_travels and not k.o_travels for k in b) for b in buckets]
         travelling = [b for b, a in zip(buckets, alone) if not a]
         launched = self._launch(travelling[0]) if travelling else None
-        for bucket in (b for b, a in zip(buckets, alone) if a):  # while the first bucket's rows travel
+        for bucket in (b for b, a in zip(buckets, alone) if a):  # while the first bucket's pieces travel
             self._update_held(bucket)
         previous = None
         for k in range(len(travelling)):
@@ -229,7 +230,7 @@ class MuonStep:
         return u
 
     def _apply(self, pairs):
-        """The update of this rank's rows of matrices from their rows of O, for (k, O rows) pairs: one
+        """The update of this rank's pieces of matrices from their pieces of O, for (k, O piece) pairs: one
         engine call per param group."""
         for part in self._by_group(pairs, lambda pair: pair[0].group):
             group = part[0][0].group

@@ -6,12 +6,11 @@ parallelism has sharded the same tensor dim (placement_types.py). A DTensor's sh
 (DTensorSpec.shard_order); dmuon's arithmetic (placements.py) is the default order's.
 """
 
-from torch.distributed.tensor import Replicate, Shard
-
 try:
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.placement_types import _StridedShard
-except ImportError:  # pragma: no cover - every supported torch has it
-    _StridedShard = None
+except ImportError:  # a torch built without distributed: no DTensor reaches these functions
+    Replicate = Shard = _StridedShard = None
 
 
 def placement_kind(placement, ndim):
@@ -21,7 +20,7 @@ def placement_kind(placement, ndim):
         return ("replicate",)
     if type(placement) is Shard:
         return ("shard", placement.dim % ndim) if ndim else None
-    if _StridedShard is not None and type(placement) is _StridedShard:
+    if type(placement) is _StridedShard:
         return ("strided", placement.dim % ndim, int(placement.split_factor)) if ndim else None
     return None
 
@@ -35,3 +34,17 @@ def default_shard_order(dtensor):
     order = getattr(spec, "shard_order", None)
     return order is None or order == type(spec).compute_default_shard_order(spec.placements)
 
+
+
+def on_root_mesh(device_mesh, placements):
+    """(root DeviceMesh, placements on it) of a DTensor on a mesh sliced by name from a larger one (FSDP2's
+    "dp" mesh of a ("dp", "tp") mesh: parameters tensor parallelism leaves alone): the slice's placements on
+    its dims, Replicate() on the root's others. None for a mesh that is no such slice (a root, a flattened
+    or reordered slice)."""
+    root = device_mesh._get_root_mesh()
+    names, root_names = device_mesh.mesh_dim_names, root.mesh_dim_names
+    if root is device_mesh or not names or not root_names or any(n not in root_names for n in names):
+        return None
+    if [n for n in root_names if n in names] != list(names):
+        return None
+    return root, tuple(placements[names.index(n)] if n in names else Replicate() for n in root_names)
