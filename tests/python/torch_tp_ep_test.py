@@ -27,7 +27,9 @@ Each layout and the model check, per tensor after STEPS steps:
   copies    bit-identical to DMuon on replicated plain copies fed the same full gradients (layouts only):
             the pieces' momentum and update are the same float32 elementwise operations on the same values,
             and each matrix's Newton–Schulz one engine call on the same U, whichever rank owns it;
-  ns        every Muon matrix (each expert) orthogonalized once per step, summed over ranks.
+  ns        every Muon matrix (each expert) orthogonalized once per step, summed over ranks;
+  bytes     step()'s all-to-all bytes (the last step's, over all ranks) equal each piece of U crossing once
+            to its owner and each piece of O once back to every other holder (layouts only; printed).
 """
 
 import datetime
@@ -45,7 +47,8 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from dmuon.torch import DMuon, hold_on_owners
 from rank_checks import failures, finish
 from rank_exit import exit_rank
-from torch_fsdp2_test import HYPER, TOLERANCE, Checks, Reference, all_ranks_sum, expect_same_error, relative_error
+from torch_fsdp2_test import (HYPER, TOLERANCE, Checks, CollectiveBytes, Reference, all_ranks_sum, expect_same_error,
+                              relative_error)
 
 STEPS = 4
 ZERO_EXPERT = 2  # the expert whose gradient is zero at every step
@@ -124,7 +127,9 @@ def check_layout(checks, name, mesh_shape, dim_names, spec):
                 g[ZERO_EXPERT] = 0
             params[n].grad = distribute(g, mesh, spec[n][1])
             copies[n].grad = g.clone()
-        opt.step()
+        with CollectiveBytes() as counter:
+            opt.step()
+        moved = all_ranks_sum(sum(b for op, b in counter.bytes.items() if "alltoall" in op))
         copies_opt.step()
         ref.step(grads)
         ns.append(all_ranks_sum(opt.last_stats["ns_matrices"]))
@@ -134,6 +139,15 @@ def check_layout(checks, name, mesh_shape, dim_names, spec):
     differ = [n for n in final if not torch.equal(final[n], copies[n].detach())]
     checks.report(f"{name}: vs DMuon on replicated copies", not differ,
                   f"{len(differ)} of {len(final)} tensors differ in bits" + (f" (first {differ[0]})" if differ else ""))
+    # Every piece of U crosses once (ranks of the owner's replica to the owner), every piece of O once
+    # (owner to each other holder); each byte counts twice, sent and received; float32 state.
+    pieces = sum(p.count for k in opt._matrices for g, p in enumerate(k.pieces)
+                 if g != k.owner and (k.replica_of(g) == k.replica_of(k.owner))) \
+        + sum(p.count for k in opt._matrices for g, p in enumerate(k.pieces) if g != k.owner)
+    muon_bytes = 4 * sum(math.prod(s) for n, s in shapes.items() if is_muon(n, s))
+    checks.report(f"{name}: step() moves each piece once", moved == 2 * 4 * pieces,
+                  f"all-to-all bytes per step, sent + received over all ranks: {moved:.0f}, expected {2 * 4 * pieces} "
+                  f"({moved / 2 / muon_bytes:.2f}x the Muon matrices' float32 bytes)")
     expected = matrix_count(shapes)
     checks.report(f"{name}: Newton-Schulz once per matrix", all(c == expected for c in ns),
                   f"matrices per step summed over ranks {sorted(set(ns))}, expected {expected}")
