@@ -3,7 +3,7 @@ pipeline stages, on gloo (CPU), against torch_fsdp2_test.py's float64 single-pro
 float64 Newton–Schulz and torch.optim.AdamW on full tensors, fed the same gradients).
 
 Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node N \
-         tests/python/torch_tp_ep_test.py            (N = 2 or 4; PYTHONPATH with dmuon)
+         tests/python/torch_tp_ep_test.py            (N = 2, 4 or 8; PYTHONPATH with dmuon)
   layouts   parameters of uneven shapes laid out with distribute_tensor, full gradients from a seed (the
             same on every rank), STEPS steps, each layout on its own optimizer:
               N=2  TP: column-wise Shard(0), row-wise Shard(1) (a column block per rank), a replicated
@@ -12,11 +12,12 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
                    HSDP × TP (Replicate(), Shard(d)); a 3-D (2, 1, 2) mesh; EP × expert-FSDP stacks (E, m, n)
                    with (Shard(0), Shard(1)) and (Shard(0), _StridedShard(1, 2)), one expert's gradient zero
                    at every step (an expert that got no tokens)
+              N=8  HSDP × FSDP2 × TP on a (replicate 2, dp 2, tp 2) mesh, an expert stack among them
   models    a two-block MLP and Hugging Face transformers' Qwen2 (from a small config, its own
             base_model_tp_plan applied with torch's parallelize_module) trained STEPS steps on a global batch,
             DMuon(model): N=2 tensor parallelism alone; N=4 the same over a (dp 2, tp 2) mesh with
             fully_shard on "dp" on top (FSDP2 over TP: _StridedShard; the norms, embedding and head are
-            DTensors on the "dp" slice)
+            DTensors on the "dp" slice); N=8 (the MLP) HSDP on ("replicate", "dp") of a (2, 2, 2) mesh
   pipeline  N=4: two stages of two ranks, one DMuon per stage over its stage's process group and mesh
   refusals  N=2: a conv filter sharded on its input channels, a Partial() parameter, and hold_on_owners of
             a tensor-parallel block (the owner-centric mode does not take TP yet): the same ValueError on
@@ -75,6 +76,13 @@ def distribute(full, mesh, placements):
 
 def layouts(world):
     """[(case name, mesh shape, mesh dim names, {parameter: (global shape, placements)})]."""
+    if world == 8:
+        return [("hsdp x fsdp2 x tp (2, 2, 2)", (2, 2, 2), ("replicate", "dp", "tp"), {
+            "blocks.0.up.weight": ((21, 16), (Replicate(), _StridedShard(0, split_factor=2), Shard(0))),
+            "blocks.0.down.weight": ((16, 21), (Replicate(), Shard(0), Shard(1))),
+            "blocks.0.moe.experts.w1": ((5, 6, 4), (Replicate(), Shard(0), Shard(1))),
+            "blocks.0.norm.weight": ((16,), (Replicate(), Shard(0), Replicate())),
+        })]
     if world == 2:
         return [("tp", (2,), ("tp",), {
             "blocks.0.up.weight": ((21, 16), (Shard(0),)),
@@ -227,15 +235,18 @@ def check_model(checks, world, case_name, case, make_batch):
     if world == 2:
         name, dp, dp_rank = f"{case_name} tp 2", 1, 0
         tp_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
-    else:
-        name = f"{case_name} fsdp2 (dp 2) x tp 2"
-        mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-        tp_mesh, dp, dp_rank = mesh["tp"], 2, mesh.get_local_rank("dp")
+    else:  # FSDP2 (world 4) or HSDP (world 8: replicate 2 × dp 2) on the data-parallel dims, tp 2
+        shape, names = ((2, 2), ("dp", "tp")) if world == 4 else ((2, 2, 2), ("replicate", "dp", "tp"))
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        data_mesh = mesh[names[:-1]] if world == 8 else mesh["dp"]
+        tp_mesh, dp = mesh["tp"], world // 2
+        dp_rank = dist.get_rank() // 2  # the rank's place on the data-parallel dims (tp is the last dim)
+        name = f"{case_name} {'hsdp (2, 2)' if world == 8 else 'fsdp2 (dp 2)'} x tp 2"
     parallelize_module(base, tp_mesh, plan)
-    if world == 4:
+    if world > 2:
         for block in blocks:
-            fully_shard(block, mesh=mesh["dp"])
-        fully_shard(model, mesh=mesh["dp"])
+            fully_shard(block, mesh=data_mesh)
+        fully_shard(model, mesh=data_mesh)
     params = dict(model.named_parameters())
     opt = DMuon(model, **HYPER)
     muon = [n for g in opt.param_groups if g["use_muon"] for n in g["param_names"]]
@@ -293,16 +304,17 @@ def check_refusals(checks):
 def main():
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
     rank, world = dist.get_rank(), dist.get_world_size()
-    if world not in (2, 4):
-        raise SystemExit(f"torch_tp_ep_test runs at 2 or 4 ranks, not {world}")
+    if world not in (2, 4, 8):
+        raise SystemExit(f"torch_tp_ep_test runs at 2, 4 or 8 ranks, not {world}")
     checks = Checks(rank, world, "torch_tp_ep_test")
     for name, mesh_shape, dim_names, spec in layouts(world):
         checks.run(name, check_layout, checks, name, mesh_shape, dim_names, spec)
     checks.run("model", check_model, checks, world, "mlp", mlp_case, mlp_batch)
-    checks.run("qwen2", check_model, checks, world, "hf qwen2", qwen2_case, qwen2_batch)
+    if world < 8:
+        checks.run("qwen2", check_model, checks, world, "hf qwen2", qwen2_case, qwen2_batch)
     if world == 4:
         checks.run("pipeline", check_pipeline, checks)
-    else:
+    if world == 2:
         checks.run("refusals", check_refusals, checks)
     failures.extend(checks.failed)
     return finish(f"torch_tp_ep_test np{world}")
