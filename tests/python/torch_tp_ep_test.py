@@ -28,6 +28,8 @@ Each layout and the model check, per tensor after STEPS steps:
   copies    bit-identical to DMuon on replicated plain copies fed the same full gradients (layouts only):
             the pieces' momentum and update are the same float32 elementwise operations on the same values,
             and each matrix's Newton–Schulz one engine call on the same U, whichever rank owns it;
+  norm      DMuon's global gradient norm at every step against the reference's (each element counted
+            once, whatever its replicas; a replicated matrix's gradient given Partial() at 2 ranks);
   ns        every Muon matrix (each expert) orthogonalized once per step, summed over ranks;
   bytes     step()'s all-to-all bytes (the last step's, over all ranks) equal each piece of U crossing once
             to its owner and each piece of O once back to every other holder (layouts only; printed).
@@ -48,8 +50,8 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from dmuon.torch import DMuon, hold_on_owners
 from rank_checks import failures, finish
 from rank_exit import exit_rank
-from torch_fsdp2_test import (HYPER, TOLERANCE, Checks, CollectiveBytes, Reference, all_ranks_sum, expect_same_error,
-                              relative_error)
+from torch_fsdp2_test import (HYPER, TOLERANCE, U_F32, Checks, CollectiveBytes, Reference, all_ranks_sum,
+                              expect_same_error, relative_error)
 
 STEPS = 4
 ZERO_EXPERT = 2  # the expert whose gradient is zero at every step
@@ -89,7 +91,7 @@ def layouts(world):
             "blocks.0.up.bias": ((21,), (Shard(0),)),
             "blocks.0.down.weight": ((16, 21), (Shard(1),)),
             "blocks.0.norm.weight": ((16,), (Replicate(),)),
-            "blocks.0.gate.weight": ((12, 12), (Replicate(),)),
+            "blocks.0.gate.weight": ((12, 12), (Replicate(),)),  # its gradient arrives Partial() (below)
             "blocks.0.strided.weight": ((10, 7), (_StridedShard(0, split_factor=3),)),
         })]
     return [
@@ -118,6 +120,11 @@ def layouts(world):
 def check_layout(checks, name, mesh_shape, dim_names, spec):
     mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=dim_names)
     shapes = {n: s for n, (s, _) in spec.items()}
+    # A replicated matrix's gradient as tensor parallelism can leave it: Partial(), rank 0 holding 2g and
+    # rank 1 -g (DMuon redistributes it to the parameter's placements: 2g - g == g exactly; read alone,
+    # rank 0's part would double the global gradient norm).
+    partial = [n for n, (_, p) in spec.items()
+               if len(p) == 1 and isinstance(p[0], Replicate) and is_muon(n, shapes[n])]
     initial = full_values(shapes, seed=1)
     params = {n: torch.nn.Parameter(distribute(initial[n], mesh, p)) for n, (_, p) in spec.items()}
     copies = {n: torch.nn.Parameter(initial[n].clone()) for n in spec}
@@ -127,23 +134,28 @@ def check_layout(checks, name, mesh_shape, dim_names, spec):
                 {"params": [(n, p) for n, p in ps.items() if not is_muon(n, shapes[n])], "use_muon": False}]
     opt, copies_opt = DMuon(groups(params), **HYPER), DMuon(groups(copies), **HYPER)
     ref = Reference(initial, [n for n in shapes if is_muon(n, shapes[n])], HYPER, "match_rms_adamw")
-    ns = []
+    ns, norm_errors = [], {}
     for step in range(STEPS):
         grads = full_values(shapes, seed=10 + step)
         for n, g in grads.items():
             if g.dim() == 3:
                 g[ZERO_EXPERT] = 0
-            params[n].grad = distribute(g, mesh, spec[n][1])
+            params[n].grad = (DTensor.from_local(g * (2 - 3 * dist.get_rank()), mesh, [Partial()]) if n in partial
+                              else distribute(g, mesh, spec[n][1]))
             copies[n].grad = g.clone()
         with CollectiveBytes() as counter:
             opt.step()
         moved = all_ranks_sum(sum(b for op, b in counter.bytes.items() if "alltoall" in op))
         copies_opt.step()
-        ref.step(grads)
+        norm = ref.step(grads)
+        norm_errors[f"step {step}"] = abs(opt.last_grad_norm - norm) / norm
         ns.append(all_ranks_sum(opt.last_stats["ns_matrices"]))
     final = {n: p.full_tensor() for n, p in params.items()}
     checks.within(f"{name}: params vs float64 reference",
                   {n: relative_error(final[n], ref.params[n]) for n in final}, TOLERANCE)
+    # DMuon sums squares of float32 gradients, each element once: ≤ n·u relative for n entries (γ_n).
+    checks.within(f"{name}: DMuon's global gradient norm", norm_errors,
+                  max(math.prod(s) for s in shapes.values()) * U_F32)
     differ = [n for n in final if not torch.equal(final[n], copies[n].detach())]
     checks.report(f"{name}: vs DMuon on replicated copies", not differ,
                   f"{len(differ)} of {len(final)} tensors differ in bits" + (f" (first {differ[0]})" if differ else ""))

@@ -103,10 +103,6 @@ class Holding:
         """The local tensor's shape."""
         return tuple(s.count for s in self.spans)
 
-    @property
-    def numel(self):
-        return math.prod(self.shape)
-
     def whole_along(self, global_shape, dims):
         """Whether it holds all of each tensor dim in `dims` (of a tensor of `global_shape`)."""
         return all(self.spans[d] == Span.whole(global_shape[d]) for d in dims)
