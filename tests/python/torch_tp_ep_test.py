@@ -219,7 +219,8 @@ def mlp_batch(gen):
 def qwen2_case():
     """Hugging Face transformers' Qwen2 from a small config (random init, nothing downloaded) with the
     config's own tensor-parallel plan (base_model_tp_plan: q, k, v, gate, up column-wise; o, down row-wise),
-    applied by torch's parallelize_module: transformers' own TP loader wants a checkpoint to load."""
+    applied by torch's parallelize_module: transformers' own path (from_pretrained with a DistributedConfig)
+    needs accelerate, which python/requirements.txt does not pin."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(3)
