@@ -73,3 +73,13 @@ def test_owner_rule_pins_experts_to_holders_spread_over_replicas_and_plans_the_r
     assert planned == [([(8, 8), (8, 8)], 4)]
     assert (matrix.owner, replicated.owner) == (3, 1)
     assert matrix.u_travels and not replicated.u_travels
+
+
+def test_an_expert_split_over_expert_fsdp_is_owned_where_its_pieces_are():
+    # (ep 2, efsdp 2): ranks 0, 1 hold rows of experts 0, 1; ranks 2, 3 of experts 2, 3. No rank holds an
+    # expert whole; each is owned by a rank of its pair, spread over the pair.
+    holdings = mesh_holdings((4, 6, 4), (2, 2), (Shard(0), Shard(1)))
+    stack = [MuonMatrix(0, e, f"s[{e}]", layout((4, 6, 4), holdings, 0), {}, 6, 4, 1.0) for e in range(4)]
+    assign_owners(stack, 4, lambda shapes, world: [])
+    assert [k.owner for k in stack] == [0, 1, 2, 3]
+    assert all(k.u_travels and k.o_travels for k in stack)

@@ -148,15 +148,19 @@ class MuonMatrix:
 
 def assign_owners(matrices, world_size, plan):
     """Sets every matrix's owner. One held whole by some ranks but not all (an expert of a stack
-    sharded by experts) is owned by one of its holders, so its U never travels: the holder with the
-    fewest such matrices so far (in HSDP that spreads a shard's experts over its replicas). The
-    others go to `plan([(rows, cols)], world_size)` (the planner, over all ranks)."""
+    sharded by experts) is owned by one of its holders, so its U never travels; an expert that no rank
+    holds whole but only some ranks hold pieces of (expert parallelism × expert-FSDP) by one of those,
+    so its pieces travel within them: in both cases the candidate with the fewest such matrices so far
+    (in HSDP that spreads a shard's experts over its replicas). The others go to
+    `plan([(rows, cols)], world_size)` (the planner, over all ranks)."""
     pinned = [0] * world_size
     free = []
     for k in matrices:
-        holders = k.holders()
-        if 0 < len(holders) < world_size:
-            k.owner = min(holders, key=lambda g: (pinned[g], g))
+        candidates = k.holders()
+        if not candidates and k.expert is not None:
+            candidates = [g for g, p in enumerate(k.pieces) if p.count]
+        if 0 < len(candidates) < world_size:
+            k.owner = min(candidates, key=lambda g: (pinned[g], g))
             pinned[k.owner] += 1
         else:
             free.append(k)
