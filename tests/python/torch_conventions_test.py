@@ -212,7 +212,7 @@ def test_add_param_group_names_unnamed_tensors_after_the_existing_groups():
 BAD_GROUPS = {  # a group to add, given the optimizer's parameter a → what the error says
     "duplicate": (lambda a: {"params": [("again", a)]},
                   "some parameters appear in more than one parameter group: 'again' (also 'a.weight')"),
-    "lr": (lambda a: {"params": [("b.weight", torch.randn(4, 4))], "lr": -1.0}, "lr must be >= 0"),
+    "lr": (lambda a: {"params": [("b.weight", torch.randn(4, 4))], "lr": -1.0}, "Invalid learning rate: -1.0"),
     "key": (lambda a: {"params": [("b.weight", torch.randn(4, 4))], "momentun": 0.9}, "unknown keys ['momentun']"),
     "vector": (lambda a: {"params": [("b.bias", torch.randn(4))], "use_muon": True}, "Muon needs a matrix"),
 }

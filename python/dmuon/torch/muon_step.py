@@ -125,12 +125,14 @@ class MuonMatrix:
         return [g for g, p in enumerate(self.pieces) if p.count == self.rows * self.cols]
 
     def local_view(self, t):
-        """This rank's piece of the matrix in t, a local tensor laid out as the parameter's: a
-        (piece rows, piece cols) view (writes reach t)."""
+        """This rank's piece of the matrix in t, a local tensor laid out as the parameter's, as a view
+        (writes reach t): (piece rows, piece cols), or t itself where its strides allow no such view (a
+        channels_last filter; its row-major elements are the piece's, and muon_update.py hands the
+        engine a dense copy)."""
         mine = self.pieces[self.layout.rank]
         if self.expert is not None:
             return t[mine.position]
-        return t.view(mine.shape)
+        return t.view(mine.shape) if t.is_contiguous() else t
 
     @cached_property
     def u_travels(self):
@@ -262,10 +264,9 @@ class MuonStep:
             return
         device, dtype_code, _, stream = engine_target(stack.device, stack.dtype)
         rows, cols = stack.shape[1], stack.shape[2]
-        step = rows * cols * stack.element_size()
-        ptrs = [stack.data_ptr() + j * step for j in range(stack.shape[0])]
+        matrices = list(stack)
         t0 = time.perf_counter()
-        self.ns.run(ptrs, ptrs, rows, cols, device=device, dtype=dtype_code, stream=stream,
+        self.ns.run(matrices, matrices, rows, cols, device=device, dtype=dtype_code, stream=stream,
                     names=[k.name for k in owned])
         self.ns_seconds += time.perf_counter() - t0
         self.ns_matrices += stack.shape[0]

@@ -20,6 +20,7 @@ import dmuon
 from dmuon.torch.adamw import adamw_step
 from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
 from dmuon.torch.collectives import Group
+from dmuon.torch.dense import check_writable
 from dmuon.torch.gradient_check import GradientCheck
 from dmuon.torch.layout import describe, is_dtensor
 from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, engine_target, matrices_of, muon_scale
@@ -83,6 +84,7 @@ class DMuon(torch.optim.Optimizer):
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, ns_steps=5, coeffs="keller",
                  algo="auto", scale="match_rms_adamw", balancer="milp", process_group=None, clip_grad_norm=None,
                  nonfinite="error", state_dtype=torch.float32, experts=is_expert_stack_by_default, tune_cache=""):
+        _check_defaults(lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay)
         _check_choice("coeffs", coeffs, _COEFFS)
         _check_choice("algo", algo, _ALGOS)
         _check_choice("scale", scale, _SCALES)
@@ -157,6 +159,8 @@ class DMuon(torch.optim.Optimizer):
                 _check_hyper(g)
                 for name, p in g["named"]:
                     layout = describe(name, p, self.comm.pg, self.comm.ranks, self.comm.rank)
+                    if not layout.held_elsewhere:
+                        check_writable(name, layout.local(layout.tensor))
                     if id(layout.tensor) in seen:
                         raise ValueError(f"DMuon: some parameters appear in more than one parameter group: "
                                          f"'{name}' (also '{seen[id(layout.tensor)]}')")
@@ -211,6 +215,8 @@ class DMuon(torch.optim.Optimizer):
             self._groups.append(group)
             if group["use_muon"]:
                 for expert, rows, cols in matrices_of(layout.global_shape, self.experts(name, layout.global_shape)):
+                    if rows == 0 or cols == 0:
+                        continue  # an empty matrix: nothing to orthogonalize or update
                     matrices.append(MuonMatrix(i, expert, name + ("" if expert is None else f"[{expert}]"), layout,
                                                group, rows, cols, muon_scale(rows, cols, self.scale_kind)))
         assign_owners(matrices, self.comm.world,
@@ -475,20 +481,47 @@ def _check_choice(name, value, choices):
 
 
 def _check_hyper(g):
-    where = f"param group of '{g['named'][0][0]}'"
-    if torch.is_tensor(g["lr"]) and g["lr"].numel() != 1:
-        raise ValueError(f"DMuon: {where}: Tensor lr must be 1-element, got shape {tuple(g['lr'].shape)}")
-    if not g["lr"] >= 0:
-        raise ValueError(f"DMuon: {where}: lr must be >= 0, got {g['lr']}")
+    """A param group's values, torch.optim's checks (after _check_defaults) with the group named."""
+    where = f"DMuon: param group of '{g['named'][0][0]}': "
     if g["use_muon"]:
-        if not 0 <= g["momentum"] < 1:
-            raise ValueError(f"DMuon: {where}: momentum must be in [0, 1), got {g['momentum']}")
+        _check_values(where, "", lr=g["lr"], momentum=g["momentum"], weight_decay=g["weight_decay"])
     else:
-        b1, b2 = g["betas"]
-        if not (0 <= b1 < 1 and 0 <= b2 < 1):
-            raise ValueError(f"DMuon: {where}: betas must be in [0, 1), got {g['betas']}")
-        if not g["eps"] > 0:
-            raise ValueError(f"DMuon: {where}: eps must be > 0, got {g['eps']}")
+        _check_values(where, "", lr=g["lr"], eps=g["eps"], betas=g["betas"], weight_decay=g["weight_decay"])
+
+
+def _check_defaults(lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay):
+    """DMuon's hyper-parameter arguments, checked before its parameters as torch.optim's optimizers do, with
+    their messages (the adamw_ arguments named after them)."""
+    _check_values("", "", lr=lr, momentum=momentum, weight_decay=weight_decay)
+    _check_values("", " (adamw_lr)", lr=adamw_lr)
+    _check_values("", " (adamw_eps)", eps=adamw_eps)
+    _check_values("", " (adamw_betas)", betas=adamw_betas)
+    _check_values("", " (adamw_weight_decay)", weight_decay=adamw_weight_decay)
+
+
+def _check_values(prefix, suffix, lr=None, momentum=None, eps=None, betas=None, weight_decay=None):
+    """ValueError with torch.optim's message (Adam's, SGD's) for the first bad value given (None: not
+    given); a Muon momentum must also be below 1 and eps above 0."""
+    def bad(message):
+        raise ValueError(prefix + message + suffix)
+
+    if torch.is_tensor(lr) and lr.numel() != 1:
+        bad("Tensor lr must be 1-element")
+    if lr is not None and not 0.0 <= lr:
+        bad(f"Invalid learning rate: {lr}")
+    if momentum is not None and not 0.0 <= momentum < 1.0:
+        bad(f"Invalid momentum value: {momentum} (Muon's momentum is in [0, 1))")
+    if eps is not None and not 0.0 < eps:
+        bad(f"Invalid epsilon value: {eps} (must be > 0)")
+    if betas is not None:
+        betas = tuple(betas)
+        if len(betas) != 2:
+            bad(f"betas must be a pair (beta1, beta2), got {betas}")
+        for i, beta in enumerate(betas):
+            if not 0.0 <= beta < 1.0:
+                bad(f"Invalid beta parameter at index {i}: {beta}")
+    if weight_decay is not None and not 0.0 <= weight_decay:
+        bad(f"Invalid weight_decay value: {weight_decay}")
 
 
 def _buckets(matrices, state_dtype_of):
