@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature below changes; python/dmuon checks it when it loads the library. */
-#define DMUON_C_ABI_VERSION 4
+#define DMUON_C_ABI_VERSION 5
 DMUON_C_API int dmuon_abi_version(void);
 
 /* Return codes. */
@@ -127,22 +127,23 @@ DMUON_C_API int dmuon_muon_momentum(int device, void* stream, int64_t n, const i
                                     const int* u_dtypes, const int* u_dense, const float* const* keep,
                                     const float* grad_scale, double beta, int nesterov);
 
-/* W <- W*(1 - lr*weight_decay) - lr*(O*scales[i]) for n tensors, where keep[i] is not 0. */
+/* W <- W*(1 - lr*weight_decay) - lr*(O*scales[i]) for n tensors, where keep[i] is not 0. cautious_wd != 0: the
+ * decay only where W*O >= 0 (cautious weight decay, arXiv 2510.12402), W as it is elsewhere. */
 DMUON_C_API int dmuon_muon_apply(int device, void* stream, int64_t n, const int64_t* sizes, void* const* w,
                                  const int* w_dtypes, const int* w_dense, const void* const* o, const int* o_dtypes,
                                  const int* o_dense, const float* const* keep, double lr, double weight_decay,
-                                 const double* scales);
+                                 const double* scales, int cautious_wd);
 
 /* The whole update of `batch` same-shape rows x cols matrices held here whole (their owner's), in one call: the
  * momentum of dmuon_muon_momentum into a float32 U, O = orth(U) by `ns` (its coefficients, steps and tuned kernel;
  * bfloat16 iterates where the device computes in bfloat16, as dmuon_ns_run on bfloat16 data), then the apply of
- * dmuon_muon_apply with the one `scale`. names (NULL or `batch` strings) as for dmuon_ns_run. */
+ * dmuon_muon_apply with the one `scale` and cautious_wd. names (NULL or `batch` strings) as for dmuon_ns_run. */
 DMUON_C_API int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_t batch, int64_t rows, int64_t cols,
                                   const void* const* grads, const int* grad_dtypes, const int* grad_dense,
                                   void* const* momenta, const int* momentum_dtypes, const int* momentum_dense,
                                   void* const* w, const int* w_dtypes, const int* w_dense, const float* const* keep,
                                   const float* grad_scale, double beta, int nesterov, double lr, double weight_decay,
-                                  double scale, const char* const* names);
+                                  double scale, int cautious_wd, const char* const* names);
 
 /* ---- AdamW ---- */
 

@@ -15,7 +15,7 @@ import json
 import os
 import pathlib
 
-ABI_VERSION = 4  # DMUON_C_ABI_VERSION
+ABI_VERSION = 5  # DMUON_C_ABI_VERSION
 
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 DTYPE_F32, DTYPE_BF16 = 0, 1
@@ -61,10 +61,11 @@ def _load():
         "dmuon_muon_momentum": (c_int, [c_int, c_void_p, c_i64, p_i64, p_void, p_int, p_int, p_void, p_int, p_int,
                                         p_void, p_int, p_int, p_void, c_void_p, ctypes.c_double, c_int]),
         "dmuon_muon_apply": (c_int, [c_int, c_void_p, c_i64, p_i64, p_void, p_int, p_int, p_void, p_int, p_int, p_void,
-                                     ctypes.c_double, ctypes.c_double, ctypes.POINTER(ctypes.c_double)]),
+                                     ctypes.c_double, ctypes.c_double, ctypes.POINTER(ctypes.c_double), c_int]),
         "dmuon_muon_update": (c_int, [c_void_p, c_int, c_void_p, c_i64, c_i64, c_i64, p_void, p_int, p_int, p_void,
                                       p_int, p_int, p_void, p_int, p_int, p_void, c_void_p, ctypes.c_double, c_int,
-                                      ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.POINTER(c_char_p)]),
+                                      ctypes.c_double, ctypes.c_double, ctypes.c_double, c_int,
+                                      ctypes.POINTER(c_char_p)]),
         "dmuon_adamw_step": (c_int, [c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, p_int, c_i64,
                                      c_i64,
                                      ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double,
@@ -163,16 +164,16 @@ class Orthogonalizer:
                                  *_pointers_and_flags(outs), batch, rows, cols, name_arr))
 
     def muon_update(self, grads, momenta, params, rows, cols, keep, grad_scale, beta, nesterov, lr, weight_decay,
-                    scale, device=DEVICE_CPU, stream=None, names=None):
+                    scale, cautious_wd=False, device=DEVICE_CPU, stream=None, names=None):
         """Muon's whole update of same-shape rows×cols matrices held here whole, in one call (dmuon_muon_update):
         grads, momenta, params are sequences of tensor arguments (arrays, or (pointer, DTYPE_*); a grad None or
-        with pointer None: zeros); keep: None or
-        one pointer per matrix to a float32 flag on the device; grad_scale: None or a pointer to one float32."""
+        with pointer None: zeros); keep: None or one pointer per matrix to a float32 flag on the device; grad_scale:
+        None or a pointer to one float32; cautious_wd as muon_apply's."""
         batch = len(params)
         _check(_lib.dmuon_muon_update(self._handle, device, stream, batch, rows, cols, *_operands(grads),
                                       *_operands(momenta), *_operands(params), _keep(keep, batch), grad_scale,
                                       float(beta), int(bool(nesterov)), float(lr), float(weight_decay), float(scale),
-                                      _names(names)))
+                                      int(bool(cautious_wd)), _names(names)))
 
     def close(self):
         if self._handle:
@@ -232,13 +233,15 @@ def muon_momentum(sizes, grads, momenta, u, keep, grad_scale, beta, nesterov, de
                                     *_operands(u), _keep(keep, n), grad_scale, float(beta), int(bool(nesterov))))
 
 
-def muon_apply(sizes, params, updates, keep, lr, weight_decay, scales, device=DEVICE_CPU, stream=None):
+def muon_apply(sizes, params, updates, keep, lr, weight_decay, scales, cautious_wd=False, device=DEVICE_CPU,
+               stream=None):
     """W ← W·(1 − lr·wd) − lr·(O·scale) of tensors of `sizes` elements (dmuon_muon_apply): params, updates are
-    sequences of tensor arguments, scales one per tensor; keep as Orthogonalizer.muon_update's."""
+    sequences of tensor arguments, scales one per tensor; keep as Orthogonalizer.muon_update's; cautious_wd: the
+    decay only where W·O ≥ 0 (cautious weight decay), W as it is elsewhere."""
     n = len(sizes)
     _check(_lib.dmuon_muon_apply(device, stream, n, _i64_array(sizes), *_operands(params), *_operands(updates),
                                  _keep(keep, n), float(lr), float(weight_decay),
-                                 (ctypes.c_double * max(n, 1))(*scales)))
+                                 (ctypes.c_double * max(n, 1))(*scales), int(bool(cautious_wd))))
 
 
 def adamw_step(p, grad, exp_avg, exp_avg_sq, n, step, lr, betas, eps, weight_decay, grad_scale=1.0,

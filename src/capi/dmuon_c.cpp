@@ -348,8 +348,8 @@ int dmuon_muon_momentum(int device, void* stream, int64_t n, const int64_t* size
 
 int dmuon_muon_apply(int device, void* stream, int64_t n, const int64_t* sizes, void* const* w, const int* w_dtypes,
                      const int* w_dense, const void* const* o, const int* o_dtypes, const int* o_dense,
-                     const float* const* keep, double lr,
-                     double weight_decay, const double* scales) {
+                     const float* const* keep, double lr, double weight_decay, const double* scales,
+                     int cautious_wd) {
   return guarded("dmuon_muon_apply", [&] {
     require_sizes(n, sizes);
     if (n == 0) return;
@@ -361,7 +361,7 @@ int dmuon_muon_apply(int device, void* stream, int64_t n, const int64_t* sizes, 
     thread_local dmuon::capi::Staging staging;
     on_device(device, stream, touched.pointers, touched.name_of(), [&](dmuon::Backend& backend) {
       dmuon::capi::muon_apply_run(backend, {sizes, static_cast<size_t>(n)}, ws, os, flags, lr, weight_decay,
-                                  {scales, static_cast<size_t>(n)}, staging);
+                                  {scales, static_cast<size_t>(n)}, cautious_wd != 0, staging);
     });
   });
 }
@@ -371,7 +371,7 @@ int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_t batch, int
                       const int* momentum_dtypes, const int* momentum_dense, void* const* w, const int* w_dtypes,
                       const int* w_dense, const float* const* keep,
                       const float* grad_scale, double beta, int nesterov, double lr, double weight_decay,
-                      double scale, const char* const* names) {
+                      double scale, int cautious_wd, const char* const* names) {
   return guarded("dmuon_muon_update", [&] {
     require(ns != nullptr, "handle is NULL");
     require(batch >= 0, "batch must be >= 0, got " + std::to_string(batch));
@@ -390,7 +390,7 @@ int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_t batch, int
       const dmuon::NsOptions options =
           dmuon::capi::muon_ns_options(backend, ns->tuned, ns->defaults, rows, cols, batch);
       dmuon::capi::muon_update_run(backend, rows, cols, g, m, ws, flags, beta, nesterov != 0, lr, weight_decay, scale,
-                                   options, labels, ns->staging, ns->check_finite);
+                                   cautious_wd != 0, options, labels, ns->staging, ns->check_finite);
     });
   });
 }

@@ -116,11 +116,11 @@ def test_raw_calls_name_a_strided_argument_and_missing_flags():
                                    (0, 1, "w[0] is not dense row-major memory")):
         code = lib.dmuon_muon_apply(dmuon.DEVICE_CPU, None, 1, sizes, pointers([w.ctypes.data]), dtypes,
                                     _capi._ints([w_flag]), pointers([o.ctypes.data]), dtypes, _capi._ints([o_flag]),
-                                    None, 0.02, 0.0, (ctypes.c_double * 1)(1.0))
+                                    None, 0.02, 0.0, (ctypes.c_double * 1)(1.0), 0)
         assert code == 1 and needle in lib.dmuon_last_error().decode()
     code = lib.dmuon_muon_apply(dmuon.DEVICE_CPU, None, 1, sizes, pointers([w.ctypes.data]), dtypes, None,
                                 pointers([o.ctypes.data]), dtypes, _capi._ints([1]), None, 0.02, 0.0,
-                                (ctypes.c_double * 1)(1.0))
+                                (ctypes.c_double * 1)(1.0), 0)
     assert code == 1 and "w_dense (the contiguity flags of w) must be given" in lib.dmuon_last_error().decode()
     flags = _capi._ints([1, 1, 0, 1])
     code = lib.dmuon_adamw_step(dmuon.DEVICE_CPU, F32, None, w.ctypes.data, o.ctypes.data, w.ctypes.data,

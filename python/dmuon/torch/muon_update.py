@@ -92,21 +92,23 @@ def muon_momentum(entries, beta, nesterov, values):
     return u
 
 
-def muon_apply(entries, lr, weight_decay, values):
+def muon_apply(entries, lr, weight_decay, values, cautious_wd):
     """W ← W·(1 − lr·wd) − lr·(O·scale) in place for each (index, W, O, scale) of `entries`, where the
-    parameter is kept; computed in float32 and rounded once to W's dtype."""
+    parameter is kept (cautious_wd: the decay only where W·O ≥ 0); computed in float32 and rounded once to
+    W's dtype."""
     ops = Operands()
     device, stream = engine_device(entries[0][1].device)
     dmuon.muon_apply([w.numel() for _, w, _, _ in entries], [ops.write(w) for _, w, _, _ in entries],
                      [ops.read(o) for _, _, o, _ in entries], values.keep([i for i, _, _, _ in entries]),
-                     host_number(lr), weight_decay, [s for _, _, _, s in entries], device=device, stream=stream)
+                     host_number(lr), weight_decay, [s for _, _, _, s in entries], cautious_wd, device=device,
+                     stream=stream)
     ops.write_back()
 
 
-def muon_update(ns, entries, rows, cols, group, scale, values, names):
+def muon_update(ns, entries, rows, cols, group, scale, cautious_wd, values, names):
     """The whole update of rows×cols matrices held here whole, one call: for each (index, W, momentum,
     grad) of `entries` (views of shape (rows, cols)), the momentum, O = orth(U) by the Orthogonalizer
-    `ns`, and the apply with `scale` and the param group's hyper-parameters."""
+    `ns`, and the apply with `scale`, cautious_wd and the param group's hyper-parameters."""
     ops = Operands()
     device, stream = engine_device(entries[0][1].device)
     grads = [ops.read(g) for _, _, _, g in entries]
@@ -114,5 +116,5 @@ def muon_update(ns, entries, rows, cols, group, scale, values, names):
     params = [ops.write(w) for _, w, _, _ in entries]
     ns.muon_update(grads, momenta, params, rows, cols, values.keep([i for i, _, _, _ in entries]), values.grad_scale,
                    group["momentum"], group["nesterov"], host_number(group["lr"]), group["weight_decay"], scale,
-                   device=device, stream=stream, names=names)
+                   cautious_wd, device=device, stream=stream, names=names)
     ops.write_back()
