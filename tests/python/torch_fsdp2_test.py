@@ -248,11 +248,11 @@ class Reference:
 # ---- reporting ----
 
 class Checks:
-    def __init__(self, rank, world):
-        self.rank, self.world, self.failed = rank, world, []
+    def __init__(self, rank, world, test="torch_fsdp2_test"):
+        self.rank, self.world, self.test, self.failed = rank, world, test, []
 
     def report(self, name, ok, detail):
-        line = f"torch_fsdp2_test np{self.world} rank {self.rank}: {'PASS' if ok else 'FAIL'} {name}: {detail}\n"
+        line = f"{self.test} np{self.world} rank {self.rank}: {'PASS' if ok else 'FAIL'} {name}: {detail}\n"
         sys.stdout.write(line)  # one write per line: the ranks share the output
         sys.stdout.flush()
         if not ok:

@@ -7,7 +7,7 @@ import dmuon
 def agree_on_parameters(comm, error, signature):
     """Raises the same exception on every rank when any rank failed to parse its parameters (error:
     None, the message of a ValueError, or (TypeError, message)) or the ranks' (name, global shape,
-    grid, use_muon) lists differ (ValueError). A message gets the failing rank."""
+    holdings, use_muon) lists differ (ValueError). A message gets the failing rank."""
     gathered = comm.all_gather_object((error, signature))
     for r, (e, _) in enumerate(gathered):
         if e is not None:

@@ -3,24 +3,27 @@
 A Muon parameter is one or more matrices: a 2-D parameter is one (m, n) matrix, a 3-D (E, m, n)
 stack of experts (the optimizer's `experts` predicate says which) is E matrices of (m, n), any other
 ≥ 3-D parameter (a Conv1d's (out, in, k), a Conv2d's (out, in, kh, kw)) one (out, in·k…) matrix. Each
-matrix has one owner rank in the whole group, which alone runs its Newton–Schulz. The parameter lies
-on a grid of R replicas × S shards (layout.py); per bucket of same-shape matrices:
-  launch:  every rank forms momentum and U on its local rows (the momentum mirrors the parameter's
-           local layout on every replica); the ranks of the owner's replica send their rows of U to
+matrix has one owner rank in the whole group, which alone runs its Newton–Schulz. Every rank holds a
+piece of it (Piece: global rows × columns, from the parameter's layout, layout.py and placements.py:
+a dim-0 chunk under FSDP2, a column block under row-wise tensor parallelism, an expert of a stack
+under expert parallelism, several blocks under an uneven _StridedShard); ranks of one replica hold
+disjoint pieces that cover it. Per bucket of same-shape matrices:
+  launch:  every rank forms momentum and U on its local pieces (the momentum mirrors the parameter's
+           local layout on every replica); the ranks of the owner's replica send their pieces of U to
            the owner (one all_to_all_single over the group, uneven splits, async)
   compute: the owner assembles its full matrices, runs Newton–Schulz once for all of them (one
-           batched engine call), and sends every other rank holding rows of a matrix, in every
-           replica, its rows of O (a second all_to_all_single, async)
-  finish:  every rank applies its rows of O: W ← W·(1 − lr·wd) − lr·s·O
+           batched engine call), and sends every other rank holding a piece of a matrix, in every
+           replica, its piece of O (a second all_to_all_single, async)
+  finish:  every rank applies its pieces of O: W ← W·(1 − lr·wd) − lr·s·O
 Each phase is one engine call (muon_update.py): per param group of the bucket the momentum of every
 local part and the apply of every local part, per bucket the Newton–Schulz of the owner's stack. A
 bucket whose matrices this rank owns and alone holds (owner-held ones, every bucket of a one-rank
 group) skips the phases: one engine call per param group does momentum, Newton–Schulz and apply,
-while the first travelling bucket's rows are in flight.
+while the first travelling bucket's pieces are in flight.
 So every matrix is orthogonalized once in the whole job and all replicas apply the same O (their
 weights stay bit-identical). A matrix its owner holds whole (a replicated parameter, an expert of a
 stack sharded by experts) sends no U; a collective with nothing to move on any rank is not called.
-Order: launch(0); then for each bucket b: launch(b+1), compute(b), finish(b−1); so bucket b+1's rows
+Order: launch(0); then for each bucket b: launch(b+1), compute(b), finish(b−1); so bucket b+1's pieces
 travel while bucket b's Newton–Schulz runs.
 """
 
@@ -33,6 +36,7 @@ import torch
 
 import dmuon
 from dmuon.torch.muon_update import StepValues, engine_device, muon_apply, muon_momentum, muon_update
+from dmuon.torch.placements import Span
 
 
 def matrices_of(global_shape, experts):
@@ -41,6 +45,56 @@ def matrices_of(global_shape, experts):
     if experts:
         return [(e, global_shape[1], global_shape[2]) for e in range(global_shape[0])]
     return [(None, global_shape[0], math.prod(global_shape[1:]))]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """What one rank holds of one Muon matrix: its global rows and columns (placements.Span, in the order of
+    the rank's local tensor) and, for an expert of a stack, the expert's local position in the stack."""
+
+    rows: Span
+    cols: Span
+    position: object = None
+
+    @property
+    def count(self):
+        return self.rows.count * self.cols.count
+
+    @property
+    def shape(self):
+        return self.rows.count, self.cols.count
+
+
+def piece_of(holding, expert, cols):
+    """The Piece of a matrix `cols` wide (its place in the stack `expert`, or None) in a rank's Holding. A
+    conv filter (≥ 3-D, not a stack) is held whole along its dims ≥ 1 (the optimizer refuses the rest)."""
+    spans = holding.spans
+    if expert is not None:
+        position = spans[0].position_of(expert)
+        return Piece(Span(()), Span(())) if position is None else Piece(spans[1], spans[2], position)
+    if len(spans) == 2:
+        return Piece(spans[0], spans[1])
+    return Piece(spans[0], Span.whole(cols) if all(s.count for s in spans[1:]) else Span(()))
+
+
+def take(matrix, piece):
+    """The piece's part of matrix (rows, cols), shaped as the holder's local view and contiguous (a copy
+    for a column block; the engine reads operands densely)."""
+    if len(piece.rows.runs) == 1 and len(piece.cols.runs) == 1:
+        (r, nr), (c, nc) = piece.rows.runs[0], piece.cols.runs[0]
+        return matrix[r:r + nr, c:c + nc].contiguous()
+    rows, cols = (torch.tensor(s.indices(), device=matrix.device) for s in (piece.rows, piece.cols))
+    return matrix[rows[:, None], cols]
+
+
+def put(matrix, piece, local):
+    """Writes a holder's local view of the piece into its place in matrix (rows, cols)."""
+    if len(piece.rows.runs) == 1 and len(piece.cols.runs) == 1:
+        (r, nr), (c, nc) = piece.rows.runs[0], piece.cols.runs[0]
+        matrix[r:r + nr, c:c + nc].copy_(local)
+        return
+    rows, cols = (torch.tensor(s.indices(), device=matrix.device) for s in (piece.rows, piece.cols))
+    matrix[rows[:, None], cols] = local.to(matrix.dtype)
 
 
 @dataclass
@@ -65,63 +119,54 @@ class MuonMatrix:
         """None, or (dim, sizes) of its split Newton–Schulz (muon_options.MuonOptions.blocks)."""
         return self.options.blocks(self.rows, self.cols, self.name)
 
-    def rows_on(self, shard):
-        """(start, count): the rows of this matrix that `shard` holds."""
-        start, count = self.layout.rows_of_shard(shard)
-        if self.expert is None:
-            return start, count
-        return (0, self.rows) if start <= self.expert < start + count else (0, 0)
-
     @cached_property
-    def rank_rows(self):
-        """(start, count) of the rows every group rank holds, in group rank order."""
-        by_shard = [self.rows_on(s) for s in range(self.layout.grid.shards)]
-        return tuple(by_shard[shard] for _, shard in self.layout.grid.cells)
-
-    def rows_of_rank(self, group_rank):
-        return self.rank_rows[group_rank]
+    def pieces(self):
+        """The Piece every group rank holds, in group rank order."""
+        return tuple(piece_of(h, self.expert, self.cols) for h in self.layout.holdings)
 
     def holders(self):
-        """Group ranks that hold all of its rows."""
-        return [g for g, (_, count) in enumerate(self.rank_rows) if count == self.rows]
+        """Group ranks that hold all of it."""
+        return [g for g, p in enumerate(self.pieces) if p.count == self.rows * self.cols]
 
     def local_view(self, t):
-        """This rank's rows of the matrix in t, a local tensor laid out as the parameter's, as a view
-        (writes reach t): (count, cols), or t itself where its strides allow no such view (a
-        channels_last filter; its row-major elements are the matrix's, and muon_update.py hands the
+        """This rank's piece of the matrix in t, a local tensor laid out as the parameter's, as a view
+        (writes reach t): (piece rows, piece cols), or t itself where its strides allow no such view (a
+        channels_last filter; its row-major elements are the piece's, and muon_update.py hands the
         engine a dense copy)."""
-        if self.expert is None:
-            if t.numel() == 0:
-                return t.reshape(0, self.cols)
-            return t.view(-1, self.cols) if t.is_contiguous() else t
-        first = self.layout.rows_of_shard(self.layout.shard)[0]
-        return t[self.expert - first]
+        mine = self.pieces[self.layout.rank]
+        if self.expert is not None:
+            return t[mine.position]
+        return t.view(mine.shape) if t.is_contiguous() else t
 
     @cached_property
     def u_travels(self):
-        """Whether ranks of the owner's replica other than the owner hold rows of it (owner set)."""
-        return self.rank_rows[self.owner][1] < self.rows
+        """Whether ranks of the owner's replica other than the owner hold parts of it (owner set)."""
+        return self.pieces[self.owner].count < self.rows * self.cols
 
     @cached_property
     def o_travels(self):
-        """Whether any rank other than the owner holds rows of it (owner set)."""
-        return any(count for g, (_, count) in enumerate(self.rank_rows) if g != self.owner)
+        """Whether any rank other than the owner holds part of it (owner set)."""
+        return any(p.count for g, p in enumerate(self.pieces) if g != self.owner)
 
     def replica_of(self, group_rank):
-        return self.layout.grid.cells[group_rank][0]
+        return self.layout.holdings[group_rank].replica
 
 
 def assign_owners(matrices, world_size, plan):
     """Sets every matrix's owner. One held whole by some ranks but not all (an expert of a stack
-    sharded by experts) is owned by one of its holders, so its U never travels: the holder with the
-    fewest such matrices so far (in HSDP that spreads a shard's experts over its replicas). The
-    others go to `plan([(rows, cols)], world_size)` (the planner, over all ranks)."""
+    sharded by experts) is owned by one of its holders, so its U never travels; an expert that no rank
+    holds whole but only some ranks hold pieces of (expert parallelism × expert-FSDP) by one of those,
+    so its pieces travel within them: in both cases the candidate with the fewest such matrices so far
+    (in HSDP that spreads a shard's experts over its replicas). The others go to
+    `plan([(rows, cols)], world_size)` (the planner, over all ranks)."""
     pinned = [0] * world_size
     free = []
     for k in matrices:
-        holders = k.holders()
-        if 0 < len(holders) < world_size:
-            k.owner = min(holders, key=lambda g: (pinned[g], g))
+        candidates = k.holders()
+        if not candidates and k.expert is not None:
+            candidates = [g for g, p in enumerate(k.pieces) if p.count]
+        if 0 < len(candidates) < world_size:
+            k.owner = min(candidates, key=lambda g: (pinned[g], g))
             pinned[k.owner] += 1
         else:
             free.append(k)
@@ -161,7 +206,7 @@ class MuonStep:
         alone = [all(k.owner == me and not k.u_travels and not k.o_travels for k in b) for b in buckets]
         travelling = [b for b, a in zip(buckets, alone) if not a]
         launched = self._launch(travelling[0]) if travelling else None
-        for bucket in (b for b, a in zip(buckets, alone) if a):  # while the first bucket's rows travel
+        for bucket in (b for b, a in zip(buckets, alone) if a):  # while the first bucket's pieces travel
             self._update_held(bucket)
         previous = None
         for k in range(len(travelling)):
@@ -195,7 +240,7 @@ class MuonStep:
         return u
 
     def _apply(self, pairs):
-        """The update of this rank's rows of matrices from their rows of O, for (k, O rows) pairs: one
+        """The update of this rank's pieces of matrices from their pieces of O, for (k, O piece) pairs: one
         engine call per param group."""
         for part in self._by_group(pairs, lambda pair: pair[0].group):
             group = part[0][0].group
@@ -269,16 +314,16 @@ class MuonStep:
         u = self._form_u(list(groups), groups)
         if not any(k.u_travels for k in bucket):
             return u, None, None
-        # Send: my rows of U of every matrix whose owner is another rank of my replica; the owner
-        # receives, per source rank in rank order, that rank's rows of its matrices in bucket order.
+        # Send: my piece of U of every matrix whose owner is another rank of my replica; the owner
+        # receives, per source rank in rank order, that rank's pieces of its matrices in bucket order.
         to_owner = [[] for _ in range(c.world)]
         out_numel = [0] * c.world
         for k in bucket:
             if k.owner == me:
-                for src, (_, count) in enumerate(k.rank_rows):
+                for src, piece in enumerate(k.pieces):
                     if src != me and k.replica_of(src) == k.replica_of(me):
-                        out_numel[src] += count * k.cols
-            elif k.replica_of(k.owner) == k.replica_of(me) and k.rank_rows[me][1]:
+                        out_numel[src] += piece.count
+            elif k.replica_of(k.owner) == k.replica_of(me) and k.pieces[me].count:
                 to_owner[k.owner].append(k.local_view(u[k.index]).reshape(-1))
         parts = [t for dest in to_owner for t in dest]
         in_numel = [sum(t.numel() for t in dest) for dest in to_owner]
@@ -299,31 +344,32 @@ class MuonStep:
         offset = 0
         for src in range(c.world):  # the order of _launch's receive: by source, then bucket order
             for j, k in enumerate(owned):
-                start, count = k.rank_rows[src]
+                piece = k.pieces[src]
+                if not piece.count:
+                    continue
                 if src == me:
-                    full[j, start:start + count].copy_(k.local_view(u[k.index]))
-                elif count and k.replica_of(src) == k.replica_of(me):
-                    n = count * k.cols
-                    full[j, start:start + count].copy_(recv[offset:offset + n].view(count, k.cols))
-                    offset += n
+                    put(full[j], piece, k.local_view(u[k.index]))
+                elif k.replica_of(src) == k.replica_of(me):
+                    put(full[j], piece, recv[offset:offset + piece.count].view(piece.shape))
+                    offset += piece.count
         self._orthogonalize(full, owned)
         if not any(k.o_travels for k in bucket):
             return full, owned, None, None
-        # Send every other rank its rows of O of my matrices; receive, per owner in rank order, my
-        # rows of its matrices in bucket order.
+        # Send every other rank its piece of O of my matrices; receive, per owner in rank order, my
+        # pieces of its matrices in bucket order.
         parts, in_numel = [], [0] * c.world
         for dest in range(c.world):
             if dest == me:
                 continue
             for j, k in enumerate(owned):
-                start, count = k.rank_rows[dest]
-                if count:
-                    parts.append(full[j, start:start + count].reshape(-1))
-                    in_numel[dest] += count * k.cols
+                piece = k.pieces[dest]
+                if piece.count:
+                    parts.append(take(full[j], piece).reshape(-1))
+                    in_numel[dest] += piece.count
         out_numel = [0] * c.world
         for k in bucket:
             if k.owner != me:
-                out_numel[k.owner] += k.rank_rows[me][1] * k.cols
+                out_numel[k.owner] += k.pieces[me].count
         send = torch.cat(parts) if parts else full.new_empty(0)
         received, work = c.all_to_all(send, out_numel, in_numel)
         return full, owned, received, work
@@ -333,20 +379,18 @@ class MuonStep:
         full, owned, received, work = computed
         if work is not None:
             work.wait()
-        pairs = []  # (matrix, this rank's rows of its O)
+        pairs = []  # (matrix, this rank's piece of its O)
         for j, k in enumerate(owned):
-            start, count = k.rank_rows[me]
-            if count:
-                pairs.append((k, full[j, start:start + count]))
+            if k.pieces[me].count:
+                pairs.append((k, take(full[j], k.pieces[me])))
         by_owner = [[] for _ in range(c.world)]
         for k in bucket:
-            if k.owner != me and k.rank_rows[me][1]:
+            if k.owner != me and k.pieces[me].count:
                 by_owner[k.owner].append(k)
         offset = 0
         for k in (k for owner in by_owner for k in owner):
-            count = k.rank_rows[me][1]
-            n = count * k.cols
-            pairs.append((k, received[offset:offset + n].view(count, k.cols)))
-            offset += n
+            piece = k.pieces[me]
+            pairs.append((k, received[offset:offset + piece.count].view(piece.shape)))
+            offset += piece.count
         if pairs:
             self._apply(pairs)

@@ -36,8 +36,9 @@ class DMuon(torch.optim.Optimizer):
     model.named_parameters() (routed by name: hidden ≥2-D matrices → Muon; embeddings, head, 1-D →
     AdamW; params.py states the rule), tensors (routed by shape alone, with a warning), or param
     groups, with use_muon=True/False or without. Parameters may be plain (replicated: DDP or single
-    process), DTensors (FSDP2 Shard(0), HSDP (Replicate(), Shard(0)), or Replicate(), on a mesh of
-    the optimizer's group's ranks) or dmuon.torch.Sharded descriptions of dim-0 chunks.
+    process), DTensors (any mix of Replicate(), Shard(d) and _StridedShard on a mesh of the optimizer's
+    group's ranks, or a named slice of one: FSDP2, HSDP, tensor and expert parallelism, FSDP2 over TP;
+    layout.py) or dmuon.torch.Sharded descriptions of dim-0 chunks.
 
     `defaults` holds the per-group hyper-parameters and options under their keyword names (lr, momentum,
     nesterov, weight_decay, Muon's options ns_steps, coeffs, algo, scale, extra_scale_factor, cautious_wd,
@@ -167,6 +168,12 @@ class DMuon(torch.optim.Optimizer):
                     if g["use_muon"] and self.experts(name, layout.global_shape) and len(layout.global_shape) != 3:
                         raise ValueError(f"DMuon: parameter '{name}' of shape {layout.global_shape} is marked a "
                                          "stack of experts (the experts predicate); a stack is (E, rows, cols)")
+                    if g["use_muon"] and len(layout.global_shape) >= 3 and not self.experts(name, layout.global_shape) \
+                            and not all(h.whole_along(layout.global_shape, range(1, len(layout.global_shape)))
+                                        for h in layout.holdings):
+                        raise ValueError(f"DMuon: parameter '{name}' of shape {layout.global_shape} is one (out, in·k…) "
+                                         f"matrix for Muon (a filter), but its placements {layout.placements} split "
+                                         "its dims ≥ 1 (dmuon takes such a filter sharded on dim 0 only)")
                     if g["use_muon"]:
                         for expert, rows, cols in matrices_of(layout.global_shape,
                                                               self.experts(name, layout.global_shape)):
@@ -182,7 +189,7 @@ class DMuon(torch.optim.Optimizer):
                     layouts.append((name, layout, g))
         except (ValueError, TypeError, dmuon.DmuonError) as e:
             error = (TypeError, str(e)) if isinstance(e, TypeError) else str(e)  # torch.optim's kinds
-        signature = [(n, l.global_shape, l.grid, g["use_muon"]) for n, l, g in layouts]
+        signature = [(n, l.global_shape, l.holdings, g["use_muon"]) for n, l, g in layouts]
         agree_on_parameters(self.comm, error, signature)
 
         torch_groups, torch_group_of = [], {}
@@ -304,9 +311,9 @@ class DMuon(torch.optim.Optimizer):
         schedules = self._held_schedules()
         for schedule in schedules:
             schedule.ready_for_step()
-        grads = [l.local(l.tensor.grad) if l.tensor.grad is not None and not l.held_elsewhere else None
-                 for l in self._layouts]
-        counted = [l.grid.cells[self.comm.rank][0] == 0 for l in self._layouts]
+        grads = [l.local(_as_parameter(l.tensor.grad, l.tensor)) if l.tensor.grad is not None and not l.held_elsewhere
+                 else None for l in self._layouts]
+        counted = [l.mine.replica == 0 for l in self._layouts]
         taking_part = [l.tensor.requires_grad for l in self._layouts]
         device = next((g.device for g in grads if g is not None), None) or self._layouts[0].tensor.device
         check = GradientCheck(self.comm, grads, counted, taking_part, self.clip_grad_norm, device)
@@ -486,6 +493,14 @@ class DMuon(torch.optim.Optimizer):
                                  "(load another world size or layout with torch.distributed.checkpoint)")
             if value is not target:
                 self._layouts[i].local(target).copy_(self._layouts[i].local(value))
+
+
+def _as_parameter(grad, param):
+    """A DTensor gradient laid out as its parameter (tensor parallelism can leave a replicated parameter's
+    gradient Partial()): redistributed where its placements differ, the same on every rank (collective)."""
+    if is_dtensor(grad) and tuple(grad.placements) != tuple(param.placements):
+        return grad.redistribute(param.device_mesh, param.placements)
+    return grad
 
 
 def _check_choice(name, value, choices):

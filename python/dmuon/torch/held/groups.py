@@ -1,5 +1,5 @@
 """Who talks to whom for owner-held matrices (DESIGN 7 "owner-centric"), on a grid of R replicas ×
-S shards (layout.Grid; FSDP2 and DDP: R = 1, S = W; HSDP: the (replicate, shard) mesh).
+S shards (FSDP2 and DDP: R = 1, S = W; HSDP: the (replicate, shard) mesh; placements.mesh_cell).
 
 A matrix's owner o is one rank of the whole group, at cell (replica r_o, shard s_o). The ranks of
 shard s_o, one per replica, are its *column*: each keeps the weights between uses, as its replica's
@@ -11,9 +11,24 @@ source; every other rank frees them. Gradients flow in two stages, weights in tw
 The arithmetic is pure; HeldGroups adds the process groups, created by every rank in one order.
 """
 
+from dataclasses import dataclass
+
 import torch.distributed as dist
 
-from dmuon.torch.layout import mesh_grid, sharded_grid
+from dmuon.torch.placements import mesh_cell, unravel
+
+
+@dataclass(frozen=True)
+class Grid:
+    """R replicas × S shards: group rank g holds shard cells[g][1] of replica cells[g][0]."""
+
+    replicas: int
+    shards: int
+    cells: tuple  # ((replica, shard) of group rank 0, of rank 1, ...)
+
+    def ranks_of_shard(self, shard):
+        """Group ranks holding `shard`, one per replica, in replica order."""
+        return [g for _, g in sorted((r, g) for g, (r, s) in enumerate(self.cells) if s == shard)]
 
 
 def shard_of(grid, group_rank):
@@ -42,19 +57,17 @@ def source_in_replica(grid, owner, replica):
 def grid_of(mesh, world):
     """The Grid of a DeviceMesh (1-D: FSDP2 shards; 2-D: (replicate, shard)) or, with mesh None, of a
     plain process group of `world` ranks (R = 1, S = W)."""
-    if mesh is None:
-        return sharded_grid(world)
     from torch.distributed.tensor import Replicate, Shard
 
-    if mesh.ndim == 1:
-        placements = (Shard(0),)
-    elif mesh.ndim == 2:
-        placements = (Replicate(), Shard(0))
+    if mesh is None:
+        shape, placements = (world,), (Shard(0),)
+    elif mesh.ndim <= 2:
+        shape, placements = tuple(mesh.shape), ((Replicate(), Shard(0)) if mesh.ndim == 2 else (Shard(0),))
     else:
         raise ValueError(f"dmuon.torch.hold_on_owners: a {mesh.ndim}-D mesh; a 1-D (FSDP2) or 2-D (HSDP: "
                          "replicate, shard) mesh is supported")
-    ranks = [int(r) for r in mesh.mesh.flatten().tolist()]
-    return mesh_grid("mesh", mesh.mesh, placements, 1, ranks)
+    cells = [mesh_cell(shape, unravel(g, shape), placements, 1) for g in range(world)]
+    return Grid(*cells[0][1], tuple(cell for cell, _ in cells))
 
 
 class HeldGroups:

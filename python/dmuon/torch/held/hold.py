@@ -124,8 +124,10 @@ def _select(model, predicate):
         chosen = [(n, p) for n, p in model.named_parameters() if predicate(n, p)]
     for n, p in chosen:
         if is_dtensor(p):
-            raise ValueError(f"dmuon.torch.hold_on_owners: parameter '{n}' is a DTensor already; call "
-                             "hold_on_owners before fully_shard")
+            raise ValueError(f"dmuon.torch.hold_on_owners: parameter '{n}' is a DTensor already (placements "
+                             f"{tuple(p.placements)}): call hold_on_owners before fully_shard; a matrix that tensor "
+                             "or expert parallelism shards (parallelize_module) cannot be held whole on one owner: "
+                             "leave it out (predicate=) or use DMuon's all-to-all mode")
         if p.dim() < 2:
             raise ValueError(f"dmuon.torch.hold_on_owners: parameter '{n}' has shape {tuple(p.shape)}; "
                              "only matrices (≥ 2-D) can be held for Muon")

@@ -1,0 +1,50 @@
+"""The private torch.distributed APIs dmuon.torch's layouts read, in one place (torch >= 2.11).
+
+_StridedShard: the placement FSDP2 gives a parameter it shards over a mesh dim after tensor
+parallelism has sharded the same tensor dim (placement_types.py). A DTensor's shard order: torch
+2.10+ lets a DTensorSpec apply its shardings in an order other than left to right over the mesh dims
+(DTensorSpec.shard_order); dmuon's arithmetic (placements.py) is the default order's.
+"""
+
+try:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.placement_types import _StridedShard
+except ImportError:  # a torch built without distributed: no DTensor reaches these functions
+    Replicate = Shard = _StridedShard = None
+
+
+def placement_kind(placement, ndim):
+    """("replicate",), ("shard", dim) or ("strided", dim, split_factor) with dim in [0, ndim); None for any
+    other placement (Partial, a user's own)."""
+    if type(placement) is Replicate:
+        return ("replicate",)
+    if type(placement) is Shard:
+        return ("shard", placement.dim % ndim) if ndim else None
+    if type(placement) is _StridedShard:
+        return ("strided", placement.dim % ndim, int(placement.split_factor)) if ndim else None
+    return None
+
+
+def default_shard_order(dtensor):
+    """Whether the DTensor's shardings apply left to right over its mesh dims (its spec's shard_order is
+    the default one, or _StridedShard placements encode the order; torch before shard_order: always)."""
+    spec = dtensor._spec
+    if getattr(spec, "use_strided_shard_as_shard_order", False):
+        return True
+    order = getattr(spec, "shard_order", None)
+    return order is None or order == type(spec).compute_default_shard_order(spec.placements)
+
+
+
+def on_root_mesh(device_mesh, placements):
+    """(root DeviceMesh, placements on it) of a DTensor on a mesh sliced by name from a larger one (FSDP2's
+    "dp" mesh of a ("dp", "tp") mesh: parameters tensor parallelism leaves alone): the slice's placements on
+    its dims, Replicate() on the root's others. None for a mesh that is no such slice (a root, a flattened
+    or reordered slice)."""
+    root = device_mesh._get_root_mesh()
+    names, root_names = device_mesh.mesh_dim_names, root.mesh_dim_names
+    if root is device_mesh or not names or not root_names or any(n not in root_names for n in names):
+        return None
+    if [n for n in root_names if n in names] != list(names):
+        return None
+    return root, tuple(placements[names.index(n)] if n in names else Replicate() for n in root_names)

@@ -1,0 +1,336 @@
+"""dmuon.torch.DMuon (all-to-all mode) under tensor parallelism, FSDP2 over TP, expert parallelism and
+pipeline stages, on gloo (CPU), against torch_fsdp2_test.py's float64 single-process Reference (Muon with
+float64 Newton–Schulz and torch.optim.AdamW on full tensors, fed the same gradients).
+
+Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node N \
+         tests/python/torch_tp_ep_test.py            (N = 2, 4 or 8; PYTHONPATH with dmuon)
+  layouts   parameters of uneven shapes laid out with distribute_tensor, full gradients from a seed (the
+            same on every rank), STEPS steps, each layout on its own optimizer:
+              N=2  TP: column-wise Shard(0), row-wise Shard(1) (a column block per rank), a replicated
+                   matrix, _StridedShard(0, 3) (several row runs per rank), biases Shard(0) / Replicate()
+              N=4  FSDP2 × TP on a (dp 2, tp 2) mesh: (_StridedShard(0, 2), Shard(0)) and (Shard(0), Shard(1));
+                   HSDP × TP (Replicate(), Shard(d)); a 3-D (2, 1, 2) mesh; EP × expert-FSDP stacks (E, m, n)
+                   with (Shard(0), Shard(1)) and (Shard(0), _StridedShard(1, 2)), one expert's gradient zero
+                   at every step (an expert that got no tokens)
+              N=8  HSDP × FSDP2 × TP on a (replicate 2, dp 2, tp 2) mesh, an expert stack among them
+  models    a two-block MLP and Hugging Face transformers' Qwen2 (from a small config, its own
+            base_model_tp_plan applied with torch's parallelize_module) trained STEPS steps on a global batch,
+            DMuon(model): N=2 tensor parallelism alone; N=4 the same over a (dp 2, tp 2) mesh with
+            fully_shard on "dp" on top (FSDP2 over TP: _StridedShard; the norms, embedding and head are
+            DTensors on the "dp" slice); N=8 (the MLP) HSDP on ("replicate", "dp") of a (2, 2, 2) mesh
+  pipeline  N=4: two stages of two ranks, one DMuon per stage over its stage's process group and mesh
+  refusals  N=2: a conv filter sharded on its input channels, a Partial() parameter, and hold_on_owners of
+            a tensor-parallel block (the owner-centric mode does not take TP yet): the same ValueError on
+            every rank, naming the parameter and the placement
+Each layout and the model check, per tensor after STEPS steps:
+  params    against the float64 reference within TOLERANCE (torch_fsdp2_test's: 1e-5 relative, Frobenius;
+            float32 Newton–Schulz and float32 elementwise updates on the same gradients);
+  copies    bit-identical to DMuon on replicated plain copies fed the same full gradients (layouts only):
+            the pieces' momentum and update are the same float32 elementwise operations on the same values,
+            and each matrix's Newton–Schulz one engine call on the same U, whichever rank owns it;
+  norm      DMuon's global gradient norm at every step against the reference's (each element counted
+            once, whatever its replicas; a replicated matrix's gradient given Partial() at 2 ranks);
+  ns        every Muon matrix (each expert) orthogonalized once per step, summed over ranks;
+  bytes     step()'s all-to-all bytes (the last step's, over all ranks) equal each piece of U crossing once
+            to its owner and each piece of O once back to every other holder (layouts only; printed).
+"""
+
+import datetime
+import math
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+from torch.distributed.tensor.placement_types import _StridedShard
+
+from dmuon.torch import DMuon, hold_on_owners
+from rank_checks import failures, finish
+from rank_exit import exit_rank
+from torch_fsdp2_test import (HYPER, TOLERANCE, U_F32, Checks, CollectiveBytes, Reference, all_ranks_sum,
+                              expect_same_error, relative_error)
+
+STEPS = 4
+ZERO_EXPERT = 2  # the expert whose gradient is zero at every step
+
+
+def is_muon(name, shape):
+    return len(shape) >= 2 and "norm" not in name and "bias" not in name
+
+
+def matrix_count(shapes):
+    return sum(s[0] if len(s) == 3 else 1 for n, s in shapes.items() if is_muon(n, s))
+
+
+def full_values(shapes, seed):
+    gen = torch.Generator().manual_seed(seed)
+    return {n: torch.randn(s, generator=gen) / math.sqrt(s[-1]) for n, s in shapes.items()}
+
+
+def distribute(full, mesh, placements):
+    """full (the same on every rank) as a DTensor, each rank splitting its own part (src_data_rank=None:
+    torch scatters only even _StridedShard parts)."""
+    return distribute_tensor(full, mesh, placements, src_data_rank=None)
+
+
+def layouts(world):
+    """[(case name, mesh shape, mesh dim names, {parameter: (global shape, placements)})]."""
+    if world == 8:
+        return [("hsdp x fsdp2 x tp (2, 2, 2)", (2, 2, 2), ("replicate", "dp", "tp"), {
+            "blocks.0.up.weight": ((21, 16), (Replicate(), _StridedShard(0, split_factor=2), Shard(0))),
+            "blocks.0.down.weight": ((16, 21), (Replicate(), Shard(0), Shard(1))),
+            "blocks.0.moe.experts.w1": ((5, 6, 4), (Replicate(), Shard(0), Shard(1))),
+            "blocks.0.norm.weight": ((16,), (Replicate(), Shard(0), Replicate())),
+        })]
+    if world == 2:
+        return [("tp", (2,), ("tp",), {
+            "blocks.0.up.weight": ((21, 16), (Shard(0),)),
+            "blocks.0.up.bias": ((21,), (Shard(0),)),
+            "blocks.0.down.weight": ((16, 21), (Shard(1),)),
+            "blocks.0.norm.weight": ((16,), (Replicate(),)),
+            "blocks.0.gate.weight": ((12, 12), (Replicate(),)),  # its gradient arrives Partial() (below)
+            "blocks.0.strided.weight": ((10, 7), (_StridedShard(0, split_factor=3),)),
+        })]
+    return [
+        ("fsdp2 x tp", (2, 2), ("dp", "tp"), {
+            "blocks.0.up.weight": ((21, 16), (_StridedShard(0, split_factor=2), Shard(0))),
+            "blocks.0.up.bias": ((21,), (_StridedShard(0, split_factor=2), Shard(0))),
+            "blocks.0.down.weight": ((16, 21), (Shard(0), Shard(1))),
+            "blocks.0.norm.weight": ((16,), (Shard(0), Replicate())),
+        }),
+        ("hsdp x tp", (2, 2), ("replicate", "tp"), {
+            "blocks.0.up.weight": ((21, 16), (Replicate(), Shard(0))),
+            "blocks.0.down.weight": ((16, 21), (Replicate(), Shard(1))),
+        }),
+        ("3-D mesh (2, 1, 2)", (2, 1, 2), ("replicate", "shard", "tp"), {
+            "blocks.0.up.weight": ((21, 16), (Replicate(), Shard(0), Shard(0))),
+            "blocks.0.down.weight": ((16, 21), (Replicate(), Shard(0), Shard(1))),
+        }),
+        ("ep x efsdp", (2, 2), ("ep", "efsdp"), {
+            "blocks.0.moe.experts.w1": ((5, 6, 4), (Shard(0), Shard(1))),
+            "blocks.0.moe.experts.w2": ((4, 7, 5), (Shard(0), _StridedShard(1, split_factor=2))),
+            "blocks.0.moe.router.weight": ((5, 4), (Replicate(), Replicate())),
+        }),
+    ]
+
+
+def check_layout(checks, name, mesh_shape, dim_names, spec):
+    mesh = init_device_mesh("cpu", mesh_shape, mesh_dim_names=dim_names)
+    shapes = {n: s for n, (s, _) in spec.items()}
+    # A replicated matrix's gradient as tensor parallelism can leave it: Partial(), rank 0 holding 2g and
+    # rank 1 -g (DMuon redistributes it to the parameter's placements: 2g - g == g exactly; read alone,
+    # rank 0's part would double the global gradient norm).
+    partial = [n for n, (_, p) in spec.items()
+               if len(p) == 1 and isinstance(p[0], Replicate) and is_muon(n, shapes[n])]
+    initial = full_values(shapes, seed=1)
+    params = {n: torch.nn.Parameter(distribute(initial[n], mesh, p)) for n, (_, p) in spec.items()}
+    copies = {n: torch.nn.Parameter(initial[n].clone()) for n in spec}
+
+    def groups(ps):
+        return [{"params": [(n, p) for n, p in ps.items() if is_muon(n, shapes[n])], "use_muon": True},
+                {"params": [(n, p) for n, p in ps.items() if not is_muon(n, shapes[n])], "use_muon": False}]
+    opt, copies_opt = DMuon(groups(params), **HYPER), DMuon(groups(copies), **HYPER)
+    ref = Reference(initial, [n for n in shapes if is_muon(n, shapes[n])], HYPER, "match_rms_adamw")
+    ns, norm_errors = [], {}
+    for step in range(STEPS):
+        grads = full_values(shapes, seed=10 + step)
+        for n, g in grads.items():
+            if g.dim() == 3:
+                g[ZERO_EXPERT] = 0
+            params[n].grad = (DTensor.from_local(g * (2 - 3 * dist.get_rank()), mesh, [Partial()]) if n in partial
+                              else distribute(g, mesh, spec[n][1]))
+            copies[n].grad = g.clone()
+        with CollectiveBytes() as counter:
+            opt.step()
+        moved = all_ranks_sum(sum(b for op, b in counter.bytes.items() if "alltoall" in op))
+        copies_opt.step()
+        norm = ref.step(grads)
+        norm_errors[f"step {step}"] = abs(opt.last_grad_norm - norm) / norm
+        ns.append(all_ranks_sum(opt.last_stats["ns_matrices"]))
+    final = {n: p.full_tensor() for n, p in params.items()}
+    checks.within(f"{name}: params vs float64 reference",
+                  {n: relative_error(final[n], ref.params[n]) for n in final}, TOLERANCE)
+    # DMuon sums squares of float32 gradients, each element once: ≤ n·u relative for n entries (γ_n).
+    checks.within(f"{name}: DMuon's global gradient norm", norm_errors,
+                  max(math.prod(s) for s in shapes.values()) * U_F32)
+    differ = [n for n in final if not torch.equal(final[n], copies[n].detach())]
+    checks.report(f"{name}: vs DMuon on replicated copies", not differ,
+                  f"{len(differ)} of {len(final)} tensors differ in bits" + (f" (first {differ[0]})" if differ else ""))
+    # Every piece of U crosses once (ranks of the owner's replica to the owner), every piece of O once
+    # (owner to each other holder); each byte counts twice, sent and received; float32 state.
+    pieces = sum(p.count for k in opt._matrices for g, p in enumerate(k.pieces)
+                 if g != k.owner and (k.replica_of(g) == k.replica_of(k.owner))) \
+        + sum(p.count for k in opt._matrices for g, p in enumerate(k.pieces) if g != k.owner)
+    muon_bytes = 4 * sum(math.prod(s) for n, s in shapes.items() if is_muon(n, s))
+    checks.report(f"{name}: step() moves each piece once", moved == 2 * 4 * pieces,
+                  f"all-to-all bytes per step, sent + received over all ranks: {moved:.0f}, expected {2 * 4 * pieces} "
+                  f"({moved / 2 / muon_bytes:.2f}x the Muon matrices' float32 bytes)")
+    expected = matrix_count(shapes)
+    checks.report(f"{name}: Newton-Schulz once per matrix", all(c == expected for c in ns),
+                  f"matrices per step summed over ranks {sorted(set(ns))}, expected {expected}")
+
+
+# ---- a model under parallelize_module (and fully_shard) ----
+
+D, HIDDEN, BATCH = 16, 22, 8
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(D)
+        self.up = torch.nn.Linear(D, HIDDEN)                 # (22, 16): column-wise TP, Shard(0)
+        self.down = torch.nn.Linear(HIDDEN, D, bias=False)   # (16, 22): row-wise TP, Shard(1)
+
+    def forward(self, x):                                    # x (B, D)
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([Block(), Block()])
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def mlp_case():
+    """(model, its base module, its tensor-parallel plan, its blocks, loss(model, batch))."""
+    torch.manual_seed(3)
+    model = MLP()
+    plan = {"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}
+
+    def loss(m, batch):
+        x, y = batch
+        return F.mse_loss(m(x), y)
+    return model, model, plan, model.blocks, loss
+
+
+def mlp_batch(gen):
+    return torch.randn(BATCH, D, generator=gen), torch.randn(BATCH, D, generator=gen)
+
+
+def qwen2_case():
+    """Hugging Face transformers' Qwen2 from a small config (random init, nothing downloaded) with the
+    config's own tensor-parallel plan (base_model_tp_plan: q, k, v, gate, up column-wise; o, down row-wise),
+    applied by torch's parallelize_module: transformers' own path (from_pretrained with a DistributedConfig)
+    needs accelerate, which python/requirements.txt does not pin."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(3)
+    config = Qwen2Config(vocab_size=96, hidden_size=32, intermediate_size=44, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                         tie_word_embeddings=False, attn_implementation="eager")
+    model = Qwen2ForCausalLM(config).train()
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    plan = {path: styles[style]() for path, style in config.base_model_tp_plan.items()}
+
+    def loss(m, tokens):
+        return m(input_ids=tokens, labels=tokens).loss
+    return model, model.model, plan, model.model.layers, loss
+
+
+def qwen2_batch(gen):
+    return torch.randint(0, 96, (BATCH, 12), generator=gen)
+
+
+def check_model(checks, world, case_name, case, make_batch):
+    """STEPS steps of a model under its TP plan (and fully_shard on "dp" at 4 ranks), DMuon(model) against
+    the float64 reference fed the gathered gradients, with DMuon's routing (params.py) for Muon and AdamW."""
+    model, base, plan, blocks, loss = case()
+    initial = {n: t.detach().clone() for n, t in model.named_parameters()}
+    if world == 2:
+        name, dp, dp_rank = f"{case_name} tp 2", 1, 0
+        tp_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
+    else:  # FSDP2 (world 4) or HSDP (world 8: replicate 2 × dp 2) on the data-parallel dims, tp 2
+        shape, names = ((2, 2), ("dp", "tp")) if world == 4 else ((2, 2, 2), ("replicate", "dp", "tp"))
+        mesh = init_device_mesh("cpu", shape, mesh_dim_names=names)
+        data_mesh = mesh[names[:-1]] if world == 8 else mesh["dp"]
+        tp_mesh, dp = mesh["tp"], world // 2
+        dp_rank = dist.get_rank() // 2  # the rank's place on the data-parallel dims (tp is the last dim)
+        name = f"{case_name} {'hsdp (2, 2)' if world == 8 else 'fsdp2 (dp 2)'} x tp 2"
+    parallelize_module(base, tp_mesh, plan)
+    if world > 2:
+        for block in blocks:
+            fully_shard(block, mesh=data_mesh)
+        fully_shard(model, mesh=data_mesh)
+    params = dict(model.named_parameters())
+    opt = DMuon(model, **HYPER)
+    muon = [n for g in opt.param_groups if g["use_muon"] for n in g["param_names"]]
+    ref = Reference(initial, muon, HYPER, "match_rms_adamw")
+    placements = sorted({str(tuple(p.placements)) for p in params.values() if isinstance(p, DTensor)})
+    for step in range(STEPS):
+        batch = make_batch(torch.Generator().manual_seed(200 + step))
+        part = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
+        loss(model, [t[part] for t in batch] if isinstance(batch, tuple) else batch[part]).backward()
+        grads = {n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.clone() for n, p in params.items()}
+        ref.step(grads)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    final = {n: p.full_tensor() if isinstance(p, DTensor) else p.detach() for n, p in params.items()}
+    checks.within(f"{name}: params vs float64 reference ({len(muon)} Muon matrices; {', '.join(placements)})",
+                  {n: relative_error(final[n], ref.params[n]) for n in final}, TOLERANCE)
+
+
+# ---- pipeline stages: one DMuon per stage ----
+
+def check_pipeline(checks):
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+    stage, stage_mesh = mesh.get_local_rank("pp"), mesh["dp"]
+    shapes = {f"stage{stage}.w": (13 + stage, 9), f"stage{stage}.v": (9, 13), f"stage{stage}.norm": (9,)}
+    initial = full_values(shapes, seed=20 + stage)
+    params = {n: torch.nn.Parameter(distribute_tensor(initial[n], stage_mesh, [Shard(0)])) for n in shapes}
+    opt = DMuon(list(params.items()), process_group=stage_mesh.get_group(), **HYPER)
+    ref = Reference(initial, [n for n in shapes if is_muon(n, shapes[n])], HYPER, "match_rms_adamw")
+    for step in range(STEPS):
+        grads = full_values(shapes, seed=30 + 10 * stage + step)
+        for n, g in grads.items():
+            params[n].grad = distribute_tensor(g, stage_mesh, [Shard(0)])
+        opt.step()
+        ref.step(grads)
+    checks.within(f"pipeline stage {stage} (ranks {stage_mesh.mesh.tolist()}): params vs float64 reference",
+                  {n: relative_error(p.full_tensor(), ref.params[n]) for n, p in params.items()}, TOLERANCE)
+
+
+# ---- refusals ----
+
+def check_refusals(checks):
+    mesh = init_device_mesh("cpu", (2,))
+    conv = torch.nn.Parameter(distribute_tensor(torch.randn(4, 6, 3), mesh, [Shard(1)]))
+    expect_same_error(checks, "refusal: conv filter sharded on input channels",
+                      lambda: DMuon([("blocks.0.conv.weight", conv)]), [0, 1], "'blocks.0.conv.weight'", "Shard(dim=1)")
+    partial = torch.nn.Parameter(DTensor.from_local(torch.randn(4, 4), mesh, [Partial()], run_check=False))
+    expect_same_error(checks, "refusal: Partial() parameter",
+                      lambda: DMuon([("blocks.0.w", partial)]), [0, 1], "'blocks.0.w'", "Partial")
+    block = Block()
+    parallelize_module(block, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    expect_same_error(checks, "refusal: owner-held matrices under tensor parallelism",
+                      lambda: hold_on_owners(block, mesh), [0, 1], "'up.weight'", "Shard(dim=0)", "tensor")
+
+
+def main():
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world not in (2, 4, 8):
+        raise SystemExit(f"torch_tp_ep_test runs at 2, 4 or 8 ranks, not {world}")
+    checks = Checks(rank, world, "torch_tp_ep_test")
+    for name, mesh_shape, dim_names, spec in layouts(world):
+        checks.run(name, check_layout, checks, name, mesh_shape, dim_names, spec)
+    checks.run("model", check_model, checks, world, "mlp", mlp_case, mlp_batch)
+    if world < 8:
+        checks.run("qwen2", check_model, checks, world, "hf qwen2", qwen2_case, qwen2_batch)
+    if world == 4:
+        checks.run("pipeline", check_pipeline, checks)
+    if world == 2:
+        checks.run("refusals", check_refusals, checks)
+    failures.extend(checks.failed)
+    return finish(f"torch_tp_ep_test np{world}")
+
+if __name__ == "__main__":
+    exit_rank(main())
