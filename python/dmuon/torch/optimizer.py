@@ -60,6 +60,11 @@ class DMuon(torch.optim.Optimizer):
     (algo="auto") and the owner planner's costs: "" the default path (dmuon.default_tune_cache_path()),
     None none (untuned kernels, flop costs), else a path. Give hold_on_owners the same one.
 
+    ns_dtype: Newton–Schulz's compute dtype (its iterates; products accumulate in float32), chosen explicitly:
+    "float32" or "bfloat16" (torch.float32 / torch.bfloat16 too), whatever the parameters' dtype; None (the default):
+    the device's default, on the CPU bfloat16 where it has bf16 matrix units (AVX-512 BF16, AMX) and the engine has
+    oneDNN, float32 elsewhere; on a GPU the engine's bfloat16 (docs/pytorch.md, "Defaults").
+
     state_dtype: the dtype of Muon's momentum and AdamW's moments (float32 by default, so bf16
     parameters keep float32 state; None: each parameter's own dtype).
 
@@ -81,7 +86,10 @@ class DMuon(torch.optim.Optimizer):
     def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=None,
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, ns_steps=5, coeffs="keller",
                  algo="auto", scale="match_rms_adamw", balancer="milp", process_group=None, clip_grad_norm=None,
-                 nonfinite="error", state_dtype=torch.float32, experts=is_expert_stack_by_default, tune_cache=""):
+                 nonfinite="error", state_dtype=torch.float32, experts=is_expert_stack_by_default, tune_cache="",
+                 ns_dtype=None):
+        ns_dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(ns_dtype, ns_dtype)
+        _check_choice("ns_dtype", ns_dtype, (None, "float32", "bfloat16"))
         _check_choice("coeffs", coeffs, _COEFFS)
         _check_choice("algo", algo, _ALGOS)
         _check_choice("scale", scale, _SCALES)
@@ -117,7 +125,7 @@ class DMuon(torch.optim.Optimizer):
         self._constructed = True
         # check_finite=False: the GradientCheck has checked every gradient, so a bucket's Newton-Schulz on a GPU
         # need not wait for its inputs' norms (the next bucket's all-to-all overlaps it).
-        self._ns_options = dict(coeffs=coeffs, algo=algo, steps=int(ns_steps), check_finite=False)
+        self._ns_options = dict(coeffs=coeffs, algo=algo, steps=int(ns_steps), check_finite=False, dtype=ns_dtype)
         self.ns = dmuon.Orthogonalizer(**self._ns_options, threads=self._threads, tune_cache=tune_cache)
         self._pending = []  # the GradientChecks of steps not settled yet, oldest first
         self._last_grad_norm = 0.0
@@ -456,7 +464,7 @@ class DMuon(torch.optim.Optimizer):
 
 def _check_choice(name, value, choices):
     if value not in choices:
-        raise ValueError(f"DMuon: {name} must be one of {', '.join(choices)}; got {value!r}")
+        raise ValueError(f"DMuon: {name} must be one of {', '.join(str(c) for c in choices)}; got {value!r}")
 
 
 def _check_hyper(g):
