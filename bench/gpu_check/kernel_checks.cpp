@@ -280,13 +280,21 @@ void check_update_rules(Backend& gpu, CheckLog& log) {
     same(momentum, hm, std::string("muon_momentum (") + c.what + ") momentum");
     same(u, hu, std::string("muon_momentum (") + c.what + ") update");
   }
-  for (const float* keep : {static_cast<const float*>(nullptr), kept, dropped}) {
-    Buffer w = upload(p0), o = upload(g1);
-    gpu.run({rules::MuonApply{
-        .w = span(w), .o = span(o), .decay = 0.998f, .neg_lr = -0.02f, .scale = 1.7f, .keep = keep}});
-    std::vector<float> hw = p0;
-    rules::muon_apply_loop(hw.data(), g1.data(), n, 0.998f, -0.02f, 1.7f, keep != dropped);
-    same(w, hw, std::string("muon_apply") + (keep == kept ? " (keep 1)" : keep == dropped ? " (keep 0)" : ""));
+  for (const bool cautious_wd : {false, true}) {
+    for (const float* keep : {static_cast<const float*>(nullptr), kept, dropped}) {
+      Buffer w = upload(p0), o = upload(g1);
+      gpu.run({rules::MuonApply{.w = span(w),
+                                .o = span(o),
+                                .decay = 0.998f,
+                                .neg_lr = -0.02f,
+                                .scale = 1.7f,
+                                .keep = keep,
+                                .cautious_wd = cautious_wd}});
+      std::vector<float> hw = p0;
+      rules::muon_apply_loop(hw.data(), g1.data(), n, 0.998f, -0.02f, 1.7f, keep != dropped, cautious_wd);
+      same(w, hw, std::string("muon_apply") + (cautious_wd ? " cautious" : "") +
+                      (keep == kept ? " (keep 1)" : keep == dropped ? " (keep 0)" : ""));
+    }
   }
 }
 

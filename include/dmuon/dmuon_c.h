@@ -5,7 +5,12 @@
  * Conventions: every function that can fail returns 0 on success and a non-zero code otherwise;
  * dmuon_last_error() then holds a one-line message naming what was wrong (per thread; valid until
  * the next failing call on that thread). No function aborts or prints. Strings are UTF-8, NUL-ended.
- * Matrices are row-major and dense (row stride = cols). Thread safety: a dmuon_ns handle may be used
+ * Matrices are row-major and dense (row stride = cols), and every tensor is read and written as consecutive
+ * elements from its pointer on. So every tensor argument comes with a contiguity flag: 1 when its memory is
+ * dense and row-major (numpy's C_CONTIGUOUS, torch's is_contiguous()), 0 when not (a strided view, a transposed
+ * or channels_last array). A call given a 0 fails with DMUON_ERR_INVALID naming the argument ("w[2] is not
+ * dense row-major memory ..."), before it touches any data: copy such a tensor to a dense one first (and the
+ * result back). Thread safety: a dmuon_ns handle may be used
  * by one thread at a time; the other functions are reentrant. BLAS threads are process-wide: a call
  * that sets them (threads > 0) restores the previous count before it returns.
  */
@@ -27,7 +32,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature below changes; python/dmuon checks it when it loads the library. */
-#define DMUON_C_ABI_VERSION 3
+#define DMUON_C_ABI_VERSION 5
 DMUON_C_API int dmuon_abi_version(void);
 
 /* Return codes. */
@@ -98,19 +103,21 @@ DMUON_C_API int dmuon_ns_set_check_finite(dmuon_ns* ns, int check);
 DMUON_C_API int dmuon_ns_set_dtype(dmuon_ns* ns, int dtype);
 
 /* O_i = orth(U_i) for `batch` same-shape rows×cols matrices: in[i] and out[i] point at rows·cols
- * elements of `dtype` on `device` (in[i] may equal out[i]). `stream` is the CUDA stream for
+ * elements of `dtype` on `device` (in[i] may equal out[i]); in_dense[i], out_dense[i] their contiguity flags. `stream` is the CUDA stream for
  * DMUON_DEVICE_CUDA (NULL: the default stream) and must be NULL for the CPU. `names` (NULL or
  * `batch` strings) name the matrices in errors (a non-finite input is an error). Returns
  * DMUON_ERR_UNSUPPORTED naming the device when this build or machine lacks it. A handle keeps the
  * float32 copy of its largest bfloat16 batch per device for reuse until it is destroyed. */
-DMUON_C_API int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* const* in, void* const* out,
-                 int64_t batch, int64_t rows, int64_t cols, const char* const* names);
+DMUON_C_API int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* const* in,
+                             const int* in_dense, void* const* out, const int* out_dense, int64_t batch, int64_t rows,
+                             int64_t cols, const char* const* names);
 
 /* ---- Muon's update rule around Newton-Schulz (DESIGN 1) ----
  *
  * For a step that keeps its per-step values on the device (dmuon.torch's: nothing in it waits for the device).
  * Tensors come as n data pointers with n sizes (elements) and n dtype codes (float32 updated in place; bfloat16
- * widened to float32, computed on and rounded back once per value); an empty tensor's pointer may be NULL. Two
+ * widened to float32, computed on and rounded back once per value), each array of pointers with an array of n
+ * contiguity flags (<name>_dense, see the top of this file); an empty tensor's pointer may be NULL. Two
  * values stay where the step computed them, read by the device and never by the host: keep[i] points at one float32 in the data's memory (0: tensor
  * i's update changes nothing, bit for bit; keep NULL: every tensor is updated) and grad_scale at one float32, the
  * gradients' factor (clipping; NULL: 1). Device and stream as for dmuon_ns_run; none of these calls waits for the
@@ -122,24 +129,28 @@ DMUON_C_API int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, 
  * NULL: a zero gradient); where keep[i] is 0, g is taken as M (so M stays bit for bit and U = M). u[i] may equal
  * grads[i]. */
 DMUON_C_API int dmuon_muon_momentum(int device, void* stream, int64_t n, const int64_t* sizes, const void* const* grads,
-                                    const int* grad_dtypes, void* const* momenta, const int* momentum_dtypes,
-                                    void* const* u, const int* u_dtypes, const float* const* keep,
+                                    const int* grad_dtypes, const int* grad_dense, void* const* momenta,
+                                    const int* momentum_dtypes, const int* momentum_dense, void* const* u,
+                                    const int* u_dtypes, const int* u_dense, const float* const* keep,
                                     const float* grad_scale, double beta, int nesterov);
 
-/* W <- W*(1 - lr*weight_decay) - lr*(O*scales[i]) for n tensors, where keep[i] is not 0. */
+/* W <- W*(1 - lr*weight_decay) - lr*(O*scales[i]) for n tensors, where keep[i] is not 0. cautious_wd != 0: the
+ * decay only where W*O >= 0 (cautious weight decay, arXiv 2510.12402), W as it is elsewhere. */
 DMUON_C_API int dmuon_muon_apply(int device, void* stream, int64_t n, const int64_t* sizes, void* const* w,
-                                 const int* w_dtypes, const void* const* o, const int* o_dtypes,
-                                 const float* const* keep, double lr, double weight_decay, const double* scales);
+                                 const int* w_dtypes, const int* w_dense, const void* const* o, const int* o_dtypes,
+                                 const int* o_dense, const float* const* keep, double lr, double weight_decay,
+                                 const double* scales, int cautious_wd);
 
 /* The whole update of `batch` same-shape rows x cols matrices held here whole (their owner's), in one call: the
  * momentum of dmuon_muon_momentum into a float32 U, O = orth(U) by `ns` (its coefficients, steps and tuned kernel;
  * bfloat16 iterates where the device computes in bfloat16, as dmuon_ns_run on bfloat16 data), then the apply of
- * dmuon_muon_apply with the one `scale`. names (NULL or `batch` strings) as for dmuon_ns_run. */
+ * dmuon_muon_apply with the one `scale` and cautious_wd. names (NULL or `batch` strings) as for dmuon_ns_run. */
 DMUON_C_API int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_t batch, int64_t rows, int64_t cols,
-                                  const void* const* grads, const int* grad_dtypes, void* const* momenta,
-                                  const int* momentum_dtypes, void* const* w, const int* w_dtypes,
-                                  const float* const* keep, const float* grad_scale, double beta, int nesterov,
-                                  double lr, double weight_decay, double scale, const char* const* names);
+                                  const void* const* grads, const int* grad_dtypes, const int* grad_dense,
+                                  void* const* momenta, const int* momentum_dtypes, const int* momentum_dense,
+                                  void* const* w, const int* w_dtypes, const int* w_dense, const float* const* keep,
+                                  const float* grad_scale, double beta, int nesterov, double lr, double weight_decay,
+                                  double scale, int cautious_wd, const char* const* names);
 
 /* ---- AdamW ---- */
 
@@ -149,9 +160,10 @@ DMUON_C_API int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_
  * g = grad·grad_scale. p, exp_avg, exp_avg_sq are updated in place; step ≥ 1. Device, dtype and
  * stream as for dmuon_ns_run; all four arrays have the one `dtype` (bfloat16: stepped in float32 and
  * p, exp_avg, exp_avg_sq rounded back once per value; torch.optim.AdamW(fused=True) also computes in
- * float32, its unfused form rounds after every operation). */
+ * float32, its unfused form rounds after every operation). dense: the contiguity flags of p, grad, exp_avg and
+ * exp_avg_sq, in that order. */
 DMUON_C_API int dmuon_adamw_step(int device, int dtype, void* stream, void* p, const void* grad, void* exp_avg,
-                                 void* exp_avg_sq, int64_t n, int64_t step, double lr, double beta1, double beta2,
+                                 void* exp_avg_sq, const int* dense, int64_t n, int64_t step, double lr, double beta1, double beta2,
                                  double eps, double weight_decay, float grad_scale);
 
 /* ---- planning ---- */

@@ -94,13 +94,15 @@ struct MuonMomentum {
   }
 };
 
-// W ← W·decay + neg_lr·(O·scale).
+// W ← W·decay + neg_lr·(O·scale); with cautious_wd the decay only where W·O ≥ 0 (update and weight agree in sign,
+// arXiv 2510.12402, as microsoft/dion's muon.py masks it), W as it is elsewhere.
 struct MuonApply {
   static constexpr const char* name = "muon_apply";
   DeviceSpan<float> w{};
   DeviceSpan<const float> o{};
   float decay = 1, neg_lr = 0, scale = 1;
   const float* keep = nullptr;  // one float32 on the device; *keep == 0 leaves w as it is, bit for bit
+  bool cautious_wd = false;
 
   auto views() const { return std::tuple{w, o}; }
   std::array<DeviceScalar, 1> scalars() const { return {{{keep, sizeof(float)}}}; }

@@ -1,8 +1,13 @@
 """The engine's C ABI (include/dmuon/dmuon_c.h), loaded with ctypes.
 
+The ABI reads every tensor as dense row-major memory and takes a contiguity flag with each (it refuses a
+tensor flagged strided, naming the argument). Here a tensor argument is an array, whose flag is read from it
+(a numpy array's C_CONTIGUOUS, a torch tensor's is_contiguous()), or a raw pointer (an int, or a (pointer,
+DTYPE_*) pair), which the caller states is dense.
+
 ctypes.CDLL releases the GIL for the duration of every foreign call, so Newton–Schulz on one thread
-does not stop other Python threads (torch's communication threads run in C++ anyway). No torch here:
-this module works on raw pointers, so any torch version (or none) can use it.
+does not stop other Python threads (torch's communication threads run in C++ anyway). No torch import
+here: arrays are read through their own methods, so any torch version (or none) can use it.
 """
 
 import ctypes
@@ -10,7 +15,7 @@ import json
 import os
 import pathlib
 
-ABI_VERSION = 3  # DMUON_C_ABI_VERSION
+ABI_VERSION = 5  # DMUON_C_ABI_VERSION
 
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 DTYPE_F32, DTYPE_BF16 = 0, 1
@@ -54,16 +59,18 @@ def _load():
         "dmuon_ns_warning": (c_char_p, [c_void_p]),
         "dmuon_ns_set_check_finite": (c_int, [c_void_p, c_int]),
         "dmuon_ns_set_dtype": (c_int, [c_void_p, c_int]),
-        "dmuon_ns_run": (c_int, [c_void_p, c_int, c_int, c_void_p, ctypes.POINTER(c_void_p),
-                                 ctypes.POINTER(c_void_p), c_i64, c_i64, c_i64, ctypes.POINTER(c_char_p)]),
-        "dmuon_muon_momentum": (c_int, [c_int, c_void_p, c_i64, p_i64, p_void, p_int, p_void, p_int, p_void, p_int,
-                                        p_void, c_void_p, ctypes.c_double, c_int]),
-        "dmuon_muon_apply": (c_int, [c_int, c_void_p, c_i64, p_i64, p_void, p_int, p_void, p_int, p_void,
-                                     ctypes.c_double, ctypes.c_double, ctypes.POINTER(ctypes.c_double)]),
-        "dmuon_muon_update": (c_int, [c_void_p, c_int, c_void_p, c_i64, c_i64, c_i64, p_void, p_int, p_void, p_int,
-                                      p_void, p_int, p_void, c_void_p, ctypes.c_double, c_int, ctypes.c_double,
-                                      ctypes.c_double, ctypes.c_double, ctypes.POINTER(c_char_p)]),
-        "dmuon_adamw_step": (c_int, [c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, c_i64, c_i64,
+        "dmuon_ns_run": (c_int, [c_void_p, c_int, c_int, c_void_p, p_void, p_int, p_void, p_int, c_i64, c_i64, c_i64,
+                                 ctypes.POINTER(c_char_p)]),
+        "dmuon_muon_momentum": (c_int, [c_int, c_void_p, c_i64, p_i64, p_void, p_int, p_int, p_void, p_int, p_int,
+                                        p_void, p_int, p_int, p_void, c_void_p, ctypes.c_double, c_int]),
+        "dmuon_muon_apply": (c_int, [c_int, c_void_p, c_i64, p_i64, p_void, p_int, p_int, p_void, p_int, p_int, p_void,
+                                     ctypes.c_double, ctypes.c_double, ctypes.POINTER(ctypes.c_double), c_int]),
+        "dmuon_muon_update": (c_int, [c_void_p, c_int, c_void_p, c_i64, c_i64, c_i64, p_void, p_int, p_int, p_void,
+                                      p_int, p_int, p_void, p_int, p_int, p_void, c_void_p, ctypes.c_double, c_int,
+                                      ctypes.c_double, ctypes.c_double, ctypes.c_double, c_int,
+                                      ctypes.POINTER(c_char_p)]),
+        "dmuon_adamw_step": (c_int, [c_int, c_int, c_void_p, c_void_p, c_void_p, c_void_p, c_void_p, p_int, c_i64,
+                                     c_i64,
                                      ctypes.c_double, ctypes.c_double, ctypes.c_double, ctypes.c_double,
                                      ctypes.c_double, ctypes.c_float]),
         "dmuon_plan_owners": (c_int, [c_i64, p_i64, p_i64, c_int, c_char_p, c_char_p, c_char_p, c_int,
@@ -155,25 +162,27 @@ class Orthogonalizer:
         self.warning = _lib.dmuon_ns_warning(handle).decode()
 
     def run(self, inputs, outputs, rows, cols, device=DEVICE_CPU, dtype=DTYPE_F32, stream=None, names=None):
-        """inputs, outputs: sequences of data pointers (ints) of rows·cols elements each."""
+        """inputs, outputs: sequences of rows·cols-element matrices, arrays or data pointers (ints)."""
         batch = len(inputs)
         if len(outputs) != batch:
             raise ValueError(f"{batch} inputs but {len(outputs)} outputs")
-        in_arr = (ctypes.c_void_p * batch)(*inputs)
-        out_arr = (ctypes.c_void_p * batch)(*outputs)
+        ins = [_operand(x, dtype) for x in inputs]
+        outs = [_operand(x, dtype) for x in outputs]
         name_arr = None if names is None else (ctypes.c_char_p * batch)(*[n.encode() for n in names])
-        _check(_lib.dmuon_ns_run(self._handle, device, dtype, stream, in_arr, out_arr, batch, rows, cols, name_arr))
+        _check(_lib.dmuon_ns_run(self._handle, device, dtype, stream, *_pointers_and_flags(ins),
+                                 *_pointers_and_flags(outs), batch, rows, cols, name_arr))
 
     def muon_update(self, grads, momenta, params, rows, cols, keep, grad_scale, beta, nesterov, lr, weight_decay,
-                    scale, device=DEVICE_CPU, stream=None, names=None):
+                    scale, cautious_wd=False, device=DEVICE_CPU, stream=None, names=None):
         """Muon's whole update of same-shape rows×cols matrices held here whole, in one call (dmuon_muon_update):
-        grads, momenta, params are sequences of (pointer, DTYPE_*) (a grad's pointer None: zeros); keep: None or
-        one pointer per matrix to a float32 flag on the device; grad_scale: None or a pointer to one float32."""
+        grads, momenta, params are sequences of tensor arguments (arrays, or (pointer, DTYPE_*); a grad None or
+        with pointer None: zeros); keep: None or one pointer per matrix to a float32 flag on the device; grad_scale:
+        None or a pointer to one float32; cautious_wd as muon_apply's."""
         batch = len(params)
         _check(_lib.dmuon_muon_update(self._handle, device, stream, batch, rows, cols, *_operands(grads),
                                       *_operands(momenta), *_operands(params), _keep(keep, batch), grad_scale,
                                       float(beta), int(bool(nesterov)), float(lr), float(weight_decay), float(scale),
-                                      _names(names)))
+                                      int(bool(cautious_wd)), _names(names)))
 
     def close(self):
         if self._handle:
@@ -184,9 +193,37 @@ class Orthogonalizer:
         self.close()
 
 
-def _operands(pairs):
-    """(pointers, dtype codes) C arrays of a sequence of (pointer, DTYPE_*)."""
-    return _pointers([p for p, _ in pairs]), _ints([d for _, d in pairs])
+def _operand(x, dtype=None):
+    """(pointer, DTYPE_*, contiguity flag) of one tensor argument: None (NULL); an array: a torch tensor (its
+    data_ptr(), dtype, is_contiguous()) or a numpy array (its data, float32, C_CONTIGUOUS); or a raw pointer
+    the caller states is dense: an int (of `dtype`) or a (pointer, DTYPE_*) pair."""
+    if x is None:
+        return None, DTYPE_F32, 1
+    if isinstance(x, int):
+        return x, dtype, 1
+    if isinstance(x, tuple):
+        return x[0], x[1], 1
+    if hasattr(x, "data_ptr"):  # a torch tensor
+        codes = {"torch.float32": DTYPE_F32, "torch.bfloat16": DTYPE_BF16}
+        pointer, code, dense = x.data_ptr(), codes.get(str(x.dtype)), x.is_contiguous()
+    else:  # a numpy array
+        codes = {"float32": DTYPE_F32}
+        pointer, code, dense = x.__array_interface__["data"][0], codes.get(str(x.dtype)), x.flags.c_contiguous
+    if code is None or dtype not in (None, code):
+        raise ValueError(f"an array of dtype {x.dtype}: the engine takes float32 and bfloat16, this call "
+                         f"{'either' if dtype is None else ('float32', 'bfloat16')[dtype]}")
+    return pointer, code, int(bool(dense))
+
+
+def _pointers_and_flags(operands):
+    """(pointers, contiguity flags) C arrays of _operand results."""
+    return _pointers([p for p, _, _ in operands]), _ints([f for _, _, f in operands])
+
+
+def _operands(xs):
+    """(pointers, dtype codes, contiguity flags) C arrays of a sequence of tensor arguments (_operand)."""
+    triples = [_operand(x) for x in xs]
+    return _pointers([p for p, _, _ in triples]), _ints([d for _, d, _ in triples]), _ints([f for _, _, f in triples])
 
 
 def _keep(keep, n):
@@ -199,25 +236,30 @@ def _keep(keep, n):
 
 def muon_momentum(sizes, grads, momenta, u, keep, grad_scale, beta, nesterov, device=DEVICE_CPU, stream=None):
     """Muon's momentum and U of tensors of `sizes` elements (dmuon_muon_momentum): grads, momenta, u are
-    sequences of (pointer, DTYPE_*) (a grad's pointer None: zeros); keep, grad_scale as Orthogonalizer.muon_update's."""
+    sequences of tensor arguments as Orthogonalizer.muon_update's (a grad None: zeros); keep, grad_scale too."""
     n = len(sizes)
     _check(_lib.dmuon_muon_momentum(device, stream, n, _i64_array(sizes), *_operands(grads), *_operands(momenta),
                                     *_operands(u), _keep(keep, n), grad_scale, float(beta), int(bool(nesterov))))
 
 
-def muon_apply(sizes, params, updates, keep, lr, weight_decay, scales, device=DEVICE_CPU, stream=None):
+def muon_apply(sizes, params, updates, keep, lr, weight_decay, scales, cautious_wd=False, device=DEVICE_CPU,
+               stream=None):
     """W ← W·(1 − lr·wd) − lr·(O·scale) of tensors of `sizes` elements (dmuon_muon_apply): params, updates are
-    sequences of (pointer, DTYPE_*), scales one per tensor; keep as Orthogonalizer.muon_update's."""
+    sequences of tensor arguments, scales one per tensor; keep as Orthogonalizer.muon_update's; cautious_wd: the
+    decay only where W·O ≥ 0 (cautious weight decay), W as it is elsewhere."""
     n = len(sizes)
     _check(_lib.dmuon_muon_apply(device, stream, n, _i64_array(sizes), *_operands(params), *_operands(updates),
                                  _keep(keep, n), float(lr), float(weight_decay),
-                                 (ctypes.c_double * max(n, 1))(*scales)))
+                                 (ctypes.c_double * max(n, 1))(*scales), int(bool(cautious_wd))))
 
 
 def adamw_step(p, grad, exp_avg, exp_avg_sq, n, step, lr, betas, eps, weight_decay, grad_scale=1.0,
                device=DEVICE_CPU, dtype=DTYPE_F32, stream=None):
-    """One fused AdamW step (torch.optim.AdamW's rule) on n elements given as data pointers (ints)."""
-    _check(_lib.dmuon_adamw_step(device, dtype, stream, p, grad, exp_avg, exp_avg_sq, int(n), int(step), float(lr),
+    """One fused AdamW step (torch.optim.AdamW's rule) on n elements of p, grad, exp_avg, exp_avg_sq: arrays or
+    data pointers (ints) of `dtype`."""
+    ops = [_operand(x, dtype) for x in (p, grad, exp_avg, exp_avg_sq)]
+    _check(_lib.dmuon_adamw_step(device, dtype, stream, *[x for x, _, _ in ops], _ints([f for _, _, f in ops]),
+                                 int(n), int(step), float(lr),
                                  float(betas[0]), float(betas[1]), float(eps), float(weight_decay), float(grad_scale)))
 
 

@@ -148,9 +148,9 @@ void momentum_of(Backend& backend, int64_t n, const Operand& grad, const Operand
   narrowed(backend, out, u, n);
 }
 
-// One tensor's apply: W ← W·decay + (−lr)·(O·scale) where kept.
+// One tensor's apply: W ← W·decay + (−lr)·(O·scale) where kept (cautious_wd: the decay where W·O ≥ 0 only).
 void apply_of(Backend& backend, int64_t n, const Operand& w, const Operand& o, const float* keep, double lr,
-              double weight_decay, double scale, float* slots) {
+              double weight_decay, double scale, bool cautious_wd, float* slots) {
   rules::MuonApply rule;
   float* wide_w = widened(backend, w, n, slots, true);
   rule.w = {backend, wide_w, static_cast<size_t>(n)};
@@ -159,6 +159,7 @@ void apply_of(Backend& backend, int64_t n, const Operand& w, const Operand& o, c
   rule.neg_lr = static_cast<float>(-lr);
   rule.scale = static_cast<float>(scale);
   rule.keep = keep;
+  rule.cautious_wd = cautious_wd;
   backend.run(UpdateRule{rule});
   narrowed(backend, wide_w, w, n);
 }
@@ -183,17 +184,19 @@ void muon_momentum_run(Backend& backend, std::span<const int64_t> sizes, std::sp
 
 void muon_apply_run(Backend& backend, std::span<const int64_t> sizes, std::span<const Operand> w,
                     std::span<const Operand> o, const StepFlags& flags, double lr, double weight_decay,
-                    std::span<const double> scales, Staging& staging) {
+                    std::span<const double> scales, bool cautious_wd, Staging& staging) {
   float* slots = staging.take(backend, 2 * largest(sizes));
   for (size_t i = 0; i < sizes.size(); ++i) {
-    if (sizes[i] > 0) apply_of(backend, sizes[i], w[i], o[i], flags.keep_of(i), lr, weight_decay, scales[i], slots);
+    if (sizes[i] > 0)
+      apply_of(backend, sizes[i], w[i], o[i], flags.keep_of(i), lr, weight_decay, scales[i], cautious_wd, slots);
   }
 }
 
 void muon_update_run(Backend& backend, int64_t rows, int64_t cols, std::span<const Operand> grads,
                      std::span<const Operand> momenta, std::span<const Operand> w, const StepFlags& flags, double beta,
-                     bool nesterov, double lr, double weight_decay, double scale, const NsOptions& options,
-                     std::span<const std::string> names, Staging& staging, bool check_finite) {
+                     bool nesterov, double lr, double weight_decay, double scale, bool cautious_wd,
+                     const NsOptions& options, std::span<const std::string> names, Staging& staging,
+                     bool check_finite) {
   const auto batch = static_cast<int64_t>(w.size());
   const int64_t n = rows * cols;
   // [U_0 … U_{batch−1} | three slots of one matrix for the widened operands]
@@ -208,7 +211,8 @@ void muon_update_run(Backend& backend, int64_t rows, int64_t cols, std::span<con
   }
   newton_schulz_batched(backend, u, u, options, names, norms);
   for (int64_t i = 0; i < batch; ++i)
-    apply_of(backend, n, w[i], {stack + i * n, DType::f32}, flags.keep_of(i), lr, weight_decay, scale, slots);
+    apply_of(backend, n, w[i], {stack + i * n, DType::f32}, flags.keep_of(i), lr, weight_decay, scale, cautious_wd,
+             slots);
 }
 
 void adamw_run(Backend& backend, DType storage, void* p, const void* grad, void* m, void* v, int64_t n,

@@ -93,17 +93,19 @@ void muon_momentum_run(Backend& backend, std::span<const int64_t> sizes, std::sp
                        std::span<const Operand> momenta, std::span<const Operand> u, const StepFlags& flags,
                        double beta, bool nesterov, Staging& staging);
 
-// W_i ← W_i·(1 − lr·wd) − lr·(O_i·scales[i]) where kept (rules::MuonApply), operands as muon_momentum_run's.
+// W_i ← W_i·(1 − lr·wd) − lr·(O_i·scales[i]) where kept (rules::MuonApply; cautious_wd: the decay where W·O ≥ 0
+// only), operands as muon_momentum_run's.
 void muon_apply_run(Backend& backend, std::span<const int64_t> sizes, std::span<const Operand> w,
                     std::span<const Operand> o, const StepFlags& flags, double lr, double weight_decay,
-                    std::span<const double> scales, Staging& staging);
+                    std::span<const double> scales, bool cautious_wd, Staging& staging);
 
 // The whole update of w.size() rows×cols matrices held here: momentum into a float32 U in `staging`, O = orth(U) in
-// place with `options` (check_finite as ns_run's), then the apply with `scale`.
+// place with `options` (check_finite as ns_run's), then the apply with `scale` and cautious_wd.
 void muon_update_run(Backend& backend, int64_t rows, int64_t cols, std::span<const Operand> grads,
                      std::span<const Operand> momenta, std::span<const Operand> w, const StepFlags& flags, double beta,
-                     bool nesterov, double lr, double weight_decay, double scale, const NsOptions& options,
-                     std::span<const std::string> names, Staging& staging, bool check_finite);
+                     bool nesterov, double lr, double weight_decay, double scale, bool cautious_wd,
+                     const NsOptions& options, std::span<const std::string> names, Staging& staging,
+                     bool check_finite);
 
 // One AdamW step (constants k) on n values of `storage` at p, grad, m, v in `backend`'s memory, in place.
 void adamw_run(Backend& backend, DType storage, void* p, const void* grad, void* m, void* v, int64_t n,

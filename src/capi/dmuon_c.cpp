@@ -135,16 +135,29 @@ void on_device(int device, void* stream, std::span<const void* const> pointers,
 #endif
 }
 
-// The n operands of a multi-tensor call: data[i] of dtypes[i], named what[i] in errors; null only where `optional` or
-// where sizes (when given) says the tensor is empty.
-std::vector<dmuon::capi::Operand> operands(const char* what, int64_t n, const void* const* data, const int* dtypes,
-                                           const void* stream, int device, const int64_t* sizes,
-                                           bool optional = false) {
+// Refuses tensor `name` unless its contiguity flag says it is dense row-major memory (dmuon_c.h): the engine reads
+// and writes its elements as consecutive values from the pointer on, so strided memory would give wrong values and
+// reach other memory. The name is formatted only for the error (no strings built per tensor on every call).
+template <typename Name>
+void require_dense(int dense, const Name& name) {
+  if (dense == 1) return;
+  throw InvalidArgument(std::string(name()) + " is not dense row-major memory (its contiguity flag is " +
+                        std::to_string(dense) +
+                        "): the engine reads its elements as consecutive values; pass a dense (C-contiguous) copy");
+}
+
+// The n operands of a multi-tensor call: data[i] of dtypes[i] with contiguity flags dense[i], named what[i] in errors;
+// null only where `optional` or where sizes (when given) says the tensor is empty.
+std::vector<dmuon::capi::Operand> operands(const char* what, const char* dense_name, int64_t n, const void* const* data,
+                                           const int* dtypes, const int* dense, const void* stream, int device,
+                                           const int64_t* sizes, bool optional = false) {
   require(data != nullptr && dtypes != nullptr, std::string(what) + " and its dtypes must be given");
+  require(dense != nullptr, std::string(dense_name) + " (the contiguity flags of " + what + ") must be given");
   std::vector<dmuon::capi::Operand> out(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
-    require(optional || data[i] != nullptr || (sizes && sizes[i] == 0),
-            std::string(what) + "[" + std::to_string(i) + "] is NULL");
+    const auto name = [what, i] { return std::string(what) + "[" + std::to_string(i) + "]"; };
+    if (!optional && data[i] == nullptr && !(sizes && sizes[i] == 0)) throw InvalidArgument(name() + " is NULL");
+    if (data[i] != nullptr) require_dense(dense[i], name);
     out[i] = {const_cast<void*>(data[i]), check_device_dtype(device, dtypes[i], stream)};
   }
   return out;
@@ -281,8 +294,9 @@ int dmuon_ns_set_dtype(dmuon_ns* ns, int dtype) {
   });
 }
 
-int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* const* in, void* const* out,
-                 int64_t batch, int64_t rows, int64_t cols, const char* const* names) {
+int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* const* in, const int* in_dense,
+                 void* const* out, const int* out_dense, int64_t batch, int64_t rows, int64_t cols,
+                 const char* const* names) {
   return guarded("dmuon_ns_run", [&] {
     require(ns != nullptr, "handle is NULL");
     const dmuon::DType storage = check_device_dtype(device, dtype, stream);
@@ -290,9 +304,12 @@ int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* 
     require(rows >= 1 && cols >= 1, "shape must be positive, got " + std::to_string(rows) + "x" + std::to_string(cols));
     if (batch == 0) return;
     require(in != nullptr && out != nullptr, "in and out must be given");
+    require(in_dense != nullptr && out_dense != nullptr, "in_dense and out_dense (contiguity flags) must be given");
     std::vector<std::string> labels;
     for (int64_t i = 0; i < batch; ++i) {
       require(in[i] != nullptr && out[i] != nullptr, "matrix " + std::to_string(i) + " has a NULL pointer");
+      require_dense(in_dense[i], [i] { return "in[" + std::to_string(i) + "]"; });
+      require_dense(out_dense[i], [i] { return "out[" + std::to_string(i) + "]"; });
       if (names) labels.emplace_back(names[i] ? names[i] : "matrix");
     }
     const std::span<const void* const> inputs(in, static_cast<size_t>(batch));
@@ -313,7 +330,7 @@ int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* 
 }
 
 int dmuon_adamw_step(int device, int dtype, void* stream, void* p, const void* grad, void* exp_avg,
-                     void* exp_avg_sq, int64_t n, int64_t step, double lr, double beta1, double beta2, double eps,
+                     void* exp_avg_sq, const int* dense, int64_t n, int64_t step, double lr, double beta1, double beta2, double eps,
                      double weight_decay, float grad_scale) {
   return guarded("dmuon_adamw_step", [&] {
     const dmuon::DType storage = check_device_dtype(device, dtype, stream);
@@ -321,11 +338,14 @@ int dmuon_adamw_step(int device, int dtype, void* stream, void* p, const void* g
     require(step >= 1, "step must be >= 1, got " + std::to_string(step));
     if (n == 0) return;
     require(p && grad && exp_avg && exp_avg_sq, "p, grad, exp_avg and exp_avg_sq must be given");
+    require(dense != nullptr, "dense (the contiguity flags of p, grad, exp_avg, exp_avg_sq) must be given");
+    const std::array<const char*, 4> arguments{"p", "grad", "exp_avg", "exp_avg_sq"};
+    for (size_t i = 0; i < arguments.size(); ++i) require_dense(dense[i], [&] { return arguments[i]; });
     const dmuon::AdamWStepConstants k = dmuon::adamw_step_constants({lr, beta1, beta2, eps, weight_decay}, step);
     const void* pointers[] = {p, grad, exp_avg, exp_avg_sq};
     // bf16 staging: per thread, as the function is reentrant; kept, so repeated steps reuse it.
     thread_local dmuon::capi::Staging staging;
-    const auto name_of = [](size_t i) { return std::string(std::array{"p", "grad", "exp_avg", "exp_avg_sq"}[i]); };
+    const auto name_of = [&arguments](size_t i) { return std::string(arguments[i]); };
     on_device(device, stream, pointers, name_of, [&](dmuon::Backend& backend) {
       dmuon::capi::adamw_run(backend, storage, p, grad, exp_avg, exp_avg_sq, n, k, grad_scale, staging);
     });
@@ -333,16 +353,18 @@ int dmuon_adamw_step(int device, int dtype, void* stream, void* p, const void* g
 }
 
 int dmuon_muon_momentum(int device, void* stream, int64_t n, const int64_t* sizes, const void* const* grads,
-                        const int* grad_dtypes, void* const* momenta, const int* momentum_dtypes, void* const* u,
-                        const int* u_dtypes, const float* const* keep, const float* grad_scale, double beta,
+                        const int* grad_dtypes, const int* grad_dense, void* const* momenta,
+                        const int* momentum_dtypes, const int* momentum_dense, void* const* u, const int* u_dtypes,
+                        const int* u_dense, const float* const* keep, const float* grad_scale, double beta,
                         int nesterov) {
   return guarded("dmuon_muon_momentum", [&] {
     require_sizes(n, sizes);
     require(beta >= 0 && beta < 1, "beta must be in [0, 1), got " + std::to_string(beta));
     if (n == 0) return;
-    const auto g = operands("grads", n, grads, grad_dtypes, stream, device, sizes, true);
-    const auto m = operands("momenta", n, momenta, momentum_dtypes, stream, device, sizes);
-    const auto us = operands("u", n, u, u_dtypes, stream, device, sizes);
+    const auto g = operands("grads", "grad_dense", n, grads, grad_dtypes, grad_dense, stream, device, sizes, true);
+    const auto m = operands("momenta", "momentum_dense", n, momenta, momentum_dtypes, momentum_dense, stream, device,
+                            sizes);
+    const auto us = operands("u", "u_dense", n, u, u_dtypes, u_dense, stream, device, sizes);
     Touched touched{{"grads", g}, {"momenta", m}, {"u", us}};
     const dmuon::capi::StepFlags flags = step_flags(n, keep, grad_scale, touched);
     thread_local dmuon::capi::Staging staging;  // per thread, as the function is reentrant
@@ -354,38 +376,41 @@ int dmuon_muon_momentum(int device, void* stream, int64_t n, const int64_t* size
 }
 
 int dmuon_muon_apply(int device, void* stream, int64_t n, const int64_t* sizes, void* const* w, const int* w_dtypes,
-                     const void* const* o, const int* o_dtypes, const float* const* keep, double lr,
-                     double weight_decay, const double* scales) {
+                     const int* w_dense, const void* const* o, const int* o_dtypes, const int* o_dense,
+                     const float* const* keep, double lr, double weight_decay, const double* scales,
+                     int cautious_wd) {
   return guarded("dmuon_muon_apply", [&] {
     require_sizes(n, sizes);
     if (n == 0) return;
     require(scales != nullptr, "scales must be given");
-    const auto ws = operands("w", n, w, w_dtypes, stream, device, sizes);
-    const auto os = operands("o", n, o, o_dtypes, stream, device, sizes);
+    const auto ws = operands("w", "w_dense", n, w, w_dtypes, w_dense, stream, device, sizes);
+    const auto os = operands("o", "o_dense", n, o, o_dtypes, o_dense, stream, device, sizes);
     Touched touched{{"w", ws}, {"o", os}};
     const dmuon::capi::StepFlags flags = step_flags(n, keep, nullptr, touched);
     thread_local dmuon::capi::Staging staging;
     on_device(device, stream, touched.pointers, touched.name_of(), [&](dmuon::Backend& backend) {
       dmuon::capi::muon_apply_run(backend, {sizes, static_cast<size_t>(n)}, ws, os, flags, lr, weight_decay,
-                                  {scales, static_cast<size_t>(n)}, staging);
+                                  {scales, static_cast<size_t>(n)}, cautious_wd != 0, staging);
     });
   });
 }
 
 int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_t batch, int64_t rows, int64_t cols,
-                      const void* const* grads, const int* grad_dtypes, void* const* momenta,
-                      const int* momentum_dtypes, void* const* w, const int* w_dtypes, const float* const* keep,
+                      const void* const* grads, const int* grad_dtypes, const int* grad_dense, void* const* momenta,
+                      const int* momentum_dtypes, const int* momentum_dense, void* const* w, const int* w_dtypes,
+                      const int* w_dense, const float* const* keep,
                       const float* grad_scale, double beta, int nesterov, double lr, double weight_decay,
-                      double scale, const char* const* names) {
+                      double scale, int cautious_wd, const char* const* names) {
   return guarded("dmuon_muon_update", [&] {
     require(ns != nullptr, "handle is NULL");
     require(batch >= 0, "batch must be >= 0, got " + std::to_string(batch));
     require(rows >= 1 && cols >= 1, "shape must be positive, got " + std::to_string(rows) + "x" + std::to_string(cols));
     require(beta >= 0 && beta < 1, "beta must be in [0, 1), got " + std::to_string(beta));
     if (batch == 0) return;
-    const auto g = operands("grads", batch, grads, grad_dtypes, stream, device, nullptr, true);
-    const auto m = operands("momenta", batch, momenta, momentum_dtypes, stream, device, nullptr);
-    const auto ws = operands("w", batch, w, w_dtypes, stream, device, nullptr);
+    const auto g = operands("grads", "grad_dense", batch, grads, grad_dtypes, grad_dense, stream, device, nullptr, true);
+    const auto m = operands("momenta", "momentum_dense", batch, momenta, momentum_dtypes, momentum_dense, stream,
+                            device, nullptr);
+    const auto ws = operands("w", "w_dense", batch, w, w_dtypes, w_dense, stream, device, nullptr);
     Touched touched{{"grads", g}, {"momenta", m}, {"w", ws}};
     const dmuon::capi::StepFlags flags = step_flags(batch, keep, grad_scale, touched);
     std::vector<std::string> labels;
@@ -396,7 +421,7 @@ int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_t batch, int
       const dmuon::NsOptions options =
           dmuon::capi::call_ns_options(backend, ns->tuned, ns->defaults, compute, rows, cols, batch);
       dmuon::capi::muon_update_run(backend, rows, cols, g, m, ws, flags, beta, nesterov != 0, lr, weight_decay, scale,
-                                   options, labels, ns->staging, ns->check_finite);
+                                   cautious_wd != 0, options, labels, ns->staging, ns->check_finite);
     });
   });
 }

@@ -423,9 +423,9 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
   return true;
 }
 
-// MuonMomentum's device scalars and empty gradient, and MuonApply's keep, bit for bit against plain loops: a device
-// grad scale is the host one; keep = 1 is no keep; keep = 0 leaves M (U = M) and W as they were, bit for bit; an
-// empty gradient is zeros times the scale.
+// MuonMomentum's device scalars and empty gradient, and MuonApply's keep and cautious weight decay, bit for bit against
+// plain loops: a device grad scale is the host one; keep = 1 is no keep; keep = 0 leaves M (U = M) and W as they
+// were, bit for bit; an empty gradient is zeros times the scale; cautious weight decay decays where W·O ≥ 0 only.
 TEST_P(Conformance, UpdateRulesKeepDeviceScaleAndEmptyGradientBitForBit) {
   const int64_t n = 41;
   std::mt19937 rng(17);
@@ -477,19 +477,31 @@ TEST_P(Conformance, UpdateRulesKeepDeviceScaleAndEmptyGradientBitForBit) {
     }
   }
 
-  for (const float* keep : {static_cast<const float*>(nullptr), kept, dropped}) {
-    float* w = upload(w0);
-    be_->run({rules::MuonApply{.w = span(w, n),
-                               .o = span<const float>(upload(o), n),
-                               .decay = 0.98f,
-                               .neg_lr = -0.02f,
-                               .scale = 1.5f,
-                               .keep = keep}});
-    std::vector<float> want = w0;
-    if (keep != dropped) {
-      for (int64_t i = 0; i < n; ++i) want[i] = w0[i] * 0.98f + -0.02f * (o[i] * 1.5f);
+  // Cautious weight decay: W·decay where W·O ≥ 0 (a zero product included), W elsewhere.
+  std::vector<float> w_signs = w0;
+  w_signs[1] = 0.0f;
+  w_signs[2] = -0.0f;
+  int64_t agree = 0;
+  for (int64_t i = 0; i < n; ++i) agree += w_signs[i] * o[i] >= 0.0f;
+  ASSERT_TRUE(agree > 2 && agree < n - 2) << "the values must have both signs of W·O";
+  for (const bool cautious_wd : {false, true}) {
+    for (const float* keep : {static_cast<const float*>(nullptr), kept, dropped}) {
+      float* w = upload(w_signs);
+      be_->run({rules::MuonApply{.w = span(w, n),
+                                 .o = span<const float>(upload(o), n),
+                                 .decay = 0.98f,
+                                 .neg_lr = -0.02f,
+                                 .scale = 1.5f,
+                                 .keep = keep,
+                                 .cautious_wd = cautious_wd}});
+      std::vector<float> want = w_signs;
+      for (int64_t i = 0; i < n && keep != dropped; ++i) {
+        const bool decays = !cautious_wd || w_signs[i] * o[i] >= 0.0f;
+        want[i] = (decays ? w_signs[i] * 0.98f : w_signs[i]) + -0.02f * (o[i] * 1.5f);
+      }
+      EXPECT_TRUE(same_bits(download(w, n), want))
+          << "muon_apply, keep " << (keep == dropped ? 0 : 1) << (cautious_wd ? ", cautious" : "");
     }
-    EXPECT_TRUE(same_bits(download(w, n), want)) << "muon_apply, keep " << (keep == dropped ? 0 : 1);
   }
 }
 

@@ -292,7 +292,7 @@ std::vector<std::vector<char>> muon_update_on(Backend& backend, DType storage, i
   const int64_t before = reads ? reads() : 0;
   for (int s = 0; s < steps; ++s)
     capi::muon_update_run(backend, rows, cols, g, m, w, step, 0.95, true, 0.02, 0.1, 0.2 * std::sqrt(double(cols)),
-                          options, names, staging, false);
+                          false, options, names, staging, false);
   if (read_back) *read_back = reads() - before;
   std::vector<std::vector<char>> out = {host[1], host[2], host[2]};
   for (int r = 0; r < 2; ++r) backend.copy_to_host(out[r].data(), device[r + 1], bytes);

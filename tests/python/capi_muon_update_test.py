@@ -46,8 +46,13 @@ def momentum_ref(m, g, beta, nesterov, scale=None):
     return m, (lerp(g, m, f32(beta)) if nesterov else m.clone())
 
 
-def apply_ref(w, o, lr, wd, s):
-    return w.float() * f32(1.0 - lr * wd) + f32(-lr) * (o.float() * f32(s))
+def apply_ref(w, o, lr, wd, s, cautious_wd=False):
+    """MuonApply in float32; cautious_wd: the decay only where W·O ≥ 0."""
+    w, o = w.float(), o.float()
+    decayed = w * f32(1.0 - lr * wd)
+    if cautious_wd:
+        decayed = torch.where(w * o >= 0, decayed, w)
+    return decayed + f32(-lr) * (o * f32(s))
 
 
 def call_momentum(ms, gs, us, beta, nesterov, keep=None, grad_scale=None):
@@ -95,20 +100,23 @@ def test_bfloat16_operands_are_the_float32_rule_rounded_once():
     assert torch.equal(m, wide_m.bfloat16()) and torch.equal(u, wide_u.bfloat16())
 
 
-def test_apply_bit_for_bit_with_keep_and_bfloat16_weights():
+@pytest.mark.parametrize("cautious_wd", [False, True])
+def test_apply_bit_for_bit_with_keep_and_bfloat16_weights(cautious_wd):
     ws = [randn(40, seed=13), randn(40, seed=14), randn(40, seed=15, dtype=torch.bfloat16)]
     os_ = [randn(40, seed=16), randn(40, seed=17), randn(40, seed=18)]
     before = [w.clone() for w in ws]
     keep = [torch.tensor(1.0), torch.tensor(0.0), torch.tensor(1.0)]
     scales = [0.2 * 64 ** 0.5, 1.5, 0.7]
     dmuon.muon_apply([40] * 3, [op(w) for w in ws], [op(o) for o in os_], [k.data_ptr() for k in keep], 0.02, 0.1,
-                     scales)
-    assert torch.equal(ws[0], apply_ref(before[0], os_[0], 0.02, 0.1, scales[0]))
+                     scales, cautious_wd)
+    assert torch.equal(ws[0], apply_ref(before[0], os_[0], 0.02, 0.1, scales[0], cautious_wd))
     assert torch.equal(ws[1], before[1])
-    assert torch.equal(ws[2], apply_ref(before[2], os_[2], 0.02, 0.1, scales[2]).bfloat16())
+    assert torch.equal(ws[2], apply_ref(before[2], os_[2], 0.02, 0.1, scales[2], cautious_wd).bfloat16())
+    assert not torch.equal(ws[0], apply_ref(before[0], os_[0], 0.02, 0.1, scales[0], not cautious_wd))
 
 
-def test_whole_update_equals_its_three_parts():
+@pytest.mark.parametrize("cautious_wd", [False, True])
+def test_whole_update_equals_its_three_parts(cautious_wd):
     rows, cols, beta, lr, wd, s = 24, 40, 0.95, 0.02, 0.1, 0.2 * 40 ** 0.5
     ws = [randn(rows, cols, seed=20 + i) for i in range(3)]
     ms = [randn(rows, cols, seed=30 + i) for i in range(3)]
@@ -122,10 +130,10 @@ def test_whole_update_equals_its_three_parts():
     call_momentum(ms2, gs, us, beta, True, keep=keep, grad_scale=scale)
     ns.run([u.data_ptr() for u in us], [u.data_ptr() for u in us], rows, cols)
     dmuon.muon_apply([rows * cols] * 3, [op(w) for w in ws2], [op(u) for u in us], [k.data_ptr() for k in keep],
-                     lr, wd, [s] * 3)
+                     lr, wd, [s] * 3, cautious_wd)
     # the whole, one call
     ns.muon_update([op(g) for g in gs], [op(m) for m in ms], [op(w) for w in ws], rows, cols,
-                   [k.data_ptr() for k in keep], scale.data_ptr(), beta, True, lr, wd, s)
+                   [k.data_ptr() for k in keep], scale.data_ptr(), beta, True, lr, wd, s, cautious_wd)
     for i in range(3):
         assert torch.equal(ws[i], ws2[i]), f"W of matrix {i}"
         assert torch.equal(ms[i], ms2[i]), f"M of matrix {i}"

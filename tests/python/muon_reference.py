@@ -1,4 +1,7 @@
-"""The float64 Newton–Schulz of DESIGN section 2.1 that the Python tests compare dmuon against."""
+"""The float64 Newton–Schulz of DESIGN section 2.1 and the update of Muon's options that the Python tests compare
+dmuon against."""
+
+import torch
 
 KELLER = (3.4445, -4.7750, 2.0315)
 
@@ -16,3 +19,35 @@ def newton_schulz_ref(u, steps=5):
         gram = x @ x.T
         x = a * x + (b * gram + c * gram @ gram) @ x
     return x.T if tall else x
+
+
+def update_scale(rows, cols, kind):
+    """s of Muon's update W ← W·(1 − lr·wd) − lr·s·O for an m × n = rows × cols matrix, by the scale's
+    definition (docs/optimizers.md, "Update scales")."""
+    return {"original": max(1.0, rows / cols) ** 0.5,   # KellerJordan/Muon
+            "match_rms_adamw": 0.2 * max(rows, cols) ** 0.5,  # Moonlight
+            "spectral": (rows / cols) ** 0.5,             # RMS→RMS operator norm 1
+            "unit_rms": max(rows, cols) ** 0.5}[kind]     # element RMS 1
+
+
+def scaled_orthogonal_ref(u, options, scale="match_rms_adamw"):
+    """s·O of a matrix u (rows, cols) under a param group's Muon options (missing ones: the defaults, `scale`
+    for the scale): Newton–Schulz of u, or of each block split off it by hand (split_heads or split_sizes
+    along split_dim) with each block's own s, as if each block were a parameter."""
+    steps, extra = options.get("ns_steps", 5), options.get("extra_scale_factor", 1.0)
+    kind = options.get("scale", scale)
+    dim, heads, sizes = options.get("split_dim", 0), options.get("split_heads"), options.get("split_sizes")
+    if heads is None and sizes is None:
+        blocks = [u]
+    else:
+        blocks = torch.split(u, list(sizes) if sizes is not None else u.shape[dim] // heads, dim)
+    return torch.cat([newton_schulz_ref(b, steps) * update_scale(b.shape[0], b.shape[1], kind) * extra
+                      for b in blocks], dim)
+
+
+def muon_apply_ref(w, o, lr, weight_decay, s, cautious_wd=False):
+    """W·(1 − lr·wd) − lr·s·O; with cautious weight decay the decay only where W·O ≥ 0 (arXiv 2510.12402)."""
+    decayed = w * (1 - lr * weight_decay)
+    if cautious_wd:
+        decayed = torch.where(w * o >= 0, decayed, w)
+    return decayed - lr * s * o

@@ -98,7 +98,7 @@ def check_mismatch():
                           "differ across ranks", f"rank {last}")
     lr = -1.0 if rank == last else 0.01
     expect_same_error("bad lr on one rank", opt, {"params": [("b.weight", torch.nn.Parameter(torch.zeros(4, 4)))],
-                                                  "lr": lr}, "lr must be >= 0", f"rank {last}")
+                                                  "lr": lr}, "Invalid learning rate: -1.0", f"rank {last}")
     p.grad = torch.ones_like(p)
     opt.step()
     check(opt.updates == 1, f"after the failed add_param_group: {opt.updates} updates")

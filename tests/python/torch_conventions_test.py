@@ -30,7 +30,7 @@ from torch.optim import lr_scheduler
 
 import dmuon
 from dmuon.torch import DMuon
-from dmuon.torch.muon_step import muon_scale
+from dmuon.torch.muon_options import muon_scale
 from dmuon.torch.params import is_muon_by_default
 from muon_reference import KELLER, newton_schulz_ref
 from torch_dmuon_mpi_test import TOLERANCE, Reference, hyper_of
@@ -110,13 +110,15 @@ SCHEDULERS = {
 def test_defaults_hold_the_hyper_parameters_and_groups_their_kinds_keys():
     params = parameters(SCHEDULED)
     opt = DMuon(list(params.items()), lr=0.03, momentum=0.9, nesterov=False, weight_decay=0.01, adamw_lr=1e-3,
-                adamw_betas=[0.85, 0.99], adamw_eps=1e-7, adamw_weight_decay=0.1)
+                adamw_betas=[0.85, 0.99], adamw_eps=1e-7, adamw_weight_decay=0.1, ns_steps=4, scale="spectral")
+    options = dict(ns_steps=4, coeffs="keller", algo="auto", scale="spectral", extra_scale_factor=1.0,
+                   cautious_wd=False, split_heads=None, split_sizes=None, split_dim=0)
     assert opt.defaults == dict(lr=0.03, momentum=0.9, nesterov=False, weight_decay=0.01, adamw_lr=1e-3,
-                                adamw_betas=(0.85, 0.99), adamw_eps=1e-7, adamw_weight_decay=0.1)
+                                adamw_betas=(0.85, 0.99), adamw_eps=1e-7, adamw_weight_decay=0.1, **options)
     muon, adamw = opt.param_groups
     counters = dict(updates=0, skipped_steps=0)  # the optimizer's counters, in every group for checkpoints
     assert {k: muon[k] for k in muon if k not in ("params", "param_names")} == \
-        dict(use_muon=True, lr=0.03, momentum=0.9, nesterov=False, weight_decay=0.01, **counters)
+        dict(use_muon=True, lr=0.03, momentum=0.9, nesterov=False, weight_decay=0.01, **options, **counters)
     assert {k: adamw[k] for k in adamw if k not in ("params", "param_names")} == \
         dict(use_muon=False, lr=1e-3, betas=(0.85, 0.99), eps=1e-7, weight_decay=0.1, **counters)
 
@@ -212,7 +214,7 @@ def test_add_param_group_names_unnamed_tensors_after_the_existing_groups():
 BAD_GROUPS = {  # a group to add, given the optimizer's parameter a → what the error says
     "duplicate": (lambda a: {"params": [("again", a)]},
                   "some parameters appear in more than one parameter group: 'again' (also 'a.weight')"),
-    "lr": (lambda a: {"params": [("b.weight", torch.randn(4, 4))], "lr": -1.0}, "lr must be >= 0"),
+    "lr": (lambda a: {"params": [("b.weight", torch.randn(4, 4))], "lr": -1.0}, "Invalid learning rate: -1.0"),
     "key": (lambda a: {"params": [("b.weight", torch.randn(4, 4))], "momentun": 0.9}, "unknown keys ['momentun']"),
     "vector": (lambda a: {"params": [("b.bias", torch.randn(4))], "use_muon": True}, "Muon needs a matrix"),
 }

@@ -46,7 +46,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from dmuon.torch import DMuon, Sharded, chunk_rows
 from dmuon.torch.mpirun import init_process_group
-from muon_reference import newton_schulz_ref
+from muon_reference import muon_apply_ref, newton_schulz_ref, scaled_orthogonal_ref
 from rank_exit import exit_rank
 from rank_checks import check, finish
 
@@ -76,7 +76,8 @@ def muon_matrices(w):
 
 
 class Reference:
-    """Muon (lerp momentum, nesterov, NS per matrix, scale, decoupled decay) + AdamW
+    """Muon (lerp momentum, nesterov, NS per matrix, scale, decoupled decay; the options of a
+    parameter's hyper: ns_steps, scale, extra_scale_factor, cautious_wd, split) + AdamW
     (torch.optim.AdamW), float64."""
 
     def __init__(self, values, hyper, clip=None, scale="match_rms_adamw"):
@@ -94,11 +95,8 @@ class Reference:
                 beta = h["momentum"]
                 st["m"] = beta * st.get("m", torch.zeros_like(w)) + (1 - beta) * g
                 u = (1 - beta) * g + beta * st["m"] if h["nesterov"] else st["m"]
-                stack = muon_matrices(u)
-                rows, cols = stack.shape[1], stack.shape[2]
-                o = torch.stack([newton_schulz_ref(m) for m in stack]).reshape(w.shape)
-                s = max(1.0, rows / cols) ** 0.5 if self.scale == "original" else 0.2 * max(rows, cols) ** 0.5
-                self.w[name] = w * (1 - h["lr"] * h["weight_decay"]) - h["lr"] * s * o
+                so = torch.stack([scaled_orthogonal_ref(m, h, self.scale) for m in muon_matrices(u)]).reshape(w.shape)
+                self.w[name] = muon_apply_ref(w, so, h["lr"], h["weight_decay"], 1.0, h.get("cautious_wd", False))
             else:
                 b1, b2 = h["betas"]
                 st["t"] = st.get("t", 0) + 1

@@ -258,8 +258,7 @@ def test_a_group_key_none_of_its_parameters_uses_raises_at_construction(group, k
     DMuon([{"params": [w, b], "momentum": 0.9, "betas": (0.8, 0.9)}])  # a group of both kinds uses both
 
 
-@pytest.mark.parametrize("option, value", [("ns_steps", 3), ("coeffs", "you"), ("scale", "original"),
-                                           ("clip_grad_norm", 1.0)])
+@pytest.mark.parametrize("option, value", [("balancer", "lpt"), ("clip_grad_norm", 1.0)])
 def test_an_option_of_the_whole_optimizer_in_a_group_is_refused(option, value):
     w = torch.nn.Parameter(torch.randn(4, 4))
     with pytest.raises(ValueError, match=f"sets \\['{option}'\\], options of the whole optimizer"):
@@ -333,6 +332,39 @@ def test_an_empty_list_raises_a_value_error():
 def test_a_parameter_in_two_groups_raises_a_value_error():
     w = torch.nn.Parameter(torch.randn(4, 4))
     same_error(lambda cls: cls([{"params": [w]}, {"params": [w]}]), ValueError)
+
+
+# A bad hyper-parameter → (torch's optimizer and its keywords, DMuon's keywords): the same mistake.
+HYPER_MISTAKES = {
+    "tensor lr": ((torch.optim.AdamW, dict(lr=torch.ones(2), foreach=False)), dict(lr=torch.ones(2))),
+    "lr": ((torch.optim.AdamW, dict(lr=-0.1)), dict(lr=-0.1)),
+    "adamw lr": ((torch.optim.AdamW, dict(lr=-0.1)), dict(adamw_lr=-0.1)),
+    "beta 0": ((torch.optim.AdamW, dict(betas=(1.0, 0.9))), dict(adamw_betas=(1.0, 0.9))),
+    "beta 1": ((torch.optim.AdamW, dict(betas=(0.9, -0.5))), dict(adamw_betas=(0.9, -0.5))),
+    "eps": ((torch.optim.AdamW, dict(eps=-1e-8)), dict(adamw_eps=-1e-8)),
+    "weight decay": ((torch.optim.AdamW, dict(weight_decay=-0.1)), dict(weight_decay=-0.1)),
+    "adamw weight decay": ((torch.optim.AdamW, dict(weight_decay=-0.1)), dict(adamw_weight_decay=-0.1)),
+    "momentum": ((torch.optim.SGD, dict(lr=0.1, momentum=-0.5)), dict(momentum=-0.5)),
+}
+BAD_PARAMS = {"empty": lambda: [], "bare tensor": lambda: torch.nn.Parameter(torch.randn(4, 4)),
+              "not tensors": lambda: [1.0, 2.0]}
+
+
+@pytest.mark.parametrize("params", BAD_PARAMS)
+@pytest.mark.parametrize("mistake", HYPER_MISTAKES)
+def test_hyper_parameters_are_checked_before_parameters_as_torch(mistake, params):
+    (torch_class, torch_keywords), ours = HYPER_MISTAKES[mistake]
+    with pytest.raises(ValueError) as torch_error:
+        torch_class(BAD_PARAMS[params](), **torch_keywords)
+    with pytest.raises(ValueError) as our_error:
+        DMuon(BAD_PARAMS[params](), **ours)
+    assert str(torch_error.value) in str(our_error.value)
+
+
+def test_a_group_hyper_parameter_is_named_with_torchs_message():
+    w = torch.nn.Parameter(torch.randn(4, 4))
+    with pytest.raises(ValueError, match=r"param group of 'w': Invalid beta parameter at index 1: 1\.0"):
+        DMuon([{"params": [("w", w)], "use_muon": False, "betas": (0.9, 1.0)}])
 
 
 def test_a_muon_parameter_on_a_device_the_engine_lacks_is_named():

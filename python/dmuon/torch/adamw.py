@@ -1,8 +1,9 @@
 """The AdamW half of one DMuon step: torch.optim.AdamW's fused step (torch.optim.adamw.adamw with
 fused=True: bias-corrected, decoupled decay; one kernel per device and dtype for all of a param group's
 tensors), given the step's clipping factor and skip flag as device tensors, so nothing waits for the
-device. A parameter whose dtype differs from its moments' (bf16 parameters, float32 state) is stepped
-on a copy in the moments' dtype and rounded once back to its own.
+device. A parameter whose dtype differs from its moments' (bf16 parameters, float32 state), or that is not
+contiguous (a strided view), is stepped on a dense copy in the moments' dtype and copied (rounded once)
+back to its own; such a gradient through one too (dense.py).
 
 torch's fused step divides the gradients by grad_scale and stores them so (GradScaler's convention):
 with clipping, the AdamW parameters' .grad are left clipped, as torch.nn.utils.clip_grad_norm_
@@ -11,25 +12,24 @@ leaves them."""
 import torch
 from torch.optim.adamw import adamw
 
+from dmuon.torch.dense import DenseOperands, may_overlap
+
 
 def adamw_step(params, grads, exp_avgs, exp_avg_sqs, steps, hyper, grad_scale, skip):
     """One AdamW step of a param group's local tensors: params, grads, exp_avgs, exp_avg_sqs (lists, the
     moments in the state dtype), steps (their "step" counters, float32 tensors on each parameter's
     device, counted up here unless skipped); hyper: the param group; grad_scale: the clipping factor
     (a 0-dim tensor) or None; skip: a 0-dim bool tensor, true: nothing changes."""
-    rounded = []  # (parameter, its copy in the moments' dtype)
-    work_params, work_grads = [], []
-    for p, g, m in zip(params, grads, exp_avgs):
-        if p.dtype != m.dtype:
-            rounded.append((p, p.to(m.dtype)))
-            p = rounded[-1][1]
-        work_params.append(p)
-        work_grads.append(g if g.dtype == m.dtype else g.to(m.dtype))
+    dense = DenseOperands()  # the kernel takes dense tensors in the moments' dtype
+    work_params = [dense.write(p, m.dtype) for p, m in zip(params, exp_avgs)]
+    # written: the kernel leaves them unscaled (clipped), in their place as torch's; a gradient of another
+    # dtype or whose elements share memory (expanded) is read through a copy, left as it was
+    work_grads = [dense.write(g) if g.dtype == m.dtype and not may_overlap(g) else dense.read(g, m.dtype)
+                  for g, m in zip(grads, exp_avgs)]
     device = work_params[0].device
     inverse_scale = None if grad_scale is None else (1.0 / grad_scale).to(device, torch.float32)
     b1, b2 = hyper["betas"]
     adamw(work_params, work_grads, exp_avgs, exp_avg_sqs, [], steps, fused=True, grad_scale=inverse_scale,
           found_inf=skip.to(device, torch.float32), amsgrad=False, beta1=b1, beta2=b2, lr=hyper["lr"],
           weight_decay=hyper["weight_decay"], eps=hyper["eps"], maximize=False)
-    for p, copy in rounded:
-        p.copy_(copy)
+    dense.write_back()

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from dmuon.torch.collectives import Group
+from dmuon.torch.dense import may_overlap
 from dmuon.torch.held.placeholder import HeldElsewhere
 from dmuon.torch.layout import is_dtensor
 
@@ -23,6 +24,18 @@ def _power_sum(grads, norm_type):
         return torch.zeros((), dtype=torch.float64)
     norms = torch.stack([torch.linalg.vector_norm(g, norm_type, dtype=torch.float64) for g in grads])
     return norms.max() if norm_type == float("inf") else norms.pow(norm_type).sum()
+
+
+def _check_scalable(params):
+    """Raises ValueError naming the first gradient that cannot be scaled in place, before any is: one whose
+    elements share memory (an expanded tensor; torch's clip_grad_norm_ fails on it too). Any other strides
+    are scaled in place, each element once, nothing outside it touched."""
+    for i, p in enumerate(params):
+        g = p.grad.to_local() if is_dtensor(p.grad) else p.grad
+        if not isinstance(g, HeldElsewhere) and may_overlap(g):
+            raise ValueError(f"dmuon.torch.clip_grad_norm_: the gradient of parameter {i} (of those with one; shape "
+                             f"{tuple(g.shape)}) has strides {g.stride()}, under which its elements share memory (an "
+                             "expanded tensor), so it cannot be scaled in place: give it a gradient of its own (.clone())")
 
 
 @torch.no_grad()
@@ -36,6 +49,7 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
         parameters = [parameters]
     norm_type = float(norm_type)
     params = [p for p in parameters if p.grad is not None]
+    _check_scalable(params)
     sharded = [p.grad for p in params if is_dtensor(p.grad)]
     held = [p for p in params if getattr(p, "_dmuon_held", None) is not None]
     held_ids = {id(p) for p in held}

@@ -43,12 +43,6 @@ def matrices_of(global_shape, experts):
     return [(None, global_shape[0], math.prod(global_shape[1:]))]
 
 
-def muon_scale(rows, cols, kind):
-    if kind == "original":
-        return max(1.0, rows / cols) ** 0.5
-    return 0.2 * max(rows, cols) ** 0.5
-
-
 @dataclass
 class MuonMatrix:
     index: int        # the parameter's position in the optimizer's agreed order
@@ -58,8 +52,18 @@ class MuonMatrix:
     group: dict       # its param group (hyper-parameters are read at every step)
     rows: int         # m
     cols: int         # n
-    scale: float      # s of DESIGN 1, from (m, n)
+    options: object   # muon_options.MuonOptions, frozen from its group
     owner: int = -1   # group rank that runs its Newton–Schulz
+
+    @property
+    def scale(self):
+        """s of DESIGN 1, from (m, n) and its options."""
+        return self.options.scale_of(self.rows, self.cols)
+
+    @property
+    def blocks(self):
+        """None, or (dim, sizes) of its split Newton–Schulz (muon_options.MuonOptions.blocks)."""
+        return self.options.blocks(self.rows, self.cols, self.name)
 
     def rows_on(self, shard):
         """(start, count): the rows of this matrix that `shard` holds."""
@@ -82,10 +86,14 @@ class MuonMatrix:
         return [g for g, (_, count) in enumerate(self.rank_rows) if count == self.rows]
 
     def local_view(self, t):
-        """This rank's rows of the matrix in t, a local tensor laid out as the parameter's: a
-        (count, cols) view (writes reach t)."""
+        """This rank's rows of the matrix in t, a local tensor laid out as the parameter's, as a view
+        (writes reach t): (count, cols), or t itself where its strides allow no such view (a
+        channels_last filter; its row-major elements are the matrix's, and muon_update.py hands the
+        engine a dense copy)."""
         if self.expert is None:
-            return t.view(-1, self.cols) if t.numel() else t.reshape(0, self.cols)
+            if t.numel() == 0:
+                return t.reshape(0, self.cols)
+            return t.view(-1, self.cols) if t.is_contiguous() else t
         first = self.layout.rows_of_shard(self.layout.shard)[0]
         return t[self.expert - first]
 
@@ -138,11 +146,11 @@ def engine_target(device, dtype):
 class MuonStep:
     """One step's Muon updates. `momentum(index)` is the parameter's local momentum buffer (state
     dtype), `grads[index]` its local gradient (None: zeros), `check` the step's GradientCheck (its
-    clipping factor, and per parameter whether it is updated: device tensors), `ns` a
-    dmuon.Orthogonalizer."""
+    clipping factor, and per parameter whether it is updated: device tensors), `ns_of(options)` the
+    dmuon.Orthogonalizer of a matrix's MuonOptions (a bucket's matrices share theirs)."""
 
-    def __init__(self, comm, ns, momentum, grads, check):
-        self.comm, self.ns, self.momentum, self.grads = comm, ns, momentum, grads
+    def __init__(self, comm, ns_of, momentum, grads, check):
+        self.comm, self.ns_of, self.momentum, self.grads = comm, ns_of, momentum, grads
         self.values = StepValues(check)
         self.ns_seconds = 0.0
         self.ns_matrices = 0
@@ -192,11 +200,19 @@ class MuonStep:
         for part in self._by_group(pairs, lambda pair: pair[0].group):
             group = part[0][0].group
             entries = [(k.index, k.local_view(k.layout.local(k.layout.tensor)), update, k.scale) for k, update in part]
-            muon_apply(entries, group["lr"], group["weight_decay"], self.values)
+            muon_apply(entries, group["lr"], group["weight_decay"], self.values, part[0][0].options.cautious_wd)
 
     def _update_held(self, bucket):
         """The whole update of matrices this rank holds whole and alone (nothing travels): momentum,
-        Newton–Schulz and apply in one engine call per param group."""
+        Newton–Schulz and apply in one engine call per param group (three for matrices split in blocks)."""
+        if bucket[0].blocks is not None:
+            u = self._form_u(list({k.index: None for k in bucket}), {k.index: k.group for k in bucket})
+            like = next(iter(u.values()))
+            _, _, ns_dtype, _ = engine_target(like.device, like.dtype)
+            full = torch.stack([k.local_view(u[k.index]) for k in bucket]).to(ns_dtype)
+            self._orthogonalize(full, bucket)
+            self._apply(list(zip(bucket, full)))
+            return
         for part in self._by_group(bucket, lambda k: k.group):
             entries = []
             for k in part:
@@ -204,26 +220,48 @@ class MuonStep:
                 entries.append((k.index, k.local_view(k.layout.local(k.layout.tensor)),
                                 k.local_view(self.momentum(k.index)), None if grad is None else k.local_view(grad)))
             t0 = time.perf_counter()
-            muon_update(self.ns, entries, part[0].rows, part[0].cols, part[0].group, part[0].scale, self.values,
-                        [k.name for k in part])
+            muon_update(self.ns_of(part[0].options), entries, part[0].rows, part[0].cols, part[0].group, part[0].scale,
+                        part[0].options.cautious_wd, self.values, [k.name for k in part])
             self.ns_seconds += time.perf_counter() - t0
             self.ns_matrices += len(part)
 
     def _orthogonalize(self, stack, owned):
-        """Newton–Schulz in place on stack (K, rows, cols), contiguous, in the engine's dtype."""
+        """O in place of U on stack (K, rows, cols), contiguous, in the engine's dtype: Newton–Schulz of each
+        matrix, or of each of its blocks (the bucket's split, MuonMatrix.blocks), all blocks of one shape in one
+        engine call, each block then scaled by s(block) / s(matrix) (the apply scales by s(matrix))."""
         if stack.shape[0] == 0:
             return
-        device, dtype_code, _, stream = engine_target(stack.device, stack.dtype)
-        rows, cols = stack.shape[1], stack.shape[2]
-        step = rows * cols * stack.element_size()
-        ptrs = [stack.data_ptr() + j * step for j in range(stack.shape[0])]
         t0 = time.perf_counter()
-        self.ns.run(ptrs, ptrs, rows, cols, device=device, dtype=dtype_code, stream=stream,
-                    names=[k.name for k in owned])
+        first = owned[0]
+        if first.blocks is None:
+            self._newton_schulz(list(stack), [k.name for k in owned], first.options)
+        else:
+            dim, sizes = first.blocks
+            starts = [sum(sizes[:b]) for b in range(len(sizes))]
+            for size in dict.fromkeys(sizes):  # each distinct block size once, in order
+                where = [(j, start) for j in range(len(owned)) for start, s in zip(starts, sizes) if s == size]
+                views = [stack[j].narrow(dim, start, size) for j, start in where]  # (size, cols) or (rows, size)
+                # row blocks are contiguous parts of the stack; column blocks are gathered and put back
+                blocks = views if dim == 0 else list(torch.stack(views))
+                self._newton_schulz(blocks, [f"{owned[j].name}:{('rows', 'cols')[dim]} {start}+{size}"
+                                             for j, start in where], first.options)
+                ratio = first.options.scale_of(*blocks[0].shape) / first.scale
+                for view, block in zip(views, blocks):
+                    if view is not block:
+                        view.copy_(block)
+                    if ratio != 1.0:
+                        view.mul_(ratio)
         self.ns_seconds += time.perf_counter() - t0
         self.ns_matrices += stack.shape[0]
 
-    # ---- per bucket (same rows, cols, momentum dtype and device) ----
+    def _newton_schulz(self, matrices, names, options):
+        """Newton–Schulz in place on same-shape contiguous 2-D tensors, one engine call."""
+        device, dtype_code, _, stream = engine_target(matrices[0].device, matrices[0].dtype)
+        rows, cols = matrices[0].shape
+        self.ns_of(options).run(matrices, matrices, rows, cols, device=device, dtype=dtype_code, stream=stream,
+                                names=names)
+
+    # ---- per bucket (same rows, cols, momentum dtype, device and options) ----
 
     def _launch(self, bucket):
         c, me = self.comm, self.comm.rank

@@ -8,12 +8,14 @@ rank and every gradient is finite; false: its update changes nothing, bit for bi
 are float32 device tensors whose addresses the engine's kernels read. The host reads neither.
 
 The engine takes float32 and bfloat16 operands (bfloat16 is widened, computed on in float32 and rounded
-back once). A tensor of another dtype (a float64 parameter, float16 state) or layout goes through a float32
-copy, an output's copied back after the call: the arithmetic is float32 either way."""
+back once). A tensor of another dtype (a float64 parameter, float16 state) goes through a float32 copy, one
+that is not contiguous (a strided view, a channels_last weight) through a row-major copy (dense.py), an
+output's copied back after the call: the arithmetic is float32 either way."""
 
 import torch
 
 import dmuon
+from dmuon.torch.dense import DenseOperands
 
 CODES = {torch.float32: dmuon.DTYPE_F32, torch.bfloat16: dmuon.DTYPE_BF16}
 
@@ -52,32 +54,27 @@ class StepValues:
 
 
 class Operands:
-    """(pointer, dtype code) pairs of tensors for one engine call, with the copies that need it: an input
-    of another dtype or layout is read through a float32 copy; an output is written through one and copied
-    back by write_back(). Holds the copies until the call has returned (the engine orders its work in the
-    tensors' stream, so the caching allocator may then reuse them)."""
+    """The tensors of one engine call, which takes dense row-major memory of float32 or bfloat16 (dense.py):
+    a tensor of another dtype or not contiguous is read through a copy (float32 for another dtype), an
+    output written through one and copied back by write_back(). Holds the copies until the call has
+    returned (the engine orders its work in the tensors' stream, so the caching allocator may then reuse
+    them)."""
 
     def __init__(self):
-        self._copies, self._back = [], []
+        self._dense = DenseOperands()
 
     def read(self, t):
-        if t is None:
-            return None, dmuon.DTYPE_F32
-        if t.dtype not in CODES or not t.is_contiguous():
-            t = t.to(torch.float32, memory_format=torch.contiguous_format)
-            self._copies.append(t)
-        return t.data_ptr(), CODES[t.dtype]
+        return None if t is None else self._dense.read(t, _engine_dtype(t))
 
     def write(self, t):
-        if t.dtype in CODES and t.is_contiguous():
-            return t.data_ptr(), CODES[t.dtype]
-        wide = t.to(torch.float32, memory_format=torch.contiguous_format)
-        self._back.append((t, wide))
-        return wide.data_ptr(), dmuon.DTYPE_F32
+        return self._dense.write(t, _engine_dtype(t))
 
     def write_back(self):
-        for t, wide in self._back:
-            t.copy_(wide)
+        self._dense.write_back()
+
+
+def _engine_dtype(t):
+    return t.dtype if t.dtype in CODES else torch.float32
 
 
 def muon_momentum(entries, beta, nesterov, values):
@@ -95,21 +92,23 @@ def muon_momentum(entries, beta, nesterov, values):
     return u
 
 
-def muon_apply(entries, lr, weight_decay, values):
+def muon_apply(entries, lr, weight_decay, values, cautious_wd):
     """W ← W·(1 − lr·wd) − lr·(O·scale) in place for each (index, W, O, scale) of `entries`, where the
-    parameter is kept; computed in float32 and rounded once to W's dtype."""
+    parameter is kept (cautious_wd: the decay only where W·O ≥ 0); computed in float32 and rounded once to
+    W's dtype."""
     ops = Operands()
     device, stream = engine_device(entries[0][1].device)
     dmuon.muon_apply([w.numel() for _, w, _, _ in entries], [ops.write(w) for _, w, _, _ in entries],
                      [ops.read(o) for _, _, o, _ in entries], values.keep([i for i, _, _, _ in entries]),
-                     host_number(lr), weight_decay, [s for _, _, _, s in entries], device=device, stream=stream)
+                     host_number(lr), weight_decay, [s for _, _, _, s in entries], cautious_wd, device=device,
+                     stream=stream)
     ops.write_back()
 
 
-def muon_update(ns, entries, rows, cols, group, scale, values, names):
+def muon_update(ns, entries, rows, cols, group, scale, cautious_wd, values, names):
     """The whole update of rows×cols matrices held here whole, one call: for each (index, W, momentum,
     grad) of `entries` (views of shape (rows, cols)), the momentum, O = orth(U) by the Orthogonalizer
-    `ns`, and the apply with `scale` and the param group's hyper-parameters."""
+    `ns`, and the apply with `scale`, cautious_wd and the param group's hyper-parameters."""
     ops = Operands()
     device, stream = engine_device(entries[0][1].device)
     grads = [ops.read(g) for _, _, _, g in entries]
@@ -117,5 +116,5 @@ def muon_update(ns, entries, rows, cols, group, scale, values, names):
     params = [ops.write(w) for _, w, _, _ in entries]
     ns.muon_update(grads, momenta, params, rows, cols, values.keep([i for i, _, _, _ in entries]), values.grad_scale,
                    group["momentum"], group["nesterov"], host_number(group["lr"]), group["weight_decay"], scale,
-                   device=device, stream=stream, names=names)
+                   cautious_wd, device=device, stream=stream, names=names)
     ops.write_back()

@@ -20,14 +20,13 @@ import dmuon
 from dmuon.torch.adamw import adamw_step
 from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
 from dmuon.torch.collectives import Group
+from dmuon.torch.dense import check_writable
 from dmuon.torch.gradient_check import GradientCheck
 from dmuon.torch.layout import describe, is_dtensor
-from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, engine_target, matrices_of, muon_scale
+from dmuon.torch.muon_options import MuonOptions, check_options
+from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, engine_target, matrices_of
 from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
 
-_COEFFS = ("keller", "you", "polar-express")
-_ALGOS = ("auto", "standard", "gram")
-_SCALES = ("original", "match_rms_adamw")
 _BALANCERS = ("milp", "lpt", "rr")
 _COUNTERS = ("updates", "skipped_steps")  # kept in every param group, so checkpoints carry them
 
@@ -40,11 +39,15 @@ class DMuon(torch.optim.Optimizer):
     process), DTensors (FSDP2 Shard(0), HSDP (Replicate(), Shard(0)), or Replicate(), on a mesh of
     the optimizer's group's ranks) or dmuon.torch.Sharded descriptions of dim-0 chunks.
 
-    `defaults` holds the per-group hyper-parameters under their keyword names (lr, momentum,
-    nesterov, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param group
-    is all-Muon (keys lr, momentum, nesterov, weight_decay) or all-AdamW (lr, betas, eps,
-    weight_decay), so a group's "lr" is the lr of every parameter in it and LR schedulers set it as
-    torch.optim's. lr and weight_decay, given to DMuon or in a group, reach every parameter;
+    `defaults` holds the per-group hyper-parameters and options under their keyword names (lr, momentum,
+    nesterov, weight_decay, Muon's options ns_steps, coeffs, algo, scale, extra_scale_factor, cautious_wd,
+    split_heads, split_sizes, split_dim, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param
+    group is all-Muon (keys lr, momentum, nesterov, weight_decay and Muon's options) or all-AdamW (lr,
+    betas, eps, weight_decay), so a group's "lr" is the lr of every parameter in it and LR schedulers set
+    it as torch.optim's. Muon's options (muon_options.py: the Newton–Schulz and its split, the update
+    scale, cautious weight decay) are read from a group when its matrices are tracked (construction,
+    add_param_group) and when a state_dict is loaded. lr and weight_decay, given to DMuon or in a group,
+    reach every parameter;
     adamw_lr and adamw_weight_decay (None: lr's, weight_decay's) only AdamW's, before them.
     A user group becomes one param group, or two (Muon's, then AdamW's) when it has no use_muon and
     holds both kinds; named parameters put "param_names" in their groups (split_groups in params.py;
@@ -85,28 +88,28 @@ class DMuon(torch.optim.Optimizer):
     # pin; trainer.hpp's 3e-3 is the GPT example's.
     def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=None,
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, ns_steps=5, coeffs="keller",
-                 algo="auto", scale="match_rms_adamw", balancer="milp", process_group=None, clip_grad_norm=None,
-                 nonfinite="error", state_dtype=torch.float32, experts=is_expert_stack_by_default, tune_cache="",
-                 ns_dtype=None):
+                 algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0, cautious_wd=False, split_heads=None,
+                 split_sizes=None, split_dim=0, balancer="milp",
+                 process_group=None, clip_grad_norm=None, nonfinite="error", state_dtype=torch.float32,
+                 experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None):
         ns_dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(ns_dtype, ns_dtype)
         _check_choice("ns_dtype", ns_dtype, (None, "float32", "bfloat16"))
-        _check_choice("coeffs", coeffs, _COEFFS)
-        _check_choice("algo", algo, _ALGOS)
-        _check_choice("scale", scale, _SCALES)
+        _check_defaults(lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay)
+        muon = dict(ns_steps=ns_steps, coeffs=coeffs, algo=algo, scale=scale, extra_scale_factor=extra_scale_factor,
+                    cautious_wd=cautious_wd, split_heads=split_heads, split_sizes=split_sizes, split_dim=split_dim)
+        check_options(muon, "DMuon")
         _check_choice("balancer", balancer, _BALANCERS)
         _check_choice("nonfinite", nonfinite, ("error", "skip"))
-        if int(ns_steps) < 1:
-            raise ValueError(f"DMuon: ns_steps must be >= 1, got {ns_steps}")
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ValueError(f"DMuon: clip_grad_norm must be > 0 or None, got {clip_grad_norm}")
         if state_dtype is not None and not (isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point):
             raise ValueError(f"DMuon: state_dtype must be a floating-point torch.dtype or None, got {state_dtype!r}")
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, adamw_lr=adamw_lr,
-                        adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay)
+                        adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay,
+                        **muon)
         self.comm = Group(process_group)
         self.clip_grad_norm = clip_grad_norm
         self.nonfinite = nonfinite
-        self.scale_kind = scale
         self.state_dtype = state_dtype
         self.experts = experts
         self._balancer = balancer
@@ -123,10 +126,9 @@ class DMuon(torch.optim.Optimizer):
         self._constructed = False
         super().__init__(torch_groups, defaults)  # its add_param_group calls only append them
         self._constructed = True
-        # check_finite=False: the GradientCheck has checked every gradient, so a bucket's Newton-Schulz on a GPU
-        # need not wait for its inputs' norms (the next bucket's all-to-all overlaps it).
-        self._ns_options = dict(coeffs=coeffs, algo=algo, steps=int(ns_steps), check_finite=False, dtype=ns_dtype)
-        self.ns = dmuon.Orthogonalizer(**self._ns_options, threads=self._threads, tune_cache=tune_cache)
+        self._ns_dtype = ns_dtype  # Newton–Schulz's compute dtype, every group's (None: the device's default)
+        self._ns = {}  # MuonOptions.newton_schulz → dmuon.Orthogonalizer (ns_of)
+        self.ns = self.ns_of(MuonOptions.of_group(defaults))  # the constructor's setting
         self._pending = []  # the GradientChecks of steps not settled yet, oldest first
         self._last_grad_norm = 0.0
         self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
@@ -164,6 +166,8 @@ class DMuon(torch.optim.Optimizer):
                 _check_hyper(g)
                 for name, p in g["named"]:
                     layout = describe(name, p, self.comm.pg, self.comm.ranks, self.comm.rank)
+                    if not layout.held_elsewhere:
+                        check_writable(name, layout.local(layout.tensor))
                     if id(layout.tensor) in seen:
                         raise ValueError(f"DMuon: some parameters appear in more than one parameter group: "
                                          f"'{name}' (also '{seen[id(layout.tensor)]}')")
@@ -171,6 +175,10 @@ class DMuon(torch.optim.Optimizer):
                     if g["use_muon"] and self.experts(name, layout.global_shape) and len(layout.global_shape) != 3:
                         raise ValueError(f"DMuon: parameter '{name}' of shape {layout.global_shape} is marked a "
                                          "stack of experts (the experts predicate); a stack is (E, rows, cols)")
+                    if g["use_muon"]:
+                        for expert, rows, cols in matrices_of(layout.global_shape,
+                                                              self.experts(name, layout.global_shape)):
+                            MuonOptions.of_group(g).blocks(rows, cols, name)
                     if layout.held is not None and not g["use_muon"]:
                         raise ValueError(f"DMuon: parameter '{name}' is held on its owner "
                                          "(dmuon.torch.hold_on_owners) for Muon, but its param group is AdamW's")
@@ -212,16 +220,38 @@ class DMuon(torch.optim.Optimizer):
             self._groups.append(group)
             if group["use_muon"]:
                 for expert, rows, cols in matrices_of(layout.global_shape, self.experts(name, layout.global_shape)):
+                    if rows == 0 or cols == 0:
+                        continue  # an empty matrix: nothing to orthogonalize or update
                     matrices.append(MuonMatrix(i, expert, name + ("" if expert is None else f"[{expert}]"), layout,
-                                               group, rows, cols, muon_scale(rows, cols, self.scale_kind)))
+                                               group, rows, cols, MuonOptions.of_group(group)))
         assign_owners(matrices, self.comm.world,
                       lambda shapes, world: plan_on_rank0(self.comm, shapes, self._balancer, self._threads,
                                                           self._tune_cache))
         self._matrices.extend(matrices)
         self.owners.update((k.name, k.owner) for k in matrices)
+        for k in matrices:
+            self.ns_of(k.options)
         self._buckets = _buckets(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
         for i in range(first, len(self._layouts)):
             self._zero_state(i)
+
+    def ns_of(self, options):
+        """The Newton–Schulz engine handle of a MuonOptions' setting, one per distinct setting. check_finite=False:
+        the GradientCheck has checked every gradient, so a bucket's Newton-Schulz on a GPU need not wait for its
+        inputs' norms (the next bucket's all-to-all overlaps it)."""
+        coeffs, algo, steps = options.newton_schulz
+        if options.newton_schulz not in self._ns:
+            self._ns[options.newton_schulz] = dmuon.Orthogonalizer(
+                coeffs=coeffs, algo=algo, steps=steps, check_finite=False, threads=self._threads,
+                tune_cache=self._tune_cache, dtype=self._ns_dtype)
+        return self._ns[options.newton_schulz]
+
+    def _refreeze_options(self):
+        """Every Muon matrix's options from its param group again (after load_state_dict), and the buckets."""
+        for k in self._matrices:
+            k.options = MuonOptions.of_group(k.group)
+            self.ns_of(k.options)
+        self._buckets = _buckets(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
 
     @property
     def updates(self):
@@ -301,7 +331,7 @@ class DMuon(torch.optim.Optimizer):
             layout = self._layouts[i]
             return layout.local(self.state[layout.tensor]["momentum_buffer"])
 
-        muon = MuonStep(self.comm, self.ns, momentum, grads, check)
+        muon = MuonStep(self.comm, self.ns_of, momentum, grads, check)
         me = self.comm.rank
         # Every matrix that may have a gradient takes part (whether it has one anywhere is known on the
         # device only); owner-held buckets (their own, see _buckets) run on the owner alone: nothing travels.
@@ -415,9 +445,12 @@ class DMuon(torch.optim.Optimizer):
                 else:
                     self._zero_state(index)
                 index += 1
+            if g["use_muon"]:
+                check_options(saved, f"DMuon.load_state_dict: the group of '{self.param_groups_names[index - 1]}'")
             for k, v in saved.items():  # in place: MuonMatrix and _groups hold these dicts
                 if k != "params":
                     g[k] = copy.deepcopy(v)
+        self._refreeze_options()
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
 
@@ -425,20 +458,21 @@ class DMuon(torch.optim.Optimizer):
 
     def __getstate__(self):
         """torch.optim.Optimizer's (defaults, state, param_groups) and DMuon's own attributes, but the
-        Newton–Schulz engine (rebuilt by __setstate__) and the hooks (a copy has none, as torch's). The
+        Newton–Schulz engine handles (rebuilt by __setstate__) and the hooks (a copy has none, as torch's). The
         process group is shared by a deep copy and pickled as the default group (collectives.Group)."""
         if any(layout.held is not None for layout in self._layouts):
             raise TypeError("DMuon over owner-held parameters (dmuon.torch.hold_on_owners) cannot be copied or "
                             "pickled: their hooks and buffers belong to the model; save its state_dict() instead")
         self._settle()
         state = super().__getstate__()
-        state.update((k, v) for k, v in self.__dict__.items() if k != "ns" and not k.startswith("_optimizer_"))
+        state.update((k, v) for k, v in self.__dict__.items()
+                     if k not in ("ns", "_ns") and not k.startswith("_optimizer_"))
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
-        self.ns = dmuon.Orthogonalizer(**self._ns_options, threads=self._threads,
-                                       tune_cache=self.__dict__.get("_tune_cache", ""))
+        self._ns = {}
+        self.ns = self.ns_of(MuonOptions.of_group(self.defaults))
 
     def _load_entry(self, i, name, entry):
         mine = self.state[self._layouts[i].tensor]
@@ -468,34 +502,62 @@ def _check_choice(name, value, choices):
 
 
 def _check_hyper(g):
-    where = f"param group of '{g['named'][0][0]}'"
-    if torch.is_tensor(g["lr"]) and g["lr"].numel() != 1:
-        raise ValueError(f"DMuon: {where}: Tensor lr must be 1-element, got shape {tuple(g['lr'].shape)}")
-    if not g["lr"] >= 0:
-        raise ValueError(f"DMuon: {where}: lr must be >= 0, got {g['lr']}")
+    """A param group's values, torch.optim's checks (after _check_defaults) with the group named."""
+    where = f"DMuon: param group of '{g['named'][0][0]}': "
     if g["use_muon"]:
-        if not 0 <= g["momentum"] < 1:
-            raise ValueError(f"DMuon: {where}: momentum must be in [0, 1), got {g['momentum']}")
+        _check_values(where, "", lr=g["lr"], momentum=g["momentum"], weight_decay=g["weight_decay"])
+        check_options(g, where[:-2])
     else:
-        b1, b2 = g["betas"]
-        if not (0 <= b1 < 1 and 0 <= b2 < 1):
-            raise ValueError(f"DMuon: {where}: betas must be in [0, 1), got {g['betas']}")
-        if not g["eps"] > 0:
-            raise ValueError(f"DMuon: {where}: eps must be > 0, got {g['eps']}")
+        _check_values(where, "", lr=g["lr"], eps=g["eps"], betas=g["betas"], weight_decay=g["weight_decay"])
+
+
+def _check_defaults(lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay):
+    """DMuon's hyper-parameter arguments, checked before its parameters as torch.optim's optimizers do, with
+    their messages (the adamw_ arguments named after them)."""
+    _check_values("", "", lr=lr, momentum=momentum, weight_decay=weight_decay)
+    _check_values("", " (adamw_lr)", lr=adamw_lr)
+    _check_values("", " (adamw_eps)", eps=adamw_eps)
+    _check_values("", " (adamw_betas)", betas=adamw_betas)
+    _check_values("", " (adamw_weight_decay)", weight_decay=adamw_weight_decay)
+
+
+def _check_values(prefix, suffix, lr=None, momentum=None, eps=None, betas=None, weight_decay=None):
+    """ValueError with torch.optim's message (Adam's, SGD's) for the first bad value given (None: not
+    given); a Muon momentum must also be below 1 and eps above 0."""
+    def bad(message):
+        raise ValueError(prefix + message + suffix)
+
+    if torch.is_tensor(lr) and lr.numel() != 1:
+        bad("Tensor lr must be 1-element")
+    if lr is not None and not 0.0 <= lr:
+        bad(f"Invalid learning rate: {lr}")
+    if momentum is not None and not 0.0 <= momentum < 1.0:
+        bad(f"Invalid momentum value: {momentum} (Muon's momentum is in [0, 1))")
+    if eps is not None and not 0.0 < eps:
+        bad(f"Invalid epsilon value: {eps} (must be > 0)")
+    if betas is not None:
+        betas = tuple(betas)
+        if len(betas) != 2:
+            bad(f"betas must be a pair (beta1, beta2), got {betas}")
+        for i, beta in enumerate(betas):
+            if not 0.0 <= beta < 1.0:
+                bad(f"Invalid beta parameter at index {i}: {beta}")
+    if weight_decay is not None and not 0.0 <= weight_decay:
+        bad(f"Invalid weight_decay value: {weight_decay}")
 
 
 def _buckets(matrices, state_dtype_of):
-    """Muon matrices batched by (rows, cols, momentum dtype, device, owner-held), largest
+    """Muon matrices batched by (rows, cols, momentum dtype, device, owner-held, options), largest
     Newton–Schulz work first (its communication then overlaps the smaller buckets' Newton–Schulz);
     ties in a fixed order. Owner-held matrices get buckets of their own, which move nothing."""
     by_key = {}
     for k in matrices:
         key = (k.rows, k.cols, str(state_dtype_of(k)), k.layout.local(k.layout.tensor).device.type,
-               k.layout.held is not None)
+               k.layout.held is not None, k.options)
         by_key.setdefault(key, []).append(k)
 
     def work(key):
         rows, cols = key[0], key[1]
         m, n = min(rows, cols), max(rows, cols)
-        return (-len(by_key[key]) * m * m * n, key)
+        return (-len(by_key[key]) * m * m * n, key[:-1], repr(key[-1]))
     return [by_key[key] for key in sorted(by_key, key=work)]

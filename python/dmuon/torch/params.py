@@ -30,6 +30,7 @@ import warnings
 
 import torch
 
+from dmuon.torch import muon_options
 from dmuon.torch.layout import Sharded
 
 _EMBEDDING_COMPONENT = re.compile(r"^emb|_emb")
@@ -41,12 +42,12 @@ _TOKEN_NAME = re.compile(r"tokens?$")
 # The hyper-parameters a group may set, and the kind of parameter each is used by. "lr" and
 # "weight_decay" are every parameter's; the adamw_ keys (and torch.optim.AdamW's betas, eps) only
 # AdamW's, and an AdamW parameter's adamw_lr / adamw_weight_decay take precedence over lr / weight_decay.
-MUON_ONLY = ("momentum", "nesterov")
+# Muon's options (muon_options.py) are frozen per matrix when the optimizer tracks it.
+MUON_ONLY = ("momentum", "nesterov") + muon_options.KEYS
 ADAMW_ONLY = ("adamw_lr", "adamw_betas", "adamw_eps", "adamw_weight_decay", "betas", "eps")
 GROUP_KEYS = ("lr", "weight_decay") + MUON_ONLY + ADAMW_ONLY
-# DMuon's options of the whole optimizer: one Newton–Schulz, one scale rule, one global gradient norm.
-OPTIMIZER_OPTIONS = ("ns_steps", "coeffs", "algo", "scale", "balancer", "process_group", "clip_grad_norm",
-                     "nonfinite", "state_dtype", "experts")
+# DMuon's options of the whole optimizer: one owner planner, one process group, one global gradient norm.
+OPTIMIZER_OPTIONS = ("balancer", "process_group", "clip_grad_norm", "nonfinite", "state_dtype", "experts")
 
 _SET_WARNING = ("optimizer parameters need to be organized in ordered collections, but the ordering of tensors "
                 "in sets will change between runs. Please use a list instead.")
@@ -140,7 +141,7 @@ def _hyper(group, defaults, muon):
     """A half's hyper-parameters: the group's own value, else the optimizer's (defaults); for AdamW
     the adamw_ spelling first at each level (None in defaults: the same as lr / weight_decay)."""
     if muon:
-        return {key: group.get(key, defaults[key]) for key in ("lr", "momentum", "nesterov", "weight_decay")}
+        return {key: group.get(key, defaults[key]) for key in ("lr", "weight_decay") + MUON_ONLY}
 
     def pick(*keys):  # the first of keys set (not None) in the group, else in defaults
         return next((v for v in (source.get(k) for source in (group, defaults) for k in keys) if v is not None), None)
@@ -155,7 +156,9 @@ def split_groups(params, defaults, first_group=0, warn=False, named_groups=None)
     that a group without use_muon whose parameters are of both kinds becomes two consecutive
     groups, its Muon parameters' then its AdamW parameters' (a plain list is one user group).
 
-    A group's "lr" and "weight_decay" are every parameter's; momentum and nesterov Muon's; adamw_lr,
+    A group's "lr" and "weight_decay" are every parameter's; momentum, nesterov and Muon's options
+    (muon_options.KEYS: ns_steps, coeffs, algo, scale, extra_scale_factor, cautious_wd, split_heads,
+    split_sizes, split_dim) Muon's; adamw_lr,
     adamw_weight_decay, adamw_betas (or betas) and adamw_eps (or eps) AdamW's. A key that none of
     the group's parameters uses, an option of the whole optimizer, or an unknown key raises
     ValueError. Groups are numbered from first_group in made-up names and messages. warn: issue the
@@ -184,8 +187,8 @@ def split_groups(params, defaults, first_group=0, warn=False, named_groups=None)
             raise ValueError(f"DMuon: param group {g} has no 'params'")
         options = sorted(set(group) & set(OPTIMIZER_OPTIONS))
         if options:
-            raise ValueError(f"DMuon: param group {g} sets {options}, options of the whole optimizer (one "
-                             "Newton–Schulz, one scale rule, one global gradient norm): pass them to DMuon()")
+            raise ValueError(f"DMuon: param group {g} sets {options}, options of the whole optimizer (one owner "
+                             "planner, one process group, one global gradient norm): pass them to DMuon()")
         unknown = sorted(set(group) - {"params", "use_muon"} - set(GROUP_KEYS))
         if unknown:
             raise ValueError(f"DMuon: param group {g} has unknown keys {unknown}")

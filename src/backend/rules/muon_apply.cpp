@@ -7,7 +7,7 @@ namespace dmuon::rules {
 template <>
 void run_on_cpu(const MuonApply& rule) {
   muon_apply_loop(rule.w.data(), rule.o.data(), static_cast<int64_t>(rule.w.size()), rule.decay, rule.neg_lr,
-                  rule.scale, !rule.keep || *rule.keep != 0.0f);
+                  rule.scale, !rule.keep || *rule.keep != 0.0f, rule.cautious_wd);
 }
 
 }  // namespace dmuon::rules
