@@ -7,6 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config
   libopenblas-dev            # BLAS (sgemm, ssyrk)
+  libdnnl-dev                # oneDNN: bfloat16 Newton-Schulz on the CPU (optional to the build)
   libopenmpi-dev openmpi-bin # transport
   coinor-libcbc-dev          # MILP solver for the planner
   nlohmann-json3-dev         # JSON (caches, plans, --json output)

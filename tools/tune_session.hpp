@@ -70,7 +70,7 @@ struct TuneSessionArgs {
     auto bar = std::make_shared<CountProgress>(stderr, parse_progress_mode(progress));
     TuneSessionOptions o = session_options(cache_path(), n, bar);
     o.rounds = rounds;
-    if (device.gpu()) {
+    if (device.gpu() || device.iterates() != DType::f32) {  // bf16 on the CPU: timed (and keyed) in bf16
       o.backend = &device.backend();
       o.dtype = device.iterates();
     }

@@ -6,10 +6,16 @@
 // With --batch K > 1 each row runs K same-shape matrices through newton_schulz_batched; with
 // --batch-mode best (the default) a probe of each mode picks the faster, which is then timed and
 // reported with its name (the JSON also gives each mode's probe time).
+//
+// Both precisions side by side on the CPU: where its backend computes in bfloat16 (oneDNN) the rows `standard`,
+// `gram` and `auto` run again with bf16 iterates (dtype bfloat16; --dtype f32 leaves them out, --dtype bf16 keeps
+// only them beside `reference`), each row's % of peak against its own precision's measured peak: OpenBLAS's sgemm
+// for float32, oneDNN's bf16 matmul for bfloat16 (oneDNN's float32 matmul is measured beside them).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -18,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cpu_bf16.hpp"
 #include "cli_kit/cli.hpp"
 #include "cli_kit/device_args.hpp"
 #include "device_ns_bench.hpp"
@@ -84,14 +91,13 @@ class Stopwatch {
   double cpu0_;
 };
 
-// Best-of-`repeats` GFLOP/s of a 2048³ sgemm with the current BLAS threads (wall and cpu).
-Timing sgemm_peak_gflops(int repeats) {
-  constexpr int64_t n = 2048;
-  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+// Best-of-`repeats` GFLOP/s of `product`, a 2048³ matrix product with the current threads (wall and cpu).
+Timing peak_gflops(int repeats, const std::function<void()>& product) {
+  constexpr double n = 2048;
   Timing best{1e30, 1e30};
   for (int r = 0; r < repeats + 1; ++r) {  // the first run warms up and is not counted
     const Stopwatch watch;
-    dmuon::linalg::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    product();
     const Timing t = watch.elapsed();
     if (r > 0) best = {std::min(best.wall, t.wall), std::min(best.cpu, t.cpu)};
   }
@@ -99,8 +105,35 @@ Timing sgemm_peak_gflops(int repeats) {
   return {flops / best.wall / 1e9, flops / best.cpu / 1e9};
 }
 
+// oneDNN's 2048³ matmul in `dtype` (float32, or bfloat16 with float32 accumulation), the products of the CPU's bf16
+// Newton–Schulz; the operands live as long as the returned function.
+std::function<void()> onednn_product_2048(dmuon::DType dtype) {
+  constexpr int64_t n = 2048;
+  if (dtype == dmuon::DType::bf16) {
+    auto m = std::make_shared<std::vector<uint16_t>>(3 * n * n, uint16_t{0x3f00});  // 0.5
+    return [m] {
+      uint16_t* p = m->data();
+      dmuon::cpu_bf16::gemm(false, false, n, n, n, 1.0f, p, n, p + n * n, n, 0.0f, p + 2 * n * n, n);
+    };
+  }
+  auto m = std::make_shared<std::vector<float>>(3 * n * n, 0.5f);
+  return [m] {
+    float* p = m->data();
+    dmuon::cpu_bf16::gemm_f32(false, false, n, n, n, 1.0f, p, n, p + n * n, n, 0.0f, p + 2 * n * n, n);
+  };
+}
+
+Timing sgemm_peak_gflops(int repeats) {
+  constexpr int64_t n = 2048;
+  std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+  return peak_gflops(repeats, [&] {
+    dmuon::linalg::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+  });
+}
+
 struct Row {
   std::string path, algo, mode;
+  dmuon::DType dtype = dmuon::DType::f32;
   Timing seconds;                       // median seconds per matrix in `mode`
   std::map<std::string, double> probe;  // batch mode → seconds per matrix of its probe (mode "best")
 };
@@ -135,7 +168,7 @@ Timing time_per_matrix(Inputs& inputs, size_t k, Shape s, const dmuon::NsOptions
 // Per path: with several batch modes, a probe of each on `threads` matrices (one per worker, so
 // both modes see the same per-matrix work) picks the faster; the chosen modes then run the whole
 // batch `repeats` times, paths interleaved. Probing on a slice keeps `make demo` short.
-std::vector<Row> bench_shape(Shape s, const BenchArgs& args) {
+std::vector<Row> bench_shape(Shape s, const BenchArgs& args, const std::vector<dmuon::DType>& dtypes) {
   Inputs inputs(args.batch, s);
   std::vector<dmuon::NsBatchMode> modes = {dmuon::NsBatchMode::sequential};
   if (args.batch > 1 && args.batch_mode != "sequential") {
@@ -146,26 +179,33 @@ std::vector<Row> bench_shape(Shape s, const BenchArgs& args) {
     const char* name;
     dmuon::NsAlgo algo;
     bool symmetric;
+    dmuon::DType dtype;
   };
-  const Path paths[] = {{"reference", dmuon::NsAlgo::standard, false},
-                        {"standard", dmuon::NsAlgo::standard, true},
-                        {"gram", dmuon::NsAlgo::gram, true},
-                        {"auto", dmuon::NsAlgo::automatic, true}};
+  std::vector<Path> paths = {{"reference", dmuon::NsAlgo::standard, false, dmuon::DType::f32}};
+  for (const dmuon::DType dtype : dtypes) {
+    paths.push_back({"standard", dmuon::NsAlgo::standard, true, dtype});
+    paths.push_back({"gram", dmuon::NsAlgo::gram, true, dtype});
+    paths.push_back({"auto", dmuon::NsAlgo::automatic, true, dtype});
+  }
   const auto options_for = [](const Path& p, dmuon::NsBatchMode mode) {
     dmuon::NsOptions options;
     options.algo = p.algo;
     options.symmetric = p.symmetric;
     options.batch_mode = mode;
+    options.dtype = p.dtype;
+    if (p.dtype == dmuon::DType::bf16) options.restarts = {1, 3};  // DESIGN 2.2: half precision
     return options;
   };
   const size_t k = inputs.in.size(), probe_k = std::min<size_t>(k, dmuon::linalg::threads());
   // Untimed: grows the pooled workspaces of every worker to this shape and pages them in.
-  for (dmuon::NsBatchMode mode : modes) time_per_matrix(inputs, probe_k, s, options_for(paths[2], mode));
+  for (const Path& p : paths) {
+    for (dmuon::NsBatchMode mode : modes) time_per_matrix(inputs, probe_k, s, options_for(p, mode));
+  }
 
   std::vector<Row> rows;
   std::vector<dmuon::NsBatchMode> chosen;
   for (const Path& p : paths) {
-    Row row{p.name, dmuon::to_string(dmuon::ns_resolve_algo(p.algo, s.rows, s.cols)), "", {}, {}};
+    Row row{p.name, dmuon::to_string(dmuon::ns_resolve_algo(p.algo, s.rows, s.cols)), "", p.dtype, {}, {}};
     dmuon::NsBatchMode best_mode = modes[0];
     if (modes.size() > 1) {
       double best = 1e30;
@@ -215,12 +255,26 @@ void run_bench(const BenchArgs& args) {
     DMUON_CHECK(failures.empty(), "bench ns --device ", args.device.device, ": a shape failed\n", failures);
     return;
   }
-  DMUON_CHECK(args.device.iterates() == dmuon::DType::f32, "--dtype bf16 needs --device cuda");
+  const bool bf16 = dmuon::cpu_backend().supports(dmuon::DType::bf16);
+  std::vector<dmuon::DType> dtypes = {dmuon::DType::f32};
+  if (args.device.dtype == "bf16") {
+    DMUON_CHECK(bf16, "--dtype bf16: ", dmuon::cpu_backend().description(), " computes in float32 only (no oneDNN)");
+    dtypes = {dmuon::DType::bf16};
+  } else if (args.device.dtype == "auto" && bf16) {
+    dtypes.push_back(dmuon::DType::bf16);
+  }
   if (args.threads > 0) dmuon::linalg::set_threads(args.threads);
   const int threads = dmuon::linalg::threads();
 
-  std::fprintf(stderr, "bench ns: sgemm peak (2048^3, %d threads)\n", threads);
-  const Timing peak = sgemm_peak_gflops(std::max(args.repeats, 3));
+  std::fprintf(stderr, "bench ns: matrix product peaks (2048^3, %d threads)\n", threads);
+  const int peak_repeats = std::max(args.repeats, 3);
+  const Timing peak = sgemm_peak_gflops(peak_repeats);
+  std::map<std::string, Timing> peaks = {{"openblas_f32", peak}};
+  if (bf16) {
+    peaks["onednn_f32"] = peak_gflops(peak_repeats, onednn_product_2048(dmuon::DType::f32));
+    peaks["onednn_bf16"] = peak_gflops(peak_repeats, onednn_product_2048(dmuon::DType::bf16));
+  }
+  const auto peak_of = [&](dmuon::DType dtype) { return dtype == dmuon::DType::bf16 ? peaks["onednn_bf16"] : peak; };
 
   nlohmann::json out = {{"blas", dmuon::linalg::blas_description()},
                         {"cpu", dmuon::linalg::cpu_model()},
@@ -231,22 +285,27 @@ void run_bench(const BenchArgs& args) {
                         {"steps", 5},
                         {"sgemm_peak_gflops", peak.wall},
                         {"sgemm_peak_gflops_cpu", peak.cpu},
+                        {"backend", dmuon::cpu_backend().description()},
+                        {"peak_gflops", nlohmann::json::object()},
                         {"shapes", nlohmann::json::array()}};
+  for (const auto& [name, p] : peaks) out["peak_gflops"][name] = {{"wall", p.wall}, {"cpu", p.cpu}};
   for (const Shape& s : shapes) {
-    const std::vector<Row> rows = bench_shape(s, args);
+    const std::vector<Row> rows = bench_shape(s, args, dtypes);
     const double flops = dmuon::standard_ns_flops(s.rows, s.cols, 5);
     nlohmann::json js = {{"rows", s.rows}, {"cols", s.cols}, {"paths", nlohmann::json::array()}};
     for (const Row& r : rows) {
       const double gflops = flops / r.seconds.wall / 1e9, gflops_cpu = flops / r.seconds.cpu / 1e9;
+      const Timing own = peak_of(r.dtype);
       js["paths"].push_back({{"path", r.path},
                              {"algo", r.algo},
+                             {"dtype", dmuon::to_string(r.dtype)},
                              {"batch_mode", r.mode},
                              {"seconds_per_matrix", r.seconds.wall},
                              {"useful_gflops", gflops},
-                             {"fraction_of_peak", gflops / peak.wall},
+                             {"fraction_of_peak", gflops / own.wall},
                              {"ratio_to_reference", r.seconds.wall / rows[0].seconds.wall},
                              {"cpu_seconds_per_matrix", r.seconds.cpu},
-                             {"fraction_of_peak_cpu", gflops_cpu / peak.cpu},
+                             {"fraction_of_peak_cpu", gflops_cpu / own.cpu},
                              {"cpu_ratio_to_reference", r.seconds.cpu / rows[0].seconds.cpu},
                              {"probe_seconds_by_mode", r.probe}});
     }
@@ -257,21 +316,26 @@ void run_bench(const BenchArgs& args) {
     std::printf("%s\n", out.dump(1).c_str());
     return;
   }
-  std::printf("Newton-Schulz, 5 steps, keller, float32; %s; %s\n", out["blas"].get<std::string>().c_str(),
+  std::printf("Newton-Schulz, 5 steps, keller; %s; %s\n", out["backend"].get<std::string>().c_str(),
               out["cpu"].get<std::string>().c_str());
   std::printf(
       "%d BLAS threads, batch %d (%s), median of %d; sgemm peak %.1f GFLOP/s wall, %.1f cpu (2048^3, best of %d)\n",
       threads, args.batch, args.batch_mode.c_str(), args.repeats, peak.wall, peak.cpu, std::max(args.repeats, 3));
+  for (const auto& [name, p] : peaks) {
+    if (name != "openblas_f32") std::printf("%s peak %.1f GFLOP/s wall, %.1f cpu (2048^3)\n", name.c_str(), p.wall, p.cpu);
+  }
   std::printf(
-      "useful GFLOP/s = plain standard flops (20m^2n + 10m^3) / wall time; cpu = process CPU time / threads\n\n");
-  std::printf("%-11s %-10s %-9s %-10s %10s %8s %8s %7s %10s %8s %7s\n", "shape", "path", "algo", "mode", "ms/matrix",
-              "GFLOP/s", "% peak", "x ref", "cpu ms", "cpu %pk", "cpu x");
+      "useful GFLOP/s = plain standard flops (20m^2n + 10m^3) / wall time; cpu = process CPU time / threads;\n"
+      "%% peak: of the row's own precision (float32: the sgemm peak; bfloat16: onednn_bf16)\n\n");
+  std::printf("%-11s %-10s %-9s %-9s %-10s %10s %8s %8s %7s %10s %8s %7s\n", "shape", "path", "algo", "dtype", "mode",
+              "ms/matrix", "GFLOP/s", "% peak", "x ref", "cpu ms", "cpu %pk", "cpu x");
   for (const auto& js : out["shapes"]) {
     const std::string shape =
         std::to_string(js["rows"].get<int64_t>()) + "x" + std::to_string(js["cols"].get<int64_t>());
     for (const auto& p : js["paths"]) {
-      std::printf("%-11s %-10s %-9s %-10s %10.2f %8.1f %7.1f%% %7.3f %10.2f %7.1f%% %7.3f\n", shape.c_str(),
+      std::printf("%-11s %-10s %-9s %-9s %-10s %10.2f %8.1f %7.1f%% %7.3f %10.2f %7.1f%% %7.3f\n", shape.c_str(),
                   p["path"].get<std::string>().c_str(), p["algo"].get<std::string>().c_str(),
+                  p["dtype"].get<std::string>().c_str(),
                   p["batch_mode"].get<std::string>().c_str(), 1e3 * p["seconds_per_matrix"].get<double>(),
                   p["useful_gflops"].get<double>(), 100 * p["fraction_of_peak"].get<double>(),
                   p["ratio_to_reference"].get<double>(), 1e3 * p["cpu_seconds_per_matrix"].get<double>(),

@@ -54,9 +54,9 @@ enum {
  * device as it found it. */
 typedef enum { DMUON_DEVICE_CPU = 0, DMUON_DEVICE_CUDA = 1 } dmuon_device;
 /* Storage type of the data passed to dmuon_ns_run and dmuon_adamw_step. bfloat16 data is widened to
- * float32 (exactly), computed on and rounded back once per value (nearest even): on the CPU in float32
- * throughout; on a GPU, Newton-Schulz keeps its iterates in bfloat16 (float32 accumulation, DESIGN 2.2's
- * half-precision restarts) and AdamW computes in float32. */
+ * float32 (exactly), computed on and rounded back once per value (nearest even). The storage type is not
+ * Newton-Schulz's compute dtype (its iterates' type, products accumulating in float32): that is the handle's,
+ * dmuon_ns_set_dtype. AdamW computes in float32. */
 typedef enum { DMUON_DTYPE_F32 = 0, DMUON_DTYPE_BF16 = 1 } dmuon_dtype;
 
 /* The message of the last failing call on this thread ("" when none). */
@@ -94,6 +94,14 @@ DMUON_C_API const char* dmuon_ns_warning(const dmuon_ns* ns);
  * that check their gradients before (dmuon.torch.DMuon does), so one bucket's Newton-Schulz queues behind the
  * previous bucket's communication instead of waiting for it. */
 DMUON_C_API int dmuon_ns_set_check_finite(dmuon_ns* ns, int check);
+/* Newton-Schulz's compute dtype for this handle's dmuon_ns_run and dmuon_muon_update, chosen by the caller (never
+ * inferred from the data's storage type): DMUON_DTYPE_F32, DMUON_DTYPE_BF16 (bfloat16 iterates, float32
+ * accumulation, DESIGN 2.2's half-precision restarts; on the CPU it needs oneDNN, else the run fails naming the
+ * device), or DMUON_NS_DTYPE_DEFAULT (a new handle's setting): the device's default, on the CPU bfloat16 where it
+ * has bf16 matrix units (AVX-512 BF16, AMX) and float32 elsewhere, on a GPU the data's storage type
+ * (dmuon_muon_update: bfloat16). */
+#define DMUON_NS_DTYPE_DEFAULT (-1)
+DMUON_C_API int dmuon_ns_set_dtype(dmuon_ns* ns, int dtype);
 
 /* O_i = orth(U_i) for `batch` same-shape rows×cols matrices: in[i] and out[i] point at rows·cols
  * elements of `dtype` on `device` (in[i] may equal out[i]); in_dense[i], out_dense[i] their contiguity flags. `stream` is the CUDA stream for

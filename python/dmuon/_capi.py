@@ -19,6 +19,8 @@ ABI_VERSION = 5  # DMUON_C_ABI_VERSION
 
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 DTYPE_F32, DTYPE_BF16 = 0, 1
+# Newton–Schulz's compute dtype by name (dmuon_ns_set_dtype); None: the device's default.
+NS_DTYPES = {None: -1, "float32": DTYPE_F32, "bfloat16": DTYPE_BF16}
 
 _OK, _ERR_INVALID, _ERR_UNSUPPORTED, _ERR_FAILED = 0, 1, 2, 3
 
@@ -56,6 +58,7 @@ def _load():
         "dmuon_ns_tuned_entries": (c_i64, [c_void_p]),
         "dmuon_ns_warning": (c_char_p, [c_void_p]),
         "dmuon_ns_set_check_finite": (c_int, [c_void_p, c_int]),
+        "dmuon_ns_set_dtype": (c_int, [c_void_p, c_int]),
         "dmuon_ns_run": (c_int, [c_void_p, c_int, c_int, c_void_p, p_void, p_int, p_void, p_int, c_i64, c_i64, c_i64,
                                  ctypes.POINTER(c_char_p)]),
         "dmuon_muon_momentum": (c_int, [c_int, c_void_p, c_i64, p_i64, p_void, p_int, p_int, p_void, p_int, p_int,
@@ -138,17 +141,23 @@ class Orthogonalizer:
     the shape) | "standard" | "gram"; threads: BLAS threads per call; tune_cache: a path, "" for the
     default path, None for no tuning; check_finite: run() fails naming a non-finite input, which makes it wait
     for the input's norms (on a GPU, for everything queued before); False: no wait, and a non-finite input gives
-    non-finite outputs, for callers that check their gradients first.
+    non-finite outputs, for callers that check their gradients first; dtype: Newton–Schulz's compute dtype (its
+    iterates; products accumulate in float32), "float32" or "bfloat16", asked for explicitly and never taken from the
+    data's storage type; None: the device's default (the CPU: bfloat16 where it has bf16 matrix units, AVX-512 BF16 or
+    AMX, with oneDNN, float32 elsewhere; a GPU: the data's storage type).
     """
 
     _handle = None
 
-    def __init__(self, coeffs="keller", algo="auto", steps=5, threads=1, tune_cache="", check_finite=True):
+    def __init__(self, coeffs="keller", algo="auto", steps=5, threads=1, tune_cache="", check_finite=True, dtype=None):
+        if dtype not in NS_DTYPES:
+            raise ValueError(f"Newton-Schulz dtype must be one of {sorted(NS_DTYPES, key=str)}, got {dtype!r}")
         handle = ctypes.c_void_p()
         _check(_lib.dmuon_ns_create(coeffs.encode(), algo.encode(), int(steps), int(threads),
                                     _cache_arg(tune_cache), ctypes.byref(handle)))
         self._handle = handle
         _check(_lib.dmuon_ns_set_check_finite(handle, int(bool(check_finite))))
+        _check(_lib.dmuon_ns_set_dtype(handle, NS_DTYPES[dtype]))
         self.tuned_entries = _lib.dmuon_ns_tuned_entries(handle)
         self.warning = _lib.dmuon_ns_warning(handle).decode()
 

@@ -87,12 +87,21 @@ double* Staging::norms(Backend& backend, int64_t count) {
   return reinterpret_cast<double*>(grown(norms_, backend, 2 * count));  // two float32 slots per double
 }
 
-NsOptions ns_options_for(const Backend& backend, DType storage, const NsOptions& options) {
-  NsOptions e = options;
-  if (storage == DType::bf16 && backend.supports(DType::bf16)) {
-    e.dtype = DType::bf16;
-    if (e.restarts == NsOptions{}.restarts) e.restarts = {1, 3};  // DESIGN 2.2: half precision
-  }
+DType ns_compute_dtype(const Backend& backend, std::optional<DType> asked, DType storage) {
+  const DType compute = asked ? *asked : backend.device() == DeviceKind::cpu ? backend.fastest_dtype() : storage;
+  DMUON_CHECK(backend.supports(compute), "Newton-Schulz in ", to_string(compute), " is not supported by ",
+              backend.description());
+  return compute;
+}
+
+NsOptions call_ns_options(const Backend& backend, const std::map<DType, std::vector<TuneEntry>>& tuned,
+                          const NsOptions& defaults, DType compute, int64_t rows, int64_t cols, int64_t batch) {
+  const auto entries = tuned.find(compute);
+  NsOptions e = entries == tuned.end() || entries->second.empty() || !backend.host_memory()
+                    ? defaults
+                    : tuned_options(entries->second, rows, cols, static_cast<int>(batch), defaults);
+  e.dtype = compute;
+  if (compute == DType::bf16 && e.restarts == NsOptions{}.restarts) e.restarts = {1, 3};  // DESIGN 2.2: half precision
   return e;
 }
 
@@ -101,7 +110,7 @@ void ns_run(Backend& backend, DType storage, std::span<const void* const> in, st
             Staging& staging, bool check_finite) {
   DMUON_CHECK(in.size() == out.size(), "ns_run: ", in.size(), " inputs but ", out.size(), " outputs");
   const auto batch = static_cast<int64_t>(in.size());
-  const NsOptions e = ns_options_for(backend, storage, options);
+  const NsOptions& e = options;
   double* norms = check_finite ? nullptr : staging.norms(backend, batch);
   std::vector<MatView> u(in.size()), o(in.size());
   if (storage == DType::f32) {
@@ -120,14 +129,6 @@ void ns_run(Backend& backend, DType storage, std::span<const void* const> in, st
   }
   newton_schulz_batched(backend, u, u, e, names, norms);
   for (int64_t i = 0; i < batch; ++i) backend.convert(u[i], dense_view(backend, out[i], DType::bf16, rows, cols));
-}
-
-NsOptions muon_ns_options(const Backend& backend, const std::vector<TuneEntry>& tuned, const NsOptions& defaults,
-                          int64_t rows, int64_t cols, int64_t batch) {
-  const NsOptions options = tuned.empty() || !backend.host_memory()
-                                ? defaults
-                                : tuned_options(tuned, rows, cols, static_cast<int>(batch), defaults);
-  return ns_options_for(backend, DType::bf16, options);
 }
 
 namespace {

@@ -2,7 +2,7 @@
 // checked its arguments and chosen a backend: the same calls for the CPU, for the CUDA backend (its stream joined to the caller's,
 // cuda_caller_stream.hpp) and for the tests' fenced device. The caller's data is in the backend's memory, in its
 // storage type: float32 is used in place; bfloat16 is widened into float32 staging (exact), computed there
-// (Newton–Schulz iterates in bf16 where the backend supports it, else float32) and rounded back once per value.
+// (Newton–Schulz iterates in its compute dtype, ns_compute_dtype) and rounded back once per value.
 // The staging touches the data only through backend operations (convert), so no host access to device memory.
 #pragma once
 
@@ -10,6 +10,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,23 +57,27 @@ struct QueueJoin {
 // even when work throws (the caller's queue must not run ahead of what the work did queue); rethrows after it.
 void run_joined(Backend& backend, const QueueJoin& join, const std::function<void(Backend&)>& work);
 
-// The options a batch stored as `storage` runs with on `backend`: bf16 storage takes bf16 iterates (with
-// DESIGN 2.2's half-precision restarts) where the backend supports them; float32 storage keeps `options`.
-NsOptions ns_options_for(const Backend& backend, DType storage, const NsOptions& options);
+// Newton–Schulz's compute dtype (its iterates' storage; products accumulate in float32) for data stored as `storage`
+// on `backend`: `asked` (dmuon_ns_set_dtype) when the caller chose one, never inferred from the data; else the
+// device's default: on the CPU its fastest (Backend::fastest_dtype: bf16 with bf16 matrix units and oneDNN, float32
+// elsewhere), on a GPU the storage's (bf16 data: bf16 iterates). Throws naming the device when it cannot compute in
+// the dtype asked for.
+DType ns_compute_dtype(const Backend& backend, std::optional<DType> asked, DType storage);
+
+// The options of one call of `batch` rows×cols matrices computing in `compute`: the kernel tuned for `compute`
+// where `tuned` (entries per compute dtype, timed on the CPU: a GPU runs `defaults`) has the shape, else `defaults`;
+// bf16 with DESIGN 2.2's half-precision restarts unless `defaults` set others.
+NsOptions call_ns_options(const Backend& backend, const std::map<DType, std::vector<TuneEntry>>& tuned,
+                          const NsOptions& defaults, DType compute, int64_t rows, int64_t cols, int64_t batch);
 
 // O_i = orth(U_i) for in.size() rows×cols matrices of `storage` at in[i] / out[i] (dense, row-major; out[i] may
-// equal in[i]) in `backend`'s memory. check_finite: the inputs' norms are read back and a non-finite input throws,
+// equal in[i]) in `backend`'s memory, computing as `options` says (call_ns_options). check_finite: the inputs' norms are read back and a non-finite input throws,
 // naming it (on a GPU the host then waits for everything queued before); false: the norms stay in the staging,
 // nothing is read back and a non-finite input gives non-finite outputs (for callers that check their gradients).
 void ns_run(Backend& backend, DType storage, std::span<const void* const> in, std::span<void* const> out,
             int64_t rows, int64_t cols, const NsOptions& options, std::span<const std::string> names,
             Staging& staging, bool check_finite = true);
 
-// The options a Muon update's Newton–Schulz of `batch` rows×cols matrices runs with on `backend`: the tuned kernel
-// where `tuned` has the shape (tuned for the CPU: a GPU runs `defaults`), bfloat16 iterates where the backend computes
-// in bfloat16 (a GPU; DESIGN 2.2), else float32.
-NsOptions muon_ns_options(const Backend& backend, const std::vector<TuneEntry>& tuned, const NsOptions& defaults,
-                          int64_t rows, int64_t cols, int64_t batch);
 
 // One tensor of a multi-tensor call: `data` in the caller's storage type, `size` elements.
 struct Operand {

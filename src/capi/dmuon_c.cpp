@@ -9,7 +9,9 @@
 #include <exception>
 #include <functional>
 #include <initializer_list>
+#include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -31,7 +33,9 @@
 
 struct dmuon_ns {
   dmuon::NsOptions defaults;         // the math, and the kernel when nothing is tuned
-  std::vector<dmuon::TuneEntry> tuned;  // empty: run `defaults` (entries for the CPU: a GPU runs `defaults`)
+  // Tuned entries per compute dtype (the CPU's; a GPU runs `defaults`); none for a dtype: run `defaults`.
+  std::map<dmuon::DType, std::vector<dmuon::TuneEntry>> tuned;
+  std::optional<dmuon::DType> compute;  // dmuon_ns_set_dtype; none: the device's default (ns_compute_dtype)
   std::string warning;               // why the given tuning cache was rejected
   dmuon::capi::Staging staging;      // bf16 matrices widened to float32, and unchecked norms, per backend
   bool check_finite = true;          // dmuon_ns_set_check_finite
@@ -209,8 +213,11 @@ const char* resolve_cache(const char* tune_cache, std::string& storage) {
   return storage.c_str();
 }
 
-std::vector<dmuon::TuneEntry> load_entries(const std::string& path, int threads, std::string* warning) {
-  return dmuon::TuneCache::load(path, dmuon::current_tune_key(threads), warning).entries();
+std::vector<dmuon::TuneEntry> load_entries(const std::string& path, int threads, dmuon::DType dtype,
+                                           std::string* warning) {
+  dmuon::TuneKey key = dmuon::current_tune_key(threads);
+  key.dtype = dmuon::to_string(dtype);
+  return dmuon::TuneCache::load(path, key, warning).entries();
 }
 
 void write_string(const std::string& text, char* buf, size_t cap, size_t* needed) {
@@ -244,14 +251,24 @@ int dmuon_ns_create(const char* coeffs, const char* algo, int steps, int threads
     ns->defaults.threads = threads;
     std::string path_storage;
     const char* path = resolve_cache(tune_cache, path_storage);
-    if (path && ns->defaults.algo == dmuon::NsAlgo::automatic) ns->tuned = load_entries(path, threads, &ns->warning);
+    if (path && ns->defaults.algo == dmuon::NsAlgo::automatic) {
+      ns->tuned[dmuon::DType::f32] = load_entries(path, threads, dmuon::DType::f32, &ns->warning);
+      if (dmuon::cpu_backend().supports(dmuon::DType::bf16)) {
+        std::string bf16_warning;
+        ns->tuned[dmuon::DType::bf16] = load_entries(path, threads, dmuon::DType::bf16, &bf16_warning);
+      }
+    }
     *out = ns.release();
   });
 }
 
 void dmuon_ns_destroy(dmuon_ns* ns) { delete ns; }
 
-int64_t dmuon_ns_tuned_entries(const dmuon_ns* ns) { return ns ? static_cast<int64_t>(ns->tuned.size()) : 0; }
+int64_t dmuon_ns_tuned_entries(const dmuon_ns* ns) {
+  int64_t n = 0;
+  for (const auto& [dtype, entries] : ns ? ns->tuned : decltype(ns->tuned){}) n += static_cast<int64_t>(entries.size());
+  return n;
+}
 
 const char* dmuon_ns_warning(const dmuon_ns* ns) { return ns ? ns->warning.c_str() : ""; }
 
@@ -260,6 +277,20 @@ int dmuon_ns_set_check_finite(dmuon_ns* ns, int check) {
     require(ns != nullptr, "handle is NULL");
     require(check == 0 || check == 1, "check must be 0 or 1, got " + std::to_string(check));
     ns->check_finite = check == 1;
+  });
+}
+
+int dmuon_ns_set_dtype(dmuon_ns* ns, int dtype) {
+  return guarded("dmuon_ns_set_dtype", [&] {
+    require(ns != nullptr, "handle is NULL");
+    require(dtype == DMUON_NS_DTYPE_DEFAULT || dtype_name(dtype) != nullptr,
+            "Newton-Schulz dtype must be -1 (the device's default), 0 (float32) or 1 (bfloat16), got " +
+                std::to_string(dtype));
+    if (dtype == DMUON_NS_DTYPE_DEFAULT) {
+      ns->compute.reset();
+    } else {
+      ns->compute = dtype == DMUON_DTYPE_BF16 ? dmuon::DType::bf16 : dmuon::DType::f32;
+    }
   });
 }
 
@@ -289,11 +320,9 @@ int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* 
       return (i < static_cast<size_t>(batch) ? "in[" + std::to_string(i) : "out[" + std::to_string(i - batch)) + "]";
     };
     on_device(device, stream, pointers, name_of, [&](dmuon::Backend& backend) {
-      // The tuning cache times the CPU: a GPU runs the handle's defaults.
+      const dmuon::DType compute = dmuon::capi::ns_compute_dtype(backend, ns->compute, storage);
       const dmuon::NsOptions options =
-          ns->tuned.empty() || !backend.host_memory()
-              ? ns->defaults
-              : dmuon::tuned_options(ns->tuned, rows, cols, static_cast<int>(batch), ns->defaults);
+          dmuon::capi::call_ns_options(backend, ns->tuned, ns->defaults, compute, rows, cols, batch);
       dmuon::capi::ns_run(backend, storage, inputs, outputs, rows, cols, options, labels, ns->staging,
                           ns->check_finite);
     });
@@ -387,8 +416,10 @@ int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_t batch, int
     std::vector<std::string> labels;
     for (int64_t i = 0; names && i < batch; ++i) labels.emplace_back(names[i] ? names[i] : "matrix");
     on_device(device, stream, touched.pointers, touched.name_of(), [&](dmuon::Backend& backend) {
+      // The update's data may mix storage types: a GPU's default iterates are bf16, as for bf16 data.
+      const dmuon::DType compute = dmuon::capi::ns_compute_dtype(backend, ns->compute, dmuon::DType::bf16);
       const dmuon::NsOptions options =
-          dmuon::capi::muon_ns_options(backend, ns->tuned, ns->defaults, rows, cols, batch);
+          dmuon::capi::call_ns_options(backend, ns->tuned, ns->defaults, compute, rows, cols, batch);
       dmuon::capi::muon_update_run(backend, rows, cols, g, m, ws, flags, beta, nesterov != 0, lr, weight_decay, scale,
                                    cautious_wd != 0, options, labels, ns->staging, ns->check_finite);
     });
@@ -423,7 +454,9 @@ int dmuon_plan_owners(int64_t n, const int64_t* rows, const int64_t* cols, int w
       require(cost_kind == "auto" || path != nullptr, "costs=tuned needs a tuning cache");
       require(threads >= 1, "threads must be >= 1, got " + std::to_string(threads));
       std::string warning;
-      const auto entries = path ? load_entries(path, threads, &warning) : std::vector<dmuon::TuneEntry>{};
+      // The planner's costs: float32 timings.
+      const auto entries =
+          path ? load_entries(path, threads, dmuon::DType::f32, &warning) : std::vector<dmuon::TuneEntry>{};
       try {
         items = dmuon::make_plan_items(params, world_size, dmuon::tuned_batch_time(entries));
         tuned = true;

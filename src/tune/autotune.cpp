@@ -407,7 +407,8 @@ std::vector<TuneEntry> tune_with_cache(const std::vector<TuneRequest>& requests,
       warn(std::string(e.what()) + "; the entries tuned now serve this run only");
     }
   }
-  const TuneKey key = options.backend ? tune_key_for(*options.backend, options.threads) : current_tune_key(options.threads);
+  TuneKey key = options.backend ? tune_key_for(*options.backend, options.threads) : current_tune_key(options.threads);
+  if (key.device == "cpu") key.dtype = to_string(options.dtype);  // bf16 timings on the CPU are not float32's
   TuneCache cache(key);
   bool save = false;
   if (!path.empty()) {

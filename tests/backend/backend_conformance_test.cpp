@@ -11,8 +11,10 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "backend/bf16.hpp"
 #include "dmuon/backend.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/update_rules.hpp"
@@ -41,18 +43,20 @@ struct Host {
 };
 
 // The backends under test: cpu, cuda, and "fenced" (the fenced device over the CPU backend).
-class Conformance : public ::testing::TestWithParam<std::string> {
+class BackendTest : public ::testing::Test {
  protected:
-  void SetUp() override {
-    if (GetParam() == "fenced") {
+  // Opens the backend `device`; false (and the test skipped) when this build or machine lacks it.
+  bool open(const std::string& device) {
+    if (device == "fenced") {
       fenced_ = std::make_unique<test::FencedBackend>();
       be_ = fenced_.get();
-      return;
+      return true;
     }
     try {
-      be_ = &backend_for(parse_device_kind(GetParam()));
+      be_ = &backend_for(parse_device_kind(device));
+      return true;
     } catch (const Error& e) {
-      GTEST_SKIP() << "no " << GetParam() << " backend here: " << e.what();
+      return false;
     }
   }
   // Device copy of a host image; the view matches its layout.
@@ -92,6 +96,13 @@ class Conformance : public ::testing::TestWithParam<std::string> {
   std::unique_ptr<test::FencedBackend> fenced_;  // declared before buffers_, which it outlives
   Backend* be_ = nullptr;
   std::vector<Buffer> buffers_;
+};
+
+class Conformance : public BackendTest, public ::testing::WithParamInterface<std::string> {
+ protected:
+  void SetUp() override {
+    if (!open(GetParam())) GTEST_SKIP() << "no " << GetParam() << " backend here";
+  }
 };
 
 TEST_P(Conformance, GemmAllTransposesStridesAndBatches) {
@@ -525,6 +536,195 @@ TEST_P(Conformance, RunConcurrentlyRunsEveryWorkerOnce) {
 
 INSTANTIATE_TEST_SUITE_P(Backends, Conformance, ::testing::Values("cpu", "cuda", "fenced"),
                          [](const auto& info) { return info.param; });
+
+// ---- the products and the elementwise passes of Newton–Schulz's iterates, per device × compute dtype ----
+// float32: the float64 product within tol(k). bf16 (CUDA; the CPU with oneDNN): operands and C are bf16 values, the
+// product accumulates in float32 and alpha·Σ + beta·C is rounded to bf16 once (the rounding points of
+// tests/support/ns_reference.hpp's Bf16Emulation): within tol(k) of the float64 product of the bf16 inputs plus
+// half a bf16 ulp of the result (2⁻⁸·|ref|); and bit for bit that rounding where float32 arithmetic is exact.
+class DtypeConformance : public BackendTest,
+                         public ::testing::WithParamInterface<std::tuple<std::string, DType>> {
+ protected:
+  void SetUp() override {
+    const auto& [device, dtype] = GetParam();
+    dtype_ = dtype;
+    if (!open(device)) GTEST_SKIP() << "no " << device << " backend here";
+    if (!be_->supports(dtype_)) GTEST_SKIP() << device << " does not compute in " << to_string(dtype_) << " here";
+  }
+  // h on the device in the dtype under test (bf16: h's values rounded, h updated to them).
+  MatView put(Host& h) {
+    const MatView wide = upload(h);
+    if (dtype_ == DType::f32) return wide;
+    buffers_.emplace_back(*be_, DType::bf16, static_cast<int64_t>(h.v.size()));
+    MatView narrow = wide;
+    narrow.data = buffers_.back().data();
+    narrow.dtype = DType::bf16;
+    be_->convert(wide, narrow);
+    be_->convert(narrow, wide);
+    download(wide, h);
+    return narrow;
+  }
+  // The values of v into h (same layout).
+  void get(const MatView& v, Host& h) {
+    if (dtype_ == DType::f32) return download(v, h);
+    MatView wide = upload(h);
+    be_->convert(v, wide);
+    download(wide, h);
+  }
+  double bound(int64_t k, double ref) const { return tol(k) + (dtype_ == DType::bf16 ? std::ldexp(std::abs(ref), -8) : 0); }
+  DType dtype_ = DType::f32;
+};
+
+// C = 0.75·op(A)·op(B) − 0.5·C (gemm, each transpose), C = 0.75·op(A)·op(A)ᵀ − 0.5·C (syrk both ways) and
+// 1.5·S·S² + 0.25·C (symmetric_gemm, tile counts that do not divide m and more tiles than rows), on strided batches.
+TEST_P(DtypeConformance, ProductsOnStridedBatches) {
+  const int64_t m = 13, n = 6, k = 9, count = 2;
+  const auto check = [&](const Host& c0, const Host& c, double alpha, double beta, const auto& op_a, const auto& op_b,
+                         int64_t rows, int64_t cols, int64_t inner, const std::string& what) {
+    for (int64_t bi = 0; bi < count; ++bi) {
+      for (int64_t i = 0; i < rows; ++i) {
+        for (int64_t j = 0; j < cols; ++j) {
+          double ref = beta * c0.get(bi, i, j);
+          for (int64_t p = 0; p < inner; ++p) ref += alpha * op_a(bi, i, p) * op_b(bi, p, j);
+          ASSERT_NEAR(c.get(bi, i, j), ref, bound(inner, ref)) << what << " at " << bi << "," << i << "," << j;
+        }
+        for (int64_t j = cols; j < c.ld; ++j) ASSERT_EQ(c.get(bi, i, j), c0.get(bi, i, j)) << what << " padding";
+      }
+    }
+  };
+  for (const bool ta : {false, true}) {
+    for (const bool tb : {false, true}) {
+      Host a(ta ? k : m, ta ? m : k, (ta ? m : k) + 2, count, 1), b(tb ? n : k, tb ? k : n, (tb ? k : n) + 1, count, 2);
+      Host c(m, n, n + 3, count, 3);
+      const MatView av = put(a), bv = put(b), cv = put(c);
+      const Host c0 = c;
+      be_->gemm(ta, tb, 0.75f, av, bv, -0.5f, cv);
+      get(cv, c);
+      check(c0, c, 0.75, -0.5, [&](int64_t bi, int64_t i, int64_t p) { return ta ? a.get(bi, p, i) : a.get(bi, i, p); },
+            [&](int64_t bi, int64_t p, int64_t j) { return tb ? b.get(bi, j, p) : b.get(bi, p, j); }, m, n, k,
+            "gemm ta " + std::to_string(ta) + " tb " + std::to_string(tb));
+    }
+  }
+  for (const bool trans : {false, true}) {
+    Host a(trans ? k : m, trans ? m : k, (trans ? m : k) + 1, count, 4), c(m, m, m + 2, count, 5);
+    for (int64_t bi = 0; bi < count; ++bi)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < i; ++j) c.at(bi, i, j) = c.at(bi, j, i);  // beta·C symmetric
+    const MatView av = put(a), cv = put(c);
+    const Host c0 = c;
+    be_->syrk(trans, 0.75f, av, -0.5f, cv);
+    get(cv, c);
+    const auto op = [&](int64_t bi, int64_t i, int64_t p) { return trans ? a.get(bi, p, i) : a.get(bi, i, p); };
+    check(c0, c, 0.75, -0.5, op, [&](int64_t bi, int64_t p, int64_t j) { return op(bi, j, p); }, m, m, k,
+          "syrk trans " + std::to_string(trans));
+    for (int64_t bi = 0; bi < count; ++bi)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < i; ++j) ASSERT_EQ(c.get(bi, i, j), c.get(bi, j, i)) << "syrk: exactly symmetric";
+  }
+  Host s(m, m, m, count, 6), s2(m, m, m + 1, count, 7);
+  for (int64_t bi = 0; bi < count; ++bi)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < i; ++j) s.at(bi, i, j) = s.at(bi, j, i);
+  const MatView sv = put(s);
+  for (int64_t bi = 0; bi < count; ++bi)
+    for (int64_t i = 0; i < m; ++i)
+      for (int64_t j = 0; j < m; ++j) {
+        double x = 0;
+        for (int64_t p = 0; p < m; ++p) x += s.get(bi, i, p) * s.get(bi, p, j);
+        s2.at(bi, i, j) = static_cast<float>(x);
+      }
+  const MatView s2v = put(s2);  // bf16: S² rounded, so S·S² is symmetric only up to that rounding
+  for (const int tiles : {1, 3, 20}) {
+    Host c(m, m, m, count, 8);
+    for (int64_t bi = 0; bi < count; ++bi)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < i; ++j) c.at(bi, i, j) = c.at(bi, j, i);
+    const MatView cv = put(c);
+    const Host c0 = c;
+    be_->symmetric_gemm(1.5f, sv, s2v, 0.25f, cv, tiles);
+    get(cv, c);
+    // The upper triangle is the product; the lower its mirror (a check on the lower half would test S·S²'s symmetry).
+    for (int64_t bi = 0; bi < count; ++bi)
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < m; ++j) {
+          const int64_t r = std::min(i, j), q = std::max(i, j);
+          double ref = 0.25 * c0.get(bi, r, q);
+          for (int64_t p = 0; p < m; ++p) ref += 1.5 * s.get(bi, r, p) * s2.get(bi, p, q);
+          ASSERT_NEAR(c.get(bi, i, j), ref, bound(m, ref) - tol(m) + tol(m, 4.0 * m))  // |S²| ≤ m
+              << "symmetric_gemm tiles " << tiles << " at " << bi << "," << i << "," << j;
+        }
+  }
+}
+
+// Where every float32 operation is exact (multiples of 1/16 in [−1, 1]: products are multiples of 1/256, sums of 9
+// of them need at most 12 bits), the one rounding left is the result's: alpha·Σ + beta·C rounded to nearest even once,
+// bit for bit (a bf16 result needs rounding here: 8 significant bits). Rounding the product before adding beta·C, or
+// rounding toward zero, fails.
+TEST_P(DtypeConformance, ProductRoundsOnceWhereFloat32IsExact) {
+  const int64_t m = 7, n = 5, k = 9;
+  const auto sixteenths = [](Host& h) {
+    for (float& x : h.v) x = std::round(x * 16.0f) / 16.0f;
+  };
+  Host a(m, k, k, 1, 21), b(k, n, n, 1, 22), c(m, n, n, 1, 23);
+  sixteenths(a);
+  sixteenths(b);
+  sixteenths(c);
+  const MatView av = put(a), bv = put(b), cv = put(c);  // sixteenths are bf16 values: unchanged
+  const Host c0 = c;
+  be_->gemm(false, false, 0.75f, av, bv, -0.5f, cv);
+  get(cv, c);
+  int rounded = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float sum = 0;
+      for (int64_t p = 0; p < k; ++p) sum += a.at(0, i, p) * b.at(0, p, j);  // exact
+      const float exact = 0.75f * sum + -0.5f * c0.get(0, i, j);            // exact
+      const float want = dtype_ == DType::bf16 ? round_to_bf16(exact) : exact;
+      rounded += want != exact;
+      EXPECT_EQ(std::bit_cast<uint32_t>(c.at(0, i, j)), std::bit_cast<uint32_t>(want)) << i << "," << j;
+    }
+  }
+  if (dtype_ == DType::bf16) {
+    EXPECT_GT(rounded, 5) << "the inputs must make the result round";
+  }
+}
+
+// scale, add_identity, fill and mirror_upper on the iterates: each value computed in float32 and stored once.
+TEST_P(DtypeConformance, ElementwiseOnStridedBatchesRoundOnce) {
+  const int64_t r = 6, count = 2;
+  Host x(r, r, r + 2, count, 12);
+  const MatView v = put(x);
+  const Host x0 = x;
+  be_->scale(v, -1.7f);
+  be_->add_identity(v, 0.3f);
+  get(v, x);
+  const auto stored = [&](float f) { return dtype_ == DType::bf16 ? round_to_bf16(f) : f; };
+  for (int64_t b = 0; b < count; ++b) {
+    for (int64_t i = 0; i < r; ++i) {
+      for (int64_t j = 0; j < r; ++j) {
+        const float scaled = stored(-1.7f * static_cast<float>(x0.get(b, i, j)));
+        EXPECT_EQ(x.get(b, i, j), i == j ? stored(scaled + 0.3f) : scaled) << b << "," << i << "," << j;
+      }
+      for (int64_t j = r; j < x.ld; ++j) EXPECT_EQ(x.get(b, i, j), x0.get(b, i, j));  // padding untouched
+    }
+  }
+  be_->mirror_upper(v);
+  get(v, x);
+  for (int64_t b = 0; b < count; ++b)
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < i; ++j) EXPECT_EQ(x.get(b, i, j), x.get(b, j, i));
+  be_->fill(v, 3.0f);
+  get(v, x);
+  EXPECT_EQ(x.get(1, 5, 5), 3.0f);
+  EXPECT_EQ(x.get(0, 0, 0), 3.0f);
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, DtypeConformance,
+                         ::testing::Combine(::testing::Values("cpu", "cuda", "fenced"),
+                                            ::testing::Values(DType::f32, DType::bf16)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + to_string(std::get<1>(info.param));
+                         });
 
 }  // namespace
 }  // namespace dmuon

@@ -14,6 +14,8 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
+#include <optional>
 #include <future>
 #include <memory>
 #include <random>
@@ -286,7 +288,8 @@ std::vector<std::vector<char>> muon_update_on(Backend& backend, DType storage, i
   const capi::StepFlags step{keep, scalars + 3};
   capi::Staging staging;
   const std::vector<std::string> names(k, "bucket matrix");
-  const NsOptions options = capi::muon_ns_options(backend, {}, NsOptions{}, rows, cols, k);
+  const DType compute = capi::ns_compute_dtype(backend, std::nullopt, DType::bf16);  // the update's default
+  const NsOptions options = capi::call_ns_options(backend, {}, NsOptions{}, compute, rows, cols, k);
   const int64_t before = reads ? reads() : 0;
   for (int s = 0; s < steps; ++s)
     capi::muon_update_run(backend, rows, cols, g, m, w, step, 0.95, true, 0.02, 0.1, 0.2 * std::sqrt(double(cols)),
@@ -426,19 +429,46 @@ TEST(CapiCalls, Bfloat16NewtonSchulzOnTheCpuIsWithinItsBoundOfFloat64) {
   }
 }
 
-// bf16 storage takes bf16 iterates (and DESIGN 2.2's half-precision restarts, unless others were asked for) on a
-// backend that has them (a GPU; here the recording backend, which supports both), float32 on the CPU.
-TEST(CapiCalls, Bfloat16IteratesOnlyWhereTheBackendHasThem) {
-  const NsOptions defaults;
-  EXPECT_EQ(capi::ns_options_for(cpu_backend(), DType::bf16, defaults), defaults);
+// The compute dtype is the caller's when asked for, never inferred from the storage; unasked, the device's default:
+// the CPU's fastest (whatever the storage), a GPU's (here the recording backend, which computes in both) the storage's.
+TEST(CapiCalls, ComputeDtypeIsAskedForOrTheDevicesDefault) {
+  const Backend& cpu = cpu_backend();
+  for (const DType storage : {DType::f32, DType::bf16}) {
+    EXPECT_EQ(capi::ns_compute_dtype(cpu, std::nullopt, storage), cpu.fastest_dtype());
+    EXPECT_EQ(capi::ns_compute_dtype(cpu, DType::f32, storage), DType::f32);
+    if (cpu.supports(DType::bf16)) {
+      EXPECT_EQ(capi::ns_compute_dtype(cpu, DType::bf16, storage), DType::bf16);
+    } else {
+      EXPECT_THROW(capi::ns_compute_dtype(cpu, DType::bf16, storage), Error);
+    }
+  }
   RecordingBackend gpu_like;
-  EXPECT_EQ(capi::ns_options_for(gpu_like, DType::f32, defaults), defaults);
-  const NsOptions bf16 = capi::ns_options_for(gpu_like, DType::bf16, defaults);
+  EXPECT_EQ(capi::ns_compute_dtype(gpu_like, std::nullopt, DType::f32), DType::f32);
+  EXPECT_EQ(capi::ns_compute_dtype(gpu_like, std::nullopt, DType::bf16), DType::bf16);
+  EXPECT_EQ(capi::ns_compute_dtype(gpu_like, DType::f32, DType::bf16), DType::f32);
+}
+
+// A call's options: bf16 takes DESIGN 2.2's half-precision restarts unless others were asked for; the CPU's tuned
+// kernel is the one tuned in the compute dtype (a float32 entry never serves a bf16 call).
+TEST(CapiCalls, CallOptionsTakeTheComputeDtypesTuning) {
+  const NsOptions defaults;
+  EXPECT_EQ(capi::call_ns_options(cpu_backend(), {}, defaults, DType::f32, 8, 8, 1), defaults);
+  RecordingBackend gpu_like;
+  const NsOptions bf16 = capi::call_ns_options(gpu_like, {}, defaults, DType::bf16, 8, 8, 1);
   EXPECT_EQ(bf16.dtype, DType::bf16);
   EXPECT_EQ(bf16.restarts, (std::vector<int>{1, 3}));
   NsOptions chosen;
   chosen.restarts = {2, 4};
-  EXPECT_EQ(capi::ns_options_for(gpu_like, DType::bf16, chosen).restarts, chosen.restarts);
+  EXPECT_EQ(capi::call_ns_options(gpu_like, {}, chosen, DType::bf16, 8, 8, 1).restarts, chosen.restarts);
+  TuneEntry f32_entry{8, 8, 1, defaults, 1.0, 1.0};
+  f32_entry.options.algo = NsAlgo::gram;
+  f32_entry.options.tiles = 3;
+  const std::map<DType, std::vector<TuneEntry>> tuned = {{DType::f32, {f32_entry}}};
+  EXPECT_EQ(capi::call_ns_options(cpu_backend(), tuned, defaults, DType::f32, 8, 8, 1).tiles, 3);
+  const NsOptions untuned = capi::call_ns_options(cpu_backend(), tuned, defaults, DType::bf16, 8, 8, 1);
+  EXPECT_EQ(untuned.tiles, defaults.tiles);
+  EXPECT_EQ(untuned.algo, defaults.algo);
+  EXPECT_EQ(untuned.dtype, DType::bf16);
 }
 
 }  // namespace

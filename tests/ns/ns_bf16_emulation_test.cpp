@@ -9,11 +9,14 @@
 //  - after 5 steps the emulation is 1e-2 … 2.5e-2 from float64 (the old 1e-2 limit against float64 failed correct
 //    code) and accumulation order alone moves it by up to 2.5e-2: a correct GPU is within kFiveStepLimit = 5e-2 of
 //    float64 (a gross-error check; the sharp one is the 1–2 step comparison).
+// The CPU backend's bf16 path (oneDNN, src/backend/cpu_bf16.hpp) has the same rounding points and is held to
+// the same limits here, on the same inputs (skipped in a build without oneDNN).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 
+#include "dmuon/backend.hpp"
 #include "dmuon/ns.hpp"
 #include "ns_reference.hpp"
 
@@ -69,6 +72,41 @@ TEST(Bf16Emulation, SupportsTheGpuChecksLimits) {
         } else {
           EXPECT_GT(rounding, 1e-2) << what;
           EXPECT_LT(rounding + order, kFiveStepLimit) << what;
+        }
+      }
+    }
+  }
+}
+
+// newton_schulz_batched on the CPU backend with bf16 iterates (NsOptions::dtype = bf16), U given in float32.
+MatD cpu_ns(const MatD& u, bool gram, int steps, DType dtype) {
+  NsOptions options;
+  options.algo = gram ? NsAlgo::gram : NsAlgo::standard;
+  options.steps = steps;
+  options.restarts = kRestarts;
+  options.dtype = dtype;
+  std::vector<float> in = test::to_floats(u), out(in.size());
+  Backend& cpu = cpu_backend();
+  const MatView iv = f32_view(DeviceKind::cpu, in.data(), u.rows, u.cols), ov = f32_view(DeviceKind::cpu, out.data(), u.rows, u.cols);
+  newton_schulz_batched(cpu, std::span(&iv, 1), std::span(&ov, 1), options);
+  return test::from_floats(out.data(), u.rows, u.cols);
+}
+
+TEST(Bf16Emulation, CpuBackendInBf16IsHeldToTheGpuChecksLimits) {
+  if (!cpu_backend().supports(DType::bf16)) GTEST_SKIP() << "this build's CPU backend computes in float32 only (no oneDNN)";
+  for (const auto& [rows, cols] : kShapes) {
+    const MatD u = test::gaussian(rows, cols, 50 + rows);
+    for (const bool gram : {false, true}) {
+      for (const int steps : {1, 2, 5}) {
+        const std::string what = std::to_string(rows) + "x" + std::to_string(cols) + (gram ? " gram " : " standard ") +
+                                 std::to_string(steps) + " steps";
+        const MatD bf16 = cpu_ns(u, gram, steps, DType::bf16);
+        if (steps <= 2) {
+          EXPECT_LT(test::relative_distance(bf16, emulate<float>(u, gram, steps)), kSharpLimit) << what;
+          // Not float32 iterates: those are as far from the emulation as float64 is (over 2e-3, above).
+          EXPECT_GT(test::relative_distance(cpu_ns(u, gram, steps, DType::f32), bf16), 2 * kSharpLimit) << what;
+        } else {
+          EXPECT_LT(test::relative_distance(bf16, float64(u, gram, steps)), kFiveStepLimit) << what;
         }
       }
     }

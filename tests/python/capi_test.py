@@ -43,7 +43,7 @@ def run(ns, batch, **kwargs):
 def test_orthogonalize_matches_float64_reference(algo, shape):
     rng = np.random.default_rng(3)
     batch = rng.standard_normal((3,) + shape).astype(np.float32)
-    out = run(dmuon.Orthogonalizer(algo=algo, threads=1, tune_cache=None), batch)
+    out = run(dmuon.Orthogonalizer(algo=algo, threads=1, tune_cache=None, dtype="float32"), batch)
     for u, o in zip(batch, out):
         ref = newton_schulz_ref(u)
         # float32 NS: ~1e-6 per step; Gram with its restart within 2e-4 of standard (DESIGN 2.2)
@@ -102,7 +102,7 @@ def test_bfloat16_orthogonalize_is_within_its_bound_of_float64(algo, shape):
     it is the float32 engine on the widened values, rounded to bf16 as torch rounds (nearest even)."""
     stack = bf16_stack((3,) + shape, 8)
     wide = stack.float().numpy()
-    ns = dmuon.Orthogonalizer(algo=algo, threads=1, tune_cache=None)
+    ns = dmuon.Orthogonalizer(algo=algo, threads=1, tune_cache=None, dtype="float32")  # storage is not compute dtype
     out = stack.clone()
     run_bf16_in_place(ns, out, names=["a", "b", "c"])
     f32 = torch.from_numpy(run(ns, wide))
@@ -113,6 +113,29 @@ def test_bfloat16_orthogonalize_is_within_its_bound_of_float64(algo, shape):
         ref = newton_schulz_ref(u)
         err = np.linalg.norm(o - ref) / np.linalg.norm(ref)
         assert 0.05 * bound < err <= bound, f"{err:.3e} against the bound {bound:.3e}"
+
+
+def test_bfloat16_compute_is_asked_for_and_differs_from_float32():
+    """dtype="bfloat16" on float32 data: bf16 iterates (float32 accumulation), within the 5-step gross bound 5e-2 of
+    float64 (tests/ns/ns_bf16_emulation_test.cpp derives it) and not the float32 result (the iterates' rounding,
+    above 1e-3); the C++ tests hold it sharply to the bf16-emulated recurrence."""
+    batch = np.random.default_rng(5).standard_normal((2, 24, 64)).astype(np.float32)
+    f32 = run(dmuon.Orthogonalizer(algo="standard", threads=1, tune_cache=None, dtype="float32"), batch)
+    try:
+        bf16 = run(dmuon.Orthogonalizer(algo="standard", threads=1, tune_cache=None, dtype="bfloat16"), batch)
+    except dmuon.DmuonError as e:
+        if "not supported" not in str(e):
+            raise
+        pytest.skip(f"this build's CPU computes in float32 only (no oneDNN): {e}")
+    for u, a, b in zip(batch, f32, bf16):
+        ref = newton_schulz_ref(u)
+        assert np.linalg.norm(b - ref) / np.linalg.norm(ref) < 5e-2
+        assert np.linalg.norm(b - a) / np.linalg.norm(a) > 1e-3
+
+
+def test_compute_dtype_must_be_named():
+    with pytest.raises(ValueError, match="dtype"):
+        dmuon.Orthogonalizer(dtype="float16")
 
 
 def test_bfloat16_non_finite_input_is_named():

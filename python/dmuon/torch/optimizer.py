@@ -64,6 +64,11 @@ class DMuon(torch.optim.Optimizer):
     (algo="auto") and the owner planner's costs: "" the default path (dmuon.default_tune_cache_path()),
     None none (untuned kernels, flop costs), else a path. Give hold_on_owners the same one.
 
+    ns_dtype: Newton–Schulz's compute dtype (its iterates; products accumulate in float32), chosen explicitly:
+    "float32" or "bfloat16" (torch.float32 / torch.bfloat16 too), whatever the parameters' dtype; None (the default):
+    the device's default, on the CPU bfloat16 where it has bf16 matrix units (AVX-512 BF16, AMX) and the engine has
+    oneDNN, float32 elsewhere; on a GPU the engine's bfloat16 (docs/pytorch.md, "Defaults").
+
     state_dtype: the dtype of Muon's momentum and AdamW's moments (float32 by default, so bf16
     parameters keep float32 state; None: each parameter's own dtype).
 
@@ -87,7 +92,9 @@ class DMuon(torch.optim.Optimizer):
                  algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0, cautious_wd=False, split_heads=None,
                  split_sizes=None, split_dim=0, balancer="milp",
                  process_group=None, clip_grad_norm=None, nonfinite="error", state_dtype=torch.float32,
-                 experts=is_expert_stack_by_default, tune_cache=""):
+                 experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None):
+        ns_dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(ns_dtype, ns_dtype)
+        _check_choice("ns_dtype", ns_dtype, (None, "float32", "bfloat16"))
         _check_defaults(lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay)
         muon = dict(ns_steps=ns_steps, coeffs=coeffs, algo=algo, scale=scale, extra_scale_factor=extra_scale_factor,
                     cautious_wd=cautious_wd, split_heads=split_heads, split_sizes=split_sizes, split_dim=split_dim)
@@ -120,6 +127,7 @@ class DMuon(torch.optim.Optimizer):
         self._constructed = False
         super().__init__(torch_groups, defaults)  # its add_param_group calls only append them
         self._constructed = True
+        self._ns_dtype = ns_dtype  # Newton–Schulz's compute dtype, every group's (None: the device's default)
         self._ns = {}  # MuonOptions.newton_schulz → dmuon.Orthogonalizer (ns_of)
         self.ns = self.ns_of(MuonOptions.of_group(defaults))  # the constructor's setting
         self._pending = []  # the GradientChecks of steps not settled yet, oldest first
@@ -242,7 +250,7 @@ class DMuon(torch.optim.Optimizer):
         if options.newton_schulz not in self._ns:
             self._ns[options.newton_schulz] = dmuon.Orthogonalizer(
                 coeffs=coeffs, algo=algo, steps=steps, check_finite=False, threads=self._threads,
-                tune_cache=self._tune_cache)
+                tune_cache=self._tune_cache, dtype=self._ns_dtype)
         return self._ns[options.newton_schulz]
 
     def _refreeze_options(self):
@@ -505,7 +513,7 @@ def _as_parameter(grad, param):
 
 def _check_choice(name, value, choices):
     if value not in choices:
-        raise ValueError(f"DMuon: {name} must be one of {', '.join(choices)}; got {value!r}")
+        raise ValueError(f"DMuon: {name} must be one of {', '.join(str(c) for c in choices)}; got {value!r}")
 
 
 def _check_hyper(g):

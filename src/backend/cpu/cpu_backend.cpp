@@ -1,6 +1,8 @@
 // The CPU backend's memory, products, elementwise operations and queue (cpu_backend.hpp), each a thin
 // loop over the batch around the linalg.hpp functions, so the engine on this backend makes exactly the
-// BLAS calls it made before the seam; the update rules through their CPU launchers (src/backend/rules/).
+// BLAS calls it made before the seam; bf16 products through oneDNN (cpu_bf16.hpp) and the elementwise
+// operations Newton–Schulz runs on bf16 iterates (scale, add_identity, fill, mirror_upper: computed in float32,
+// rounded once); the update rules through their CPU launchers (src/backend/rules/).
 #include "backend/cpu/cpu_backend.hpp"
 
 #include <cmath>
@@ -13,6 +15,7 @@
 #include <vector>
 
 #include "backend/bf16.hpp"
+#include "backend/cpu_bf16.hpp"
 #include "backend/rules/launch.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
@@ -43,6 +46,47 @@ const MatView& host_f32(const MatView& v, const char* op) {
 
 float* at(const MatView& v, int64_t i) { return v.f32() + i * v.batch_stride; }
 
+// The operands of a product, all float32 or all bf16 (bf16 needs oneDNN). Returns whether they are bf16.
+bool product_dtype(std::initializer_list<const MatView*> views, const char* op) {
+  const DType dtype = (*views.begin())->dtype;
+  for (const MatView* v : views) {
+    host_view(*v, op);
+    DMUON_CHECK(v->dtype == dtype, "cpu backend ", op, ": operands of ", to_string(dtype), " and ",
+                to_string(v->dtype), " (all float32 or all bfloat16)");
+  }
+  if (dtype == DType::bf16) {
+    DMUON_CHECK(cpu_bf16::available(), "cpu backend ", op,
+                ": bfloat16 products need oneDNN, which this build lacks (float32 only; install libdnnl-dev)");
+    return true;
+  }
+  for (const MatView* v : views) host_f32(*v, op);
+  return false;
+}
+
+uint16_t* at16(const MatView& v, int64_t i) { return static_cast<uint16_t*>(v.data) + i * v.batch_stride; }
+
+// x ← f(x) on every element of a host view, float32 or (with oneDNN) bf16: bf16 widened, f in float32, rounded once.
+template <typename F>
+void for_each_element(const MatView& x, const char* op, F f) {
+  host_view(x, op);
+  if (x.dtype == DType::bf16 && cpu_bf16::available()) {
+    for (int64_t b = 0; b < x.count; ++b) {
+      for (int64_t r = 0; r < x.rows; ++r) {
+        uint16_t* row = at16(x, b) + r * x.ld;
+        for (int64_t j = 0; j < x.cols; ++j) row[j] = bf16_bits(f(bf16_value(row[j]), r, j));
+      }
+    }
+    return;
+  }
+  host_f32(x, op);
+  for (int64_t b = 0; b < x.count; ++b) {
+    for (int64_t r = 0; r < x.rows; ++r) {
+      float* row = at(x, b) + r * x.ld;
+      for (int64_t j = 0; j < x.cols; ++j) row[j] = f(row[j], r, j);
+    }
+  }
+}
+
 // Row r of matrix b of a view of either storage type.
 void* row_of(const MatView& v, int64_t b, int64_t r) {
   return static_cast<char*>(v.data) + (b * v.batch_stride + r * v.ld) * static_cast<int64_t>(dtype_size(v.dtype));
@@ -60,9 +104,15 @@ class DoneEvent final : public Event {
 }  // namespace
 
 std::string CpuBackend::description() const {
-  return "cpu: " + linalg::cpu_model() + ", OpenBLAS " + linalg::blas_description() + ", " +
-         std::to_string(linalg::threads()) + " threads";
+  return "cpu: " + linalg::cpu_model() + ", OpenBLAS " + linalg::blas_description() + ", " + cpu_bf16::description() +
+         ", " + std::to_string(linalg::threads()) + " threads";
 }
+
+bool CpuBackend::supports(DType dtype) const {
+  return dtype == DType::f32 || (dtype == DType::bf16 && cpu_bf16::available());
+}
+
+DType CpuBackend::fastest_dtype() const { return cpu_bf16::native() ? DType::bf16 : DType::f32; }
 
 DeviceProperties CpuBackend::properties() const { return {0, "OpenBLAS", linalg::blas_description(), nullptr}; }
 
@@ -106,20 +156,12 @@ void CpuBackend::convert(const MatView& in, const MatView& out) {
 }
 
 void CpuBackend::fill(const MatView& x, float value) {
-  host_f32(x, "fill");
-  for (int64_t b = 0; b < x.count; ++b) {
-    for (int64_t r = 0; r < x.rows; ++r) {
-      float* row = at(x, b) + r * x.ld;
-      for (int64_t j = 0; j < x.cols; ++j) row[j] = value;
-    }
-  }
+  for_each_element(x, "fill", [value](float, int64_t, int64_t) { return value; });
 }
 
 void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const MatView& a, const MatView& b, float beta,
                       const MatView& c) {
-  host_f32(a, "gemm");
-  host_f32(b, "gemm");
-  host_f32(c, "gemm");
+  const bool bf16 = product_dtype({&a, &b, &c}, "gemm");
   const int64_t m = c.rows, n = c.cols, k = trans_a ? a.rows : a.cols;
   DMUON_CHECK((trans_a ? a.cols : a.rows) == m && (trans_b ? b.cols : b.rows) == k && (trans_b ? b.rows : b.cols) == n,
               "cpu backend gemm: op(A) ", (trans_a ? a.cols : a.rows), "x", k, ", op(B) ", (trans_b ? b.cols : b.rows),
@@ -127,18 +169,23 @@ void CpuBackend::gemm(bool trans_a, bool trans_b, float alpha, const MatView& a,
   check_count(a, c, "gemm");
   check_count(b, c, "gemm");
   for (int64_t i = 0; i < c.count; ++i) {
+    if (bf16) {
+      cpu_bf16::gemm(trans_a, trans_b, m, n, k, alpha, at16(a, i), a.ld, at16(b, i), b.ld, beta, at16(c, i), c.ld);
+      continue;
+    }
     linalg::gemm(trans_a, trans_b, m, n, k, alpha, at(a, i), a.ld, at(b, i), b.ld, beta, at(c, i), c.ld);
   }
 }
 
 void CpuBackend::syrk(bool trans, float alpha, const MatView& a, float beta, const MatView& c) {
-  host_f32(a, "syrk");
-  host_f32(c, "syrk");
+  const bool bf16 = product_dtype({&a, &c}, "syrk");
   const int64_t n = trans ? a.cols : a.rows, k = trans ? a.rows : a.cols;
   DMUON_CHECK(c.rows == n && c.cols == n, "cpu backend syrk: C is ", c.rows, "x", c.cols, ", op(A) has ", n, " rows");
   check_count(a, c, "syrk");
   for (int64_t i = 0; i < c.count; ++i) {
-    if (trans) {
+    if (bf16) {
+      cpu_bf16::syrk(trans, n, k, alpha, at16(a, i), a.ld, beta, at16(c, i), c.ld);
+    } else if (trans) {
       linalg::syrk_transposed(n, k, alpha, at(a, i), a.ld, beta, at(c, i), c.ld);
     } else {
       linalg::syrk(n, k, alpha, at(a, i), a.ld, beta, at(c, i), c.ld);
@@ -148,20 +195,26 @@ void CpuBackend::syrk(bool trans, float alpha, const MatView& a, float beta, con
 
 void CpuBackend::symmetric_gemm(float alpha, const MatView& a, const MatView& b, float beta, const MatView& c,
                                 int tiles) {
-  host_f32(a, "symmetric_gemm");
-  host_f32(b, "symmetric_gemm");
-  host_f32(c, "symmetric_gemm");
+  const bool bf16 = product_dtype({&a, &b, &c}, "symmetric_gemm");
   const int64_t m = c.rows, k = a.cols;
   DMUON_CHECK(c.cols == m && a.rows == m && b.rows == k && b.cols == m, "cpu backend symmetric_gemm: A ", a.rows,
               "x", a.cols, ", B ", b.rows, "x", b.cols, ", C ", c.rows, "x", c.cols);
   check_count(a, c, "symmetric_gemm");
   check_count(b, c, "symmetric_gemm");
   for (int64_t i = 0; i < c.count; ++i) {
+    if (bf16) {
+      cpu_bf16::symmetric_gemm(m, k, alpha, at16(a, i), a.ld, at16(b, i), b.ld, beta, at16(c, i), c.ld, tiles);
+      continue;
+    }
     linalg::symmetric_gemm(m, k, alpha, at(a, i), a.ld, at(b, i), b.ld, beta, at(c, i), c.ld, tiles);
   }
 }
 
 void CpuBackend::scale(const MatView& x, float alpha) {
+  if (x.dtype == DType::bf16) {
+    for_each_element(x, "scale", [alpha](float v, int64_t, int64_t) { return alpha * v; });
+    return;
+  }
   host_f32(x, "scale");
   for (int64_t b = 0; b < x.count; ++b) {
     if (x.ld == x.cols) {
@@ -173,14 +226,24 @@ void CpuBackend::scale(const MatView& x, float alpha) {
 }
 
 void CpuBackend::add_identity(const MatView& c, float alpha) {
-  host_f32(c, "add_identity");
+  host_view(c, "add_identity");
   DMUON_CHECK(c.rows == c.cols, "cpu backend add_identity: C is ", c.rows, "x", c.cols);
+  if (c.dtype == DType::bf16) {
+    for_each_element(c, "add_identity", [alpha](float v, int64_t i, int64_t j) { return i == j ? v + alpha : v; });
+    return;
+  }
+  host_f32(c, "add_identity");
   for (int64_t b = 0; b < c.count; ++b) linalg::add_identity(c.rows, alpha, at(c, b), c.ld);
 }
 
 void CpuBackend::mirror_upper(const MatView& c) {
-  host_f32(c, "mirror_upper");
+  host_view(c, "mirror_upper");
   DMUON_CHECK(c.rows == c.cols, "cpu backend mirror_upper: C is ", c.rows, "x", c.cols);
+  if (c.dtype == DType::bf16 && cpu_bf16::available()) {
+    for (int64_t b = 0; b < c.count; ++b) cpu_bf16::mirror_upper(c.rows, at16(c, b), c.ld);
+    return;
+  }
+  host_f32(c, "mirror_upper");
   for (int64_t b = 0; b < c.count; ++b) linalg::mirror_upper(c.rows, at(c, b), c.ld);
 }
 

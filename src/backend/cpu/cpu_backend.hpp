@@ -1,5 +1,5 @@
 // The CPU backend (backend.hpp over OpenBLAS on host memory): the linalg.hpp functions behind the
-// Backend interface. One process-wide instance (cpu_backend()); BLAS threads are process-wide too.
+// Backend interface, and for bf16 views oneDNN's products (cpu_bf16.hpp). One process-wide instance (cpu_backend()); BLAS threads are process-wide too.
 #pragma once
 
 #include "dmuon/backend.hpp"
@@ -11,7 +11,9 @@ class CpuBackend final : public Backend {
   DeviceKind device() const override { return DeviceKind::cpu; }
   std::string description() const override;
   DeviceProperties properties() const override;
-  bool supports(DType dtype) const override { return dtype == DType::f32; }
+  // float32 always; bf16 (cpu_bf16.hpp) when the build has oneDNN.
+  bool supports(DType dtype) const override;
+  DType fastest_dtype() const override;
   bool host_memory() const override { return true; }
 
   void* allocate(size_t bytes) override;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "backend/cpu/upper_block_rows.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/linalg.hpp"
 
@@ -43,16 +44,7 @@ void syrk_transposed(int64_t n, int64_t k, float alpha, const float* a, int64_t 
 
 void symmetric_gemm(int64_t m, int64_t k, float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
                     float beta, float* c, int64_t ldc, int tiles) {
-  DMUON_CHECK(tiles >= 1, "symmetric_gemm: tile count must be at least 1, got ", tiles);
-  if (m == 0) return;
-  const int64_t t = std::min<int64_t>(tiles, m);
-  // Block row i covers rows [lo, hi) and computes columns [lo, m): the diagonal tile and every tile right of
-  // it. Tile boundaries spread the remainder so no tile is more than one row bigger.
-  for (int64_t i = 0; i < t; ++i) {
-    const int64_t lo = m * i / t, hi = m * (i + 1) / t;
-    gemm(false, false, hi - lo, m - lo, k, alpha, a + lo * lda, lda, b + lo, ldb, beta, c + lo * ldc + lo, ldc);
-  }
-  mirror_upper(m, c, ldc);
+  cpu_detail::upper_block_rows(m, k, alpha, a, lda, b, ldb, beta, c, ldc, tiles, gemm, mirror_upper);
 }
 
 }  // namespace dmuon::linalg
