@@ -78,10 +78,6 @@ class Backend {
   // Whether products and elementwise ops take `dtype` views (convert takes f32 and bf16 on every backend;
   // no backend computes on f64, i64 or u8).
   virtual bool supports(DType dtype) const = 0;
-  // The compute dtype whose products run fastest here, what Newton–Schulz computes in when a caller asks for no
-  // dtype (ns_default_dtype): bf16 on a CPU with bf16 matrix units (AVX-512 BF16, AMX) and oneDNN; float32 by
-  // this default.
-  virtual DType fastest_dtype() const { return DType::f32; }
   // Whether the host may read this backend's memory directly (CPU): then copies are memcpy and
   // synchronize() returns at once.
   virtual bool host_memory() const = 0;

@@ -97,9 +97,8 @@ DMUON_C_API int dmuon_ns_set_check_finite(dmuon_ns* ns, int check);
 /* Newton-Schulz's compute dtype for this handle's dmuon_ns_run and dmuon_muon_update, chosen by the caller (never
  * inferred from the data's storage type): DMUON_DTYPE_F32, DMUON_DTYPE_BF16 (bfloat16 iterates, float32
  * accumulation, DESIGN 2.2's half-precision restarts; on the CPU it needs oneDNN, else the run fails naming the
- * device), or DMUON_NS_DTYPE_DEFAULT (a new handle's setting): the device's default, on the CPU bfloat16 where it
- * has bf16 matrix units (AVX-512 BF16, AMX) and float32 elsewhere, on a GPU the data's storage type
- * (dmuon_muon_update: bfloat16). */
+ * device), or DMUON_NS_DTYPE_DEFAULT (a new handle's setting): the device's default, on the CPU float32, on a GPU
+ * the data's storage type (dmuon_muon_update: bfloat16). */
 #define DMUON_NS_DTYPE_DEFAULT (-1)
 DMUON_C_API int dmuon_ns_set_dtype(dmuon_ns* ns, int dtype);
 

@@ -143,8 +143,7 @@ class Orthogonalizer:
     for the input's norms (on a GPU, for everything queued before); False: no wait, and a non-finite input gives
     non-finite outputs, for callers that check their gradients first; dtype: Newton–Schulz's compute dtype (its
     iterates; products accumulate in float32), "float32" or "bfloat16", asked for explicitly and never taken from the
-    data's storage type; None: the device's default (the CPU: bfloat16 where it has bf16 matrix units, AVX-512 BF16 or
-    AMX, with oneDNN, float32 elsewhere; a GPU: the data's storage type).
+    data's storage type; None: the device's default (the CPU: float32; a GPU: the data's storage type).
     """
 
     _handle = None

@@ -15,8 +15,8 @@ namespace dmuon::cpu_bf16 {
 
 // Whether this build has oneDNN, so the CPU backend computes in bf16 at all.
 bool available();
-// Whether this CPU has bf16 matrix units that oneDNN uses (AVX-512 BF16 or AMX): then bf16 products run on them and
-// bf16 is the CPU's fastest compute dtype. Without them (an AVX2 CPU) a bf16 product is computed by oneDNN's
+// Whether this CPU has bf16 matrix units that oneDNN uses (AVX-512 BF16 or AMX): then bf16 products run on them.
+// Without them (an AVX2 CPU) a bf16 product is computed by oneDNN's
 // float32 matmul on the widened operands (exact), then rounded: the same result, slower than float32.
 bool native();
 // "oneDNN 2.6.3, bf16 on brg:avx512_core_amx_bf16"; "oneDNN 2.6.3, bf16 through float32 (no bf16 units)";

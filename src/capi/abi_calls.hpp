@@ -59,8 +59,8 @@ void run_joined(Backend& backend, const QueueJoin& join, const std::function<voi
 
 // Newton–Schulz's compute dtype (its iterates' storage; products accumulate in float32) for data stored as `storage`
 // on `backend`: `asked` (dmuon_ns_set_dtype) when the caller chose one, never inferred from the data; else the
-// device's default: on the CPU its fastest (Backend::fastest_dtype: bf16 with bf16 matrix units and oneDNN, float32
-// elsewhere), on a GPU the storage's (bf16 data: bf16 iterates). Throws naming the device when it cannot compute in
+// device's default: float32 on the CPU (its bf16 path only when asked for), on a GPU the storage's (bf16 data: bf16
+// iterates). Throws naming the device when it cannot compute in
 // the dtype asked for.
 DType ns_compute_dtype(const Backend& backend, std::optional<DType> asked, DType storage);
 

@@ -347,7 +347,9 @@ TEST(CapiCalls, Float32OperandsTakeNoStagingSlots) {
     capi::muon_momentum_run(fenced, sizes, gs, ms, us, {}, 0.95, true, momentum);
     capi::muon_apply_run(fenced, sizes, ws, us, {}, 0.02, 0.1, scales, false, apply);
     capi::muon_update_run(fenced, rows, cols, gs, ms, ws, {}, 0.95, true, 0.02, 0.1, 1.0, false,
-                          capi::muon_ns_options(fenced, {}, NsOptions{}, rows, cols, k), {}, update, false);
+                          capi::call_ns_options(fenced, {}, NsOptions{}, capi::ns_compute_dtype(fenced, std::nullopt, storage),
+                                                rows, cols, k),
+                          {}, update, false);
     const bool narrow = storage == DType::bf16;
     EXPECT_EQ(momentum.elements(fenced), narrow ? 3 * n : 0) << to_string(storage);
     EXPECT_EQ(apply.elements(fenced), narrow ? 2 * n : 0) << to_string(storage);
@@ -430,11 +432,11 @@ TEST(CapiCalls, Bfloat16NewtonSchulzOnTheCpuIsWithinItsBoundOfFloat64) {
 }
 
 // The compute dtype is the caller's when asked for, never inferred from the storage; unasked, the device's default:
-// the CPU's fastest (whatever the storage), a GPU's (here the recording backend, which computes in both) the storage's.
+// float32 on the CPU (whatever the storage), a GPU's (here the recording backend, which computes in both) the storage's.
 TEST(CapiCalls, ComputeDtypeIsAskedForOrTheDevicesDefault) {
   const Backend& cpu = cpu_backend();
   for (const DType storage : {DType::f32, DType::bf16}) {
-    EXPECT_EQ(capi::ns_compute_dtype(cpu, std::nullopt, storage), cpu.fastest_dtype());
+    EXPECT_EQ(capi::ns_compute_dtype(cpu, std::nullopt, storage), DType::f32);
     EXPECT_EQ(capi::ns_compute_dtype(cpu, DType::f32, storage), DType::f32);
     if (cpu.supports(DType::bf16)) {
       EXPECT_EQ(capi::ns_compute_dtype(cpu, DType::bf16, storage), DType::bf16);

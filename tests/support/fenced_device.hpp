@@ -73,7 +73,6 @@ class FencedBackend final : public Backend {
   std::string description() const override { return "fenced " + inner_.description(); }
   DeviceProperties properties() const override { return inner_.properties(); }
   bool supports(DType dtype) const override { return inner_.supports(dtype); }
-  DType fastest_dtype() const override { return inner_.fastest_dtype(); }
   bool host_memory() const override { return false; }
 
   void* allocate(size_t bytes) override;

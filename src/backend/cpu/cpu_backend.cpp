@@ -112,7 +112,6 @@ bool CpuBackend::supports(DType dtype) const {
   return dtype == DType::f32 || (dtype == DType::bf16 && cpu_bf16::available());
 }
 
-DType CpuBackend::fastest_dtype() const { return cpu_bf16::native() ? DType::bf16 : DType::f32; }
 
 DeviceProperties CpuBackend::properties() const { return {0, "OpenBLAS", linalg::blas_description(), nullptr}; }
 

@@ -13,7 +13,6 @@ class CpuBackend final : public Backend {
   DeviceProperties properties() const override;
   // float32 always; bf16 (cpu_bf16.hpp) when the build has oneDNN.
   bool supports(DType dtype) const override;
-  DType fastest_dtype() const override;
   bool host_memory() const override { return true; }
 
   void* allocate(size_t bytes) override;
