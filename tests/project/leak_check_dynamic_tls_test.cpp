@@ -43,9 +43,12 @@ void* kept[kOffsets];                     // reachable: never reported as leaks
   _exit(__lsan_do_recoverable_leak_check() ? 2 : 0);
 }
 
-[[gnu::noinline]] void drop_an_allocation() {
-  void* volatile lost = std::malloc(1000);
-  (void)lost;
+// Leaks 100 blocks: each one's only pointer is overwritten by the next's, so all but the last (which a register or
+// the stack may still hold) are unreachable, and the leak check must report them.
+void* volatile last_allocation = nullptr;
+[[gnu::noinline]] void drop_allocations() {
+  for (int i = 0; i < 100; ++i) last_allocation = std::malloc(1000);
+  last_allocation = nullptr;
 }
 
 int status_of_child(void (*body)(int), int arg) {
@@ -63,7 +66,7 @@ TEST(SanitizedLeakCheck, SurvivesADynamicTlsBlockAtEveryHeapOffset) {
 #else
   // The check must be on, or the children below prove nothing.
   const int leaky = status_of_child([](int) {
-    drop_an_allocation();
+    drop_allocations();
     _exit(__lsan_do_recoverable_leak_check() ? 0 : 4);
   }, 0);
   ASSERT_EQ(leaky, 0) << "LeakSanitizer found no leak where one was made (status " << leaky
