@@ -47,7 +47,9 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distrib
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.distributed.tensor.placement_types import _StridedShard
 
-from dmuon.torch import DMuon, hold_on_owners
+from collective_ledger import Ledger, recording
+from dmuon.torch import DMuon, clip_grad_norm_, hold_on_owners
+from dmuon.torch.held.placeholder import HeldElsewhere
 from rank_checks import failures, finish
 from rank_exit import exit_rank
 from torch_fsdp2_test import (HYPER, TOLERANCE, U_F32, Checks, CollectiveBytes, Reference, all_ranks_sum,
@@ -159,11 +161,7 @@ def check_layout(checks, name, mesh_shape, dim_names, spec):
     differ = [n for n in final if not torch.equal(final[n], copies[n].detach())]
     checks.report(f"{name}: vs DMuon on replicated copies", not differ,
                   f"{len(differ)} of {len(final)} tensors differ in bits" + (f" (first {differ[0]})" if differ else ""))
-    # Every piece of U crosses once (ranks of the owner's replica to the owner), every piece of O once
-    # (owner to each other holder); each byte counts twice, sent and received; float32 state.
-    pieces = sum(p.count for k in opt._matrices for g, p in enumerate(k.pieces)
-                 if g != k.owner and (k.replica_of(g) == k.replica_of(k.owner))) \
-        + sum(p.count for k in opt._matrices for g, p in enumerate(k.pieces) if g != k.owner)
+    pieces = exchanged_elements(opt)
     muon_bytes = 4 * sum(math.prod(s) for n, s in shapes.items() if is_muon(n, s))
     checks.report(f"{name}: step() moves each piece once", moved == 2 * 4 * pieces,
                   f"all-to-all bytes per step, sent + received over all ranks: {moved:.0f}, expected {2 * 4 * pieces} "
@@ -171,6 +169,14 @@ def check_layout(checks, name, mesh_shape, dim_names, spec):
     expected = matrix_count(shapes)
     checks.report(f"{name}: Newton-Schulz once per matrix", all(c == expected for c in ns),
                   f"matrices per step summed over ranks {sorted(set(ns))}, expected {expected}")
+
+
+def exchanged_elements(opt):
+    """Elements step()'s all-to-alls move when every piece of U crosses once (ranks of the owner's replica
+    to the owner) and every piece of O once (owner to each other holder)."""
+    return sum(p.count for k in opt._matrices for g, p in enumerate(k.pieces)
+               if g != k.owner and (k.replica_of(g) == k.replica_of(k.owner))) \
+        + sum(p.count for k in opt._matrices for g, p in enumerate(k.pieces) if g != k.owner)
 
 
 # ---- a model under parallelize_module (and fully_shard) ----
@@ -240,13 +246,30 @@ def qwen2_batch(gen):
     return torch.randint(0, 96, (BATCH, 12), generator=gen)
 
 
-def check_model(checks, world, case_name, case, make_batch):
+def full_of(t, holdings):
+    """The global tensor of `t` on every rank: a DTensor's full_tensor(), a plain tensor itself; with the
+    holdings of an owner-held TP matrix, its slices summed into place over the ranks (each element lies
+    on exactly one rank; a placeholder adds nothing)."""
+    if holdings is None:
+        return t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
+    local = t.to_local()
+    full = torch.zeros(t.shape, dtype=torch.float32)
+    if not isinstance(local, HeldElsewhere):
+        spans = holdings[dist.get_rank()].spans
+        full[spans[0].runs[0][0]:sum(spans[0].runs[0]), spans[1].runs[0][0]:sum(spans[1].runs[0])] = local.float()
+    dist.all_reduce(full)
+    return full
+
+
+def check_model(checks, world, case_name, case, make_batch, held=False):
     """STEPS steps of a model under its TP plan (and fully_shard on "dp" at 4 ranks), DMuon(model) against
-    the float64 reference fed the gathered gradients, with DMuon's routing (params.py) for Muon and AdamW."""
+    the float64 reference fed the gathered gradients, with DMuon's routing (params.py) for Muon and AdamW.
+    held: the owner-centric mode, hold_on_owners before fully_shard (each TP slice held on the owner's TP
+    group); the last step's collectives go to a ledger."""
     model, base, plan, blocks, loss = case()
     initial = {n: t.detach().clone() for n, t in model.named_parameters()}
     if world == 2:
-        name, dp, dp_rank = f"{case_name} tp 2", 1, 0
+        name, dp, dp_rank, data_mesh = f"{case_name} tp 2", 1, 0, None
         tp_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     else:  # FSDP2 (world 4) or HSDP (world 8: replicate 2 × dp 2) on the data-parallel dims, tp 2
         shape, names = ((2, 2), ("dp", "tp")) if world == 4 else ((2, 2, 2), ("replicate", "dp", "tp"))
@@ -255,27 +278,69 @@ def check_model(checks, world, case_name, case, make_batch):
         tp_mesh, dp = mesh["tp"], world // 2
         dp_rank = dist.get_rank() // 2  # the rank's place on the data-parallel dims (tp is the last dim)
         name = f"{case_name} {'hsdp (2, 2)' if world == 8 else 'fsdp2 (dp 2)'} x tp 2"
+    name += " owner-held" if held else ""
     parallelize_module(base, tp_mesh, plan)
+    holding = hold_on_owners(model, data_mesh) if held else None
     if world > 2:
         for block in blocks:
-            fully_shard(block, mesh=data_mesh)
-        fully_shard(model, mesh=data_mesh)
+            fully_shard(block, mesh=data_mesh, ignored_params=holding.params if held else None)
+        fully_shard(model, mesh=data_mesh, ignored_params=holding.params if held else None)
     params = dict(model.named_parameters())
+    held_at = {n: p._dmuon_held.holdings for n, p in params.items() if getattr(p, "_dmuon_held", None) is not None}
     opt = DMuon(model, **HYPER)
     muon = [n for g in opt.param_groups if g["use_muon"] for n in g["param_names"]]
     ref = Reference(initial, muon, HYPER, "match_rms_adamw")
     placements = sorted({str(tuple(p.placements)) for p in params.values() if isinstance(p, DTensor)})
+    ledger, norm_errors = Ledger(), {}
     for step in range(STEPS):
         batch = make_batch(torch.Generator().manual_seed(200 + step))
         part = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
-        loss(model, [t[part] for t in batch] if isinstance(batch, tuple) else batch[part]).backward()
-        grads = {n: p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad.clone() for n, p in params.items()}
-        ref.step(grads)
-        opt.step()
+        with recording(ledger):
+            ledger.label = ("forward and backward", step)
+            loss(model, [t[part] for t in batch] if isinstance(batch, tuple) else batch[part]).backward()
+            ledger.label = None
+        grads = {n: full_of(p.grad, held_at.get(n)) for n, p in params.items()}
+        norm = ref.step(grads)
+        clipped = float(clip_grad_norm_(model.parameters(), 1e9))  # a norm far above it: nothing changes
+        with recording(ledger):
+            ledger.label = ("step", step)
+            opt.step()
+            ledger.label = None
+        norm_errors[f"step {step}"] = max(abs(clipped - norm), abs(opt.last_grad_norm - norm)) / norm
         opt.zero_grad(set_to_none=True)
-    final = {n: p.full_tensor() if isinstance(p, DTensor) else p.detach() for n, p in params.items()}
+    if held:
+        with holding.unshard():  # every held matrix present on every rank: its working DTensor
+            final = {n: full_of(p, None) for n, p in model.named_parameters()}
+    else:
+        final = {n: full_of(p, None) for n, p in params.items()}
     checks.within(f"{name}: params vs float64 reference ({len(muon)} Muon matrices; {', '.join(placements)})",
                   {n: relative_error(final[n], ref.params[n]) for n in final}, TOLERANCE)
+    # dmuon.torch.clip_grad_norm_ and DMuon sum squares of float32 gradients, each element once: ≤ n·u relative.
+    checks.within(f"{name}: global gradient norm (clip_grad_norm_, DMuon)", norm_errors,
+                  sum(math.prod(p.shape) for p in params.values()) * U_F32)
+    last = STEPS - 1
+    moved = all_ranks_sum(sum(r["wire"] for r in ledger.under(("step", last)) if r["op"] == "all_to_all_single"))
+    fwd_bwd = all_ranks_sum(ledger.wire(("forward and backward", last)))
+    step_bytes = all_ranks_sum(ledger.wire(("step", last)))
+    expected = 4 * exchanged_elements(opt)  # float32 pieces of U and O, each byte sent once
+    muon_bytes = 4 * sum(math.prod(params[n].shape) for n in muon)
+    checks.report(f"{name}: step() moves each piece once", moved == expected,
+                  f"per step over all ranks: forward+backward {fwd_bwd:.0f} B (torch.distributed's collectives: FSDP2's "
+                  f"or the held hooks'; TP's own are DTensor's), step() {step_bytes:.0f} B of which all-to-all "
+                  f"{moved:.0f}, expected {expected} ({moved / muon_bytes:.2f}x the Muon matrices' float32 bytes)")
+    return fwd_bwd
+
+
+def check_model_modes(checks, world, case_name, case, make_batch):
+    """check_model in the all-to-all mode and, where held matrices take the layout, the owner-held mode:
+    its forward and backward move no more than FSDP2's in the all-to-all mode (AdamW's, with the same
+    parallelism: the optimizer changes nothing there) + 5% (the ledger test's bound)."""
+    a2a = check_model(checks, world, case_name, case, make_batch)
+    if world == 8:
+        return
+    held = check_model(checks, world, case_name, case, make_batch, held=True)
+    checks.report(f"{case_name} owner-held: forward+backward bytes within FSDP2's", held <= 1.05 * a2a,
+                  f"{held:.0f} B against {a2a:.0f} B per step over all ranks")
 
 
 # ---- pipeline stages: one DMuon per stage ----
@@ -308,10 +373,25 @@ def check_refusals(checks):
     partial = torch.nn.Parameter(DTensor.from_local(torch.randn(4, 4), mesh, [Partial()], run_check=False))
     expect_same_error(checks, "refusal: Partial() parameter",
                       lambda: DMuon([("blocks.0.w", partial)]), [0, 1], "'blocks.0.w'", "Partial")
-    block = Block()
-    parallelize_module(block, mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
-    expect_same_error(checks, "refusal: owner-held matrices under tensor parallelism",
-                      lambda: hold_on_owners(block, mesh), [0, 1], "'up.weight'", "Shard(dim=0)", "tensor")
+    # What the owner-centric mode cannot hold under tensor parallelism, refused at hold_on_owners with the reason.
+    half = Block()
+    parallelize_module(half, mesh, {"up": ColwiseParallel()})
+    expect_same_error(checks, "refusal: owner-held TP slices beside a matrix TP leaves whole",
+                      lambda: hold_on_owners(half), [0, 1], "'down.weight'", "left whole by tensor parallelism")
+    replicated = Block()
+    replicated.up.weight = torch.nn.Parameter(distribute_tensor(replicated.up.weight.detach(), mesh, [Replicate()]))
+    replicated.down.weight = torch.nn.Parameter(distribute_tensor(replicated.down.weight.detach(), mesh, [Shard(1)]))
+    expect_same_error(checks, "refusal: owner-held matrix replicated over TP",
+                      lambda: hold_on_owners(replicated), [0, 1], "'up.weight'", "Replicate()", "once per TP rank")
+    moe = torch.nn.Module()
+    moe.experts = torch.nn.Module()
+    moe.experts.w1 = torch.nn.Parameter(distribute_tensor(torch.randn(4, 6, 5), mesh, [Shard(0)]))
+    expect_same_error(checks, "refusal: owner-held expert stack under expert parallelism",
+                      lambda: hold_on_owners(moe), [0, 1], "'experts.w1'", "(4, 6, 5)", "all-to-all mode")
+    sharded = Block()
+    fully_shard(sharded, mesh=mesh)
+    expect_same_error(checks, "refusal: hold_on_owners after fully_shard",
+                      lambda: hold_on_owners(sharded, mesh), [0, 1], "'up.weight'", "before fully_shard")
 
 
 def main():
@@ -322,9 +402,9 @@ def main():
     checks = Checks(rank, world, "torch_tp_ep_test")
     for name, mesh_shape, dim_names, spec in layouts(world):
         checks.run(name, check_layout, checks, name, mesh_shape, dim_names, spec)
-    checks.run("model", check_model, checks, world, "mlp", mlp_case, mlp_batch)
+    checks.run("model", check_model_modes, checks, world, "mlp", mlp_case, mlp_batch)
     if world < 8:
-        checks.run("qwen2", check_model, checks, world, "hf qwen2", qwen2_case, qwen2_batch)
+        checks.run("qwen2", check_model_modes, checks, world, "hf qwen2", qwen2_case, qwen2_batch)
     if world == 4:
         checks.run("pipeline", check_pipeline, checks)
     if world == 2:

@@ -16,6 +16,7 @@ import torch.distributed as dist
 
 from dmuon.torch.collectives import Group
 from dmuon.torch.dense import may_overlap
+from dmuon.torch.held.buffer import local_part
 from dmuon.torch.held.placeholder import HeldElsewhere
 from dmuon.torch.layout import is_dtensor
 
@@ -57,19 +58,23 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
     norm_type = float(norm_type)
     params = [p for p in parameters if p.grad is not None]
     _check_scalable(params)
-    sharded = [p.grad for p in params if is_dtensor(p.grad)]
     held = [p for p in params if getattr(p, "_dmuon_held", None) is not None]
     held_ids = {id(p) for p in held}
+    sharded = [p.grad for p in params if is_dtensor(p.grad) and id(p) not in held_ids]
     replicated = [p.grad for p in params if not is_dtensor(p.grad) and id(p) not in held_ids]
-    owned = [p.grad for p in held if not isinstance(p.grad, HeldElsewhere)]
+    # a held gradient here: the whole matrix's on its owner, or (tensor parallelism) this rank's slice's
+    owned = [local_part(p.grad) for p in held if not isinstance(local_part(p.grad), HeldElsewhere)]
 
     inf = norm_type == float("inf")
     # The norm's device: the gradients' (the first one's), so that nothing waits for a copy to the host.
     first = next(iter(replicated + owned + sharded), None)
     device = _local_device(first) if first is not None else torch.device("cpu")
     total = _power_sum(replicated, norm_type, device)
-    if sharded:
-        dtensor_norm = torch.nn.utils.get_total_norm(sharded, norm_type).full_tensor().double().to(device)
+    by_mesh = {}  # FSDP2 over TP: DTensors on the ("dp", "tp") mesh and on its "dp" slice, one norm each
+    for g in sharded:
+        by_mesh.setdefault(g.device_mesh, []).append(g)
+    for grads in by_mesh.values():
+        dtensor_norm = torch.nn.utils.get_total_norm(grads, norm_type).full_tensor().double().to(device)
         total = torch.maximum(total, dtensor_norm) if inf else total + dtensor_norm ** norm_type
     if held:
         part = _power_sum(owned, norm_type, device)

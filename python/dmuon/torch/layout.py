@@ -7,7 +7,8 @@
                                                Shard(d) and _StridedShard(d, sf) in any mix (FSDP2,
                                                HSDP, tensor and expert parallelism, FSDP2 over TP)
   owner-held (dmuon.torch.hold_on_owners)      the owner holds everything, the other ranks nothing
-                                               (their copies come and go)
+                                               (their copies come and go); under tensor parallelism
+                                               each rank of the owner's TP group its slice
 A DTensor's mesh must list exactly the optimizer group's ranks, in order (a pipeline stage's DMuon: its
 stage's mesh and process group), so that group rank g is the mesh's g-th rank (row-major); or be a slice
 by name of such a mesh (FSDP2's "dp" slice of a ("dp", "tp") mesh), Replicate() on the other dims.
@@ -17,8 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dmuon.torch.placements import (chunk, kinds_of, mesh_holdings, owner_holdings, replicated_holdings,
-                                    row_chunk_holdings)
+from dmuon.torch.placements import chunk, kinds_of, mesh_holdings, replicated_holdings, row_chunk_holdings
 from dmuon.torch.torch_private import default_shard_order, on_root_mesh
 
 
@@ -61,8 +61,9 @@ class Layout:
 
     @property
     def held_elsewhere(self):
-        """An owner-held parameter on a rank other than its owner: no values, gradient or state here."""
-        return self.held is not None and self.held.owner != self.rank
+        """An owner-held parameter that this rank does not keep (neither its owner nor, under tensor
+        parallelism, a rank of the owner's TP group): no values, gradient or state here."""
+        return self.held is not None and self.held.owner != self.rank and 0 in self.mine.shape
 
     @property
     def mine(self):
@@ -93,6 +94,14 @@ _DTENSOR = _dtensor_class()
 
 def is_dtensor(t):
     return _DTENSOR is not None and isinstance(t, _DTENSOR)
+
+
+def as_placed(grad, param):
+    """A DTensor gradient laid out as its parameter (tensor parallelism can leave a replicated parameter's
+    gradient Partial()): redistributed where its placements differ, the same on every rank (collective)."""
+    if is_dtensor(grad) and tuple(grad.placements) != tuple(param.placements):
+        return grad.redistribute(param.device_mesh, param.placements)
+    return grad
 
 
 def _ranks(device_mesh):
@@ -139,8 +148,8 @@ def describe(name, param, group, group_ranks, rank):
         if list(held.global_ranks) != list(group_ranks):
             raise ValueError(f"parameter '{name}': held on its owner over ranks {list(held.global_ranks)} "
                              f"(dmuon.torch.hold_on_owners), not the optimizer's process group ranks {list(group_ranks)}")
-        shape = tuple(param.shape)
-        return Layout(param, shape, owner_holdings(shape, world, held.owner), rank, held=held)
+        return Layout(param, tuple(param.shape), held.holdings, rank,
+                      tuple(param.placements) if is_dtensor(param) else (), held=held)
     if isinstance(param, Sharded):
         if _or_world(param.group) is not _or_world(group):
             raise ValueError(f"parameter '{name}': Sharded over another process group than the optimizer's")

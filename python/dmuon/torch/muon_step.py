@@ -153,7 +153,8 @@ class MuonMatrix:
 
 
 def assign_owners(matrices, world_size, plan):
-    """Sets every matrix's owner. One held whole by some ranks but not all (an expert of a stack
+    """Sets every matrix's owner. An owner-held one's is its holder's (hold_on_owners planned it). One
+    held whole by some ranks but not all (an expert of a stack
     sharded by experts) is owned by one of its holders, so its U never travels; an expert that no rank
     holds whole but only some ranks hold pieces of (expert parallelism × expert-FSDP) by one of those,
     so its pieces travel within them: in both cases the candidate with the fewest such matrices so far
@@ -162,6 +163,10 @@ def assign_owners(matrices, world_size, plan):
     pinned = [0] * world_size
     free = []
     for k in matrices:
+        if k.layout.held is not None:
+            k.owner = k.layout.held.owner
+            pinned[k.owner] += 1
+            continue
         candidates = k.holders()
         if not candidates and k.expert is not None:
             candidates = [g for g, p in enumerate(k.pieces) if p.count]
@@ -194,8 +199,9 @@ class MuonStep:
     clipping factor, and per parameter whether it is updated: device tensors), `ns_of(options)` the
     dmuon.Orthogonalizer of a matrix's MuonOptions (a bucket's matrices share theirs)."""
 
-    def __init__(self, comm, ns_of, momentum, grads, check):
+    def __init__(self, comm, ns_of, momentum, grads, check, state_dtype_of):
         self.comm, self.ns_of, self.momentum, self.grads = comm, ns_of, momentum, grads
+        self.state_dtype_of = state_dtype_of  # of a MuonMatrix: its momentum's (U's) dtype
         self.values = StepValues(check)
         self.ns_seconds = 0.0
         self.ns_matrices = 0
@@ -308,9 +314,17 @@ class MuonStep:
 
     # ---- per bucket (same rows, cols, momentum dtype, device and options) ----
 
+    def _like(self, bucket, u):
+        """A tensor of U's dtype and device for the bucket (this rank may hold none of its matrices: an
+        owner-held TP matrix of another TP group)."""
+        if u:
+            return next(iter(u.values()))
+        k = bucket[0]
+        return torch.empty(0, dtype=self.state_dtype_of(k), device=k.layout.local(k.layout.tensor).device)
+
     def _launch(self, bucket):
         c, me = self.comm, self.comm.rank
-        groups = {k.index: k.group for k in bucket}
+        groups = {k.index: k.group for k in bucket if not k.layout.held_elsewhere}
         u = self._form_u(list(groups), groups)
         if not any(k.u_travels for k in bucket):
             return u, None, None
@@ -327,7 +341,7 @@ class MuonStep:
                 to_owner[k.owner].append(k.local_view(u[k.index]).reshape(-1))
         parts = [t for dest in to_owner for t in dest]
         in_numel = [sum(t.numel() for t in dest) for dest in to_owner]
-        like = next(iter(u.values()))
+        like = self._like(bucket, u)
         send = torch.cat(parts) if parts else like.new_empty(0)
         recv, work = c.all_to_all(send, out_numel, in_numel)
         return u, recv, work
@@ -338,7 +352,7 @@ class MuonStep:
         if work is not None:
             work.wait()
         owned = [k for k in bucket if k.owner == me]
-        like = next(iter(u.values()))
+        like = self._like(bucket, u)
         _, _, ns_dtype, _ = engine_target(like.device, like.dtype)
         full = torch.empty((len(owned), bucket[0].rows, bucket[0].cols), dtype=ns_dtype, device=like.device)
         offset = 0

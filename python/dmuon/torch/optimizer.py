@@ -22,7 +22,7 @@ from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
 from dmuon.torch.collectives import Group
 from dmuon.torch.dense import check_writable
 from dmuon.torch.gradient_check import GradientCheck
-from dmuon.torch.layout import describe, is_dtensor
+from dmuon.torch.layout import as_placed, describe, is_dtensor
 from dmuon.torch.muon_options import MuonOptions, check_options
 from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, engine_target, matrices_of
 from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
@@ -318,7 +318,7 @@ class DMuon(torch.optim.Optimizer):
         schedules = self._held_schedules()
         for schedule in schedules:
             schedule.ready_for_step()
-        grads = [l.local(_as_parameter(l.tensor.grad, l.tensor)) if l.tensor.grad is not None and not l.held_elsewhere
+        grads = [l.local(as_placed(l.tensor.grad, l.tensor)) if l.tensor.grad is not None and not l.held_elsewhere
                  else None for l in self._layouts]
         counted = [l.mine.replica == 0 for l in self._layouts]
         taking_part = [l.tensor.requires_grad for l in self._layouts]
@@ -337,11 +337,14 @@ class DMuon(torch.optim.Optimizer):
             layout = self._layouts[i]
             return layout.local(self.state[layout.tensor]["momentum_buffer"])
 
-        muon = MuonStep(self.comm, self.ns_of, momentum, grads, check)
+        muon = MuonStep(self.comm, self.ns_of, momentum, grads, check,
+                        lambda k: self._state_dtype_of(k.layout.tensor))
         me = self.comm.rank
         # Every matrix that may have a gradient takes part (whether it has one anywhere is known on the
-        # device only); owner-held buckets (their own, see _buckets) run on the owner alone: nothing travels.
-        muon.run([[k for k in bucket if taking_part[k.index] and (k.layout.held is None or k.owner == me)]
+        # device only); owner-held buckets (their own, see _buckets) run on the owner alone, where nothing
+        # travels; held TP slices travel within the owner's TP group, in an exchange every rank joins.
+        muon.run([[k for k in bucket if taking_part[k.index]
+                   and (k.layout.held is None or k.owner == me or k.u_travels or k.o_travels)]
                   for bucket in self._buckets])
         self.last_stats = {"ns_s": muon.ns_seconds, "ns_matrices": muon.ns_matrices}
         for schedule in schedules:
@@ -500,14 +503,6 @@ class DMuon(torch.optim.Optimizer):
                                  "(load another world size or layout with torch.distributed.checkpoint)")
             if value is not target:
                 self._layouts[i].local(target).copy_(self._layouts[i].local(value))
-
-
-def _as_parameter(grad, param):
-    """A DTensor gradient laid out as its parameter (tensor parallelism can leave a replicated parameter's
-    gradient Partial()): redistributed where its placements differ, the same on every rank (collective)."""
-    if is_dtensor(grad) and tuple(grad.placements) != tuple(param.placements):
-        return grad.redistribute(param.device_mesh, param.placements)
-    return grad
 
 
 def _check_choice(name, value, choices):

@@ -16,14 +16,24 @@ saved references stay valid views); the ranks of the owner's column other than t
 it, as their replica's source. Before it is sent, the owner fills it from the master weights, cast to
 the compute dtype.
 
+Under tensor parallelism (tensor_parallel.py) each parameter is a DTensor on the TP mesh and the
+bucket holds this rank's slices: masters, placeholders (a DTensor whose local tensor is a
+HeldElsewhere), working parameters and gradients are DTensors with the parameter's placements over
+their local slices, and the flat tensors are the slices'.
+
 Gradients leave as one flat tensor per bucket in the reduce dtype (MixedPrecisionPolicy.reduce_dtype,
 else the compute dtype), summed onto the owner; the owner divides by the group's size (the mean over
 data-parallel ranks, as FSDP2 and DDP) and casts to the master's dtype. All collectives are
 asynchronous; each stage returns its Work handles, or None when nothing travels.
 """
 
+import math
+
 import torch
 import torch.distributed as dist
+
+from dmuon.torch.held.placeholder import HeldElsewhere
+from dmuon.torch.layout import as_placed, is_dtensor
 
 
 class HeldBuffer:
@@ -40,7 +50,8 @@ class HeldBuffer:
         self.keeps = groups.holds(owner) and not self.is_owner  # an HSDP column rank: its replica's source
         self.param_dtype = param_dtype
         self._reduce_dtype = reduce_dtype
-        self.numel = sum(p.numel() for p in self.params)
+        self.shapes = [tuple(local_part(p).shape) for p in self.params]  # this rank's part (a TP slice, or all)
+        self.numel = sum(math.prod(s) for s in self.shapes)
         self.on_gradient = None
         self.flat = None      # (numel,) in dtype, made on first use
         self.working = []     # the working parameters, views of flat, in bucket order
@@ -77,12 +88,13 @@ class HeldBuffer:
         """The flat working tensor and its parameter views, on the parameters' device now."""
         self.flat = torch.empty(self.numel, dtype=self.dtype, device=self.device)
         self.working, offset = [], 0
-        for p in self.params:
-            w = torch.nn.Parameter(self.flat[offset:offset + p.numel()].view(p.shape))
+        for p, shape in zip(self.params, self.shapes):
+            n = math.prod(shape)
+            w = torch.nn.Parameter(like_param(p, self.flat[offset:offset + n].view(shape)))
             w.register_post_accumulate_grad_hook(lambda w: self.on_gradient(w))
             w.requires_grad_(p.requires_grad)
             self.working.append(w)
-            offset += p.numel()
+            offset += n
 
     def allocate(self):
         if self.flat is None:
@@ -103,7 +115,7 @@ class HeldBuffer:
         with torch.no_grad():
             for p, w in zip(self.params, self.working):
                 with torch.autograd._unsafe_preserve_version_counter(w):
-                    w.copy_(p)
+                    local_part(w).copy_(local_part(p))
 
     def _make_present(self):
         """Storage for the working copy; on the owner, its masters in it (the source of every broadcast)."""
@@ -133,7 +145,8 @@ class HeldBuffer:
     def local_gradients(self):
         """The working parameters' gradients as one new flat tensor in the reduce dtype (a missing
         gradient counts as zeros); the working gradients are cleared."""
-        flat = torch.cat([(w.grad if w.grad is not None else torch.zeros_like(w)).reshape(-1).to(self.reduce_dtype)
+        flat = torch.cat([(local_part(as_placed(w.grad, w)) if w.grad is not None
+                           else torch.zeros_like(local_part(w))).reshape(-1).to(self.reduce_dtype)
                           for w in self.working])
         for w in self.working:
             w.grad = None
@@ -154,12 +167,47 @@ class HeldBuffer:
                            group=self.groups.column_group, async_op=True)
 
     def gradient_views(self, flat_grad):
-        """The parameters' (shape) views of a flat gradient, in bucket order."""
+        """The parameters' (local shape) views of a flat gradient, in bucket order."""
         out, offset = [], 0
-        for p in self.params:
-            out.append(flat_grad[offset:offset + p.numel()].view(p.shape))
-            offset += p.numel()
+        for shape in self.shapes:
+            out.append(flat_grad[offset:offset + math.prod(shape)].view(shape))
+            offset += math.prod(shape)
         return out
+
+    def finish_gradients(self, flat_grad):
+        """The owner's .grad: the reduced sum in flat_grad divided by the group's size (the mean over
+        the data-parallel ranks), in the master's dtype, added to what .grad held before this
+        backward. Elsewhere .grad is a placeholder that refuses reads."""
+        if not self.is_owner:
+            for p in self.params:
+                if p.requires_grad:
+                    held = local_part(p)
+                    p.grad = like_param(p, HeldElsewhere(held.shape, held.dtype, held.device, held.held_name,
+                                                    held.held_owner, gradient=True))
+            return
+        flat_grad.div_(self.groups.world)
+        for p, g in zip(self.params, self.gradient_views(flat_grad)):
+            if not p.requires_grad:
+                continue
+            g = g.to(p.dtype)
+            if p.grad is None:
+                p.grad = like_param(p, g)
+            else:
+                local_part(p.grad).add_(g)
+
+
+def local_part(t):
+    """A DTensor's local tensor, else the tensor."""
+    return t.to_local() if is_dtensor(t) else t
+
+
+def like_param(p, local):
+    """`local` as p's part: a DTensor with p's mesh, placements and global shape when p is one."""
+    if not is_dtensor(p):
+        return local
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
 
 
 def _bytes(t):

@@ -9,6 +9,9 @@ source; every other rank frees them. Gradients flow in two stages, weights in tw
   weights  stage 1: from the owner across the column, after the owner's update (HSDP only)
            stage 2: within each replica, from the column rank (shard group)
 The arithmetic is pure; HeldGroups adds the process groups, created by every rank in one order.
+Under tensor parallelism (tensor_parallel.py) the grid is each TP rank's data-parallel group's: the
+TP ranks run it side by side, each over its own group, with the process groups of all of them made
+by every rank.
 """
 
 from dataclasses import dataclass
@@ -74,11 +77,13 @@ class HeldGroups:
     """The grid, this rank's place in it, and a process group per replica (its shard group) and per
     column, all made here: our broadcasts and reduces then never queue behind FSDP2's collectives.
 
-    global_ranks[g]: the global rank of group rank g (the mesh's ranks row-major, or the process
-    group's). Collective: every rank of the default group builds it in the same order."""
+    grids: the global ranks of each data-parallel group, each in grid order (group rank g of a grid is
+    its g-th rank: the mesh's ranks row-major, or the process group's); one grid without tensor
+    parallelism, one per TP rank with it. mine: this rank's grid; rank: its group rank there.
+    Collective: every rank of the default group builds it in the same order."""
 
-    def __init__(self, global_ranks, grid, rank):
-        self.global_ranks = list(global_ranks)
+    def __init__(self, grids, mine, grid, rank):
+        self.global_ranks = list(grids[mine])
         self.grid = grid
         self.rank = rank
         self.world = len(self.global_ranks)
@@ -87,18 +92,16 @@ class HeldGroups:
         self.shard_group = self.column_group = None
         if self.world == 1:
             return
-        for r in range(grid.replicas):
-            pg = self._new_group(replica_ranks(grid, r))
-            if r == self.replica:
-                self.shard_group = pg
-        if grid.replicas > 1:
-            for s in range(grid.shards):
-                pg = self._new_group(grid.ranks_of_shard(s))
-                if s == self.shard:
-                    self.column_group = pg
-
-    def _new_group(self, group_ranks):
-        return dist.new_group([self.global_ranks[g] for g in group_ranks])
+        for k, ranks in enumerate(grids):
+            for r in range(grid.replicas):
+                pg = dist.new_group([ranks[g] for g in replica_ranks(grid, r)])
+                if k == mine and r == self.replica:
+                    self.shard_group = pg
+            if grid.replicas > 1:
+                for s in range(grid.shards):
+                    pg = dist.new_group([ranks[g] for g in grid.ranks_of_shard(s)])
+                    if k == mine and s == self.shard:
+                        self.column_group = pg
 
     def holds(self, owner):
         """Whether this rank keeps the owner's weights between uses (it is in the owner's column)."""

@@ -11,7 +11,9 @@ Here: which parameters are held (DMuon's routing, or a predicate), their owners 
 rank 0, broadcast; each rank's owned bytes within the planner's bound), the placeholders that stand
 for them elsewhere (placeholder.py), the hook units (modules) and buckets (buffer.py), and the model
 state_dict's view of them (state_dict.py). hooks.py moves them; DMuon's step updates each master on
-its owner without communication.
+its owner without communication. Matrices that tensor parallelism made DTensors are held as their TP
+slices (tensor_parallel.py): then DMuon's step gathers each matrix's slices of U on its owner and sends
+the slices of O back, within the owner's TP group.
 """
 
 import contextlib
@@ -24,13 +26,15 @@ import torch.distributed as dist
 
 from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
 from dmuon.torch.collectives import Group
-from dmuon.torch.held.buffer import HeldBuffer
+from dmuon.torch.held.buffer import HeldBuffer, like_param
 from dmuon.torch.held.groups import HeldGroups, grid_of
 from dmuon.torch.held.hooks import HeldSchedule, HeldUnit
 from dmuon.torch.held.placeholder import HeldElsewhere
 from dmuon.torch.held.state_dict import install_state_dict_hooks
+from dmuon.torch.held.tensor_parallel import tensor_parallel
 from dmuon.torch.layout import is_dtensor
 from dmuon.torch.params import module_groups
+from dmuon.torch.placements import owner_holdings
 
 MEMORY_SLACK = 0.25  # the planner's bound: a rank owns at most (1 + slack) · total / W bytes (plan.hpp)
 
@@ -38,13 +42,15 @@ MEMORY_SLACK = 0.25  # the planner's bound: a rank owns at most (1 + slack) · t
 @dataclass(frozen=True)
 class HeldParam:
     """What a held parameter carries (as p._dmuon_held) for DMuon and clip_grad_norm_: its owner (group
-    rank), the group's global ranks and process group (None: the default one), and the schedule whose
-    hooks move it."""
+    rank: it runs the matrix's Newton–Schulz), the group's global ranks and process group (None: the
+    default one), the schedule whose hooks move it, and every group rank's placements.Holding of it
+    between uses (the owner all of it; under TP each rank of the owner's TP group its slice)."""
 
     owner: int
     global_ranks: tuple
     process_group: object
     schedule: object
+    holdings: tuple
 
 
 class HeldMatrices:
@@ -122,12 +128,16 @@ def _select(model, predicate):
         chosen = [(n, p) for g in module_groups(model) if g["use_muon"] for n, p in g["params"]]
     else:
         chosen = [(n, p) for n, p in model.named_parameters() if predicate(n, p)]
+    from torch.distributed.fsdp import FSDPModule
+
+    sharded = next((n for n, m in model.named_modules() if isinstance(m, FSDPModule)), None)
+    if sharded is not None:
+        n, p = next(((n, p) for n, p in chosen if is_dtensor(p)), (None, None))
+        what = f"parameter '{n}' is a DTensor already (placements {tuple(p.placements)})" if n is not None else ""
+        raise ValueError(f"dmuon.torch.hold_on_owners: {what or 'the model is sharded'}: fully_shard has sharded "
+                         f"'{sharded or 'the model'}' already: call hold_on_owners before fully_shard (and give "
+                         "fully_shard ignored_params=held.params)")
     for n, p in chosen:
-        if is_dtensor(p):
-            raise ValueError(f"dmuon.torch.hold_on_owners: parameter '{n}' is a DTensor already (placements "
-                             f"{tuple(p.placements)}): call hold_on_owners before fully_shard; a matrix that tensor "
-                             "or expert parallelism shards (parallelize_module) cannot be held whole on one owner: "
-                             "leave it out (predicate=) or use DMuon's all-to-all mode")
         if p.dim() < 2:
             raise ValueError(f"dmuon.torch.hold_on_owners: parameter '{n}' has shape {tuple(p.shape)}; "
                              "only matrices (≥ 2-D) can be held for Muon")
@@ -150,7 +160,10 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     (then to_empty() and init as FSDP2's recipe, before or after fully_shard). mesh: the DeviceMesh
     fully_shard gets (1-D: FSDP2; 2-D: HSDP (replicate, shard)); without one, the parameters are
     replicated over process_group (DDP; DDP is told to ignore the held ones). Its ranks must be
-    DMuon's process group's, in order. predicate(name, parameter) → bool picks the parameters
+    DMuon's process group's, in order. Under tensor parallelism (parallelize_module before this call,
+    the matrices DTensors on a 1-D TP mesh): mesh is the data-parallel slice fully_shard gets
+    (mesh["dp"] of a ("dp", "tp") mesh), None for TP alone; each TP slice is held on the owner's TP
+    group (tensor_parallel.py, which lists what is refused). predicate(name, parameter) → bool picks the parameters
     instead of DMuon's routing. units: the modules whose hooks move their parameters (default: each
     block "….N" of the model, else the module holding the parameter). balancer: dmuon.plan_owners's
     ("milp" over measured Newton–Schulz costs, "lpt", "rr"); tune_cache: the tuning cache it plans
@@ -164,13 +177,14 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     module's forward and backward (placeholder.py): reads raise an error naming it, writes are skipped.
     """
     comm = Group(process_group)
-    global_ranks = _group_ranks(mesh, process_group)
-    error, chosen = None, []
+    error, chosen, tp, global_ranks = None, [], None, comm.ranks
     try:
+        chosen = _select(model, predicate)
+        tp = tensor_parallel(chosen, mesh, comm.ranks)
+        global_ranks = comm.ranks if tp is not None else _group_ranks(mesh, process_group)
         if global_ranks != comm.ranks:
             raise ValueError(f"dmuon.torch.hold_on_owners: the mesh's ranks {global_ranks} are not the process "
                              f"group's {comm.ranks}")
-        chosen = _select(model, predicate)
         if units is None:
             unit_names = {n: _default_unit(n) for n, _ in chosen}
         else:
@@ -189,9 +203,17 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     owners_list = plan_on_rank0(comm, [_plan_shape(tuple(p.shape)) for _, p in chosen], balancer,
                                 torch.get_num_threads(), tune_cache)
     owners = {n: o for (n, _), o in zip(chosen, owners_list)}
-    groups = HeldGroups(global_ranks, grid_of(mesh, world), comm.rank)
-    registered = {n: _register_placeholder(model, n, p, global_ranks[owners[n]]) if owners[n] != comm.rank else p
-                  for n, p in chosen}
+    if tp is None:
+        holdings = {n: owner_holdings(tuple(p.shape), world, owners[n]) for n, p in chosen}
+        groups = HeldGroups([comm.ranks], 0, grid_of(mesh, world), comm.rank)
+        keeper = owners  # the group rank of the held groups that keeps each matrix between uses
+    else:  # each TP rank's data-parallel group holds its slices: owned by the rank at the owner's dp coordinate
+        holdings = {n: tp.holdings(tuple(p.shape), tuple(p.placements), owners[n]) for n, p in chosen}
+        grids = [[comm.ranks[g] for g in ranks] for ranks in tp.dp_groups()]
+        groups = HeldGroups(grids, tp.cells[comm.rank][1], grid_of(mesh, tp.dp), tp.dp_of(comm.rank))
+        keeper = {n: tp.dp_of(o) for n, o in owners.items()}
+    registered = {n: _register_placeholder(model, n, p, groups.owner_global(keeper[n]))
+                  if keeper[n] != groups.rank else p for n, p in chosen}
 
     order = {n: k for k, (n, _) in enumerate(model.named_modules())}
     by_unit = {}
@@ -202,7 +224,7 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
         module = model.get_submodule(unit_name)
         keys = {}
         for n, p in by_unit[unit_name]:
-            keys.setdefault((owners[n], str(p.dtype), str(p.device)), []).append((n, p))
+            keys.setdefault((keeper[n], str(p.dtype), str(p.device)), []).append((n, p))
         buckets = [HeldBuffer(keys[key], key[0], groups) for key in sorted(keys)]
         slots = [(*_module_and_attr(model, n), n) for b in buckets for n in b.names]
         unit_list.append(HeldUnit(k, unit_name, module, buckets, slots))
@@ -212,8 +234,9 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     schedule = HeldSchedule(unit_list, groups, reshard_after_forward)
     schedule.install()
     for n, _ in chosen:
-        registered[n]._dmuon_held = HeldParam(owners[n], tuple(global_ranks), process_group, schedule)
-    install_state_dict_hooks(model, _entry_mesh(mesh, global_ranks, comm), schedule)
+        registered[n]._dmuon_held = HeldParam(owners[n], tuple(comm.ranks), process_group, schedule, holdings[n])
+    install_state_dict_hooks(model, None if tp is not None else _entry_mesh(mesh, global_ranks, comm), schedule,
+                             tensor_parallel=tp is not None)
     model.__dict__.setdefault("_dmuon_held_schedules", []).append(schedule)  # DMuon(model) adopts through it
     if chosen:
         torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
@@ -221,7 +244,8 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
 
     owned = [0] * world
     for n, p in chosen:
-        owned[owners[n]] += p.numel() * p.element_size()
+        for g, holding in enumerate(holdings[n]):
+            owned[g] += math.prod(holding.shape) * p.element_size()
     total = sum(owned)
     largest = max((p.numel() * p.element_size() for _, p in chosen), default=0)
     bound = max(largest, math.ceil((1 + MEMORY_SLACK) * total / world))
@@ -236,9 +260,11 @@ def _module_and_attr(model, name):
 
 def _register_placeholder(model, name, p, owner_global):
     """Replaces parameter `name` (not owned here) on its module by a placeholder without storage, which
-    keeps the parameter's attributes; the values are dropped here (the owner has them)."""
+    keeps the parameter's attributes; the values are dropped here (the owner has them). A TP slice's
+    placeholder is a DTensor like the slice's, over a placeholder of the local slice."""
     module, attr = _module_and_attr(model, name)
-    placeholder = torch.nn.Parameter(HeldElsewhere(p.shape, p.dtype, p.device, name, owner_global),
+    local = p.to_local() if is_dtensor(p) else p
+    placeholder = torch.nn.Parameter(like_param(p, HeldElsewhere(local.shape, p.dtype, p.device, name, owner_global)),
                                      requires_grad=p.requires_grad)
     for key, value in vars(p).items():
         setattr(placeholder, key, value)

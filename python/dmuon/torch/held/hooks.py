@@ -323,24 +323,10 @@ class HeldSchedule:
         elif stage == 2:
             _wait(w for _, _, w in posted)
             for b, flat, _ in posted:
-                self._finish(b, flat)
+                b.finish_gradients(flat)
             entry[2] = 3
         self._pending = [e for e in self._pending if e[2] < 3]
 
-    def _finish(self, bucket, flat):
-        """The owner's .grad: the reduced sum over the group's ranks, divided by their number, in the
-        master's dtype, added to what .grad held before this backward. Elsewhere: a placeholder."""
-        if not bucket.is_owner:
-            for p in bucket.params:
-                if p.requires_grad:
-                    p.grad = HeldElsewhere(p.shape, p.dtype, p.device, p.held_name, p.held_owner, gradient=True)
-            return
-        flat.div_(self.groups.world)
-        for p, g in zip(bucket.params, bucket.gradient_views(flat)):
-            if not p.requires_grad:
-                continue
-            g = g.to(p.dtype)
-            p.grad = g if p.grad is None else p.grad.add_(g)
 
     def drain(self):
         """Finishes every reduce in flight (in posting order, stage by stage)."""

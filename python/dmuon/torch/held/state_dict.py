@@ -74,11 +74,20 @@ class HeldEntry(DTensor):
         return self._local_tensor
 
 
-def install_state_dict_hooks(model, mesh, schedule):
+def install_state_dict_hooks(model, mesh, schedule, tensor_parallel=False):
     """Registers the model's hooks for the held parameters of `schedule` (schedule.registry): its
-    state_dict lists HeldEntry values for them; load_state_dict takes any of the values above."""
+    state_dict lists HeldEntry values for them; load_state_dict takes any of the values above.
+    tensor_parallel: the held matrices are TP slices (tensor_parallel.py), whose entries are not written
+    yet: both raise NotImplementedError, on every rank (no collective has run)."""
+
+    def refuse_tensor_parallel():
+        if tensor_parallel:
+            raise NotImplementedError("dmuon.torch.hold_on_owners: the state_dict of owner-held matrices under "
+                                      "tensor parallelism is not implemented yet (read the weights inside "
+                                      "`with held.unshard():`, or train in DMuon's all-to-all mode to checkpoint)")
 
     def entries(module, state_dict, prefix, local_metadata):
+        refuse_tensor_parallel()
         schedule.adopt()
         for name, (p, owner_here) in schedule.registry.items():
             key = prefix + name
@@ -88,6 +97,7 @@ def install_state_dict_hooks(model, mesh, schedule):
             state_dict[key] = HeldEntry.make(local, mesh, owner_here)
 
     def to_plain(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
+        refuse_tensor_parallel()
         schedule.adopt()
         for name in schedule.registry:
             key = prefix + name

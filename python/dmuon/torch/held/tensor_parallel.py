@@ -1,0 +1,130 @@
+"""Owner-held matrices under tensor parallelism (DESIGN 8 "Owners under TP"; docs/pytorch.md).
+
+A matrix that tensor parallelism has made a DTensor (parallelize_module: Shard(0) column-wise, Shard(1)
+row-wise) on a 1-D TP mesh is held as its T slices. Every rank of the optimizer's group is a cell
+(d, t) of the TP mesh's root mesh: t its TP coordinate, d its coordinate on the other dims (the
+data-parallel ones fully_shard gets), row-major. A matrix owned by group rank o lives on the TP group
+of o's data-parallel coordinate d_o: rank (d_o, t) keeps slice t whole (its master), every other rank
+(d, t) a placeholder of slice t. So over the data-parallel dims each slice is an owner-held tensor of
+the data-parallel group of its TP rank (the D ranks (·, t)): the hooks move it there exactly as the
+mode without TP moves a matrix (groups.py, run once per TP coordinate side by side). In DMuon's
+step the matrix is pieces on the owner's TP group (holdings): its slices of U meet on o, which runs
+its Newton–Schulz once, and its slices of O go back (the all-to-all exchange of muon_step.py, every
+byte of it within the TP group).
+
+  group rank g = the root mesh's flat index = (d, t)     dp_groups[t] = the group ranks (0, t), (1, t), …
+
+What cannot be held (refused by name, with the reason): a matrix replicated over the TP dim (its
+Newton–Schulz would run once per TP rank, and TP may leave its gradient Partial()); an expert stack or
+a conv filter (≥ 3-D) under tensor or expert parallelism; TP meshes of more than one dim, or
+different TP meshes; a TP mesh whose root is not the optimizer group's ranks; a 2-D data-parallel
+mesh (HSDP × TP); held matrices mixed with matrices tensor parallelism leaves whole; a DTensor that
+fully_shard already sharded over the data-parallel mesh.
+"""
+
+import math
+from dataclasses import dataclass
+
+from dmuon.torch.placements import Holding, Span, local_spans, unravel
+from dmuon.torch.torch_private import placement_kind
+
+
+def _ranks(mesh):
+    return [int(r) for r in mesh.mesh.flatten().tolist()]
+
+
+def _names(mesh):
+    return tuple(mesh.mesh_dim_names or ())
+
+
+@dataclass(frozen=True)
+class TensorParallel:
+    """The cells of the group under a T-way TP mesh: cells[g] = (d, t) of group rank g, D data-parallel
+    coordinates; tp_mesh: the parameters' DeviceMesh."""
+
+    tp_mesh: object
+    cells: tuple
+    tp: int
+    dp: int
+
+    def dp_of(self, g):
+        return self.cells[g][0]
+
+    def dp_groups(self):
+        """Per TP coordinate t, the group ranks (d, t) in d order."""
+        return [[g for d in range(self.dp) for g, c in enumerate(self.cells) if c == (d, t)] for t in range(self.tp)]
+
+    def holdings(self, shape, placements, owner):
+        """Every group rank's Holding of a matrix of global `shape` owned by `owner`: slice t of its TP
+        placements on the ranks (d_owner, t), nothing elsewhere (one replica: every element once)."""
+        d_owner = self.dp_of(owner)
+        nothing = (Span(()),) + tuple(Span.whole(n) for n in shape[1:])
+        return tuple(Holding(0, local_spans(shape, (self.tp,), (t,), placements) if d == d_owner else nothing)
+                     for d, t in self.cells)
+
+
+def _refuse(name, reason):
+    raise ValueError(f"dmuon.torch.hold_on_owners: parameter '{name}' {reason}")
+
+
+def tensor_parallel(chosen, mesh, group_ranks):
+    """The TensorParallel frame of the parameters to hold ([(name, parameter)]), None when none is a
+    DTensor (the mode without TP). mesh: hold_on_owners's (the data-parallel mesh fully_shard gets, or
+    None: TP alone). ValueError naming the parameter and the reason for what cannot be held."""
+    from dmuon.torch.layout import is_dtensor
+
+    dtensors = [(n, p) for n, p in chosen if is_dtensor(p)]
+    if not dtensors:
+        return None
+    data_names = set(_names(mesh)) if mesh is not None else set()
+    for n, p in dtensors:
+        if mesh is not None and (p.device_mesh == mesh or data_names & set(_names(p.device_mesh))):
+            _refuse(n, f"is a DTensor already (placements {tuple(p.placements)} over the data-parallel mesh): call "
+                       "hold_on_owners before fully_shard")
+    plain = next((n for n, p in chosen if not is_dtensor(p)), None)
+    if plain is not None:
+        _refuse(plain, f"is left whole by tensor parallelism while '{dtensors[0][0]}' is a tensor-parallel slice: "
+                       "held matrices are all TP slices or none (leave it out with predicate=, or parallelize it)")
+    name, first = dtensors[0]
+    tp_mesh = first.device_mesh
+    for n, p in dtensors:
+        if p.device_mesh != tp_mesh:
+            _refuse(n, f"is on DeviceMesh {p.device_mesh}, '{name}' on {tp_mesh}: held matrices share one TP mesh")
+        if p.dim() != 2:
+            _refuse(n, f"of shape {tuple(p.shape)} is a DTensor with placements {tuple(p.placements)}: only 2-D "
+                       "matrices under tensor parallelism can be held (an expert stack under expert parallelism or "
+                       "a sharded conv filter: use DMuon's all-to-all mode)")
+        kind = placement_kind(p.placements[0], 2) if len(p.placements) == 1 else None
+        if tp_mesh.ndim != 1 or kind is None or kind[0] == "replicate":
+            _refuse(n, f"has placements {tuple(p.placements)} on a {tp_mesh.ndim}-D mesh: a held matrix under tensor "
+                       "parallelism is one Shard(d) over one TP mesh dim (a matrix replicated over TP would be "
+                       "orthogonalized once per TP rank, and its gradient may be Partial(): leave it out with "
+                       "predicate=)")
+    root = tp_mesh._get_root_mesh()
+    if _ranks(root) != list(group_ranks):
+        _refuse(name, f"is on a TP mesh whose root mesh has ranks {_ranks(root)}, not the process group's "
+                      f"{list(group_ranks)}")
+    root_names, tp_name = _names(root), _names(tp_mesh)
+    if mesh is None:
+        if root != tp_mesh:
+            _refuse(name, f"is on TP mesh {tp_name} of a larger mesh {root_names}: give hold_on_owners the "
+                          "data-parallel mesh fully_shard gets (mesh[\"dp\"])")
+    elif mesh.ndim != 1:
+        _refuse(name, f"is a tensor-parallel slice and the data-parallel mesh is {mesh.ndim}-D: owner-held "
+                      "matrices take tensor parallelism with a 1-D data-parallel (FSDP2) mesh only (HSDP × TP: "
+                      "use DMuon's all-to-all mode)")
+    elif mesh._get_root_mesh() != root or sorted(data_names | set(tp_name)) != sorted(root_names):
+        _refuse(name, f"is on TP mesh {tp_name}; the data-parallel mesh {tuple(data_names)} and it must be the two "
+                      f"named dims of one root mesh {root_names}")
+    tp_dim = root_names.index(tp_name[0]) if root != tp_mesh else 0
+    shape = tuple(root.mesh.shape)
+    cells = []
+    for g in range(math.prod(shape)):
+        c = unravel(g, shape)
+        rest = [(c[i], shape[i]) for i in range(len(shape)) if i != tp_dim]
+        d = 0
+        for ci, si in rest:
+            d = d * si + ci
+        cells.append((d, c[tp_dim]))
+    tp = shape[tp_dim]
+    return TensorParallel(tp_mesh, tuple(cells), tp, len(cells) // tp)
