@@ -17,11 +17,14 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
             base_model_tp_plan applied with torch's parallelize_module) trained STEPS steps on a global batch,
             DMuon(model): N=2 tensor parallelism alone; N=4 the same over a (dp 2, tp 2) mesh with
             fully_shard on "dp" on top (FSDP2 over TP: _StridedShard; the norms, embedding and head are
-            DTensors on the "dp" slice); N=8 (the MLP) HSDP on ("replicate", "dp") of a (2, 2, 2) mesh
+            DTensors on the "dp" slice); N=8 (the MLP) HSDP on ("replicate", "dp") of a (2, 2, 2) mesh.
+            N=2 and 4 also in the owner-held mode (hold_on_owners after parallelize_module, before
+            fully_shard: each TP slice held on its owner's TP group)
   pipeline  N=4: two stages of two ranks, one DMuon per stage over its stage's process group and mesh
-  refusals  N=2: a conv filter sharded on its input channels, a Partial() parameter, and hold_on_owners of
-            a tensor-parallel block (the owner-centric mode does not take TP yet): the same ValueError on
-            every rank, naming the parameter and the placement
+  refusals  N=2: a conv filter sharded on its input channels, a Partial() parameter, and what hold_on_owners
+            does not take under TP (TP slices beside a matrix TP leaves whole, a matrix replicated over TP,
+            an expert stack under EP, a model fully_shard has sharded): the same ValueError on every rank,
+            naming the parameter and the reason
 Each layout and the model check, per tensor after STEPS steps:
   params    against the float64 reference within TOLERANCE (torch_fsdp2_test's: 1e-5 relative, Frobenius;
             float32 Newton–Schulz and float32 elementwise updates on the same gradients);
@@ -32,7 +35,9 @@ Each layout and the model check, per tensor after STEPS steps:
             once, whatever its replicas; a replicated matrix's gradient given Partial() at 2 ranks);
   ns        every Muon matrix (each expert) orthogonalized once per step, summed over ranks;
   bytes     step()'s all-to-all bytes (the last step's, over all ranks) equal each piece of U crossing once
-            to its owner and each piece of O once back to every other holder (layouts only; printed).
+            to its owner and each piece of O once back to every other holder (printed; the models' from
+            collective_ledger.py, with forward + backward's: the owner-held mode's within 1.05x the
+            all-to-all mode's, which are FSDP2's, as AdamW's with the same parallelism).
 """
 
 import datetime

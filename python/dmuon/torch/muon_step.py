@@ -20,6 +20,9 @@ local part and the apply of every local part, per bucket the Newton–Schulz of 
 bucket whose matrices this rank owns and alone holds (owner-held ones, every bucket of a one-rank
 group) skips the phases: one engine call per param group does momentum, Newton–Schulz and apply,
 while the first travelling bucket's pieces are in flight.
+Owner-held TP slices (held/tensor_parallel.py) are pieces like any other: those of the owner's TP
+group travel to the owner and back, and a rank that keeps none of a bucket's matrices still joins its
+exchanges (with nothing to send).
 So every matrix is orthogonalized once in the whole job and all replicas apply the same O (their
 weights stay bit-identical). A matrix its owner holds whole (a replicated parameter, an expert of a
 stack sharded by experts) sends no U; a collective with nothing to move on any rank is not called.
