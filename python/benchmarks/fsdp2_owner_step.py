@@ -26,8 +26,16 @@ for timing) still run a batch not tuned lists it in "untuned_batches" (the engin
 nearest tuned batch). --no-tuned skips these rows.
 
     PYTHONPATH=build/python torchrun --standalone --nproc_per_node 2 python/benchmarks/fsdp2_owner_step.py \\
-        [--models small,qwen4] [--tokens 256,1024] [--micro-batches 1] [--param-dtype float32] [--steps 2]
+        [--models small,qwen4] [--tokens 256,1024] [--tp 1] [--micro-batches 1] [--param-dtype float32] [--steps 2]
         [--warmup 2] [--no-tuned] [--json FILE]
+
+--tp T (a comma-separated list, each its own setting) adds tensor parallelism: the ranks form a (W/T, T)
+("dp", "tp") mesh, each block's q, k, v, gate and up column-wise and o and down row-wise over "tp"
+(parallelize_module), fully_shard over "dp" on top, and each data-parallel rank's T ranks train the same
+batch; dmuon-owner holds each TP slice on its owner's TP group (hold_on_owners(model, mesh["dp"])). Only
+adamw, dmuon-a2a and dmuon-owner run with T > 1 (the others are skipped with a line). The wire bytes
+count torch.distributed's collectives (FSDP2's, DMuon's, the held hooks'), not TP's own (DTensor's
+functional collectives), which are the same for every optimizer.
 
 The peers are not dependencies of dmuon: install them beside it for a run, e.g.
 `pip install --no-deps --target /tmp/peers muon-fsdp2` and a checkout of microsoft/dion in /tmp/dion,
@@ -78,6 +86,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
 import dmuon
 from dmuon.torch import DMuon, hold_on_owners
@@ -98,6 +107,9 @@ MODELS = {  # dim, heads, kv heads, ffn, layers, vocab
     "qwen4": (896, 14, 2, 4864, 4, 4096),
 }
 SEQ = 64
+TP_PLAN = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel(),
+           "gate": ColwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}  # per block
+TP_OPTIMIZERS = ("adamw", "dmuon-a2a", "dmuon-owner")  # those that run with --tp > 1
 
 
 class Block(torch.nn.Module):
@@ -114,14 +126,14 @@ class Block(torch.nn.Module):
         self.up = torch.nn.Linear(dim, ffn, bias=False)
         self.down = torch.nn.Linear(ffn, dim, bias=False)
 
-    def forward(self, x):  # x (B, T, D)
-        b, t, d = x.shape
+    def forward(self, x):  # x (B, T, D); under tensor parallelism each rank has H/T and Hkv/T of the heads
+        b, t, _ = x.shape
         h = self.attn_norm(x)
-        q = self.q(h).view(b, t, self.heads, self.head_dim).transpose(1, 2)       # (B, H, T, hd)
-        k = self.k(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)    # (B, Hkv, T, hd)
-        v = self.v(h).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q(h).view(b, t, -1, self.head_dim).transpose(1, 2)       # (B, H, T, hd)
+        k = self.k(h).view(b, t, -1, self.head_dim).transpose(1, 2)       # (B, Hkv, T, hd)
+        v = self.v(h).view(b, t, -1, self.head_dim).transpose(1, 2)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
-        x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, -1))
         h = self.mlp_norm(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
@@ -200,11 +212,27 @@ def peer_module(name):
         return f"{type(error).__name__}: {error}"
 
 
-def build(name, config, mesh, mp_policy, tune_cache=None, lr=0.02, adamw_lr=3e-3):
-    """(the model under fully_shard(mp_policy=...), its optimizer, HeldMatrices for dmuon-owner or None);
-    tune_cache: the dmuon settings' (None: none)"""
+def meshes(tp):
+    """(the data-parallel mesh fully_shard gets, the TP mesh or None) of the world with tensor parallelism T."""
+    world = dist.get_world_size()
+    if tp == 1:
+        return init_device_mesh("cpu", (world,)), None
+    if world % tp:
+        raise SystemExit(f"fsdp2_owner_step: --tp {tp} does not divide the {world} ranks")
+    mesh = init_device_mesh("cpu", (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    return mesh["dp"], mesh["tp"]
+
+
+def build(name, config, tp, mp_policy, tune_cache=None, lr=0.02, adamw_lr=3e-3):
+    """(the model under parallelize_module over "tp" when tp > 1 and fully_shard(mp_policy=...) over the
+    data-parallel mesh, its optimizer, HeldMatrices for dmuon-owner or None); tune_cache: the dmuon
+    settings' (None: none)"""
     torch.manual_seed(0)
     model = GPT(*config)
+    mesh, tp_mesh = meshes(tp)
+    if tp_mesh is not None:
+        for block in model.blocks:
+            parallelize_module(block, tp_mesh, TP_PLAN)
     held = hold_on_owners(model, mesh, tune_cache=tune_cache) if name == "dmuon-owner" else None
     ignored = held.params if held is not None else None
     for block in model.blocks:
@@ -333,13 +361,13 @@ class Tuner:
         self.tuned.update(todo)
         dist.barrier()
 
-    def prepare(self, names, config, mp_policy):
+    def prepare(self, names, config, tp, mp_policy):
         """The cache for the tuned dmuon settings `names` of this model, before any of its timings: the
         planner's requests, then every (shape, batch) the ranks' buckets run once built with them."""
         world = dist.get_world_size()
         self.tune(muon_requests(config, world))
         for name in names:
-            model, opt, held = build(name, config, init_device_mesh("cpu", (world,)), mp_policy, self.path)
+            model, opt, held = build(name, config, tp, mp_policy, self.path)
             mine = [(r, c, n) for r, c, n, _ in owned_buckets(opt)]
             del model, opt, held
             gc.collect()
@@ -374,19 +402,19 @@ def ns_alone(opt, buckets, repeats):
     return times
 
 
-def measure(name, config, tokens, micro_batches, steps, warmup, mp_policy, tuner=None):
+def measure(name, config, tokens, tp, micro_batches, steps, warmup, mp_policy, tuner=None):
     """tuner: the +tuned row's (its cache), None for the untuned one (tune_cache=None)."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    mesh = init_device_mesh("cpu", (world,))
-    model, opt, held = build(name, config, mesh, mp_policy, tuner.path if tuner else None)
-    batch = max(1, tokens // SEQ // world // micro_batches)  # sequences per rank and micro-batch
+    dp, dp_rank = world // tp, rank // tp  # the T ranks of a TP group train the same batch
+    model, opt, held = build(name, config, tp, mp_policy, tuner.path if tuner else None)
+    batch = max(1, tokens // SEQ // dp // micro_batches)  # sequences per data-parallel rank and micro-batch
     gen = torch.Generator().manual_seed(1)
     ledger = Ledger()
     rows = []
     also = [sys.modules[m] for m in ("muon_fsdp2",) if m in sys.modules]  # imports the collectives by name
     with recording(ledger, also=also):
         for step in range(warmup + steps):
-            data = torch.randint(0, config[5], (world, micro_batches, batch, SEQ + 1), generator=gen)[rank]
+            data = torch.randint(0, config[5], (dp, micro_batches, batch, SEQ + 1), generator=gen)[dp_rank]
             ledger.records.clear()
             ledger.label = None
             dist.barrier()
@@ -443,6 +471,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="small,qwen4")
     parser.add_argument("--tokens", default="256,1024", help="global tokens per step, comma-separated")
+    parser.add_argument("--tp", default="1", help="tensor-parallel sizes, comma-separated (1: FSDP2 alone)")
     parser.add_argument("--optimizers", default=",".join(OPTIMIZERS))
     parser.add_argument("--micro-batches", type=int, default=1,
                         help="forward+backwards per step, each of tokens/K; only the last reduces gradients")
@@ -471,16 +500,24 @@ def main():
     tuned_names = [n for n, tuned in runs if tuned]
     tuner = Tuner() if tuned_names else None
     results = []
-    for model_name in args.models.split(","):
+    for model_name, tp in [(m, int(t)) for m in args.models.split(",") for t in args.tp.split(",")]:
+        config = MODELS[model_name]
+        if config[2] % tp:
+            raise SystemExit(f"fsdp2_owner_step: --tp {tp} does not divide {model_name}'s {config[2]} key-value heads")
+        tp_runs = [(n, tuned) for n, tuned in runs if tp == 1 or n in TP_OPTIMIZERS]
+        if rank == 0 and len(tp_runs) < len(runs):
+            print(f"--tp {tp}: {', '.join(sorted({n for n, _ in runs} - {n for n, _ in tp_runs}))} not run "
+                  f"(with tensor parallelism only {', '.join(TP_OPTIMIZERS)} run)", flush=True)
         if tuner:
-            tuner.prepare(tuned_names, MODELS[model_name], policy)
+            tuner.prepare([n for n, tuned in tp_runs if tuned], config, tp, policy)
         for tokens in [int(t) for t in args.tokens.split(",")]:
             setting = []
-            for name, tuned in runs:
-                r = measure(name, MODELS[model_name], tokens, args.micro_batches, args.steps, args.warmup, policy,
+            for name, tuned in tp_runs:
+                r = measure(name, config, tokens, tp, args.micro_batches, args.steps, args.warmup, policy,
                             tuner if tuned else None)
-                setting.append(dict(model=model_name, world=world, tokens=tokens, micro_batches=args.micro_batches,
-                                    param_dtype=args.param_dtype, optimizer=name + (TUNED if tuned else ""),
+                setting.append(dict(model=model_name, world=world, tp=tp, tokens=tokens,
+                                    micro_batches=args.micro_batches, param_dtype=args.param_dtype,
+                                    optimizer=name + (TUNED if tuned else ""),
                                     load_average_1min=os.getloadavg()[0], **r))
             base = next(r for r in setting if r["optimizer"] == "adamw") if "adamw" in names else None
             peers = [r["step"] for r in setting if r["optimizer"] in PEERS]
@@ -502,7 +539,9 @@ def main():
 
 def print_table(setting):
     first = setting[0]
-    print(f"\n{first['model']}, {first['world']} ranks, {first['tokens']} tokens per step in {first['micro_batches']} "
+    parallel = f"FSDP2 {first['world'] // first['tp']} x TP {first['tp']}" if first["tp"] > 1 else "FSDP2"
+    print(f"\n{first['model']}, {first['world']} ranks ({parallel}), {first['tokens']} tokens per step in "
+          f"{first['micro_batches']} "
           f"micro-batch(es) (times in ms, slowest rank; "
           f"1-minute load average {first['load_average_1min']:.1f} to {setting[-1]['load_average_1min']:.1f})")
     print("| optimizer | step | fwd+bwd | total | total vs AdamW | blocked in fwd+bwd | blocked in step "
