@@ -45,7 +45,10 @@ without bfloat16 instructions that is emulated and slow), dmuon and dion-muon-f3
 
 Models: "small", a GPT of width 128 (4 layers); "qwen4", qwen2.5-0.5b's layer shapes (4 layers: q and
 o 896×896, k and v 128×896, gate and up 4864×896, down 896×4864) with a 4096-token vocabulary instead
-of its 151936 (the embedding is AdamW's either way). Every block and the root under fully_shard.
+of its 151936 (the embedding is AdamW's either way); "moe", "small" with each MLP replaced by 8 routed
+experts of ffn 256, top-2 (torchtitan's layout: (E, ffn, dim) gate and up stacks, an (E, dim, ffn) down
+stack, each expert its own Muon matrix; FSDP2 shards the stacks by experts). Every block and the root
+under fully_shard.
 Tokens per step are global (each rank trains tokens/W), in --micro-batches forward+backwards per step
 (gradient accumulation: `set_requires_gradient_sync` on FSDP2's modules and on the owner-held matrices,
 so that only the last micro-batch reduces). Per optimizer and setting, medians over
@@ -91,8 +94,8 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 import dmuon
 from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
-from dmuon.torch.muon_step import engine_target
-from dmuon.torch.params import module_groups
+from dmuon.torch.muon_step import engine_target, matrices_of
+from dmuon.torch.params import is_expert_stack_by_default, module_groups
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"))
 from collective_ledger import Ledger, recording  # noqa: E402
@@ -102,9 +105,10 @@ OPTIMIZERS = ("adamw", "torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32",
 PEERS = ("torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32")   # what a user would pick instead of dmuon
 DMUON = ("dmuon-a2a", "dmuon-owner")
 TUNED = "+tuned"  # the row of a dmuon setting run with this run's tuning cache
-MODELS = {  # dim, heads, kv heads, ffn, layers, vocab
+MODELS = {  # dim, heads, kv heads, ffn (per expert), layers, vocab[, experts, experts per token]
     "small": (128, 4, 4, 512, 4, 512),
     "qwen4": (896, 14, 2, 4864, 4, 4096),
+    "moe": (128, 4, 4, 256, 4, 512, 8, 2),
 }
 SEQ = 64
 TP_PLAN = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel(),
@@ -112,8 +116,32 @@ TP_PLAN = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(
 TP_OPTIMIZERS = ("adamw", "dmuon-a2a", "dmuon-owner")  # those that run with --tp > 1
 
 
+class Experts(torch.nn.Module):
+    """Routed experts as torchtitan's MoE lays them out: (E, ffn, dim) gate and up stacks and an (E, dim, ffn)
+    down stack (each expert its own Muon matrix: "experts" in the names), a router, top-k gating; each expert
+    runs on the tokens routed to it (a loop: no grouped-GEMM kernel on the CPU)."""
+
+    def __init__(self, dim, ffn, experts, top_k):
+        super().__init__()
+        self.top_k = top_k
+        self.router = torch.nn.Linear(dim, experts, bias=False)
+        self.w1 = torch.nn.Parameter(torch.randn(experts, ffn, dim) / math.sqrt(dim))   # gate
+        self.w3 = torch.nn.Parameter(torch.randn(experts, ffn, dim) / math.sqrt(dim))   # up
+        self.w2 = torch.nn.Parameter(torch.randn(experts, dim, ffn) / math.sqrt(ffn))   # down
+
+    def forward(self, h):  # h (N, D) → (N, D)
+        weights, chosen = torch.topk(torch.softmax(self.router(h), dim=-1), self.top_k, dim=-1)  # (N, k) each
+        out = torch.zeros_like(h)
+        for e in range(self.w1.shape[0]):
+            rows, slot = (chosen == e).nonzero(as_tuple=True)  # an expert may get no token: it still steps
+            x = h[rows]
+            y = (F.silu(x @ self.w1[e].T) * (x @ self.w3[e].T)) @ self.w2[e].T
+            out = out.index_add(0, rows, y * weights[rows, slot, None])
+        return out
+
+
 class Block(torch.nn.Module):
-    def __init__(self, dim, heads, kv_heads, ffn):
+    def __init__(self, dim, heads, kv_heads, ffn, experts=0, top_k=0):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
         self.attn_norm = torch.nn.RMSNorm(dim)
@@ -122,9 +150,11 @@ class Block(torch.nn.Module):
         self.v = torch.nn.Linear(dim, kv_heads * self.head_dim, bias=False)
         self.o = torch.nn.Linear(dim, dim, bias=False)
         self.mlp_norm = torch.nn.RMSNorm(dim)
-        self.gate = torch.nn.Linear(dim, ffn, bias=False)
-        self.up = torch.nn.Linear(dim, ffn, bias=False)
-        self.down = torch.nn.Linear(ffn, dim, bias=False)
+        self.experts = Experts(dim, ffn, experts, top_k) if experts else None
+        if not experts:
+            self.gate = torch.nn.Linear(dim, ffn, bias=False)
+            self.up = torch.nn.Linear(dim, ffn, bias=False)
+            self.down = torch.nn.Linear(ffn, dim, bias=False)
 
     def forward(self, x):  # x (B, T, D); under tensor parallelism each rank has H/T and Hkv/T of the heads
         b, t, _ = x.shape
@@ -135,14 +165,16 @@ class Block(torch.nn.Module):
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.kv_heads != self.heads)
         x = x + self.o(a.transpose(1, 2).reshape(b, t, -1))
         h = self.mlp_norm(x)
+        if self.experts is not None:
+            return x + self.experts(h.reshape(b * t, -1)).view_as(x)
         return x + self.down(F.silu(self.gate(h)) * self.up(h))
 
 
 class GPT(torch.nn.Module):
-    def __init__(self, dim, heads, kv_heads, ffn, layers, vocab):
+    def __init__(self, dim, heads, kv_heads, ffn, layers, vocab, experts=0, top_k=0):
         super().__init__()
         self.embed = torch.nn.Embedding(vocab, dim)
-        self.blocks = torch.nn.ModuleList([Block(dim, heads, kv_heads, ffn) for _ in range(layers)])
+        self.blocks = torch.nn.ModuleList([Block(dim, heads, kv_heads, ffn, experts, top_k) for _ in range(layers)])
         self.norm = torch.nn.RMSNorm(dim)
         self.head = torch.nn.Linear(dim, vocab, bias=False)
 
@@ -306,9 +338,9 @@ def muon_requests(config, world):
     counts = {}
     for g in module_groups(model):
         if g["use_muon"]:
-            for _, p in g["params"]:
-                shape = (p.shape[0], math.prod(p.shape[1:]))
-                counts[shape] = counts.get(shape, 0) + 1
+            for n, p in g["params"]:
+                for _, rows, cols in matrices_of(tuple(p.shape), is_expert_stack_by_default(n, tuple(p.shape))):
+                    counts[(rows, cols)] = counts.get((rows, cols), 0) + 1
     return sorted((rows, cols, -(-n // world)) for (rows, cols), n in counts.items())
 
 
@@ -502,6 +534,8 @@ def main():
     results = []
     for model_name, tp in [(m, int(t)) for m in args.models.split(",") for t in args.tp.split(",")]:
         config = MODELS[model_name]
+        if tp > 1 and len(config) > 6:
+            raise SystemExit(f"fsdp2_owner_step: --tp {tp} with {model_name}: the benchmark has no expert-parallel plan")
         if config[2] % tp:
             raise SystemExit(f"fsdp2_owner_step: --tp {tp} does not divide {model_name}'s {config[2]} key-value heads")
         tp_runs = [(n, tuned) for n, tuned in runs if tp == 1 or n in TP_OPTIMIZERS]
