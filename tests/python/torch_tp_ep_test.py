@@ -19,7 +19,8 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
             fully_shard on "dp" on top (FSDP2 over TP: _StridedShard; the norms, embedding and head are
             DTensors on the "dp" slice); N=8 (the MLP) HSDP on ("replicate", "dp") of a (2, 2, 2) mesh.
             N=2 and 4 also in the owner-held mode (hold_on_owners after parallelize_module, before
-            fully_shard: each TP slice held on its owner's TP group)
+            fully_shard: each TP slice held on its owner's TP group), then its state dicts: the full one
+            equal to the weights, and a DCP save, the held slices zeroed, a DCP load, bit for bit
   pipeline  N=4: two stages of two ranks, one DMuon per stage over its stage's process group and mesh
   refusals  N=2: a conv filter sharded on its input channels, a Partial() parameter, and what hold_on_owners
             does not take under TP (TP slices beside a matrix TP leaves whole, a matrix replicated over TP,
@@ -42,10 +43,14 @@ Each layout and the model check, per tensor after STEPS steps:
 
 import datetime
 import math
+import shutil
+import tempfile
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
@@ -320,6 +325,8 @@ def check_model(checks, world, case_name, case, make_batch, held=False):
         final = {n: full_of(p, None) for n, p in params.items()}
     checks.within(f"{name}: params vs float64 reference ({len(muon)} Muon matrices; {', '.join(placements)})",
                   {n: relative_error(final[n], ref.params[n]) for n in final}, TOLERANCE)
+    if held:
+        check_held_state_dicts(checks, name, model, holding, final)
     # dmuon.torch.clip_grad_norm_ and DMuon sum squares of float32 gradients, each element once: ≤ n·u relative.
     checks.within(f"{name}: global gradient norm (clip_grad_norm_, DMuon)", norm_errors,
                   sum(math.prod(p.shape) for p in params.values()) * U_F32)
@@ -334,6 +341,33 @@ def check_model(checks, world, case_name, case, make_batch, held=False):
                   f"or the held hooks'; TP's own are DTensor's), step() {step_bytes:.0f} B of which all-to-all "
                   f"{moved:.0f}, expected {expected} ({moved / muon_bytes:.2f}x the Muon matrices' float32 bytes)")
     return fwd_bwd
+
+
+def check_held_state_dicts(checks, name, model, holding, final):
+    """A model with held TP slices: its full state dict (get_model_state_dict, full_state_dict=True) equals
+    the weights bit for bit; a DCP save, every held slice zeroed, a DCP load and load_state_dict give them
+    back bit for bit."""
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True))
+    differ = [n for n in final if not torch.equal(full[n], final[n])]
+    checks.report(f"{name}: full state dict", not differ,
+                  f"{len(differ)} of {len(final)} tensors differ in bits" + (f" (first {differ[0]})" if differ else ""))
+    box = [tempfile.mkdtemp(prefix="dmuon_tp_dcp_") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    dcp.save(model.state_dict(), checkpoint_id=box[0])
+    with torch.no_grad():
+        for p in holding.params:
+            p.to_local().zero_()  # a placeholder's write is skipped: the keepers' slices are zeroed
+    state = model.state_dict()
+    dcp.load(state, checkpoint_id=box[0])
+    model.load_state_dict(state)
+    with holding.unshard():
+        loaded = {n: full_of(p, None) for n, p in model.named_parameters()}
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(box[0], ignore_errors=True)
+    differ = [n for n in final if not torch.equal(loaded[n], final[n])]
+    checks.report(f"{name}: DCP save, held slices zeroed, DCP load", not differ,
+                  f"{len(differ)} of {len(final)} tensors differ in bits" + (f" (first {differ[0]})" if differ else ""))
 
 
 def check_model_modes(checks, world, case_name, case, make_batch):

@@ -180,7 +180,7 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     error, chosen, tp, global_ranks = None, [], None, comm.ranks
     try:
         chosen = _select(model, predicate)
-        tp = tensor_parallel(chosen, mesh, comm.ranks)
+        tp = tensor_parallel(chosen, mesh, comm.ranks, comm.rank)
         global_ranks = comm.ranks if tp is not None else _group_ranks(mesh, process_group)
         if global_ranks != comm.ranks:
             raise ValueError(f"dmuon.torch.hold_on_owners: the mesh's ranks {global_ranks} are not the process "
@@ -235,8 +235,7 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     schedule.install()
     for n, _ in chosen:
         registered[n]._dmuon_held = HeldParam(owners[n], tuple(comm.ranks), process_group, schedule, holdings[n])
-    install_state_dict_hooks(model, None if tp is not None else _entry_mesh(mesh, global_ranks, comm), schedule,
-                             tensor_parallel=tp is not None)
+    install_state_dict_hooks(model, None if tp is not None else _entry_mesh(mesh, global_ranks, comm), schedule, tp)
     model.__dict__.setdefault("_dmuon_held_schedules", []).append(schedule)  # DMuon(model) adopts through it
     if chosen:
         torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(

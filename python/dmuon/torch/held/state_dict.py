@@ -14,10 +14,18 @@ model.load_state_dict accepts HeldEntry values, other DTensors (made full first:
 call is on every rank) and plain full tensors; the owner copies them into its master, the other
 ranks skip them (their placeholder's writes are skipped), and every working copy is refreshed from
 the owners before its next use.
+
+Under tensor parallelism (tensor_parallel.py) a HeldEntry is a DTensor over the TP mesh's root mesh:
+the held TP placement on the TP dim, Partial(sum) on the data-parallel dims; its local tensor is this
+rank's slice on the ranks that keep it and -0.0 elsewhere. DCP writes and reads each slice where it is
+kept (the chunk at the slice's offsets), a full state dict is all-reduced over the data-parallel dims and
+gathered over TP, and a load keeps on each keeping rank its slice of what it is given.
 """
 
 import torch
 from torch.distributed.tensor import DTensor, Partial
+
+from dmuon.torch.held.buffer import like_param, local_part
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.utils._pytree import tree_map
 
@@ -52,63 +60,81 @@ class HeldEntry(DTensor):
     """A held matrix in a state dict (see the module's text). Operations on it give plain DTensors."""
 
     @staticmethod
-    def make(local, mesh, owner_here):
-        spec = DTensorSpec(mesh, (Partial("sum"),),
-                           TensorMeta(local.shape, torch._prims_common.make_contiguous_strides_for(local.shape),
-                                      local.dtype))
+    def make(local, mesh, owner_here, placements=(Partial("sum"),), shape=None):
+        """local: this rank's part (the whole matrix on its owner; a TP slice); placements on mesh and the
+        global shape (default: the whole matrix held on one owner of a 1-D mesh)."""
+        shape = local.shape if shape is None else torch.Size(shape)
+        spec = DTensorSpec(mesh, tuple(placements),
+                           TensorMeta(shape, torch._prims_common.make_contiguous_strides_for(shape), local.dtype))
         entry = torch.Tensor._dtensor__new__(HeldEntry, local, spec, requires_grad=False)
         entry._spec, entry._local_tensor, entry.owner_here = spec, local, owner_here
         return entry
 
     def __create_write_items__(self, fqn, object):
-        from torch.distributed.checkpoint.planner_helpers import _create_write_item_for_tensor
+        from torch.distributed.checkpoint.planner_helpers import _create_write_items_for_dtensor
 
-        return [_create_write_item_for_tensor(fqn, self._local_tensor)] if self.owner_here else []
+        return [_create_write_items_for_dtensor(fqn, self)] if self.owner_here else []  # at its offsets
 
     def __create_chunk_list__(self):
-        from torch.distributed.checkpoint.planner_helpers import _create_chunk_from_tensor
+        from torch.distributed.checkpoint.planner_helpers import _create_chunk_from_dtensor
 
-        return [_create_chunk_from_tensor(self._local_tensor)] if self.owner_here else []
+        return [_create_chunk_from_dtensor(self)] if self.owner_here else []
 
     def __get_tensor_shard__(self, index):
         return self._local_tensor
 
 
-def install_state_dict_hooks(model, mesh, schedule, tensor_parallel=False):
+def install_state_dict_hooks(model, mesh, schedule, tensor_parallel=None):
     """Registers the model's hooks for the held parameters of `schedule` (schedule.registry): its
     state_dict lists HeldEntry values for them; load_state_dict takes any of the values above.
-    tensor_parallel: the held matrices are TP slices (tensor_parallel.py), whose entries are not written
-    yet: both raise NotImplementedError, on every rank (no collective has run)."""
+    tensor_parallel: the TensorParallel frame of held TP slices (tensor_parallel.py), else None; mesh is
+    then unused (the entries lie on the TP mesh's root mesh)."""
 
-    def refuse_tensor_parallel():
-        if tensor_parallel:
-            raise NotImplementedError("dmuon.torch.hold_on_owners: the state_dict of owner-held matrices under "
-                                      "tensor parallelism is not implemented yet (read the weights inside "
-                                      "`with held.unshard():`, or train in DMuon's all-to-all mode to checkpoint)")
+    def entry(p, owner_here):
+        local = local_part(p)
+        local = local.detach() if owner_here else NegativeZeros(local.shape, p.dtype, p.device)
+        if tensor_parallel is None:
+            return HeldEntry.make(local, mesh, owner_here)
+        root, tp_dim = tensor_parallel.root_and_dim()
+        placements = [p.placements[0] if d == tp_dim else Partial("sum") for d in range(root.ndim)]
+        return HeldEntry.make(local, root, owner_here, placements, p.shape)
+
+    def my_part(p, full):
+        """This rank's part of a full value of held parameter p (a TP slice: its spans)."""
+        if tensor_parallel is None:
+            return full
+        rows, cols = p._dmuon_held.holdings[tensor_parallel.rank].spans
+        (r, nr), (c, nc) = rows.runs[0], cols.runs[0]
+        return like_param(p, full[r:r + nr, c:c + nc])
 
     def entries(module, state_dict, prefix, local_metadata):
-        refuse_tensor_parallel()
         schedule.adopt()
         for name, (p, owner_here) in schedule.registry.items():
             key = prefix + name
-            if key not in state_dict:
-                continue
-            local = p.detach() if owner_here else NegativeZeros(p.shape, p.dtype, p.device)
-            state_dict[key] = HeldEntry.make(local, mesh, owner_here)
+            if key in state_dict:
+                state_dict[key] = entry(p, owner_here)
 
     def to_plain(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-        refuse_tensor_parallel()
         schedule.adopt()
-        for name in schedule.registry:
+        for name, (p, owner_here) in schedule.registry.items():
             key = prefix + name
             value = state_dict.get(key)
+            if value is None:
+                continue
             if isinstance(value, HeldEntry):
                 if value.owner_here:
-                    state_dict[key] = value._local_tensor
+                    state_dict[key] = like_param(p, value._local_tensor)
                 else:
                     state_dict.pop(key)  # nothing to write here; not reported missing (below)
-            elif isinstance(value, DTensor):
-                state_dict[key] = value.full_tensor()
+                continue
+            if isinstance(value, DTensor):
+                value = value.full_tensor()  # collective: every rank loads every key
+            if owner_here:
+                state_dict[key] = my_part(p, value)
+            elif tensor_parallel is not None:
+                state_dict.pop(key)  # a placeholder DTensor takes no plain tensor; the keeper loads it
+            else:
+                state_dict[key] = value  # the placeholder skips the write
 
     def not_missing(module, incompatible_keys):
         incompatible_keys.missing_keys[:] = [

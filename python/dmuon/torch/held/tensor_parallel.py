@@ -46,6 +46,12 @@ class TensorParallel:
     cells: tuple
     tp: int
     dp: int
+    rank: int  # this process's group rank
+
+    def root_and_dim(self):
+        """(the root DeviceMesh, the index of the TP dim in it)."""
+        root = self.tp_mesh._get_root_mesh()
+        return root, (_names(root).index(_names(self.tp_mesh)[0]) if root != self.tp_mesh else 0)
 
     def dp_of(self, g):
         return self.cells[g][0]
@@ -67,7 +73,7 @@ def _refuse(name, reason):
     raise ValueError(f"dmuon.torch.hold_on_owners: parameter '{name}' {reason}")
 
 
-def tensor_parallel(chosen, mesh, group_ranks):
+def tensor_parallel(chosen, mesh, group_ranks, rank):
     """The TensorParallel frame of the parameters to hold ([(name, parameter)]), None when none is a
     DTensor (the mode without TP). mesh: hold_on_owners's (the data-parallel mesh fully_shard gets, or
     None: TP alone). ValueError naming the parameter and the reason for what cannot be held."""
@@ -116,7 +122,7 @@ def tensor_parallel(chosen, mesh, group_ranks):
     elif mesh._get_root_mesh() != root or sorted(data_names | set(tp_name)) != sorted(root_names):
         _refuse(name, f"is on TP mesh {tp_name}; the data-parallel mesh {tuple(data_names)} and it must be the two "
                       f"named dims of one root mesh {root_names}")
-    tp_dim = root_names.index(tp_name[0]) if root != tp_mesh else 0
+    tp_dim = root_names.index(tp_name[0]) if root != tp_mesh else 0  # as TensorParallel.root_and_dim
     shape = tuple(root.mesh.shape)
     cells = []
     for g in range(math.prod(shape)):
@@ -127,4 +133,4 @@ def tensor_parallel(chosen, mesh, group_ranks):
             d = d * si + ci
         cells.append((d, c[tp_dim]))
     tp = shape[tp_dim]
-    return TensorParallel(tp_mesh, tuple(cells), tp, len(cells) // tp)
+    return TensorParallel(tp_mesh, tuple(cells), tp, len(cells) // tp, rank)
