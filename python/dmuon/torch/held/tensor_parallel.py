@@ -17,9 +17,10 @@ byte of it within the TP group).
 What cannot be held (refused by name, with the reason): a matrix replicated over the TP dim (its
 Newton–Schulz would run once per TP rank, and TP may leave its gradient Partial()); an expert stack or
 a conv filter (≥ 3-D) under tensor or expert parallelism; TP meshes of more than one dim, or
-different TP meshes; a TP mesh whose root is not the optimizer group's ranks; a 2-D data-parallel
-mesh (HSDP × TP); held matrices mixed with matrices tensor parallelism leaves whole; a DTensor that
-fully_shard already sharded over the data-parallel mesh.
+different TP meshes; a TP mesh whose root is not the optimizer group's ranks; held matrices mixed
+with matrices tensor parallelism leaves whole; a DTensor that fully_shard already sharded over the
+data-parallel mesh. The data-parallel mesh may be 1-D (FSDP2) or 2-D (HSDP: its replicas and columns
+per TP rank as groups.py has them).
 """
 
 import math
@@ -115,10 +116,6 @@ def tensor_parallel(chosen, mesh, group_ranks, rank):
         if root != tp_mesh:
             _refuse(name, f"is on TP mesh {tp_name} of a larger mesh {root_names}: give hold_on_owners the "
                           "data-parallel mesh fully_shard gets (mesh[\"dp\"])")
-    elif mesh.ndim != 1:
-        _refuse(name, f"is a tensor-parallel slice and the data-parallel mesh is {mesh.ndim}-D: owner-held "
-                      "matrices take tensor parallelism with a 1-D data-parallel (FSDP2) mesh only (HSDP × TP: "
-                      "use DMuon's all-to-all mode)")
     elif mesh._get_root_mesh() != root or sorted(data_names | set(tp_name)) != sorted(root_names):
         _refuse(name, f"is on TP mesh {tp_name}; the data-parallel mesh {tuple(data_names)} and it must be the two "
                       f"named dims of one root mesh {root_names}")
