@@ -535,7 +535,8 @@ def main():
     for model_name, tp in [(m, int(t)) for m in args.models.split(",") for t in args.tp.split(",")]:
         config = MODELS[model_name]
         if tp > 1 and len(config) > 6:
-            raise SystemExit(f"fsdp2_owner_step: --tp {tp} with {model_name}: the benchmark has no expert-parallel plan")
+            raise SystemExit(f"fsdp2_owner_step: --tp {tp} with {model_name}: the benchmark has no expert-parallel "
+                             "plan")
         if config[2] % tp:
             raise SystemExit(f"fsdp2_owner_step: --tp {tp} does not divide {model_name}'s {config[2]} key-value heads")
         tp_runs = [(n, tuned) for n, tuned in runs if tp == 1 or n in TP_OPTIMIZERS]

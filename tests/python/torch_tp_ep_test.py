@@ -337,8 +337,8 @@ def check_model(checks, world, case_name, case, make_batch, held=False):
     expected = 4 * exchanged_elements(opt)  # float32 pieces of U and O, each byte sent once
     muon_bytes = 4 * sum(math.prod(params[n].shape) for n in muon)
     checks.report(f"{name}: step() moves each piece once", moved == expected,
-                  f"per step over all ranks: forward+backward {fwd_bwd:.0f} B (torch.distributed's collectives: FSDP2's "
-                  f"or the held hooks'; TP's own are DTensor's), step() {step_bytes:.0f} B of which all-to-all "
+                  f"per step over all ranks: forward+backward {fwd_bwd:.0f} B (torch.distributed's collectives: "
+                  f"FSDP2's or the held hooks'; TP's own are DTensor's), step() {step_bytes:.0f} B of which all-to-all "
                   f"{moved:.0f}, expected {expected} ({moved / muon_bytes:.2f}x the Muon matrices' float32 bytes)")
     return fwd_bwd
 

@@ -162,10 +162,11 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     replicated over process_group (DDP; DDP is told to ignore the held ones). Its ranks must be
     DMuon's process group's, in order. Under tensor parallelism (parallelize_module before this call,
     the matrices DTensors on a 1-D TP mesh): mesh is the data-parallel slice fully_shard gets
-    (mesh["dp"] of a ("dp", "tp") mesh; HSDP: mesh["replicate", "dp"]), None for TP alone; each TP slice is held on the owner's TP
-    group (tensor_parallel.py, which lists what is refused). predicate(name, parameter) → bool picks the parameters
-    instead of DMuon's routing. units: the modules whose hooks move their parameters (default: each
-    block "….N" of the model, else the module holding the parameter). balancer: dmuon.plan_owners's
+    (mesh["dp"] of a ("dp", "tp") mesh; HSDP: mesh["replicate", "dp"]), None for TP alone; each TP
+    slice is held on the owner's TP group (tensor_parallel.py, which lists what is refused).
+    predicate(name, parameter) → bool picks the parameters instead of DMuon's routing. units: the
+    modules whose hooks move their parameters (default: each block "….N" of the model, else the module
+    holding the parameter). balancer: dmuon.plan_owners's
     ("milp" over measured Newton–Schulz costs, "lpt", "rr"); tune_cache: the tuning cache it plans
     with, as DMuon's ("" the default path, None none, else a path). reshard_after_forward: as
     fully_shard's; False keeps the weights from forward to backward. mp_policy: a MixedPrecisionPolicy
