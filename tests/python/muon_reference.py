@@ -30,10 +30,20 @@ def update_scale(rows, cols, kind):
             "unit_rms": max(rows, cols) ** 0.5}[kind]     # element RMS 1
 
 
-def scaled_orthogonal_ref(u, options, scale="match_rms_adamw"):
+def normuon_ref(o, v, beta2):
+    """NorMuon's normalization of an orthogonalized matrix o (rows, cols) with its per-row second moment v (rows,)
+    (arXiv 2510.05491, algorithm 1; microsoft/dion's normuon.py): (normalized o, new v), float64."""
+    o = o.double()
+    v = beta2 * v + (1 - beta2) * (o * o).mean(dim=1)
+    normalized = o / (v.sqrt() + 1e-8)[:, None]
+    return normalized * (o.norm() / normalized.norm().clamp(min=1e-8)), v
+
+
+def scaled_orthogonal_ref(u, options, scale="match_rms_adamw", variance=None):
     """s·O of a matrix u (rows, cols) under a param group's Muon options (missing ones: the defaults, `scale`
     for the scale): Newton–Schulz of u, or of each block split off it by hand (split_heads or split_sizes
-    along split_dim) with each block's own s, as if each block were a parameter."""
+    along split_dim) with each block's own s, as if each block were a parameter. variant="normuon": each
+    block's O normalized by normuon_ref with its v, variance[block index] (absent: zeros), which it updates."""
     steps, extra = options.get("ns_steps", 5), options.get("extra_scale_factor", 1.0)
     kind = options.get("scale", scale)
     dim, heads, sizes = options.get("split_dim", 0), options.get("split_heads"), options.get("split_sizes")
@@ -41,8 +51,14 @@ def scaled_orthogonal_ref(u, options, scale="match_rms_adamw"):
         blocks = [u]
     else:
         blocks = torch.split(u, list(sizes) if sizes is not None else u.shape[dim] // heads, dim)
-    return torch.cat([newton_schulz_ref(b, steps) * update_scale(b.shape[0], b.shape[1], kind) * extra
-                      for b in blocks], dim)
+    out = []
+    for index, block in enumerate(blocks):
+        o = newton_schulz_ref(block, steps)
+        if options.get("variant", "muon") == "normuon":
+            v = variance.get(index, torch.zeros(o.shape[0], dtype=torch.float64))
+            o, variance[index] = normuon_ref(o, v, options.get("normuon_beta2", 0.95))
+        out.append(o * update_scale(block.shape[0], block.shape[1], kind) * extra)
+    return torch.cat(out, dim)
 
 
 def muon_apply_ref(w, o, lr, weight_decay, s, cautious_wd=False):

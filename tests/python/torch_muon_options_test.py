@@ -23,6 +23,7 @@ from torch.optim import lr_scheduler
 
 from dmuon.torch import DMuon
 from dmuon.torch.muon_options import SCALES, muon_scale
+from dmuon.torch.normuon import pack, packed_numel, unpack
 from muon_reference import KELLER, newton_schulz_ref, update_scale
 from torch_dmuon_mpi_test import Reference, hyper_of
 
@@ -123,6 +124,29 @@ def test_a_bucket_batches_matrices_of_equal_options_only():
     assert len(opt._ns) == 2 and opt.ns is opt.ns_of(opt._matrices[0].options)  # steps 5 and 3
 
 
+def train_and_load(params, opt, twins, loaded):
+    """Trains params with opt 3 steps, then gives twins params' values and loaded opt's state_dict (torch.save)."""
+    for t in range(3):
+        set_grads(params, grads_of(t))
+        opt.step()
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    for n, p in params.items():
+        twins[n].data.copy_(p.detach())
+    loaded.load_state_dict(torch.load(buffer, weights_only=True))
+
+
+def train_both_to_the_end(params, opt, twins, loaded):
+    """Steps 3.. of both runs; every parameter must then be bit-identical."""
+    for t in range(3, STEPS):
+        for ps, o in ((params, opt), (twins, loaded)):
+            set_grads(ps, grads_of(t))
+            o.step()
+    for n in params:
+        assert torch.equal(params[n], twins[n]), n
+
+
 def test_a_state_dict_carries_the_groups_options_and_resumes_bit_for_bit():
     params, twins = parameters(), parameters()
 
@@ -131,25 +155,11 @@ def test_a_state_dict_carries_the_groups_options_and_resumes_bit_for_bit():
                       {"params": [(n, ps[n]) for n in ("c.weight", "d.weight")]}], weight_decay=WD, balancer="lpt")
 
     options = dict(ns_steps=3, scale="spectral", extra_scale_factor=1.5, cautious_wd=True, coeffs="polar-express")
-    opt = build(params, options)
-    for t in range(3):
-        set_grads(params, grads_of(t))
-        opt.step()
-    buffer = io.BytesIO()
-    torch.save(opt.state_dict(), buffer)
-    buffer.seek(0)
-    loaded = build(twins, {})
-    for n, p in params.items():
-        twins[n].data.copy_(p.detach())
-    loaded.load_state_dict(torch.load(buffer, weights_only=True))
+    opt, loaded = build(params, options), build(twins, {})
+    train_and_load(params, opt, twins, loaded)
     assert {k: loaded.param_groups[0][k] for k in options} == options
     assert {k.options for k in loaded._matrices} == {k.options for k in opt._matrices}
-    for t in range(3, STEPS):
-        for ps, o in ((params, opt), (twins, loaded)):
-            set_grads(ps, grads_of(t))
-            o.step()
-    for n in params:
-        assert torch.equal(params[n], twins[n]), n
+    train_both_to_the_end(params, opt, twins, loaded)
 
 
 def test_an_lr_scheduler_sets_each_groups_lr_and_the_options_stay():
@@ -239,3 +249,82 @@ def test_a_split_that_does_not_fit_names_the_matrix(options, needle):
     q = torch.nn.Parameter(torch.randn(12, 8))
     with pytest.raises(ValueError, match=needle):
         DMuon([{"params": [("q.weight", q)], **options}])
+
+
+# ---- NorMuon ----
+
+# (name, shape, options): unsplit, column blocks (v of 2 columns), row blocks with their own β₂, and plain Muon
+NORMUON = [("a.weight", (12, 5), dict(variant="normuon")),
+           ("b.weight", (4, 10), dict(variant="normuon", split_heads=2, split_dim=1, scale="spectral")),
+           ("c.weight", (12, 5), dict(variant="normuon", split_sizes=[4, 8], normuon_beta2=0.9, cautious_wd=True)),
+           ("d.weight", (6, 6), dict())]
+
+
+def normuon_optimizer(params, **kwargs):
+    return DMuon([{"params": [(n, params[n])], **options} for n, _, options in NORMUON], lr=LR, momentum=MOMENTUM,
+                 weight_decay=WD, algo="standard", balancer="lpt", **kwargs)
+
+
+def test_normuon_equals_the_reference_and_keeps_a_v_per_row_and_column_block():
+    params = parameters()
+    opt = normuon_optimizer(params)
+    ref = Reference({n: p.detach() for n, p in params.items()}, hyper_of(opt))
+    muon = Reference({n: p.detach() for n, p in params.items()},
+                     {n: dict(h, variant="muon") for n, h in hyper_of(opt).items()})
+    for t in range(1, STEPS + 1):
+        grads = grads_of(t)
+        for r in (ref, muon):
+            r.step(grads)
+        set_grads(params, grads)
+        opt.step()
+        for n, (rows, cols), options in NORMUON:
+            # as the unsplit test, lr·s·Ô within 2e-6 per element of O times 2 (NorMuon's rows of O have RMS
+            # 1/√max(m, n) within a few percent, so it scales a row by about 1 and adds its relative error once
+            # more), and a few ulps of W per step
+            s = max(update_scale(rows, cols, options.get("scale", "match_rms_adamw")), 1.0)
+            bound = t * LR * s * 4e-6 + 4 * t * FLOAT32_EPS * ref.w[n].abs()
+            excess = float(((params[n].detach().double() - ref.w[n]).abs() - bound).max())
+            assert excess <= 0, f"{n} at step {t}: {excess:.2e} beyond the NorMuon reference's bound"
+            if options:
+                assert float((ref.w[n] - muon.w[n]).abs().max()) > 1e2 * float(bound.max()), "NorMuon changes nothing"
+    widths = {n: tuple(opt.state[params[n]]["variance_neuron"].shape) for n, _, o in NORMUON if o}
+    assert widths == {"a.weight": (12, 1), "b.weight": (4, 2), "c.weight": (12, 1)}
+    assert "variance_neuron" not in opt.state[params["d.weight"]]
+    ref_v = ref.state["b.weight"]["normuon_v"][0]  # column block 1's v, after the steps
+    assert torch.allclose(opt.state[params["b.weight"]]["variance_neuron"][:, 1].double(), ref_v[1], rtol=1e-4)
+
+
+def test_normuon_resumes_from_a_state_dict_bit_for_bit_and_a_skipped_step_keeps_v():
+    params, twins = parameters(), parameters()
+    opt, loaded = normuon_optimizer(params, nonfinite="skip"), normuon_optimizer(twins, nonfinite="skip")
+    train_and_load(params, opt, twins, loaded)
+    v = {n: opt.state[params[n]]["variance_neuron"].clone() for n, _, o in NORMUON if o}
+    set_grads(params, {n: g * float("nan") for n, g in grads_of(3).items()})
+    opt.step()  # skipped: a non-finite gradient
+    assert opt.skipped_steps == 1
+    for n, value in v.items():
+        assert torch.equal(opt.state[params[n]]["variance_neuron"], value), f"{n}: a skipped step changed v"
+    train_both_to_the_end(params, opt, twins, loaded)
+    plain = DMuon([{"params": [(n, twins[n])]} for n, _, _ in NORMUON], balancer="lpt")
+    with pytest.raises(ValueError, match=r"'a.weight' has state \['momentum_buffer', 'variance_neuron'\] in the "
+                                         r"saved state, \['momentum_buffer'\] here"):
+        plain.load_state_dict(opt.state_dict())
+
+
+@pytest.mark.parametrize("value", ["adam", None])
+def test_a_bad_variant_or_beta2_names_the_key(value):
+    q = torch.nn.Parameter(torch.randn(4, 4))
+    with pytest.raises(ValueError, match="variant must be one of muon, normuon"):
+        DMuon([{"params": [("q.weight", q)], "variant": value}])
+    with pytest.raises(ValueError, match="normuon_beta2 must be a number in"):
+        DMuon([("q.weight", q)], variant="normuon", normuon_beta2=1.0 if value else -0.1)
+
+
+@pytest.mark.parametrize("dtype, message", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                            (torch.float32, torch.float32)])
+def test_normuon_v_travels_in_a_message_of_another_dtype_bit_for_bit(dtype, message):
+    v = torch.randn(7, 3).to(dtype)  # an odd count: the packed message pads
+    packed = pack(v, message)
+    assert packed.dtype == message and packed.numel() == packed_numel(v.numel(), dtype, message)
+    received = torch.cat([torch.ones(1, dtype=message), packed])[1:]  # at an offset in a message, as received
+    assert torch.equal(unpack(received, dtype, v.numel()).view(v.shape), v)

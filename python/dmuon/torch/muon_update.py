@@ -48,6 +48,10 @@ class StepValues:
         base, size = self._keep.data_ptr(), self._keep.element_size()
         return [base + i * size for i in indices]
 
+    def keep_of(self, indices):
+        """The keep flags of parameters `indices`, a float32 device tensor (len(indices),)."""
+        return self._keep[list(indices)]
+
     @property
     def grad_scale(self):
         return None if self._grad_scale is None else self._grad_scale.data_ptr()
