@@ -67,3 +67,19 @@ def muon_apply_ref(w, o, lr, weight_decay, s, cautious_wd=False):
     if cautious_wd:
         decayed = torch.where(w * o >= 0, decayed, w)
     return decayed - lr * s * o
+
+
+def qk_clip_ref(w_q, w_k, maxima, tau, kv_heads, alpha=0.5):
+    """QK-clip of Kimi K2 (arXiv 2507.20534, MuonClip) with grouped queries as Megatron's qk_clip: per key-value
+    group g, γ = min(1, τ / max of its query heads' maximum logits); W_q's rows of the group's query heads times
+    γ^α, W_k's rows of head g times γ^(1−α) (a bias is a W of one column). Returns the new (W_q, W_k), float64."""
+    heads = maxima.numel()
+    w_q, w_k = w_q.double().clone(), w_k.double().clone()
+    q_rows, k_rows = w_q.shape[0] // heads, w_k.shape[0] // kv_heads
+    per_group = heads // kv_heads
+    for g in range(kv_heads):
+        s = float(maxima[g * per_group:(g + 1) * per_group].max())
+        gamma = tau / s if s > tau else 1.0
+        w_q[g * per_group * q_rows:(g + 1) * per_group * q_rows] *= gamma ** alpha
+        w_k[g * k_rows:(g + 1) * k_rows] *= gamma ** (1 - alpha)
+    return w_q, w_k

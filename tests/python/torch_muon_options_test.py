@@ -21,10 +21,10 @@ import pytest
 import torch
 from torch.optim import lr_scheduler
 
-from dmuon.torch import DMuon
+from dmuon.torch import Attention, DMuon, QKClip, hf_qk_clip
 from dmuon.torch.muon_options import SCALES, muon_scale
 from dmuon.torch.normuon import pack, packed_numel, unpack
-from muon_reference import KELLER, newton_schulz_ref, update_scale
+from muon_reference import KELLER, newton_schulz_ref, qk_clip_ref, update_scale
 from torch_dmuon_mpi_test import Reference, hyper_of
 
 SPECS = [("a.weight", (12, 5)), ("b.weight", (4, 10)), ("c.weight", (12, 5)), ("d.weight", (6, 6))]
@@ -328,3 +328,91 @@ def test_normuon_v_travels_in_a_message_of_another_dtype_bit_for_bit(dtype, mess
     assert packed.dtype == message and packed.numel() == packed_numel(v.numel(), dtype, message)
     received = torch.cat([torch.ones(1, dtype=message), packed])[1:]  # at an offset in a message, as received
     assert torch.equal(unpack(received, dtype, v.numel()).view(v.shape), v)
+
+
+# ---- QK-clip (qk_clip.py) ----
+
+TAU, QK_HEADS, QK_GROUPS = 1.5, 4, 2
+
+
+def test_qk_clip_equals_kimi_k2s_rule_with_grouped_queries_on_weights_and_biases():
+    gen = torch.Generator().manual_seed(9)
+    shapes = {"q.weight": (12, 8), "k.weight": (6, 8), "q.bias": (12,), "k.bias": (6,), "o.weight": (8, 12)}
+    params = {n: torch.nn.Parameter(torch.randn(s, generator=gen) * 0.5) for n, s in shapes.items()}
+    opt = DMuon([(n, p) for n, p in params.items()], lr=LR, momentum=MOMENTUM, weight_decay=WD, algo="standard",
+                balancer="lpt")
+    clip = QKClip(opt, TAU, [Attention(q="q.weight", k="k.weight", heads=QK_HEADS, kv_heads=QK_GROUPS,
+                                       q_bias="q.bias", k_bias="k.bias")])
+    ref = Reference({n: p.detach() for n, p in params.items()}, hyper_of(opt))
+    fired = 0
+    for t in range(1, STEPS + 1):
+        grads = {n: torch.randn(s, generator=gen) for n, s in shapes.items()}
+        micro = [torch.rand(QK_HEADS, generator=gen) * 2 * TAU for _ in range(2)]  # two micro-batches' maxima
+        for m in micro:
+            clip.report(0, m)
+        maxima = torch.maximum(*micro).double()
+        ref.step(grads)
+        ref.w["q.weight"], ref.w["k.weight"] = qk_clip_ref(ref.w["q.weight"], ref.w["k.weight"], maxima, TAU, QK_GROUPS)
+        biases = qk_clip_ref(ref.w["q.bias"][:, None], ref.w["k.bias"][:, None], maxima, TAU, QK_GROUPS)
+        ref.w["q.bias"], ref.w["k.bias"] = biases[0][:, 0], biases[1][:, 0]
+        fired += int((maxima.view(QK_GROUPS, -1).max(dim=1).values > TAU).sum())
+        set_grads(params, grads)
+        opt.step()
+        for n in shapes:
+            # the Muon bound of the tests above (s ≤ 0.2·√12); the rescale's factors ≤ 1 round once more
+            bound = t * LR * 0.7 * 2e-6 + 6 * t * FLOAT32_EPS * ref.w[n].abs()
+            excess = float(((params[n].detach().double() - ref.w[n]).abs() - bound).max())
+            assert excess <= 0, f"{n} at step {t}: {excess:.2e} beyond the QK-clip reference's bound"
+    assert 0 < fired < STEPS * QK_GROUPS, f"the clip fired for {fired} of {STEPS * QK_GROUPS} groups"
+    assert clip._maxima is None  # the step forgot its reports
+
+
+@pytest.mark.parametrize("attention, needle", [
+    (Attention(q="q.weight", k="nope", heads=4), "no parameter 'nope'"),
+    (Attention(q="q.weight", k="q.weight", heads=5), "'q.weight' has 12 rows, not a multiple of its 5 heads"),
+    (Attention(q="q.weight", k="q.weight", heads=4, kv_heads=3), "4 query heads do not split into 3")])
+def test_a_qk_clip_that_does_not_fit_names_the_attention(attention, needle):
+    opt = DMuon([("q.weight", torch.nn.Parameter(torch.randn(12, 8)))])
+    with pytest.raises(ValueError, match=needle):
+        QKClip(opt, TAU, [attention])
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_the_hugging_face_helper_reports_each_heads_maximum_logit_and_changes_no_output(implementation):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    config = transformers.Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                      attn_implementation=implementation)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config)
+    tokens = torch.randint(0, 32, (3, 7))
+    before = model(tokens).logits.detach()
+    expected = []
+
+    def by_hand(module, args, kwargs):  # the logits from the layer's input, K2's definition
+        h = kwargs["hidden_states"]
+        cos, sin = kwargs["position_embeddings"]
+        shape = h.shape[:-1] + (-1, module.head_dim)
+        q = module.q_proj(h).view(shape).transpose(1, 2)
+        k = module.k_proj(h).view(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        k = k.repeat_interleave(module.num_key_value_groups, dim=1)
+        logits = (q @ k.transpose(-1, -2)) * module.scaling  # (B, H, T, T)
+        causal = torch.ones(7, 7, dtype=torch.bool).tril()
+        expected.append(logits.masked_fill(~causal, -torch.inf).amax(dim=(0, 2, 3)).detach())
+
+    for layer in model.model.layers:
+        layer.self_attn.register_forward_pre_hook(by_hand, with_kwargs=True)
+    opt = DMuon(model.named_parameters(), balancer="lpt")
+    clip = hf_qk_clip(model, opt, tau=0.05)
+    assert [a.q for a in clip.attentions] == [f"model.layers.{i}.self_attn.q_proj.weight" for i in range(2)]
+    assert clip.attentions[0].q_bias == "model.layers.0.self_attn.q_proj.bias" and clip.attentions[0].kv_heads == 2
+    after = model(tokens).logits
+    assert torch.equal(after.detach(), before), "the reporting attention changed the model's output"
+    assert torch.allclose(clip._maxima.float(), torch.cat(expected), rtol=1e-5, atol=1e-6)
+    after.sum().backward()
+    q_before = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    opt.step()
+    assert clip._maxima is None and not torch.equal(model.model.layers[0].self_attn.q_proj.weight, q_before)

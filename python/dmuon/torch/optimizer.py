@@ -135,6 +135,7 @@ class DMuon(torch.optim.Optimizer):
         self._pending = []  # the GradientChecks of steps not settled yet, oldest first
         self._last_grad_norm = 0.0
         self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
+        self._qk_clip = None  # the QKClip (qk_clip.py) that joined this optimizer, run after each step
         self._track(layouts)
 
     def add_param_group(self, param_group):
@@ -333,7 +334,9 @@ class DMuon(torch.optim.Optimizer):
         counted = [l.mine.replica == 0 for l in self._layouts]
         taking_part = [l.tensor.requires_grad for l in self._layouts]
         device = next((g.device for g in grads if g is not None), None) or self._layouts[0].tensor.device
-        check = GradientCheck(self.comm, grads, counted, taking_part, self.clip_grad_norm, device)
+        clip = self._qk_clip
+        check = GradientCheck(self.comm, grads, counted, taking_part, self.clip_grad_norm, device,
+                              None if clip is None else clip.slots(self.comm.rank, self.comm.world))
         if check.arrived():  # a CPU step can afford the check that keeps its all-to-alls in step (a GPU's cannot)
             disagreement = check.first_disagreement()
             if disagreement is not None:
@@ -358,6 +361,8 @@ class DMuon(torch.optim.Optimizer):
         muon.run([[k for k in bucket if taking_part[k.index] and (k.layout.held is None or k.owner == me)]
                   for bucket in self._buckets])
         self.last_stats = {"ns_s": muon.ns_seconds, "ns_matrices": muon.ns_matrices}
+        if clip is not None:
+            clip.apply(check.extra, self._layouts)
         for schedule in schedules:
             schedule.after_step()
         self._settle(arrived_only=True)
