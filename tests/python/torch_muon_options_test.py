@@ -11,6 +11,11 @@
   schedulers         an LR scheduler sets each group's lr; the options stay
   errors             a bad option in a group names the group and the key
   scales             muon_scale's four kinds against their definitions; an unknown kind raises
+  split              split Newton–Schulz against the matrix split by hand; a split that does not fit is named
+  NorMuon            against the float64 formula (unsplit, column and row blocks), its v's shape, a resume bit
+                     for bit, a skipped step that keeps v, v's packing into another dtype's message
+  QK-clip            against Kimi K2's rule in float64 (grouped queries, biases, two reports a step); the
+                     Hugging Face helper's maxima against logits computed by hand (eager and sdpa), outputs kept
 
 Run: PYTHONPATH=build/python python -m pytest -q tests/python/torch_muon_options_test.py
 """
