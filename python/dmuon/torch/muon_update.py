@@ -16,6 +16,7 @@ import torch
 
 import dmuon
 from dmuon.torch.dense import DenseOperands
+from dmuon.torch.gradient_check import to_device
 
 CODES = {torch.float32: dmuon.DTYPE_F32, torch.bfloat16: dmuon.DTYPE_BF16}
 
@@ -50,7 +51,7 @@ class StepValues:
 
     def keep_of(self, indices):
         """The keep flags of parameters `indices`, a float32 device tensor (len(indices),)."""
-        return self._keep[list(indices)]
+        return self._keep[to_device(list(indices), torch.long, self._keep.device)]
 
     @property
     def grad_scale(self):

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dmuon.torch.gradient_check import to_device
+
 
 @dataclass(frozen=True)
 class Attention:
@@ -89,12 +91,9 @@ class QKClip:
     def slots(self, rank, world):
         """This rank's part of the step's all-reduce (world × heads,): its maxima in its own slot, zeros elsewhere
         (so the sum is every rank's maxima); the step's reports are then forgotten."""
-        out = torch.zeros((world, self._heads), dtype=torch.float64)
-        if self._maxima is not None:
-            out = out.to(self._maxima.device)
-            out[rank] = self._maxima
-        else:
-            out[rank] = -torch.inf
+        device = None if self._maxima is None else self._maxima.device
+        out = torch.zeros((world, self._heads), dtype=torch.float64, device=device)
+        out[rank] = -torch.inf if self._maxima is None else self._maxima
         self._maxima = None
         return out.reshape(-1)
 
@@ -116,5 +115,5 @@ class QKClip:
                 if not rows:
                     continue
                 head_rows = layout.global_shape[0] // per_head[side].numel()
-                factor = per_head[side][torch.tensor(rows, device=gamma.device) // head_rows]
+                factor = per_head[side][to_device(rows, torch.long, gamma.device) // head_rows]
                 local.mul_(factor.to(local.device, local.dtype).view(-1, *[1] * (local.dim() - 1)))
