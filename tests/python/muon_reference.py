@@ -30,10 +30,20 @@ def update_scale(rows, cols, kind):
             "unit_rms": max(rows, cols) ** 0.5}[kind]     # element RMS 1
 
 
-def scaled_orthogonal_ref(u, options, scale="match_rms_adamw"):
+def normuon_ref(o, v, beta2):
+    """NorMuon's normalization of an orthogonalized matrix o (rows, cols) with its per-row second moment v (rows,)
+    (arXiv 2510.05491, algorithm 1; microsoft/dion's normuon.py): (normalized o, new v), float64."""
+    o = o.double()
+    v = beta2 * v + (1 - beta2) * (o * o).mean(dim=1)
+    normalized = o / (v.sqrt() + 1e-8)[:, None]
+    return normalized * (o.norm() / normalized.norm().clamp(min=1e-8)), v
+
+
+def scaled_orthogonal_ref(u, options, scale="match_rms_adamw", variance=None):
     """s·O of a matrix u (rows, cols) under a param group's Muon options (missing ones: the defaults, `scale`
     for the scale): Newton–Schulz of u, or of each block split off it by hand (split_heads or split_sizes
-    along split_dim) with each block's own s, as if each block were a parameter."""
+    along split_dim) with each block's own s, as if each block were a parameter. variant="normuon": each
+    block's O normalized by normuon_ref with its v, variance[block index] (absent: zeros), which it updates."""
     steps, extra = options.get("ns_steps", 5), options.get("extra_scale_factor", 1.0)
     kind = options.get("scale", scale)
     dim, heads, sizes = options.get("split_dim", 0), options.get("split_heads"), options.get("split_sizes")
@@ -41,8 +51,14 @@ def scaled_orthogonal_ref(u, options, scale="match_rms_adamw"):
         blocks = [u]
     else:
         blocks = torch.split(u, list(sizes) if sizes is not None else u.shape[dim] // heads, dim)
-    return torch.cat([newton_schulz_ref(b, steps) * update_scale(b.shape[0], b.shape[1], kind) * extra
-                      for b in blocks], dim)
+    out = []
+    for index, block in enumerate(blocks):
+        o = newton_schulz_ref(block, steps)
+        if options.get("variant", "muon") == "normuon":
+            v = variance.get(index, torch.zeros(o.shape[0], dtype=torch.float64))
+            o, variance[index] = normuon_ref(o, v, options.get("normuon_beta2", 0.95))
+        out.append(o * update_scale(block.shape[0], block.shape[1], kind) * extra)
+    return torch.cat(out, dim)
 
 
 def muon_apply_ref(w, o, lr, weight_decay, s, cautious_wd=False):
@@ -51,3 +67,19 @@ def muon_apply_ref(w, o, lr, weight_decay, s, cautious_wd=False):
     if cautious_wd:
         decayed = torch.where(w * o >= 0, decayed, w)
     return decayed - lr * s * o
+
+
+def qk_clip_ref(w_q, w_k, maxima, tau, kv_heads, alpha=0.5):
+    """QK-clip of Kimi K2 (arXiv 2507.20534, MuonClip) with grouped queries as Megatron's qk_clip: per key-value
+    group g, γ = min(1, τ / max of its query heads' maximum logits); W_q's rows of the group's query heads times
+    γ^α, W_k's rows of head g times γ^(1−α) (a bias is a W of one column). Returns the new (W_q, W_k), float64."""
+    heads = maxima.numel()
+    w_q, w_k = w_q.double().clone(), w_k.double().clone()
+    q_rows, k_rows = w_q.shape[0] // heads, w_k.shape[0] // kv_heads
+    per_group = heads // kv_heads
+    for g in range(kv_heads):
+        s = float(maxima[g * per_group:(g + 1) * per_group].max())
+        gamma = tau / s if s > tau else 1.0
+        w_q[g * per_group * q_rows:(g + 1) * per_group * q_rows] *= gamma ** alpha
+        w_k[g * k_rows:(g + 1) * k_rows] *= gamma ** (1 - alpha)
+    return w_q, w_k

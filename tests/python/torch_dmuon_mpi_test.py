@@ -77,7 +77,7 @@ def muon_matrices(w):
 
 class Reference:
     """Muon (lerp momentum, nesterov, NS per matrix, scale, decoupled decay; the options of a
-    parameter's hyper: ns_steps, scale, extra_scale_factor, cautious_wd, split) + AdamW
+    parameter's hyper: ns_steps, scale, extra_scale_factor, cautious_wd, split, NorMuon) + AdamW
     (torch.optim.AdamW), float64."""
 
     def __init__(self, values, hyper, clip=None, scale="match_rms_adamw"):
@@ -95,7 +95,9 @@ class Reference:
                 beta = h["momentum"]
                 st["m"] = beta * st.get("m", torch.zeros_like(w)) + (1 - beta) * g
                 u = (1 - beta) * g + beta * st["m"] if h["nesterov"] else st["m"]
-                so = torch.stack([scaled_orthogonal_ref(m, h, self.scale) for m in muon_matrices(u)]).reshape(w.shape)
+                variances = st.setdefault("normuon_v", {})  # NorMuon's, per matrix of the parameter, per block
+                so = torch.stack([scaled_orthogonal_ref(m, h, self.scale, variances.setdefault(j, {}))
+                                  for j, m in enumerate(muon_matrices(u))]).reshape(w.shape)
                 self.w[name] = muon_apply_ref(w, so, h["lr"], h["weight_decay"], 1.0, h.get("cautious_wd", False))
             else:
                 b1, b2 = h["betas"]

@@ -5,36 +5,56 @@ torch_owner_held_test.py trains 10 steps with param groups of Muon options:
   blocks.1   scale="unit_rms", extra_scale_factor=0.1, algo="gram"
   blocks.2   split Newton–Schulz: mix (12×12) and the experts (3 of 12×12) in 4 heads of 3 rows, up (20×12)
              in row blocks of 8 and 12, down (12×20) in 2 heads of 10 columns (no divisibility by the
-             world size: 4, 3 and 2 blocks at 3 ranks)
+             world size: 4, 3 and 2 blocks at 3 ranks); the experts, up and down with NorMuon (per block)
   blocks.3   the constructor's options (match_rms_adamw, 5 steps, no cautious weight decay)
+  blocks.4   NorMuon with normuon_beta2=0.9 (its v's rows sharded unevenly at 3-4 ranks)
 and AdamW for the rest. Every tensor must be within 1e-5 (relative Frobenius) of the float64 reference
 (torch_dmuon_mpi_test.Reference, which applies each group's options by their definitions) and of the
-other mode; a bucket holds matrices of one options value only.
+other mode; a bucket holds matrices of one options value only. NorMuon's v is sharded as the parameter's rows
+under fully_shard (on the owner under hold_on_owners), and a torch.distributed.checkpoint save at step 5 resumes
+the run bit for bit (weights and state, v included) in both modes.
+QK-clip from step 1 on: blocks.1.mix as 4 query heads (3 rows each: under fully_shard at 3-4 ranks a shard cuts
+heads), blocks.3.mix as their 2 key heads, blocks.1.up.bias as the queries' bias (5 rows a head, AdamW's), every
+rank reporting its own maxima (the largest is the last rank's): the float64 reference rescales by Kimi K2's rule
+(muon_reference.qk_clip_ref) after its step, and the step with QK-clip calls the collectives of the step
+without it (collective_ledger.py: the same calls, the all-reduce longer by the maxima's slots).
 
 Run: torchrun --standalone --nproc_per_node N tests/python/torch_muon_options_ranks_test.py (N = 1..4),
 with PYTHONPATH=build/python:tests/python and one BLAS thread per rank.
 """
 
+import os
+import shutil
+import tempfile
+
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
 import torch_owner_held_test as held_test
-from dmuon.torch import DMuon, hold_on_owners
+from collective_ledger import Ledger, recording
+from dmuon.torch import Attention, DMuon, QKClip, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
 from dmuon.torch.params import module_groups
 from owner_held_model import global_batches, loss_of, make_net, rank_slice
-from rank_checks import check, finish
+from rank_checks import check, finish, total_over_ranks
+from muon_reference import qk_clip_ref
 from rank_exit import exit_rank
+from torch_dcp_test import load, save  # get_state_dict + dcp.save; dcp.load + set_state_dict
 
-NET = dict(layers=4)
+NET = dict(layers=5)
+SAVED_AT = 5
+QK = Attention(q="blocks.1.mix.weight", k="blocks.3.mix.weight", heads=4, kv_heads=2, q_bias="blocks.1.up.bias")
+TAU = 1.0
 # (name prefix, options): a Muon matrix takes the first whose prefix its name starts with.
 OPTIONS = [("blocks.0.", dict(scale="spectral", ns_steps=4, cautious_wd=True)),
            ("blocks.1.", dict(scale="unit_rms", extra_scale_factor=0.1, algo="gram")),
            ("blocks.2.mix", dict(split_heads=4)),
-           ("blocks.2.experts", dict(split_heads=4)),
-           ("blocks.2.up", dict(split_sizes=[8, 12])),
-           ("blocks.2.down", dict(split_heads=2, split_dim=1)),
-           ("blocks.3.", dict())]
+           ("blocks.2.experts", dict(split_heads=4, variant="normuon")),
+           ("blocks.2.up", dict(split_sizes=[8, 12], variant="normuon")),
+           ("blocks.2.down", dict(split_heads=2, split_dim=1, variant="normuon")),
+           ("blocks.3.", dict()),
+           ("blocks.4.", dict(variant="normuon", normuon_beta2=0.9))]
 
 
 def groups_of(net):
@@ -51,24 +71,124 @@ def groups_of(net):
     return out
 
 
-def train(hold):
-    """(full weights after the steps, the optimizer)."""
+def build(hold):
+    """(model, its parameters' module, optimizer)."""
     mesh = held_test.mesh_of("fsdp2")
     net = make_net(**NET)
     held = hold_on_owners(net, mesh) if hold else None
-    model = held_test.wrap(net, mesh, held)
-    opt = DMuon(groups_of(net), **held_test.HYPER)
-    for tokens in global_batches(held_test.STEPS, held_test.BATCH):
-        loss_of(model, rank_slice(tokens, dist.get_rank(), dist.get_world_size())).backward()
+    return held_test.wrap(net, mesh, held), net, DMuon(groups_of(net), **held_test.HYPER)
+
+
+def maxima(step, rank):
+    """The maximum logits rank `rank` reports at `step` (4 heads): some above TAU, the last rank's the largest."""
+    gen = torch.Generator().manual_seed(300 + step)
+    return TAU * (0.4 + 1.2 * torch.rand(QK.heads, generator=gen)) + 0.05 * rank
+
+
+def steps(model, opt, which, clip, ledger=None):
+    """Trains `which` steps; with a QKClip, this rank's maxima reported before each step; a ledger labels the
+    collectives of opt.step() "step"."""
+    batches = global_batches(held_test.STEPS, held_test.BATCH)
+    for step in which:
+        loss_of(model, rank_slice(batches[step], dist.get_rank(), dist.get_world_size())).backward()
+        if clip is not None:
+            clip.report(0, maxima(step, dist.get_rank()))
+        if ledger is not None:
+            ledger.label = "step"
         opt.step()
+        if ledger is not None:
+            ledger.label = None
         opt.zero_grad()
+
+
+def qk_clip_reference(step, w):
+    """After the reference's step: QK-clip with the job's maxima (the largest of every rank's)."""
+    if step == 0:
+        return
+    job = maxima(step, dist.get_world_size() - 1).double()
+    w[QK.q], w[QK.k] = qk_clip_ref(w[QK.q], w[QK.k], job, TAU, QK.kv_heads)
+    w[QK.q_bias] = qk_clip_ref(w[QK.q_bias][:, None], torch.zeros(QK.kv_heads, 1), job, TAU, QK.kv_heads)[0][:, 0]
+
+
+def calls(ledger):
+    return [(r["op"], r["group_size"]) for r in ledger.records if r["label"] == "step"]
+
+
+def local_values(net, opt):
+    """{name or (index, key): this rank's parameter or optimizer state tensor} (a held matrix: its owner's alone)."""
+    out = {n: (p.to_local() if isinstance(p, DTensor) else p).detach().clone() for n, p in net.named_parameters()
+           if not hasattr(p, "_dmuon_held") or p._dmuon_held.owner == dist.get_rank()}
+    out.update(((i, k), (v.to_local() if isinstance(v, DTensor) else v).clone())
+               for i, entry in opt.state_dict()["state"].items() for k, v in entry.items())
+    return out
+
+
+def train(hold, folder):
+    """(full weights after the steps, the optimizer): saved at step SAVED_AT into folder, then resumed from it."""
+    mode = ("all-to-all", "owner-centric")[hold]
+    model, net, opt = build(hold)
+    without, with_clip = Ledger(), Ledger()
+    with recording(without):
+        steps(model, opt, [0], None, without)
+    clip = QKClip(opt, TAU, [QK])
+    with recording(with_clip):
+        steps(model, opt, [1], clip, with_clip)
+    check(calls(with_clip) == calls(without), f"{mode}: the step with QK-clip calls {calls(with_clip)}, without it "
+          f"{calls(without)}")
+    longer = sum(r["payload"] for r in with_clip.records if r["label"] == "step" and r["op"] == "all_reduce") - sum(
+        r["payload"] for r in without.records if r["label"] == "step" and r["op"] == "all_reduce")
+    check(dist.get_world_size() == 1 or longer == 8 * QK.heads * dist.get_world_size(),
+          f"{mode}: QK-clip lengthens the step's all-reduces by {longer} bytes")
+    steps(model, opt, range(2, SAVED_AT), clip)
+    save(model, opt, folder)
+    steps(model, opt, range(SAVED_AT, held_test.STEPS), clip)
+    straight = local_values(net, opt)
+    laid_out = total_over_ranks(check_variance_layout(mode, net, opt))
+    normuon = sum(len(g["params"]) for g in groups_of(net) if g.get("variant") == "normuon")  # 7
+    expected = normuon if hold else normuon * dist.get_world_size()
+    check(laid_out == expected, f"{mode}: {laid_out} NorMuon v's over the ranks, expected {expected}")
+    resumed_model, resumed_net, resumed = build(hold)
+    with torch.no_grad():
+        for p in resumed_net.parameters():
+            p.zero_()  # the load must write every value
+    load(resumed_model, resumed, folder)
+    steps(resumed_model, resumed, range(SAVED_AT, held_test.STEPS), QKClip(resumed, TAU, [QK]))
+    again = local_values(resumed_net, resumed)
+    check(again.keys() == straight.keys(), f"{mode}: the resumed run holds other tensors here")
+    differ = [k for k, v in straight.items() if not torch.equal(v, again.get(k, v.new_empty(0)))]
+    check(not differ, f"{mode}: not bit-identical after resuming from the checkpoint at step {SAVED_AT}: {differ}")
     return held_test.full_weights(net), opt
+
+
+def check_variance_layout(mode, net, opt):
+    """NorMuon's v has the parameter's rows here: a DTensor sharded as the parameter's rows under fully_shard, a
+    tensor on the owner alone under hold_on_owners. Returns how many this rank holds."""
+    count = 0
+    for name, p in net.named_parameters():
+        v = opt.state[p].get("variance_neuron")
+        if v is None:
+            continue
+        count += 1
+        rows = 2 if p.dim() == 3 else 1
+        if isinstance(p, DTensor):
+            check(isinstance(v, DTensor) and v.placements == p.placements and
+                  v.to_local().shape[:rows] == p.to_local().shape[:rows], f"{mode}: {name}'s v is not laid out as its rows")
+        else:
+            check(p._dmuon_held.owner == dist.get_rank() and v.shape[:rows] == p.shape[:rows],
+                  f"{mode}: {name}'s v is not on its owner")
+    return count
 
 
 def main():
     held_test.RANK, held_test.WORLD = dist.get_rank(), dist.get_world_size()
-    results = {mode: train(hold=mode == "owner-centric") for mode in ("all-to-all", "owner-centric")}
-    ref_w, _ = held_test.reference_run({"net": NET}, held_test.hyper_of(results["all-to-all"][1]))
+    folder = [tempfile.mkdtemp(prefix="dmuon_options_") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(folder)
+    results = {mode: train(mode == "owner-centric", os.path.join(folder[0], mode))
+               for mode in ("all-to-all", "owner-centric")}
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(folder[0])
+    ref_w, _ = held_test.reference_run({"net": NET}, held_test.hyper_of(results["all-to-all"][1]), qk_clip_reference)
     worst = 0.0
     for mode, (weights, opt) in results.items():
         for bucket in opt._buckets:

@@ -11,6 +11,11 @@
   schedulers         an LR scheduler sets each group's lr; the options stay
   errors             a bad option in a group names the group and the key
   scales             muon_scale's four kinds against their definitions; an unknown kind raises
+  split              split Newton–Schulz against the matrix split by hand; a split that does not fit is named
+  NorMuon            against the float64 formula (unsplit, column and row blocks), its v's shape, a resume bit
+                     for bit, a skipped step that keeps v, v's packing into another dtype's message
+  QK-clip            against Kimi K2's rule in float64 (grouped queries, biases, two reports a step); the
+                     Hugging Face helper's maxima against logits computed by hand (eager and sdpa), outputs kept
 
 Run: PYTHONPATH=build/python python -m pytest -q tests/python/torch_muon_options_test.py
 """
@@ -21,9 +26,10 @@ import pytest
 import torch
 from torch.optim import lr_scheduler
 
-from dmuon.torch import DMuon
+from dmuon.torch import Attention, DMuon, QKClip, hf_qk_clip
 from dmuon.torch.muon_options import SCALES, muon_scale
-from muon_reference import KELLER, newton_schulz_ref, update_scale
+from dmuon.torch.normuon import pack, packed_numel, unpack
+from muon_reference import KELLER, newton_schulz_ref, qk_clip_ref, update_scale
 from torch_dmuon_mpi_test import Reference, hyper_of
 
 SPECS = [("a.weight", (12, 5)), ("b.weight", (4, 10)), ("c.weight", (12, 5)), ("d.weight", (6, 6))]
@@ -123,6 +129,29 @@ def test_a_bucket_batches_matrices_of_equal_options_only():
     assert len(opt._ns) == 2 and opt.ns is opt.ns_of(opt._matrices[0].options)  # steps 5 and 3
 
 
+def train_and_load(params, opt, twins, loaded):
+    """Trains params with opt 3 steps, then gives twins params' values and loaded opt's state_dict (torch.save)."""
+    for t in range(3):
+        set_grads(params, grads_of(t))
+        opt.step()
+    buffer = io.BytesIO()
+    torch.save(opt.state_dict(), buffer)
+    buffer.seek(0)
+    for n, p in params.items():
+        twins[n].data.copy_(p.detach())
+    loaded.load_state_dict(torch.load(buffer, weights_only=True))
+
+
+def train_both_to_the_end(params, opt, twins, loaded):
+    """Steps 3.. of both runs; every parameter must then be bit-identical."""
+    for t in range(3, STEPS):
+        for ps, o in ((params, opt), (twins, loaded)):
+            set_grads(ps, grads_of(t))
+            o.step()
+    for n in params:
+        assert torch.equal(params[n], twins[n]), n
+
+
 def test_a_state_dict_carries_the_groups_options_and_resumes_bit_for_bit():
     params, twins = parameters(), parameters()
 
@@ -131,25 +160,11 @@ def test_a_state_dict_carries_the_groups_options_and_resumes_bit_for_bit():
                       {"params": [(n, ps[n]) for n in ("c.weight", "d.weight")]}], weight_decay=WD, balancer="lpt")
 
     options = dict(ns_steps=3, scale="spectral", extra_scale_factor=1.5, cautious_wd=True, coeffs="polar-express")
-    opt = build(params, options)
-    for t in range(3):
-        set_grads(params, grads_of(t))
-        opt.step()
-    buffer = io.BytesIO()
-    torch.save(opt.state_dict(), buffer)
-    buffer.seek(0)
-    loaded = build(twins, {})
-    for n, p in params.items():
-        twins[n].data.copy_(p.detach())
-    loaded.load_state_dict(torch.load(buffer, weights_only=True))
+    opt, loaded = build(params, options), build(twins, {})
+    train_and_load(params, opt, twins, loaded)
     assert {k: loaded.param_groups[0][k] for k in options} == options
     assert {k.options for k in loaded._matrices} == {k.options for k in opt._matrices}
-    for t in range(3, STEPS):
-        for ps, o in ((params, opt), (twins, loaded)):
-            set_grads(ps, grads_of(t))
-            o.step()
-    for n in params:
-        assert torch.equal(params[n], twins[n]), n
+    train_both_to_the_end(params, opt, twins, loaded)
 
 
 def test_an_lr_scheduler_sets_each_groups_lr_and_the_options_stay():
@@ -239,3 +254,170 @@ def test_a_split_that_does_not_fit_names_the_matrix(options, needle):
     q = torch.nn.Parameter(torch.randn(12, 8))
     with pytest.raises(ValueError, match=needle):
         DMuon([{"params": [("q.weight", q)], **options}])
+
+
+# ---- NorMuon ----
+
+# (name, shape, options): unsplit, column blocks (v of 2 columns), row blocks with their own β₂, and plain Muon
+NORMUON = [("a.weight", (12, 5), dict(variant="normuon")),
+           ("b.weight", (4, 10), dict(variant="normuon", split_heads=2, split_dim=1, scale="spectral")),
+           ("c.weight", (12, 5), dict(variant="normuon", split_sizes=[4, 8], normuon_beta2=0.9, cautious_wd=True)),
+           ("d.weight", (6, 6), dict())]
+
+
+def normuon_optimizer(params, **kwargs):
+    return DMuon([{"params": [(n, params[n])], **options} for n, _, options in NORMUON], lr=LR, momentum=MOMENTUM,
+                 weight_decay=WD, algo="standard", balancer="lpt", **kwargs)
+
+
+def test_normuon_equals_the_reference_and_keeps_a_v_per_row_and_column_block():
+    params = parameters()
+    opt = normuon_optimizer(params)
+    ref = Reference({n: p.detach() for n, p in params.items()}, hyper_of(opt))
+    muon = Reference({n: p.detach() for n, p in params.items()},
+                     {n: dict(h, variant="muon") for n, h in hyper_of(opt).items()})
+    for t in range(1, STEPS + 1):
+        grads = grads_of(t)
+        for r in (ref, muon):
+            r.step(grads)
+        set_grads(params, grads)
+        opt.step()
+        for n, (rows, cols), options in NORMUON:
+            # as the unsplit test, lr·s·Ô within 2e-6 per element of O times 2 (NorMuon's rows of O have RMS
+            # 1/√max(m, n) within a few percent, so it scales a row by about 1 and adds its relative error once
+            # more), and a few ulps of W per step
+            s = max(update_scale(rows, cols, options.get("scale", "match_rms_adamw")), 1.0)
+            bound = t * LR * s * 4e-6 + 4 * t * FLOAT32_EPS * ref.w[n].abs()
+            excess = float(((params[n].detach().double() - ref.w[n]).abs() - bound).max())
+            assert excess <= 0, f"{n} at step {t}: {excess:.2e} beyond the NorMuon reference's bound"
+            if options:
+                assert float((ref.w[n] - muon.w[n]).abs().max()) > 1e2 * float(bound.max()), "NorMuon changes nothing"
+    widths = {n: tuple(opt.state[params[n]]["variance_neuron"].shape) for n, _, o in NORMUON if o}
+    assert widths == {"a.weight": (12, 1), "b.weight": (4, 2), "c.weight": (12, 1)}
+    assert "variance_neuron" not in opt.state[params["d.weight"]]
+    ref_v = ref.state["b.weight"]["normuon_v"][0]  # column block 1's v, after the steps
+    assert torch.allclose(opt.state[params["b.weight"]]["variance_neuron"][:, 1].double(), ref_v[1], rtol=1e-4)
+
+
+def test_normuon_resumes_from_a_state_dict_bit_for_bit_and_a_skipped_step_keeps_v():
+    params, twins = parameters(), parameters()
+    opt, loaded = normuon_optimizer(params, nonfinite="skip"), normuon_optimizer(twins, nonfinite="skip")
+    train_and_load(params, opt, twins, loaded)
+    v = {n: opt.state[params[n]]["variance_neuron"].clone() for n, _, o in NORMUON if o}
+    set_grads(params, {n: g * float("nan") for n, g in grads_of(3).items()})
+    opt.step()  # skipped: a non-finite gradient
+    assert opt.skipped_steps == 1
+    for n, value in v.items():
+        assert torch.equal(opt.state[params[n]]["variance_neuron"], value), f"{n}: a skipped step changed v"
+    train_both_to_the_end(params, opt, twins, loaded)
+    plain = DMuon([{"params": [(n, twins[n])]} for n, _, _ in NORMUON], balancer="lpt")
+    with pytest.raises(ValueError, match=r"'a.weight' has state \['momentum_buffer', 'variance_neuron'\] in the "
+                                         r"saved state, \['momentum_buffer'\] here"):
+        plain.load_state_dict(opt.state_dict())
+
+
+@pytest.mark.parametrize("value", ["adam", None])
+def test_a_bad_variant_or_beta2_names_the_key(value):
+    q = torch.nn.Parameter(torch.randn(4, 4))
+    with pytest.raises(ValueError, match="variant must be one of muon, normuon"):
+        DMuon([{"params": [("q.weight", q)], "variant": value}])
+    with pytest.raises(ValueError, match="normuon_beta2 must be a number in"):
+        DMuon([("q.weight", q)], variant="normuon", normuon_beta2=1.0 if value else -0.1)
+
+
+@pytest.mark.parametrize("dtype, message", [(torch.float32, torch.bfloat16), (torch.bfloat16, torch.float32),
+                                            (torch.float32, torch.float32)])
+def test_normuon_v_travels_in_a_message_of_another_dtype_bit_for_bit(dtype, message):
+    v = torch.randn(7, 3).to(dtype)  # an odd count: the packed message pads
+    packed = pack(v, message)
+    assert packed.dtype == message and packed.numel() == packed_numel(v.numel(), dtype, message)
+    received = torch.cat([torch.ones(1, dtype=message), packed])[1:]  # at an offset in a message, as received
+    assert torch.equal(unpack(received, dtype, v.numel()).view(v.shape), v)
+
+
+# ---- QK-clip (qk_clip.py) ----
+
+TAU, QK_HEADS, QK_GROUPS = 1.5, 4, 2
+
+
+def test_qk_clip_equals_kimi_k2s_rule_with_grouped_queries_on_weights_and_biases():
+    gen = torch.Generator().manual_seed(9)
+    shapes = {"q.weight": (12, 8), "k.weight": (6, 8), "q.bias": (12,), "k.bias": (6,), "o.weight": (8, 12)}
+    params = {n: torch.nn.Parameter(torch.randn(s, generator=gen) * 0.5) for n, s in shapes.items()}
+    opt = DMuon([(n, p) for n, p in params.items()], lr=LR, momentum=MOMENTUM, weight_decay=WD, algo="standard",
+                balancer="lpt")
+    clip = QKClip(opt, TAU, [Attention(q="q.weight", k="k.weight", heads=QK_HEADS, kv_heads=QK_GROUPS,
+                                       q_bias="q.bias", k_bias="k.bias")])
+    ref = Reference({n: p.detach() for n, p in params.items()}, hyper_of(opt))
+    fired = 0
+    for t in range(1, STEPS + 1):
+        grads = {n: torch.randn(s, generator=gen) for n, s in shapes.items()}
+        micro = [torch.rand(QK_HEADS, generator=gen) * 2 * TAU for _ in range(2)]  # two micro-batches' maxima
+        for m in micro:
+            clip.report(0, m)
+        maxima = torch.maximum(*micro).double()
+        ref.step(grads)
+        ref.w["q.weight"], ref.w["k.weight"] = qk_clip_ref(ref.w["q.weight"], ref.w["k.weight"], maxima, TAU, QK_GROUPS)
+        biases = qk_clip_ref(ref.w["q.bias"][:, None], ref.w["k.bias"][:, None], maxima, TAU, QK_GROUPS)
+        ref.w["q.bias"], ref.w["k.bias"] = biases[0][:, 0], biases[1][:, 0]
+        fired += int((maxima.view(QK_GROUPS, -1).max(dim=1).values > TAU).sum())
+        set_grads(params, grads)
+        opt.step()
+        for n in shapes:
+            # the Muon bound of the tests above (s ≤ 0.2·√12); the rescale's factors ≤ 1 round once more
+            bound = t * LR * 0.7 * 2e-6 + 6 * t * FLOAT32_EPS * ref.w[n].abs()
+            excess = float(((params[n].detach().double() - ref.w[n]).abs() - bound).max())
+            assert excess <= 0, f"{n} at step {t}: {excess:.2e} beyond the QK-clip reference's bound"
+    assert 0 < fired < STEPS * QK_GROUPS, f"the clip fired for {fired} of {STEPS * QK_GROUPS} groups"
+    assert clip._maxima is None  # the step forgot its reports
+
+
+@pytest.mark.parametrize("attention, needle", [
+    (Attention(q="q.weight", k="nope", heads=4), "no parameter 'nope'"),
+    (Attention(q="q.weight", k="q.weight", heads=5), "'q.weight' has 12 rows, not a multiple of its 5 heads"),
+    (Attention(q="q.weight", k="q.weight", heads=4, kv_heads=3), "4 query heads do not split into 3")])
+def test_a_qk_clip_that_does_not_fit_names_the_attention(attention, needle):
+    opt = DMuon([("q.weight", torch.nn.Parameter(torch.randn(12, 8)))])
+    with pytest.raises(ValueError, match=needle):
+        QKClip(opt, TAU, [attention])
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+def test_the_hugging_face_helper_reports_each_heads_maximum_logit_and_changes_no_output(implementation):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    config = transformers.Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+                                      attn_implementation=implementation)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(config)
+    tokens = torch.randint(0, 32, (3, 7))
+    before = model(tokens).logits.detach()
+    expected = []
+
+    def by_hand(module, args, kwargs):  # the logits from the layer's input, K2's definition
+        h = kwargs["hidden_states"]
+        cos, sin = kwargs["position_embeddings"]
+        shape = h.shape[:-1] + (-1, module.head_dim)
+        q = module.q_proj(h).view(shape).transpose(1, 2)
+        k = module.k_proj(h).view(shape).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+        k = k.repeat_interleave(module.num_key_value_groups, dim=1)
+        logits = (q @ k.transpose(-1, -2)) * module.scaling  # (B, H, T, T)
+        causal = torch.ones(7, 7, dtype=torch.bool).tril()
+        expected.append(logits.masked_fill(~causal, -torch.inf).amax(dim=(0, 2, 3)).detach())
+
+    for layer in model.model.layers:
+        layer.self_attn.register_forward_pre_hook(by_hand, with_kwargs=True)
+    opt = DMuon(model.named_parameters(), balancer="lpt")
+    clip = hf_qk_clip(model, opt, tau=0.05)
+    assert [a.q for a in clip.attentions] == [f"model.layers.{i}.self_attn.q_proj.weight" for i in range(2)]
+    assert clip.attentions[0].q_bias == "model.layers.0.self_attn.q_proj.bias" and clip.attentions[0].kv_heads == 2
+    after = model(tokens).logits
+    assert torch.equal(after.detach(), before), "the reporting attention changed the model's output"
+    assert torch.allclose(clip._maxima.float(), torch.cat(expected), rtol=1e-5, atol=1e-6)
+    after.sum().backward()
+    q_before = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    opt.step()
+    assert clip._maxima is None and not torch.equal(model.model.layers[0].self_attn.q_proj.weight, q_before)

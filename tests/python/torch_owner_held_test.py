@@ -132,18 +132,21 @@ def hyper_of(opt):
     return {n: dict(g) for g in opt.param_groups for n in g["param_names"]}
 
 
-def reference_run(variant, hyper):
-    """The float64 reference: the whole global batch in one process, Muon + AdamW of DESIGN 1."""
+def reference_run(variant, hyper, after_step=None):
+    """The float64 reference: the whole global batch in one process, Muon + AdamW of DESIGN 1; after_step(step,
+    weights) may change the weights after each step."""
     kwargs = dict(variant.get("net", {}))
     kwargs.pop("checkpointing", None)
     net = make_net(torch.float64, **kwargs)
     ref = Reference({n: p.detach() for n, p in net.named_parameters()}, hyper, clip=CLIP)
     norms = []
-    for tokens in global_batches(STEPS, BATCH):
+    for step, tokens in enumerate(global_batches(STEPS, BATCH)):
         net.zero_grad()
         loss_of(net, tokens).backward()
         norms.append(math.sqrt(sum(float(p.grad.square().sum()) for p in net.parameters())))
         ref.step({n: p.grad for n, p in net.named_parameters()})
+        if after_step is not None:
+            after_step(step, ref.w)
         with torch.no_grad():
             for n, p in net.named_parameters():
                 p.copy_(ref.w[n])

@@ -2,12 +2,13 @@
 
 One all_reduce over the optimizer's group of a float64 vector [Σ g² over replica 0's local parts,
 per rank the first non-finite parameter (index + 1, 0 for none), per parameter 1 where this rank has
-a gradient, per parameter 1 where this rank takes part in its update] gives every rank, as device
-tensors:
+a gradient, per parameter 1 where this rank takes part in its update, and a caller's `extra` values (QK-clip's
+per-rank maxima, qk_clip.py)] gives every rank, as device tensors:
   grad_scale  the clipping factor, max_norm / (norm + 1e-6) when the norm exceeds max_norm, else 1
               (torch.nn.utils.clip_grad_norm_'s); None without clipping
   keep        per parameter: it has a gradient on some rank and every gradient is finite (the update
               of a parameter whose keep is false changes nothing: update rules mask, not branch)
+  extra       the sum over ranks of `extra` (float64), None without it
 The host reads the vector only in settle(), once it has arrived on the host: a CPU step's at its own
 end; a GPU step's (a pinned copy made without waiting) at a later step() that finds it arrived, or
 when the optimizer's counters, last_grad_norm or a state_dict are read (which wait for it). So a GPU
@@ -44,9 +45,10 @@ class GradientCheck:
     """The step's gradient facts for parameters 0..n-1 (the optimizer's agreed order). grads[i]: this
     rank's local gradient or None; counted[i]: whether this rank's part of parameter i counts in the
     global norm (replica 0's cells hold every element once); taking_part[i]: whether this rank takes
-    part in its update (requires_grad; every rank must say the same). Collective over comm."""
+    part in its update (requires_grad; every rank must say the same); extra: a float64 tensor to sum over the
+    ranks in the same all-reduce, or None. Collective over comm."""
 
-    def __init__(self, comm, grads, counted, taking_part, max_norm, device):
+    def __init__(self, comm, grads, counted, taking_part, max_norm, device, extra=None):
         n, world = len(grads), comm.world
         present = [i for i, g in enumerate(grads) if g is not None]
         head = torch.zeros(1 + world, dtype=torch.float64, device=device)  # [Σ g², first bad per rank]
@@ -63,12 +65,14 @@ class GradientCheck:
             has[i] = 1.0
         flags_device = comm.tensor_device()
         flags = torch.cat([head.to(flags_device), to_device(has + [float(t) for t in taking_part], torch.float64,
-                                                            flags_device)])
+                                                            flags_device)]
+                          + ([] if extra is None else [extra.to(flags_device, torch.float64)]))
         reduced = comm.all_reduce_sum(flags)
         totals = reduced.to(device)  # a CPU group's result moves to the gradients' device
         self._world, self._n = world, n
         self.finite = totals[1:1 + world].sum() == 0                      # () bool
         self.keep = (totals[1 + world:1 + world + n] > 0) & self.finite   # (n,) bool
+        self.extra = None if extra is None else totals[1 + world + 2 * n:]
         self.grad_scale = None
         if max_norm is not None:
             norm = totals[0].sqrt()
@@ -85,7 +89,7 @@ class GradientCheck:
     def first_disagreement(self):
         """(index, ranks taking part) of the first parameter that some ranks but not all take part in,
         else None. Reads the vector: call it only when arrived()."""
-        parts = self._host[1 + self._world + self._n:].tolist()
+        parts = self._host[1 + self._world + self._n:1 + self._world + 2 * self._n].tolist()
         return next(((i, int(c)) for i, c in enumerate(parts) if 0 < c < self._world), None)
 
     def arrived(self):

@@ -19,6 +19,8 @@ input columns, a fused qkv or gate_up by given sizes), each block scaled by its 
 block were a parameter of its own (microsoft/dion's num_heads and split_sizes, which split rows only).
 cautious_wd: the decay W·(1 − lr·wd) only where W·O ≥ 0 (update and weight agree in sign; Chen et al. 2025,
 arXiv 2510.12402, as microsoft/dion's muon.py masks it), W as it is elsewhere: a flag of the engine's MuonApply.
+variant: "muon", or "normuon" (NorMuon, arXiv 2510.05491, as microsoft/dion's normuon.py): O normalized per row
+by a running second moment with decay normuon_beta2 before the scale (normuon.py; per block for a split matrix).
 """
 
 from dataclasses import dataclass
@@ -26,10 +28,11 @@ from dataclasses import dataclass
 COEFFS = ("keller", "you", "polar-express")
 ALGOS = ("auto", "standard", "gram")
 SCALES = ("original", "match_rms_adamw", "spectral", "unit_rms")
+VARIANTS = ("muon", "normuon")
 
 # The keys of a Muon param group that MuonOptions freezes, with the constructor's defaults.
 DEFAULTS = dict(ns_steps=5, coeffs="keller", algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0,
-                cautious_wd=False, split_heads=None, split_sizes=None, split_dim=0)
+                cautious_wd=False, split_heads=None, split_sizes=None, split_dim=0, variant="muon", normuon_beta2=0.95)
 KEYS = tuple(DEFAULTS)
 
 
@@ -55,6 +58,10 @@ def check_options(values, where):
     choice("coeffs", COEFFS)
     choice("algo", ALGOS)
     choice("scale", SCALES)
+    choice("variant", VARIANTS)
+    beta2 = values.get("normuon_beta2", 0.0)
+    if isinstance(beta2, bool) or not isinstance(beta2, (int, float)) or not 0.0 <= beta2 < 1.0:
+        raise ValueError(f"{where}: normuon_beta2 must be a number in [0, 1), got {beta2!r}")
     steps = values.get("ns_steps", 1)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"{where}: ns_steps must be an integer >= 1, got {steps!r}")
@@ -87,6 +94,8 @@ class MuonOptions:
     split_heads: object   # int or None
     split_sizes: object   # tuple of ints or None
     split_dim: int
+    variant: str
+    normuon_beta2: float
 
     @classmethod
     def of_group(cls, group):
@@ -99,6 +108,10 @@ class MuonOptions:
     def newton_schulz(self):
         """The Newton–Schulz setting: matrices with equal ones share one engine handle."""
         return (self.coeffs, self.algo, self.ns_steps)
+
+    @property
+    def normuon(self):
+        return self.variant == "normuon"
 
     def scale_of(self, rows, cols):
         return muon_scale(rows, cols, self.scale) * self.extra_scale_factor

@@ -15,6 +15,8 @@ disjoint pieces that cover it. Per bucket of same-shape matrices:
            batched engine call), and sends every other rank holding a piece of a matrix, in every
            replica, its piece of O (a second all_to_all_single, async)
   finish:  every rank applies its pieces of O: W ← W·(1 − lr·wd) − lr·s·O
+NorMuon's matrices (normuon.py) send their rows of v with their pieces of U and get them back, updated by the
+owner's normalization of O, with their pieces of O (in those two all-to-alls).
 Each phase is one engine call (muon_update.py): per param group of the bucket the momentum of every
 local part and the apply of every local part, per bucket the Newton–Schulz of the owner's stack. A
 bucket whose matrices this rank owns and alone holds (owner-held ones, every bucket of a one-rank
@@ -39,6 +41,8 @@ import torch
 
 import dmuon
 from dmuon.torch.muon_update import StepValues, engine_device, muon_apply, muon_momentum, muon_update
+from dmuon.torch.normuon import block_views, normalize, pack, packed_numel, unpack
+from dmuon.torch.normuon import width as normuon_width
 from dmuon.torch.placements import Span
 
 
@@ -122,6 +126,11 @@ class MuonMatrix:
         """None, or (dim, sizes) of its split Newton–Schulz (muon_options.MuonOptions.blocks)."""
         return self.options.blocks(self.rows, self.cols, self.name)
 
+    @property
+    def width(self):
+        """B, the columns of its NorMuon v (normuon.width)."""
+        return normuon_width(self.options, self.rows, self.cols, self.name)
+
     @cached_property
     def pieces(self):
         """The Piece every group rank holds, in group rank order."""
@@ -140,6 +149,15 @@ class MuonMatrix:
         if self.expert is not None:
             return t[mine.position]
         return t.view(mine.shape) if t.is_contiguous() else t
+
+    def rows_view(self, v):
+        """This rank's rows of the matrix's NorMuon v in v, the parameter's local v (normuon.py), as a view:
+        (piece rows, B)."""
+        return v[self.pieces[self.layout.rank].position] if self.expert is not None else v
+
+    def v_piece(self, group_rank):
+        """The Piece of its v (m, B) that a group rank holds: its rows, every column."""
+        return Piece(self.pieces[group_rank].rows, Span.whole(self.width))
 
     @cached_property
     def u_travels(self):
@@ -200,10 +218,11 @@ class MuonStep:
     """One step's Muon updates. `momentum(index)` is the parameter's local momentum buffer (state
     dtype), `grads[index]` its local gradient (None: zeros), `check` the step's GradientCheck (its
     clipping factor, and per parameter whether it is updated: device tensors), `ns_of(options)` the
-    dmuon.Orthogonalizer of a matrix's MuonOptions (a bucket's matrices share theirs)."""
+    dmuon.Orthogonalizer of a matrix's MuonOptions (a bucket's matrices share theirs), `variance(index)` a
+    NorMuon parameter's local v (normuon.py; state dtype)."""
 
-    def __init__(self, comm, ns_of, momentum, grads, check, state_dtype_of):
-        self.comm, self.ns_of, self.momentum, self.grads = comm, ns_of, momentum, grads
+    def __init__(self, comm, ns_of, momentum, grads, check, state_dtype_of, variance):
+        self.comm, self.ns_of, self.momentum, self.grads, self.variance = comm, ns_of, momentum, grads, variance
         self.state_dtype_of = state_dtype_of  # of a MuonMatrix: its momentum's (U's) dtype
         self.values = StepValues(check)
         self.ns_seconds = 0.0
@@ -258,13 +277,20 @@ class MuonStep:
 
     def _update_held(self, bucket):
         """The whole update of matrices this rank holds whole and alone (nothing travels): momentum,
-        Newton–Schulz and apply in one engine call per param group (three for matrices split in blocks)."""
-        if bucket[0].blocks is not None:
+        Newton–Schulz and apply in one engine call per param group (three for matrices split in blocks or
+        NorMuon's, normalized between Newton–Schulz and the apply)."""
+        if bucket[0].blocks is not None or bucket[0].options.normuon:
             u = self._form_u(list({k.index: None for k in bucket}), {k.index: k.group for k in bucket})
             like = next(iter(u.values()))
             _, _, ns_dtype, _ = engine_target(like.device, like.dtype)
             full = torch.stack([k.local_view(u[k.index]) for k in bucket]).to(ns_dtype)
-            self._orthogonalize(full, bucket)
+            variance = None
+            if bucket[0].options.normuon:
+                variance = torch.stack([k.rows_view(self.variance(k.index)) for k in bucket])
+            self._orthogonalize(full, bucket, variance)
+            if variance is not None:
+                for k, v in zip(bucket, variance):
+                    k.rows_view(self.variance(k.index)).copy_(v)
             self._apply(list(zip(bucket, full)))
             return
         for part in self._by_group(bucket, lambda k: k.group):
@@ -279,10 +305,11 @@ class MuonStep:
             self.ns_seconds += time.perf_counter() - t0
             self.ns_matrices += len(part)
 
-    def _orthogonalize(self, stack, owned):
+    def _orthogonalize(self, stack, owned, variance=None):
         """O in place of U on stack (K, rows, cols), contiguous, in the engine's dtype: Newton–Schulz of each
         matrix, or of each of its blocks (the bucket's split, MuonMatrix.blocks), all blocks of one shape in one
-        engine call, each block then scaled by s(block) / s(matrix) (the apply scales by s(matrix))."""
+        engine call; NorMuon's normalized (normuon.py) with their v, variance (K, rows, B), updated in place;
+        each block then scaled by s(block) / s(matrix) (the apply scales by s(matrix))."""
         if stack.shape[0] == 0:
             return
         t0 = time.perf_counter()
@@ -299,12 +326,19 @@ class MuonStep:
                 blocks = views if dim == 0 else list(torch.stack(views))
                 self._newton_schulz(blocks, [f"{owned[j].name}:{('rows', 'cols')[dim]} {start}+{size}"
                                              for j, start in where], first.options)
-                ratio = first.options.scale_of(*blocks[0].shape) / first.scale
-                for view, block in zip(views, blocks):
-                    if view is not block:
+                if dim == 1:
+                    for view, block in zip(views, blocks):
                         view.copy_(block)
-                    if ratio != 1.0:
-                        view.mul_(ratio)
+        if variance is not None:
+            keep = self.values.keep_of([k.index for k in owned])
+            for o, v in block_views(stack, variance, first.blocks):
+                normalize(o, v, first.options.normuon_beta2, keep)
+        if first.blocks is not None:
+            for start, size in zip(starts, sizes):
+                block = stack.narrow(dim + 1, start, size)
+                ratio = first.options.scale_of(*block.shape[1:]) / first.scale
+                if ratio != 1.0:
+                    block.mul_(ratio)
         self.ns_seconds += time.perf_counter() - t0
         self.ns_matrices += stack.shape[0]
 
@@ -331,17 +365,21 @@ class MuonStep:
         u = self._form_u(list(groups), groups)
         if not any(k.u_travels for k in bucket):
             return u, None, None
-        # Send: my piece of U of every matrix whose owner is another rank of my replica; the owner
-        # receives, per source rank in rank order, that rank's pieces of its matrices in bucket order.
+        # Send: my piece of U of every matrix whose owner is another rank of my replica (NorMuon's: and then
+        # my rows of its v, in U's dtype, the state's); the owner receives, per source rank in rank order, that
+        # rank's pieces of its matrices in bucket order.
+        normuon = bucket[0].options.normuon
         to_owner = [[] for _ in range(c.world)]
         out_numel = [0] * c.world
         for k in bucket:
             if k.owner == me:
                 for src, piece in enumerate(k.pieces):
                     if src != me and k.replica_of(src) == k.replica_of(me):
-                        out_numel[src] += piece.count
+                        out_numel[src] += piece.count + (k.v_piece(src).count if normuon else 0)
             elif k.replica_of(k.owner) == k.replica_of(me) and k.pieces[me].count:
                 to_owner[k.owner].append(k.local_view(u[k.index]).reshape(-1))
+                if normuon:
+                    to_owner[k.owner].append(k.rows_view(self.variance(k.index)).reshape(-1))
         parts = [t for dest in to_owner for t in dest]
         in_numel = [sum(t.numel() for t in dest) for dest in to_owner]
         like = self._like(bucket, u)
@@ -355,9 +393,12 @@ class MuonStep:
         if work is not None:
             work.wait()
         owned = [k for k in bucket if k.owner == me]
+        normuon = bucket[0].options.normuon
         like = self._like(bucket, u)
         _, _, ns_dtype, _ = engine_target(like.device, like.dtype)
         full = torch.empty((len(owned), bucket[0].rows, bucket[0].cols), dtype=ns_dtype, device=like.device)
+        # NorMuon: the owned matrices' v (K, rows, B), in the state's dtype (U's)
+        variance = like.new_empty((len(owned), bucket[0].rows, bucket[0].width)) if normuon else None
         offset = 0
         for src in range(c.world):  # the order of _launch's receive: by source, then bucket order
             for j, k in enumerate(owned):
@@ -366,14 +407,20 @@ class MuonStep:
                     continue
                 if src == me:
                     put(full[j], piece, k.local_view(u[k.index]))
+                    if normuon:
+                        put(variance[j], k.v_piece(src), k.rows_view(self.variance(k.index)))
                 elif k.replica_of(src) == k.replica_of(me):
                     put(full[j], piece, recv[offset:offset + piece.count].view(piece.shape))
                     offset += piece.count
-        self._orthogonalize(full, owned)
+                    if normuon:
+                        rows = k.v_piece(src)
+                        put(variance[j], rows, recv[offset:offset + rows.count].view(rows.shape))
+                        offset += rows.count
+        self._orthogonalize(full, owned, variance)
         if not any(k.o_travels for k in bucket):
-            return full, owned, None, None
-        # Send every other rank its piece of O of my matrices; receive, per owner in rank order, my
-        # pieces of its matrices in bucket order.
+            return full, owned, variance, None, None
+        # Send every other rank its piece of O of my matrices (NorMuon's: and then its rows of v, packed in O's
+        # dtype); receive, per owner in rank order, my pieces of its matrices in bucket order.
         parts, in_numel = [], [0] * c.world
         for dest in range(c.world):
             if dest == me:
@@ -383,23 +430,34 @@ class MuonStep:
                 if piece.count:
                     parts.append(take(full[j], piece).reshape(-1))
                     in_numel[dest] += piece.count
+                    if normuon:
+                        parts.append(pack(take(variance[j], k.v_piece(dest)), full.dtype))
+                        in_numel[dest] += parts[-1].numel()
         out_numel = [0] * c.world
         for k in bucket:
             if k.owner != me:
-                out_numel[k.owner] += k.pieces[me].count
+                out_numel[k.owner] += k.pieces[me].count + self._v_numel(k, like.dtype, full.dtype)
         send = torch.cat(parts) if parts else full.new_empty(0)
         received, work = c.all_to_all(send, out_numel, in_numel)
-        return full, owned, received, work
+        return full, owned, variance, received, work
+
+    def _v_numel(self, k, dtype, message_dtype):
+        """Elements of message_dtype that carry this rank's rows of k's v (none but NorMuon's)."""
+        if not k.options.normuon:
+            return 0
+        return packed_numel(k.v_piece(self.comm.rank).count, dtype, message_dtype)
 
     def _finish(self, bucket, computed):
         c, me = self.comm, self.comm.rank
-        full, owned, received, work = computed
+        full, owned, variance, received, work = computed
         if work is not None:
             work.wait()
         pairs = []  # (matrix, this rank's piece of its O)
         for j, k in enumerate(owned):
             if k.pieces[me].count:
                 pairs.append((k, take(full[j], k.pieces[me])))
+                if variance is not None:
+                    k.rows_view(self.variance(k.index)).copy_(take(variance[j], k.v_piece(me)))
         by_owner = [[] for _ in range(c.world)]
         for k in bucket:
             if k.owner != me and k.pieces[me].count:
@@ -409,5 +467,11 @@ class MuonStep:
             piece = k.pieces[me]
             pairs.append((k, received[offset:offset + piece.count].view(piece.shape)))
             offset += piece.count
+            if k.options.normuon:
+                mine = self.variance(k.index)
+                numel = self._v_numel(k, mine.dtype, received.dtype)
+                rows = k.rows_view(mine)
+                rows.copy_(unpack(received[offset:offset + numel], mine.dtype, rows.numel()).view(rows.shape))
+                offset += numel
         if pairs:
             self._apply(pairs)

@@ -16,6 +16,7 @@ import torch
 
 import dmuon
 from dmuon.torch.dense import DenseOperands
+from dmuon.torch.gradient_check import to_device
 
 CODES = {torch.float32: dmuon.DTYPE_F32, torch.bfloat16: dmuon.DTYPE_BF16}
 
@@ -47,6 +48,10 @@ class StepValues:
     def keep(self, indices):
         base, size = self._keep.data_ptr(), self._keep.element_size()
         return [base + i * size for i in indices]
+
+    def keep_of(self, indices):
+        """The keep flags of parameters `indices`, a float32 device tensor (len(indices),)."""
+        return self._keep[to_device(list(indices), torch.long, self._keep.device)]
 
     @property
     def grad_scale(self):

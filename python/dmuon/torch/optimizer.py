@@ -13,6 +13,7 @@ placements for a DTensor parameter, full tensors for a replicated one), created 
 """
 
 import copy
+import math
 
 import torch
 
@@ -25,6 +26,7 @@ from dmuon.torch.gradient_check import GradientCheck
 from dmuon.torch.layout import as_placed, describe, is_dtensor
 from dmuon.torch.muon_options import MuonOptions, check_options
 from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, engine_target, matrices_of
+from dmuon.torch.normuon import width, zero_variance
 from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
 
 _BALANCERS = ("milp", "lpt", "rr")
@@ -42,11 +44,11 @@ class DMuon(torch.optim.Optimizer):
 
     `defaults` holds the per-group hyper-parameters and options under their keyword names (lr, momentum,
     nesterov, weight_decay, Muon's options ns_steps, coeffs, algo, scale, extra_scale_factor, cautious_wd,
-    split_heads, split_sizes, split_dim, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param
+    split_heads, split_sizes, split_dim, variant, normuon_beta2, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param
     group is all-Muon (keys lr, momentum, nesterov, weight_decay and Muon's options) or all-AdamW (lr,
     betas, eps, weight_decay), so a group's "lr" is the lr of every parameter in it and LR schedulers set
     it as torch.optim's. Muon's options (muon_options.py: the Newton–Schulz and its split, the update
-    scale, cautious weight decay) are read from a group when its matrices are tracked (construction,
+    scale, cautious weight decay, NorMuon) are read from a group when its matrices are tracked (construction,
     add_param_group) and when a state_dict is loaded. lr and weight_decay, given to DMuon or in a group,
     reach every parameter;
     adamw_lr and adamw_weight_decay (None: lr's, weight_decay's) only AdamW's, before them.
@@ -89,14 +91,15 @@ class DMuon(torch.optim.Optimizer):
     def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=None,
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, ns_steps=5, coeffs="keller",
                  algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0, cautious_wd=False, split_heads=None,
-                 split_sizes=None, split_dim=0, balancer="milp",
+                 split_sizes=None, split_dim=0, variant="muon", normuon_beta2=0.95, balancer="milp",
                  process_group=None, clip_grad_norm=None, nonfinite="error", state_dtype=torch.float32,
                  experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None):
         ns_dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(ns_dtype, ns_dtype)
         _check_choice("ns_dtype", ns_dtype, (None, "float32", "bfloat16"))
         _check_defaults(lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay)
         muon = dict(ns_steps=ns_steps, coeffs=coeffs, algo=algo, scale=scale, extra_scale_factor=extra_scale_factor,
-                    cautious_wd=cautious_wd, split_heads=split_heads, split_sizes=split_sizes, split_dim=split_dim)
+                    cautious_wd=cautious_wd, split_heads=split_heads, split_sizes=split_sizes, split_dim=split_dim,
+                    variant=variant, normuon_beta2=normuon_beta2)
         check_options(muon, "DMuon")
         _check_choice("balancer", balancer, _BALANCERS)
         _check_choice("nonfinite", nonfinite, ("error", "skip"))
@@ -132,6 +135,7 @@ class DMuon(torch.optim.Optimizer):
         self._pending = []  # the GradientChecks of steps not settled yet, oldest first
         self._last_grad_norm = 0.0
         self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
+        self._qk_clip = None  # the QKClip (qk_clip.py) that joined this optimizer, run after each step
         self._track(layouts)
 
     def add_param_group(self, param_group):
@@ -293,6 +297,13 @@ class DMuon(torch.optim.Optimizer):
 
         if self._groups[i]["use_muon"]:
             self.state[p] = {"momentum_buffer": zeros()}
+            options = MuonOptions.of_group(self._groups[i])
+            if options.normuon:  # NorMuon's v, laid out as the parameter's rows (normuon.py)
+                name, shape = self.param_groups_names[i], self._layouts[i].global_shape
+                experts = self.experts(name, shape)
+                rows, cols = (shape[1], shape[2]) if experts else (shape[0], math.prod(shape[1:]))
+                self.state[p]["variance_neuron"] = zero_variance(self._layouts[i], experts,
+                                                                 width(options, rows, cols, name), dtype)
         else:
             # "step" on the parameter's device, as torch.optim.AdamW's fused step keeps it
             self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device), "exp_avg": zeros(),
@@ -323,7 +334,9 @@ class DMuon(torch.optim.Optimizer):
         counted = [l.mine.replica == 0 for l in self._layouts]
         taking_part = [l.tensor.requires_grad for l in self._layouts]
         device = next((g.device for g in grads if g is not None), None) or self._layouts[0].tensor.device
-        check = GradientCheck(self.comm, grads, counted, taking_part, self.clip_grad_norm, device)
+        clip = self._qk_clip
+        check = GradientCheck(self.comm, grads, counted, taking_part, self.clip_grad_norm, device,
+                              None if clip is None else clip.slots(self.comm.rank, self.comm.world))
         if check.arrived():  # a CPU step can afford the check that keeps its all-to-alls in step (a GPU's cannot)
             disagreement = check.first_disagreement()
             if disagreement is not None:
@@ -337,8 +350,12 @@ class DMuon(torch.optim.Optimizer):
             layout = self._layouts[i]
             return layout.local(self.state[layout.tensor]["momentum_buffer"])
 
+        def variance(i):
+            layout = self._layouts[i]
+            return layout.local(self.state[layout.tensor]["variance_neuron"])
+
         muon = MuonStep(self.comm, self.ns_of, momentum, grads, check,
-                        lambda k: self._state_dtype_of(k.layout.tensor))
+                        lambda k: self._state_dtype_of(k.layout.tensor), variance)
         me = self.comm.rank
         # Every matrix that may have a gradient takes part (whether it has one anywhere is known on the
         # device only); owner-held buckets (their own, see _buckets) run on the owner alone, where nothing
@@ -347,6 +364,8 @@ class DMuon(torch.optim.Optimizer):
                    and (k.layout.held is None or k.owner == me or k.u_travels or k.o_travels)]
                   for bucket in self._buckets])
         self.last_stats = {"ns_s": muon.ns_seconds, "ns_matrices": muon.ns_matrices}
+        if clip is not None:
+            clip.apply(check.extra, self._layouts)
         for schedule in schedules:
             schedule.after_step()
         self._settle(arrived_only=True)

@@ -158,7 +158,7 @@ def split_groups(params, defaults, first_group=0, warn=False, named_groups=None)
 
     A group's "lr" and "weight_decay" are every parameter's; momentum, nesterov and Muon's options
     (muon_options.KEYS: ns_steps, coeffs, algo, scale, extra_scale_factor, cautious_wd, split_heads,
-    split_sizes, split_dim) Muon's; adamw_lr,
+    split_sizes, split_dim, variant, normuon_beta2) Muon's; adamw_lr,
     adamw_weight_decay, adamw_betas (or betas) and adamw_eps (or eps) AdamW's. A key that none of
     the group's parameters uses, an option of the whole optimizer, or an unknown key raises
     ValueError. Groups are numbered from first_group in made-up names and messages. warn: issue the
