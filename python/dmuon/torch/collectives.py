@@ -55,10 +55,11 @@ class Group:
         return box[0]
 
     def tensor_device(self):
-        """Where this group's collectives take their tensors: CUDA's current device for an NCCL-only
-        group, which refuses CPU tensors; the CPU otherwise (gloo, or "cpu:gloo,cuda:nccl")."""
-        if self.distributed and dist.get_backend(self.pg) == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
+        """Where this group's collectives take their tensors: the CPU where its backend takes CPU tensors (gloo,
+        mpi, or "cpu:gloo,cuda:nccl"), else the current accelerator's device (an NCCL- or RCCL-only group's cuda,
+        XCCL's xpu), as such a group refuses CPU tensors."""
+        if self.distributed and not any(b in dist.get_backend(self.pg) for b in ("gloo", "mpi")):
+            return torch.device(torch.accelerator.current_accelerator().type, torch.accelerator.current_device_index())
         return torch.device("cpu")
 
     def all_reduce_sum(self, tensor):

@@ -79,7 +79,7 @@ class GradientCheck:
         else:  # copied without waiting; settle() waits on the event, by then long passed
             self._host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
             self._host.copy_(reduced, non_blocking=True)
-            self._ready = torch.cuda.Event()
+            self._ready = torch.Event(device=reduced.device)  # on the accelerator's current stream
             self._ready.record()
 
     def first_disagreement(self):
