@@ -7,7 +7,8 @@
                   tensor bit for bit
   choice          engine="auto" on a device libdmuon_c lacks (its support stubbed off): the torch engine with one
                   warning naming libdmuon_c; engine="dmuon" there names the parameter
-  lazy library    a process whose libdmuon_c cannot be loaded imports dmuon.torch and steps with engine torch/auto
+  lazy library    a process whose libdmuon_c cannot be loaded imports dmuon.torch and steps with engine torch/auto;
+                  the owners it plans then (LPT over flop costs)
 
 Tolerances. Two float32 runs of one recurrence differ only where their products sum in another order: about
 √k·u relative per product (k ≤ 80 the inner dimension, u = 2⁻²⁴; 1e-6), three products a step, five steps: 1e-5 for
@@ -22,16 +23,19 @@ fraction of u (measured 1.5e-3 … 2.2e-3 < 2⁻⁸ = 3.9e-3, the bound).
 Run: PYTHONPATH=build/python python -m pytest -q tests/python/torch_engine_test.py
 """
 
+import copy
+import multiprocessing
 import os
-import subprocess
 import sys
 import textwrap
+import traceback
 
 import pytest
 import torch
 
 import dmuon
 from dmuon.torch import DMuon
+from dmuon.torch.agreement import lpt_owners
 from dmuon.torch.muon_options import muon_scale
 from dmuon.torch.torch_engine import newton_schulz, resolve_algo
 
@@ -204,6 +208,21 @@ def test_a_skipped_step_leaves_every_tensor_bit_for_bit():
             assert torch.equal(v, state[n][k]), (n, k)
 
 
+def test_a_copy_of_a_torch_engine_optimizer_steps_as_it():
+    params = parameters()
+    opt = build(params, "torch", {})
+    set_grads(params, 1)
+    opt.step()
+    twin = copy.deepcopy({"params": params, "opt": opt})
+    for t in (2, 3):
+        set_grads(params, t)
+        set_grads(twin["params"], t)
+        opt.step()
+        twin["opt"].step()
+    assert twin["opt"].engine.name == "torch"
+    assert all(torch.equal(params[n], twin["params"][n]) for n in SPECS)
+
+
 # ---- the choice of engine ----
 
 def test_auto_takes_the_torch_engine_with_one_warning_where_libdmuon_c_lacks_the_device(monkeypatch):
@@ -220,6 +239,14 @@ def test_auto_takes_the_torch_engine_with_one_warning_where_libdmuon_c_lacks_the
     assert opt.engine.name == "torch"
     with pytest.raises(ValueError, match=r"parameter 'a\.weight': device cpu: .*no Newton-Schulz backend"):
         build(parameters(), "dmuon", {})
+
+
+def test_without_libdmuon_c_owners_are_planned_longest_first():
+    # costs m²n: 64·64·256 = 1048576 (matrices 1, 3), 32·32·64 = 65536 (0, 4, 5), 16·16·16 = 4096 (2); costliest
+    # first, ties in order, each to the least loaded rank (ties: the lower): 1→0, 3→1, 0→0, 4→1, 5→0, 2→1
+    shapes = [(32, 64), (64, 256), (16, 16), (256, 64), (64, 32), (32, 64)]
+    assert lpt_owners(shapes, 2) == [0, 0, 1, 1, 1, 0]
+    assert lpt_owners(shapes, 1) == [0] * 6 and lpt_owners([], 3) == []
 
 
 def test_an_unknown_engine_is_refused():
@@ -254,8 +281,25 @@ def test_without_libdmuon_c_dmuon_torch_imports_and_steps(tmp_path):
             assert "engine='dmuon' needs libdmuon_c" in str(e), e
         else:
             raise AssertionError("engine='dmuon' without libdmuon_c")
-        print("stepped")
     """)
-    env = dict(os.environ, DMUON_C_LIBRARY=str(tmp_path / "libdmuon_c.so"))  # no such file
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240)
-    assert done.returncode == 0 and "stepped" in done.stdout, done.stderr
+    # A forked process (torch stays imported: a fresh interpreter would spend 20 s here importing it) that imports
+    # dmuon afresh with DMUON_C_LIBRARY naming no file.
+    child = multiprocessing.get_context("fork").Process(target=_run_without_libdmuon_c,
+                                                         args=(script, str(tmp_path / "libdmuon_c.so")))
+    child.start()
+    child.join(240)
+    if child.exitcode is None:
+        child.kill()
+    assert child.exitcode == 0, "the process without libdmuon_c failed (its traceback is above)"
+
+
+def _run_without_libdmuon_c(script, missing_library):
+    os.environ["DMUON_C_LIBRARY"] = missing_library
+    for name in [m for m in sys.modules if m == "dmuon" or m.startswith("dmuon.")]:
+        del sys.modules[name]
+    try:
+        exec(script, {})
+    except BaseException:
+        traceback.print_exc()
+        os._exit(1)
+    os._exit(0)

@@ -209,8 +209,7 @@ class DMuon(torch.optim.Optimizer):
                 try:
                     self.engine.ns_dtype(device, dtype)
                 except dmuon.UnsupportedError as e:
-                    raise ValueError(f"DMuon: parameter '{name}': {e} (engine='{self.engine.name}'; "
-                                     "engine='torch' runs on any device)") from None
+                    raise ValueError(f"DMuon: parameter '{name}': {e}") from None
         except (ValueError, TypeError, dmuon.DmuonError) as e:
             error = (TypeError, str(e)) if isinstance(e, TypeError) else str(e)  # torch.optim's kinds
         signature = [(n, l.global_shape, l.holdings, g["use_muon"]) for n, l, g in layouts]
