@@ -8,6 +8,8 @@ Contract: every rank of the group calls the same functions in the same order wit
 import torch
 import torch.distributed as dist
 
+from dmuon.torch.devices import accelerator_device
+
 
 class Group:
     """A process group (None: the default one) with its size and this rank's place in it."""
@@ -59,7 +61,7 @@ class Group:
         mpi, or "cpu:gloo,cuda:nccl"), else the current accelerator's device (an NCCL- or RCCL-only group's cuda,
         XCCL's xpu), as such a group refuses CPU tensors."""
         if self.distributed and not any(b in dist.get_backend(self.pg) for b in ("gloo", "mpi")):
-            return torch.device(torch.accelerator.current_accelerator().type, torch.accelerator.current_device_index())
+            return accelerator_device()
         return torch.device("cpu")
 
     def all_reduce_sum(self, tensor):

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dmuon.torch.devices import wide_dtype
+
 # The coefficient tables p(x) = a·x + b·x³ + c·x⁵ (DESIGN 2.4, src/ns/coefficients.cpp); past a table's end its last
 # row repeats.
 KELLER = ((3.4445, -4.7750, 2.0315),)
@@ -72,7 +74,7 @@ def newton_schulz(u, coeffs="keller", steps=5, algo="auto", dtype=torch.float32,
     tall = rows > cols
     batch = u.reshape(-1, rows, cols)
     x = batch.mT if tall else batch  # (K, m, n), m ≤ n
-    norms = torch.linalg.vector_norm(batch, dim=(-2, -1), dtype=torch.float64)  # (K,)
+    norms = torch.linalg.vector_norm(batch, dim=(-2, -1), dtype=wide_dtype(u.device))  # (K,), float64 but on MPS
     inverse = (1.0 / (norms * safety + eps))[:, None, None]
     if dtype == torch.float64:
         x = x.to(dtype) * inverse
