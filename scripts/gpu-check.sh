@@ -31,8 +31,10 @@
 #     With the full build also the optimizer step (adamw, muon, muon-gather, dmuon) on qwen2.5-0.5b on one GPU,
 #     on every GPU when there are several, the refusal of more ranks than GPUs, examples/torch_train.py on the
 #     GPUs (--device cuda, NCCL; DMuon over FSDP2, plain and owner-held), and dmuon.torch on CUDA tensors
-#     (python/benchmarks/gpu_check_torch.py: FSDP2 on CUDA, CUDA vs CPU, DMuon's step vs torch.optim.Muon)
-#     -> bench_*.json, share_gpu_refused.log, gpu_check_torch.json
+#     (python/benchmarks/gpu_check_torch.py: FSDP2 on CUDA, CUDA vs CPU, DMuon's step vs torch.optim.Muon), and
+#     dmuon.torch's torch engine against our CUDA engine (gpu_check_torch.py --checks torch-engine: Newton–Schulz
+#     in float32 and bf16, standard and Gram, against float64 and each other, times; DMuon's steps with each)
+#     -> bench_*.json, share_gpu_refused.log, gpu_check_torch.json, gpu_check_torch_engine.json
 #  6. prints the summary (summary.txt: each step's status, each figure beside its torch counterpart), then the
 #     end of each failed step's log; report.txt holds the same.
 # Progress goes to standard error and progress.log. Every step has its own time limit, cut to what is left of
@@ -182,7 +184,7 @@ for name in ("bench_optimizer.json", "bench_optimizer_np.json"):
         print(f"optimizer step, {data.get('ranks')} rank(s), {data.get('device')}:")
         for x in data.get("results", []):
             print(f"{x['optimizer']:>24} {1e3 * x['step_s_median']:10.3f} ms  weight norm {x['weight_norm']:.6g}")
-for x in load("gpu_check_torch.json") or []:
+for x in (load("gpu_check_torch.json") or []) + (load("gpu_check_torch_engine.json") or []):
     print(f"dmuon.torch {x['check']:>12}: {x['status']} {x['detail']}")
 mm = (load("torch_anchor.json") or {}).get("matmul", [])
 if mm:
@@ -536,14 +538,21 @@ if [ "$MODE" = full ]; then
     step torch_train_cuda 90 "${TRAIN[@]}"
     step torch_train_cuda_owner_held 90 "${TRAIN[@]}" --owner-held
     step gpu_check_torch 150 env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" \
-      python/benchmarks/gpu_check_torch.py \
+      python/benchmarks/gpu_check_torch.py --checks fsdp2-cpu,fsdp2-cuda,cuda-vs-cpu,step-time \
       --results "$LOGS"
+    # The torch engine (DMuon(engine="torch"), for accelerators libdmuon_c lacks) against our CUDA engine.
+    step gpu_check_torch_engine 90 env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" \
+      python/benchmarks/gpu_check_torch.py --checks torch-engine --name gpu_check_torch_engine --results "$LOGS"
   else
-    for s in torch_train_cuda torch_train_cuda_owner_held gpu_check_torch; do skip $s "no torch with CUDA"; done
+    for s in torch_train_cuda torch_train_cuda_owner_held gpu_check_torch gpu_check_torch_engine; do
+      skip $s "no torch with CUDA"
+    done
   fi
 else
   skip bench_optimizer "needs the full build"
-  for s in torch_train_cuda torch_train_cuda_owner_held gpu_check_torch; do skip $s "needs the full build (libdmuon_c)"; done
+  for s in torch_train_cuda torch_train_cuda_owner_held gpu_check_torch gpu_check_torch_engine; do
+    skip $s "needs the full build (libdmuon_c)"
+  done
 fi
 
 # ---- 6. the report: the failed logs' ends, then the first screen again, last in the output ----

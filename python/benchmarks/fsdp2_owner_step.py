@@ -94,12 +94,12 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 import dmuon
 from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
-from dmuon.torch.muon_step import engine_target, matrices_of
+from dmuon.torch.muon_step import matrices_of
 from dmuon.torch.params import is_expert_stack_by_default, module_groups
+from dmuon.torch.torch_engine import newton_schulz
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"))
 from collective_ledger import Ledger, recording  # noqa: E402
-from muon_reference import KELLER  # noqa: E402
 
 OPTIMIZERS = ("adamw", "torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32", "dmuon-a2a", "dmuon-owner")
 PEERS = ("torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32")   # what a user would pick instead of dmuon
@@ -223,17 +223,8 @@ PEER_MODULES = {"muon-fsdp2": "muon_fsdp2", "dion-muon": "dion", "dion-muon-f32"
 
 def newton_schulz_f32(u, epsilon=1e-7, steps=5):
     """dion's newton_schulz_func contract: u (..., rows, cols), any float dtype → the orthogonalized u in
-    u's dtype. Keller's quintic in float32, on the transposed-if-tall matrices, as dmuon computes it."""
-    x = u.float()
-    tall = x.size(-2) > x.size(-1)
-    if tall:
-        x = x.mT
-    x = x / (x.norm(dim=(-2, -1), keepdim=True) + epsilon)
-    a, b, c = KELLER
-    for _ in range(steps):
-        gram = x @ x.mT
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return (x.mT if tall else x).to(u.dtype)
+    u's dtype. Keller's quintic in float32 (dmuon.torch's torch engine, its standard recurrence)."""
+    return newton_schulz(u, "keller", steps, "standard", torch.float32, eps=epsilon).to(u.dtype)
 
 
 def peer_module(name):
@@ -324,7 +315,7 @@ def owned_buckets(opt):
         if owned:
             k = owned[0]
             state_dtype = opt.state_dtype if opt.state_dtype is not None else k.layout.tensor.dtype
-            ns_dtype = engine_target(k.layout.local(k.layout.tensor).device, state_dtype)[2]
+            ns_dtype = opt.engine.ns_dtype(k.layout.local(k.layout.tensor).device, state_dtype)
             out.append((k.rows, k.cols, len(owned), ns_dtype))
     return out
 
@@ -413,7 +404,7 @@ class Tuner:
 
 def ns_alone(opt, buckets, repeats):
     """Seconds this rank's engine takes for `buckets` (owned_buckets) alone, per repeat: random matrices,
-    one call per bucket with the optimizer's own Orthogonalizer, every rank at once after a barrier."""
+    one call per bucket by the optimizer's engine and Newton–Schulz handle, every rank at once after a barrier."""
     gen = torch.Generator().manual_seed(2 + dist.get_rank())
     inputs = [torch.randn((n, rows, cols), generator=gen).to(dtype) for rows, cols, n, dtype in buckets]
     work = [t.clone() for t in inputs]
@@ -424,11 +415,9 @@ def ns_alone(opt, buckets, repeats):
         dist.barrier()
         seconds = 0.0
         for w in work:
-            device, dtype_code, _, stream = engine_target(w.device, w.dtype)
-            size = w[0].numel() * w.element_size()
-            pointers = [w.data_ptr() + j * size for j in range(w.shape[0])]
+            matrices = list(w)
             t0 = time.perf_counter()
-            opt.ns.run(pointers, pointers, w.shape[1], w.shape[2], device=device, dtype=dtype_code, stream=stream)
+            opt.engine.orthogonalize(opt.ns, matrices, None)
             seconds += time.perf_counter() - t0
         times.append(seconds)
     return times

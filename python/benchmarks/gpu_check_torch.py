@@ -11,10 +11,18 @@ scripts/gpu-check.sh where the full build (libdmuon_c with the CUDA backend) exi
                its norm and bf16 Newton–Schulz is 1e-2 … 3.5e-2 off float64 (tests/ns/ns_bf16_emulation_test.cpp)
   step-time    one optimizer step on qwen2.5-0.5b's Muon matrices (all 24 layers, muon_step_torch.py's
                list) on the GPU: dmuon.torch.DMuon against torch.optim.Muon; CUDA events, median
+  torch-engine the torch engine (dmuon/torch/torch_engine.py, DMuon(engine="torch")) against our CUDA engine:
+               Newton–Schulz of random matrices (896x4864, 4864x896, 2048x2048, a batch of 28 x 128x512),
+               standard and Gram, each against the float64 run of the same recurrence (torch_engine_test.py's
+               tolerance scaled to the inner dimension n: 15·√n·u in float32, u = 2^-24, twenty times that for
+               Gram's rounding growth; bf16: within 5e-2, twice GPU.md's 2.2e-2 band of correct bf16 NS, where a
+               wrong coefficient, step or normalisation is off by 1e-1 and more) and each other; its bf16 time
+               beside ours (CUDA events, median of 5); and DMuon's 5 steps with each engine on CUDA tensors
+               (within 1e-2, as cuda-vs-cpu). Outputs poisoned with NaN first; TF32 off.
 
 A check that this build or machine cannot run (dmuon not importable, no CUDA backend in libdmuon_c, no
 GPU, no FSDP2) is reported as SKIP with the reason, never as PASS. Prints a table last; --results DIR
-also gets gpu_check_torch.json. Exit status 1 when any check FAILs.
+also gets NAME.json (--name, default gpu_check_torch). Exit status 1 when any check FAILs.
 
     PYTHONPATH=build/python python3 python/benchmarks/gpu_check_torch.py --results results/ [--checks a,b]
 """
@@ -35,7 +43,7 @@ import torch.distributed as dist
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-CHECKS = ("fsdp2-cpu", "fsdp2-cuda", "cuda-vs-cpu", "step-time")
+CHECKS = ("fsdp2-cpu", "fsdp2-cuda", "cuda-vs-cpu", "step-time", "torch-engine")
 
 
 class Skip(Exception):
@@ -43,12 +51,14 @@ class Skip(Exception):
 
 
 def engine():
-    """(dmuon, DMuon), or Skip saying why `import dmuon` failed (no libdmuon_c: the GPU-only build)."""
+    """(dmuon, DMuon), or Skip saying why dmuon or its libdmuon_c does not load (the GPU-only build has none)."""
     try:
         import dmuon
         from dmuon.torch import DMuon
     except ImportError as e:
         raise Skip(f"import dmuon failed ({e}); PYTHONPATH=BUILD/python after building dmuon_python") from None
+    if dmuon.library_error() is not None:
+        raise Skip(f"{dmuon.library_error()}; PYTHONPATH=BUILD/python after building dmuon_python")
     return dmuon, DMuon
 
 
@@ -191,6 +201,83 @@ def check_step_time():
     return True, text + f"; DMuon speedup {rows[0][1] / rows[-1][1]:.2f}x"
 
 
+def gpu_ms(fn, repeats=5):
+    """Median milliseconds of fn() on the GPU after one untimed call (CUDA events)."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def check_torch_engine():
+    require_cuda_backend()
+    dmuon, DMuon = engine()
+    from dmuon.torch.torch_engine import newton_schulz
+    torch.backends.cuda.matmul.allow_tf32 = False
+    dtypes = {"float32": (torch.float32, dmuon.DTYPE_F32), "bfloat16": (torch.bfloat16, dmuon.DTYPE_BF16)}
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    ok, lines, worst, times = True, [], {}, []
+    for batch, rows, cols in [(1, 896, 4864), (1, 4864, 896), (1, 2048, 2048), (28, 128, 512)]:
+        u = torch.randn((batch, rows, cols), device="cuda", generator=gen)
+        for algo in ("standard", "gram"):
+            exact = newton_schulz(u, "keller", 5, algo, torch.float64)
+            for name, (dtype, code) in dtypes.items():
+                ns = dmuon.Orthogonalizer(algo=algo, tune_cache=None, check_finite=False, dtype=name)
+                stored = u.to(dtype)
+                ours = torch.full_like(stored, float("nan"))  # poisoned: every element must be written
+
+                def run_ours():
+                    ns.run(list(stored), list(ours), rows, cols, device=dmuon.DEVICE_CUDA, dtype=code,
+                           stream=torch.cuda.current_stream().cuda_stream)
+
+                def run_torch():
+                    return newton_schulz(stored, "keller", 5, algo, dtype)
+
+                run_ours()
+                theirs = run_torch()
+                gaps = [float((a.double() - b.double()).norm() / b.double().norm())
+                        for a, b in ((ours, exact), (theirs, exact), (theirs, ours))]
+                limit = 15 * max(rows, cols) ** 0.5 * 2.0 ** -24 * (20 if algo == "gram" else 1) \
+                    if name == "float32" else 5e-2
+                passed = all(g < limit for g in gaps)  # NaN fails too
+                ok = ok and passed
+                key = (name, algo)
+                worst[key] = max(worst.get(key, 0.0), gaps[2])
+                line = (f"{batch}x{rows}x{cols} {algo:8} {name:8}: ours-f64 {gaps[0]:.1e}, torch-f64 {gaps[1]:.1e}, "
+                        f"torch-ours {gaps[2]:.1e} (limit {limit:.1e})")
+                if name == "bfloat16":
+                    times.append(f"{batch}x{rows}x{cols} {algo} {gpu_ms(run_ours):.3f}/{gpu_ms(run_torch):.3f}")
+                    line += f"; ms ours/torch engine {times[-1].rsplit(' ', 1)[1]}"
+                lines.append(("" if passed else "FAIL ") + line)
+                print(lines[-1], flush=True)
+    shapes = [(256, 1024), (1024, 256), (512, 512)]
+    values = [torch.randn(s, device="cuda", generator=gen) * 0.02 for s in shapes]
+    models = {e: [torch.nn.Parameter(v.clone()) for v in values] for e in ("torch", "dmuon", "auto")}
+    opts = {e: DMuon([(f"m{i}", p) for i, p in enumerate(ps)], engine=e) for e, ps in models.items()}
+    ok = ok and opts["auto"].engine.name == "dmuon"
+    for _ in range(5):
+        grads = [torch.randn(s, device="cuda", generator=gen) for s in shapes]
+        for e, ps in models.items():
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+            opts[e].step()
+    steps_gap = max(float((a.detach().double() - b.detach().double()).norm() / b.detach().double().norm())
+                    for a, b in zip(models["torch"], models["dmuon"]))
+    ok = ok and steps_gap < 1e-2
+    lines.append(f"DMuon 5 steps, engine torch vs dmuon: max relative difference {steps_gap:.1e} (limit 1e-2); "
+                 f"auto chose {opts['auto'].engine.name}")
+    print(lines[-1], flush=True)
+    summary = ", ".join(f"{n} {a} {w:.1e}" for (n, a), w in worst.items())
+    return ok, (f"torch engine vs ours, worst relative gap: {summary}; DMuon steps {steps_gap:.1e}; bf16 ms ours/torch "
+                f"engine: {', '.join(times)}" + "".join(f"; {line}" for line in lines if line.startswith("FAIL")))
+
+
 def init_single_process(backend):
     store = os.path.join(tempfile.mkdtemp(prefix="dmuon_gpu_check_"), "store")
     dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
@@ -222,6 +309,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--results", default=os.environ.get("DMUON_GPU_RESULTS"), help="folder for the JSON")
     parser.add_argument("--checks", default=",".join(CHECKS), help=f"comma-separated, of {', '.join(CHECKS)}")
+    parser.add_argument("--name", default="gpu_check_torch", help="the results file's name, without .json")
     args = parser.parse_args(argv)
     chosen = args.checks.split(",")
     unknown = sorted(set(chosen) - set(CHECKS))
@@ -241,7 +329,8 @@ def main(argv=None):
     def fsdp2_cuda():
         require_cuda_backend()
         return check_fsdp2("cuda")
-    for name, fn in (("fsdp2-cuda", fsdp2_cuda), ("cuda-vs-cpu", check_cuda_vs_cpu), ("step-time", check_step_time)):
+    for name, fn in (("fsdp2-cuda", fsdp2_cuda), ("cuda-vs-cpu", check_cuda_vs_cpu), ("step-time", check_step_time),
+                     ("torch-engine", check_torch_engine)):
         if name in chosen:
             run_check(name, fn, results)
     if dist.is_initialized():
@@ -251,7 +340,7 @@ def main(argv=None):
         print(f"| {r['check']} | {r['status']} | {r['detail']} |")
     if args.results:
         pathlib.Path(args.results).mkdir(parents=True, exist_ok=True)
-        (pathlib.Path(args.results) / "gpu_check_torch.json").write_text(json.dumps(results, indent=1))
+        (pathlib.Path(args.results) / f"{args.name}.json").write_text(json.dumps(results, indent=1))
     return 1 if any(r["status"] == "FAIL" for r in results) else 0
 
 

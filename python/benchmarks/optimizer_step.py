@@ -32,24 +32,15 @@ import dmuon
 import dmuon.torch
 from dmuon.torch import DMuon, Sharded, chunk_rows
 from dmuon.torch.mpirun import init_process_group_from_mpirun
+from dmuon.torch.torch_engine import newton_schulz
 
-KELLER = (3.4445, -4.7750, 2.0315)
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def zeropower_via_newtonschulz5(g, steps=5, dtype=torch.float32):
-    """The public reference: the plain quintic recurrence in torch ops (DESIGN 2.1); float32 on the
-    CPU (bf16 matmuls are slow there), bf16 on GPUs as KellerJordan/Muon."""
-    a, b, c = KELLER
-    x = g.to(dtype)
-    transposed = x.size(0) > x.size(1)
-    if transposed:
-        x = x.T
-    x = x / (x.norm() + 1e-7)
-    for _ in range(steps):
-        gram = x @ x.T
-        x = a * x + (b * gram + c * gram @ gram) @ x
-    return x.T if transposed else x
+    """The public reference: the plain quintic recurrence in torch ops (DESIGN 2.1; dmuon.torch's torch engine, its
+    standard recurrence); float32 on the CPU (bf16 matmuls are slow there), bf16 on GPUs as KellerJordan/Muon."""
+    return newton_schulz(g, "keller", steps, "standard", dtype)
 
 
 class ReferenceMuon(torch.optim.Optimizer):

@@ -11,6 +11,7 @@ here: arrays are read through their own methods, so any torch version (or none) 
 """
 
 import ctypes
+import functools
 import json
 import os
 import pathlib
@@ -40,11 +41,18 @@ def _library_path():
     return pathlib.Path(__file__).with_name("libdmuon_c.so")
 
 
-def _load():
+@functools.cache
+def library():
+    """libdmuon_c, loaded on first use (so `import dmuon` and dmuon.torch's torch engine need no library); raises
+    ImportError naming the file when it is missing, cannot be loaded or has another ABI version (not cached: a later
+    call tries again)."""
     path = _library_path()
     if not path.exists():
         raise ImportError(f"dmuon: {path} not found (build the dmuon_c target, or set DMUON_C_LIBRARY)")
-    lib = ctypes.CDLL(str(path))
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:
+        raise ImportError(f"dmuon: {path} cannot be loaded: {e}") from None
     c_int, c_i64, c_char_p, c_void_p = ctypes.c_int, ctypes.c_int64, ctypes.c_char_p, ctypes.c_void_p
     c_size_t = ctypes.c_size_t
     p_i64 = ctypes.POINTER(c_i64)
@@ -88,14 +96,20 @@ def _load():
     return lib
 
 
-_lib = _load()
+def library_error():
+    """None when libdmuon_c loads, else why it does not (the ImportError's message)."""
+    try:
+        library()
+    except ImportError as e:
+        return str(e)
+    return None
 
 
 def _check(code):
     if code == _OK:
         return
     # The engine names the C++ field; the Python argument that sets it is tune_cache.
-    message = _lib.dmuon_last_error().decode().replace("TuneSessionOptions.cache_path", "tune_cache")
+    message = library().dmuon_last_error().decode().replace("TuneSessionOptions.cache_path", "tune_cache")
     raise (UnsupportedError if code == _ERR_UNSUPPORTED else DmuonError)(message)
 
 
@@ -131,7 +145,7 @@ def _read_string(fn, *args):
 
 def supports(device, dtype):
     """Whether this build runs Newton–Schulz on `device` (DEVICE_*) with `dtype` (DTYPE_*)."""
-    return bool(_lib.dmuon_supports(device, dtype))
+    return bool(library().dmuon_supports(device, dtype))
 
 
 class Orthogonalizer:
@@ -152,13 +166,13 @@ class Orthogonalizer:
         if dtype not in NS_DTYPES:
             raise ValueError(f"Newton-Schulz dtype must be one of {sorted(NS_DTYPES, key=str)}, got {dtype!r}")
         handle = ctypes.c_void_p()
-        _check(_lib.dmuon_ns_create(coeffs.encode(), algo.encode(), int(steps), int(threads),
+        _check(library().dmuon_ns_create(coeffs.encode(), algo.encode(), int(steps), int(threads),
                                     _cache_arg(tune_cache), ctypes.byref(handle)))
         self._handle = handle
-        _check(_lib.dmuon_ns_set_check_finite(handle, int(bool(check_finite))))
-        _check(_lib.dmuon_ns_set_dtype(handle, NS_DTYPES[dtype]))
-        self.tuned_entries = _lib.dmuon_ns_tuned_entries(handle)
-        self.warning = _lib.dmuon_ns_warning(handle).decode()
+        _check(library().dmuon_ns_set_check_finite(handle, int(bool(check_finite))))
+        _check(library().dmuon_ns_set_dtype(handle, NS_DTYPES[dtype]))
+        self.tuned_entries = library().dmuon_ns_tuned_entries(handle)
+        self.warning = library().dmuon_ns_warning(handle).decode()
 
     def run(self, inputs, outputs, rows, cols, device=DEVICE_CPU, dtype=DTYPE_F32, stream=None, names=None):
         """inputs, outputs: sequences of rows·cols-element matrices, arrays or data pointers (ints)."""
@@ -168,7 +182,7 @@ class Orthogonalizer:
         ins = [_operand(x, dtype) for x in inputs]
         outs = [_operand(x, dtype) for x in outputs]
         name_arr = None if names is None else (ctypes.c_char_p * batch)(*[n.encode() for n in names])
-        _check(_lib.dmuon_ns_run(self._handle, device, dtype, stream, *_pointers_and_flags(ins),
+        _check(library().dmuon_ns_run(self._handle, device, dtype, stream, *_pointers_and_flags(ins),
                                  *_pointers_and_flags(outs), batch, rows, cols, name_arr))
 
     def muon_update(self, grads, momenta, params, rows, cols, keep, grad_scale, beta, nesterov, lr, weight_decay,
@@ -178,14 +192,14 @@ class Orthogonalizer:
         with pointer None: zeros); keep: None or one pointer per matrix to a float32 flag on the device; grad_scale:
         None or a pointer to one float32; cautious_wd as muon_apply's."""
         batch = len(params)
-        _check(_lib.dmuon_muon_update(self._handle, device, stream, batch, rows, cols, *_operands(grads),
+        _check(library().dmuon_muon_update(self._handle, device, stream, batch, rows, cols, *_operands(grads),
                                       *_operands(momenta), *_operands(params), _keep(keep, batch), grad_scale,
                                       float(beta), int(bool(nesterov)), float(lr), float(weight_decay), float(scale),
                                       int(bool(cautious_wd)), _names(names)))
 
     def close(self):
         if self._handle:
-            _lib.dmuon_ns_destroy(self._handle)
+            library().dmuon_ns_destroy(self._handle)
             self._handle = None
 
     def __del__(self):
@@ -237,7 +251,7 @@ def muon_momentum(sizes, grads, momenta, u, keep, grad_scale, beta, nesterov, de
     """Muon's momentum and U of tensors of `sizes` elements (dmuon_muon_momentum): grads, momenta, u are
     sequences of tensor arguments as Orthogonalizer.muon_update's (a grad None: zeros); keep, grad_scale too."""
     n = len(sizes)
-    _check(_lib.dmuon_muon_momentum(device, stream, n, _i64_array(sizes), *_operands(grads), *_operands(momenta),
+    _check(library().dmuon_muon_momentum(device, stream, n, _i64_array(sizes), *_operands(grads), *_operands(momenta),
                                     *_operands(u), _keep(keep, n), grad_scale, float(beta), int(bool(nesterov))))
 
 
@@ -247,7 +261,7 @@ def muon_apply(sizes, params, updates, keep, lr, weight_decay, scales, cautious_
     sequences of tensor arguments, scales one per tensor; keep as Orthogonalizer.muon_update's; cautious_wd: the
     decay only where W·O ≥ 0 (cautious weight decay), W as it is elsewhere."""
     n = len(sizes)
-    _check(_lib.dmuon_muon_apply(device, stream, n, _i64_array(sizes), *_operands(params), *_operands(updates),
+    _check(library().dmuon_muon_apply(device, stream, n, _i64_array(sizes), *_operands(params), *_operands(updates),
                                  _keep(keep, n), float(lr), float(weight_decay),
                                  (ctypes.c_double * max(n, 1))(*scales), int(bool(cautious_wd))))
 
@@ -257,7 +271,7 @@ def adamw_step(p, grad, exp_avg, exp_avg_sq, n, step, lr, betas, eps, weight_dec
     """One fused AdamW step (torch.optim.AdamW's rule) on n elements of p, grad, exp_avg, exp_avg_sq: arrays or
     data pointers (ints) of `dtype`."""
     ops = [_operand(x, dtype) for x in (p, grad, exp_avg, exp_avg_sq)]
-    _check(_lib.dmuon_adamw_step(device, dtype, stream, *[x for x, _, _ in ops], _ints([f for _, _, f in ops]),
+    _check(library().dmuon_adamw_step(device, dtype, stream, *[x for x, _, _ in ops], _ints([f for _, _, f in ops]),
                                  int(n), int(step), float(lr),
                                  float(betas[0]), float(betas[1]), float(eps), float(weight_decay), float(grad_scale)))
 
@@ -270,7 +284,7 @@ def plan_owners(shapes, world_size, balancer="milp", costs="auto", tune_cache=""
     n = len(shapes)
     owners = (ctypes.c_int32 * max(n, 1))()
     used = ctypes.c_int(0)
-    _check(_lib.dmuon_plan_owners(n, _i64_array([r for r, _ in shapes]), _i64_array([c for _, c in shapes]),
+    _check(library().dmuon_plan_owners(n, _i64_array([r for r, _ in shapes]), _i64_array([c for _, c in shapes]),
                                   int(world_size), balancer.encode(), costs.encode(), _cache_arg(tune_cache),
                                   int(threads), float(time_limit_s), owners, ctypes.byref(used)))
     return list(owners)[:n], bool(used.value)
@@ -280,14 +294,14 @@ def tune(requests, threads=1, rounds=3, tune_cache=""):
     """Tunes the (rows, cols, batch) requests the cache lacks and saves the cache (DESIGN 3.5)."""
     n = len(requests)
     batch = (ctypes.c_int32 * max(n, 1))(*[b for _, _, b in requests])
-    _check(_lib.dmuon_tune(n, _i64_array([r for r, _, _ in requests]), _i64_array([c for _, c, _ in requests]),
+    _check(library().dmuon_tune(n, _i64_array([r for r, _, _ in requests]), _i64_array([c for _, c, _ in requests]),
                            batch, int(threads), int(rounds), os.fsencode(tune_cache)))
 
 
 def default_tune_cache_path():
-    return _read_string(_lib.dmuon_default_tune_cache_path)
+    return _read_string(library().dmuon_default_tune_cache_path)
 
 
 def model_params(name_or_path, layers=0):
     """A model manifest's parameters: [{"name", "shape", "role"}] (models/*.json, as `dmuon plan`)."""
-    return json.loads(_read_string(_lib.dmuon_model_params_json, os.fsencode(name_or_path), int(layers)))
+    return json.loads(_read_string(library().dmuon_model_params_json, os.fsencode(name_or_path), int(layers)))

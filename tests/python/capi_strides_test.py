@@ -107,7 +107,7 @@ def test_the_same_arrays_made_dense_run(function, library):
 
 
 def test_raw_calls_name_a_strided_argument_and_missing_flags():
-    lib = _capi._lib
+    lib = _capi.library()
     w, o = rng_array((2, 8), 1), rng_array((2, 8), 2)
     sizes = _capi._i64_array([16])
     pointers = _capi._pointers

@@ -74,6 +74,9 @@ def test_gpu_check_torch_skips_what_this_machine_lacks_and_writes_its_results(tm
     assert gpu_check_torch.main(["--checks", "cuda-vs-cpu,step-time", "--results", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "gpu_check_torch.json").read_text())
     assert [(r["check"], r["status"]) for r in results] == [("cuda-vs-cpu", "SKIP"), ("step-time", "SKIP")]
+    assert gpu_check_torch.main(["--checks", "torch-engine", "--name", "engine", "--results", str(tmp_path)]) == 0
+    results += json.loads((tmp_path / "engine.json").read_text())
+    assert [(r["check"], r["status"]) for r in results[2:]] == [("torch-engine", "SKIP")]
     assert all("no CUDA device" in r["detail"] for r in results)
     with pytest.raises(SystemExit):
         gpu_check_torch.main(["--checks", "fsdp2-gpu"])

@@ -27,6 +27,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 import dmuon.torch
 from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
+from dmuon.torch.torch_engine import newton_schulz
+from muon_reference import KELLER
 from rank_checks import check, finish
 from rank_exit import exit_rank
 
@@ -67,17 +69,10 @@ def rank_rows(tokens):
 def float32_newton_schulz(grad, ns_coefficients, ns_steps, eps):
     """torch.optim.Muon's Newton–Schulz (torch/optim/_muon.py) in float32, not bfloat16, normalised as
     KellerJordan/Muon and dmuon (DESIGN 2.1: ‖U‖ + eps; torch clamps ‖U‖ at eps, which differs by
-    eps/‖U‖ relative: 1e-4 on this model's small attention gradients)."""
-    a, b, c = ns_coefficients
-    x = grad.to(torch.float32, copy=True)
-    tall = grad.size(0) > grad.size(1)
-    if tall:
-        x = x.T
-    x.div_(x.norm() + eps)
-    for _ in range(ns_steps):
-        gram = x @ x.T
-        x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
-    return x.T if tall else x
+    eps/‖U‖ relative: 1e-4 on this model's small attention gradients): dmuon.torch's torch engine, its
+    standard recurrence with torch's default coefficients (Keller's)."""
+    assert tuple(ns_coefficients) == KELLER, ns_coefficients
+    return newton_schulz(grad, "keller", ns_steps, "standard", torch.float32, eps=eps)
 
 
 def reference():

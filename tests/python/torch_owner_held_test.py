@@ -14,6 +14,8 @@ PYTHONPATH=build/python:tests/python and one BLAS thread per rank. One launch ru
                          other Muon matrices left to FSDP2 (both modes in one optimizer)
   hsdp                   a (2, N/2) mesh (N even): two-stage reduce and broadcast
   ddp                    no mesh: DDP over the rest, told to ignore the held matrices
+  fsdp2 torch engine     fsdp2 with DMuon(engine="torch") (torch_engine.py), at 2 ranks: also within twice the
+                         tolerance of fsdp2's libdmuon_c run (each is within it of float64)
 Each trains 10 steps of Muon (3-D experts as their own matrices) + AdamW with weight decay and
 clipping by the global gradient norm (which must equal the reference's, within 1e-5); every
 tensor must be within 1e-5 (relative Frobenius) of the float64 reference that trains the global batch
@@ -60,6 +62,7 @@ VARIANTS = {
     "uneven owners": dict(net=dict(layers=1, hidden=96), hold=dict(predicate=uneven)),
     "hsdp": dict(mesh="hsdp"),
     "ddp": dict(mesh=None),
+    "fsdp2 torch engine": dict(engine="torch", worlds=(2,)),
 }
 
 
@@ -96,7 +99,7 @@ def train(variant, hold):
     net = make_net(**variant.get("net", {}))
     held = hold_on_owners(net, mesh, **variant.get("hold", {})) if hold else None
     model = wrap(net, mesh, held)
-    opt = DMuon(net, **HYPER)
+    opt = DMuon(net, engine=variant.get("engine", "auto"), **HYPER)
     micro = variant.get("micro", 1)
     ns_counts, norms = [], []
     for tokens in global_batches(STEPS, BATCH):
@@ -162,8 +165,9 @@ def matrices_in(opt):
                for l, g in zip(opt._layouts, opt._groups) if g["use_muon"])
 
 
-def check_variant(label, variant):
+def check_variant(label, variant, results):
     held_w, opt, held, ns_counts, norms = train(variant, hold=True)
+    check(opt.engine.name == variant.get("engine", "dmuon"), f"{label}: engine {opt.engine.name}")
     a2a_w = train(variant, hold=False)[0]
     ref_w, ref_norms = reference_run(variant, hyper_of(opt))
     norm_error = max(abs(a - b) / b for a, b in zip(norms, ref_norms))
@@ -185,7 +189,13 @@ def check_variant(label, variant):
         p.numel() * p.element_size() for p in held.params), f"{label}: owned bytes {held.owned_bytes}")
     if label == "uneven owners" and WORLD >= 3:
         check(held.owned_bytes.count(0) >= WORLD - 2, f"{label}: owned bytes {held.owned_bytes}")
-    return worst
+    if "engine" in variant:
+        _, libdmuon_c_w = results["fsdp2"]
+        for name, w in held_w.items():
+            gap = relative(w, libdmuon_c_w[name])
+            worst = max(worst, gap)
+            check(gap <= 2 * TOLERANCE, f"{label}: {name} relative difference {gap:.2e} to libdmuon_c's")
+    return worst, held_w
 
 
 # ---- errors: the same on every rank ----
@@ -256,11 +266,11 @@ def check_errors():
 def main():
     results = {}
     for label, variant in VARIANTS.items():
-        if variant.get("mesh") == "hsdp" and WORLD % 2:
+        if variant.get("mesh") == "hsdp" and WORLD % 2 or WORLD not in variant.get("worlds", (WORLD,)):
             continue
-        results[label] = check_variant(label, variant)
+        results[label] = check_variant(label, variant, results)
     check_errors()
-    worst = ", ".join(f"{k} {v:.1e}" for k, v in results.items())
+    worst = ", ".join(f"{k} {v:.1e}" for k, (v, _) in results.items())
     return finish(f"torch_owner_held_test np {WORLD}: worst relative difference (to float64, to all-to-all) {worst}")
 
 

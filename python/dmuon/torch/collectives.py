@@ -8,6 +8,8 @@ Contract: every rank of the group calls the same functions in the same order wit
 import torch
 import torch.distributed as dist
 
+from dmuon.torch.devices import accelerator_device
+
 
 class Group:
     """A process group (None: the default one) with its size and this rank's place in it."""
@@ -55,10 +57,11 @@ class Group:
         return box[0]
 
     def tensor_device(self):
-        """Where this group's collectives take their tensors: CUDA's current device for an NCCL-only
-        group, which refuses CPU tensors; the CPU otherwise (gloo, or "cpu:gloo,cuda:nccl")."""
-        if self.distributed and dist.get_backend(self.pg) == "nccl":
-            return torch.device("cuda", torch.cuda.current_device())
+        """Where this group's collectives take their tensors: the CPU where its backend takes CPU tensors (gloo,
+        mpi, or "cpu:gloo,cuda:nccl"), else the current accelerator's device (an NCCL- or RCCL-only group's cuda,
+        XCCL's xpu), as such a group refuses CPU tensors."""
+        if self.distributed and not any(b in dist.get_backend(self.pg) for b in ("gloo", "mpi")):
+            return accelerator_device()
         return torch.device("cpu")
 
     def all_reduce_sum(self, tensor):

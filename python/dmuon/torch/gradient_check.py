@@ -1,9 +1,9 @@
 """What one DMuon step learns from its gradients, kept on their device (no host sync in step()).
 
-One all_reduce over the optimizer's group of a float64 vector [Σ g² over replica 0's local parts,
-per rank the first non-finite parameter (index + 1, 0 for none), per parameter 1 where this rank has
-a gradient, per parameter 1 where this rank takes part in its update, and a caller's `extra` values (QK-clip's
-per-rank maxima, qk_clip.py)] gives every rank, as device tensors:
+One all_reduce over the optimizer's group of a float64 vector (float32 on MPS, which has no float64)
+[Σ g² over replica 0's local parts, per rank the first non-finite parameter (index + 1, 0 for none), per
+parameter 1 where this rank has a gradient, per parameter 1 where this rank takes part in its update, and a
+caller's `extra` values (QK-clip's per-rank maxima, qk_clip.py)] gives every rank, as device tensors:
   grad_scale  the clipping factor, max_norm / (norm + 1e-6) when the norm exceeds max_norm, else 1
               (torch.nn.utils.clip_grad_norm_'s); None without clipping
   keep        per parameter: it has a gradient on some rank and every gradient is finite (the update
@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dmuon.torch.devices import ready_event, wide_dtype
 
 def to_device(values, dtype, device):
     """A host list as a tensor on `device` without making the host wait for the device's queue (a
@@ -51,22 +52,23 @@ class GradientCheck:
     def __init__(self, comm, grads, counted, taking_part, max_norm, device, extra=None):
         n, world = len(grads), comm.world
         present = [i for i, g in enumerate(grads) if g is not None]
-        head = torch.zeros(1 + world, dtype=torch.float64, device=device)  # [Σ g², first bad per rank]
+        wide = wide_dtype(device)
+        head = torch.zeros(1 + world, dtype=wide, device=device)  # [Σ g², first bad per rank]
         if present:
-            norms = torch.stack(torch._foreach_norm([grads[i] for i in present])).to(device, torch.float64)
+            norms = torch.stack(torch._foreach_norm([grads[i] for i in present])).to(device, wide)
             finite = torch.isfinite(norms)
             counts = to_device([bool(counted[i]) for i in present], torch.bool, device)
             head[0] = torch.where(finite & counts, norms * norms, 0.0).sum()
-            place = to_device([i + 1.0 for i in present], torch.float64, device)
+            place = to_device([i + 1.0 for i in present], wide, device)
             first_bad = torch.where(finite, math.inf, place).min()
             head[1 + comm.rank] = torch.where(torch.isinf(first_bad), 0.0, first_bad)
         has = [0.0] * n
         for i in present:
             has[i] = 1.0
         flags_device = comm.tensor_device()
-        flags = torch.cat([head.to(flags_device), to_device(has + [float(t) for t in taking_part], torch.float64,
+        flags = torch.cat([head.to(flags_device), to_device(has + [float(t) for t in taking_part], wide,
                                                             flags_device)]
-                          + ([] if extra is None else [extra.to(flags_device, torch.float64)]))
+                          + ([] if extra is None else [extra.to(flags_device, wide)]))
         reduced = comm.all_reduce_sum(flags)
         totals = reduced.to(device)  # a CPU group's result moves to the gradients' device
         self._world, self._n = world, n
@@ -83,8 +85,7 @@ class GradientCheck:
         else:  # copied without waiting; settle() waits on the event, by then long passed
             self._host = torch.empty(reduced.shape, dtype=reduced.dtype, pin_memory=True)
             self._host.copy_(reduced, non_blocking=True)
-            self._ready = torch.cuda.Event()
-            self._ready.record()
+            self._ready = ready_event(reduced.device)
 
     def first_disagreement(self):
         """(index, ranks taking part) of the first parameter that some ranks but not all take part in,

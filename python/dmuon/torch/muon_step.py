@@ -17,7 +17,7 @@ disjoint pieces that cover it. Per bucket of same-shape matrices:
   finish:  every rank applies its pieces of O: W ← W·(1 − lr·wd) − lr·s·O
 NorMuon's matrices (normuon.py) send their rows of v with their pieces of U and get them back, updated by the
 owner's normalization of O, with their pieces of O (in those two all-to-alls).
-Each phase is one engine call (muon_update.py): per param group of the bucket the momentum of every
+Each phase is one engine call (engine.py): per param group of the bucket the momentum of every
 local part and the apply of every local part, per bucket the Newton–Schulz of the owner's stack. A
 bucket whose matrices this rank owns and alone holds (owner-held ones, every bucket of a one-rank
 group) skips the phases: one engine call per param group does momentum, Newton–Schulz and apply,
@@ -39,8 +39,7 @@ from functools import cached_property
 
 import torch
 
-import dmuon
-from dmuon.torch.muon_update import StepValues, engine_device, muon_apply, muon_momentum, muon_update
+from dmuon.torch.muon_update import StepValues
 from dmuon.torch.normuon import block_views, normalize, pack, packed_numel, unpack
 from dmuon.torch.normuon import width as normuon_width
 from dmuon.torch.placements import Span
@@ -200,30 +199,17 @@ def assign_owners(matrices, world_size, plan):
         k.owner = owner
 
 
-def engine_target(device, dtype):
-    """(device code, dtype code, torch dtype, stream) for Newton–Schulz of U of `dtype` on `device`:
-    bf16 where the engine runs it (GPU NS is bf16, DESIGN 6; on the CPU only for bf16 U), else float32.
-    Raises dmuon.UnsupportedError naming the device when this build has no backend for it."""
-    code, stream = engine_device(device)
-    prefer_bf16 = device.type == "cuda" or dtype == torch.bfloat16
-    choices = ([(dmuon.DTYPE_BF16, torch.bfloat16)] if prefer_bf16 else []) + [(dmuon.DTYPE_F32, torch.float32)]
-    for dtype_code, ns_dtype in choices:
-        if dmuon.supports(code, dtype_code):
-            return code, dtype_code, ns_dtype, stream
-    raise dmuon.UnsupportedError(f"device {device}: this build of libdmuon_c has no Newton-Schulz backend "
-                                 "for it (it runs on cpu)")
-
-
 class MuonStep:
     """One step's Muon updates. `momentum(index)` is the parameter's local momentum buffer (state
     dtype), `grads[index]` its local gradient (None: zeros), `check` the step's GradientCheck (its
-    clipping factor, and per parameter whether it is updated: device tensors), `ns_of(options)` the
-    dmuon.Orthogonalizer of a matrix's MuonOptions (a bucket's matrices share theirs), `variance(index)` a
-    NorMuon parameter's local v (normuon.py; state dtype)."""
+    clipping factor, and per parameter whether it is updated: device tensors), `engine` the arithmetic
+    (engine.py), `ns_of(options)` its Newton–Schulz handle of a matrix's MuonOptions (a bucket's matrices share
+    theirs), `state_dtype_of(matrix)` its momentum's (U's) dtype, `variance(index)` a NorMuon parameter's local v
+    (normuon.py; state dtype)."""
 
-    def __init__(self, comm, ns_of, momentum, grads, check, state_dtype_of, variance):
-        self.comm, self.ns_of, self.momentum, self.grads, self.variance = comm, ns_of, momentum, grads, variance
-        self.state_dtype_of = state_dtype_of  # of a MuonMatrix: its momentum's (U's) dtype
+    def __init__(self, comm, engine, ns_of, momentum, grads, check, state_dtype_of, variance):
+        self.comm, self.engine, self.ns_of, self.momentum, self.grads = comm, engine, ns_of, momentum, grads
+        self.state_dtype_of, self.variance = state_dtype_of, variance
         self.values = StepValues(check)
         self.ns_seconds = 0.0
         self.ns_matrices = 0
@@ -264,7 +250,7 @@ class MuonStep:
         for part in self._by_group(indices, lambda i: groups[i]):
             group = groups[part[0]]
             entries = [(i, self.momentum(i), self.grads[i]) for i in part]
-            u.update(zip(part, muon_momentum(entries, group["momentum"], group["nesterov"], self.values)))
+            u.update(zip(part, self.engine.momentum(entries, group["momentum"], group["nesterov"], self.values)))
         return u
 
     def _apply(self, pairs):
@@ -273,7 +259,7 @@ class MuonStep:
         for part in self._by_group(pairs, lambda pair: pair[0].group):
             group = part[0][0].group
             entries = [(k.index, k.local_view(k.layout.local(k.layout.tensor)), update, k.scale) for k, update in part]
-            muon_apply(entries, group["lr"], group["weight_decay"], self.values, part[0][0].options.cautious_wd)
+            self.engine.apply(entries, group["lr"], group["weight_decay"], self.values, part[0][0].options.cautious_wd)
 
     def _update_held(self, bucket):
         """The whole update of matrices this rank holds whole and alone (nothing travels): momentum,
@@ -282,7 +268,7 @@ class MuonStep:
         if bucket[0].blocks is not None or bucket[0].options.normuon:
             u = self._form_u(list({k.index: None for k in bucket}), {k.index: k.group for k in bucket})
             like = next(iter(u.values()))
-            _, _, ns_dtype, _ = engine_target(like.device, like.dtype)
+            ns_dtype = self.engine.ns_dtype(like.device, like.dtype)
             full = torch.stack([k.local_view(u[k.index]) for k in bucket]).to(ns_dtype)
             variance = None
             if bucket[0].options.normuon:
@@ -300,8 +286,8 @@ class MuonStep:
                 entries.append((k.index, k.local_view(k.layout.local(k.layout.tensor)),
                                 k.local_view(self.momentum(k.index)), None if grad is None else k.local_view(grad)))
             t0 = time.perf_counter()
-            muon_update(self.ns_of(part[0].options), entries, part[0].rows, part[0].cols, part[0].group, part[0].scale,
-                        part[0].options.cautious_wd, self.values, [k.name for k in part])
+            self.engine.update(self.ns_of(part[0].options), entries, part[0].rows, part[0].cols, part[0].group,
+                               part[0].scale, part[0].options.cautious_wd, self.values, [k.name for k in part])
             self.ns_seconds += time.perf_counter() - t0
             self.ns_matrices += len(part)
 
@@ -344,10 +330,7 @@ class MuonStep:
 
     def _newton_schulz(self, matrices, names, options):
         """Newton–Schulz in place on same-shape contiguous 2-D tensors, one engine call."""
-        device, dtype_code, _, stream = engine_target(matrices[0].device, matrices[0].dtype)
-        rows, cols = matrices[0].shape
-        self.ns_of(options).run(matrices, matrices, rows, cols, device=device, dtype=dtype_code, stream=stream,
-                                names=names)
+        self.engine.orthogonalize(self.ns_of(options), matrices, names)
 
     # ---- per bucket (same rows, cols, momentum dtype, device and options) ----
 
@@ -395,7 +378,7 @@ class MuonStep:
         owned = [k for k in bucket if k.owner == me]
         normuon = bucket[0].options.normuon
         like = self._like(bucket, u)
-        _, _, ns_dtype, _ = engine_target(like.device, like.dtype)
+        ns_dtype = self.engine.ns_dtype(like.device, like.dtype)
         full = torch.empty((len(owned), bucket[0].rows, bucket[0].cols), dtype=ns_dtype, device=like.device)
         # NorMuon: the owned matrices' v (K, rows, B), in the state's dtype (U's)
         variance = like.new_empty((len(owned), bucket[0].rows, bucket[0].width)) if normuon else None

@@ -1,7 +1,8 @@
 """Muon's update rule (DESIGN 1) on tensors, by the engine's multi-tensor calls (include/dmuon/dmuon_c.h):
 the part before Newton–Schulz (momentum and U), the part after it (the apply), and, for matrices held whole
-here by their owner, both with the Newton–Schulz between them in one call. muon_step.py makes one call
-per bucket and param group for each part; this module turns tensors into the engine's pointers.
+here by their owner, both with the Newton–Schulz between them in one call: libdmuon_c's side of the engine seam
+(engine.py's DmuonEngine, which muon_step.py calls once per bucket and param group for each part); this module
+turns tensors into the engine's pointers.
 
 The step's values stay on the device (gradient_check.py): per parameter `keep` (it has a gradient on some
 rank and every gradient is finite; false: its update changes nothing, bit for bit) and the clipping factor
@@ -56,6 +57,11 @@ class StepValues:
     @property
     def grad_scale(self):
         return None if self._grad_scale is None else self._grad_scale.data_ptr()
+
+    @property
+    def clip_factor(self):
+        """The clipping factor, a float32 () device tensor, or None without clipping."""
+        return self._grad_scale
 
 
 class Operands:

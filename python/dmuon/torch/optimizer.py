@@ -1,5 +1,6 @@
 """dmuon.torch.DMuon: Muon for hidden matrices + AdamW for the rest, as a torch.optim optimizer over
-torch.distributed, with Newton–Schulz in dmuon's C++ engine (docs/pytorch.md).
+torch.distributed, with Newton–Schulz in dmuon's C++ engine, or in torch ops on devices it lacks (engine.py;
+docs/pytorch.md).
 
 Semantics are DESIGN section 1 and the C++ optimizers': one global gradient norm (clipping and the
 non-finite check, agreed across ranks), AdamW as torch.optim.AdamW (bias-corrected, decoupled decay),
@@ -22,10 +23,11 @@ from dmuon.torch.adamw import adamw_step
 from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
 from dmuon.torch.collectives import Group
 from dmuon.torch.dense import check_writable
+from dmuon.torch.engine import ENGINES, make_engine
 from dmuon.torch.gradient_check import GradientCheck
 from dmuon.torch.layout import as_placed, describe, is_dtensor
 from dmuon.torch.muon_options import MuonOptions, check_options
-from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, engine_target, matrices_of
+from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, matrices_of
 from dmuon.torch.normuon import width, zero_variance
 from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
 
@@ -73,6 +75,11 @@ class DMuon(torch.optim.Optimizer):
     state_dtype: the dtype of Muon's momentum and AdamW's moments (float32 by default, so bf16
     parameters keep float32 state; None: each parameter's own dtype).
 
+    engine: who computes Muon's update (engine.py): "dmuon" libdmuon_c's C++ engine (its CPU backend, its CUDA
+    backend for CUDA tensors; tuned kernels), "torch" the same rules and recurrences in torch ops on any device
+    torch has, "auto" (the default) libdmuon_c where it loads and runs on the Muon parameters' devices, else torch
+    ops, with one warning naming the engine it would have used. The resolved one is `engine` (its .name).
+
     Construction, add_param_group and step() are collective over process_group (every rank, same
     parameter names and shapes). state_dict() is local, as torch's optimizers': {"state": {index:
     state}, "param_groups": [...]} with this rank's tensors (DTensors for DTensor parameters); use
@@ -93,7 +100,7 @@ class DMuon(torch.optim.Optimizer):
                  algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0, cautious_wd=False, split_heads=None,
                  split_sizes=None, split_dim=0, variant="muon", normuon_beta2=0.95, balancer="milp",
                  process_group=None, clip_grad_norm=None, nonfinite="error", state_dtype=torch.float32,
-                 experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None):
+                 experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None, engine="auto"):
         ns_dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(ns_dtype, ns_dtype)
         _check_choice("ns_dtype", ns_dtype, (None, "float32", "bfloat16"))
         _check_defaults(lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay)
@@ -103,6 +110,7 @@ class DMuon(torch.optim.Optimizer):
         check_options(muon, "DMuon")
         _check_choice("balancer", balancer, _BALANCERS)
         _check_choice("nonfinite", nonfinite, ("error", "skip"))
+        _check_choice("engine", engine, ENGINES)
         if clip_grad_norm is not None and not clip_grad_norm > 0:
             raise ValueError(f"DMuon: clip_grad_norm must be > 0 or None, got {clip_grad_norm}")
         if state_dtype is not None and not (isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point):
@@ -118,6 +126,8 @@ class DMuon(torch.optim.Optimizer):
         self._balancer = balancer
         self._tune_cache = tune_cache
         self._threads = torch.get_num_threads()
+        self._ns_dtype = ns_dtype  # Newton–Schulz's compute dtype, every group's (None: the device's default)
+        self._engine_choice, self.engine = engine, None  # the engine: resolved by the first _parse
         self.param_groups_names, self._layouts, self._groups = [], [], []
         self._matrices, self.owners = [], {}  # every Muon matrix, in parameter order; its owner by name
 
@@ -129,8 +139,7 @@ class DMuon(torch.optim.Optimizer):
         self._constructed = False
         super().__init__(torch_groups, defaults)  # its add_param_group calls only append them
         self._constructed = True
-        self._ns_dtype = ns_dtype  # Newton–Schulz's compute dtype, every group's (None: the device's default)
-        self._ns = {}  # MuonOptions.newton_schulz → dmuon.Orthogonalizer (ns_of)
+        self._ns = {}  # MuonOptions.newton_schulz → the engine's Newton–Schulz handle (ns_of)
         self.ns = self.ns_of(MuonOptions.of_group(defaults))  # the constructor's setting
         self._pending = []  # the GradientChecks of steps not settled yet, oldest first
         self._last_grad_norm = 0.0
@@ -163,6 +172,7 @@ class DMuon(torch.optim.Optimizer):
         ranks, so a problem on one rank becomes the same exception on all of them (no hang)."""
         groups, layouts, error = [], [], None
         named_groups = "param_names" in self.param_groups[0] if first_group else None
+        muon_devices = []  # (name, device, state dtype) of each Muon parameter
         try:
             groups = split_groups(params, defaults, first_group, warn=self.comm.rank == 0, named_groups=named_groups)
             seen = {id(l.tensor): n for n, l in zip(self.param_groups_names, self._layouts)}
@@ -193,11 +203,17 @@ class DMuon(torch.optim.Optimizer):
                         raise ValueError(f"DMuon: parameter '{name}' is held on its owner "
                                          "(dmuon.torch.hold_on_owners) for Muon, but its param group is AdamW's")
                     if g["use_muon"]:
-                        try:
-                            engine_target(layout.local(layout.tensor).device, self._state_dtype_of(layout.tensor))
-                        except dmuon.UnsupportedError as e:
-                            raise ValueError(f"DMuon: parameter '{name}': {e}") from None
+                        muon_devices.append((name, layout.local(layout.tensor).device,
+                                             self._state_dtype_of(layout.tensor)))
                     layouts.append((name, layout, g))
+            if self.engine is None:
+                self.engine = make_engine(self._engine_choice, {d for _, d, _ in muon_devices}, self._threads,
+                                          self._tune_cache, self._ns_dtype, warn=self.comm.rank == 0)
+            for name, device, dtype in muon_devices:
+                try:
+                    self.engine.ns_dtype(device, dtype)
+                except dmuon.UnsupportedError as e:
+                    raise ValueError(f"DMuon: parameter '{name}': {e}") from None
         except (ValueError, TypeError, dmuon.DmuonError) as e:
             error = (TypeError, str(e)) if isinstance(e, TypeError) else str(e)  # torch.optim's kinds
         signature = [(n, l.global_shape, l.holdings, g["use_muon"]) for n, l, g in layouts]
@@ -246,14 +262,10 @@ class DMuon(torch.optim.Optimizer):
             self._zero_state(i)
 
     def ns_of(self, options):
-        """The Newton–Schulz engine handle of a MuonOptions' setting, one per distinct setting. check_finite=False:
-        the GradientCheck has checked every gradient, so a bucket's Newton-Schulz on a GPU need not wait for its
-        inputs' norms (the next bucket's all-to-all overlaps it)."""
-        coeffs, algo, steps = options.newton_schulz
+        """The engine's Newton–Schulz handle of a MuonOptions' setting (a dmuon.Orthogonalizer for libdmuon_c), one
+        per distinct setting."""
         if options.newton_schulz not in self._ns:
-            self._ns[options.newton_schulz] = dmuon.Orthogonalizer(
-                coeffs=coeffs, algo=algo, steps=steps, check_finite=False, threads=self._threads,
-                tune_cache=self._tune_cache, dtype=self._ns_dtype)
+            self._ns[options.newton_schulz] = self.engine.newton_schulz(options)
         return self._ns[options.newton_schulz]
 
     def _refreeze_options(self):
@@ -311,7 +323,7 @@ class DMuon(torch.optim.Optimizer):
 
     # ---- the step ----
 
-    @torch.compiler.disable  # a clean graph break under torch.compile: the engine is called through ctypes
+    @torch.compiler.disable  # a clean graph break under torch.compile: libdmuon_c is called through ctypes
     @torch.no_grad()
     def step(self, closure=None):
         """One update of every parameter that has a gradient on some rank (collective). Nothing here
@@ -354,7 +366,7 @@ class DMuon(torch.optim.Optimizer):
             layout = self._layouts[i]
             return layout.local(self.state[layout.tensor]["variance_neuron"])
 
-        muon = MuonStep(self.comm, self.ns_of, momentum, grads, check,
+        muon = MuonStep(self.comm, self.engine, self.ns_of, momentum, grads, check,
                         lambda k: self._state_dtype_of(k.layout.tensor), variance)
         me = self.comm.rank
         # Every matrix that may have a gradient takes part (whether it has one anywhere is known on the
