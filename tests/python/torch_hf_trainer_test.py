@@ -1,6 +1,6 @@
 """DMuon inside Hugging Face Trainer + accelerate (issue 43): a tiny Qwen2ForCausalLM from a config
 (random init, nothing downloaded) trained by Trainer for a few steps with DMuon under accelerate's DDP
-and FSDP2 (the all-to-all mode), against a plain loop in one process
+and FSDP2, in the all-to-all mode and with owner-held matrices, against a plain loop in one process
 with the same optimizer (DMuon over a process group of one rank) on the same batches: every logged
 loss and the exported weights within the float32 tolerance below; the exported safetensors complete
 (every key of a fresh model). DMuon is built by Trainer itself (optimizer_cls_and_kwargs with a factory,
@@ -27,9 +27,11 @@ from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.tensor import DTensor
 from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer, TrainingArguments
 
-from dmuon.torch import DMuon
+from dmuon.torch import DMuon, hold_on_owners
+from dmuon.torch.frameworks import HeldTrainerMixin, held_as_module
 from dmuon.torch.mpirun import init_process_group
 from rank_checks import check, finish
 from rank_exit import exit_rank
@@ -100,8 +102,15 @@ def reference(world, group):
     return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def train(mode, out):
+class CpuFsdpHeldTrainer(HeldTrainerMixin, CpuFsdpTrainer):
+    """Trainer whose gradient norm is dmuon.torch.clip_grad_norm_'s (owner-held matrices)."""
+
+
+def train(mode, held_mode, out):
     model = make_model()
+    # reshard_after_forward=False: with True, Trainer's first backward fails reading a freed working copy
+    # (RuntimeError: setStorage: ... out of bounds for storage of size 0), which a plain loop does not
+    held = hold_on_owners(model, reshard_after_forward=False) if held_mode else None
     fsdp = dict(fsdp=True, fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["Qwen2DecoderLayer"]}) \
         if mode == "fsdp2" else {}
     args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=PER_RANK, max_steps=STEPS,
@@ -109,12 +118,19 @@ def train(mode, out):
                              lr_scheduler_type="linear", max_grad_norm=MAX_NORM,
                              dataloader_drop_last=True, disable_tqdm=True, train_sampling_strategy="sequential",
                              **fsdp)
-    trainer = CpuFsdpTrainer(model=model, args=args, train_dataset=dataset(dist.get_world_size()),
+    trainer = (CpuFsdpHeldTrainer if held_mode else CpuFsdpTrainer)(model=model, args=args, train_dataset=dataset(dist.get_world_size()),
                              optimizer_cls_and_kwargs=(lambda: DMuon, OPTIM))
+    if held_mode and mode == "fsdp2":
+        trainer.accelerator.state.fsdp_plugin.ignored_modules = [held_as_module(held)]
     trainer.train()
+    if held_mode:  # the held matrices stayed out of FSDP2 and DDP, whole on their owners
+        registered = dict(trainer.model.named_parameters())
+        check(all(not isinstance(registered[n], DTensor) for n in held.names) and len(held.names) == 14,
+              f"{mode} owner-held: held matrices {held.names}, sharded by FSDP2 or missing")
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    if mode == "fsdp2":  # accelerate 1.16's get_state_dict (broadcast_from_rank0=True) gives DTensors on a CPU
-        # job, AdamW's run too, which safetensors cannot write: the export takes torch's full state dict
+    if mode == "fsdp2" or held_mode:  # the export through torch's full state dict (collective). FSDP2:
+        # accelerate 1.16's get_state_dict (broadcast_from_rank0=True) gives DTensors on a CPU job, AdamW's run
+        # too, which safetensors cannot write. Held under DDP: save_model reads the state dict on rank 0 alone
         weights = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if dist.get_rank() == 0:
             trainer.model.save_pretrained(str(out), state_dict=weights)
@@ -136,11 +152,12 @@ def main():
         out.mkdir(parents=True, exist_ok=True)
         ref_losses, ref_weights = reference(world, one)
     dist.barrier()
-    for label in ("ddp", "fsdp2"):
-        run_out = out / label
+    for mode, held_mode in (("ddp", False), ("fsdp2", False), ("ddp", True), ("fsdp2", True)):
+        label = mode + (" owner-held" if held_mode else "")
+        run_out = out / label.replace(" ", "_")
         if rank == 0:
             print(f"{label}: training", flush=True)
-        losses, trainer = train(label, run_out)
+        losses, trainer = train(mode, held_mode, run_out)
         dist.barrier()
         if rank == 0:
             check(len(losses) == STEPS and all(abs(a - b) <= TOLERANCE * abs(b) for a, b in zip(losses, ref_losses)),
@@ -156,7 +173,7 @@ def main():
                   flush=True)
         del trainer
         dist.barrier()
-    return finish(f"torch_hf_trainer_test at {world} ranks: Trainer + accelerate (DDP, FSDP2) vs the plain loop, {STEPS} steps")
+    return finish(f"torch_hf_trainer_test at {world} ranks: Trainer + accelerate (DDP, FSDP2; all-to-all and owner-held) vs the plain loop, {STEPS} steps")
 
 
 if __name__ == "__main__":

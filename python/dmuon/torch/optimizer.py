@@ -13,6 +13,7 @@ placements for a DTensor parameter, full tensors for a replicated one), created 
 """
 
 import copy
+import weakref
 
 import torch
 
@@ -25,7 +26,7 @@ from dmuon.torch.gradient_check import GradientCheck
 from dmuon.torch.layout import describe, is_dtensor
 from dmuon.torch.muon_options import MuonOptions, check_options
 from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, engine_target, matrices_of
-from dmuon.torch.params import MUON_ONLY, is_expert_stack_by_default, module_groups, split_groups
+from dmuon.torch.params import MUON_ONLY, without_compile_prefix, is_expert_stack_by_default, module_groups, split_groups
 
 _BALANCERS = ("milp", "lpt", "rr")
 _COUNTERS = ("updates", "skipped_steps")  # kept in every param group, so checkpoints carry them
@@ -118,7 +119,9 @@ class DMuon(torch.optim.Optimizer):
         self.param_groups_names, self._layouts, self._groups = [], [], []
         self._matrices, self.owners = [], {}  # every Muon matrix, in parameter order; its owner by name
 
+        self._model = None  # DMuon(model): a weak reference to it, where _follow_replaced_parameters reads
         if isinstance(params, torch.nn.Module):
+            self._model = weakref.ref(params)
             for schedule in params.__dict__.get("_dmuon_held_schedules", ()):
                 schedule.adopt()  # parameter objects that .to_empty() replaced get their held marks
             params = module_groups(params)
@@ -248,10 +251,18 @@ class DMuon(torch.optim.Optimizer):
         (fsdp2_switch_optimizer_parameters). Before the first update DMuon then describes the new tensors
         under the old names (collective: every rank meets the same replacement at the same call), plans
         their owners and starts from zero state, as if it had been built over them; after an update the
-        state held for the old tensors would be lost, so it refuses, naming the fix."""
+        state held for the old tensors would be lost, so it refuses, naming the fix. Built from the model
+        (DMuon(model)), it takes the tensors the model registers under those names: accelerate matches
+        parameters by data pointer, which owner-held placeholders (no storage) do not have, so its switch
+        puts another parameter in their place."""
         current = [p for g in self.param_groups for p in g["params"]]
         if len(current) == len(self._layouts) and all(p is l.tensor for p, l in zip(current, self._layouts)):
             return
+        model = self._model() if self._model is not None else None
+        if model is not None and len(current) == len(self._layouts):
+            registered = {without_compile_prefix(n): p for n, p in model.named_parameters()}
+            if all(n in registered for n in self.param_groups_names):
+                current = [registered[n] for n in self.param_groups_names]
         if len(current) != len(self._layouts):
             raise ValueError(f"DMuon: param_groups hold {len(current)} parameters, DMuon was built over "
                              f"{len(self._layouts)}; add parameters with add_param_group()")
@@ -264,14 +275,15 @@ class DMuon(torch.optim.Optimizer):
         for g in self.param_groups:
             keys = ("lr", "weight_decay") + (MUON_ONLY if g["use_muon"] else ("betas", "eps"))
             names = self.param_groups_names[first:first + len(g["params"])]
-            groups.append({"params": list(zip(names, g["params"])), "use_muon": g["use_muon"], **{k: g[k] for k in keys}})
+            groups.append({"params": list(zip(names, current[first:first + len(names)])), "use_muon": g["use_muon"],
+                           **{k: g[k] for k in keys}})
             first += len(g["params"])
         self.param_groups_names, self._layouts, self._groups, self._matrices, self.owners = [], [], [], [], {}
         self.state.clear()
         torch_groups, layouts = self._parse(groups, self.defaults, first_group=0)
         old_of = {id(new): old for new, old in zip(torch_groups, self.param_groups)}
         for new, old in zip(torch_groups, self.param_groups):
-            old["params"] = new["params"]
+            old["params"] = new["params"]  # the tensors described (the model's, where it was given)
         self._track([(name, layout, old_of[id(group)]) for name, layout, group in layouts])
 
     def ns_of(self, options):
@@ -508,11 +520,12 @@ class DMuon(torch.optim.Optimizer):
         self._settle()
         state = super().__getstate__()
         state.update((k, v) for k, v in self.__dict__.items()
-                     if k not in ("ns", "_ns") and not k.startswith("_optimizer_"))
+                     if k not in ("ns", "_ns", "_model") and not k.startswith("_optimizer_"))
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        self._model = None  # a copy follows its own param_groups
         self._ns = {}
         self.ns = self.ns_of(MuonOptions.of_group(self.defaults))
 

@@ -85,13 +85,13 @@ def module_groups(model):
             adamw.add(id(heads[-1].weight))
     muon, other = [], []
     for name, p in model.named_parameters():
-        name = _without_compile_prefix(name)
+        name = without_compile_prefix(name)
         to_muon = id(p) not in adamw and is_muon_by_default(name, tuple(p.shape))
         (muon if to_muon else other).append((name, p))
     return [{"params": members, "use_muon": kind} for kind, members in ((True, muon), (False, other)) if members]
 
 
-def _without_compile_prefix(name):
+def without_compile_prefix(name):
     """A parameter's name as the model's own: torch.compile's wrapper adds "_orig_mod." (DCP drops it too),
     so a compiled and an uncompiled model name (and checkpoint) their parameters alike."""
     return ".".join(part for part in name.split(".") if part != "_orig_mod")
@@ -125,7 +125,7 @@ def _named(items, group_index, warn):
         raise ValueError("all optimizer params should be with/without names. Some param names are missing")
     out, seen = [], set()
     for i, item in enumerate(items):
-        name, param = (_without_compile_prefix(item[0]), item[1]) if named[i] else (f"group{group_index}.param{i}", item)
+        name, param = (without_compile_prefix(item[0]), item[1]) if named[i] else (f"group{group_index}.param{i}", item)
         _check_tensor(param)
         key = id(param.local if isinstance(param, Sharded) else param)
         if key in seen:
