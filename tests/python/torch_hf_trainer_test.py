@@ -2,8 +2,8 @@
 (random init, nothing downloaded) trained by Trainer for a few steps with DMuon under accelerate's DDP
 and FSDP2, in the all-to-all mode and with owner-held matrices, against a plain loop in one process
 with the same optimizer (DMuon over a process group of one rank) on the same batches: every logged
-loss and the exported weights within the float32 tolerance below; the exported safetensors complete
-(every key of a fresh model). DMuon is built by Trainer itself (optimizer_cls_and_kwargs with a factory,
+loss and the exported weights within framework_runs.TOLERANCE; the exported safetensors complete (every
+key of a fresh model): Trainer.save_model under DDP, torch's full state dict otherwise (train() says why). DMuon is built by Trainer itself (optimizer_cls_and_kwargs with a factory,
 so DMuon gets the model and routes embeddings and head to AdamW) before accelerate shards the model:
 under FSDP2 accelerate then switches the optimizer's parameters to the sharded ones, which DMuon follows
 at its first step (without that, DMuon went on updating the unsharded tensors: losses 4.5727, 4.5568,
@@ -11,8 +11,9 @@ at its first step (without that, DMuon went on updating the unsharded tensors: l
 
 accelerate applies FSDP only on accelerators (its AcceleratorState keeps FSDP for the MULTI_GPU family):
 on a CPU job it silently trains under DDP. CpuFsdpTrainer turns accelerate's own FSDP2 path on for the
-CPU; everything after it (fully_shard per decoder layer, the parameter switch in the optimizer, the
-full state dict for save_model) is accelerate's and transformers' code, unchanged.
+CPU; everything after it (fully_shard per decoder layer, the parameter switch in the optimizer) is
+accelerate's and transformers' code, unchanged. Owner-held: hold_on_owners(reshard_after_forward=False)
+before Trainer, HeldTrainerMixin for the gradient norm, held_as_module in accelerate's ignored_modules.
 
 Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc 2 --timeout 400 -- \
     tests/python/torch_hf_trainer_test.py DIR
@@ -28,35 +29,20 @@ from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.tensor import DTensor
-from transformers import Qwen2Config, Qwen2ForCausalLM, Trainer, TrainingArguments
+from transformers import Trainer, TrainingArguments
 
 from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.frameworks import HeldTrainerMixin, held_as_module
 from dmuon.torch.mpirun import init_process_group
+from framework_runs import MAX_NORM, OPTIM, PER_RANK, compare, make_model, plain_loop, tokens
 from rank_checks import check, finish
 from rank_exit import exit_rank
 
 STEPS = 3
-PER_RANK, SEQ = 2, 16
-MAX_NORM = 1.0  # Trainer's default max_grad_norm; the gradient norms here are 1.13 to 1.18: every step clips
-# As torch_hf_model_test: the runs differ from the one-process loop by float32 rounding in the gradients'
-# summation order (ε = 1.2e-7), which Newton–Schulz (Keller's coefficients, a = 3.4445 per step, 5 steps)
-# amplifies by up to a^5 = 486: rtol = ε·a^5 = 5.8e-5.
-TOLERANCE = 5.8e-5
-OPTIM = dict(lr=0.02, adamw_lr=3e-3, weight_decay=0.01)
-CONFIG = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
-
-
-def make_model():
-    torch.manual_seed(3)
-    return Qwen2ForCausalLM(Qwen2Config(**CONFIG, attn_implementation="eager"))
 
 
 def dataset(world):
-    gen = torch.Generator().manual_seed(9)
-    tokens = torch.randint(0, CONFIG["vocab_size"], (STEPS * PER_RANK * world, SEQ), generator=gen)
-    return [{"input_ids": t, "labels": t} for t in tokens]
+    return [{"input_ids": t, "labels": t} for t in tokens(STEPS * PER_RANK * world)]
 
 
 class CpuFsdpTrainer(Trainer):
@@ -73,24 +59,11 @@ class CpuFsdpTrainer(Trainer):
 
 
 def reference(world, group):
-    """The plain loop in one process: all ranks' batches at once, torch's clipping, DMuon over `group`."""
-    model = make_model()
-    optimizer = DMuon(model, process_group=group, **OPTIM)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.0 - s / STEPS)  # Trainer's "linear"
-    data = dataset(world)
-    losses = []
-    step_rows = PER_RANK * world
-    for s in range(STEPS):
-        rows = [d["input_ids"] for d in data]
-        # Trainer's sampler gives rank r the samples r, r + world, ... of each step's shuffled-free order
-        batch = torch.stack([rows[s * step_rows + i] for i in range(step_rows)])
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
-        optimizer.step()
-        schedule.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
+    """The plain loop: Trainer's sequential sampler gives rank r the r-th PER_RANK rows of each step's
+    PER_RANK·world, so a step covers the next PER_RANK·world rows; Trainer's "linear" schedule. Then a
+    replacement of a parameter after an update is refused."""
+    rows = tokens(STEPS * PER_RANK * world)
+    losses, optimizer, weights = plain_loop(rows.split(PER_RANK * world), lambda s: 1.0 - s / STEPS, group)
     swapped = optimizer.param_groups[0]["params"][0]
     optimizer.param_groups[0]["params"][0] = torch.nn.Parameter(swapped.detach().clone())
     try:
@@ -98,8 +71,7 @@ def reference(world, group):
         check(False, "DMuon took a parameter replaced after its first update")
     except ValueError as e:
         check("replaced after its first update" in str(e), f"the refusal of a late replacement says {e}")
-    optimizer.param_groups[0]["params"][0] = swapped
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return losses, weights
 
 
 class CpuFsdpHeldTrainer(HeldTrainerMixin, CpuFsdpTrainer):
@@ -139,10 +111,6 @@ def train(mode, held_mode, out):
     return losses, trainer
 
 
-def close(a, b):
-    return (a - b).abs().max().item() <= TOLERANCE * max(1.0, b.abs().max().item())
-
-
 def main():
     out = pathlib.Path(sys.argv[1])
     init_process_group()
@@ -160,20 +128,11 @@ def main():
         losses, trainer = train(mode, held_mode, run_out)
         dist.barrier()
         if rank == 0:
-            check(len(losses) == STEPS and all(abs(a - b) <= TOLERANCE * abs(b) for a, b in zip(losses, ref_losses)),
-                  f"{label}: Trainer's losses {losses}, the plain loop's {ref_losses}")
-            exported = load_file(run_out / "model.safetensors")
-            check(set(exported) == set(ref_weights), f"{label}: save_model wrote {sorted(set(exported) ^ set(ref_weights))}"
-                  " unlike a fresh model's keys")
-            for k, v in ref_weights.items():
-                if k in exported:
-                    check(close(exported[k], v), f"{label}: exported '{k}' differs from the plain loop's by "
-                          f"{(exported[k] - v).abs().max().item():.3g}")
-            print(f"{label}: losses {[f'{x:.6f}' for x in losses]} (plain loop {[f'{x:.6f}' for x in ref_losses]})",
-                  flush=True)
+            compare(label, losses, load_file(run_out / "model.safetensors"), ref_losses, ref_weights)
         del trainer
         dist.barrier()
-    return finish(f"torch_hf_trainer_test at {world} ranks: Trainer + accelerate (DDP, FSDP2; all-to-all and owner-held) vs the plain loop, {STEPS} steps")
+    return finish(f"torch_hf_trainer_test at {world} ranks: Trainer + accelerate (DDP, FSDP2; all-to-all and "
+                  f"owner-held) vs the plain loop, {STEPS} steps")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ the latter also with owner-held matrices (hold_on_owners in configure_model, bef
 run trains one epoch (2 steps), saves a checkpoint (DDP: rank 0's torch.save; ModelParallelStrategy:
 a distributed checkpoint through DCP), and a new Trainer and module resume from it for a second epoch.
 Every step's loss (the mean over the ranks) and the final weights equal the plain loop in one process
-(DMuon over a process group of one rank) on the same batches, within the float32 tolerance below.
+(DMuon over a process group of one rank) on the same batches, within framework_runs.TOLERANCE.
 
 Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc 2 --timeout 400 -- \
     tests/python/torch_lightning_test.py DIR
@@ -20,62 +20,29 @@ import torch.distributed as dist
 from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.fsdp import fully_shard
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
+from framework_runs import MAX_NORM, OPTIM, PER_RANK, compare, make_model, plain_loop, tokens
 from rank_checks import check, finish
 from rank_exit import exit_rank
 
 EPOCHS, STEPS_PER_EPOCH = 2, 2
-PER_RANK, SEQ = 2, 16
-MAX_NORM = 1.0  # the gradient norms here are above 1: every step clips
-# As torch_hf_model_test: float32 rounding in the gradients' summation order (ε = 1.2e-7) amplified by
-# Newton–Schulz (Keller's coefficients, a = 3.4445 per step, 5 steps) by up to a^5 = 486: rtol = ε·a^5.
-TOLERANCE = 5.8e-5
-OPTIM = dict(lr=0.02, adamw_lr=3e-3, weight_decay=0.01)
-CONFIG = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
-
-
-def make_model():
-    torch.manual_seed(3)
-    return Qwen2ForCausalLM(Qwen2Config(**CONFIG, attn_implementation="eager"))
 
 
 def schedule(step):
     return 1.0 - step / 10
 
 
-def tokens(world):
-    gen = torch.Generator().manual_seed(9)
-    return torch.randint(0, CONFIG["vocab_size"], (STEPS_PER_EPOCH * PER_RANK * world, SEQ), generator=gen)
-
-
-def step_batches(world):
-    """The rows of each step over all ranks: a DistributedSampler without shuffling (fit's; Lightning's own
-    shuffles) gives rank r the rows r, r + world, ..., so step s of an epoch covers rows s·B·W to
-    (s + 1)·B·W − 1."""
-    rows = tokens(world)
-    per_step = PER_RANK * world
-    return [rows[s * per_step:(s + 1) * per_step] for s in range(STEPS_PER_EPOCH)] * EPOCHS
+def rows(world):
+    return tokens(STEPS_PER_EPOCH * PER_RANK * world)
 
 
 def reference(world, group):
-    """The plain loop in one process, all ranks' rows of a step at once, torch's clipping."""
-    model = make_model()
-    optimizer = DMuon(model, process_group=group, **OPTIM)
-    lr = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    losses = []
-    for batch in step_batches(world):
-        loss = model(input_ids=batch, labels=batch).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
-        optimizer.step()
-        lr.step()
-        optimizer.zero_grad()
-        losses.append(loss.item())
-    return losses, {k: v.detach().clone() for k, v in model.state_dict().items()}
+    """The plain loop: a DistributedSampler without shuffling (fit's; Lightning's own shuffles) gives rank r
+    the rows r, r + world, ..., so step s of an epoch covers rows s·B·W to (s + 1)·B·W − 1."""
+    losses, _, weights = plain_loop(list(rows(world).split(PER_RANK * world)) * EPOCHS, schedule, group)
+    return losses, weights
 
 
 class Qwen2Module(L.LightningModule):
@@ -116,9 +83,9 @@ def fit(mode, held_mode, epochs, checkpoint=None, save=None):
                         enable_model_summary=False, gradient_clip_val=None if held_mode else MAX_NORM,
                         use_distributed_sampler=False)
     module = Qwen2Module(mode, held_mode)
-    rows = tokens(dist.get_world_size())
-    loader = torch.utils.data.DataLoader(rows, batch_size=PER_RANK,
-                                         sampler=torch.utils.data.DistributedSampler(rows, shuffle=False))
+    data = rows(dist.get_world_size())
+    loader = torch.utils.data.DataLoader(data, batch_size=PER_RANK,
+                                         sampler=torch.utils.data.DistributedSampler(data, shuffle=False))
     trainer.fit(module, loader, ckpt_path=checkpoint)
     if save is not None:
         trainer.save_checkpoint(save)
@@ -144,17 +111,7 @@ def main():
               f"{label}: resumed at step {trainer.global_step - len(second)} of {trainer.global_step}")
         weights = get_model_state_dict(module.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if rank == 0:
-            losses = first + second
-            check(all(abs(a - b) <= TOLERANCE * abs(b) for a, b in zip(losses, ref_losses)),
-                  f"{label}: Lightning's losses {losses}, the plain loop's {ref_losses}")
-            check(set(weights) == set(ref_weights), f"{label}: weights {sorted(set(weights) ^ set(ref_weights))}")
-            for k, v in ref_weights.items():
-                if k in weights:
-                    gap = (weights[k] - v).abs().max().item()
-                    check(gap <= TOLERANCE * max(1.0, v.abs().max().item()),
-                          f"{label}: '{k}' differs from the plain loop's by {gap:.3g}")
-            print(f"{label}: losses {[f'{x:.6f}' for x in losses]} (plain loop {[f'{x:.6f}' for x in ref_losses]})",
-                  flush=True)
+            compare(label, first + second, weights, ref_losses, ref_weights)
         del module, trainer
         dist.barrier()
     return finish(f"torch_lightning_test at {world} ranks: Lightning (DDP, ModelParallelStrategy; all-to-all and "
