@@ -3,7 +3,7 @@
 and FSDP2, in the all-to-all mode and with owner-held matrices, against a plain loop in one process
 with the same optimizer (DMuon over a process group of one rank) on the same batches: every logged
 loss and the exported weights within framework_runs.TOLERANCE; the exported safetensors complete (every
-key of a fresh model): Trainer.save_model under DDP, torch's full state dict otherwise (train() says why). DMuon is built by Trainer itself (optimizer_cls_and_kwargs with a factory,
+key of a fresh model): Trainer.save_model but under FSDP2 in the all-to-all mode (train() says why). DMuon is built by Trainer itself (optimizer_cls_and_kwargs with a factory,
 so DMuon gets the model and routes embeddings and head to AdamW) before accelerate shards the model:
 under FSDP2 accelerate then switches the optimizer's parameters to the sharded ones, which DMuon follows
 at its first step (without that, DMuon went on updating the unsharded tensors: losses 4.5727, 4.5568,
@@ -100,14 +100,13 @@ def train(mode, held_mode, out):
         check(all(not isinstance(registered[n], DTensor) for n in held.names) and len(held.names) == 14,
               f"{mode} owner-held: held matrices {held.names}, sharded by FSDP2 or missing")
     losses = [h["loss"] for h in trainer.state.log_history if "loss" in h]
-    if mode == "fsdp2" or held_mode:  # the export through torch's full state dict (collective). FSDP2:
-        # accelerate 1.16's get_state_dict (broadcast_from_rank0=True) gives DTensors on a CPU job, AdamW's run
-        # too, which safetensors cannot write. Held under DDP: save_model reads the state dict on rank 0 alone
+    if mode == "fsdp2" and not held_mode:  # accelerate 1.16's get_state_dict (broadcast_from_rank0=True) gives
+        # DTensors on a CPU job, AdamW's run too, which safetensors cannot write: torch's full state dict here
         weights = get_model_state_dict(trainer.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
         if dist.get_rank() == 0:
             trainer.model.save_pretrained(str(out), state_dict=weights)
     else:
-        trainer.save_model(str(out))
+        trainer.save_model(str(out))  # owner-held: HeldTrainerMixin's
     return losses, trainer
 
 
