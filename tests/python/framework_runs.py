@@ -7,9 +7,11 @@ up to a^5 = 486: rtol = ε·a^5 = 5.8e-5 (as torch_hf_model_test).
 """
 
 import torch
+import torch.distributed as dist
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from dmuon.torch import DMuon
+from dmuon.torch.mpirun import init_process_group
 from rank_checks import check
 
 TOLERANCE = 5.8e-5
@@ -60,3 +62,17 @@ def compare(label, losses, weights, ref_losses, ref_weights):
             check(gap <= TOLERANCE * max(1.0, v.abs().max().item()), f"{label}: '{k}' differs from the plain loop's "
                   f"by {gap:.3g}")
     print(f"{label}: losses {[f'{x:.6f}' for x in losses]} (plain loop {[f'{x:.6f}' for x in ref_losses]})", flush=True)
+
+
+def start(out, reference):
+    """Starts the ranks; rank 0 makes the folder `out` and runs reference(world, group of rank 0 alone):
+    (rank, world, its (losses, weights) on rank 0, else (None, None))."""
+    init_process_group()
+    rank, world = dist.get_rank(), dist.get_world_size()
+    alone = dist.new_group([0])  # collective: every rank makes it
+    result = (None, None)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+        result = reference(world, alone)
+    dist.barrier()
+    return rank, world, result

@@ -33,8 +33,7 @@ from transformers import Trainer, TrainingArguments
 
 from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.frameworks import HeldTrainerMixin, held_as_module
-from dmuon.torch.mpirun import init_process_group
-from framework_runs import MAX_NORM, OPTIM, PER_RANK, compare, make_model, plain_loop, tokens
+from framework_runs import MAX_NORM, OPTIM, PER_RANK, compare, make_model, plain_loop, start, tokens
 from rank_checks import check, finish
 from rank_exit import exit_rank
 
@@ -112,13 +111,7 @@ def train(mode, held_mode, out):
 
 def main():
     out = pathlib.Path(sys.argv[1])
-    init_process_group()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    one = dist.new_group([0])
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        ref_losses, ref_weights = reference(world, one)
-    dist.barrier()
+    rank, world, (ref_losses, ref_weights) = start(out, reference)
     for mode, held_mode in (("ddp", False), ("fsdp2", False), ("ddp", True), ("fsdp2", True)):
         label = mode + (" owner-held" if held_mode else "")
         run_out = out / label.replace(" ", "_")

@@ -22,8 +22,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 from torch.distributed.fsdp import fully_shard
 
 from dmuon.torch import DMuon, hold_on_owners
-from dmuon.torch.mpirun import init_process_group
-from framework_runs import MAX_NORM, OPTIM, PER_RANK, compare, make_model, plain_loop, tokens
+from framework_runs import MAX_NORM, OPTIM, PER_RANK, compare, make_model, plain_loop, start, tokens
 from rank_checks import check, finish
 from rank_exit import exit_rank
 
@@ -96,12 +95,7 @@ def fit(mode, held_mode, epochs, checkpoint=None, save=None):
 
 def main():
     out = pathlib.Path(sys.argv[1])
-    init_process_group()
-    rank, world = dist.get_rank(), dist.get_world_size()
-    one = dist.new_group([0])
-    if rank == 0:
-        out.mkdir(parents=True, exist_ok=True)
-        ref_losses, ref_weights = reference(world, one)
+    rank, world, (ref_losses, ref_weights) = start(out, reference)
     for mode, held_mode in (("ddp", False), ("fsdp2", False), ("fsdp2", True)):
         label = mode + (" owner-held" if held_mode else "")
         path = str(out / (label.replace(" ", "_") + ".ckpt"))
