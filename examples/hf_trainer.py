@@ -45,7 +45,7 @@ def main():
                              ddp_backend="gloo" if opts.cpu else None, **fsdp)
     held = None
     if opts.owner_held:  # after TrainingArguments (it starts torch.distributed), before Trainer wraps the model
-        held = dmuon.torch.hold_on_owners(model, reshard_after_forward=False)
+        held = dmuon.torch.hold_on_owners(model)
     # The optimizer line: a factory (not an Optimizer class), so Trainer passes the model itself and DMuon routes
     # the embedding and the head to AdamW by module type. Trainer's own weight-decay groups are not used.
     trainer = (HeldTrainer if held else Trainer)(

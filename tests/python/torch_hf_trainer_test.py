@@ -12,8 +12,7 @@ at its first step (without that, DMuon went on updating the unsharded tensors: l
 accelerate applies FSDP only on accelerators (its AcceleratorState keeps FSDP for the MULTI_GPU family):
 on a CPU job it silently trains under DDP. CpuFsdpTrainer turns accelerate's own FSDP2 path on for the
 CPU; everything after it (fully_shard per decoder layer, the parameter switch in the optimizer) is
-accelerate's and transformers' code, unchanged. Owner-held: hold_on_owners(reshard_after_forward=False)
-before Trainer, HeldTrainerMixin for the gradient norm, held_as_module in accelerate's ignored_modules.
+accelerate's and transformers' code, unchanged. Owner-held: hold_on_owners before Trainer, HeldTrainerMixin for the gradient norm, held_as_module in accelerate's ignored_modules.
 
 Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc 2 --timeout 400 -- \
     tests/python/torch_hf_trainer_test.py DIR
@@ -79,9 +78,9 @@ class CpuFsdpHeldTrainer(HeldTrainerMixin, CpuFsdpTrainer):
 
 def train(mode, held_mode, out):
     model = make_model()
-    # reshard_after_forward=False: with True, Trainer's first backward fails reading a freed working copy
-    # (RuntimeError: setStorage: ... out of bounds for storage of size 0), which a plain loop does not
-    held = hold_on_owners(model, reshard_after_forward=False) if held_mode else None
+    # accelerate then moves the model to its CPU device "cpu:0" (placeholders once took that index, and every
+    # working copy was dropped between forward and backward: RuntimeError: setStorage ... of size 0)
+    held = hold_on_owners(model) if held_mode else None
     fsdp = dict(fsdp=True, fsdp_config={"version": 2, "transformer_layer_cls_to_wrap": ["Qwen2DecoderLayer"]}) \
         if mode == "fsdp2" else {}
     args = TrainingArguments(output_dir=str(out), per_device_train_batch_size=PER_RANK, max_steps=STEPS,
