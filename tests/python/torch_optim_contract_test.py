@@ -5,7 +5,9 @@ trip and deep copies at 2–3 ranks are in torch_conventions_ranks_test.py):
                 with prepend and handle.remove(), and what the hooks return is used
   names         named parameters put "param_names" in their groups; a state dict saved from named
                 parameters loads into an optimizer of unnamed ones and back, by position; user
-                groups keep their indices; mixing named and unnamed raises torch's error
+                groups keep their indices; mixing named and unnamed raises torch's error; torchtitan's
+                groups (tensors with "param_names", "fused" and "foreach") named by those names, the
+                kernel keys ignored
   copies        copy.deepcopy and pickle keep every public attribute, and the copy steps as the original
   lr            lr (given to DMuon or in a group) reaches every parameter, adamw_lr only AdamW's; a
                 1-element tensor lr (0-D, 1-D, 2-D) steps as the float, also under OneCycleLR; a group key that none of its
@@ -125,6 +127,38 @@ def test_param_names_hold_the_given_names_per_group():
         [(True, ["0.weight", "2.weight"]), (False, ["0.bias", "2.bias"])]
     for unnamed in (DMuon(net.parameters()), torch.optim.AdamW(net.parameters())):
         assert not any("param_names" in g for g in unnamed.param_groups)
+
+
+def torchtitan_groups(net, implementation_kwargs):
+    """The param groups torchtitan 0.3.0's OptimizersContainer._build_param_groups makes (read from its
+    components/optimizer/optimizer.py; torchtitan itself is not installed): per pattern, the matching tensors,
+    their names in "param_names", the implementation's "fused" and "foreach", then the pattern's kwargs."""
+    groups = []
+    for pattern, kwargs in (("weight", {"use_muon": True}), ("bias", {"lr": 0.01})):
+        named = [(n, p) for n, p in net.named_parameters() if pattern in n]
+        groups.append({"params": [p for _, p in named], "param_names": [n for n, _ in named], **implementation_kwargs,
+                       **kwargs})
+    return groups
+
+
+@pytest.mark.parametrize("implementation", [dict(fused=True, foreach=False), dict(fused=False, foreach=True),
+                                            dict(fused=False, foreach=False)])
+def test_torchtitans_groups_are_named_by_their_param_names_and_their_kernel_keys_ignored(implementation):
+    net, twin = make_net(), make_net()
+    opt = DMuon(torchtitan_groups(net, implementation))
+    assert [(g["use_muon"], g["param_names"]) for g in opt.param_groups] == \
+        [(True, ["0.weight", "2.weight"]), (False, ["0.bias", "2.bias"])]
+    assert not any(k in g for g in opt.param_groups for k in ("fused", "foreach"))
+    assert opt.state_dict()["param_groups"][0]["param_names"] == ["0.weight", "2.weight"]  # torchtitan's FQN keys
+    reference = DMuon([{"params": [(n, p) for n, p in twin.named_parameters() if "weight" in n], "use_muon": True},
+                       {"params": [(n, p) for n, p in twin.named_parameters() if "bias" in n], "lr": 0.01}])
+    train(net, opt, 3)
+    train(twin, reference, 3)
+    assert_equal_lists(values(net), values(twin))
+    bad = torchtitan_groups(make_net(), implementation)
+    bad[0]["param_names"] = bad[0]["param_names"][:1]
+    with pytest.raises(ValueError, match="param group 0 has 'param_names' \\(1\\) that do not name its 2 tensors"):
+        DMuon(bad)
 
 
 def test_user_groups_keep_their_indices():

@@ -15,6 +15,7 @@ placements for a DTensor parameter, full tensors for a replicated one), created 
 
 import copy
 import math
+import weakref
 
 import torch
 
@@ -29,7 +30,7 @@ from dmuon.torch.layout import as_placed, describe, is_dtensor
 from dmuon.torch.muon_options import MuonOptions, check_options
 from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, matrices_of
 from dmuon.torch.normuon import width, zero_variance
-from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
+from dmuon.torch.params import MUON_ONLY, without_compile_prefix, is_expert_stack_by_default, module_groups, split_groups
 
 _BALANCERS = ("milp", "lpt", "rr")
 _COUNTERS = ("updates", "skipped_steps")  # kept in every param group, so checkpoints carry them
@@ -131,7 +132,9 @@ class DMuon(torch.optim.Optimizer):
         self.param_groups_names, self._layouts, self._groups = [], [], []
         self._matrices, self.owners = [], {}  # every Muon matrix, in parameter order; its owner by name
 
+        self._model = None  # DMuon(model): a weak reference to it, where _follow_replaced_parameters reads
         if isinstance(params, torch.nn.Module):
+            self._model = weakref.ref(params)
             for schedule in params.__dict__.get("_dmuon_held_schedules", ()):
                 schedule.adopt()  # parameter objects that .to_empty() replaced get their held marks
             params = module_groups(params)
@@ -261,6 +264,48 @@ class DMuon(torch.optim.Optimizer):
         for i in range(first, len(self._layouts)):
             self._zero_state(i)
 
+    def _follow_replaced_parameters(self):
+        """Follows a framework that replaced the tensors in param_groups after construction: accelerate's
+        FSDP2 preparation (Accelerator.prepare(model, optimizer), as Hugging Face Trainer calls it with the
+        optimizer built before the model is sharded) puts each parameter's sharded DTensor in its place
+        (fsdp2_switch_optimizer_parameters). Before the first update DMuon then describes the new tensors
+        under the old names (collective: every rank meets the same replacement at the same call), plans
+        their owners and starts from zero state, as if it had been built over them; after an update the
+        state held for the old tensors would be lost, so it refuses, naming the fix. Built from the model
+        (DMuon(model)), it takes the tensors the model registers under those names: accelerate matches
+        parameters by data pointer, which owner-held placeholders (no storage) do not have, so its switch
+        puts another parameter in their place."""
+        current = [p for g in self.param_groups for p in g["params"]]
+        if len(current) == len(self._layouts) and all(p is l.tensor for p, l in zip(current, self._layouts)):
+            return
+        model = self._model() if self._model is not None else None
+        if model is not None and len(current) == len(self._layouts):
+            registered = {without_compile_prefix(n): p for n, p in model.named_parameters()}
+            if all(n in registered for n in self.param_groups_names):
+                current = [registered[n] for n in self.param_groups_names]
+        if len(current) != len(self._layouts):
+            raise ValueError(f"DMuon: param_groups hold {len(current)} parameters, DMuon was built over "
+                             f"{len(self._layouts)}; add parameters with add_param_group()")
+        if self._pending or any(self.param_groups[0][key] for key in _COUNTERS):
+            raise ValueError("DMuon: the tensors in param_groups were replaced after its first update (by a "
+                             "framework wrapping the model, such as accelerate's FSDP2 preparation); build DMuon "
+                             "before the model is wrapped and prepare both at once (Accelerator.prepare(model, "
+                             "optimizer)), or build it over the wrapped model")
+        groups, first = [], 0
+        for g in self.param_groups:
+            keys = ("lr", "weight_decay") + (MUON_ONLY if g["use_muon"] else ("betas", "eps"))
+            names = self.param_groups_names[first:first + len(g["params"])]
+            groups.append({"params": list(zip(names, current[first:first + len(names)])), "use_muon": g["use_muon"],
+                           **{k: g[k] for k in keys}})
+            first += len(g["params"])
+        self.param_groups_names, self._layouts, self._groups, self._matrices, self.owners = [], [], [], [], {}
+        self.state.clear()
+        torch_groups, layouts = self._parse(groups, self.defaults, first_group=0)
+        old_of = {id(new): old for new, old in zip(torch_groups, self.param_groups)}
+        for new, old in zip(torch_groups, self.param_groups):
+            old["params"] = new["params"]  # the tensors described (the model's, where it was given)
+        self._track([(name, layout, old_of[id(group)]) for name, layout, group in layouts])
+
     def ns_of(self, options):
         """The engine's Newton–Schulz handle of a MuonOptions' setting (a dmuon.Orthogonalizer for libdmuon_c), one
         per distinct setting."""
@@ -334,6 +379,7 @@ class DMuon(torch.optim.Optimizer):
         gradient skips the step on the device either way; with nonfinite="error" the call that
         settles it raises FloatingPointError naming it."""
         self._settle(arrived_only=True)
+        self._follow_replaced_parameters()
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -435,6 +481,7 @@ class DMuon(torch.optim.Optimizer):
 
     def state_dict(self):
         self._settle()
+        self._follow_replaced_parameters()
         return super().state_dict()
 
     def _held_schedules(self):
@@ -457,6 +504,7 @@ class DMuon(torch.optim.Optimizer):
         The saved groups' values replace the groups' own (their "param_names" too, as torch's). Runs
         the load_state_dict pre- and post-hooks as torch.optim.Optimizer does. Local."""
         self._settle()
+        self._follow_replaced_parameters()
         state_dict = state_dict.copy()  # shallow, as torch's: a pre-hook may change it in place
         for pre_hook in self._optimizer_load_state_dict_pre_hooks.values():
             result = pre_hook(self, state_dict)
@@ -506,11 +554,12 @@ class DMuon(torch.optim.Optimizer):
         self._settle()
         state = super().__getstate__()
         state.update((k, v) for k, v in self.__dict__.items()
-                     if k not in ("ns", "_ns") and not k.startswith("_optimizer_"))
+                     if k not in ("ns", "_ns", "_model") and not k.startswith("_optimizer_"))
         return state
 
     def __setstate__(self, state):
         super().__setstate__(state)
+        self._model = None  # a copy follows its own param_groups
         self._ns = {}
         self.ns = self.ns_of(MuonOptions.of_group(self.defaults))
 

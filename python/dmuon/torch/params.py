@@ -46,6 +46,9 @@ _TOKEN_NAME = re.compile(r"tokens?$")
 MUON_ONLY = ("momentum", "nesterov") + muon_options.KEYS
 ADAMW_ONLY = ("adamw_lr", "adamw_betas", "adamw_eps", "adamw_weight_decay", "betas", "eps")
 GROUP_KEYS = ("lr", "weight_decay") + MUON_ONLY + ADAMW_ONLY
+# Accepted in a param group and ignored: torch.optim's kernel choices, which torchtitan's OptimizersContainer puts
+# in every group it builds. DMuon's AdamW is always torch's fused step and its Muon runs in dmuon's engine.
+IGNORED_KEYS = ("fused", "foreach")
 # DMuon's options of the whole optimizer: one owner planner, one process group, one global gradient norm.
 OPTIMIZER_OPTIONS = ("balancer", "process_group", "clip_grad_norm", "nonfinite", "state_dtype", "experts")
 
@@ -85,13 +88,13 @@ def module_groups(model):
             adamw.add(id(heads[-1].weight))
     muon, other = [], []
     for name, p in model.named_parameters():
-        name = _without_compile_prefix(name)
+        name = without_compile_prefix(name)
         to_muon = id(p) not in adamw and is_muon_by_default(name, tuple(p.shape))
         (muon if to_muon else other).append((name, p))
     return [{"params": members, "use_muon": kind} for kind, members in ((True, muon), (False, other)) if members]
 
 
-def _without_compile_prefix(name):
+def without_compile_prefix(name):
     """A parameter's name as the model's own: torch.compile's wrapper adds "_orig_mod." (DCP drops it too),
     so a compiled and an uncompiled model name (and checkpoint) their parameters alike."""
     return ".".join(part for part in name.split(".") if part != "_orig_mod")
@@ -125,7 +128,7 @@ def _named(items, group_index, warn):
         raise ValueError("all optimizer params should be with/without names. Some param names are missing")
     out, seen = [], set()
     for i, item in enumerate(items):
-        name, param = (_without_compile_prefix(item[0]), item[1]) if named[i] else (f"group{group_index}.param{i}", item)
+        name, param = (without_compile_prefix(item[0]), item[1]) if named[i] else (f"group{group_index}.param{i}", item)
         _check_tensor(param)
         key = id(param.local if isinstance(param, Sharded) else param)
         if key in seen:
@@ -135,6 +138,18 @@ def _named(items, group_index, warn):
         seen.add(key)
         out.append((name, param))
     return out, bool(items) and all(named)
+
+
+def _with_names(group, index):
+    """A group's "params", named by its "param_names" where it has them (torchtitan's groups: tensors and their
+    names side by side, as torch.optim keeps them in param_groups)."""
+    if "param_names" not in group:
+        return group["params"]
+    params, names = list(group["params"]), list(group["param_names"])
+    if len(names) != len(params) or any(isinstance(p, tuple) for p in params):
+        raise ValueError(f"DMuon: param group {index} has 'param_names' ({len(names)}) that do not name its "
+                         f"{len(params)} tensors one for one")
+    return list(zip(names, params))
 
 
 def _hyper(group, defaults, muon):
@@ -159,7 +174,8 @@ def split_groups(params, defaults, first_group=0, warn=False, named_groups=None)
     A group's "lr" and "weight_decay" are every parameter's; momentum, nesterov and Muon's options
     (muon_options.KEYS: ns_steps, coeffs, algo, scale, extra_scale_factor, cautious_wd, split_heads,
     split_sizes, split_dim, variant, normuon_beta2) Muon's; adamw_lr,
-    adamw_weight_decay, adamw_betas (or betas) and adamw_eps (or eps) AdamW's. A key that none of
+    adamw_weight_decay, adamw_betas (or betas) and adamw_eps (or eps) AdamW's; "param_names" names the
+    group's tensors; "fused" and "foreach" are ignored (IGNORED_KEYS). A key that none of
     the group's parameters uses, an option of the whole optimizer, or an unknown key raises
     ValueError. Groups are numbered from first_group in made-up names and messages. warn: issue the
     warnings (one rank does). named_groups: whether the optimizer's existing groups are named, for
@@ -189,13 +205,13 @@ def split_groups(params, defaults, first_group=0, warn=False, named_groups=None)
         if options:
             raise ValueError(f"DMuon: param group {g} sets {options}, options of the whole optimizer (one owner "
                              "planner, one process group, one global gradient norm): pass them to DMuon()")
-        unknown = sorted(set(group) - {"params", "use_muon"} - set(GROUP_KEYS))
+        unknown = sorted(set(group) - {"params", "use_muon", "param_names"} - set(GROUP_KEYS) - set(IGNORED_KEYS))
         if unknown:
             raise ValueError(f"DMuon: param group {g} has unknown keys {unknown}")
         for a, b in (("betas", "adamw_betas"), ("eps", "adamw_eps")):
             if a in group and b in group:
                 raise ValueError(f"DMuon: param group {g} sets both '{a}' and '{b}' (two spellings of one value)")
-        named, has_names = _named(group["params"], g, warn)
+        named, has_names = _named(_with_names(group, g), g, warn)
         if named_groups is not None and named and has_names != named_groups:
             raise ValueError("all optimizer param groups should be with/without names. cannot add param group "
                              f"{'with' if has_names else 'without'} names to the optimizer")

@@ -43,6 +43,9 @@ class HeldElsewhere(torch.Tensor):
 
     @staticmethod
     def __new__(cls, shape, dtype, device, name, owner, gradient=False, requires_grad=False):
+        device = torch.device(device)
+        if device.type == "cpu":  # as a CPU tensor's: "cpu" whatever index it was given ("cpu:0", accelerate's
+            device = torch.device("cpu")  # CPU device), so a master's device compares equal to its working copy's
         t = torch.Tensor._make_wrapper_subclass(cls, shape, dtype=dtype, device=device, requires_grad=requires_grad)
         t.held_name, t.held_owner, t.held_gradient = name, owner, gradient
         t.scratch = None  # the values of a random fill, until drop_scratch()

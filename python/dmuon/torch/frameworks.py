@@ -1,0 +1,45 @@
+"""What training frameworks need from dmuon.torch beyond DMuon itself, for owner-held matrices
+(dmuon.torch.hold_on_owners) under Hugging Face Trainer and accelerate (docs/integrations.md). Nothing
+here imports a framework.
+
+- accelerate's FSDP2 preparation calls fully_shard itself, with no ignored_params argument; it takes
+  FullyShardedDataParallelPlugin.ignored_modules and leaves out every parameter of those modules. The
+  held matrices' own modules hold biases too, which FSDP2 must still shard: held_as_module gives
+  accelerate one module of the held matrices alone.
+- Trainer measures (and clips) the gradient norm with torch.nn.utils.clip_grad_norm_, which cannot read
+  a held gradient away from its owner (HeldElsewhereError), and save_model reads the state dict on the
+  main process alone, where the matrices other ranks own are placeholders: HeldTrainerMixin makes Trainer
+  use dmuon.torch.clip_grad_norm_ (the single-process norm on every rank) and export the full state dict
+  (collective: Trainer calls save_model on every rank).
+"""
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+from dmuon.torch.clip import clip_grad_norm_
+
+
+def held_as_module(held):
+    """A module outside the model whose parameters are exactly held.params (hold_on_owners' result): set
+    `fsdp_plugin.ignored_modules = [held_as_module(held)]` before Trainer.train() or
+    Accelerator.prepare(), so accelerate's fully_shard leaves the held matrices to their owners."""
+    return torch.nn.ParameterList(sorted(held.params, key=id))
+
+
+class HeldTrainerMixin:
+    """Mixed in before transformers.Trainer (`class MyTrainer(HeldTrainerMixin, Trainer)`): the gradient
+    norm Trainer logs and clips to args.max_grad_norm is dmuon.torch.clip_grad_norm_'s, and save_model
+    writes the full state dict (torch.distributed.checkpoint's get_model_state_dict, whole on the main
+    process). Overrides Trainer's save_model and its private _clip_grad_norm and _get_grad_norm, and calls
+    its _save (transformers 5.24, the pinned version)."""
+
+    def save_model(self, output_dir=None, _internal_call=False):
+        weights = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.args.should_save:
+            self._save(output_dir or self.args.output_dir, state_dict=weights)
+
+    def _clip_grad_norm(self, model):
+        return clip_grad_norm_(model.parameters(), self.args.max_grad_norm)
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        return clip_grad_norm_(model.parameters(), float("inf")) if grad_norm is None else grad_norm
