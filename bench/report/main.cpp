@@ -1,13 +1,15 @@
 // dmuon-bench-report: docs/BENCHMARKS.md from what `make bench` (scripts/bench.sh) leaves in docs/bench/:
 // <name>.json, the output of one benchmark command; <name>.cmd, that command's line; date.txt.
 // A benchmark whose file is missing or holds no JSON (a run cut short) gets a note in place of its section, so a
-// partial run still gives a report; a malformed file, a missing key or a wrong type is an error naming the file
+// partial run still gives a report; with --out, the sections written by hand below kHandWritten in the file it
+// replaces are kept after the generated ones; a malformed file, a missing key or a wrong type is an error naming the file
 // and the key. A developer tool beside the benchmarks (bench/), not part of the dmuon binary.
 // The sections live in bench/report/ (sections.hpp), written with document.hpp's table writer.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -19,6 +21,18 @@
 
 namespace dmuon::bench_report {
 namespace {
+
+// The line after which docs/BENCHMARKS.md holds sections measured by hand, each with its own command.
+constexpr const char* kHandWritten =
+    "<!-- Sections below: measured by hand, each with its command; make bench regenerates what is above and keeps them. -->";
+
+// The hand-written tail of the report at `path` (from kHandWritten's line on), "" when it has none.
+std::string hand_written_tail(const std::string& path) {
+  if (!std::filesystem::exists(path)) return "";
+  const std::string text = read_file(path);
+  const size_t at = text.find(std::string(kHandWritten) + "\n");
+  return at == std::string::npos ? "" : "\n" + text.substr(at);
+}
 
 std::string render(const Inputs& in) {
   OptimizerRuns runs;
@@ -62,7 +76,7 @@ int main(int argc, char** argv) {
     if (out.empty()) {
       std::fwrite(text.data(), 1, text.size(), stdout);
     } else {
-      dmuon::write_file_atomically(out, text);
+      dmuon::write_file_atomically(out, text + dmuon::bench_report::hand_written_tail(out));
       std::fprintf(stderr, "%s written\n", out.c_str());
     }
   } catch (const dmuon::Error& e) {

@@ -175,6 +175,24 @@ TEST(BenchReport, OutWritesTheSameReport) {
   EXPECT_EQ(read_file(dir.file("BENCHMARKS.md")), printed.output);
 }
 
+TEST(BenchReport, OutKeepsTheSectionsWrittenByHandBelowTheMarker) {
+  test::TempDir dir;
+  write_fixture(dir);
+  const auto printed = report("--dir " + dir.path());
+  ASSERT_EQ(printed.exit_code, 0) << printed.output;
+  const std::string tail =
+      "<!-- Sections below: measured by hand, each with its command; make bench regenerates what is above and keeps "
+      "them. -->\n\n## Measured by hand\n\n| a | b |\n|---|---|\n| 1 | 2 |\n";
+  write_file_atomically(dir.file("BENCHMARKS.md"), "an older generated report\n\n" + tail);
+  const auto written = report("--dir " + dir.path() + " --out " + dir.file("BENCHMARKS.md"));
+  ASSERT_EQ(written.exit_code, 0) << written.output;
+  EXPECT_EQ(read_file(dir.file("BENCHMARKS.md")), printed.output + "\n" + tail);
+  // Without the marker nothing of the old file is kept (OutWritesTheSameReport: a fresh file).
+  write_file_atomically(dir.file("BENCHMARKS.md"), "## Measured by hand\n");
+  ASSERT_EQ(report("--dir " + dir.path() + " --out " + dir.file("BENCHMARKS.md")).exit_code, 0);
+  EXPECT_EQ(read_file(dir.file("BENCHMARKS.md")), printed.output);
+}
+
 // Runs the report on the fixture with `name` replaced by `text`; returns what it printed, expecting failure.
 std::string failure_with(const std::string& name, const std::string& text) {
   test::TempDir dir;
