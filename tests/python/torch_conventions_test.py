@@ -112,7 +112,8 @@ def test_defaults_hold_the_hyper_parameters_and_groups_their_kinds_keys():
     opt = DMuon(list(params.items()), lr=0.03, momentum=0.9, nesterov=False, weight_decay=0.01, adamw_lr=1e-3,
                 adamw_betas=[0.85, 0.99], adamw_eps=1e-7, adamw_weight_decay=0.1, ns_steps=4, scale="spectral")
     options = dict(ns_steps=4, coeffs="keller", algo="auto", scale="spectral", extra_scale_factor=1.0,
-                   cautious_wd=False, split_heads=None, split_sizes=None, split_dim=0)
+                   cautious_wd=False, split_heads=None, split_sizes=None, split_dim=0, variant="muon",
+                   normuon_beta2=0.95)
     assert opt.defaults == dict(lr=0.03, momentum=0.9, nesterov=False, weight_decay=0.01, adamw_lr=1e-3,
                                 adamw_betas=(0.85, 0.99), adamw_eps=1e-7, adamw_weight_decay=0.1, **options)
     muon, adamw = opt.param_groups
