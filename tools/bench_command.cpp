@@ -15,7 +15,7 @@
 
 namespace dmuon::cli {
 
-namespace {
+namespace bench_command {
 
 // dmuon-bench beside this executable.
 std::filesystem::path bench_executable() {
@@ -45,6 +45,6 @@ Registration reg("", [](CLI::App& app) {
   });
 });
 
-}  // namespace
+}  // namespace bench_command
 
 }  // namespace dmuon::cli

@@ -6,7 +6,7 @@
 #include "dmuon/checkpoint.hpp"
 #include "dmuon/checkpoint_rotation.hpp"
 
-namespace {
+namespace ckpt_export {
 
 dmuon::cli::Registration reg("ckpt", [](CLI::App& ckpt) {
   auto* c = ckpt.add_subcommand("export", "Write every parameter of a checkpoint as a .npy file");
@@ -21,4 +21,4 @@ dmuon::cli::Registration reg("ckpt", [](CLI::App& ckpt) {
   });
 });
 
-}  // namespace
+}  // namespace ckpt_export

@@ -13,7 +13,7 @@
 #include "dmuon/metrics_csv.hpp"
 #include "console/plot.hpp"
 
-namespace {
+namespace compare {
 
 struct CompareArgs {
   std::vector<std::string> runs;  // LABEL=CSV
@@ -77,4 +77,4 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
   c->callback([args] { run_compare(*args); });
 });
 
-}  // namespace
+}  // namespace compare

@@ -10,7 +10,7 @@
 #include "dmuon/error.hpp"
 #include "dmuon/npy.hpp"
 
-namespace {
+namespace ns_command {
 
 struct NsArgs {
   std::string in, out, algo = "auto", coeffs = "keller", restarts = "2";
@@ -83,4 +83,4 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
   c->callback([args] { run_ns(*args); });
 });
 
-}  // namespace
+}  // namespace ns_command

@@ -13,7 +13,7 @@
 
 namespace dmuon::cli {
 
-namespace {
+namespace plan_command {
 
 struct PlanArgs {
   ModelArgs model;
@@ -125,6 +125,6 @@ Registration reg("", [](CLI::App& app) {
   c->callback([args] { run(*args); });
 });
 
-}  // namespace
+}  // namespace plan_command
 
 }  // namespace dmuon::cli

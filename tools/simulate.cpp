@@ -18,7 +18,7 @@
 
 namespace dmuon::cli {
 
-namespace {
+namespace simulate {
 
 struct SimulateArgs {
   ModelArgs model;
@@ -269,6 +269,6 @@ Registration reg("", [](CLI::App& app) {
   c->callback([args] { run(*args); });
 });
 
-}  // namespace
+}  // namespace simulate
 
 }  // namespace dmuon::cli

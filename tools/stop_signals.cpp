@@ -9,7 +9,7 @@
 
 namespace dmuon::cli {
 
-namespace {
+namespace stop_signals {
 
 volatile std::sig_atomic_t g_signal = 0;
 volatile std::sig_atomic_t g_announce = 0;
@@ -28,18 +28,18 @@ extern "C" void on_stop_signal(int signal) {
   }
 }
 
-}  // namespace
+}  // namespace stop_signals
 
 void install_stop_signals(bool announce) {
-  g_announce = announce ? 1 : 0;
+  stop_signals::g_announce = announce ? 1 : 0;
   struct sigaction action {};
-  action.sa_handler = on_stop_signal;
+  action.sa_handler = stop_signals::on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // a signal during a write or a wait must not fail that call
   for (int s : {SIGTERM, SIGINT, SIGUSR1}) ::sigaction(s, &action, nullptr);
 }
 
-int stop_signal_received() { return g_signal; }
+int stop_signal_received() { return stop_signals::g_signal; }
 
 const char* stop_signal_name(int signal) {
   switch (signal) {

@@ -26,7 +26,7 @@
 #include "dmuon/rank_agreement.hpp"
 #include "dmuon/trainer.hpp"
 
-namespace {
+namespace train {
 
 struct TrainArgs {
   dmuon::TrainOptions train;
@@ -289,4 +289,4 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
   c->callback([args] { run_train(*args); });
 });
 
-}  // namespace
+}  // namespace train

@@ -12,7 +12,7 @@
 
 namespace dmuon::cli {
 
-namespace {
+namespace tune_command {
 
 struct TuneArgs {
   ModelArgs model;
@@ -61,6 +61,6 @@ Registration reg("", [](CLI::App& app) {
   c->callback([args] { run(*args); });
 });
 
-}  // namespace
+}  // namespace tune_command
 
 }  // namespace dmuon::cli

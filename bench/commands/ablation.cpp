@@ -23,7 +23,7 @@
 
 namespace dmuon::cli {
 
-namespace {
+namespace ablation {
 
 namespace ob = optim_bench;
 
@@ -151,6 +151,6 @@ Registration reg("", [](CLI::App& bench) {
   c->callback([args] { run(*args); });
 });
 
-}  // namespace
+}  // namespace ablation
 
 }  // namespace dmuon::cli

@@ -45,7 +45,7 @@
 
 namespace dmuon::cli {
 
-namespace {
+namespace calibrate {
 
 using Clock = std::chrono::steady_clock;
 
@@ -310,6 +310,6 @@ Registration reg("", [](CLI::App& bench) {
   c->callback([args] { run(*args); });
 });
 
-}  // namespace
+}  // namespace calibrate
 
 }  // namespace dmuon::cli

@@ -19,7 +19,7 @@
 #include "cli_kit/cli.hpp"
 #include "dmuon/comm.hpp"
 
-namespace {
+namespace comm_bench {
 
 using dmuon::comm::Comm;
 using dmuon::ReduceOp;
@@ -315,4 +315,4 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
   c->callback([=] { run(*bytes, *iters, *json); });
 });
 
-}  // namespace
+}  // namespace comm_bench

@@ -20,7 +20,7 @@
 
 namespace dmuon::cli {
 
-namespace {
+namespace e2e {
 
 struct Args {
   std::string config = "demo";
@@ -147,6 +147,6 @@ Registration reg("", [](CLI::App& bench) {
   c->callback([args] { run(*args); });
 });
 
-}  // namespace
+}  // namespace e2e
 
 }  // namespace dmuon::cli

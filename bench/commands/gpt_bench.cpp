@@ -15,7 +15,7 @@
 #include "dmuon/linalg.hpp"
 #include "dmuon/statistics.hpp"
 
-namespace {
+namespace gpt_bench {
 
 using Clock = std::chrono::steady_clock;
 
@@ -111,4 +111,4 @@ dmuon::cli::Registration reg("", [](CLI::App& bench) {
   c->callback([args] { run_bench(*args); });
 });
 
-}  // namespace
+}  // namespace gpt_bench

@@ -33,7 +33,7 @@
 #include "dmuon/ns.hpp"
 #include "dmuon/statistics.hpp"
 
-namespace {
+namespace ns_bench {
 
 using Clock = std::chrono::steady_clock;
 
@@ -364,4 +364,4 @@ dmuon::cli::Registration reg("", [](CLI::App& bench) {
   c->callback([args] { run_bench(*args); });
 });
 
-}  // namespace
+}  // namespace ns_bench

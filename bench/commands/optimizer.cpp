@@ -20,7 +20,7 @@
 
 namespace dmuon::cli {
 
-namespace {
+namespace optimizer {
 
 namespace ob = optim_bench;
 
@@ -158,6 +158,6 @@ Registration reg("", [](CLI::App& bench) {
   });
 });
 
-}  // namespace
+}  // namespace optimizer
 
 }  // namespace dmuon::cli
