@@ -114,7 +114,7 @@ TEST(CliOptions, PlanAndSimulateRejectABadMeshNamingIt) {
            {"plan --model gpt2 --mesh 1x2x2x1 --ranks 8", "--mesh 1x2x2x1 has 4 ranks but --ranks is 8"},
            {"plan --model gpt2", "give --ranks or --mesh"},
            {"simulate --model gpt2 --mesh 2x2x2x0", "--mesh: mesh '2x2x2x0': ep must be at least 1, got 0"},
-           {"simulate --model gpt2 --mesh 1x2x1x1 --devices 2", "--mesh excludes --devices"},
+           {"simulate --model gpt2 --mesh 1x2x1x1 --devices 2", "--devices excludes --mesh"},
        })
     expect_rejected(b);
 }
