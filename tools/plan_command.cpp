@@ -1,5 +1,6 @@
 // `dmuon plan`: owner assignment of a model's Muon matrices over D ranks, with the predicted
-// per-rank NS time and bytes, makespan, lower bound, gap and solve time of each balancer.
+// per-rank NS time and bytes, makespan, lower bound, gap and solve time of each balancer. With --mesh, owners among
+// the ranks holding each matrix and, per rank, the bytes step() moves (mesh_args.hpp).
 #include <cstdio>
 #include <map>
 #include <set>
@@ -9,6 +10,7 @@
 #include "cli_kit/cli.hpp"
 #include "dmuon/plan.hpp"
 #include "cli_kit/model_args.hpp"
+#include "mesh_args.hpp"
 #include "plan_costs.hpp"
 
 namespace dmuon::cli {
@@ -20,6 +22,7 @@ struct PlanArgs {
   int ranks = 0;
   std::string balancer = "all";
   CostArgs costs;
+  MeshArgs mesh;
   PlanOptions options;
   bool json = false;
 };
@@ -66,7 +69,11 @@ nlohmann::json to_json(const Plan& p, const std::vector<ParamSpec>& params) {
       for (int i : b.params) names.push_back(params[i].name);
       batches.push_back({{"rows", b.rows}, {"cols", b.cols}, {"time_s", b.time_s}, {"params", names}});
     }
-    ranks.push_back({{"time_s", r.time_s}, {"bytes", r.bytes}, {"batches", batches}});
+    ranks.push_back({{"time_s", r.time_s},
+                     {"bytes", r.bytes},
+                     {"step_sent_bytes", r.step_sent_bytes},
+                     {"step_received_bytes", r.step_received_bytes},
+                     {"batches", batches}});
   }
   return {{"balancer", to_string(p.balancer)}, {"fell_back", p.fell_back},     {"note", p.note},
           {"makespan_s", p.makespan_s},       {"lower_bound_s", p.lower_bound_s}, {"gap_pct", p.gap_pct},
@@ -75,8 +82,12 @@ nlohmann::json to_json(const Plan& p, const std::vector<ParamSpec>& params) {
 }
 
 void run(const PlanArgs& a) {
+  const std::optional<Mesh> mesh = a.mesh.mesh(a.ranks, "--ranks");
+  DMUON_CHECK(mesh || a.ranks > 0, "give --ranks or --mesh");
+  const int ranks = mesh ? mesh->ranks() : a.ranks;
   const auto params = a.model.load();
-  const auto items = make_plan_items(params, a.ranks, a.costs.batch_time(params, a.ranks));
+  auto items = make_plan_items(params, ranks, a.costs.batch_time(params, ranks));
+  if (mesh) lay_out_on_mesh(items, params, *mesh, ranks);
   std::set<std::pair<int64_t, int64_t>> shapes;
   for (const auto& it : items) shapes.insert({it.rows, it.cols});
   std::vector<Balancer> which;
@@ -86,29 +97,32 @@ void run(const PlanArgs& a) {
   for (Balancer b : which) {
     PlanOptions o = a.options;
     o.balancer = b;
-    plans.push_back(make_plan(params, items, a.ranks, o));
+    plans.push_back(make_plan(params, items, ranks, o));
   }
   if (a.json) {
-    nlohmann::json out = {{"model", a.model.label()},      {"ranks", a.ranks},
+    nlohmann::json out = {{"model", a.model.label()},      {"ranks", ranks},
                           {"costs", a.costs.describe()},   {"parameters", count_params(params)},
                           {"matrices", items.size()},      {"shapes", shapes.size()},
                           {"plans", nlohmann::json::array()}};
+    if (mesh) out["mesh"] = mesh_json(*mesh);
     for (const auto& p : plans) out["plans"].push_back(to_json(p, params));
     std::printf("%s\n", out.dump(2).c_str());
     return;
   }
   char title[512];
   std::snprintf(title, sizeof title, "%s: %s parameters, %zu Muon matrices in %zu shapes; D = %d; costs: %s",
-                a.model.label().c_str(), count_text(count_params(params)).c_str(), items.size(), shapes.size(), a.ranks,
+                a.model.label().c_str(), count_text(count_params(params)).c_str(), items.size(), shapes.size(), ranks,
                 a.costs.describe().c_str());
   print_table(title, plans);
+  if (mesh) print_mesh_ranks(*mesh, plans);
 }
 
 Registration reg("", [](CLI::App& app) {
   auto args = std::make_shared<PlanArgs>();
   auto* c = app.add_subcommand("plan", "Assign Muon matrices to owner ranks and show the predicted balance");
   args->model.add_to(c);
-  c->add_option("--ranks", args->ranks, "Number of ranks D (required)")->required()->check(at_least(1));
+  c->add_option("--ranks", args->ranks, "Number of ranks D (required unless --mesh gives it)")->check(at_least(1));
+  args->mesh.add_to(c);
   c->add_option("--balancer", args->balancer, "rr, lpt, milp, or all (side by side)")
       ->capture_default_str()
       ->check(CLI::IsMember({"rr", "lpt", "milp", "all"}));

@@ -15,6 +15,7 @@
 #include "console/plot.hpp"
 #include "console/progress.hpp"
 #include "dmuon/sim.hpp"
+#include "mesh_args.hpp"
 
 namespace dmuon::cli {
 
@@ -27,6 +28,7 @@ struct SimulateArgs {
   std::string profile = "a800";
   double tokens = 4096;
   std::string balancer = "milp";
+  MeshArgs mesh;
   bool zero2 = false;
   bool json = false;
   std::string plot;
@@ -138,10 +140,12 @@ void write_plot(const std::vector<sim::SimResult>& results, const std::string& p
   render_plot(script.str(), path, options);
 }
 
-void run(const SimulateArgs& a) {
+void run(SimulateArgs a) {
+  sim::SimOptions options;
+  options.mesh = a.mesh.mesh(0, "");
+  if (options.mesh) a.devices = {options.mesh->ranks()};
   const Workload w = workload(a);
   const HardwareProfile hw = load_hardware_profile(a.profile);
-  sim::SimOptions options;
   options.zero3 = !a.zero2;
   options.plan.balancer = parse_balancer(a.balancer);
   if (w.is_gpt) {
@@ -199,6 +203,14 @@ void run(const SimulateArgs& a) {
                                   {"fwd_bwd_s", s.step_s - s.optimizer_s},
                                   {"bytes_per_device", s.bytes_per_device}};
       }
+      if (options.mesh) {
+        row["mesh"] = mesh_json(*options.mesh);
+        row["plan_per_rank"] = nlohmann::json::array();
+        for (const auto& rp : r.plan.per_rank)
+          row["plan_per_rank"].push_back({{"ns_s", rp.time_s},
+                                          {"step_sent_bytes", rp.step_sent_bytes},
+                                          {"step_received_bytes", rp.step_received_bytes}});
+      }
       out["results"].push_back(row);
     }
     std::printf("%s\n", out.dump(2).c_str());
@@ -228,6 +240,7 @@ void run(const SimulateArgs& a) {
                     s.optimizer_elementwise_s * 1e3, s.optimizer_comm_s * 1e3, s.optimizer_launch_s * 1e3);
       std::printf("\n");
     }
+    if (options.mesh) print_mesh_ranks(*options.mesh, {results.front().plan});
   }
   if (!a.plot.empty()) {
     write_plot(results, a.plot, w.label + " on " + hw.name);
@@ -239,10 +252,11 @@ Registration reg("", [](CLI::App& app) {
   auto args = std::make_shared<SimulateArgs>();
   auto* c = app.add_subcommand("simulate", "Model one training step on a simulated cluster of devices");
   args->model.add_to(c);
-  c->add_option("--devices", args->devices, "Device counts to simulate (any from 1)")
-      ->delimiter(',')
-      ->capture_default_str()
-      ->check(at_least(1));
+  auto* devices = c->add_option("--devices", args->devices, "Device counts to simulate (any from 1)")
+                      ->delimiter(',')
+                      ->capture_default_str()
+                      ->check(at_least(1));
+  args->mesh.add_to(c)->excludes(devices);
   c->add_option("--gpus-per-node", args->per_node, "Devices per node")->capture_default_str()->check(at_least(1));
   c->add_option("--profile", args->profile, "Hardware profile: a800, h200, or a path (models/hardware/*.json)")
       ->capture_default_str();

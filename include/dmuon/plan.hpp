@@ -27,7 +27,21 @@ struct PlanItem {
   int unit = 0;        // ParamSpec::unit (a transformer layer)
   double time_s = 0;   // predicted NS time of this matrix: its share of its same-shape batch
   int64_t bytes = 0;   // what its owner holds for it: weight, gradient and momentum in float32
+  // Where the matrix lies when step() starts, from a mesh layout (plan_mesh.hpp: lay_out_on_mesh); empty when no
+  // layout is given: any rank may own it and the plan counts no step() bytes (what the C++ engine's owner-aligned
+  // shards need: its step moves nothing).
+  std::vector<int64_t> held = {};  // per rank: elements of the matrix it holds (its piece of U before step())
+  int replicas = 1;               // the ranks form `replicas` equal consecutive blocks, each holding the matrix once
 };
+
+// The ranks that may own an item: those that hold part of it ("where its shards already are": an expert's owner is
+// in its expert-parallel group), every rank when its layout is unknown.
+std::vector<int> candidate_owners(const PlanItem& item, int ranks);
+
+// Bytes step() moves for an item owned by `owner`, added per rank (DMuon's all-to-all mode, float32): the pieces of
+// U that the other ranks of the owner's replica hold travel to the owner, and every holder's piece of O comes back
+// from it (docs/planning.md, "Meshes"). Nothing for an item without a layout.
+void add_step_bytes(const PlanItem& item, int owner, std::vector<int64_t>& sent, std::vector<int64_t>& received);
 
 // Predicted seconds to orthogonalize `batch` same-shape rows×cols matrices together.
 using BatchTimeFn = std::function<double(int64_t rows, int64_t cols, int batch)>;
@@ -79,6 +93,8 @@ struct PlanBatch {
 struct RankPlan {
   double time_s = 0;    // predicted NS time of all its matrices
   int64_t bytes = 0;    // bytes of the matrices it owns
+  int64_t step_sent_bytes = 0;      // what step() sends from it (add_step_bytes; 0 without a layout)
+  int64_t step_received_bytes = 0;  // what step() delivers to it
   std::vector<PlanBatch> batches;
 };
 
@@ -101,9 +117,10 @@ struct Plan {
   double solve_s = 0;                  // time the balancer took
 };
 
-// Assignments: rank per item, items in the order given.
+// Assignments: rank per item, items in the order given; every item on one of its candidate_owners.
 std::vector<int> balance_rr(const std::vector<PlanItem>& items, int ranks);
-// Longest first onto the least-loaded rank that still has memory room (any rank when none has).
+// Longest first onto the least-loaded candidate that still has memory room (any candidate when none has); of equally
+// loaded ones, the one that holds the most of it (the fewest step() bytes), then the lowest rank.
 std::vector<int> balance_lpt(const std::vector<PlanItem>& items, int ranks, int64_t memory_cap_bytes);
 
 // Builds a plan with the chosen balancer (milp: warm-started from LPT, falling back to it).

@@ -24,12 +24,14 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "dmuon/hardware_profile.hpp"
 #include "dmuon/params.hpp"
 #include "dmuon/plan.hpp"
+#include "dmuon/plan_mesh.hpp"
 
 namespace dmuon::sim {
 
@@ -111,6 +113,9 @@ struct SimOptions {
   std::vector<double> unit_forward_flops;
   bool zero3 = true;                // gather weights again for backward
   PlanOptions plan;                 // how DMuon assigns owners
+  // DMuon's owners planned on this mesh (plan_mesh.hpp; its ranks must be the cluster's devices): among the ranks
+  // that hold each matrix, with the plan's per-rank step() bytes. The step itself is still modelled as above.
+  std::optional<Mesh> mesh;
 };
 
 struct StepBreakdown {

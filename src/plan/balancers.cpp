@@ -61,9 +61,14 @@ int64_t memory_cap_bytes(const std::vector<PlanItem>& items, int ranks, double m
 std::vector<int> balance_rr(const std::vector<PlanItem>& items, int ranks) {
   check_ranks(ranks);
   // As KellerJordan/Muon: largest parameters first, then dealt out in turn.
+  // Under a mesh, each set of candidates deals out its own turns.
   auto order = order_by_descending(items, [](const PlanItem& it) { return it.rows * it.cols; });
   std::vector<int> rank(items.size());
-  for (size_t k = 0; k < order.size(); ++k) rank[order[k]] = static_cast<int>(k % ranks);
+  std::map<std::vector<int>, size_t> turn;
+  for (int i : order) {
+    const std::vector<int> candidates = candidate_owners(items[i], ranks);
+    rank[i] = candidates[turn[candidates]++ % candidates.size()];
+  }
   return rank;
 }
 
@@ -81,12 +86,17 @@ std::vector<int> greedy_lpt(const std::vector<PlanItem>& items, int ranks, int64
   for (int i : order_by_descending(items, [](const PlanItem& it) { return it.time_s; })) {
     const int unit = items[i].unit;
     const int unit_cap = (unit_size[unit] + ranks - 1) / ranks;
-    int best = -1, best_any = 0;
-    for (int r = 0; r < ranks; ++r) {
-      if (load[r] < load[best_any]) best_any = r;
+    // Of equal loads, the rank holding the most of it: the fewest step() bytes.
+    const auto held = [&](int r) { return items[i].held.empty() ? 0 : items[i].held[r]; };
+    const auto lighter = [&](int r, int than) {
+      return load[r] < load[than] || (load[r] == load[than] && held(r) > held(than));
+    };
+    int best = -1, best_any = -1;
+    for (int r : candidate_owners(items[i], ranks)) {
+      if (best_any < 0 || lighter(r, best_any)) best_any = r;
       const bool fits = bytes[r] + items[i].bytes <= memory_cap_bytes &&
                         (!spread || unit_on_rank[{unit, r}] < unit_cap);
-      if (fits && (best < 0 || load[r] < load[best])) best = r;
+      if (fits && (best < 0 || lighter(r, best))) best = r;
     }
     if (best < 0) best = best_any;
     rank[i] = best;
@@ -112,12 +122,14 @@ void fill_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>
   plan.owner.assign(params.size(), -1);
   plan.per_rank.assign(ranks, {});
   std::vector<std::map<std::pair<int64_t, int64_t>, PlanBatch>> batches(ranks);
+  std::vector<int64_t> sent(ranks, 0), received(ranks, 0);
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& it = items[i];
     const int r = assignment[i];
     plan.owner[it.param] = r;
     plan.per_rank[r].time_s += it.time_s;
     plan.per_rank[r].bytes += it.bytes;
+    add_step_bytes(it, r, sent, received);
     auto& batch = batches[r][{it.rows, it.cols}];
     batch.rows = it.rows;
     batch.cols = it.cols;
@@ -127,6 +139,8 @@ void fill_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>
   plan.makespan_s = 0;
   plan.memory_ok = true;
   for (int r = 0; r < ranks; ++r) {
+    plan.per_rank[r].step_sent_bytes = sent[r];
+    plan.per_rank[r].step_received_bytes = received[r];
     for (auto& [shape, batch] : batches[r]) {
       std::sort(batch.params.begin(), batch.params.end());
       plan.per_rank[r].batches.push_back(std::move(batch));
@@ -156,12 +170,18 @@ bool respects_spread(const std::vector<PlanItem>& items, int ranks, const std::v
   return true;
 }
 
-void check_items(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items) {
+void check_items(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks) {
   for (const auto& it : items) {
     DMUON_CHECK(it.param >= 0 && it.param < static_cast<int>(params.size()), "plan item refers to parameter index ",
                 it.param, " but the model has ", params.size(), " parameters");
-    DMUON_CHECK(it.time_s >= 0 && it.bytes >= 0, "plan item for ", params[it.param].name,
-                " has a negative time or size");
+    const std::string& name = params[it.param].name;
+    DMUON_CHECK(it.time_s >= 0 && it.bytes >= 0, "plan item for ", name, " has a negative time or size");
+    if (it.held.empty()) continue;
+    DMUON_CHECK(static_cast<int>(it.held.size()) == ranks && it.replicas >= 1 && ranks % it.replicas == 0,
+                "plan item for ", name, " lies on ", it.held.size(), " ranks in ", it.replicas, " replicas, not on ",
+                ranks, " ranks in replicas of equal size");
+    DMUON_CHECK(std::any_of(it.held.begin(), it.held.end(), [](int64_t n) { return n > 0; }), "plan item for ", name,
+                " is held by no rank");
   }
 }
 
@@ -170,7 +190,7 @@ void check_items(const std::vector<ParamSpec>& params, const std::vector<PlanIte
 Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
                const PlanOptions& options) {
   check_ranks(ranks);
-  check_items(params, items);
+  check_items(params, items, ranks);
   const auto start = std::chrono::steady_clock::now();
   Plan plan;
   plan.balancer = options.balancer;
@@ -210,7 +230,7 @@ Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>
 Plan plan_from_owners(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
                       const std::vector<int>& owner, const PlanOptions& options) {
   check_ranks(ranks);
-  check_items(params, items);
+  check_items(params, items, ranks);
   DMUON_CHECK(owner.size() == params.size(), "owner vector has ", owner.size(), " entries for ", params.size(),
               " parameters");
   std::vector<int> assignment(items.size());
@@ -218,6 +238,8 @@ Plan plan_from_owners(const std::vector<ParamSpec>& params, const std::vector<Pl
     const int r = owner[items[i].param];
     DMUON_CHECK(r >= 0 && r < ranks, "matrix ", params[items[i].param].name, " has owner ", r, " outside 0..",
                 ranks - 1);
+    DMUON_CHECK(items[i].held.empty() || items[i].held[r] > 0, "matrix ", params[items[i].param].name,
+                " has owner ", r, ", which holds none of it");
     assignment[i] = r;
   }
   Plan plan;

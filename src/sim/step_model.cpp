@@ -179,7 +179,8 @@ SimResult simulate_step(const std::vector<ParamSpec>& params, const HardwareProf
   const BatchTimeFn dmuon_batch_time = [&hw](int64_t rows, int64_t cols, int batch) {
     return ns_time_s(rows, cols, batch, NsEngine::dmuon, hw);
   };
-  const std::vector<PlanItem> items = make_plan_items(params, d, dmuon_batch_time);
+  std::vector<PlanItem> items = make_plan_items(params, d, dmuon_batch_time);
+  if (options.mesh) lay_out_on_mesh(items, params, *options.mesh, d);
   result.plan = make_plan(params, items, d, options.plan);
 
   // Totals over the model; NS of every matrix on one device (what gather-then-compute runs on each).

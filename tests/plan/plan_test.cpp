@@ -1,5 +1,7 @@
 // Planner: the balancers against brute force on small instances, the memory bound, the time
-// limit, degenerate inputs, and the flop cost model against DESIGN 2.3's table.
+// limit, degenerate inputs, and the flop cost model against DESIGN 2.3's table; under a mesh (plan_mesh.hpp): the
+// layouts, candidate owners and step() bytes of each mesh shape, the balancers on candidate sets against brute force,
+// and 1-D FSDP meshes planning as without one.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -7,10 +9,14 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <numeric>
 #include <random>
+#include <string>
+#include <tuple>
 
 #include "dmuon/error.hpp"
 #include "dmuon/plan.hpp"
+#include "dmuon/plan_mesh.hpp"
 #include "dmuon/hardware_profile.hpp"
 
 namespace dmuon {
@@ -345,6 +351,236 @@ TEST(Plan, FlopCostsRunAtTheHardwareProfilesNsRate) {
   }
   EXPECT_THAT([] { load_hardware_profile("tpu"); },
               ::testing::ThrowsMessage<Error>(::testing::HasSubstr("no hardware profile 'tpu'")));
+}
+
+// ---- Meshes ----
+
+ParamSpec matrix_spec(std::string name, int64_t rows, int64_t cols) {
+  return ParamSpec{std::move(name), {rows, cols}, ParamRole::matrix, 0};
+}
+
+// The items of `params` laid out on `mesh` (flop costs).
+std::vector<PlanItem> mesh_items(const std::vector<ParamSpec>& params, const Mesh& mesh) {
+  auto items = make_plan_items(params, mesh.ranks(), relative_flop_batch_time());
+  lay_out_on_mesh(items, params, mesh, mesh.ranks());
+  return items;
+}
+
+struct Traffic {
+  std::vector<int64_t> sent, received;
+};
+Traffic traffic_of(const PlanItem& item, int owner, int ranks) {
+  Traffic t{std::vector<int64_t>(ranks, 0), std::vector<int64_t>(ranks, 0)};
+  add_step_bytes(item, owner, t.sent, t.received);
+  return t;
+}
+
+TEST(PlanMesh, ParsesRxSxTxEAndNamesWhatIsWrong) {
+  const Mesh m = parse_mesh("2x3x4x5");
+  EXPECT_EQ(m.dp_replicate, 2);
+  EXPECT_EQ(m.dp_shard, 3);
+  EXPECT_EQ(m.tp, 4);
+  EXPECT_EQ(m.ep, 5);
+  EXPECT_EQ(m.ranks(), 120);
+  EXPECT_EQ(m.text(), "2x3x4x5");
+  const std::pair<const char*, const char*> bad[] = {
+      {"1x2x2", "mesh '1x2x2' has 3 sizes; it needs four, dp_replicate x dp_shard x tp x ep"},
+      {"1x2x2x1x1", "mesh '1x2x2x1x1' has 5 sizes"},
+      {"8", "mesh '8' has 1 size;"},
+      {"1x0x2x1", "mesh '1x0x2x1': dp_shard must be at least 1, got 0"},
+      {"1x2x2x-1", "mesh '1x2x2x-1': ep must be at least 1, got -1"},
+      {"1xtwox2x1", "mesh '1xtwox2x1': dp_shard 'two' is not a whole number"},
+      {"1x2x2x", "mesh '1x2x2x': ep '' is not a whole number"},
+      {"1x2x2.5x1", "mesh '1x2x2.5x1': tp '2.5' is not a whole number"},
+  };
+  for (const auto& [text, message] : bad)
+    EXPECT_THAT([&] { parse_mesh(text); }, ::testing::ThrowsMessage<Error>(::testing::HasSubstr(message))) << text;
+  const auto params = std::vector<ParamSpec>{matrix_spec("w", 4, 4)};
+  auto items = make_plan_items(params, 4, relative_flop_batch_time());
+  EXPECT_THAT([&] { lay_out_on_mesh(items, params, parse_mesh("1x2x2x2"), 4); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("mesh 1x2x2x2 has 8 ranks, not 4")));
+}
+
+// rank = ((replicate·dp_shard + shard)·ep + expert)·tp + slice.
+TEST(PlanMesh, RankCoordinatesHaveTpInnermost) {
+  const Mesh m{2, 2, 2, 1};
+  const MeshCoordinate c = coordinate_of(m, 5);
+  EXPECT_EQ(std::vector<int>({c.replicate, c.shard, c.expert, c.slice}), std::vector<int>({1, 0, 0, 1}));
+  const MeshCoordinate e = coordinate_of(Mesh{1, 2, 1, 2}, 3);
+  EXPECT_EQ(std::vector<int>({e.replicate, e.shard, e.expert, e.slice}), std::vector<int>({0, 1, 1, 0}));
+}
+
+// 1-D FSDP (1x4x1x1): a 10x3 matrix is torch.chunk(10, 4)'s rows 3, 3, 3, 1. Owned by rank 3: the others send it
+// their U (9 elements each, 36 bytes) and get their O back; rank 3 receives 108 bytes and sends 108.
+TEST(PlanMesh, FsdpHoldsTorchChunksAndTheOwnerGathersItsReplica) {
+  const auto items = mesh_items({matrix_spec("w", 10, 3)}, Mesh{1, 4, 1, 1});
+  EXPECT_EQ(items[0].held, (std::vector<int64_t>{9, 9, 9, 3}));
+  EXPECT_EQ(candidate_owners(items[0], 4), (std::vector<int>{0, 1, 2, 3}));
+  const Traffic t = traffic_of(items[0], 3, 4);
+  EXPECT_EQ(t.sent, (std::vector<int64_t>{36, 36, 36, 108}));
+  EXPECT_EQ(t.received, (std::vector<int64_t>{36, 36, 36, 108}));
+  // Without a layout: every rank a candidate, no bytes.
+  const auto plain = make_plan_items({matrix_spec("w", 10, 3)}, 4, relative_flop_batch_time());
+  EXPECT_EQ(candidate_owners(plain[0], 4), (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(traffic_of(plain[0], 3, 4).sent, std::vector<int64_t>(4, 0));
+}
+
+// HSDP 2x2 (2x2x1x1): each replica {0, 1}, {2, 3} holds the 4x2 matrix once, two rows a rank. Owner 2 gets U from
+// rank 3 only (its replica; HSDP has already reduced the replicas) and sends O to all three others.
+TEST(PlanMesh, HsdpGathersUWithinTheOwnersReplicaAndSendsOToEveryReplica) {
+  const auto items = mesh_items({matrix_spec("w", 4, 2)}, Mesh{2, 2, 1, 1});
+  EXPECT_EQ(items[0].held, (std::vector<int64_t>{4, 4, 4, 4}));
+  EXPECT_EQ(items[0].replicas, 2);
+  const Traffic t = traffic_of(items[0], 2, 4);
+  EXPECT_EQ(t.sent, (std::vector<int64_t>{0, 0, 48, 16}));
+  EXPECT_EQ(t.received, (std::vector<int64_t>{16, 16, 16, 16}));
+}
+
+// FSDP x TP 2x2 (1x2x2x1, rank = 2·shard + slice): a 6x1 matrix is two TP slices of 3 rows, each slice's rows
+// over the 2 shards (2, 1). A 2x1 one is slices of 1 row that only shard 0 holds: its candidates are ranks 0, 1.
+// LPT puts the first where it holds the most (rank 0 of the tied empty ranks), the second on the other candidate.
+TEST(PlanMesh, FsdpOverTpCutsSlicesThenShardsAndOwnersHoldTheirMatrix) {
+  const std::vector<ParamSpec> params = {matrix_spec("w", 6, 1), matrix_spec("v", 2, 1)};
+  const auto items = mesh_items(params, Mesh{1, 2, 2, 1});
+  EXPECT_EQ(items[0].held, (std::vector<int64_t>{2, 2, 1, 1}));
+  EXPECT_EQ(items[1].held, (std::vector<int64_t>{1, 1, 0, 0}));
+  EXPECT_EQ(candidate_owners(items[1], 4), (std::vector<int>{0, 1}));
+  PlanOptions lpt;
+  lpt.balancer = Balancer::lpt;
+  lpt.memory_slack = 10;
+  const Plan plan = make_plan(params, items, 4, lpt);
+  EXPECT_EQ(plan.owner, (std::vector<int>{0, 1}));
+  // w on 0: ranks 1, 2, 3 send 2, 1, 1 elements and get them back; v on 1: rank 0 sends 1 element, gets it back.
+  EXPECT_EQ(plan.per_rank[0].step_sent_bytes, 16 + 4);
+  EXPECT_EQ(plan.per_rank[0].step_received_bytes, 16 + 4);
+  EXPECT_EQ(plan.per_rank[1].step_sent_bytes, 8 + 4);
+  EXPECT_EQ(plan.per_rank[3].step_received_bytes, 4);
+  EXPECT_THAT([&] { plan_from_owners(params, items, 4, {0, 2}, lpt); },
+              ::testing::ThrowsMessage<Error>(::testing::HasSubstr("matrix v has owner 2, which holds none of it")));
+}
+
+// EP x EFSDP (1x2x1x2, rank = 2·shard + expert): 4 experts cut over ep as a stack's dim 0 (experts 0, 1 on expert
+// coordinate 0: ranks 0, 2; experts 2, 3 on 1: ranks 1, 3), each expert's rows over the 2 shards; the dense matrix
+// over all 4 ranks (dp_shard x ep). Every balancer keeps each expert in its group.
+TEST(PlanMesh, ExpertsArePlannedWithinTheirExpertParallelGroup) {
+  std::vector<ParamSpec> params = {matrix_spec("l.attn.w", 4, 2)};
+  for (int e = 0; e < 4; ++e) params.push_back(matrix_spec("l.experts." + std::to_string(e) + ".w", 4, 2));
+  const auto items = mesh_items(params, Mesh{1, 2, 1, 2});
+  EXPECT_EQ(items[0].held, (std::vector<int64_t>{2, 2, 2, 2}));
+  EXPECT_EQ(items[1].held, (std::vector<int64_t>{4, 0, 4, 0}));
+  EXPECT_EQ(items[4].held, (std::vector<int64_t>{0, 4, 0, 4}));
+  EXPECT_EQ(candidate_owners(items[3], 4), (std::vector<int>{1, 3}));
+  const Traffic t = traffic_of(items[3], 1, 4);
+  EXPECT_EQ(t.sent, (std::vector<int64_t>{0, 16, 0, 16}));
+  EXPECT_EQ(t.received, (std::vector<int64_t>{0, 16, 0, 16}));
+  for (Balancer b : {Balancer::rr, Balancer::lpt, Balancer::milp}) {
+    PlanOptions o = milp_options();
+    o.balancer = b;
+    o.memory_slack = 10;
+    const Plan plan = make_plan(params, items, 4, o);
+    for (int e = 1; e <= 4; ++e) {
+      const auto candidates = candidate_owners(items[e], 4);
+      EXPECT_NE(std::find(candidates.begin(), candidates.end(), plan.owner[e]), candidates.end())
+          << to_string(b) << " put expert " << e - 1 << " on rank " << plan.owner[e];
+    }
+  }
+}
+
+// 2x2x2 (2x2x2x1): an 8x2 matrix, slices of 4 rows, 2 rows a rank, in two replicas of 4 ranks. Owner 5 (replica 1)
+// gets U from 4, 6, 7 and sends O to the 7 others.
+TEST(PlanMesh, ThreeDimensionalMeshCountsEveryRank) {
+  const auto items = mesh_items({matrix_spec("w", 8, 2)}, Mesh{2, 2, 2, 1});
+  EXPECT_EQ(items[0].held, std::vector<int64_t>(8, 4));
+  const Traffic t = traffic_of(items[0], 5, 8);
+  EXPECT_EQ(t.sent, (std::vector<int64_t>{0, 0, 0, 0, 16, 112, 16, 16}));
+  EXPECT_EQ(t.received, (std::vector<int64_t>{16, 16, 16, 16, 16, 48, 16, 16}));
+}
+
+// The lexicographic optimum over all assignments to candidates within the memory cap: the least makespan, then the
+// fewest step() bytes at that makespan.
+std::pair<double, int64_t> brute_force_makespan_then_bytes(const std::vector<PlanItem>& items, int ranks, int64_t cap) {
+  const int n = static_cast<int>(items.size());
+  std::vector<int> a(n, 0);
+  std::pair<double, int64_t> best = {std::numeric_limits<double>::infinity(), 0};
+  std::function<void(int)> go = [&](int i) {
+    if (i == n) {
+      std::vector<double> load(ranks, 0.0);
+      std::vector<int64_t> bytes(ranks, 0), sent(ranks, 0), received(ranks, 0);
+      for (int k = 0; k < n; ++k) {
+        load[a[k]] += items[k].time_s;
+        bytes[a[k]] += items[k].bytes;
+        add_step_bytes(items[k], a[k], sent, received);
+      }
+      if (*std::max_element(bytes.begin(), bytes.end()) > cap) return;
+      const double makespan = *std::max_element(load.begin(), load.end());
+      const int64_t moved = std::accumulate(sent.begin(), sent.end(), int64_t{0});
+      if (makespan < best.first * (1 - 1e-9) || (makespan <= best.first * (1 + 1e-9) && moved < best.second))
+        best = {makespan, moved};
+      return;
+    }
+    for (int r : candidate_owners(items[i], ranks)) {
+      a[i] = r;
+      go(i + 1);
+    }
+  };
+  go(0);
+  return best;
+}
+
+// Random layouts (some ranks hold nothing, the others uneven pieces) and times with ties: the MILP finds the least
+// makespan on the candidates and, at it, the fewest step() bytes; LPT and rr stay on the candidates.
+TEST(PlanMesh, MilpIsOptimalOnCandidateSetsThenFewestBytes) {
+  std::mt19937 rng(17);
+  std::uniform_int_distribution<int> piece(0, 3);
+  for (int trial = 0; trial < 10; ++trial) {
+    const int ranks = 3 + trial % 2, n = 6;
+    auto in = make_instance(random_times(n, rng, 3));
+    for (auto& it : in.items) {
+      it.held.assign(ranks, 0);
+      while (std::all_of(it.held.begin(), it.held.end(), [](int64_t h) { return h == 0; }))
+        for (auto& h : it.held) h = piece(rng);
+    }
+    auto o = milp_options();
+    o.memory_slack = 10;
+    const Plan plan = make_plan(in.params, in.items, ranks, o);
+    expect_consistent(in, plan);
+    const auto [makespan, moved] = brute_force_makespan_then_bytes(in.items, ranks, plan.memory_cap_bytes);
+    EXPECT_NEAR(plan.makespan_s, makespan, 1e-12) << "trial " << trial << ": " << plan.note;
+    int64_t plan_moved = 0, plan_received = 0;
+    for (const auto& r : plan.per_rank) plan_moved += r.step_sent_bytes, plan_received += r.step_received_bytes;
+    EXPECT_EQ(plan_moved, moved) << "trial " << trial << ": " << plan.note;
+    EXPECT_EQ(plan_received, plan_moved);
+    for (Balancer b : {Balancer::rr, Balancer::lpt}) {
+      o.balancer = b;
+      const Plan other = make_plan(in.params, in.items, ranks, o);
+      for (const auto& it : in.items) EXPECT_GT(it.held[other.owner[it.param]], 0) << to_string(b);
+    }
+  }
+}
+
+// A 1-D FSDP mesh whose pieces are even changes no owner: the plan is the one without a mesh, for every balancer.
+TEST(PlanMesh, OneDimensionalFsdpPlansAsWithoutAMesh) {
+  std::vector<ParamSpec> params;
+  for (int layer = 0; layer < 3; ++layer) {
+    const std::string l = "layers." + std::to_string(layer) + ".";
+    for (auto [name, rows, cols] : std::vector<std::tuple<const char*, int64_t, int64_t>>{
+             {"q", 896, 896}, {"k", 128, 896}, {"v", 128, 896}, {"o", 896, 896},
+             {"gate", 4864, 896}, {"up", 4864, 896}, {"down", 896, 4864}})
+      params.push_back({l + name, {rows, cols}, ParamRole::matrix, layer});
+  }
+  for (int ranks : {2, 4, 8}) {
+    const auto plain = make_plan_items(params, ranks, relative_flop_batch_time());
+    const auto meshed = mesh_items(params, Mesh{1, ranks, 1, 1});
+    for (Balancer b : {Balancer::rr, Balancer::lpt, Balancer::milp}) {
+      PlanOptions o = milp_options();
+      o.balancer = b;
+      const Plan without = make_plan(params, plain, ranks, o);
+      const Plan with = make_plan(params, meshed, ranks, o);
+      EXPECT_EQ(with.owner, without.owner) << to_string(b) << " at " << ranks << " ranks";
+      EXPECT_EQ(with.makespan_s, without.makespan_s);
+      EXPECT_GT(with.per_rank[0].step_received_bytes, 0);
+    }
+  }
 }
 
 }  // namespace

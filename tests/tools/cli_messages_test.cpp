@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/metrics_csv.hpp"
 #include "test_data.hpp"
@@ -167,6 +169,54 @@ TEST(CliMessages, PlanCountsSmallModelsInReadableUnits) {
   const auto big = run("plan --model qwen2.5-0.5b --ranks 2 --balancer lpt");
   ASSERT_EQ(big.exit_code, 0) << big.output;
   EXPECT_NE(big.output.find(": 494.03M parameters"), std::string::npos) << big.output;
+}
+
+// A dense matrix and 4 experts on an EP x EFSDP mesh (1x2x1x2, rank = 2·shard + expert): plan's table has a row
+// per rank with its coordinate; its JSON keeps each expert among its holders (experts 0, 1 on ranks 0, 2; 2, 3 on
+// 1, 3) and counts what step() moves: the 64x64 matrix, 16 rows a rank, sends 3·4 KiB of U to its owner and gets
+// 3·4 KiB of O back; each 32x64 expert, 16 rows on each of 2 ranks, 4 KiB each way: 57344 bytes sent in all, and
+// received. simulate shows the same plan's ranks.
+TEST(CliMessages, PlanAndSimulateShowEachRanksBytesOnAMesh) {
+  test::TempDir dir;
+  const std::string config = dir.file("moe.json");
+  std::string params = R"({"name": "l.attn.w", "shape": [64, 64], "role": "matrix"})";
+  for (int e = 0; e < 4; ++e)
+    params += R"(, {"name": "l.experts.)" + std::to_string(e) + R"(.w", "shape": [32, 64], "role": "matrix"})";
+  write_file_atomically(config, R"({"model_type": "params", "params": [)" + params + "]}");
+  const auto table = run("plan --hf-config " + config + " --mesh 1x2x1x2 --balancer lpt");
+  ASSERT_EQ(table.exit_code, 0) << table.output;
+  EXPECT_NE(table.output.find("per rank on mesh 1x2x1x2 (dp_replicate x dp_shard x tp x ep)"), std::string::npos)
+      << table.output;
+  EXPECT_TRUE(std::regex_search(table.output, std::regex(R"(\n +3 +0,1,1,0 \| +[0-9.]+ +[0-9.]+ +[0-9.]+\n)")))
+      << table.output;
+
+  const auto json = run("plan --hf-config " + config + " --mesh 1x2x1x2 --balancer all --time-limit 1 --json");
+  ASSERT_EQ(json.exit_code, 0) << json.output;
+  const auto out = nlohmann::json::parse(json.output);
+  EXPECT_EQ(out.at("ranks"), 4);
+  EXPECT_EQ(out.at("mesh").at("ep"), 2);
+  for (const auto& plan : out.at("plans")) {
+    SCOPED_TRACE(plan.at("balancer").get<std::string>());
+    const auto owner = plan.at("owner").get<std::vector<int>>();
+    ASSERT_EQ(owner.size(), 5u);
+    for (int e = 0; e < 4; ++e) EXPECT_EQ(owner[1 + e] % 2, e / 2) << "expert " << e << " on rank " << owner[1 + e];
+    int64_t sent = 0, received = 0;
+    for (const auto& r : plan.at("per_rank")) {
+      sent += r.at("step_sent_bytes").get<int64_t>();
+      received += r.at("step_received_bytes").get<int64_t>();
+    }
+    EXPECT_EQ(sent, 57344);
+    EXPECT_EQ(received, 57344);
+  }
+
+  const auto sim = run("simulate --hf-config " + config + " --mesh 1x2x1x2 --balancer lpt --json");
+  ASSERT_EQ(sim.exit_code, 0) << sim.output;
+  const auto result = nlohmann::json::parse(sim.output).at("results").at(0);
+  EXPECT_EQ(result.at("devices"), 4);
+  ASSERT_EQ(result.at("plan_per_rank").size(), 4u);
+  int64_t sim_sent = 0;
+  for (const auto& r : result.at("plan_per_rank")) sim_sent += r.at("step_sent_bytes").get<int64_t>();
+  EXPECT_EQ(sim_sent, 57344);
 }
 
 }  // namespace

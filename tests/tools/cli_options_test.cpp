@@ -105,6 +105,20 @@ TEST(CliOptions, PlanTuneAndSimulateRejectOutOfRangeNumbersNamingTheFlag) {
     expect_rejected(b);
 }
 
+TEST(CliOptions, PlanAndSimulateRejectABadMeshNamingIt) {
+  for (const BadValue& b : std::vector<BadValue>{
+           {"plan --model gpt2 --mesh 1x2x2", "--mesh: mesh '1x2x2' has 3 sizes; it needs four, dp_replicate x "
+                                               "dp_shard x tp x ep"},
+           {"plan --model gpt2 --mesh 1x0x2x1", "--mesh: mesh '1x0x2x1': dp_shard must be at least 1, got 0"},
+           {"plan --model gpt2 --mesh 1x2xtwox1", "--mesh: mesh '1x2xtwox1': tp 'two' is not a whole number"},
+           {"plan --model gpt2 --mesh 1x2x2x1 --ranks 8", "--mesh 1x2x2x1 has 4 ranks but --ranks is 8"},
+           {"plan --model gpt2", "give --ranks or --mesh"},
+           {"simulate --model gpt2 --mesh 2x2x2x0", "--mesh: mesh '2x2x2x0': ep must be at least 1, got 0"},
+           {"simulate --model gpt2 --mesh 1x2x1x1 --devices 2", "--devices excludes --mesh"},
+       })
+    expect_rejected(b);
+}
+
 // Numbers are decimal: CLI11 alone would read "010" as octal 8.
 TEST(CliOptions, LeadingZerosAreDecimal) {
   const test::CommandResult r =

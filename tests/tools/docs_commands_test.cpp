@@ -160,7 +160,7 @@ std::string runnable(const std::vector<std::string>& w, size_t at, const std::st
   if (given.count("--model")) add("--layers", "1");
   if (path == "bench ns") add("--shapes", "64x128"), add("--repeats", "1");
   if (path == "bench gpt") add("--repeats", "1"), add("--batch", "4");
-  if (path == "simulate") add("--devices", given.count("--gpt") ? "1,2" : "8,16");
+  if (path == "simulate" && !given.count("--mesh")) add("--devices", given.count("--gpt") ? "1,2" : "8,16");
   if (path == "bench e2e") add("--steps", "1"), add("--batch", "4"), add("--warmup", "0");
   if (path == "train") add("--steps", "1"), add("--layers", "1"), add("--batch", "4");
   if (path == "plan") add("--time-limit", "0.2");
