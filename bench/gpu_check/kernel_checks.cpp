@@ -3,6 +3,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "backend/rules/adamw_step.hpp"
 #include "backend/rules/muon_apply.hpp"
 #include "backend/rules/muon_momentum.hpp"
+#include "backend/rules/normuon_normalize.hpp"
 #include "backend/rules/sum_of_squares.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/update_rules.hpp"
@@ -309,6 +311,29 @@ void check_update_rules(Backend& gpu, CheckLog& log) {
       same(w, hw, std::string("muon_apply") + (cautious_wd ? " cautious" : "") +
                       (keep == kept ? " (keep 1)" : keep == dropped ? " (keep 0)" : ""));
     }
+  }
+  {
+    // NorMuon on a 317 × 315 matrix: the GPU sums each row as a tree, the host loop in order, so the row sums may
+    // differ in a double's last bits: within 8 float32 ulps of the largest |O| and 4 of each v.
+    const int64_t rows = 317, cols = 315;
+    const std::vector<float> o0(g1.begin(), g1.begin() + rows * cols);
+    Buffer o(gpu, DType::f32, rows * cols), v(gpu, DType::f32, rows);
+    o.upload(o0);
+    v.upload(std::vector<float>(rows, 1e-4f));
+    gpu.run({rules::NorMuonNormalize{.o = DeviceSpan(gpu, o.f32(), static_cast<size_t>(rows * cols)),
+                                     .v = DeviceSpan(gpu, v.f32(), static_cast<size_t>(rows)),
+                                     .rows = rows,
+                                     .cols = cols,
+                                     .one_minus_beta2 = 0.05f}});
+    std::vector<float> ho = o0, hv(rows, 1e-4f);
+    rules::normuon_normalize_loop(ho.data(), hv.data(), rows, cols, 0.05f);
+    const std::vector<float> go = device_floats(o), gv = device_floats(v);
+    double largest = 0, off_o = 0, off_v = 0;
+    for (float x : ho) largest = std::max(largest, double(std::abs(x)));
+    for (int64_t i = 0; i < rows * cols; ++i) off_o = std::max(off_o, std::abs(double(go[i]) - ho[i]) / largest);
+    for (int64_t r = 0; r < rows; ++r) off_v = std::max(off_v, std::abs(double(gv[r]) - hv[r]) / hv[r]);
+    log.report(off_o <= 8 * 6e-8, "normuon_normalize: O off the host loop / largest |O|", off_o, 8 * 6e-8);
+    log.report(off_v <= 4 * 6e-8, "normuon_normalize: v off the host loop (relative)", off_v, 4 * 6e-8);
   }
 }
 

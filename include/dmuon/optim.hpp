@@ -47,19 +47,40 @@ struct AdamWHyper {
   double weight_decay = 0.0;  // decoupled: p ← p·(1 − lr·wd) before the Adam step
 };
 
-// The default is `original`; dmuon.torch.DMuon's is match_rms_adamw (docs/pytorch.md, "Defaults").
+// s of W ← W·(1 − lr·wd) − lr·s·O for a rows×cols matrix. The default is `original`; dmuon.torch.DMuon's is
+// match_rms_adamw (docs/pytorch.md, "Defaults"). docs/optimizers.md names each peer's spelling of each.
 enum class MuonScale {
   original,         // sqrt(max(1, rows/cols)) (KellerJordan/Muon)
   match_rms_adamw,  // 0.2·sqrt(max(rows, cols)) (Moonlight)
+  spectral,         // sqrt(rows/cols) (torch.optim.Muon's spectral_unclamped, dion's spectral_norm)
+  unit_rms,         // sqrt(max(rows, cols)) (Megatron's spectral)
 };
 
-struct MuonHyper {
+enum class MuonVariant {
+  muon,     // O = orth(U)
+  normuon,  // O = orth(U) normalized per row by a running second moment (rules::NorMuonNormalize)
+};
+
+// The Muon options that may differ from matrix to matrix (OptimizerOptions::muon_rules): frozen per matrix when
+// the optimizer registers it; matrices of different options never share a Newton–Schulz batch.
+struct MuonMatrixOptions {
+  NsOptions ns;                             // its Newton–Schulz (steps, coefficients, algorithm, ...)
+  MuonScale scale = MuonScale::original;
+  double extra_scale_factor = 1.0;          // s ← s·extra_scale_factor (Megatron's extra_scale_factor)
+  bool cautious_wd = false;                 // decay only where W·O ≥ 0 (rules::MuonApply)
+  MuonVariant variant = MuonVariant::muon;
+  double normuon_beta2 = 0.95;              // NorMuon's β2 (state "normuon.v": one value per row)
+
+  bool operator==(const MuonMatrixOptions&) const = default;
+};
+
+// Muon's hyperparameters: the group's lr, momentum and decay, and the per-matrix options' defaults (the matrices
+// that no OptimizerOptions::muon_rules rule names take these).
+struct MuonHyper : MuonMatrixOptions {
   double lr = 0.02;
   double momentum = 0.95;  // β of the lerp momentum M ← β·M + (1−β)·G
   bool nesterov = true;
-  MuonScale scale = MuonScale::original;
   double weight_decay = 0.0;  // decoupled, with the unscaled lr: W ← W·(1 − lr·wd) − lr·s·O
-  NsOptions ns;
 };
 
 // ---- the per-tensor definitions (host memory, on cpu_backend()'s kernels) ----
@@ -80,6 +101,13 @@ void muon_momentum(std::span<const float> grad, float grad_scale, std::span<floa
 
 // s of DESIGN section 1 for a rows×cols matrix.
 double muon_scale(int64_t rows, int64_t cols, MuonScale scale);
+
+// Names as `dmuon train --muon-group` spells them ("original", "match_rms_adamw", "spectral", "unit_rms";
+// "muon", "normuon"); parse_* throw dmuon::Error listing the valid names.
+std::string to_string(MuonScale scale);
+std::string to_string(MuonVariant variant);
+MuonScale parse_muon_scale(const std::string& name);
+MuonVariant parse_muon_variant(const std::string& name);
 
 // W ← W·(1 − lr·wd) − lr·s·O on n values.
 void muon_apply(std::span<float> w, std::span<const float> o, const MuonHyper& hyper, double s);
@@ -112,6 +140,23 @@ struct GroupRule {
 };
 bool name_matches(const std::string& pattern, const std::string& name);
 
+// Per-matrix Muon options by name: a Muon matrix whose name `pattern` matches (as GroupRule's) takes `options`;
+// the first matching rule wins; a matrix no rule matches takes OptimizerOptions::muon's. A rule that matches no
+// Muon matrix is refused (a misspelt pattern would otherwise change nothing).
+struct MuonRule {
+  std::string pattern;
+  MuonMatrixOptions options;
+};
+
+// A rule from text "PATTERN:key=value[,key=value...]" (dmuon train's --muon-group), the options not named taken
+// from `defaults`. The pattern is everything before the last ':' (a regex may hold ':'). Keys: ns-steps (≥ 1),
+// coeffs (keller | you | polar-express), algo (auto | standard | gram), scale (original | match_rms_adamw |
+// spectral | unit_rms), extra-scale (> 0), cautious-wd (on | off), variant (muon | normuon), normuon-beta2 ([0, 1)).
+// Throws dmuon::Error quoting the text and naming the bad key or value.
+MuonRule parse_muon_rule(const std::string& text, const MuonMatrixOptions& defaults);
+// The rule as parse_muon_rule reads it, naming every key that differs from `defaults` ("attn.*:ns-steps=6").
+std::string to_string(const MuonRule& rule, const MuonMatrixOptions& defaults);
+
 enum class NonFinitePolicy {
   error,  // throw dmuon::Error naming the parameter and rank (every rank throws)
   skip,   // every rank skips the step and counts it in skipped_steps()
@@ -121,6 +166,7 @@ struct OptimizerOptions {
   MuonHyper muon;
   AdamWHyper adamw;
   std::vector<GroupRule> rules;
+  std::vector<MuonRule> muon_rules;  // per-matrix Muon options by name (muon's: the default)
   int accumulation_steps = 1;  // step() calls per update; the update uses the mean gradient
   double clip_grad_norm = 0;   // > 0: scale the (mean) gradient so its global L2 norm is at most this
   NonFinitePolicy nonfinite = NonFinitePolicy::error;
@@ -130,8 +176,8 @@ struct OptimizerOptions {
 // aligned with the parameter's local slice [offset, offset+count).
 struct StateSlice {
   std::string param;               // parameter name
-  std::string kind;                // "param", "muon.momentum", "adamw.m", "adamw.v"
-  std::vector<int64_t> shape;      // full logical shape of the parameter
+  std::string kind;                // "param", "muon.momentum", "normuon.v", "adamw.m", "adamw.v"
+  std::vector<int64_t> shape;      // full logical shape of the parameter (normuon.v: {rows}, one value a row)
   int64_t offset = 0;              // first flattened element held here
   float* data = nullptr;           // count values, in the optimizer's backend's memory
   int64_t count = 0;
@@ -164,6 +210,9 @@ class Optimizer {
 
   const OptimizerOptions& options() const { return options_; }
   OptimGroup group_of(const std::string& name) const;  // throws for an unknown name
+  // The options a Muon matrix was registered with (its rule's, else options().muon's); throws for a name that is
+  // not a Muon matrix of this optimizer.
+  const MuonMatrixOptions& muon_options_of(const std::string& name) const;
   int64_t updates() const { return updates_; }             // updates applied (AdamW's t)
   int64_t skipped_steps() const { return skipped_; }       // updates skipped (non-finite gradient)
   double last_grad_norm() const { return last_grad_norm_; }  // global norm of the last mean gradient
@@ -186,6 +235,8 @@ class Optimizer {
     ParamRef ref;
     OptimGroup group;
     Buffer momentum;     // Muon
+    int muon_options = -1;  // Muon: its options, muon_options_[muon_options]
+    Buffer variance;     // NorMuon: the whole matrix's v, one value a row, where this rank holds a piece
     Buffer m, v;         // AdamW
     Buffer accumulated;  // sum of micro-batch gradients (accumulation_steps > 1)
   };
@@ -195,7 +246,8 @@ class Optimizer {
   struct MuonMatrix {
     Slot* slot = nullptr;
     const ParamSpec* spec = nullptr;
-    Buffer full;  // (rows, cols), allocated once
+    Buffer full;      // (rows, cols), allocated once
+    int options = 0;  // muon_options_[options]
   };
   // The Muon matrices this rank orthogonalizes, asked once (at the first update). Single process:
   // each Muon slot that holds its whole matrix. Distributed variants gather (or own) them.
@@ -213,14 +265,14 @@ class Optimizer {
   // Momentum of slot s with g·grad_scale, U into u (count values).
   void momentum_into(Slot& s, float grad_scale, float* u);
   std::vector<Slot>& slots() { return slots_; }
-  Orthogonalizer& orthogonalizer() { return orth_; }
   int rank_ = 0;
   int world_size_ = 1;
 
  private:
-  // Same-shape Muon matrices, orthogonalized in one Orthogonalizer call (DESIGN 2.6).
+  // Same-shape Muon matrices of equal options, orthogonalized in one Orthogonalizer call (DESIGN 2.6).
   struct ShapeBatch {
     int64_t rows = 0, cols = 0;
+    int options = 0;                 // muon_options_[options], orths_[options]
     std::vector<MuonMatrix*> matrices;
     std::vector<MatView> views;      // each matrix's full U
     std::vector<std::string> names;  // for errors
@@ -229,15 +281,18 @@ class Optimizer {
   // Σ g² of every slot (device), read once; throws or skips on a non-finite gradient. Returns false to skip.
   bool gradient_norm(float mean_scale);
   void update_adamw(float grad_scale);
-  // Momentum and U, NS in batches of same-shape matrices, one read of the NS input norms,
-  // W ← W·(1 − lr·wd) − lr·s·O.
+  // Momentum and U, NS in batches of same-shape matrices of equal options, one read of the NS input norms,
+  // NorMuon's normalization where asked, W ← W·(1 − lr·wd) − lr·s·O.
   void update_muon(float grad_scale);
   // muon_ and batches_, built at the first update.
   void plan_muon();
 
   OptimizerOptions options_;
-  Orthogonalizer orth_;
   Backend* backend_;
+  // The distinct options of the Muon matrices (the default first), and the Orthogonalizer of each: the one the
+  // optimizer was given for options_.muon.ns, else ns_orthogonalizer of its ns.
+  std::vector<MuonMatrixOptions> muon_options_;
+  std::vector<Orthogonalizer> orths_;
   std::vector<Slot> slots_;
   std::vector<MuonMatrix> muon_;
   std::vector<ShapeBatch> batches_;

@@ -77,6 +77,10 @@ struct TrainOptions {
   // the same step (stop_requested() below). Optional.
   std::function<int()> stop_signal;
   NsOptions ns;               // Muon's Newton–Schulz (`dmuon bench e2e` runs the plain baseline with it)
+  // Per-matrix Muon options by name (OptimizerOptions::muon_rules; `dmuon train --muon-group`, one rule each, the
+  // first matching wins). With `tune`, a rule's matrices whose Newton–Schulz differs from `ns` run the untuned
+  // engine with the rule's options (ns_orthogonalizer); the others, the tuned kernels.
+  std::vector<MuonRule> muon_group;
   // Muon runs: NS kernels from the tuning cache (tune.hpp) over ns's math, and DMuon's owners planned
   // from the tuned batch times (tuned_batch_time: measured load balancing) instead of flop estimates.
   // Rank 0 tunes the shapes the cache lacks while the other ranks wait (tune_across_ranks); every

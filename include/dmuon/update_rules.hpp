@@ -1,5 +1,6 @@
-// The update rules of DESIGN 1 as values: one struct per elementwise rule, holding its views (DeviceSpans of one
-// size n, on the backend that runs it: float32 values) and its constants, and UpdateRule, the one operation
+// The update rules of DESIGN 1 as values: one struct per rule, holding its views (DeviceSpans of one size n, on
+// the backend that runs it: float32 values; a row-shaped rule's differ, checked by its own checked_size) and its
+// constants, and UpdateRule, the one operation
 // Backend::run takes. Each rule rounds as PyTorch does in float32 (torch.optim.AdamW's single-tensor path,
 // KellerJordan/Muon's lerp_ calls), identically on every backend; g = grad·grad_scale throughout.
 //
@@ -108,6 +109,20 @@ struct MuonApply {
   std::array<DeviceScalar, 1> scalars() const { return {{{keep, sizeof(float)}}}; }
 };
 
+// NorMuon's normalization (arXiv 2510.05491, algorithm 1; microsoft/dion's normuon.py) of one orthogonalized
+// rows×cols matrix O (row-major, in place) with its per-row (neuron) second moment v (rows values):
+//   v_r ← lerp(v_r, mean_j O_rj², 1−β2);  Ô_rj = O_rj / (√v_r + 1e-8);  O ← Ô·(‖O‖_F / max(‖Ô‖_F, 1e-8))
+// The row sums and both norms in double, v and O in float32 (src/backend/rules/normuon_normalize.hpp).
+// A row-shaped rule: its two views differ in size (o: rows·cols, v: rows).
+struct NorMuonNormalize {
+  static constexpr const char* name = "normuon_normalize";
+  DeviceSpan<float> o{}, v{};
+  int64_t rows = 0, cols = 0;
+  float one_minus_beta2 = 0;  // 1 − β2, rounded from double as torch's lerp weight is
+
+  auto views() const { return std::tuple{o, v}; }
+};
+
 // n, the one size of a rule's views; throws naming the rule when two differ.
 template <class Rule>
 int64_t checked_size(const Rule& rule) {
@@ -128,11 +143,22 @@ inline int64_t checked_size(const MuonMomentum& rule) {
   return static_cast<int64_t>(n);
 }
 
+// NorMuonNormalize: o holds rows·cols values and v rows; returns rows·cols.
+inline int64_t checked_size(const NorMuonNormalize& rule) {
+  DMUON_CHECK(rule.rows >= 0 && rule.cols >= 0 && rule.o.size() == static_cast<size_t>(rule.rows * rule.cols) &&
+                  rule.v.size() == static_cast<size_t>(rule.rows),
+              NorMuonNormalize::name, ": a ", rule.rows, "x", rule.cols, " matrix needs ", rule.rows * rule.cols,
+              " values and ", rule.rows, " row moments, got ", rule.o.size(), " and ", rule.v.size());
+  return static_cast<int64_t>(rule.o.size());
+}
+
 }  // namespace rules
 
-// One elementwise update rule, for Backend::run.
+// One update rule, for Backend::run.
 struct UpdateRule {
-  std::variant<rules::SumOfSquares, rules::Accumulate, rules::AdamWStep, rules::MuonMomentum, rules::MuonApply> op;
+  std::variant<rules::SumOfSquares, rules::Accumulate, rules::AdamWStep, rules::MuonMomentum, rules::MuonApply,
+               rules::NorMuonNormalize>
+      op;
 };
 
 }  // namespace dmuon

@@ -26,6 +26,7 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr const char* kFormat = "dmuon-checkpoint";
+constexpr const char* kRowStateKind = "normuon.v";  // one value per row of the parameter (Optimizer::state_slices)
 constexpr int kVersion = 2;  // 2: index.json covers itself and the manifests by checksums
 
 std::string rank_stem(int rank) {
@@ -416,11 +417,20 @@ CheckpointContents read_checkpoint_contents(const std::string& dir) {
   out.skipped = manifest.skipped;
   out.run = manifest.run;
   for (const SavedSlice& s : manifest.slices) {
+    if (s.kind == kRowStateKind) continue;  // laid out as the rows: shape {rows}, checked below
     CheckpointContents::Param& p = out.params[s.param];
     DMUON_CHECK(p.kinds.empty() || p.shape == s.shape, dir, ": parameter '", s.param, "' is saved with shapes ",
                 shape_text(p.shape), " and ", shape_text(s.shape));
     p.shape = s.shape;
     p.kinds.insert(s.kind);
+  }
+  for (const SavedSlice& s : manifest.slices) {
+    if (s.kind != kRowStateKind) continue;
+    const auto p = out.params.find(s.param);
+    DMUON_CHECK(p != out.params.end() && !p->second.shape.empty() && s.shape == std::vector<int64_t>{p->second.shape[0]},
+                dir, ": ", s.kind, " of parameter '", s.param, "' has shape ", shape_text(s.shape),
+                ", not one value per row of the parameter's");
+    p->second.kinds.insert(s.kind);
   }
   return out;
 }

@@ -91,7 +91,8 @@ std::vector<Optimizer::MuonMatrix> MuonGatherCompute::muon_matrices() {
   std::vector<MuonMatrix> out;
   for (Slot& s : slots()) {
     if (s.group != OptimGroup::muon) continue;
-    out.push_back({s.ref.count > 0 ? &s : nullptr, &s.ref.spec, Buffer(backend(), DType::f32, s.ref.spec.numel())});
+    out.push_back({s.ref.count > 0 ? &s : nullptr, &s.ref.spec, Buffer(backend(), DType::f32, s.ref.spec.numel()),
+                   s.muon_options});
   }
   counts_.assign(world_size_, 0);
   int64_t total = 0;

@@ -3,10 +3,12 @@
 // Muon on matrices (single process here; distributed variants override muon_matrices and
 // prepare_muon_inputs). Every loop over values is a backend kernel; the host reads two small arrays
 // per update and allocates nothing after the first.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "dmuon/error.hpp"
 #include "dmuon/optim.hpp"
@@ -23,6 +25,23 @@ OptimGroup assign_group(const std::vector<GroupRule>& rules, const ParamSpec& sp
   return spec.role == ParamRole::matrix ? OptimGroup::muon : OptimGroup::adamw;
 }
 
+// Muon matrix options the optimizer can run, checked once where the optimizer registers them.
+void check_muon_options(const MuonMatrixOptions& o, const std::string& where) {
+  DMUON_CHECK(o.ns.steps >= 1, where, ": ns steps must be ≥ 1, got ", o.ns.steps);
+  DMUON_CHECK(std::isfinite(o.extra_scale_factor) && o.extra_scale_factor > 0, where,
+              ": extra_scale_factor must be finite and > 0, got ", o.extra_scale_factor);
+  DMUON_CHECK(o.normuon_beta2 >= 0 && o.normuon_beta2 < 1, where, ": normuon_beta2 must be in [0, 1), got ",
+              o.normuon_beta2);
+}
+
+// The options of a Muon matrix: its first matching rule's, else the defaults.
+const MuonMatrixOptions& options_for(const OptimizerOptions& o, const std::string& name) {
+  for (const MuonRule& rule : o.muon_rules) {
+    if (name_matches(rule.pattern, name)) return rule.options;
+  }
+  return o.muon;
+}
+
 // A zeroed state buffer of n float32 values.
 Buffer zeros(Backend& backend, int64_t n) {
   Buffer b(backend, DType::f32, n);
@@ -36,7 +55,7 @@ double* as_doubles(const Buffer& b) { return reinterpret_cast<double*>(b.data())
 }  // namespace
 
 Optimizer::Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth, Backend& backend)
-    : options_(std::move(options)), orth_(std::move(orth)), backend_(&backend) {
+    : options_(std::move(options)), backend_(&backend) {
   DMUON_CHECK(options_.accumulation_steps >= 1, "accumulation_steps must be ≥ 1, got ", options_.accumulation_steps);
   DMUON_CHECK(options_.clip_grad_norm >= 0, "clip_grad_norm must be ≥ 0 (0: off), got ", options_.clip_grad_norm);
   const MuonHyper& mu = options_.muon;
@@ -45,6 +64,10 @@ Optimizer::Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Ort
   DMUON_CHECK(ad.beta1 >= 0 && ad.beta1 < 1 && ad.beta2 >= 0 && ad.beta2 < 1, "AdamW betas must be in [0, 1), got (",
               ad.beta1, ", ", ad.beta2, ")");
   DMUON_CHECK(ad.eps > 0, "AdamW eps must be > 0, got ", ad.eps);
+  check_muon_options(mu, "OptimizerOptions.muon");
+  muon_options_ = {mu};
+  orths_.push_back(std::move(orth));
+  std::vector<bool> rule_used(options_.muon_rules.size(), false);
   std::set<std::string> names;
   for (ParamRef& p : params) {
     const int64_t numel = p.spec.numel();
@@ -52,12 +75,28 @@ Optimizer::Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Ort
     DMUON_CHECK(names.insert(p.spec.name).second, "parameter '", p.spec.name, "' is registered twice");
     DMUON_CHECK(p.offset >= 0 && p.offset + p.count <= numel, "parameter '", p.spec.name, "': local slice [",
                 p.offset, ", ", p.offset + p.count, ") lies outside its ", numel, " elements");
-    Slot s{static_cast<int>(slots_.size()), p, assign_group(options_.rules, p.spec), {}, {}, {}, {}};
+    Slot s;
+    s.index = static_cast<int>(slots_.size());
+    s.ref = p;
+    s.group = assign_group(options_.rules, p.spec);
     if (s.group == OptimGroup::muon) {
       DMUON_CHECK(p.spec.shape.size() >= 2, "parameter '", p.spec.name, "' has ", p.spec.shape.size(),
                   " dimension(s); Muon needs a matrix (move it to AdamW with a GroupRule)");
-      DMUON_CHECK(orth_, "parameter '", p.spec.name, "' is in the Muon group but the optimizer has no Orthogonalizer");
+      DMUON_CHECK(orths_[0], "parameter '", p.spec.name,
+                  "' is in the Muon group but the optimizer has no Orthogonalizer");
       s.momentum = zeros(backend, p.count);
+      const MuonMatrixOptions& mo = options_for(options_, p.spec.name);
+      for (size_t r = 0; r < options_.muon_rules.size(); ++r)
+        if (&mo == &options_.muon_rules[r].options) rule_used[r] = true;
+      const auto known = std::find(muon_options_.begin(), muon_options_.end(), mo);
+      s.muon_options = static_cast<int>(known - muon_options_.begin());
+      if (known == muon_options_.end()) {
+        check_muon_options(mo, "parameter '" + p.spec.name + "'");
+        muon_options_.push_back(mo);
+        orths_.push_back(mo.ns == mu.ns ? orths_[0] : ns_orthogonalizer(mo.ns));
+      }
+      // The whole matrix's rows wherever a piece of it is: the normalization needs every row's moment.
+      if (mo.variant == MuonVariant::normuon && p.count > 0) s.variance = zeros(backend, p.spec.rows());
     } else {
       s.m = zeros(backend, p.count);
       s.v = zeros(backend, p.count);
@@ -65,8 +104,19 @@ Optimizer::Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Ort
     if (options_.accumulation_steps > 1) s.accumulated = zeros(backend, p.count);
     slots_.push_back(std::move(s));
   }
+  for (size_t r = 0; r < rule_used.size(); ++r) {
+    DMUON_CHECK(rule_used[r], "Muon rule '", options_.muon_rules[r].pattern,
+                "' matches no Muon matrix (an earlier rule may take its matrices, or the pattern is misspelt)");
+  }
   grad_sums_ = doubles(backend, slots_.size());
   host_sums_.resize(slots_.size());
+}
+
+const MuonMatrixOptions& Optimizer::muon_options_of(const std::string& name) const {
+  for (const Slot& s : slots_) {
+    if (s.ref.spec.name == name && s.group == OptimGroup::muon) return muon_options_[s.muon_options];
+  }
+  DMUON_FAIL("no Muon matrix named '", name, "' is registered with the optimizer");
 }
 
 OptimGroup Optimizer::group_of(const std::string& name) const {
@@ -207,7 +257,7 @@ std::vector<Optimizer::MuonMatrix> Optimizer::muon_matrices() {
     const int64_t n = s.ref.spec.numel();
     DMUON_CHECK(s.ref.count == n, "parameter '", s.ref.spec.name, "' holds ", s.ref.count, " of ", n,
                 " elements on rank ", rank_, "; this optimizer needs whole Muon matrices");
-    out.push_back({&s, &s.ref.spec, Buffer(*backend_, DType::f32, n)});
+    out.push_back({&s, &s.ref.spec, Buffer(*backend_, DType::f32, n), s.muon_options});
   }
   return out;
 }
@@ -218,10 +268,10 @@ void Optimizer::prepare_muon_inputs(float grad_scale, std::span<MuonMatrix> matr
 
 void Optimizer::plan_muon() {
   muon_ = muon_matrices();
-  std::map<std::pair<int64_t, int64_t>, ShapeBatch> by_shape;
+  std::map<std::tuple<int64_t, int64_t, int>, ShapeBatch> by_shape;
   for (MuonMatrix& m : muon_) {
-    ShapeBatch& b = by_shape[{m.spec->rows(), m.spec->cols()}];
-    b.rows = m.spec->rows(), b.cols = m.spec->cols();
+    ShapeBatch& b = by_shape[{m.spec->rows(), m.spec->cols(), m.options}];
+    b.rows = m.spec->rows(), b.cols = m.spec->cols(), b.options = m.options;
     b.matrices.push_back(&m);
     b.views.push_back(m.full.view(b.rows, b.cols));
     b.names.push_back(m.spec->name);
@@ -244,7 +294,7 @@ void Optimizer::update_muon(float grad_scale) {
   double* norms = as_doubles(ns_norms_);
   const auto t0 = std::chrono::steady_clock::now();
   for (const ShapeBatch& b : batches_) {
-    orth_(*backend_, b.views, b.views, b.names, norms + b.first_norm);
+    orths_[b.options](*backend_, b.views, b.views, b.names, norms + b.first_norm);
     stats_.ns_matrices += static_cast<int64_t>(b.matrices.size());
   }
   // One read per update: the NS input norms (which also waits for the NS to finish on a device).
@@ -259,15 +309,25 @@ void Optimizer::update_muon(float grad_scale) {
   const MuonHyper& mu = options_.muon;
   const float decay = static_cast<float>(1.0 - mu.lr * mu.weight_decay), neg_lr = static_cast<float>(-mu.lr);
   for (const ShapeBatch& b : batches_) {
-    const float scale = static_cast<float>(muon_scale(b.rows, b.cols, mu.scale));
+    const MuonMatrixOptions& mo = muon_options_[b.options];
+    const float scale = static_cast<float>(muon_scale(b.rows, b.cols, mo.scale) * mo.extra_scale_factor);
     for (MuonMatrix* m : b.matrices) {
       if (!m->slot) continue;
+      if (mo.variant == MuonVariant::normuon) {  // on the whole O (a rank's apply reads its piece of it)
+        Buffer& v = m->slot->variance;
+        backend_->run({rules::NorMuonNormalize{.o = DeviceSpan(*backend_, m->full.f32(), b.rows * b.cols),
+                                               .v = DeviceSpan(*backend_, v.f32(), b.rows),
+                                               .rows = b.rows,
+                                               .cols = b.cols,
+                                               .one_minus_beta2 = static_cast<float>(1.0 - mo.normuon_beta2)}});
+      }
       const ParamRef& r = m->slot->ref;
       backend_->run({rules::MuonApply{.w = DeviceSpan(*backend_, values_of(*m->slot), r.count),
                                       .o = DeviceSpan(*backend_, m->full.f32() + r.offset, r.count),
                                       .decay = decay,
                                       .neg_lr = neg_lr,
-                                      .scale = scale}});
+                                      .scale = scale,
+                                      .cautious_wd = mo.cautious_wd}});
     }
   }
 }
@@ -279,6 +339,8 @@ std::vector<StateSlice> Optimizer::state_slices() {
     out.push_back({r.spec.name, "param", r.spec.shape, r.offset, values_of(s), r.count});
     if (s.group == OptimGroup::muon) {
       out.push_back({r.spec.name, "muon.momentum", r.spec.shape, r.offset, s.momentum.f32(), r.count});
+      if (muon_options_[s.muon_options].variant == MuonVariant::normuon)  // whole, or none where no piece is held
+        out.push_back({r.spec.name, "normuon.v", {r.spec.rows()}, 0, s.variance.f32(), s.variance.size()});
     } else {
       out.push_back({r.spec.name, "adamw.m", r.spec.shape, r.offset, s.m.f32(), r.count});
       out.push_back({r.spec.name, "adamw.v", r.spec.shape, r.offset, s.v.f32(), r.count});

@@ -53,8 +53,13 @@ void muon_momentum(std::span<const float> grad, float grad_scale, std::span<floa
 
 double muon_scale(int64_t rows, int64_t cols, MuonScale scale) {
   DMUON_CHECK(rows > 0 && cols > 0, "muon_scale: empty matrix ", rows, "x", cols);
-  if (scale == MuonScale::original) return std::sqrt(std::max(1.0, static_cast<double>(rows) / cols));
-  return 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
+  switch (scale) {
+    case MuonScale::original: return std::sqrt(std::max(1.0, static_cast<double>(rows) / cols));
+    case MuonScale::match_rms_adamw: return 0.2 * std::sqrt(static_cast<double>(std::max(rows, cols)));
+    case MuonScale::spectral: return std::sqrt(static_cast<double>(rows) / cols);
+    case MuonScale::unit_rms: return std::sqrt(static_cast<double>(std::max(rows, cols)));
+  }
+  DMUON_FAIL("muon_scale: unknown MuonScale ", static_cast<int>(scale));
 }
 
 void muon_apply(std::span<float> w, std::span<const float> o, const MuonHyper& hyper, double s) {

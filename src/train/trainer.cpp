@@ -65,6 +65,16 @@ CheckpointRun run_record(const TrainOptions& o) {
                        {"data", o.data.empty() ? "(the fortunes corpus)"
                                                : std::filesystem::absolute(o.data).lexically_normal().string()}};
   if (o.optim != OptimKind::adamw) run["adamw_lr"] = text(o.adamw_lr);
+  if (o.optim != OptimKind::adamw) {
+    MuonMatrixOptions defaults;
+    defaults.ns = o.ns;
+    std::string rules;
+    for (const MuonRule& rule : o.muon_group) {
+      if (!rules.empty()) rules += ' ';
+      rules += to_string(rule, defaults);
+    }
+    run["muon_group"] = rules.empty() ? "(none)" : rules;
+  }
   return run;
 }
 
@@ -186,6 +196,7 @@ OptimizerOptions optimizer_options(const TrainOptions& o) {
     opt.adamw.lr = o.adamw_lr;
   }
   opt.muon.ns = o.ns;
+  opt.muon_rules = o.muon_group;
   opt.muon.weight_decay = o.weight_decay;
   opt.adamw.weight_decay = o.weight_decay;
   return opt;
@@ -206,6 +217,8 @@ void validate(const TrainOptions& o, int world) {
   DMUON_CHECK(std::isfinite(o.weight_decay) && o.weight_decay >= 0,
               "TrainOptions.weight_decay must be finite and at least 0, got ", o.weight_decay);
   DMUON_CHECK(o.warmup >= 0, "TrainOptions.warmup must be at least 0, got ", o.warmup);
+  DMUON_CHECK(o.muon_group.empty() || o.optim != OptimKind::adamw, "TrainOptions.muon_group sets options of Muon "
+              "matrices, and TrainOptions.optim adamw has none (", o.muon_group.size(), " rule(s) given)");
   DMUON_CHECK(o.min_lr_ratio >= 0 && o.min_lr_ratio <= 1, "TrainOptions.min_lr_ratio must be in [0, 1], got ",
               o.min_lr_ratio);
   DMUON_CHECK(o.val_every >= 0, "TrainOptions.val_every must be at least 0, got ", o.val_every);

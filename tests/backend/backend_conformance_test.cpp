@@ -505,6 +505,59 @@ TEST_P(Conformance, UpdateRulesKeepDeviceScaleAndEmptyGradientBitForBit) {
   }
 }
 
+// NorMuonNormalize against its float64 definition (tests/python/muon_reference.py normuon_ref), two steps so that
+// the moment carries over: per row v ← β2·v + (1−β2)·mean_j O², Ô = O/(√v + 1e-8), O ← Ô·‖O‖/max(‖Ô‖, 1e-8). A row
+// of zeros, a 1×n and an n×1 matrix; an all-zero O stays zero. Bounds: v is a float32 lerp of a rounded mean (a few
+// ulps of v); each element of O rounds O, the divisor (√ of v, + 1e-8), the quotient, the ratio (from double norms)
+// and the product: 8 ulps of |Ô| in all, ×2 across the second step's inputs.
+TEST_P(Conformance, NorMuonNormalizeAgainstDoubleReference) {
+  std::mt19937 rng(18);
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (const Shape shape : {Shape{7, 9}, Shape{1, 12}, Shape{12, 1}}) {
+    const int64_t rows = shape.rows, cols = shape.cols, n = rows * cols;
+    const std::string what = std::to_string(rows) + "x" + std::to_string(cols);
+    std::vector<double> v_ref(rows, 0.0);
+    float* v = upload(std::vector<float>(rows, 0.0f));
+    for (int step = 0; step < 2; ++step) {
+      std::vector<float> o0 = uniform_values(n, rng);
+      if (rows > 1) std::fill(o0.begin() + cols, o0.begin() + 2 * cols, 0.0f);  // row 1: zeros
+      float* o = upload(o0);
+      be_->run({rules::NorMuonNormalize{
+          .o = span(o, n), .v = span(v, rows), .rows = rows, .cols = cols, .one_minus_beta2 = 0.1f}});
+      std::vector<double> y(n);
+      double o_sq = 0, y_sq = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        double sum = 0;
+        for (int64_t j = 0; j < cols; ++j) sum += double(o0[r * cols + j]) * o0[r * cols + j];
+        v_ref[r] = 0.9 * v_ref[r] + 0.1 * sum / double(cols);
+        for (int64_t j = 0; j < cols; ++j) y[r * cols + j] = o0[r * cols + j] / (std::sqrt(v_ref[r]) + 1e-8);
+        o_sq += sum;
+      }
+      for (double e : y) y_sq += e * e;
+      const double ratio = std::sqrt(o_sq) / std::max(std::sqrt(y_sq), 1e-8);
+      const std::vector<float> got_o = download(o, n), got_v = download(v, rows);
+      double largest = 0;
+      for (double e : y) largest = std::max(largest, std::abs(e * ratio));
+      for (int64_t i = 0; i < n; ++i)
+        EXPECT_NEAR(got_o[i], y[i] * ratio, 16 * 6e-8 * largest) << what << " step " << step << " element " << i;
+      for (int64_t r = 0; r < rows; ++r) EXPECT_NEAR(got_v[r], v_ref[r], 8 * 6e-8 * v_ref[r]) << what << " row " << r;
+    }
+  }
+  float* zero = upload(std::vector<float>(6, 0.0f));
+  float* v = upload({0.5f, 0.25f});
+  be_->run({rules::NorMuonNormalize{.o = span(zero, 6), .v = span(v, 2), .rows = 2, .cols = 3, .one_minus_beta2 = 0.5f}});
+  EXPECT_EQ(download(zero, 6), std::vector<float>(6, 0.0f));
+  EXPECT_EQ(download(v, 2), (std::vector<float>{0.25f, 0.125f}));
+  try {
+    be_->run({rules::NorMuonNormalize{.o = span(zero, 6), .v = span(v, 2), .rows = 3, .cols = 2}});
+    FAIL() << "normuon_normalize of a 3x2 matrix with 2 row moments ran";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("normuon_normalize"), std::string::npos) << e.what();
+  }
+}
+
 // Sizes that differ are refused, naming the rule; an empty gradient is MuonMomentum's only.
 TEST_P(Conformance, UpdateRulesRefuseViewsOfDifferentSizes) {
   float* a = upload(std::vector<float>(5, 1.0f));

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <optional>
 #include <random>
 
 #include "dmuon/atomic_file.hpp"
@@ -48,6 +49,20 @@ OptimizerOptions options(NsAlgo algo) {
   o.adamw.weight_decay = 0.1;
   o.rules = {{"head", OptimGroup::adamw}};
   o.clip_grad_norm = 4.0;  // see step_scale
+  return o;
+}
+
+// options(standard) with per-matrix options: NorMuon on l.wide (β2 0.95) and on l.q and l.tall (β2 0.9, spectral
+// scale, cautious weight decay); 6 Polar Express steps and 1.5× the scale on out.wide (l.wide's shape: another
+// batch); l.k and l.tiny keep the defaults. The NorMuon matrices' rows straddle the even layout's shards.
+OptimizerOptions recipe_options() {
+  OptimizerOptions o = options(NsAlgo::standard);
+  MuonMatrixOptions normuon = o.muon, clipped = o.muon, polar = o.muon;
+  normuon.variant = MuonVariant::normuon;
+  clipped.variant = MuonVariant::normuon, clipped.normuon_beta2 = 0.9, clipped.scale = MuonScale::spectral;
+  clipped.cautious_wd = true;
+  polar.ns.steps = 6, polar.ns.coeffs = NsCoeffs::polar_express, polar.extra_scale_factor = 1.5;
+  o.muon_rules = {{"l.wide", normuon}, {"re:l\\.(q|tall)", clipped}, {"out.wide", polar}};
   return o;
 }
 
@@ -152,10 +167,11 @@ struct Reference {
   State state;
   std::vector<double> grad_norms;
 };
-Reference reference(NsAlgo algo, int steps, int poison_step = -1, int poison = -1) {
+Reference reference(NsAlgo algo, int steps, int poison_step = -1, int poison = -1,
+                    const std::optional<OptimizerOptions>& given = std::nullopt) {
   Reference ref;
   test::ToyModel& m = ref.model;
-  OptimizerOptions o = options(algo);
+  OptimizerOptions o = given ? *given : options(algo);
   o.nonfinite = NonFinitePolicy::skip;
   Muon muon(m.refs(), o);
   for (int t = 0; t < steps; ++t) {
@@ -246,6 +262,25 @@ TEST(DistributedMuon, EqualsSingleProcessMuon) {
       expect_equal_model(full_values(*sp), ref.model, what);
       expect_equal_state(*opt, ref.state, what);
     }
+  }
+}
+
+// Per-matrix options and NorMuon (recipe_options) in every layout and mode: the owner normalizes each NorMuon
+// matrix whole, gather-then-compute every rank that holds a piece; weights and every state buffer (normuon.v, whole
+// where a piece is held) equal single-process Muon's with the same rules.
+TEST(DistributedMuon, PerMatrixOptionsAndNorMuonEqualSingleProcessMuon) {
+  constexpr int kSteps = 10;
+  const Reference ref = reference(NsAlgo::standard, kSteps, -1, -1, recipe_options());
+  ASSERT_TRUE(ref.state.count({"l.q", "normuon.v"}) && !ref.state.count({"out.wide", "normuon.v"}));
+  for (const Case& c : kCases) {
+    auto sp = sharded(c.layout, c.mode);
+    auto opt = make_optimizer(c, *sp, recipe_options());
+    for (int t = 0; t < kSteps; ++t) {
+      backward(*sp, t);
+      ASSERT_TRUE(opt->step());
+    }
+    expect_equal_model(full_values(*sp), ref.model, std::string(c.name) + ", recipe");
+    expect_equal_state(*opt, ref.state, std::string(c.name) + ", recipe");
   }
 }
 
@@ -415,14 +450,18 @@ TEST(DistributedMuon, NonFiniteGradientFailsOnEveryRank) {
   }
 }
 
+// Plain Muon and recipe_options (NorMuon's v in the checkpoint).
 TEST(DistributedMuon, CheckpointResumesBitIdenticallyAndAtOneRank) {
   test::TempDir tmp;
   const std::string dir = test::shared_folder(tmp);
+  for (const bool recipe : {false, true})
   for (const Case& c : kCases) {
+    const OptimizerOptions o = recipe ? recipe_options() : options(NsAlgo::standard);
+    const std::string what = std::string(c.name) + (recipe ? ", recipe" : "");
     auto straight_sp = sharded(c.layout, c.mode);
-    auto straight = make_optimizer(c, *straight_sp, options(NsAlgo::standard));
+    auto straight = make_optimizer(c, *straight_sp, o);
     auto first_sp = sharded(c.layout, c.mode);
-    auto first = make_optimizer(c, *first_sp, options(NsAlgo::standard));
+    auto first = make_optimizer(c, *first_sp, o);
     for (int t = 0; t < 8; ++t) {
       backward(*straight_sp, t);
       straight->step();
@@ -434,23 +473,24 @@ TEST(DistributedMuon, CheckpointResumesBitIdenticallyAndAtOneRank) {
     save_checkpoint(dir, *first);
     // Resume at this world size, in fresh buffers: bit-identical to the uninterrupted run.
     auto resumed_sp = sharded(c.layout, c.mode);
-    auto resumed = make_optimizer(c, *resumed_sp, options(NsAlgo::standard));
+    auto resumed = make_optimizer(c, *resumed_sp, o);
     load_checkpoint(dir, *resumed);
     for (int t = 4; t < 8; ++t) {
       backward(*resumed_sp, t);
       resumed->step();
     }
-    EXPECT_EQ(full_values(*resumed_sp), full_values(*straight_sp)) << c.name;
+    EXPECT_EQ(full_values(*resumed_sp), full_values(*straight_sp)) << what;
+    EXPECT_EQ(state_of(*resumed), state_of(*straight)) << what;
     EXPECT_EQ(resumed->updates(), 8);
     // Resume in one process (world size 1, whole tensors) on every rank: the reference continued.
     test::ToyModel alone(specs(), 99);
-    Muon single(alone.refs(), options(NsAlgo::standard));
+    Muon single(alone.refs(), o);
     load_checkpoint(dir, single);
     for (int t = 4; t < 8; ++t) {
       set_gradients(alone, t);
       single.step();
     }
-    expect_equal_model(full_values(*straight_sp), alone, std::string(c.name) + " resumed at 1 rank");
+    expect_equal_model(full_values(*straight_sp), alone, what + " resumed at 1 rank");
     std::vector<double> barrier = {0};
     world()->all_reduce<double>(barrier, ReduceOp::sum).wait();  // all have read it before the next save
   }

@@ -566,5 +566,209 @@ TEST(Optimizer, SeveralStepsOfMuonAndAdamWEqualAFloat64Reference) {
   }
 }
 
+// ---- options per matrix and NorMuon ----
+
+// Muon with per-matrix options against a float64 reference written from their definitions (docs/optimizers.md;
+// tests/python/muon_reference.py: normuon_ref, update_scale, muon_apply_ref): layer 0's matrices run NorMuon
+// (β2 0.9) with Moonlight's scale times 1.5 and cautious weight decay, layer 1's wide matrix (layer 0's shape,
+// other options: its own batch) plain Muon. Newton–Schulz is the float64 reference for both, so O differs from
+// the float64 O only by the float32 momentum's rounding: δ = 2e-6 per element, as in the test above. NorMuon
+// multiplies row r by f_r = ratio/(√v_r + 1e-8), whose relative error is at most δ/rms_r (the row's RMS of O, in
+// its v) plus the ratio's (a mean of those); |O_rj| ≤ √cols·rms_r, so Ô's error is at most f_r·δ·(1 + 2√cols).
+TEST(Optimizer, PerMatrixOptionsAndNorMuonEqualAFloat64Reference) {
+  const std::vector<ParamSpec> specs = {{"layers.0.tall", {12, 5}, ParamRole::matrix, 0},
+                                        {"layers.0.wide", {4, 10}, ParamRole::matrix, 0},
+                                        {"layers.1.wide", {4, 10}, ParamRole::matrix, 0},
+                                        {"layers.0.bias", {6}, ParamRole::elementwise, 0}};
+  OptimizerOptions opt;
+  opt.muon.lr = 0.02, opt.muon.momentum = 0.9, opt.muon.weight_decay = 0.1;
+  MuonMatrixOptions recipe = opt.muon;
+  recipe.variant = MuonVariant::normuon, recipe.normuon_beta2 = 0.9;
+  recipe.scale = MuonScale::match_rms_adamw, recipe.extra_scale_factor = 1.5, recipe.cautious_wd = true;
+  opt.muon_rules = {{"layers.0.*", recipe}};
+  test::ToyModel model(specs, 5);
+  Optimizer optimizer(model.refs(), opt, test::reference_orthogonalizer());
+  EXPECT_EQ(optimizer.muon_options_of("layers.0.tall"), recipe);
+  EXPECT_EQ(optimizer.muon_options_of("layers.1.wide"), static_cast<const MuonMatrixOptions&>(opt.muon));
+
+  constexpr double kDelta = 2e-6;
+  const double beta = opt.muon.momentum, lr = opt.muon.lr, wd = opt.muon.weight_decay;
+  std::vector<std::vector<double>> w, m(3), v(2);
+  for (const auto& values : model.values) w.emplace_back(values.begin(), values.end());
+  for (int p = 0; p < 3; ++p) m[p].assign(specs[p].numel(), 0.0);
+  for (int p = 0; p < 2; ++p) v[p].assign(specs[p].rows(), 0.0);
+  int cautious_kept = 0;
+  for (int t = 1; t <= 5; ++t) {
+    std::mt19937 rng(200 + t);
+    std::normal_distribution<float> normal;
+    for (auto& g : model.grads)
+      for (float& x : g) x = normal(rng);
+    ASSERT_TRUE(optimizer.step());
+    for (int p = 0; p < 3; ++p) {
+      const int64_t rows = specs[p].rows(), cols = specs[p].cols();
+      const bool normuon = p < 2;
+      test::MatD u(rows, cols);
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        m[p][i] = beta * m[p][i] + (1 - beta) * model.grads[p][i];
+        u.v[i] = (1 - beta) * model.grads[p][i] + beta * m[p][i];
+      }
+      std::vector<double> o = test::standard_ns_reference(u, ns_schedule(NsCoeffs::keller, 5), 1).v;
+      double f_max = 1, largest_o = 0;
+      if (normuon) {
+        double o_sq = 0, y_sq = 0;
+        std::vector<double> d(rows);
+        for (int64_t r = 0; r < rows; ++r) {
+          double sum = 0;
+          for (int64_t j = 0; j < cols; ++j) sum += o[r * cols + j] * o[r * cols + j];
+          v[p][r] = 0.9 * v[p][r] + 0.1 * sum / double(cols);
+          d[r] = std::sqrt(v[p][r]) + 1e-8;
+          o_sq += sum, y_sq += sum / (d[r] * d[r]);
+        }
+        const double ratio = std::sqrt(o_sq) / std::max(std::sqrt(y_sq), 1e-8);
+        for (int64_t i = 0; i < rows * cols; ++i) largest_o = std::max(largest_o, std::abs(o[i]));
+        f_max = 0;
+        for (int64_t r = 0; r < rows; ++r) f_max = std::max(f_max, ratio / d[r]);
+        for (int64_t i = 0; i < rows * cols; ++i) o[i] *= ratio / d[i / cols];
+      }
+      const double s = normuon ? 0.2 * std::sqrt(double(std::max(rows, cols))) * 1.5
+                               : std::sqrt(std::max(1.0, double(rows) / double(cols)));
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        const bool decays = !normuon || w[p][i] * o[i] >= 0;  // cautious weight decay on layer 0
+        cautious_kept += !decays;
+        w[p][i] = (decays ? w[p][i] * (1 - lr * wd) : w[p][i]) - lr * s * o[i];
+      }
+      const double per_step = lr * s * kDelta * (normuon ? f_max * (1 + 2 * std::sqrt(double(cols))) : 1);
+      const std::string where = specs[p].name + " step " + std::to_string(t);
+      expect_close(model.values[p], std::vector<float>(w[p].begin(), w[p].end()), t * per_step, 4 * t * kEps, where);
+      if (normuon) {  // v = mean of O², each O within δ: 2·max|O|·δ per step, and float32's rounding
+        const std::vector<float> got = state_of(optimizer).at(specs[p].name + " normuon.v");
+        expect_close(got, std::vector<float>(v[p].begin(), v[p].end()), t * 2 * largest_o * kDelta, 4 * t * kEps,
+                     where + " normuon.v");
+      }
+    }
+  }
+  EXPECT_GT(cautious_kept, 0) << "no element of layer 0 kept its weight from decay: cautious weight decay untested";
+}
+
+// The orthogonalizer's calls, by the names of the matrices in each.
+Orthogonalizer call_recording_orthogonalizer(std::vector<std::vector<std::string>>& calls) {
+  return [&calls, ns = ns_orthogonalizer(NsOptions{})](Backend& backend, std::span<const MatView> u,
+                                                       std::span<const MatView> o, std::span<const std::string> names,
+                                                       double* norms) {
+    ns(backend, u, o, names, norms);
+    calls.emplace_back(names.begin(), names.end());
+  };
+}
+
+// A rule's Newton–Schulz (6 steps of Polar Express) gives its matrix, bit for bit, what an optimizer whose default
+// is that setting gives it; the matrices no rule names equal the plain optimizer's; matrices of one shape but other
+// options never share a Newton–Schulz call (q runs the rule's engine, k and v the optimizer's orthogonalizer, each
+// alone: v's variant differs).
+TEST(Optimizer, PerMatrixNewtonSchulzEqualsTheSettingOptimizerWideBitForBit) {
+  const std::vector<ParamSpec> specs = {{"a.q", {8, 8}, ParamRole::matrix, 0},
+                                        {"a.k", {8, 8}, ParamRole::matrix, 0},
+                                        {"a.v", {8, 8}, ParamRole::matrix, 0}};
+  OptimizerOptions plain;
+  OptimizerOptions six = plain;
+  six.muon.ns.steps = 6, six.muon.ns.coeffs = NsCoeffs::polar_express;
+  OptimizerOptions ruled = plain;
+  MuonMatrixOptions normuon = plain.muon;
+  normuon.variant = MuonVariant::normuon;
+  ruled.muon_rules = {{"a.q", six.muon}, {"a.v", normuon}};
+  test::ToyModel a(specs, 3), b(specs, 3), c(specs, 3);
+  std::vector<std::vector<std::string>> calls;
+  Optimizer with_rules(a.refs(), ruled, call_recording_orthogonalizer(calls));
+  Muon six_wide(b.refs(), six), plain_wide(c.refs(), plain);
+  for (int t = 0; t < 3; ++t) {
+    for (test::ToyModel* m : {&a, &b, &c}) m->set_grads(t);
+    ASSERT_TRUE(with_rules.step() && six_wide.step() && plain_wide.step());
+  }
+  EXPECT_EQ(a.values[0], b.values[0]) << "a.q: the rule's 6 polar-express steps";
+  EXPECT_EQ(a.values[1], c.values[1]) << "a.k: the defaults";
+  EXPECT_NE(a.values[0], c.values[0]);
+  EXPECT_NE(a.values[2], c.values[2]) << "a.v: NorMuon changes the update";
+  EXPECT_EQ(with_rules.muon_options_of("a.q").ns.steps, 6);
+  ASSERT_EQ(calls.size(), 6u) << "a.k and a.v, each alone, for 3 steps";
+  for (const auto& call : calls) EXPECT_EQ(call.size(), 1u) << call[0] << " shares a Newton-Schulz call";
+}
+
+// Rules that cannot apply are refused at construction, naming the pattern or the parameter.
+TEST(Optimizer, MuonRulesThatCannotApplyAreRefused) {
+  Model model(1);
+  const auto refused = [&](const OptimizerOptions& opt, const std::string& want) {
+    try {
+      Optimizer o(model.refs(), opt, test::reference_orthogonalizer());
+      ADD_FAILURE() << "no error, wanted one with: " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  OptimizerOptions opt;
+  opt.rules = {{"embed.*", OptimGroup::adamw}};
+  opt.muon_rules = {{"embed.*", opt.muon}};  // AdamW's parameter only
+  refused(opt, "Muon rule 'embed.*' matches no Muon matrix");
+  opt.muon_rules = {{"layers.*", opt.muon}, {"layers.0.w", opt.muon}};  // the first takes every matrix
+  refused(opt, "Muon rule 'layers.0.w' matches no Muon matrix");
+  MuonMatrixOptions bad = opt.muon;
+  bad.normuon_beta2 = 1.0;
+  opt.muon_rules = {{"layers.*", bad}};
+  refused(opt, "parameter 'layers.0.w': normuon_beta2 must be in [0, 1), got 1");
+  opt.muon_rules = {};
+  opt.muon.extra_scale_factor = 0;
+  refused(opt, "OptimizerOptions.muon: extra_scale_factor must be finite and > 0");
+}
+
+TEST(MuonRules, ParseReadsEveryKeyAndRoundTrips) {
+  MuonMatrixOptions defaults;
+  defaults.ns.steps = 5;
+  const MuonRule rule = parse_muon_rule(
+      "re:blocks\\.[0-9]+\\.attn:.*:ns-steps=6,coeffs=polar-express,algo=gram,scale=spectral,extra-scale=1.5,"
+      "cautious-wd=on,variant=normuon,normuon-beta2=0.9",
+      defaults);
+  EXPECT_EQ(rule.pattern, "re:blocks\\.[0-9]+\\.attn:.*");  // everything before the last ':'
+  const MuonMatrixOptions& o = rule.options;
+  EXPECT_EQ(o.ns.steps, 6);
+  EXPECT_EQ(o.ns.coeffs, NsCoeffs::polar_express);
+  EXPECT_EQ(o.ns.algo, NsAlgo::gram);
+  EXPECT_EQ(o.scale, MuonScale::spectral);
+  EXPECT_EQ(o.extra_scale_factor, 1.5);
+  EXPECT_TRUE(o.cautious_wd);
+  EXPECT_EQ(o.variant, MuonVariant::normuon);
+  EXPECT_EQ(o.normuon_beta2, 0.9);
+  const MuonRule again = parse_muon_rule(to_string(rule, defaults), defaults);
+  EXPECT_EQ(again.pattern, rule.pattern);
+  EXPECT_EQ(again.options, rule.options);
+  EXPECT_EQ(to_string(parse_muon_rule("mlp.*:variant=normuon", defaults), defaults), "mlp.*:variant=normuon");
+  EXPECT_EQ(parse_muon_rule("x:scale=unit_rms", defaults).options.ns, defaults.ns);  // the rest: the defaults
+  for (const auto& [text, want] : std::vector<std::pair<std::string, std::string>>{
+           {"attn.*:ns-stepz=6", "Muon rule 'attn.*:ns-stepz=6' (pattern 'attn.*'): unknown option 'ns-stepz'"},
+           {"attn.*:ns-steps=0", "(pattern 'attn.*'): ns-steps must be ≥ 1, got 0"},
+           {"attn.*:ns-steps=six", "ns-steps=six is not a number"},
+           {"attn.*:variant=adam", "unknown Muon variant 'adam' (valid: muon, normuon)"},
+           {"attn.*:scale=rms", "unknown Muon scale 'rms'"},
+           {"attn.*:normuon-beta2=1", "normuon-beta2 must be in [0, 1), got 1"},
+           {"attn.*:cautious-wd=yes", "cautious-wd takes on or off"},
+           {"attn.*:ns-steps", "'ns-steps' is not key=value"},
+           {"attn.*", "Muon rule 'attn.*' is not PATTERN:key=value"},
+           {":variant=normuon", "is not PATTERN:key=value"}}) {
+    try {
+      parse_muon_rule(text, defaults);
+      ADD_FAILURE() << text << " parsed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(MuonScales, EachKindsDefinition) {
+  EXPECT_DOUBLE_EQ(muon_scale(12, 3, MuonScale::original), 2.0);
+  EXPECT_DOUBLE_EQ(muon_scale(3, 12, MuonScale::original), 1.0);
+  EXPECT_DOUBLE_EQ(muon_scale(3, 12, MuonScale::match_rms_adamw), 0.2 * std::sqrt(12.0));
+  EXPECT_DOUBLE_EQ(muon_scale(3, 12, MuonScale::spectral), 0.5);
+  EXPECT_DOUBLE_EQ(muon_scale(3, 12, MuonScale::unit_rms), std::sqrt(12.0));
+  for (MuonScale k : {MuonScale::original, MuonScale::match_rms_adamw, MuonScale::spectral, MuonScale::unit_rms})
+    EXPECT_EQ(parse_muon_scale(to_string(k)), k);
+}
+
 }  // namespace
 }  // namespace dmuon

@@ -6,10 +6,13 @@
 
 #include <fstream>
 #include <optional>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "dmuon/checkpoint.hpp"
+#include "dmuon/checkpoint_rotation.hpp"
 #include "dmuon/metrics_csv.hpp"
 #include "test_data.hpp"
 
@@ -176,6 +179,40 @@ TEST(TrainCli, TunedRunWritesTheCacheAndReusesIt) {
   const test::CommandResult second = run(args, 2);
   ASSERT_EQ(second.exit_code, 0) << second.output;
   EXPECT_NE(second.output.find("(cached)"), std::string::npos) << second.output;
+}
+
+// --muon-group: per-matrix Muon options by name, on 2 ranks. The attention matrices run NorMuon with 6 Newton-Schulz
+// steps: the checkpoint holds their normuon.v and none for the MLP's; a resume that changes the rules says so; and
+// the bad rules are one-line errors naming the rule and what is wrong with it.
+TEST(TrainCli, MuonGroupSetsOptionsPerMatrixByName) {
+  test::TempDir dir;
+  const std::string save = dir.file("ckpt");
+  const std::string rule = " --muon-group 'blocks.*.attn.*:ns-steps=6,variant=normuon'";
+  const test::CommandResult r = run(kSmallRun + rule + " --progress plain --save " + save, 2);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const CheckpointContents saved = read_checkpoint_contents(newest_checkpoint(save));
+  EXPECT_TRUE(saved.params.at("blocks.0.attn.qkv.weight").kinds.count("normuon.v"));
+  EXPECT_TRUE(saved.params.at("blocks.0.attn.proj.weight").kinds.count("normuon.v"));
+  EXPECT_FALSE(saved.params.at("blocks.0.mlp.fc.weight").kinds.count("normuon.v"));
+  EXPECT_EQ(saved.run.at("muon_group"), "blocks.*.attn.*:ns-steps=6,variant=normuon");
+  const test::CommandResult resumed =
+      run(std::regex_replace(kSmallRun, std::regex("--steps 2"), "--steps 3") +
+              " --muon-group 'blocks.*.attn.*:variant=normuon' --progress plain --resume " + save,
+          2);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("--muon-group blocks.*.attn.*:variant=normuon (saved: "
+                                "blocks.*.attn.*:ns-steps=6,variant=normuon)"),
+            std::string::npos)
+      << resumed.output;
+
+  const auto refused = [](const std::string& args, const std::string& want) {
+    const test::CommandResult bad = run(kSmallRun + args);
+    expect_one_clear_line(bad, want, "");
+  };
+  refused(" --muon-group 'blocks.*.attn.*:ns-stepz=6'",
+          "--muon-group: Muon rule 'blocks.*.attn.*:ns-stepz=6' (pattern 'blocks.*.attn.*'): unknown option 'ns-stepz'");
+  refused(" --muon-group 'attn.*:variant=normuon'", "Muon rule 'attn.*' matches no Muon matrix");
+  refused(" --optim adamw --muon-group '*:variant=normuon'", "--muon-group sets options of Muon matrices");
 }
 
 }  // namespace

@@ -47,9 +47,16 @@ DMUON_HOST_DEVICE inline float div(float a, float b) {
 #endif
 }
 
-DMUON_HOST_DEVICE inline float sqrt_rn(float a) {
+// √a rounded once, in float or double.
+template <class T>
+DMUON_HOST_DEVICE inline T sqrt_rn(T a) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "sqrt_rn: float or double");
 #ifdef __CUDA_ARCH__
-  return __fsqrt_rn(a);
+  if constexpr (sizeof(T) == 8) {
+    return __dsqrt_rn(a);
+  } else {
+    return __fsqrt_rn(a);
+  }
 #else
   return std::sqrt(a);
 #endif
