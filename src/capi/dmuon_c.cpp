@@ -454,9 +454,9 @@ int dmuon_plan_owners(int64_t n, const int64_t* rows, const int64_t* cols, int w
       require(cost_kind == "auto" || path != nullptr, "costs=tuned needs a tuning cache");
       require(threads >= 1, "threads must be >= 1, got " + std::to_string(threads));
       std::string warning;
-      // The planner's costs: float32 timings.
-      const auto entries =
-          path ? load_entries(path, threads, dmuon::DType::f32, &warning) : std::vector<dmuon::TuneEntry>{};
+      // The planner's costs: timings in the CPU's default dtype, the one dmuon_tune times.
+      const auto entries = path ? load_entries(path, threads, dmuon::cpu_ns_default_dtype(), &warning)
+                                : std::vector<dmuon::TuneEntry>{};
       try {
         items = dmuon::make_plan_items(params, world_size, dmuon::tuned_batch_time(entries));
         tuned = true;
@@ -487,6 +487,8 @@ int dmuon_tune(int64_t n, const int64_t* rows, const int64_t* cols, const int32_
     options.cache_path = resolve_cache(tune_cache, path_storage);
     options.threads = threads;
     options.rounds = rounds;
+    options.dtype = dmuon::cpu_ns_default_dtype();  // what a handle computes in unasked (ns_compute_dtype)
+    if (options.dtype != dmuon::DType::f32) options.backend = &dmuon::cpu_backend();  // timed in bf16 there
     dmuon::tune_with_cache(requests, options);
   });
 }

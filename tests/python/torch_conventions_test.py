@@ -575,7 +575,7 @@ def test_muon_equals_torch_optim_muon_with_the_reference_newton_schulz(monkeypat
     matrices = ["layers.0.tall", "layers.0.wide"]
     twins = {n: torch.nn.Parameter(params[n].detach().double().clone()) for n in matrices}
     opt = DMuon(list(params.items()), lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=wd, scale=scale,
-                algo="standard", balancer="lpt")
+                algo="standard", balancer="lpt", ns_dtype="float32")
     assert [n for g in opt.param_groups if g["use_muon"] for n in g["param_names"]] == matrices
 
     def reference_newton_schulz(grad, ns_coefficients, ns_steps, eps):

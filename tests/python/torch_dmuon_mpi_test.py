@@ -506,7 +506,7 @@ def check_bfloat16_newton_schulz(state_dtype):
     shapes = {"experts.weight": (8, 24, 16), "layers.0.mlp.down.weight": (16, 40)}
     model = Model({n: torch.zeros(s, dtype=torch.bfloat16) for n, s in shapes.items()}, list(shapes))
     opt = DMuon(model.named(list(shapes)), lr=2.0 ** -4, nesterov=False, scale="original",
-                state_dtype=state_dtype, balancer="lpt")
+                state_dtype=state_dtype, balancer="lpt", ns_dtype="float32")
     grads = {n: gradient(0, k, s).bfloat16() for k, (n, s) in enumerate(shapes.items())}
     model.set_grads(grads)
     opt.step()

@@ -63,7 +63,7 @@ GROUP_OPTIONS = {"a.weight": (dict(scale="original"), dict(adjust_lr_fn="origina
 def test_groups_with_their_own_options_equal_torch_optim_muon_per_group(monkeypatch):
     params = parameters()
     opt = DMuon([{"params": [(n, params[n])], **options} for n, (options, _) in GROUP_OPTIONS.items()],
-                lr=LR, momentum=MOMENTUM, weight_decay=WD, algo="standard", balancer="lpt")
+                lr=LR, momentum=MOMENTUM, weight_decay=WD, algo="standard", balancer="lpt", ns_dtype="float32")
 
     def reference_newton_schulz(grad, ns_coefficients, ns_steps, eps):
         assert tuple(ns_coefficients) == KELLER
