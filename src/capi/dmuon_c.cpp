@@ -252,10 +252,12 @@ int dmuon_ns_create(const char* coeffs, const char* algo, int steps, int threads
     std::string path_storage;
     const char* path = resolve_cache(tune_cache, path_storage);
     if (path && ns->defaults.algo == dmuon::NsAlgo::automatic) {
-      ns->tuned[dmuon::DType::f32] = load_entries(path, threads, dmuon::DType::f32, &ns->warning);
-      if (dmuon::cpu_backend().supports(dmuon::DType::bf16)) {
-        std::string bf16_warning;
-        ns->tuned[dmuon::DType::bf16] = load_entries(path, threads, dmuon::DType::bf16, &bf16_warning);
+      // Each dtype's entries (a call computes in either); the warning of the CPU's default, which dmuon_tune fills.
+      for (const dmuon::DType dtype : {dmuon::DType::f32, dmuon::DType::bf16}) {
+        if (!dmuon::cpu_backend().supports(dtype)) continue;
+        std::string warning;
+        ns->tuned[dtype] = load_entries(path, threads, dtype, &warning);
+        if (dtype == dmuon::cpu_ns_default_dtype()) ns->warning = warning;
       }
     }
     *out = ns.release();
