@@ -198,6 +198,15 @@ class Buffer {
 // The process's CPU backend (OpenBLAS on host memory); thread-safe, lives for the whole process.
 Backend& cpu_backend();
 
+// Newton–Schulz's compute dtype on the CPU where the caller asks for none (dmuon ns --dtype auto, a new C ABI handle,
+// hence DMuon(ns_dtype=None)): bf16 where this CPU has bf16 units that oneDNN uses (AVX-512 BF16, AMX), float32
+// elsewhere, a build without oneDNN included. The environment variable DMUON_NS_DEFAULT_DTYPE (bf16 or f32) overrides
+// the machine's answer, so the suite runs under either default on any CPU. Read once per process.
+DType cpu_ns_default_dtype();
+// Its rule, with the machine's answer given (tests fake it): `forced`, DMUON_NS_DEFAULT_DTYPE's value, when set
+// (null or empty: unset; neither bf16 nor f32 throws naming the variable), else bf16 exactly when `bf16_units`.
+DType ns_default_dtype_rule(bool bf16_units, const char* forced);
+
 // How many devices of `device` this build can use on this machine, so that code above the seam never asks a
 // device library itself: cuda, the CUDA devices this process sees when the build has the CUDA backend (0
 // without it, without a driver or without a device; never throws); cpu 1 (0 in the GPU-only build, which has

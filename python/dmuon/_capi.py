@@ -157,7 +157,8 @@ class Orthogonalizer:
     for the input's norms (on a GPU, for everything queued before); False: no wait, and a non-finite input gives
     non-finite outputs, for callers that check their gradients first; dtype: Newton–Schulz's compute dtype (its
     iterates; products accumulate in float32), "float32" or "bfloat16", asked for explicitly and never taken from the
-    data's storage type; None: the device's default (the CPU: float32; a GPU: the data's storage type).
+    data's storage type; None: the device's default (the CPU: bfloat16 where it has bf16 units, AVX-512 BF16 or AMX,
+    float32 elsewhere, DMUON_NS_DEFAULT_DTYPE=bf16|f32 forcing either; a GPU: the data's storage type).
     """
 
     _handle = None
@@ -291,7 +292,8 @@ def plan_owners(shapes, world_size, balancer="milp", costs="auto", tune_cache=""
 
 
 def tune(requests, threads=1, rounds=3, tune_cache=""):
-    """Tunes the (rows, cols, batch) requests the cache lacks and saves the cache (DESIGN 3.5)."""
+    """Tunes the (rows, cols, batch) requests the cache lacks and saves the cache (DESIGN 3.5), in the CPU's default
+    compute dtype (Orthogonalizer's dtype=None), whose timings the planner's tuned costs read."""
     n = len(requests)
     batch = (ctypes.c_int32 * max(n, 1))(*[b for _, _, b in requests])
     _check(library().dmuon_tune(n, _i64_array([r for r, _, _ in requests]), _i64_array([c for _, c, _ in requests]),

@@ -2,6 +2,7 @@
 #include "dmuon/backend.hpp"
 
 #include <chrono>
+#include <string>
 #include <utility>
 
 #include "dmuon/error.hpp"
@@ -21,6 +22,15 @@ DeviceKind parse_device_kind(const std::string& name) {
   if (name == "cpu") return DeviceKind::cpu;
   if (name == "cuda") return DeviceKind::cuda;
   DMUON_FAIL("unknown device '", name, "' (valid: cpu, cuda)");
+}
+
+DType ns_default_dtype_rule(bool bf16_units, const char* forced) {
+  if (forced == nullptr || *forced == '\0') return bf16_units ? DType::bf16 : DType::f32;
+  const std::string value = forced;
+  if (value == "bf16") return DType::bf16;
+  DMUON_CHECK(value == "f32", "DMUON_NS_DEFAULT_DTYPE must be bf16 or f32 (or unset: the machine's default), got '",
+              value, "'");
+  return DType::f32;
 }
 
 MatView MatView::matrix(int64_t i) const {

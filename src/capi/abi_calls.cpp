@@ -88,7 +88,7 @@ double* Staging::norms(Backend& backend, int64_t count) {
 }
 
 DType ns_compute_dtype(const Backend& backend, std::optional<DType> asked, DType storage) {
-  const DType compute = asked ? *asked : backend.device() == DeviceKind::cpu ? DType::f32 : storage;
+  const DType compute = asked ? *asked : backend.device() == DeviceKind::cpu ? cpu_ns_default_dtype() : storage;
   DMUON_CHECK(backend.supports(compute), "Newton-Schulz in ", to_string(compute), " is not supported by ",
               backend.description());
   return compute;

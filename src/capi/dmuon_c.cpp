@@ -252,10 +252,12 @@ int dmuon_ns_create(const char* coeffs, const char* algo, int steps, int threads
     std::string path_storage;
     const char* path = resolve_cache(tune_cache, path_storage);
     if (path && ns->defaults.algo == dmuon::NsAlgo::automatic) {
-      ns->tuned[dmuon::DType::f32] = load_entries(path, threads, dmuon::DType::f32, &ns->warning);
-      if (dmuon::cpu_backend().supports(dmuon::DType::bf16)) {
-        std::string bf16_warning;
-        ns->tuned[dmuon::DType::bf16] = load_entries(path, threads, dmuon::DType::bf16, &bf16_warning);
+      // Each dtype's entries (a call computes in either); the warning of the CPU's default, which dmuon_tune fills.
+      for (const dmuon::DType dtype : {dmuon::DType::f32, dmuon::DType::bf16}) {
+        if (!dmuon::cpu_backend().supports(dtype)) continue;
+        std::string warning;
+        ns->tuned[dtype] = load_entries(path, threads, dtype, &warning);
+        if (dtype == dmuon::cpu_ns_default_dtype()) ns->warning = warning;
       }
     }
     *out = ns.release();
@@ -454,9 +456,9 @@ int dmuon_plan_owners(int64_t n, const int64_t* rows, const int64_t* cols, int w
       require(cost_kind == "auto" || path != nullptr, "costs=tuned needs a tuning cache");
       require(threads >= 1, "threads must be >= 1, got " + std::to_string(threads));
       std::string warning;
-      // The planner's costs: float32 timings.
-      const auto entries =
-          path ? load_entries(path, threads, dmuon::DType::f32, &warning) : std::vector<dmuon::TuneEntry>{};
+      // The planner's costs: timings in the CPU's default dtype, the one dmuon_tune times.
+      const auto entries = path ? load_entries(path, threads, dmuon::cpu_ns_default_dtype(), &warning)
+                                : std::vector<dmuon::TuneEntry>{};
       try {
         items = dmuon::make_plan_items(params, world_size, dmuon::tuned_batch_time(entries));
         tuned = true;
@@ -487,6 +489,8 @@ int dmuon_tune(int64_t n, const int64_t* rows, const int64_t* cols, const int32_
     options.cache_path = resolve_cache(tune_cache, path_storage);
     options.threads = threads;
     options.rounds = rounds;
+    options.dtype = dmuon::cpu_ns_default_dtype();  // what a handle computes in unasked (ns_compute_dtype)
+    if (options.dtype != dmuon::DType::f32) options.backend = &dmuon::cpu_backend();  // timed in bf16 there
     dmuon::tune_with_cache(requests, options);
   });
 }

@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "backend/bf16.hpp"
+#include "backend/cpu_bf16.hpp"
 #include "dmuon/backend.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/update_rules.hpp"
@@ -770,6 +772,28 @@ TEST_P(DtypeConformance, ElementwiseOnStridedBatchesRoundOnce) {
   get(v, x);
   EXPECT_EQ(x.get(1, 5, 5), 3.0f);
   EXPECT_EQ(x.get(0, 0, 0), 3.0f);
+}
+
+// Newton–Schulz's default compute dtype on the CPU, the machine faked both ways: bf16 units give bf16, none float32;
+// DMUON_NS_DEFAULT_DTYPE forces either whatever the machine (unset or empty: not forced); another value is refused,
+// naming the variable. The process's default is that rule on its own CPU and environment.
+TEST(NsDefaultDtype, FollowsTheMachineUnlessForced) {
+  for (const char* unset : {static_cast<const char*>(nullptr), ""}) {
+    EXPECT_EQ(ns_default_dtype_rule(true, unset), DType::bf16);
+    EXPECT_EQ(ns_default_dtype_rule(false, unset), DType::f32);
+  }
+  for (const bool bf16_units : {true, false}) {
+    EXPECT_EQ(ns_default_dtype_rule(bf16_units, "bf16"), DType::bf16);
+    EXPECT_EQ(ns_default_dtype_rule(bf16_units, "f32"), DType::f32);
+    try {
+      ns_default_dtype_rule(bf16_units, "bfloat16");
+      ADD_FAILURE() << "DMUON_NS_DEFAULT_DTYPE=bfloat16 accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("DMUON_NS_DEFAULT_DTYPE must be bf16 or f32"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_EQ(cpu_ns_default_dtype(), ns_default_dtype_rule(cpu_bf16::native(), std::getenv("DMUON_NS_DEFAULT_DTYPE")));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DtypeConformance,

@@ -432,11 +432,12 @@ TEST(CapiCalls, Bfloat16NewtonSchulzOnTheCpuIsWithinItsBoundOfFloat64) {
 }
 
 // The compute dtype is the caller's when asked for, never inferred from the storage; unasked, the device's default:
-// float32 on the CPU (whatever the storage), a GPU's (here the recording backend, which computes in both) the storage's.
+// on the CPU cpu_ns_default_dtype (whatever the storage; its rule is backend_conformance_test's), a GPU's (here the
+// recording backend, which computes in both) the storage's.
 TEST(CapiCalls, ComputeDtypeIsAskedForOrTheDevicesDefault) {
   const Backend& cpu = cpu_backend();
   for (const DType storage : {DType::f32, DType::bf16}) {
-    EXPECT_EQ(capi::ns_compute_dtype(cpu, std::nullopt, storage), DType::f32);
+    EXPECT_EQ(capi::ns_compute_dtype(cpu, std::nullopt, storage), cpu_ns_default_dtype());
     EXPECT_EQ(capi::ns_compute_dtype(cpu, DType::f32, storage), DType::f32);
     if (cpu.supports(DType::bf16)) {
       EXPECT_EQ(capi::ns_compute_dtype(cpu, DType::bf16, storage), DType::bf16);

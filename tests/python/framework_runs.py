@@ -17,7 +17,7 @@ from rank_checks import check
 TOLERANCE = 5.8e-5
 MAX_NORM = 1.0  # the gradient norms of these runs are 1.13 to 1.21: every step clips
 PER_RANK, SEQ = 2, 16
-OPTIM = dict(lr=0.02, adamw_lr=3e-3, weight_decay=0.01)
+OPTIM = dict(lr=0.02, adamw_lr=3e-3, weight_decay=0.01, ns_dtype="float32")  # float32 tolerances, whatever the machine
 CONFIG = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
               num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)
 

@@ -46,7 +46,7 @@ def gathered(value):
 
 def check_add_param_group():
     model = Model(initial_values(), SHARDED)
-    opt = DMuon(model.named(FIRST), balancer="lpt")
+    opt = DMuon(model.named(FIRST), balancer="lpt", ns_dtype="float32")
     ref = Reference({n: v.clone() for n, v in initial_values().items()}, {})
     for step in range(STEPS):
         if step == ADD_AT:
@@ -90,7 +90,7 @@ def expect_same_error(label, opt, group, *needles):
 def check_mismatch():
     rank, world = dist.get_rank(), dist.get_world_size()
     p = torch.nn.Parameter(torch.randn(6, 4, generator=torch.Generator().manual_seed(3)))
-    opt = DMuon([("a.weight", p)])
+    opt = DMuon([("a.weight", p)], ns_dtype="float32")
     last = world - 1
     if world > 1:
         shape = (5, 4) if rank == last else (4, 4)
@@ -106,7 +106,7 @@ def check_mismatch():
 
 def check_no_gradients():
     model = Model(initial_values(), SHARDED)
-    opt = DMuon(model.named())
+    opt = DMuon(model.named(), ns_dtype="float32")
     model.set_grads(gradients(0))
     opt.step()
     opt.zero_grad()
@@ -125,7 +125,7 @@ def check_requires_grad_differs():
     if world == 1:
         return
     model = Model(initial_values(), SHARDED)
-    opt = DMuon(model.named())
+    opt = DMuon(model.named(), ns_dtype="float32")
     model.set_grads(gradients(0))
     model.params["layers.0.attn.weight"].requires_grad_(rank != world - 1)
     before = {n: p.detach().clone() for n, p in model.params.items()}
@@ -151,7 +151,7 @@ def check_state_dict_named_and_unnamed():
     def build(model, named):
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="DMuon: parameters without names")
-            return DMuon(model.named() if named else [p for _, p in model.named()], balancer="lpt")
+            return DMuon(model.named() if named else [p for _, p in model.named()], balancer="lpt", ns_dtype="float32")
 
     for saved_named in (True, False):
         label = f"state dict {'named → unnamed' if saved_named else 'unnamed → named'}"
@@ -173,7 +173,7 @@ def check_state_dict_named_and_unnamed():
 def check_deepcopy():
     """copy.deepcopy((model, optimizer)) after 3 steps; 3 more steps on both, bit-identical."""
     model = Model(initial_values(), SHARDED)
-    opt = DMuon(model.named(), balancer="lpt")
+    opt = DMuon(model.named(), balancer="lpt", ns_dtype="float32")
     for step in range(3):
         model.set_grads(gradients(step))
         opt.step()

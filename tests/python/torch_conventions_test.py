@@ -93,7 +93,7 @@ def scheduled_optimizer(params):
                    "nesterov": False},
                   {"params": [(n, params[n]) for n in ("embed.weight", "norm.weight")], "use_muon": False,
                    "lr": 1e-3, "betas": (0.8, 0.99), "weight_decay": 0.1}],
-                 weight_decay=0.05, balancer="lpt")
+                 weight_decay=0.05, balancer="lpt", ns_dtype="float32")
 
 
 SCHEDULERS = {
@@ -186,7 +186,7 @@ def test_add_param_group_updates_its_parameters_from_the_next_step():
     first = parameters([("layers.0.weight", (8, 6)), ("norm.weight", (6,))])
     late = parameters([("late.weight", (6, 8)), ("late.bias", (6,))], seed=8)
     everything = {**first, **late}
-    opt = DMuon(list(first.items()), balancer="lpt")
+    opt = DMuon(list(first.items()), balancer="lpt", ns_dtype="float32")
     ref = Reference({n: p.detach() for n, p in everything.items()}, {})
     for step in range(STEPS):
         if step == 3:
@@ -403,7 +403,7 @@ def test_step_without_gradients_changes_nothing():
 
 def test_a_parameter_without_a_gradient_keeps_its_values_and_state():
     params = parameters(NO_GRAD)
-    opt = DMuon(list(params.items()))
+    opt = DMuon(list(params.items()), ns_dtype="float32")
     ref = Reference({n: p.detach() for n, p in params.items()}, {})
     for step in range(STEPS):
         grads = random_grads(params, step)
@@ -575,7 +575,7 @@ def test_muon_equals_torch_optim_muon_with_the_reference_newton_schulz(monkeypat
     matrices = ["layers.0.tall", "layers.0.wide"]
     twins = {n: torch.nn.Parameter(params[n].detach().double().clone()) for n in matrices}
     opt = DMuon(list(params.items()), lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=wd, scale=scale,
-                algo="standard", balancer="lpt")
+                algo="standard", balancer="lpt", ns_dtype="float32")
     assert [n for g in opt.param_groups if g["use_muon"] for n in g["param_names"]] == matrices
 
     def reference_newton_schulz(grad, ns_coefficients, ns_steps, eps):

@@ -249,7 +249,8 @@ MUON_MATRICES = [f"{n}[{e}]" for n in MUON_NAMES for e in range(dict(SPECS)[n][0
 def check_replicated():
     values = initial_values()
     model = Model(values)
-    opt = DMuon(model.named(), weight_decay=0.01, adamw_weight_decay=0.1, clip_grad_norm=20.0, balancer="milp")
+    opt = DMuon(model.named(), weight_decay=0.01, adamw_weight_decay=0.1, clip_grad_norm=20.0, balancer="milp",
+                ns_dtype="float32")
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=5, gamma=0.5)
     check(sorted(opt.owners) == sorted(MUON_MATRICES), f"replicated: Muon matrices {sorted(opt.owners)}")
     ref = Reference(values, {}, clip=20.0)
@@ -275,7 +276,7 @@ def two_groups(model):
 def check_sharded():
     values = initial_values()
     model = Model(values, sharded_names=[n for n, _ in SPECS])
-    opt = DMuon(two_groups(model), scale="original", balancer="lpt")
+    opt = DMuon(two_groups(model), scale="original", balancer="lpt", ns_dtype="float32")
     check(len(opt.param_groups) == 4, f"sharded: {len(opt.param_groups)} param groups, expected 4")
     ref = Reference(values, {}, scale="original")
     run(model, opt, STEPS, ref=ref)
@@ -289,7 +290,7 @@ MIXED_SHARDED = ["embed.weight", "layers.0.attn.weight", "layers.0.mlp.up.weight
 
 
 def mixed_optimizer(model):
-    return DMuon(model.named(), balancer="rr", clip_grad_norm=30.0, weight_decay=0.05)
+    return DMuon(model.named(), balancer="rr", clip_grad_norm=30.0, weight_decay=0.05, ns_dtype="float32")
 
 
 def check_mixed_and_resume():
@@ -348,7 +349,7 @@ def check_ownership(label, fsdp2):
         fully_shard(model, mesh=init_device_mesh("cpu", (WORLD,)))
     else:
         model = Model(values, [n for k, (n, _) in enumerate(OWNED_SPECS) if k % 2 == 0], specs=OWNED_SPECS)
-    opt = DMuon(model.named(), balancer="rr", weight_decay=0.02)
+    opt = DMuon(model.named(), balancer="rr", weight_decay=0.02, ns_dtype="float32")
     share = check_planned_owners(label, opt, [(n, *shape) for n, shape in OWNED_SPECS if len(shape) == 2])
     ref = Reference(values, hyper_of(opt))
     for step in range(OWNED_STEPS):
@@ -377,7 +378,7 @@ def check_fsdp2(label, mesh, **policies):
     values = initial_values()
     model = Holder(values, [n for n, _ in SPECS])
     fully_shard(model, mesh=mesh, **policies)
-    opt = DMuon(model.named(), weight_decay=0.01, clip_grad_norm=25.0, balancer="lpt")
+    opt = DMuon(model.named(), weight_decay=0.01, clip_grad_norm=25.0, balancer="lpt", ns_dtype="float32")
     for name, p in model.named():
         check(p.dtype == torch.float32 and p.to_local().device.type == "cpu",
               f"{label}: FSDP2 gives the optimizer {name} as {p.dtype} on {p.to_local().device}")
@@ -409,7 +410,7 @@ def check_experts_stay_local(label, mesh):
     values = initial_values()
     model = Holder(values, ["experts.weight"])
     fully_shard(model, mesh=mesh)
-    opt = DMuon(model.named(), balancer="lpt")
+    opt = DMuon(model.named(), balancer="lpt", ns_dtype="float32")
     calls = []
     all_to_all = opt.comm.all_to_all
     opt.comm.all_to_all = lambda *args, **kwargs: calls.append(1) or all_to_all(*args, **kwargs)
@@ -428,7 +429,7 @@ def check_replicated_dtensor():
     values = initial_values()
     name = "layers.0.mlp.up.weight"
     p = dtensor_param(values, name, init_device_mesh("cpu", (WORLD,)), [Replicate()])
-    opt = DMuon([(name, p)], balancer="lpt")
+    opt = DMuon([(name, p)], balancer="lpt", ns_dtype="float32")
     ref = Reference(values, hyper_of(opt))
     for step in range(STEPS):
         g = gradients(step)[name]
@@ -447,7 +448,7 @@ def check_bfloat16():
     names = [n for n, _ in SPECS]
     f32 = Model(values, names)
     bf16 = Model({n: v.bfloat16() for n, v in values.items()}, names)
-    opt32, opt16 = DMuon(f32.named(), balancer="lpt"), DMuon(bf16.named(), balancer="lpt")
+    opt32, opt16 = (DMuon(m.named(), balancer="lpt", ns_dtype="float32") for m in (f32, bf16))
     check(opt16.state[bf16.params["odd.weight"]]["momentum_buffer"].dtype == torch.float32,
           "bfloat16: momentum of a bf16 parameter is not float32")
     run(f32, opt32, 3)
@@ -474,7 +475,7 @@ def check_state_dtype_drift(steps=50):
     drift = {}
     for state_dtype in (torch.float32, None):
         model = Model(values, names)
-        opt = DMuon(model.named(), state_dtype=state_dtype, balancer="lpt")
+        opt = DMuon(model.named(), state_dtype=state_dtype, balancer="lpt", ns_dtype="float32")
         ref = Reference(values, hyper_of(opt))
         for step in range(steps):
             grads = {n: g.bfloat16() for n, g in gradients(step).items()}
@@ -506,7 +507,7 @@ def check_bfloat16_newton_schulz(state_dtype):
     shapes = {"experts.weight": (8, 24, 16), "layers.0.mlp.down.weight": (16, 40)}
     model = Model({n: torch.zeros(s, dtype=torch.bfloat16) for n, s in shapes.items()}, list(shapes))
     opt = DMuon(model.named(list(shapes)), lr=2.0 ** -4, nesterov=False, scale="original",
-                state_dtype=state_dtype, balancer="lpt")
+                state_dtype=state_dtype, balancer="lpt", ns_dtype="float32")
     grads = {n: gradient(0, k, s).bfloat16() for k, (n, s) in enumerate(shapes.items())}
     model.set_grads(grads)
     opt.step()
@@ -589,7 +590,7 @@ def check_errors():
     bad_rank = WORLD - 1
     for policy in ("error", "skip"):
         model = Model(values, MIXED_SHARDED)
-        opt = DMuon(model.named(), nonfinite=policy, balancer="lpt")
+        opt = DMuon(model.named(), nonfinite=policy, balancer="lpt", ns_dtype="float32")
         grads = gradients(0)
         model.set_grads(grads)
         if RANK == bad_rank:

@@ -37,7 +37,7 @@ import dmuon
 from dmuon.torch import DMuon
 from dmuon.torch.agreement import lpt_owners
 from dmuon.torch.muon_options import muon_scale
-from dmuon.torch.torch_engine import newton_schulz, resolve_algo
+from dmuon.torch.torch_engine import TorchNewtonSchulz, cpu_ns_default_dtype, newton_schulz, resolve_algo
 
 FLOAT32_LIMIT = {"standard": 1e-5, "gram": 2e-4}
 BF16_LIMIT = 2.0 ** -8
@@ -123,6 +123,34 @@ def test_bfloat16_newton_schulz_rounds_as_the_engine(coeffs, steps):
     assert relative(ours, engine) < BF16_LIMIT
 
 
+def test_the_cpu_default_dtype_follows_the_machine_unless_forced(monkeypatch):
+    """ns_dtype=None on the CPU: bfloat16 where torch sees bf16 units (faked here both ways), float32 elsewhere;
+    DMUON_NS_DEFAULT_DTYPE forces either (another value is refused, naming it), libdmuon_c's rule
+    (backend_conformance_test's NsDefaultDtype)."""
+    cpu = torch.device("cpu")
+    default = TorchNewtonSchulz("keller", "auto", 5)
+    try:
+        for units in (True, False):
+            monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda units=units: units)
+            monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+            machine = torch.bfloat16 if units else torch.float32
+            for forced, want in ((None, machine), ("", machine), ("bf16", torch.bfloat16), ("f32", torch.float32)):
+                if forced is None:
+                    monkeypatch.delenv("DMUON_NS_DEFAULT_DTYPE", raising=False)
+                else:
+                    monkeypatch.setenv("DMUON_NS_DEFAULT_DTYPE", forced)
+                cpu_ns_default_dtype.cache_clear()
+                assert default.compute_dtype(cpu, torch.float32) == want, (units, forced)
+                assert TorchNewtonSchulz("keller", "auto", 5, "float32").compute_dtype(cpu, torch.bfloat16) == \
+                    torch.float32
+            monkeypatch.setenv("DMUON_NS_DEFAULT_DTYPE", "bfloat16")
+            cpu_ns_default_dtype.cache_clear()
+            with pytest.raises(ValueError, match="DMUON_NS_DEFAULT_DTYPE must be bf16 or f32"):
+                default.compute_dtype(cpu, torch.float32)
+    finally:
+        cpu_ns_default_dtype.cache_clear()  # the next caller reads the real machine and environment
+
+
 # ---- DMuon with each engine ----
 
 SPECS = {"a.weight": (24, 64), "b.weight": (40, 24), "blocks.0.experts": (2, 16, 40), "conv.weight": (8, 4, 3, 3),
@@ -147,7 +175,8 @@ def set_grads(params, step, poison=None):
 def build(params, engine, options):
     groups = [{"params": [(n, params[n]) for n in SPECS if n != "q.weight"]},
               {"params": [("q.weight", params["q.weight"])], "split_heads": 4}]  # a row split: 4 heads of 8 rows
-    return DMuon(groups, engine=engine, lr=LR, weight_decay=WD, tune_cache=None, balancer="lpt", **options)
+    return DMuon(groups, engine=engine, lr=LR, weight_decay=WD, tune_cache=None, balancer="lpt", ns_dtype="float32",
+                 **options)
 
 
 def bound(name, options, step, w):

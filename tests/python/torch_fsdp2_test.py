@@ -61,8 +61,9 @@ from rank_exit import exit_rank
 
 STEPS = 10
 TOLERANCE = 1e-5  # parameters after STEPS steps vs the float64 reference fed the same gradients
+# ns_dtype pinned: the tolerances are float32's, whatever the machine's default Newton–Schulz dtype.
 HYPER = dict(lr=0.02, weight_decay=0.01, adamw_lr=3e-3, adamw_betas=(0.9, 0.95), adamw_eps=1e-8,
-             adamw_weight_decay=0.1)
+             adamw_weight_decay=0.1, ns_dtype="float32")
 
 # ---- gradient tolerances ----
 # A gradient entry here is a sum over the B·T = 144 tokens of a global batch (576 positions for the

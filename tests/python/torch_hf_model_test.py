@@ -103,7 +103,8 @@ def train(mode):
         fully_shard(layer, mesh=mesh, ignored_params=ignored)
     fully_shard(model, mesh=mesh, ignored_params=ignored)
     opt = DMuon(model, adamw_lr=ADAMW["lr"], adamw_betas=ADAMW["betas"], adamw_eps=ADAMW["eps"],
-                adamw_weight_decay=ADAMW["weight_decay"], scale="original", algo="standard", **HYPER)
+                adamw_weight_decay=ADAMW["weight_decay"], scale="original", algo="standard", ns_dtype="float32",
+                **HYPER)
     muon_names = {n.split("[")[0] for n in opt.owners}
     check(muon_names == {n for n, p in make_model().named_parameters() if is_hidden_matrix(n, p)},
           f"{mode}: DMuon routed {sorted(muon_names)} to Muon")

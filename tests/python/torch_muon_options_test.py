@@ -63,7 +63,7 @@ GROUP_OPTIONS = {"a.weight": (dict(scale="original"), dict(adjust_lr_fn="origina
 def test_groups_with_their_own_options_equal_torch_optim_muon_per_group(monkeypatch):
     params = parameters()
     opt = DMuon([{"params": [(n, params[n])], **options} for n, (options, _) in GROUP_OPTIONS.items()],
-                lr=LR, momentum=MOMENTUM, weight_decay=WD, algo="standard", balancer="lpt")
+                lr=LR, momentum=MOMENTUM, weight_decay=WD, algo="standard", balancer="lpt", ns_dtype="float32")
 
     def reference_newton_schulz(grad, ns_coefficients, ns_steps, eps):
         assert tuple(ns_coefficients) == KELLER
@@ -222,7 +222,7 @@ def test_split_newton_schulz_equals_the_matrix_split_by_hand(options):
     params["o.weight"] = torch.nn.Parameter(torch.randn(8, 12, generator=gen) * 0.5)  # unsplit, the same group kind
     opt = DMuon([{"params": [(n, params[n]) for n in ("q.weight", "k.weight")], **options},
                  {"params": [("o.weight", params["o.weight"])]}], lr=LR, momentum=MOMENTUM, weight_decay=WD,
-                algo="standard", balancer="lpt")
+                algo="standard", balancer="lpt", ns_dtype="float32")
     ref = Reference({n: p.detach() for n, p in params.items()}, hyper_of(opt))
     whole = Reference({n: p.detach() for n, p in params.items()},
                       {n: {k: v for k, v in h.items() if not k.startswith("split")} for n, h in hyper_of(opt).items()})
@@ -267,7 +267,7 @@ NORMUON = [("a.weight", (12, 5), dict(variant="normuon")),
 
 def normuon_optimizer(params, **kwargs):
     return DMuon([{"params": [(n, params[n])], **options} for n, _, options in NORMUON], lr=LR, momentum=MOMENTUM,
-                 weight_decay=WD, algo="standard", balancer="lpt", **kwargs)
+                 weight_decay=WD, algo="standard", balancer="lpt", ns_dtype="float32", **kwargs)
 
 
 def test_normuon_equals_the_reference_and_keeps_a_v_per_row_and_column_block():
@@ -345,7 +345,7 @@ def test_qk_clip_equals_kimi_k2s_rule_with_grouped_queries_on_weights_and_biases
     shapes = {"q.weight": (12, 8), "k.weight": (6, 8), "q.bias": (12,), "k.bias": (6,), "o.weight": (8, 12)}
     params = {n: torch.nn.Parameter(torch.randn(s, generator=gen) * 0.5) for n, s in shapes.items()}
     opt = DMuon([(n, p) for n, p in params.items()], lr=LR, momentum=MOMENTUM, weight_decay=WD, algo="standard",
-                balancer="lpt")
+                balancer="lpt", ns_dtype="float32")
     clip = QKClip(opt, TAU, [Attention(q="q.weight", k="k.weight", heads=QK_HEADS, kv_heads=QK_GROUPS,
                                        q_bias="q.bias", k_bias="k.bias")])
     ref = Reference({n: p.detach() for n, p in params.items()}, hyper_of(opt))

@@ -501,8 +501,8 @@ def test_a_saved_state_dict_loads_with_weights_only_and_resumes_bit_for_bit():
 
 def one_muon_step(named, **options):
     """Each parameter after one DMuon step from zero momentum with gradient g (lr 0.02, momentum 0.95,
-    Nesterov): W − lr·s·O, O the Newton–Schulz of U = (1 − β²)·g per matrix."""
-    opt = DMuon([{"params": named, "use_muon": True}], algo="standard", balancer="lpt", **options)
+    Nesterov): W − lr·s·O, O the float32 Newton–Schulz of U = (1 − β²)·g per matrix."""
+    opt = DMuon([{"params": named, "use_muon": True}], algo="standard", balancer="lpt", ns_dtype="float32", **options)
     opt.step()
     return opt
 

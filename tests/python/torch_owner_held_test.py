@@ -46,7 +46,8 @@ STEPS = 10
 BATCH = 36  # divides by N·micro-batches for N = 1..4 and 3 micro-batches
 TOLERANCE = 1e-5
 CLIP = 0.32  # some steps' global gradient norms are above it, some below
-HYPER = dict(lr=0.02, momentum=0.9, weight_decay=0.01, adamw_lr=3e-3, adamw_weight_decay=0.01, clip_grad_norm=CLIP)
+HYPER = dict(lr=0.02, momentum=0.9, weight_decay=0.01, adamw_lr=3e-3, adamw_weight_decay=0.01, clip_grad_norm=CLIP,
+             ns_dtype="float32")  # the tolerances are float32's, whatever the machine's default
 
 def uneven(name, p):
     return name in ("blocks.0.up.weight", "blocks.0.mix.weight")

@@ -26,7 +26,8 @@ import torch
 import dmuon.torch
 from dmuon.torch import DMuon
 
-HYPER = dict(lr=0.02, momentum=0.9, weight_decay=0.01, adamw_lr=3e-3, adamw_weight_decay=0.01)
+HYPER = dict(lr=0.02, momentum=0.9, weight_decay=0.01, adamw_lr=3e-3, adamw_weight_decay=0.01,
+             ns_dtype="float32")  # the tolerances are float32's, whatever the machine's default
 STEPS = 3
 
 

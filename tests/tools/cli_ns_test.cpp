@@ -5,8 +5,10 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <string>
 
 #include "dmuon/atomic_file.hpp"
+#include "dmuon/backend.hpp"
 #include "dmuon/npy.hpp"
 #include "test_data.hpp"
 
@@ -17,7 +19,7 @@ TEST(CliNs, OrthogonalizesAGoldenMatrix) {
   test::TempDir dir;
   for (const char* algo : {"standard", "gram", "auto"}) {
     const auto r = test::run_cli("ns --in " + test::data_path("ns_wide_in.npy") + " --out " + dir.file("o.npy") +
-                                 " --algo " + algo);
+                                 " --dtype f32 --algo " + algo);
     ASSERT_EQ(r.exit_code, 0) << r.output;
     const NpyArray out = read_npy(dir.file("o.npy"));
     const NpyArray want = test::load_golden("ns_wide_out.npy");
@@ -30,6 +32,27 @@ TEST(CliNs, OrthogonalizesAGoldenMatrix) {
     // Same bound as ns_test's golden comparison: float32 rounding through 5 steps, ≤ 1e-4 relative.
     EXPECT_LT(std::sqrt(err / ref), 1e-4) << algo;
   }
+}
+
+// --dtype auto (the default) is cpu_ns_default_dtype: its output is --dtype f32's or bf16's bit for bit, the one the
+// machine or DMUON_NS_DEFAULT_DTYPE picks (backend_conformance_test checks the rule with the machine faked); each
+// forced value is followed whatever the machine.
+TEST(CliNs, DefaultDtypeIsTheCpusDefault) {
+  if (!cpu_backend().supports(DType::bf16)) GTEST_SKIP() << "no oneDNN: the CPU computes in float32 only";
+  test::TempDir dir;
+  const std::string ns = "ns --in " + test::data_path("ns_wide_in.npy") + " --out ";
+  int runs = 0;
+  const auto output_of = [&](const std::string& env, const std::string& dtype) {
+    const std::string out = dir.file(std::to_string(runs++) + ".npy");
+    const auto r = test::run_command(env + " " + DMUON_CLI_PATH + " " + ns + out + dtype);
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return read_npy(out).data;
+  };
+  const auto f32 = output_of("env", " --dtype f32"), bf16 = output_of("env", " --dtype bf16");
+  ASSERT_NE(f32, bf16);
+  EXPECT_EQ(output_of("env", ""), cpu_ns_default_dtype() == DType::bf16 ? bf16 : f32);
+  EXPECT_EQ(output_of("env DMUON_NS_DEFAULT_DTYPE=bf16", ""), bf16);
+  EXPECT_EQ(output_of("env DMUON_NS_DEFAULT_DTYPE=f32", ""), f32);
 }
 
 void expect_refused(const std::string& bytes, const std::string& fragment) {

@@ -14,6 +14,8 @@ The update rules compute in float32 as the engine's (src/backend/rules: torch's 
 and round once into each tensor's own dtype; a tensor whose keep flag is 0 is left as it was, bit for bit.
 """
 
+import functools
+import os
 from dataclasses import dataclass
 
 import torch
@@ -131,11 +133,33 @@ def _gram(x, steps_abc, restarts):
     return x if q is None else torch.bmm(q, x)  # O = Q·X
 
 
+def ns_default_dtype_rule(bf16_units, forced):
+    """Newton–Schulz's compute dtype on the CPU where none is asked for, libdmuon_c's rule (include/dmuon/backend.hpp,
+    ns_default_dtype_rule) with the machine's answer given (tests fake it): `forced`, DMUON_NS_DEFAULT_DTYPE's value,
+    when set ("bf16" or "f32"; None or "": unset; another value raises ValueError naming the variable), else bfloat16
+    exactly when `bf16_units`."""
+    if not forced:
+        return torch.bfloat16 if bf16_units else torch.float32
+    if forced not in ("bf16", "f32"):
+        raise ValueError(f"DMUON_NS_DEFAULT_DTYPE must be bf16 or f32 (or unset: the machine's default), "
+                         f"got {forced!r}")
+    return torch.bfloat16 if forced == "bf16" else torch.float32
+
+
+@functools.cache
+def cpu_ns_default_dtype():
+    """The torch engine's Newton–Schulz compute dtype on the CPU where none is asked for: bfloat16 where the CPU has
+    the bf16 units torch's products run on (AVX-512 BF16, AMX), float32 elsewhere; DMUON_NS_DEFAULT_DTYPE (bf16, f32)
+    forces either, as it does libdmuon_c's default. Read once per process."""
+    bf16_units = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    return ns_default_dtype_rule(bf16_units, os.environ.get("DMUON_NS_DEFAULT_DTYPE"))
+
+
 @dataclass(frozen=True)
 class TorchNewtonSchulz:
     """One Newton–Schulz setting of the torch engine (a MuonOptions.newton_schulz): coeffs, algo, steps, and the
-    compute dtype asked for ("float32", "bfloat16"; None: float32 on the CPU, the data's storage type elsewhere,
-    as libdmuon_c's device default). No tuning: algo "auto" is the rule of resolve_algo."""
+    compute dtype asked for ("float32", "bfloat16"; None: on the CPU cpu_ns_default_dtype(), elsewhere the data's
+    storage type, as libdmuon_c's device default). No tuning: algo "auto" is the rule of resolve_algo."""
 
     coeffs: str
     algo: str
@@ -146,7 +170,7 @@ class TorchNewtonSchulz:
     def compute_dtype(self, device, storage):
         if self.dtype is not None:
             return DTYPES[self.dtype]
-        return torch.float32 if device.type == "cpu" else storage
+        return cpu_ns_default_dtype() if device.type == "cpu" else storage
 
     def run(self, stack):
         """O of every matrix of stack (K, rows, cols) of float32 or bfloat16, in the stack's dtype."""

@@ -112,6 +112,10 @@ bool CpuBackend::supports(DType dtype) const {
   return dtype == DType::f32 || (dtype == DType::bf16 && cpu_bf16::available());
 }
 
+DType cpu_ns_default_dtype() {
+  static const DType dtype = ns_default_dtype_rule(cpu_bf16::native(), std::getenv("DMUON_NS_DEFAULT_DTYPE"));
+  return dtype;
+}
 
 DeviceProperties CpuBackend::properties() const { return {0, "OpenBLAS", linalg::blas_description(), nullptr}; }
 
