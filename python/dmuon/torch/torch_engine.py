@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dmuon.torch import torch_private
 from dmuon.torch.devices import wide_dtype
 
 # The coefficient tables p(x) = a·x + b·x³ + c·x⁵ (DESIGN 2.4, src/ns/coefficients.cpp); past a table's end its last
@@ -151,8 +152,7 @@ def cpu_ns_default_dtype():
     """The torch engine's Newton–Schulz compute dtype on the CPU where none is asked for: bfloat16 where the CPU has
     the bf16 units torch's products run on (AVX-512 BF16, AMX), float32 elsewhere; DMUON_NS_DEFAULT_DTYPE (bf16, f32)
     forces either, as it does libdmuon_c's default. Read once per process."""
-    bf16_units = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return ns_default_dtype_rule(bf16_units, os.environ.get("DMUON_NS_DEFAULT_DTYPE"))
+    return ns_default_dtype_rule(torch_private.cpu_has_bf16_units(), os.environ.get("DMUON_NS_DEFAULT_DTYPE"))
 
 
 @dataclass(frozen=True)

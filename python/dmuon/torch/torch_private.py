@@ -1,4 +1,5 @@
-"""The private torch.distributed APIs dmuon.torch's layouts read, in one place (torch >= 2.11).
+"""The private torch APIs dmuon.torch reads, in one place (torch >= 2.11): torch.distributed's for the layouts, and
+torch.cpu's bf16 units for the CPU's Newton–Schulz default.
 
 _StridedShard: the placement FSDP2 gives a parameter it shards over a mesh dim after tensor
 parallelism has sharded the same tensor dim (placement_types.py). A DTensor's shard order: torch
@@ -48,3 +49,12 @@ def on_root_mesh(device_mesh, placements):
     if [n for n in root_names if n in names] != list(names):
         return None
     return root, tuple(placements[names.index(n)] if n in names else Replicate() for n in root_names)
+
+
+def cpu_has_bf16_units():
+    """Whether the CPU has the bf16 units torch's CPU products run on (AVX-512 BF16, AMX); False where this torch
+    cannot tell (the private checks are gone)."""
+    import torch
+
+    checks = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
+    return any(check is not None and check() for check in checks)
