@@ -55,10 +55,8 @@ build-sanitize: deps venv
 		> $(SANITIZE_BUILD).configure.log 2>&1 || (cat $(SANITIZE_BUILD).configure.log; exit 1)
 	cmake --build $(SANITIZE_BUILD) -j $(JOBS)
 
-# ctest -j as `make test`'s: the sanitized CLI and MPI tests wait more than they compute (reliability_cli_test:
-# 444 s, 189 s of CPU), and at -j $(JOBS) held the cores idle.
 test-sanitize: build-sanitize
-	cd $(SANITIZE_BUILD) && $(SANITIZE_ENV) ctest --output-on-failure -j $(TEST_JOBS)
+	cd $(SANITIZE_BUILD) && $(SANITIZE_ENV) ctest --output-on-failure -j $(JOBS)
 
 # Trains the GPT example with AdamW and with DMuon on 2 ranks and compares them, then the same GPT in
 # PyTorch under FSDP2 with AdamW and with owner-centric DMuon (scripts/demo.sh).
