@@ -18,6 +18,9 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
             DMuon(model): N=2 tensor parallelism alone; N=4 the same over a (dp 2, tp 2) mesh with
             fully_shard on "dp" on top (FSDP2 over TP: _StridedShard; the norms, embedding and head are
             DTensors on the "dp" slice); N=8 (the MLP) HSDP on ("replicate", "dp") of a (2, 2, 2) mesh.
+            N=4 also transformers' Qwen3-MoE laid out by transformers itself (its DistributedConfig with
+            fsdp 2 × tp 2 and experts on ep 2 × efsdp 2: its own TP, EP and FSDP2 plans, tokens to the
+            experts by all-to-all), 3 steps; every expert whole on one rank, where step() leaves it.
             Also in the owner-held mode (hold_on_owners after parallelize_module, before
             fully_shard: each TP slice held on its owner's TP group), then its state dicts: the full one
             equal to the weights, and a DCP save, the held slices zeroed, a DCP load, bit for bit
@@ -226,7 +229,8 @@ class MLP(torch.nn.Module):
 
 
 def mlp_case():
-    """(model, its base module, its tensor-parallel plan, its blocks, loss(model, batch))."""
+    """(model, its base module, its tensor-parallel plan, its blocks, loss(model, batch), None: check_model lays
+    it out)."""
     torch.manual_seed(3)
     model = MLP()
     plan = {"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}
@@ -234,7 +238,7 @@ def mlp_case():
     def loss(m, batch):
         x, y = batch
         return F.mse_loss(m(x), y)
-    return model, model, plan, model.blocks, loss
+    return model, model, plan, model.blocks, loss, None
 
 
 def mlp_batch(gen):
@@ -258,11 +262,47 @@ def qwen2_case():
 
     def loss(m, tokens):
         return m(input_ids=tokens, labels=tokens).loss
-    return model, model.model, plan, model.model.layers, loss
+    return model, model.model, plan, model.model.layers, loss, None
 
 
 def qwen2_batch(gen):
     return torch.randint(0, 96, (BATCH, 12), generator=gen)
+
+
+# Hugging Face's own distributed layout at 4 ranks: its DistributedConfig's dense mesh (fsdp 2, tp 2) and expert
+# mesh (efsdp 2, ep 2), efsdp = fsdp · tp / ep; experts exchange tokens by all-to-all (AllToAllEP).
+HF_MOE_LAYOUT = dict(fsdp_size=2, tp_size=2, ep_size=2, ep_implementation="all_to_all")
+
+
+def qwen3_moe_case():
+    """Hugging Face transformers' Qwen3-MoE from a small config (random init, nothing downloaded: 2 layers of
+    4 experts, top 2), laid out by transformers itself: DistributedConfig(HF_MOE_LAYOUT) through the model's
+    own prepare_distribute_model / maybe_distribute_model, which from_pretrained(distributed_config=...) calls
+    between init and weight loading, with the model's base_model_tp_plan (attention column- and row-wise,
+    q/k norms replicated), base_model_ep_plan (grouped_gemm: each expert stack Shard(0) over "ep";
+    ep_dispatch_experts) and FSDP2 plan (fully_shard of each layer and the model on "fsdp", of each experts
+    module on "efsdp", which strides its Shard(0) over the EP slice: every expert whole on one rank)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    torch.manual_seed(3)
+    config = Qwen3MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=44, moe_intermediate_size=12,
+                            num_experts=4, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                            tie_word_embeddings=False, attn_implementation="eager")
+    model = Qwen3MoeForCausalLM(config).train()
+
+    def parallelize(m):
+        layout, _, meshes = Qwen3MoeForCausalLM.prepare_distribute_model(DistributedConfig(**HF_MOE_LAYOUT))
+        Qwen3MoeForCausalLM.maybe_distribute_model(m, layout, meshes)
+        dense = meshes.get_mesh(("fsdp", "tp"))
+        name = (f"fsdp2 (fsdp {layout.fsdp_size}) x tp {layout.tp_size}, experts ep {layout.ep_size} x efsdp "
+                f"{layout.efsdp_size}")
+        return name, layout.dp_size, dense.get_local_rank("fsdp"), None
+
+    def loss(m, tokens):
+        return m(input_ids=tokens, labels=tokens).loss
+    return model, None, None, None, loss, parallelize
 
 
 def full_of(t, holdings):
@@ -280,15 +320,12 @@ def full_of(t, holdings):
     return full
 
 
-def check_model(checks, world, case_name, case, make_batch, held=False):
-    """STEPS steps of a model under its TP plan (and fully_shard on "dp" at 4 ranks), DMuon(model) against
-    the float64 reference fed the gathered gradients, with DMuon's routing (params.py) for Muon and AdamW.
-    held: the owner-centric mode, hold_on_owners before fully_shard (each TP slice held on the owner's TP
-    group); the last step's collectives go to a ledger."""
-    model, base, plan, blocks, loss = case()
-    initial = {n: t.detach().clone() for n, t in model.named_parameters()}
+def tp_and_fsdp2(world, model, base, plan, blocks, held):
+    """Lays the model out: torch's parallelize_module with its TP plan, then (held) hold_on_owners, then (at 4
+    and 8 ranks) fully_shard on the data-parallel dims. (name, data-parallel size, this rank's place there, the
+    HeldMatrices or None)."""
     if world == 2:
-        name, dp, dp_rank, data_mesh = f"{case_name} tp 2", 1, 0, None
+        name, dp, dp_rank, data_mesh = "tp 2", 1, 0, None
         tp_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     else:  # FSDP2 (world 4) or HSDP (world 8: replicate 2 × dp 2) on the data-parallel dims, tp 2
         shape, names = ((2, 2), ("dp", "tp")) if world == 4 else ((2, 2, 2), ("replicate", "dp", "tp"))
@@ -296,14 +333,27 @@ def check_model(checks, world, case_name, case, make_batch, held=False):
         data_mesh = mesh[names[:-1]] if world == 8 else mesh["dp"]
         tp_mesh, dp = mesh["tp"], world // 2
         dp_rank = dist.get_rank() // 2  # the rank's place on the data-parallel dims (tp is the last dim)
-        name = f"{case_name} {'hsdp (2, 2)' if world == 8 else 'fsdp2 (dp 2)'} x tp 2"
-    name += " owner-held" if held else ""
+        name = f"{'hsdp (2, 2)' if world == 8 else 'fsdp2 (dp 2)'} x tp 2"
     parallelize_module(base, tp_mesh, plan)
     holding = hold_on_owners(model, data_mesh) if held else None
     if world > 2:
         for block in blocks:
             fully_shard(block, mesh=data_mesh, ignored_params=holding.params if held else None)
         fully_shard(model, mesh=data_mesh, ignored_params=holding.params if held else None)
+    return name, dp, dp_rank, holding
+
+
+def check_model(checks, world, case_name, case, make_batch, held=False, steps=STEPS):
+    """`steps` steps of a model under its TP plan (and fully_shard on "dp" at 4 ranks), DMuon(model) against
+    the float64 reference fed the gathered gradients, with DMuon's routing (params.py) for Muon and AdamW.
+    held: the owner-centric mode, hold_on_owners before fully_shard (each TP slice held on the owner's TP
+    group); the last step's collectives go to a ledger. A case that lays its model out itself (its
+    parallelize is not None: Hugging Face's own plans) is not held. Returns forward + backward's bytes."""
+    model, base, plan, blocks, loss, parallelize = case()
+    initial = {n: t.detach().clone() for n, t in model.named_parameters()}
+    layout, dp, dp_rank, holding = (tp_and_fsdp2(world, model, base, plan, blocks, held) if parallelize is None
+                                    else parallelize(model))
+    name = f"{case_name} {layout}" + (" owner-held" if held else "")
     params = dict(model.named_parameters())
     held_at = {n: p._dmuon_held.holdings for n, p in params.items() if getattr(p, "_dmuon_held", None) is not None}
     opt = DMuon(model, **HYPER)
@@ -311,7 +361,7 @@ def check_model(checks, world, case_name, case, make_batch, held=False):
     ref = Reference(initial, muon, HYPER, "match_rms_adamw")
     placements = sorted({str(tuple(p.placements)) for p in params.values() if isinstance(p, DTensor)})
     ledger, norm_errors = Ledger(), {}
-    for step in range(STEPS):
+    for step in range(steps):
         batch = make_batch(torch.Generator().manual_seed(200 + step))
         part = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
         with recording(ledger):
@@ -339,7 +389,7 @@ def check_model(checks, world, case_name, case, make_batch, held=False):
     # dmuon.torch.clip_grad_norm_ and DMuon sum squares of float32 gradients, each element once: ≤ n·u relative.
     checks.within(f"{name}: global gradient norm (clip_grad_norm_, DMuon)", norm_errors,
                   sum(math.prod(p.shape) for p in params.values()) * U_F32)
-    last = STEPS - 1
+    last = steps - 1
     moved = all_ranks_sum(sum(r["wire"] for r in ledger.under(("step", last)) if r["op"] == "all_to_all_single"))
     fwd_bwd = all_ranks_sum(ledger.wire(("forward and backward", last)))
     step_bytes = all_ranks_sum(ledger.wire(("step", last)))
@@ -349,6 +399,13 @@ def check_model(checks, world, case_name, case, make_batch, held=False):
                   f"per step over all ranks: forward+backward {fwd_bwd:.0f} B (torch.distributed's collectives: "
                   f"FSDP2's or the held hooks'; TP's own are DTensor's), step() {step_bytes:.0f} B of which all-to-all "
                   f"{moved:.0f}, expected {expected} ({moved / muon_bytes:.2f}x the Muon matrices' float32 bytes)")
+    stacks = [k for k in opt._matrices if k.expert is not None]
+    if stacks:  # experts each whole on one rank (the layouts here) stay there: owned by it, no byte of theirs moves
+        alone = [k for k in stacks if sum(1 for p in k.pieces if p.count) == 1 and k.holders()]
+        moving = [k.name for k in alone if k.u_travels or k.o_travels]
+        checks.report(f"{name}: experts whole on one rank move nothing", alone == stacks and not moving,
+                      f"{len(alone)} of {len(stacks)} experts whole on one rank, {len(moving)} of them moving"
+                      + (f" (first {moving[0]})" if moving else ""))
     return fwd_bwd
 
 
@@ -454,6 +511,7 @@ def main():
     if world < 8:
         checks.run("qwen2", check_model_modes, checks, world, "hf qwen2", qwen2_case, qwen2_batch)
     if world == 4:
+        checks.run("qwen3-moe", check_model, checks, world, "hf qwen3-moe", qwen3_moe_case, qwen2_batch, False, 3)
         checks.run("pipeline", check_pipeline, checks)
     if world == 2:
         checks.run("refusals", check_refusals, checks)
