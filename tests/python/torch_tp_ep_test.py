@@ -26,9 +26,9 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
             equal to the weights, and a DCP save, the held slices zeroed, a DCP load, bit for bit
   pipeline  N=4: two stages of two ranks, one DMuon per stage over its stage's process group and mesh
   refusals  N=2: a conv filter sharded on its input channels, a Partial() parameter, and what hold_on_owners
-            does not take under TP (TP slices beside a matrix TP leaves whole, a matrix replicated over TP,
-            an expert stack under EP, a model fully_shard has sharded): the same ValueError on every rank,
-            naming the parameter and the reason
+            does not take under TP or EP (TP slices beside a matrix TP leaves whole, a matrix replicated over
+            TP, an expert stack split within its experts, a conv filter under TP, a model fully_shard has
+            sharded): the same ValueError on every rank, naming the parameter and the reason
   normuon   every layout again with variant="normuon" (its per-row v travels with the pieces): the copies,
             and norm checks below (the float64 reference is Muon's, and v adds to the bytes)
 Each layout and the model check, per tensor after STEPS steps:
@@ -47,6 +47,7 @@ Each layout and the model check, per tensor after STEPS steps:
 """
 
 import datetime
+import functools
 import math
 import shutil
 import tempfile
@@ -274,14 +275,21 @@ def qwen2_batch(gen):
 HF_MOE_LAYOUT = dict(fsdp_size=2, tp_size=2, ep_size=2, ep_implementation="all_to_all")
 
 
-def qwen3_moe_case():
+# Without TP, for both modes: fsdp 4, experts on ep 2 x efsdp 2.
+HF_MOE_EP_LAYOUT = dict(fsdp_size=4, ep_size=2, ep_implementation="all_to_all")
+
+
+def qwen3_moe_case(distributed):
     """Hugging Face transformers' Qwen3-MoE from a small config (random init, nothing downloaded: 2 layers of
-    4 experts, top 2), laid out by transformers itself: DistributedConfig(HF_MOE_LAYOUT) through the model's
+    4 experts, top 2), laid out by transformers itself: DistributedConfig(**distributed) through the model's
     own prepare_distribute_model / maybe_distribute_model, which from_pretrained(distributed_config=...) calls
     between init and weight loading, with the model's base_model_tp_plan (attention column- and row-wise,
     q/k norms replicated), base_model_ep_plan (grouped_gemm: each expert stack Shard(0) over "ep";
     ep_dispatch_experts) and FSDP2 plan (fully_shard of each layer and the model on "fsdp", of each experts
-    module on "efsdp", which strides its Shard(0) over the EP slice: every expert whole on one rank)."""
+    module on "efsdp", which strides its Shard(0) over the EP slice: every expert whole on one rank).
+    Owner-held (no TP): transformers' EP plan by its apply_expert_parallelism, the expert stacks held on
+    the EP groups (hold_on_owners over "efsdp"), then fully_shard of each layer and the model on "fsdp" by
+    hand (transformers' own FSDP2 pass takes no ignored_params)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     from transformers.distributed import DistributedConfig
 
@@ -292,13 +300,26 @@ def qwen3_moe_case():
                             tie_word_embeddings=False, attn_implementation="eager")
     model = Qwen3MoeForCausalLM(config).train()
 
-    def parallelize(m):
-        layout, _, meshes = Qwen3MoeForCausalLM.prepare_distribute_model(DistributedConfig(**HF_MOE_LAYOUT))
-        Qwen3MoeForCausalLM.maybe_distribute_model(m, layout, meshes)
-        dense = meshes.get_mesh(("fsdp", "tp"))
+    def parallelize(m, held):
+        layout, _, meshes = Qwen3MoeForCausalLM.prepare_distribute_model(DistributedConfig(**distributed))
         name = (f"fsdp2 (fsdp {layout.fsdp_size}) x tp {layout.tp_size}, experts ep {layout.ep_size} x efsdp "
                 f"{layout.efsdp_size}")
-        return name, layout.dp_size, dense.get_local_rank("fsdp"), None
+        dp_rank = meshes.get_mesh(("fsdp", "tp")).get_local_rank("fsdp")
+        if not held:
+            Qwen3MoeForCausalLM.maybe_distribute_model(m, layout, meshes)
+            return name, layout.dp_size, dp_rank, None
+        from transformers.distributed.expert_parallel import apply_expert_parallelism
+
+        _, ep_plan, _ = m._resolve_parallel_plans(layout)  # the model's base_model_ep_plan, layer by layer
+        apply_expert_parallelism(m, meshes.get_mesh("ep"), meshes.get_mesh("tp"), ep_plan, layout.ep_implementation)
+        # Each expert stack's EP slice held on the owner's EP group (its tokens come from all dp_size batches).
+        holding = hold_on_owners(m, meshes.get_mesh("efsdp"), predicate=lambda n, p: "experts" in n,
+                                 gradient_divide_factor=layout.dp_size)
+        dense = meshes.get_mesh("fsdp")
+        for layer in m.model.layers:
+            fully_shard(layer, mesh=dense, ignored_params=holding.params)
+        fully_shard(m, mesh=dense, ignored_params=holding.params)
+        return name + " (expert stacks held)", layout.dp_size, dp_rank, holding
 
     def loss(m, tokens):
         return m(input_ids=tokens, labels=tokens).loss
@@ -307,15 +328,14 @@ def qwen3_moe_case():
 
 def full_of(t, holdings):
     """The global tensor of `t` on every rank: a DTensor's full_tensor(), a plain tensor itself; with the
-    holdings of an owner-held TP matrix, its slices summed into place over the ranks (each element lies
+    holdings of an owner-held TP matrix or EP stack, its slices summed into place over the ranks (each element lies
     on exactly one rank; a placeholder adds nothing)."""
     if holdings is None:
         return t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
     local = t.to_local()
     full = torch.zeros(t.shape, dtype=torch.float32)
-    if not isinstance(local, HeldElsewhere):
-        spans = holdings[dist.get_rank()].spans
-        full[spans[0].runs[0][0]:sum(spans[0].runs[0]), spans[1].runs[0][0]:sum(spans[1].runs[0])] = local.float()
+    if not isinstance(local, HeldElsewhere):  # a TP or EP slice: one run per dim
+        full[tuple(slice(s.runs[0][0], sum(s.runs[0])) for s in holdings[dist.get_rank()].spans)] = local.float()
     dist.all_reduce(full)
     return full
 
@@ -347,12 +367,12 @@ def check_model(checks, world, case_name, case, make_batch, held=False, steps=ST
     """`steps` steps of a model under its TP plan (and fully_shard on "dp" at 4 ranks), DMuon(model) against
     the float64 reference fed the gathered gradients, with DMuon's routing (params.py) for Muon and AdamW.
     held: the owner-centric mode, hold_on_owners before fully_shard (each TP slice held on the owner's TP
-    group); the last step's collectives go to a ledger. A case that lays its model out itself (its
-    parallelize is not None: Hugging Face's own plans) is not held. Returns forward + backward's bytes."""
+    group); the last step's collectives go to a ledger. A case whose parallelize is not None lays its model out
+    itself (Hugging Face's own plans). Returns forward + backward's bytes."""
     model, base, plan, blocks, loss, parallelize = case()
     initial = {n: t.detach().clone() for n, t in model.named_parameters()}
     layout, dp, dp_rank, holding = (tp_and_fsdp2(world, model, base, plan, blocks, held) if parallelize is None
-                                    else parallelize(model))
+                                    else parallelize(model, held))
     name = f"{case_name} {layout}" + (" owner-held" if held else "")
     params = dict(model.named_parameters())
     held_at = {n: p._dmuon_held.holdings for n, p in params.items() if getattr(p, "_dmuon_held", None) is not None}
@@ -369,6 +389,7 @@ def check_model(checks, world, case_name, case, make_batch, held=False, steps=ST
             loss(model, [t[part] for t in batch] if isinstance(batch, tuple) else batch[part]).backward()
             ledger.label = None
         grads = {n: full_of(p.grad, held_at.get(n)) for n, p in params.items()}
+        first_grads = grads if step == 0 else first_grads
         norm = ref.step(grads)
         clipped = float(clip_grad_norm_(model.parameters(), 1e9))  # a norm far above it: nothing changes
         with recording(ledger):
@@ -406,7 +427,7 @@ def check_model(checks, world, case_name, case, make_batch, held=False, steps=ST
         checks.report(f"{name}: experts whole on one rank move nothing", alone == stacks and not moving,
                       f"{len(alone)} of {len(stacks)} experts whole on one rank, {len(moving)} of them moving"
                       + (f" (first {moving[0]})" if moving else ""))
-    return fwd_bwd
+    return fwd_bwd, first_grads
 
 
 def check_held_state_dicts(checks, name, model, holding, final):
@@ -440,10 +461,26 @@ def check_model_modes(checks, world, case_name, case, make_batch):
     """check_model in the all-to-all mode and, where held matrices take the layout, the owner-held mode:
     its forward and backward move no more than FSDP2's in the all-to-all mode (AdamW's, with the same
     parallelism: the optimizer changes nothing there) + 5% (the ledger test's bound)."""
-    a2a = check_model(checks, world, case_name, case, make_batch)
-    held = check_model(checks, world, case_name, case, make_batch, held=True)
+    a2a, _ = check_model(checks, world, case_name, case, make_batch)
+    held, _ = check_model(checks, world, case_name, case, make_batch, held=True)
     checks.report(f"{case_name} owner-held: forward+backward bytes within FSDP2's", held <= 1.05 * a2a,
                   f"{held:.0f} B against {a2a:.0f} B per step over all ranks")
+
+
+def check_moe_modes(checks, world):
+    """Qwen3-MoE under EP × EFSDP in both modes (check_model, 3 steps each), and the owner-held expert stacks'
+    gradients at the first step bit for bit FSDP2's in the all-to-all mode: the same local gradients, summed
+    over the 2 ranks of an expert's efsdp group (a + b either way) and divided by the 4 data-parallel batches
+    (exact), not by the group's 2 ranks (hold_on_owners's gradient_divide_factor)."""
+    case = functools.partial(qwen3_moe_case, HF_MOE_EP_LAYOUT)
+    _, a2a = check_model(checks, world, "hf qwen3-moe", case, qwen2_batch, False, 3)
+    _, held = check_model(checks, world, "hf qwen3-moe", case, qwen2_batch, True, 3)
+    stacks = [n for n in held if "experts" in n]
+    differ = [n for n in stacks if not torch.equal(held[n], a2a[n])]
+    checks.report("hf qwen3-moe owner-held: expert gradients at step 0 vs FSDP2's", stacks and not differ,
+                  f"{len(differ)} of {len(stacks)} expert stacks' gradients differ in bits"
+                  + (f" (first {differ[0]}: ratio of norms {float(held[differ[0]].norm() / a2a[differ[0]].norm()):.3f})"
+                     if differ else ""))
 
 
 # ---- pipeline stages: one DMuon per stage ----
@@ -486,11 +523,17 @@ def check_refusals(checks):
     replicated.down.weight = torch.nn.Parameter(distribute_tensor(replicated.down.weight.detach(), mesh, [Shard(1)]))
     expect_same_error(checks, "refusal: owner-held matrix replicated over TP",
                       lambda: hold_on_owners(replicated), [0, 1], "'up.weight'", "Replicate()", "once per TP rank")
-    moe = torch.nn.Module()
+    moe = torch.nn.Module()  # split within its experts (Shard(1)): not whole experts per EP rank
     moe.experts = torch.nn.Module()
-    moe.experts.w1 = torch.nn.Parameter(distribute_tensor(torch.randn(4, 6, 5), mesh, [Shard(0)]))
-    expect_same_error(checks, "refusal: owner-held expert stack under expert parallelism",
-                      lambda: hold_on_owners(moe), [0, 1], "'experts.w1'", "(4, 6, 5)", "all-to-all mode")
+    moe.experts.w1 = torch.nn.Parameter(distribute_tensor(torch.randn(4, 6, 5), mesh, [Shard(1)]))
+    expect_same_error(checks, "refusal: owner-held expert stack split within its experts",
+                      lambda: hold_on_owners(moe), [0, 1], "'experts.w1'", "(4, 6, 5)", "Shard(dim=1)",
+                      "all-to-all mode")
+    conv = torch.nn.Module()
+    conv.weight = torch.nn.Parameter(distribute_tensor(torch.randn(4, 6, 3), mesh, [Shard(0)]))
+    expect_same_error(checks, "refusal: owner-held conv filter under tensor parallelism",
+                      lambda: hold_on_owners(conv, predicate=lambda n, p: True), [0, 1], "'weight'", "(4, 6, 3)",
+                      "all-to-all mode")
     sharded = Block()
     fully_shard(sharded, mesh=mesh)
     expect_same_error(checks, "refusal: hold_on_owners after fully_shard",
@@ -511,7 +554,9 @@ def main():
     if world < 8:
         checks.run("qwen2", check_model_modes, checks, world, "hf qwen2", qwen2_case, qwen2_batch)
     if world == 4:
-        checks.run("qwen3-moe", check_model, checks, world, "hf qwen3-moe", qwen3_moe_case, qwen2_batch, False, 3)
+        checks.run("qwen3-moe", check_model, checks, world, "hf qwen3-moe", lambda: qwen3_moe_case(HF_MOE_LAYOUT),
+                   qwen2_batch, False, 3)
+        checks.run("qwen3-moe held", check_moe_modes, checks, world)
         checks.run("pipeline", check_pipeline, checks)
     if world == 2:
         checks.run("refusals", check_refusals, checks)
