@@ -20,7 +20,10 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
             DTensors on the "dp" slice); N=8 (the MLP) HSDP on ("replicate", "dp") of a (2, 2, 2) mesh.
             N=4 also transformers' Qwen3-MoE laid out by transformers itself (its DistributedConfig with
             fsdp 2 × tp 2 and experts on ep 2 × efsdp 2: its own TP, EP and FSDP2 plans, tokens to the
-            experts by all-to-all), 3 steps; every expert whole on one rank, where step() leaves it.
+            experts by all-to-all), 3 steps; every expert whole on one rank, where step() leaves it; and
+            at fsdp 4 with the same experts in both modes (owner-held: each expert stack's EP slices held on
+            the owner's EP group, hold_on_owners over "efsdp"), the held stacks' gradients at step 0 bit for
+            bit FSDP2's.
             Also in the owner-held mode (hold_on_owners after parallelize_module, before
             fully_shard: each TP slice held on its owner's TP group), then its state dicts: the full one
             equal to the weights, and a DCP save, the held slices zeroed, a DCP load, bit for bit
@@ -249,8 +252,7 @@ def mlp_batch(gen):
 def qwen2_case():
     """Hugging Face transformers' Qwen2 from a small config (random init, nothing downloaded) with the
     config's own tensor-parallel plan (base_model_tp_plan: q, k, v, gate, up column-wise; o, down row-wise),
-    applied by torch's parallelize_module: transformers' own path (from_pretrained with a DistributedConfig)
-    needs accelerate, which python/requirements.txt does not pin."""
+    applied by torch's parallelize_module (qwen3_moe_case takes transformers' own path)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(3)
