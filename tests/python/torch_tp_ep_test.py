@@ -23,7 +23,8 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
             experts by all-to-all), 3 steps; every expert whole on one rank, where step() leaves it; and
             at fsdp 4 with the same experts in both modes (owner-held: each expert stack's EP slices held on
             the owner's EP group, hold_on_owners over "efsdp"), the held stacks' gradients at step 0 bit for
-            bit FSDP2's.
+            bit FSDP2's. N=4 also the MLP owner-held under FSDP2 × TP after a meta-device init, and
+            with a bfloat16 MixedPrecisionPolicy bit for bit the all-to-all mode's (check_held_tp_habits).
             Also in the owner-held mode (hold_on_owners after parallelize_module, before
             fully_shard: each TP slice held on its owner's TP group), then its state dicts: the full one
             equal to the weights, and a DCP save, the held slices zeroed, a DCP load, bit for bit
@@ -61,7 +62,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.distributed.tensor.placement_types import _StridedShard
@@ -469,6 +470,81 @@ def check_model_modes(checks, world, case_name, case, make_batch):
                   f"{held:.0f} B against {a2a:.0f} B per step over all ranks")
 
 
+def check_held_tp_habits(checks):
+    """The owner-held mode under FSDP2 × TP (2 × 2, the MLP) with what training scripts do
+    (torch_owner_held_habits_test's, under FSDP2 alone):
+      meta init  with torch.device("meta"), parallelize_module, hold_on_owners, fully_shard, to_empty (which
+                 swaps a DTensor parameter's contents, torch.utils.swap_tensors), DMuon(model), then every
+                 parameter written from its global value (each rank its part; a placeholder skips the write):
+                 every held slice equals the values bit for bit, each rank's masters are the bytes it owns;
+      bf16       MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) from fully_shard reaches the
+                 held slices: float32 masters and momentum on the keepers, bfloat16 working copies; STEPS
+                 steps equal the all-to-all mode's under the same policy bit for bit (the same bfloat16
+                 weights in forward and backward, the float32 gradient sums of 2 ranks, the same updates)."""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    plan = {"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}
+    torch.manual_seed(3)
+    values = {n: t.detach().clone() for n, t in MLP().named_parameters()}
+
+    def build(device, held, mp_policy=MixedPrecisionPolicy()):
+        """(model, HeldMatrices or None, DMuon) with `values` written after the optimizer is built."""
+        with torch.device(device):
+            model = MLP()
+        parallelize_module(model, mesh["tp"], plan)
+        holding = hold_on_owners(model, mesh["dp"]) if held else None
+        ignored = holding.params if held else None
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh["dp"], ignored_params=ignored, mp_policy=mp_policy)
+        fully_shard(model, mesh=mesh["dp"], ignored_params=ignored, mp_policy=mp_policy)
+        if device == "meta":
+            model.to_empty(device="cpu")
+        opt = DMuon(model, **HYPER)  # as a script does after to_empty: the held parameters get their marks back
+        with torch.no_grad():  # each rank writes its part of every value (a placeholder skips the write)
+            for n, p in model.named_parameters():
+                p.copy_(distribute(values[n], p.device_mesh, p.placements))
+        return model, holding, opt
+
+    model, holding, _ = build("meta", True)
+    params = dict(model.named_parameters())
+    marked = [n for n in holding.names if getattr(params[n], "_dmuon_held", None) is not None]
+    slices = {n: full_of(params[n], params[n]._dmuon_held.holdings) for n in marked}
+    differ = [n for n in marked if not torch.equal(slices[n], values[n])]
+    masters = sum(p.to_local().numel() * p.element_size() for n, p in params.items()
+                  if n in holding.owners and not isinstance(p.to_local(), HeldElsewhere))
+    mine = holding.owned_bytes[dist.get_rank()]
+    checks.report("mlp fsdp2 x tp owner-held: meta init", len(marked) == len(holding.names) and not differ
+                  and masters == mine, f"{len(marked)} of {len(holding.names)} held matrices marked after to_empty, "
+                  f"{len(differ)} differ from the values in bits; {masters} bytes of held masters here, the rank "
+                  f"owns {mine}")
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    finals = []
+    for held in (False, True):
+        model, holding, opt = build("cpu", held, policy)
+        dp_rank = mesh.get_local_rank("dp")
+        for step in range(STEPS):
+            x, y = mlp_batch(torch.Generator().manual_seed(200 + step))
+            rows = slice(dp_rank * BATCH // 2, (dp_rank + 1) * BATCH // 2)
+            F.mse_loss(model(x[rows]), y[rows]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if held:
+            keepers = [p for n, p in model.named_parameters()
+                       if n in holding.owners and not isinstance(p.to_local(), HeldElsewhere)]
+            dtypes = {(p.dtype, opt.state[p]["momentum_buffer"].dtype) for p in keepers}
+            working = {b.flat.dtype for u in holding._schedule.units for b in u.buckets if b.flat is not None}
+            checks.report("mlp fsdp2 x tp owner-held bf16: dtypes", dtypes == {(torch.float32, torch.float32)}
+                          and working == {torch.bfloat16}, f"masters and momentum {sorted(map(str, dtypes))}, "
+                          f"working copies {sorted(map(str, working))}")
+        # the masters (unshard() would give the held matrices' bfloat16 working copies)
+        finals.append({n: full_of(p, p._dmuon_held.holdings if held and n in holding.owners else None)
+                       for n, p in model.named_parameters()})
+    differ = [n for n in finals[0] if not torch.equal(finals[0][n], finals[1][n])]
+    checks.report("mlp fsdp2 x tp owner-held bf16: vs the all-to-all mode", not differ,
+                  f"{len(differ)} of {len(finals[0])} tensors differ in bits after {STEPS} steps"
+                  + (f" (first {differ[0]})" if differ else ""))
+
+
 def check_moe_modes(checks, world):
     """Qwen3-MoE under EP × EFSDP in both modes (check_model, 3 steps each), and the owner-held expert stacks'
     gradients at the first step bit for bit FSDP2's in the all-to-all mode: the same local gradients, summed
@@ -559,6 +635,7 @@ def main():
         checks.run("qwen3-moe", check_model, checks, world, "hf qwen3-moe", lambda: qwen3_moe_case(HF_MOE_LAYOUT),
                    qwen2_batch, False, 3)
         checks.run("qwen3-moe held", check_moe_modes, checks, world)
+        checks.run("owner-held habits under tp", check_held_tp_habits, checks)
         checks.run("pipeline", check_pipeline, checks)
     if world == 2:
         checks.run("refusals", check_refusals, checks)

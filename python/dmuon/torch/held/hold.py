@@ -243,7 +243,7 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     schedule = HeldSchedule(unit_list, groups, reshard_after_forward)
     schedule.install()
     for n, _ in chosen:
-        registered[n]._dmuon_held = HeldParam(owners[n], tuple(comm.ranks), process_group, schedule, holdings[n])
+        schedule.mark(n, registered[n], HeldParam(owners[n], tuple(comm.ranks), process_group, schedule, holdings[n]))
     install_state_dict_hooks(model, None if tp is not None else _entry_mesh(mesh, global_ranks, comm), schedule, tp)
     model.__dict__.setdefault("_dmuon_held_schedules", []).append(schedule)  # DMuon(model) adopts through it
     if chosen:
