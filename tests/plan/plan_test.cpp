@@ -18,6 +18,7 @@
 #include "dmuon/plan.hpp"
 #include "dmuon/plan_mesh.hpp"
 #include "dmuon/hardware_profile.hpp"
+#include "dmuon/models.hpp"
 
 namespace dmuon {
 namespace {
@@ -190,6 +191,27 @@ TEST(Plan, TimeLimitIsHonoured) {
   expect_consistent(in, plan);
   // Loose: a hang or an ignored limit shows; ordinary scheduling noise does not.
   EXPECT_LT(plan.solve_s, 0.2 + 5.0);
+}
+
+// A time limit that ends the solve early, over and over, on the instance that crashed CBC (`dmuon plan --model
+// qwen2.5-7b --ranks 8 --layers 1 --time-limit 0.003`: CglPreProcess::postProcess read a null pointer when the
+// limit struck inside CGL's preprocessing, which milp.cpp now turns off). Each plan is still a valid assignment.
+TEST(Plan, TimeLimitsThatEndTheSolveEarlyGiveValidPlans) {
+  const auto params = load_model_manifest("qwen2.5-7b", 1);
+  const int ranks = 8;
+  const auto items = make_plan_items(params, ranks, flop_batch_time(load_hardware_profile("h200")));
+  ASSERT_GT(items.size(), 6u);
+  for (int round = 0; round < 12; ++round) {
+    for (double limit : {0.001, 0.002, 0.003, 0.005, 0.01}) {
+      const Plan plan = make_plan(params, items, ranks, milp_options(limit));
+      ASSERT_EQ(plan.owner.size(), params.size()) << "limit " << limit;
+      for (const auto& it : items) {
+        ASSERT_GE(plan.owner[it.param], 0);
+        ASSERT_LT(plan.owner[it.param], ranks);
+      }
+      EXPECT_GE(plan.makespan_s, plan.lower_bound_s * (1 - 1e-12)) << "limit " << limit;
+    }
+  }
 }
 
 TEST(Plan, MoreRanksThanMatrices) {
