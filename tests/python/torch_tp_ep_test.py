@@ -22,8 +22,8 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
             fsdp 2 × tp 2 and experts on ep 2 × efsdp 2: its own TP, EP and FSDP2 plans, tokens to the
             experts by all-to-all), 3 steps; every expert whole on one rank, where step() leaves it; and
             at fsdp 4 with the same experts in both modes (owner-held: each expert stack's EP slices held on
-            the owner's EP group, hold_on_owners over "efsdp"), the held stacks' gradients at step 0 bit for
-            bit FSDP2's. N=4 also the MLP owner-held under FSDP2 × TP after a meta-device init, and
+            the owner's EP group, hold_on_owners over "efsdp", and the other matrices by a second call over
+            "fsdp"), the held stacks' gradients at step 0 bit for bit FSDP2's. N=4 also the MLP owner-held under FSDP2 × TP after a meta-device init, and
             with a bfloat16 MixedPrecisionPolicy bit for bit the all-to-all mode's (check_held_tp_habits).
             Also in the owner-held mode (hold_on_owners after parallelize_module, before
             fully_shard: each TP slice held on its owner's TP group), then its state dicts: the full one
@@ -50,6 +50,7 @@ Each layout and the model check, per tensor after STEPS steps:
             all-to-all mode's, which are FSDP2's, as AdamW's with the same parallelism).
 """
 
+import contextlib
 import datetime
 import functools
 import math
@@ -70,6 +71,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from collective_ledger import Ledger, recording
 from dmuon.torch import DMuon, clip_grad_norm_, hold_on_owners
 from dmuon.torch.held.placeholder import HeldElsewhere
+from dmuon.torch.params import module_groups
 from rank_checks import failures, finish
 from rank_exit import exit_rank
 from torch_fsdp2_test import (HYPER, TOLERANCE, U_F32, Checks, CollectiveBytes, Reference, all_ranks_sum,
@@ -282,6 +284,24 @@ HF_MOE_LAYOUT = dict(fsdp_size=2, tp_size=2, ep_size=2, ep_implementation="all_t
 HF_MOE_EP_LAYOUT = dict(fsdp_size=4, ep_size=2, ep_implementation="all_to_all")
 
 
+class Holdings:
+    """Several hold_on_owners calls on one model as one HeldMatrices for check_model: params, unshard()."""
+
+    def __init__(self, *held):
+        self.held = held
+
+    @property
+    def params(self):
+        return set().union(*(h.params for h in self.held))
+
+    @contextlib.contextmanager
+    def unshard(self):
+        with contextlib.ExitStack() as stack:
+            for h in self.held:
+                stack.enter_context(h.unshard())
+            yield self
+
+
 def qwen3_moe_case(distributed):
     """Hugging Face transformers' Qwen3-MoE from a small config (random init, nothing downloaded: 2 layers of
     4 experts, top 2), laid out by transformers itself: DistributedConfig(**distributed) through the model's
@@ -291,8 +311,9 @@ def qwen3_moe_case(distributed):
     ep_dispatch_experts) and FSDP2 plan (fully_shard of each layer and the model on "fsdp", of each experts
     module on "efsdp", which strides its Shard(0) over the EP slice: every expert whole on one rank).
     Owner-held (no TP): transformers' EP plan by its apply_expert_parallelism, the expert stacks held on
-    the EP groups (hold_on_owners over "efsdp"), then fully_shard of each layer and the model on "fsdp" by
-    hand (transformers' own FSDP2 pass takes no ignored_params)."""
+    the EP groups (hold_on_owners over "efsdp"), the other Muon matrices held over "fsdp" (a second call),
+    then fully_shard of each layer and the model on "fsdp" by hand (transformers' own FSDP2 pass takes no
+    ignored_params)."""
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
     from transformers.distributed import DistributedConfig
 
@@ -315,14 +336,17 @@ def qwen3_moe_case(distributed):
 
         _, ep_plan, _ = m._resolve_parallel_plans(layout)  # the model's base_model_ep_plan, layer by layer
         apply_expert_parallelism(m, meshes.get_mesh("ep"), meshes.get_mesh("tp"), ep_plan, layout.ep_implementation)
-        # Each expert stack's EP slice held on the owner's EP group (its tokens come from all dp_size batches).
-        holding = hold_on_owners(m, meshes.get_mesh("efsdp"), predicate=lambda n, p: "experts" in n,
-                                 gradient_divide_factor=layout.dp_size)
+        # Each expert stack's EP slice held on the owner's EP group (its tokens come from all dp_size batches),
+        # in a call of its own; the other Muon matrices in a second call, over the dense mesh.
         dense = meshes.get_mesh("fsdp")
+        muon = {n for g in module_groups(m) if g["use_muon"] for n, _ in g["params"]}
+        holding = Holdings(hold_on_owners(m, meshes.get_mesh("efsdp"), predicate=lambda n, p: "experts" in n,
+                                          gradient_divide_factor=layout.dp_size),
+                           hold_on_owners(m, dense, predicate=lambda n, p: n in muon and "experts" not in n))
         for layer in m.model.layers:
             fully_shard(layer, mesh=dense, ignored_params=holding.params)
         fully_shard(m, mesh=dense, ignored_params=holding.params)
-        return name + " (expert stacks held)", layout.dp_size, dp_rank, holding
+        return name + " (expert stacks held on EP groups, the rest on fsdp)", layout.dp_size, dp_rank, holding
 
     def loss(m, tokens):
         return m(input_ids=tokens, labels=tokens).loss
@@ -331,11 +355,11 @@ def qwen3_moe_case(distributed):
 
 def full_of(t, holdings):
     """The global tensor of `t` on every rank: a DTensor's full_tensor(), a plain tensor itself; with the
-    holdings of an owner-held TP matrix or EP stack, its slices summed into place over the ranks (each element lies
+    holdings of an owner-held matrix (a TP slice, an EP stack's slice, or whole on its owner), its slices summed into place over the ranks (each element lies
     on exactly one rank; a placeholder adds nothing)."""
     if holdings is None:
         return t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
-    local = t.to_local()
+    local = t.to_local() if isinstance(t, DTensor) else t
     full = torch.zeros(t.shape, dtype=torch.float32)
     if not isinstance(local, HeldElsewhere):  # a TP or EP slice: one run per dim
         full[tuple(slice(s.runs[0][0], sum(s.runs[0])) for s in holdings[dist.get_rank()].spans)] = local.float()
@@ -446,7 +470,7 @@ def check_held_state_dicts(checks, name, model, holding, final):
     dcp.save(model.state_dict(), checkpoint_id=box[0])
     with torch.no_grad():
         for p in holding.params:
-            p.to_local().zero_()  # a placeholder's write is skipped: the keepers' slices are zeroed
+            (p.to_local() if isinstance(p, DTensor) else p).zero_()  # a placeholder skips it: the keepers' are zeroed
     state = model.state_dict()
     dcp.load(state, checkpoint_id=box[0])
     model.load_state_dict(state)
