@@ -275,8 +275,9 @@ def _register_placeholder(model, name, p, owner_global):
 def _set_policy(unit, mp_policy, model, unit_name):
     """At the unit's first use (fully_shard comes after hold_on_owners), from the fully_shard state of
     the unit's module or its nearest sharded ancestor: the buckets' compute and reduce dtypes
-    (mp_policy's when given, else that state's MixedPrecisionPolicy), and a refusal of its
-    CPUOffloadPolicy, which cannot reach the held matrices (FSDP2 ignores them)."""
+    (mp_policy's when given, else that state's MixedPrecisionPolicy), its param group (whose gradient
+    divide factor the held gradients follow: buffer.py), and a refusal of its CPUOffloadPolicy, which
+    cannot reach the held matrices (FSDP2 ignores them)."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     parts = unit_name.split(".") if unit_name else []
@@ -292,6 +293,7 @@ def _set_policy(unit, mp_policy, model, unit_name):
                                    "fully_shard without offload_policy, or DMuon without hold_on_owners")
         policy = mp_policy if mp_policy is not None else (state[1]._mp_policy if state is not None else None)
         for b in unit.buckets:
+            b.fsdp_group = getattr(state[1], "_fsdp_param_group", None) if state is not None else None
             b.param_dtype = policy.param_dtype if policy is not None else None
             b._reduce_dtype = policy.reduce_dtype if policy is not None else None
     unit.resolve_policy = resolve
