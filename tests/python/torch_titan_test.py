@@ -1,19 +1,21 @@
 """DMuon inside torchtitan (issue 43): torchtitan's debug Llama3 ("debugmodel", cut to 2 layers, SDPA attention:
 FlexAttention has no backward on the CPU) sharded by its own parallelize function (parallelize_llama: FSDP2 over
-the 2 ranks), DMuon built by its OptimizersContainer from a ParamGroupConfig naming "DMuon" (a subclass adds
-it to the container's name → class table), its warmup-stable-decay LR scheduler (LRSchedulersContainer) and
-its DCP checkpointer (CheckpointManager: saved after step 2, a new model, optimizer, scheduler and checkpointer
-resume from it for steps 3 and 4). The steps are Trainer.train_step's: zero_grad(set_to_none=False), loss =
-summed cross-entropy / the global token count (torchtitan disables FSDP's gradient division), torchtitan's
-clip_grad_norm_, optimizers.step(), lr_schedulers.step(). Two modes:
+the 2 ranks), DMuon built by its OptimizersContainer from a ParamGroupConfig naming "DMuon"
+(dmuon.torch.titan.DMuonOptimizers: the container with "DMuon" in its name → class table), its
+warmup-stable-decay LR scheduler (LRSchedulersContainer) and its DCP checkpointer (CheckpointManager: saved after
+step 2, a new model, optimizer, scheduler and checkpointer resume from it for steps 3 and 4). The steps are
+Trainer.train_step's: zero_grad(set_to_none=False), loss = summed cross-entropy / the global token count
+(torchtitan disables FSDP's gradient division), torchtitan's clip_grad_norm_, optimizers.step(),
+lr_schedulers.step(). Two modes:
   all-to-all    DMuon over FSDP2's DTensors;
-  owner-held    hold_on_owners in a parallelize function of the user's (ModelSpec.parallelize_fn) that calls
-                parallelize_llama inside dmuon.torch.frameworks.held_out_of_fully_shard; torchtitan's
+  owner-held    ModelSpec.parallelize_fn = dmuon.torch.titan.owner_held(parallelize_llama): hold_on_owners,
+                then parallelize_llama, whose fully_shard calls leave the held matrices out; torchtitan's
                 clip_grad_norm_ must refuse (a RuntimeError: the held matrices' gradients are plain tensors
                 beside FSDP2's DTensors), and dmuon.torch.clip_grad_norm_ clips instead.
-Every step's loss (summed over the ranks) and the final weights equal the same container, scheduler and
+Every step's loss (summed over the ranks), gradient norm (Muon's and AdamW's updates hardly change when the held
+gradients are scaled wrongly; the norm does) and the final weights equal the same container, scheduler and
 clipping over an unsharded copy in one process (DMuon over a process group of one rank) on the same batches,
-within framework_runs.TOLERANCE.
+within framework_runs.TOLERANCE. Before training: the settings dmuon.torch.titan refuses, refused by name.
 
 Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc 2 --timeout 400 -- \
     tests/python/torch_titan_test.py DIR
@@ -31,16 +33,15 @@ import torchtitan.distributed.parallel_dims
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torchtitan.components.checkpoint import CheckpointManager
-from torchtitan.components.optimizer import LRSchedulersContainer, OptimizersContainer, ParamGroupConfig
+from torchtitan.components.optimizer import LRSchedulersContainer, ParamGroupConfig
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
-from torchtitan.models.llama3 import model_registry, parallelize_llama
+from torchtitan.models.llama3 import model_registry
 
 import dmuon.torch
-from dmuon.torch import DMuon, hold_on_owners
-from dmuon.torch.frameworks import held_out_of_fully_shard
+from dmuon.torch import DMuon, titan
 from framework_runs import TOLERANCE, compare, start
 from rank_checks import check, finish
 from rank_exit import exit_rank
@@ -58,21 +59,9 @@ TRAINING = TrainingConfig(mixed_precision_param="float32", local_batch_size=PER_
 torchtitan.distributed.parallel_dims.device_type = "cpu"
 
 
-class DMuonOptimizers(OptimizersContainer):
-    """torchtitan's OptimizersContainer with "DMuon" in its name → class table."""
-
-    @dataclasses.dataclass(kw_only=True, slots=True)
-    class Config(OptimizersContainer.Config):
-        pass
-
-    @staticmethod
-    def _resolve_optimizer_factory(name):
-        return DMuon if name == "DMuon" else OptimizersContainer._resolve_optimizer_factory(name)
-
-
 def optimizer_config(**options):
     # one pattern for every parameter: DMuon routes them (tok_embeddings, lm_head and the norms to AdamW)
-    return DMuonOptimizers.Config(
+    return titan.DMuonOptimizers.Config(
         param_groups=[ParamGroupConfig(pattern=r".*", optimizer_name="DMuon",
                                        optimizer_kwargs=dict(lr=0.02, adamw_lr=3e-3, weight_decay=0.1))],
         optimizer_factory_kwargs_by_name={"DMuon": dict(ns_dtype="float32", **options)})
@@ -136,14 +125,6 @@ def reference(world, group):
     return (losses, norms), {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def parallelize_held(model, *, parallel_dims, **kwargs):
-    """ModelSpec.parallelize_fn for the owner-centric mode: torchtitan's own, its fully_shard calls leaving the
-    held matrices to their owners."""
-    held = hold_on_owners(model, parallel_dims.get_mesh("fsdp"))
-    with held_out_of_fully_shard(model, held):
-        return parallelize_llama(model, parallel_dims=parallel_dims, **kwargs)
-
-
 class TrainState:
     """The Trainer's step, saved and loaded by the checkpointer (its states={"train_state": trainer})."""
 
@@ -162,7 +143,7 @@ def build(held, out):
     then the reference's weights), the optimizers, the LR schedulers, the checkpointer."""
     spec = model_spec()
     if held:
-        spec = dataclasses.replace(spec, parallelize_fn=parallelize_held)
+        spec = dataclasses.replace(spec, parallelize_fn=titan.owner_held(spec.parallelize_fn))
     world = dist.get_world_size()
     dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=1, world_size=world,
                         spmd_backend=PARALLELISM.spmd_backend)
@@ -246,9 +227,28 @@ def full_weights(model):
     return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
 
 
+def refusals():
+    """The settings dmuon.torch.titan refuses, each by name, before anything collective."""
+    try:
+        titan.DMuonOptimizers.Config(implementation="fused_opt_states_bf16", param_groups=optimizer_config()
+                                     .param_groups).build(model_parts=[torch.nn.Linear(2, 2)])
+        check(False, "optimizer.implementation='fused_opt_states_bf16' taken with DMuon")
+    except ValueError as e:
+        check("optimizer.implementation='fused_opt_states_bf16'" in str(e), f"the refusal names no setting: {e}")
+    world = dist.get_world_size()
+    dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=1, world_size=world)
+    try:
+        titan.owner_held(model_spec().parallelize_fn)(torch.nn.Linear(2, 2), parallel_dims=dims,
+                                                      parallelism=ParallelismConfig())
+        check(False, "owner_held took parallelism.spmd_backend='spmd_types'")
+    except ValueError as e:
+        check("parallelism.spmd_backend='spmd_types'" in str(e), f"the refusal names no setting: {e}")
+
+
 def main():
     out = pathlib.Path(sys.argv[1])
     rank, world, (ref, ref_weights) = start(out, reference)
+    refusals()
     for label, held in (("all-to-all", False), ("owner-held", True)):
         folder = out / label
         if rank == 0:
