@@ -139,8 +139,8 @@ class TrainState:
 
 
 def build(held, out):
-    """Trainer.__init__'s order: the model on the meta device, parallelize_fn, to_empty, init_weights (here
-    then the reference's weights), the optimizers, the LR schedulers, the checkpointer."""
+    """Trainer.__init__'s order: the model on the meta device, parallelize_fn, to_empty, init_weights, the
+    optimizers (then the reference's weights), the LR schedulers, the checkpointer."""
     spec = model_spec()
     if held:
         spec = dataclasses.replace(spec, parallelize_fn=titan.owner_held(spec.parallelize_fn))
@@ -160,10 +160,10 @@ def build(held, out):
     model.to_empty(device="cpu")
     with torch.no_grad():
         model.init_weights(buffer_device=None)
-    load_full(model, initial_weights())
     model.train()
     optimizers = optimizer_config().build(model_parts=[model])
     check([type(o) for o in optimizers] == [DMuon], f"torchtitan built {[type(o) for o in optimizers]}, not one DMuon")
+    load_full(model, initial_weights())  # where torchtitan's checkpointer would load a seed checkpoint
     schedulers = SCHEDULE.build(optimizers=optimizers, training_steps=STEPS)
     state = TrainState()
     checkpointer = CheckpointManager.Config(enable=True, folder="checkpoint", interval=SAVED_AT,

@@ -46,6 +46,9 @@ class DMuonOptimizers(OptimizersContainer):
             raise ValueError(f"dmuon.torch.titan: {len(model_parts)} model parts on this rank (pipeline "
                              "parallelism, parallelism.pipeline_parallel_degree > 1): DMuon over pipeline stages "
                              "is not supported")
+        for model in model_parts:  # as DMuon(model): parameters that .to_empty() made after owner_held get their marks
+            for schedule in model.__dict__.get("_dmuon_held_schedules", ()):
+                schedule.adopt()
         super().__init__(config, model_parts=model_parts)
 
 
