@@ -34,7 +34,8 @@
 #     both modes; where torchtitan imports), and dmuon.torch on CUDA tensors
 #     (python/benchmarks/gpu_check_torch.py: FSDP2 on CUDA, CUDA vs CPU, DMuon's step vs torch.optim.Muon), and
 #     dmuon.torch's torch engine against our CUDA engine (gpu_check_torch.py --checks torch-engine: Newton–Schulz
-#     in float32 and bf16, standard and Gram, against float64 and each other, times; DMuon's steps with each)
+#     in float32 and bf16, standard and Gram, against float64 and each other, times; DMuon's steps with each) and
+#     the 2026 recipe on CUDA against the CPU (--checks recipe: per-head NS, NorMuon, cautious wd, QK-clip)
 #     -> bench_*.json, share_gpu_refused.log, gpu_check_torch.json, gpu_check_torch_engine.json
 #  6. prints the summary (summary.txt: each step's status, each figure beside its torch counterpart), then the
 #     end of each failed step's log; report.txt holds the same.
@@ -551,9 +552,11 @@ if [ "$MODE" = full ]; then
     step gpu_check_torch 150 env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" \
       python/benchmarks/gpu_check_torch.py --checks fsdp2-cpu,fsdp2-cuda,cuda-vs-cpu,step-time \
       --results "$LOGS"
-    # The torch engine (DMuon(engine="torch"), for accelerators libdmuon_c lacks) against our CUDA engine.
-    step gpu_check_torch_engine 90 env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" \
-      python/benchmarks/gpu_check_torch.py --checks torch-engine --name gpu_check_torch_engine --results "$LOGS"
+    # The torch engine (DMuon(engine="torch"), for accelerators libdmuon_c lacks) against our CUDA engine, and the
+    # 2026 recipe (split NS, NorMuon, cautious wd, QK-clip) on CUDA with each engine against the CPU.
+    step gpu_check_torch_engine 120 env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" \
+      python/benchmarks/gpu_check_torch.py --checks torch-engine,recipe --name gpu_check_torch_engine \
+      --results "$LOGS"
   else
     for s in torch_train_cuda torch_train_cuda_owner_held titan_train_cuda titan_train_cuda_owner_held \
              gpu_check_torch gpu_check_torch_engine; do

@@ -8,6 +8,7 @@ packages=(
   build-essential cmake pkg-config
   libopenblas-dev            # BLAS (sgemm, ssyrk)
   libdnnl-dev                # oneDNN: bfloat16 Newton-Schulz on the CPU (optional to the build)
+  ocl-icd-opencl-dev         # OpenCL headers: Debian's oneDNN CMake config requires them (only recommended)
   libopenmpi-dev openmpi-bin # transport
   coinor-libcbc-dev          # MILP solver for the planner
   nlohmann-json3-dev         # JSON (caches, plans, --json output)

@@ -270,8 +270,9 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
   c->add_option("--muon-group", args->muon_groups,
                 "per-matrix Muon options, repeatable, the first matching rule wins: 'PATTERN:key=value,...' with "
                 "PATTERN a glob over parameter names (or re:REGEX) and keys ns-steps, coeffs, algo, scale, "
-                "extra-scale, cautious-wd (on|off), variant (muon|normuon), normuon-beta2 (docs/optimizers.md); "
-                "e.g. 'blocks.*.attn.*:ns-steps=6,variant=normuon' (default: none, every matrix takes Muon's defaults)")
+                "extra-scale, cautious-wd (on|off), variant (muon|normuon), normuon-beta2, split-heads, split-sizes "
+                "(A+B+...), split-dim (0 rows | 1 columns) (docs/optimizers.md); e.g. "
+                "'blocks.*.attn.*:ns-steps=6,variant=normuon' (default: none, every matrix takes Muon's defaults)")
       ->allow_extra_args(false);  // one rule per --muon-group, however many are given
   c->add_option("--data", o.data, "text file or folder (default: the fortunes corpus)");
   c->add_option("--shard-mode", args->shard_mode, "z3 | z2 | replicated (sharded optimizers)")->capture_default_str();

@@ -7,6 +7,11 @@
 // --batch-mode best (the default) a probe of each mode picks the faster, which is then timed and
 // reported with its name (the JSON also gives each mode's probe time).
 //
+// With --split-heads (one head count per shape, --split-dims 0: rows, 1: columns) each shape's row instead compares
+// split Newton–Schulz (dmuon train --muon-group '...:split-heads=H'; docs/optimizers.md) with the whole matrix: the
+// H blocks in one newton_schulz_batched call (a column split's blocks gathered into contiguous blocks and put back,
+// as the optimizer does, inside the timing) against one call on the whole matrix, float32, the auto algorithm.
+//
 // Both precisions side by side on the CPU: where its backend computes in bfloat16 (oneDNN) the rows `standard`,
 // `gram` and `auto` run again with bf16 iterates (dtype bfloat16; --dtype f32 leaves them out, --dtype bf16 keeps
 // only them beside `reference`), each row's % of peak against its own precision's measured peak: OpenBLAS's sgemm
@@ -40,6 +45,7 @@ using Clock = std::chrono::steady_clock;
 struct BenchArgs {
   std::string shapes = "896x4864,4864x896,896x896,128x896,2048x2048";
   std::string batch_mode = "best";
+  std::vector<int64_t> split_heads, split_dims;  // per shape (--split-heads, --split-dims)
   int batch = 1, threads = 0, repeats = 2;  // 2: `make demo` stays under 2 minutes on 2 cores
   bool json = false;
   dmuon::cli::DeviceArgs device;
@@ -236,12 +242,118 @@ std::vector<Row> bench_shape(Shape s, const BenchArgs& args, const std::vector<d
   return rows;
 }
 
+// Split Newton–Schulz against the whole matrix, per shape (--split-heads): median seconds of each over `repeats`
+// interleaved runs after an untimed one, wall and CPU.
+void run_split_bench(const BenchArgs& args, const std::vector<Shape>& shapes) {
+  DMUON_CHECK(!args.device.gpu(), "--split-heads: measured on the CPU only");
+  DMUON_CHECK(args.split_heads.size() == shapes.size(), "--split-heads: one head count per --shapes entry (",
+              shapes.size(), "), got ", args.split_heads.size());
+  DMUON_CHECK(args.split_dims.empty() || args.split_dims.size() == shapes.size(),
+              "--split-dims: one dimension (0 rows, 1 columns) per --shapes entry (", shapes.size(), "), got ",
+              args.split_dims.size());
+  if (args.threads > 0) dmuon::linalg::set_threads(args.threads);
+  nlohmann::json out = {{"cpu", dmuon::linalg::cpu_model()},
+                        {"blas", dmuon::linalg::blas_description()},
+                        {"threads", dmuon::linalg::threads()},
+                        {"repeats", args.repeats},
+                        {"steps", 5},
+                        {"dtype", "float32"},
+                        {"splits", nlohmann::json::array()}};
+  dmuon::NsOptions options;  // auto algorithm, keller, 5 steps, float32
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const Shape s = shapes[i];
+    const int64_t heads = args.split_heads[i], dim = args.split_dims.empty() ? 0 : args.split_dims[i];
+    DMUON_CHECK(dim == 0 || dim == 1, "--split-dims: 0 (rows) or 1 (columns), got ", dim);
+    const int64_t length = dim == 0 ? s.rows : s.cols;
+    DMUON_CHECK(heads >= 1 && length % heads == 0, "--split-heads: ", s.rows, "x", s.cols, " has ", length,
+                dim == 0 ? " rows" : " columns", ", not a multiple of ", heads);
+    // (block_rows, block_cols): each head's block; a row block is contiguous in the matrix, a column block gathered.
+    const Shape block = dim == 0 ? Shape{s.rows / heads, s.cols} : Shape{s.rows, s.cols / heads};
+    Inputs whole(1, s);
+    std::vector<float> gathered(s.rows * s.cols), orthogonal(s.rows * s.cols);
+    std::vector<const float*> block_in;
+    std::vector<float*> block_out;
+    for (int64_t h = 0; h < heads; ++h) {
+      float* at = gathered.data() + h * block.rows * block.cols;
+      block_in.push_back(dim == 0 ? whole.in[0].data() + h * block.rows * s.cols : at);
+      block_out.push_back(dim == 0 ? orthogonal.data() + h * block.rows * s.cols : at);
+    }
+    const auto run_whole = [&] {
+      dmuon::newton_schulz(whole.in[0].data(), whole.out[0].data(), s.rows, s.cols, options);
+    };
+    const auto run_split = [&] {
+      const auto move = [&](bool gather) {  // block h's columns [h·bc, (h+1)·bc) ↔ gathered block h
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t r = 0; r < s.rows; ++r) {
+            float* in_block = gathered.data() + (h * s.rows + r) * block.cols;
+            float* in_matrix = (gather ? whole.in[0].data() : orthogonal.data()) + r * s.cols + h * block.cols;
+            if (gather) std::copy(in_matrix, in_matrix + block.cols, in_block);
+            else std::copy(in_block, in_block + block.cols, in_matrix);
+          }
+      };
+      if (dim == 1) move(true);
+      dmuon::newton_schulz_batched(block_in, block_out, block.rows, block.cols, options);
+      if (dim == 1) move(false);
+    };
+    run_whole(), run_split();  // untimed: workspaces grown and paged in
+    std::vector<double> wall[2], cpu[2];
+    for (int r = 0; r < args.repeats; ++r) {
+      std::fprintf(stderr, "bench ns: %lldx%lld split %lld, repeat %d of %d\n", static_cast<long long>(s.rows),
+                   static_cast<long long>(s.cols), static_cast<long long>(heads), r + 1, args.repeats);
+      for (int which = 0; which < 2; ++which) {
+        const Stopwatch watch;
+        which == 0 ? run_whole() : run_split();
+        const Timing t = watch.elapsed();
+        wall[which].push_back(t.wall), cpu[which].push_back(t.cpu);
+      }
+    }
+    const double whole_s = dmuon::median(wall[0]), split_s = dmuon::median(wall[1]);
+    out["splits"].push_back({{"rows", s.rows},
+                             {"cols", s.cols},
+                             {"heads", heads},
+                             {"split_dim", dim},
+                             {"block_rows", block.rows},
+                             {"block_cols", block.cols},
+                             {"whole_algo", dmuon::to_string(dmuon::ns_resolve_algo(options.algo, s.rows, s.cols))},
+                             {"block_algo",
+                              dmuon::to_string(dmuon::ns_resolve_algo(options.algo, block.rows, block.cols))},
+                             {"whole_seconds", whole_s},
+                             {"split_seconds", split_s},
+                             {"whole_cpu_seconds", dmuon::median(cpu[0])},
+                             {"split_cpu_seconds", dmuon::median(cpu[1])},
+                             {"speedup", whole_s / split_s}});
+  }
+  if (args.json) {
+    std::printf("%s\n", out.dump(1).c_str());
+    return;
+  }
+  std::printf("Split Newton-Schulz against the whole matrix: 5 steps, keller, float32, auto algorithm; %s; %s; "
+              "%d BLAS threads, median of %d\n\n",
+              out["cpu"].get<std::string>().c_str(), out["blas"].get<std::string>().c_str(), out["threads"].get<int>(),
+              args.repeats);
+  std::printf("%-11s %6s %-7s %-9s %-9s %-9s %10s %10s %8s %10s %10s\n", "shape", "heads", "by", "block", "algo",
+              "blk algo", "whole ms", "split ms", "speedup", "whole cpu", "split cpu");
+  for (const auto& js : out["splits"]) {
+    const std::string shape = std::to_string(js["rows"].get<int64_t>()) + "x" + std::to_string(js["cols"].get<int64_t>());
+    const std::string blk =
+        std::to_string(js["block_rows"].get<int64_t>()) + "x" + std::to_string(js["block_cols"].get<int64_t>());
+    std::printf("%-11s %6lld %-7s %-9s %-9s %-9s %10.2f %10.2f %7.2fx %10.2f %10.2f\n", shape.c_str(),
+                static_cast<long long>(js["heads"].get<int64_t>()), js["split_dim"].get<int64_t>() ? "columns" : "rows",
+                blk.c_str(), js["whole_algo"].get<std::string>().c_str(), js["block_algo"].get<std::string>().c_str(),
+                1e3 * js["whole_seconds"].get<double>(), 1e3 * js["split_seconds"].get<double>(),
+                js["speedup"].get<double>(), 1e3 * js["whole_cpu_seconds"].get<double>(),
+                1e3 * js["split_cpu_seconds"].get<double>());
+  }
+}
+
 void run_bench(const BenchArgs& args) {
   DMUON_CHECK(args.batch >= 1, "--batch must be at least 1, got ", args.batch);
   DMUON_CHECK(args.repeats >= 1, "--repeats must be at least 1, got ", args.repeats);
   DMUON_CHECK(args.batch_mode == "best" || args.batch_mode == "sequential" || args.batch_mode == "concurrent",
               "--batch-mode must be best, sequential or concurrent, got '", args.batch_mode, "'");
   const std::vector<Shape> shapes = parse_shapes(args.shapes);
+  if (!args.split_heads.empty()) return run_split_bench(args, shapes);
+  DMUON_CHECK(args.split_dims.empty(), "--split-dims needs --split-heads");
   if (args.device.gpu()) {  // the same table on a GPU: CUDA-event timings, bf16 iterates by default
     DMUON_CHECK(args.threads == 0 && args.batch_mode == "best", "--threads and --batch-mode are CPU options; a GPU "
                 "runs a batch as batched kernels on one stream");
@@ -359,6 +471,12 @@ dmuon::cli::Registration reg("", [](CLI::App& bench) {
   c->add_option("--repeats", args->repeats, "timed runs per row (median reported)")
       ->capture_default_str()
       ->check(dmuon::cli::at_least(1));
+  c->add_option("--split-heads", args->split_heads,
+                "split Newton-Schulz: per shape, the heads its blocks are (comma-separated, as --shapes); "
+                "compares the blocks batched with the whole matrix instead of the paths")
+      ->delimiter(',');
+  c->add_option("--split-dims", args->split_dims, "with --split-heads: per shape 0 (rows) or 1 (columns); default 0")
+      ->delimiter(',');
   c->add_flag("--json", args->json, "print one JSON object instead of the table");
   args->device.add_to(c);
   c->callback([args] { run_bench(*args); });

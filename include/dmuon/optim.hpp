@@ -70,6 +70,11 @@ struct MuonMatrixOptions {
   bool cautious_wd = false;                 // decay only where W·O ≥ 0 (rules::MuonApply)
   MuonVariant variant = MuonVariant::muon;
   double normuon_beta2 = 0.95;              // NorMuon's β2 (state "normuon.v": one value per row)
+  // Split Newton–Schulz (muon_blocks): each block of the matrix orthogonalized, normalized (NorMuon) and scaled on
+  // its own, as if it were a parameter of its own (dmuon.torch's split_heads, split_sizes, split_dim).
+  int64_t split_heads = 0;             // > 0: that many equal blocks along split_dim (attention heads)
+  std::vector<int64_t> split_sizes;    // else, when given: blocks of these lengths along split_dim (fused qkv, gate_up)
+  int split_dim = 0;                   // 0: by rows (q/k/v, fused matrices), 1: by columns (o); NorMuon: rows only
 
   bool operator==(const MuonMatrixOptions&) const = default;
 };
@@ -101,6 +106,12 @@ void muon_momentum(std::span<const float> grad, float grad_scale, std::span<floa
 
 // s of DESIGN section 1 for a rows×cols matrix.
 double muon_scale(int64_t rows, int64_t cols, MuonScale scale);
+
+// The blocks a rows×cols Muon matrix named `name` is orthogonalized in: the whole matrix without a split; the
+// split_heads equal blocks or the split_sizes blocks along split_dim, in order. Throws dmuon::Error naming the matrix
+// and its shape when the split does not fit it (a length not a multiple of split_heads, sizes of another sum).
+std::vector<MatrixBlock> muon_blocks(int64_t rows, int64_t cols, const MuonMatrixOptions& options,
+                                     const std::string& name);
 
 // Names as `dmuon train --muon-group` spells them ("original", "match_rms_adamw", "spectral", "unit_rms";
 // "muon", "normuon"); parse_* throw dmuon::Error listing the valid names.
@@ -151,7 +162,8 @@ struct MuonRule {
 // A rule from text "PATTERN:key=value[,key=value...]" (dmuon train's --muon-group), the options not named taken
 // from `defaults`. The pattern is everything before the last ':' (a regex may hold ':'). Keys: ns-steps (≥ 1),
 // coeffs (keller | you | polar-express), algo (auto | standard | gram), scale (original | match_rms_adamw |
-// spectral | unit_rms), extra-scale (> 0), cautious-wd (on | off), variant (muon | normuon), normuon-beta2 ([0, 1)).
+// spectral | unit_rms), extra-scale (> 0), cautious-wd (on | off), variant (muon | normuon), normuon-beta2 ([0, 1)),
+// split-heads (≥ 1; 0: no split), split-sizes (lengths joined by '+', e.g. 896+128+128), split-dim (0 | 1).
 // Throws dmuon::Error quoting the text and naming the bad key or value.
 MuonRule parse_muon_rule(const std::string& text, const MuonMatrixOptions& defaults);
 // The rule as parse_muon_rule reads it, naming every key that differs from `defaults` ("attn.*:ns-steps=6").
@@ -248,6 +260,16 @@ class Optimizer {
     const ParamSpec* spec = nullptr;
     Buffer full;      // (rows, cols), allocated once
     int options = 0;  // muon_options_[options]
+    // Set by plan_muon: the blocks its Newton–Schulz runs on (muon_blocks; one: the whole matrix), a column split's
+    // blocks gathered one after another (rows·cols values; empty for a row split or none), and the runs of the
+    // flattened matrix that take one scale s(block)·extra_scale_factor, in order, adjacent equal ones merged.
+    std::vector<MatrixBlock> blocks = {};
+    Buffer gathered = {};
+    struct ScaleRun {
+      int64_t begin = 0, end = 0;  // [begin, end) of the flattened rows×cols matrix
+      float scale = 0;
+    };
+    std::vector<ScaleRun> scale_runs = {};
   };
   // The Muon matrices this rank orthogonalizes, asked once (at the first update). Single process:
   // each Muon slot that holds its whole matrix. Distributed variants gather (or own) them.
@@ -269,20 +291,21 @@ class Optimizer {
   int world_size_ = 1;
 
  private:
-  // Same-shape Muon matrices of equal options, orthogonalized in one Orthogonalizer call (DESIGN 2.6).
+  // Same-shape Muon matrices and blocks of split matrices of one Newton–Schulz setting, orthogonalized in one
+  // Orthogonalizer call (DESIGN 2.6).
   struct ShapeBatch {
     int64_t rows = 0, cols = 0;
-    int options = 0;                 // muon_options_[options], orths_[options]
-    std::vector<MuonMatrix*> matrices;
-    std::vector<MatView> views;      // each matrix's full U
-    std::vector<std::string> names;  // for errors
-    size_t first_norm = 0;           // its matrices' slots in ns_norms_
+    int orth = 0;                    // orths_[orth]
+    std::vector<MatView> views;      // each matrix's or block's U, contiguous (in full, or gathered)
+    std::vector<std::string> names;  // for errors: "name", or "name:rows 0+64" for a block
+    size_t first_norm = 0;           // its views' slots in ns_norms_
   };
   // Σ g² of every slot (device), read once; throws or skips on a non-finite gradient. Returns false to skip.
   bool gradient_norm(float mean_scale);
   void update_adamw(float grad_scale);
-  // Momentum and U, NS in batches of same-shape matrices of equal options, one read of the NS input norms,
-  // NorMuon's normalization where asked, W ← W·(1 − lr·wd) − lr·s·O.
+  // Momentum and U, a column split's blocks gathered, NS in batches of same-shape matrices and blocks of equal
+  // Newton–Schulz settings, the blocks put back, one read of the NS input norms, NorMuon's normalization where asked
+  // (per block), W ← W·(1 − lr·wd) − lr·s·O (s per block).
   void update_muon(float grad_scale);
   // muon_ and batches_, built at the first update.
   void plan_muon();
@@ -314,6 +337,11 @@ class Muon : public Optimizer {
   Muon(std::vector<ParamRef> params, OptimizerOptions options);
   Muon(std::vector<ParamRef> params, OptimizerOptions options, Orthogonalizer orth, Backend& backend = cpu_backend());
 };
+
+// Per parameter of `params`: the blocks its Newton–Schulz runs on (muon_blocks with its OptimizerOptions::muon_rules
+// rule's options, else options.muon's) for a Muon matrix (options.rules), none for the others: what make_plan_items
+// costs split matrices by. Throws as muon_blocks for a split that does not fit.
+std::vector<std::vector<MatrixBlock>> muon_blocks(const std::vector<ParamSpec>& params, const OptimizerOptions& options);
 
 // `options` with a single rule that sends every parameter to AdamW.
 OptimizerOptions all_adamw(OptimizerOptions options);

@@ -29,4 +29,13 @@ struct ParamSpec {
   int64_t cols() const;
 };
 
+// A block of a rows×cols matrix, [row0, row0+rows) × [col0, col0+cols): what split Newton–Schulz orthogonalizes on
+// its own (optim.hpp: muon_blocks), and what the planner costs it as (plan.hpp: make_plan_items).
+struct MatrixBlock {
+  int64_t row0 = 0, col0 = 0;
+  int64_t rows = 0, cols = 0;
+
+  bool operator==(const MatrixBlock&) const = default;
+};
+
 }  // namespace dmuon

@@ -64,8 +64,12 @@ BatchTimeFn relative_flop_batch_time();
 BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries);
 
 // The Muon matrices of `params` as plan items. A shape's matrices are expected to run in batches of
-// ceil(count/ranks) per rank, so each item's time is batch_time(shape, that batch) / that batch.
-std::vector<PlanItem> make_plan_items(const std::vector<ParamSpec>& params, int ranks, const BatchTimeFn& batch_time);
+// ceil(count/ranks) per rank, so each item's time is batch_time(shape, that batch) / that batch. With `ns_blocks`
+// (per ParamSpec index; optim.hpp: muon_blocks), a matrix split for Newton–Schulz costs the sum of its blocks' times,
+// each block counted among the matrices and blocks of its shape; an empty entry, or no `ns_blocks`: the whole matrix.
+// A split matrix stays one item: its blocks have one owner.
+std::vector<PlanItem> make_plan_items(const std::vector<ParamSpec>& params, int ranks, const BatchTimeFn& batch_time,
+                                      const std::vector<std::vector<MatrixBlock>>& ns_blocks = {});
 
 enum class Balancer { rr, lpt, milp };
 std::string to_string(Balancer b);

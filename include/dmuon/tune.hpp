@@ -184,8 +184,10 @@ std::vector<TuneEntry> tune_across_ranks(comm::Comm& comm, const std::vector<Tun
                                          const TuneSessionOptions& options);
 
 // What a model needs tuned on D ranks: each Muon matrix shape with batch ceil(count/D), the
-// batch make_plan_items (plan.hpp) asks about. Sorted by shape.
-std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int ranks);
+// batch make_plan_items (plan.hpp) asks about; with `ns_blocks` (as make_plan_items takes it) a split matrix's
+// block shapes in its place. Sorted by shape.
+std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int ranks,
+                                       const std::vector<std::vector<MatrixBlock>>& ns_blocks = {});
 
 // The NsOptions for `batch` rows×cols matrices: the kernel choice (algo, restarts, symmetric, tiles,
 // batch mode, threads) of the entry for that (shape, batch), else of that shape's entry with the nearest

@@ -19,6 +19,11 @@ scripts/gpu-check.sh where the full build (libdmuon_c with the CUDA backend) exi
                wrong coefficient, step or normalisation is off by 1e-1 and more) and each other; its bf16 time
                beside ours (CUDA events, median of 5); and DMuon's 5 steps with each engine on CUDA tensors
                (within 1e-2, as cuda-vs-cpu). Outputs poisoned with NaN first; TF32 off.
+  recipe       the 2026 Muon recipe on the GPU (issue 42): per-head Newton–Schulz (split_heads on a q-like and an
+               o-like matrix, split_sizes on a fused qkv), NorMuon, cautious weight decay, the spectral scale and
+               QK-clip with a tau low enough to fire, 5 DMuon steps on CUDA tensors with each engine (ours, torch)
+               against the same steps on CPU tensors (float32) within 1e-2, as cuda-vs-cpu; fails if the clip never
+               fired (recipe_run runs the same on any device: tested on the CPU)
 
 A check that this build or machine cannot run (dmuon not importable, no CUDA backend in libdmuon_c, no
 GPU, no FSDP2) is reported as SKIP with the reason, never as PASS. Prints a table last; --results DIR
@@ -43,7 +48,7 @@ import torch.distributed as dist
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
-CHECKS = ("fsdp2-cpu", "fsdp2-cuda", "cuda-vs-cpu", "step-time", "torch-engine")
+CHECKS = ("fsdp2-cpu", "fsdp2-cuda", "cuda-vs-cpu", "step-time", "torch-engine", "recipe")
 
 
 class Skip(Exception):
@@ -278,6 +283,54 @@ def check_torch_engine():
                 f"engine: {', '.join(times)}" + "".join(f"; {line}" for line in lines if line.startswith("FAIL")))
 
 
+RECIPE_SHAPES = {"q.weight": (256, 128), "k.weight": (64, 128), "o.weight": (128, 256), "qkv.weight": (384, 128),
+                 "up.weight": (512, 128), "q.bias": (256,)}
+RECIPE_HEADS, RECIPE_KV_HEADS, RECIPE_TAU = 8, 2, 0.5
+
+
+def recipe_run(device, engine_name, steps=5, tau=RECIPE_TAU):
+    """(parameters after `steps` DMuon steps of the recipe's param groups on `device` with engine `engine_name`,
+    how many key-value groups QK-clip with threshold tau rescaled): the same seeds, gradients and reported maxima
+    on every device."""
+    from dmuon.torch import Attention, QKClip
+    _, DMuon = engine()
+    gen = torch.Generator().manual_seed(11)
+    params = {n: torch.nn.Parameter((torch.randn(s, generator=gen) * 0.05).to(device))
+              for n, s in RECIPE_SHAPES.items()}
+    groups = [
+        {"params": [("q.weight", params["q.weight"])], "split_heads": RECIPE_HEADS, "variant": "normuon"},
+        {"params": [("k.weight", params["k.weight"])], "split_heads": RECIPE_KV_HEADS, "variant": "normuon"},
+        {"params": [("o.weight", params["o.weight"])], "split_heads": RECIPE_HEADS, "split_dim": 1,
+         "cautious_wd": True, "scale": "spectral"},
+        {"params": [("qkv.weight", params["qkv.weight"])], "split_sizes": [256, 64, 64]},
+        {"params": [("up.weight", params["up.weight"]), ("q.bias", params["q.bias"])]},
+    ]
+    opt = DMuon(groups, weight_decay=0.1, ns_dtype="float32" if device == "cpu" else None, engine=engine_name)
+    clip = QKClip(opt, tau, [Attention(q="q.weight", k="k.weight", heads=RECIPE_HEADS,
+                                              kv_heads=RECIPE_KV_HEADS, q_bias="q.bias")])
+    fired = 0
+    for _ in range(steps):
+        for p in params.values():
+            p.grad = torch.randn(p.shape, generator=gen).to(device)
+        maxima = torch.rand(RECIPE_HEADS, generator=gen) * 2 * RECIPE_TAU
+        fired += int((maxima.view(RECIPE_KV_HEADS, -1).max(dim=1).values > tau).sum())
+        clip.report(0, maxima.to(device))
+        opt.step()
+    return {n: p.detach().cpu().double() for n, p in params.items()}, fired
+
+
+def check_recipe():
+    require_cuda_backend()
+    ref, fired = recipe_run("cpu", "dmuon")
+    gaps = {}
+    for engine_name in ("dmuon", "torch"):
+        got, _ = recipe_run("cuda", engine_name)
+        gaps[engine_name] = max(float((got[n] - ref[n]).norm() / ref[n].norm()) for n in ref)
+    ok = fired > 0 and all(g < 1e-2 for g in gaps.values())  # NaN fails too
+    return ok, (f"5 recipe steps on CUDA vs CPU float32, max relative difference: ours {gaps['dmuon']:.1e}, torch "
+                f"engine {gaps['torch']:.1e} (limit 1e-2); QK-clip rescaled {fired} key-value groups")
+
+
 def init_single_process(backend):
     store = os.path.join(tempfile.mkdtemp(prefix="dmuon_gpu_check_"), "store")
     dist.init_process_group(backend, init_method=f"file://{store}", rank=0, world_size=1)
@@ -330,7 +383,7 @@ def main(argv=None):
         require_cuda_backend()
         return check_fsdp2("cuda")
     for name, fn in (("fsdp2-cuda", fsdp2_cuda), ("cuda-vs-cpu", check_cuda_vs_cpu), ("step-time", check_step_time),
-                     ("torch-engine", check_torch_engine)):
+                     ("torch-engine", check_torch_engine), ("recipe", check_recipe)):
         if name in chosen:
             run_check(name, fn, results)
     if dist.is_initialized():

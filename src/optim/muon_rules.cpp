@@ -53,7 +53,29 @@ std::string number_text(double v) {
   return std::string(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
 }
 
-constexpr const char* kKeys = "ns-steps, coeffs, algo, scale, extra-scale, cautious-wd, variant, normuon-beta2";
+constexpr const char* kKeys =
+    "ns-steps, coeffs, algo, scale, extra-scale, cautious-wd, variant, normuon-beta2, split-heads, split-sizes, "
+    "split-dim";
+
+// "896+128+128" as lengths ≥ 1, at least two.
+std::vector<int64_t> parse_sizes(const std::string& value) {
+  std::vector<int64_t> sizes;
+  size_t start = 0;
+  while (start <= value.size()) {
+    const size_t end = std::min(value.find('+', start), value.size());
+    sizes.push_back(number<int64_t>("split-sizes", value.substr(start, end - start)));
+    DMUON_CHECK(sizes.back() >= 1, "split-sizes must be lengths ≥ 1, got ", value);
+    start = end + 1;
+  }
+  DMUON_CHECK(sizes.size() >= 2, "split-sizes needs two or more lengths joined by '+', got ", value);
+  return sizes;
+}
+
+std::string sizes_text(const std::vector<int64_t>& sizes) {
+  std::string text;
+  for (int64_t s : sizes) text += (text.empty() ? "" : "+") + std::to_string(s);
+  return text;
+}
 
 void set_option(MuonMatrixOptions& o, const std::string& key, const std::string& value) {
   if (key == "ns-steps") {
@@ -77,6 +99,14 @@ void set_option(MuonMatrixOptions& o, const std::string& key, const std::string&
   } else if (key == "normuon-beta2") {
     o.normuon_beta2 = number<double>(key, value);
     DMUON_CHECK(o.normuon_beta2 >= 0 && o.normuon_beta2 < 1, "normuon-beta2 must be in [0, 1), got ", value);
+  } else if (key == "split-heads") {
+    o.split_heads = number<int64_t>(key, value);
+    DMUON_CHECK(o.split_heads >= 0, "split-heads must be ≥ 1 (0: no split), got ", value);
+  } else if (key == "split-sizes") {
+    o.split_sizes = parse_sizes(value);
+  } else if (key == "split-dim") {
+    DMUON_CHECK(value == "0" || value == "1", "split-dim takes 0 (rows) or 1 (columns), got '", value, "'");
+    o.split_dim = value == "1";
   } else {
     DMUON_FAIL("unknown option '", key, "' (valid: ", kKeys, ")");
   }
@@ -88,6 +118,30 @@ std::string to_string(MuonScale scale) { return name_in(kScaleNames, scale); }
 std::string to_string(MuonVariant variant) { return name_in(kVariantNames, variant); }
 MuonScale parse_muon_scale(const std::string& name) { return parse_in(kScaleNames, "Muon scale", name); }
 MuonVariant parse_muon_variant(const std::string& name) { return parse_in(kVariantNames, "Muon variant", name); }
+
+std::vector<MatrixBlock> muon_blocks(int64_t rows, int64_t cols, const MuonMatrixOptions& o, const std::string& name) {
+  if (o.split_heads == 0 && o.split_sizes.empty()) return {{0, 0, rows, cols}};
+  const bool by_rows = o.split_dim == 0;
+  const int64_t length = by_rows ? rows : cols;
+  const char* what = by_rows ? " rows" : " columns";
+  std::vector<int64_t> sizes = o.split_sizes;
+  if (o.split_heads > 0) {
+    DMUON_CHECK(length % o.split_heads == 0, "Muon matrix '", name, "' (", rows, "x", cols, ") has ", length, what,
+                ", not a multiple of split-heads=", o.split_heads);
+    sizes.assign(static_cast<size_t>(o.split_heads), length / o.split_heads);
+  }
+  int64_t sum = 0;
+  for (int64_t s : sizes) sum += s;
+  DMUON_CHECK(sum == length, "Muon matrix '", name, "' (", rows, "x", cols, ") has ", length, what,
+              ", but split-sizes ", sizes_text(sizes), " sum to ", sum);
+  std::vector<MatrixBlock> blocks;
+  int64_t start = 0;
+  for (int64_t s : sizes) {
+    blocks.push_back(by_rows ? MatrixBlock{start, 0, s, cols} : MatrixBlock{0, start, rows, s});
+    start += s;
+  }
+  return blocks;
+}
 
 MuonRule parse_muon_rule(const std::string& text, const MuonMatrixOptions& defaults) {
   const size_t colon = text.rfind(':');
@@ -109,6 +163,8 @@ MuonRule parse_muon_rule(const std::string& text, const MuonMatrixOptions& defau
     }
     start = end + 1;
   }
+  DMUON_CHECK(rule.options.split_heads == 0 || rule.options.split_sizes.empty(), "Muon rule '", text,
+              "': split-heads and split-sizes are two ways of one split: set one");
   return rule;
 }
 
@@ -126,6 +182,9 @@ std::string to_string(const MuonRule& rule, const MuonMatrixOptions& defaults) {
   add(o.cautious_wd != defaults.cautious_wd, std::string("cautious-wd=") + (o.cautious_wd ? "on" : "off"));
   add(o.variant != defaults.variant, "variant=" + to_string(o.variant));
   add(o.normuon_beta2 != defaults.normuon_beta2, "normuon-beta2=" + number_text(o.normuon_beta2));
+  add(o.split_heads != defaults.split_heads, "split-heads=" + std::to_string(o.split_heads));
+  add(o.split_sizes != defaults.split_sizes, "split-sizes=" + sizes_text(o.split_sizes));
+  add(o.split_dim != defaults.split_dim, "split-dim=" + std::to_string(o.split_dim));
   return rule.pattern + ":" + list;
 }
 

@@ -32,6 +32,16 @@ void check_muon_options(const MuonMatrixOptions& o, const std::string& where) {
               ": extra_scale_factor must be finite and > 0, got ", o.extra_scale_factor);
   DMUON_CHECK(o.normuon_beta2 >= 0 && o.normuon_beta2 < 1, where, ": normuon_beta2 must be in [0, 1), got ",
               o.normuon_beta2);
+  DMUON_CHECK(o.split_heads >= 0, where, ": split_heads must be ≥ 1 (0: no split), got ", o.split_heads);
+  DMUON_CHECK(o.split_heads == 0 || o.split_sizes.empty(), where,
+              ": split_heads and split_sizes are two ways of one split: set one");
+  DMUON_CHECK(o.split_sizes.empty() || o.split_sizes.size() >= 2, where, ": split_sizes needs two or more lengths");
+  for (int64_t size : o.split_sizes) DMUON_CHECK(size >= 1, where, ": split_sizes must be ≥ 1, got ", size);
+  DMUON_CHECK(o.split_dim == 0 || o.split_dim == 1, where, ": split_dim must be 0 (rows) or 1 (columns), got ",
+              o.split_dim);
+  // NorMuon's v is one value a row; a column block would need a v of its own per row (dmuon.torch has that).
+  DMUON_CHECK(o.variant != MuonVariant::normuon || o.split_dim == 0 || (o.split_heads == 0 && o.split_sizes.empty()),
+              where, ": NorMuon with a split by columns (split_dim 1) is not supported by the C++ engine");
 }
 
 // The options of a Muon matrix: its first matching rule's, else the defaults.
@@ -95,6 +105,7 @@ Optimizer::Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Ort
         muon_options_.push_back(mo);
         orths_.push_back(mo.ns == mu.ns ? orths_[0] : ns_orthogonalizer(mo.ns));
       }
+      muon_blocks(p.spec.rows(), p.spec.cols(), mo, p.spec.name);  // a split that does not fit: refused here
       // The whole matrix's rows wherever a piece of it is: the normalization needs every row's moment.
       if (mo.variant == MuonVariant::normuon && p.count > 0) s.variance = zeros(backend, p.spec.rows());
     } else {
@@ -141,6 +152,15 @@ void Optimizer::set_counters(int64_t updates, int64_t skipped) {
 
 const float* Optimizer::effective_grad(const Slot& s) const {
   return options_.accumulation_steps > 1 ? s.accumulated.f32() : grad_of(s);
+}
+
+std::vector<std::vector<MatrixBlock>> muon_blocks(const std::vector<ParamSpec>& params, const OptimizerOptions& options) {
+  std::vector<std::vector<MatrixBlock>> out(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamSpec& p = params[i];
+    if (assign_group(options.rules, p) == OptimGroup::muon) out[i] = muon_blocks(p.rows(), p.cols(), options_for(options, p.name), p.name);
+  }
+  return out;
 }
 
 OptimizerOptions all_adamw(OptimizerOptions options) {
@@ -268,65 +288,139 @@ void Optimizer::prepare_muon_inputs(float grad_scale, std::span<MuonMatrix> matr
 
 void Optimizer::plan_muon() {
   muon_ = muon_matrices();
+  // One Orthogonalizer per Newton–Schulz setting: options that differ elsewhere (scale, split, ...) share it.
+  std::vector<int> orth_of(muon_options_.size());
+  for (size_t i = 0; i < muon_options_.size(); ++i) {
+    orth_of[i] = static_cast<int>(i);
+    for (size_t j = 0; j < i; ++j) {
+      if (muon_options_[j].ns == muon_options_[i].ns) {
+        orth_of[i] = static_cast<int>(j);
+        break;
+      }
+    }
+  }
   std::map<std::tuple<int64_t, int64_t, int>, ShapeBatch> by_shape;
   for (MuonMatrix& m : muon_) {
-    ShapeBatch& b = by_shape[{m.spec->rows(), m.spec->cols(), m.options}];
-    b.rows = m.spec->rows(), b.cols = m.spec->cols(), b.options = m.options;
-    b.matrices.push_back(&m);
-    b.views.push_back(m.full.view(b.rows, b.cols));
-    b.names.push_back(m.spec->name);
+    const MuonMatrixOptions& mo = muon_options_[m.options];
+    const int64_t rows = m.spec->rows(), cols = m.spec->cols();
+    m.blocks = muon_blocks(rows, cols, mo, m.spec->name);
+    const bool split = m.blocks.size() > 1;
+    const bool by_columns = split && mo.split_dim == 1;
+    if (by_columns) m.gathered = Buffer(*backend_, DType::f32, rows * cols);
+    int64_t gathered_at = 0;
+    for (const MatrixBlock& blk : m.blocks) {
+      ShapeBatch& b = by_shape[{blk.rows, blk.cols, orth_of[m.options]}];
+      b.rows = blk.rows, b.cols = blk.cols, b.orth = orth_of[m.options];
+      // (blk.rows, blk.cols): a row block is contiguous in full; a column block is gathered contiguous.
+      float* u = by_columns ? m.gathered.f32() + gathered_at : m.full.f32() + blk.row0 * cols;
+      gathered_at += blk.rows * blk.cols;
+      b.views.push_back(f32_view(backend_->device(), u, blk.rows, blk.cols));
+      b.names.push_back(!split ? m.spec->name
+                               : m.spec->name + (by_columns ? ":cols " + std::to_string(blk.col0)
+                                                            : ":rows " + std::to_string(blk.row0)) +
+                                     "+" + std::to_string(by_columns ? blk.cols : blk.rows));
+      // The block's elements of the flattened matrix, as runs of one scale: a row block is one run, a column
+      // block one run per row; adjacent runs of equal scale merge (a split into equal blocks: one run).
+      const float scale = static_cast<float>(muon_scale(blk.rows, blk.cols, mo.scale) * mo.extra_scale_factor);
+      for (int64_t r = blk.row0; r < blk.row0 + blk.rows; r += by_columns ? 1 : blk.rows) {
+        const int64_t begin = r * cols + blk.col0;
+        const int64_t end = by_columns ? begin + blk.cols : (blk.row0 + blk.rows) * cols;
+        m.scale_runs.push_back({begin, end, scale});
+      }
+    }
+    std::sort(m.scale_runs.begin(), m.scale_runs.end(),
+              [](const MuonMatrix::ScaleRun& a, const MuonMatrix::ScaleRun& b) { return a.begin < b.begin; });
+    std::vector<MuonMatrix::ScaleRun> merged;
+    for (const MuonMatrix::ScaleRun& run : m.scale_runs) {
+      if (!merged.empty() && merged.back().end == run.begin && merged.back().scale == run.scale) {
+        merged.back().end = run.end;
+      } else {
+        merged.push_back(run);
+      }
+    }
+    m.scale_runs = std::move(merged);
   }
   size_t at = 0;
   for (auto& [shape, batch] : by_shape) {
     batch.first_norm = at;
-    at += batch.matrices.size();
+    at += batch.views.size();
     batches_.push_back(std::move(batch));
   }
-  ns_norms_ = doubles(*backend_, muon_.size());
-  host_norms_.resize(muon_.size());
+  ns_norms_ = doubles(*backend_, at);
+  host_norms_.resize(at);
   muon_planned_ = true;
 }
+
+namespace {
+// A column block [0, rows) × [col0, col0+cols) of a row-major matrix with `ld` columns, as a strided view.
+MatView column_block(Backend& backend, float* matrix, int64_t ld, const MatrixBlock& blk) {
+  MatView v = f32_view(backend.device(), matrix + blk.col0, blk.rows, blk.cols);
+  v.ld = ld;
+  return v;
+}
+}  // namespace
 
 void Optimizer::update_muon(float grad_scale) {
   if (!muon_planned_) plan_muon();
   prepare_muon_inputs(grad_scale, muon_);
   stats_ = {};
+  // A column split's blocks, one after another in `gathered` (each contiguous for the Newton–Schulz).
+  const auto move_column_blocks = [&](bool gather) {
+    for (MuonMatrix& m : muon_) {
+      if (m.gathered.size() == 0) continue;
+      const int64_t cols = m.spec->cols();
+      int64_t at = 0;
+      for (const MatrixBlock& blk : m.blocks) {
+        const MatView in_full = column_block(*backend_, m.full.f32(), cols, blk);
+        const MatView in_gathered = f32_view(backend_->device(), m.gathered.f32() + at, blk.rows, blk.cols);
+        backend_->convert(gather ? in_full : in_gathered, gather ? in_gathered : in_full);
+        at += blk.rows * blk.cols;
+      }
+    }
+  };
   double* norms = as_doubles(ns_norms_);
   const auto t0 = std::chrono::steady_clock::now();
-  for (const ShapeBatch& b : batches_) {
-    orths_[b.options](*backend_, b.views, b.views, b.names, norms + b.first_norm);
-    stats_.ns_matrices += static_cast<int64_t>(b.matrices.size());
-  }
+  move_column_blocks(true);
+  for (const ShapeBatch& b : batches_) orths_[b.orth](*backend_, b.views, b.views, b.names, norms + b.first_norm);
+  move_column_blocks(false);
+  stats_.ns_matrices = static_cast<int64_t>(muon_.size());
   // One read per update: the NS input norms (which also waits for the NS to finish on a device).
   backend_->copy_to_host(host_norms_.data(), norms, host_norms_.size() * sizeof(double));
   stats_.ns_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (const ShapeBatch& b : batches_) {
-    for (size_t i = 0; i < b.matrices.size(); ++i) {
+    for (size_t i = 0; i < b.views.size(); ++i) {
       DMUON_CHECK(std::isfinite(host_norms_[b.first_norm + i]), "Newton-Schulz input '", b.names[i],
                   "' (the Muon update of a finite gradient) is not finite on rank ", rank_, " at update ", updates_);
     }
   }
   const MuonHyper& mu = options_.muon;
   const float decay = static_cast<float>(1.0 - mu.lr * mu.weight_decay), neg_lr = static_cast<float>(-mu.lr);
-  for (const ShapeBatch& b : batches_) {
-    const MuonMatrixOptions& mo = muon_options_[b.options];
-    const float scale = static_cast<float>(muon_scale(b.rows, b.cols, mo.scale) * mo.extra_scale_factor);
-    for (MuonMatrix* m : b.matrices) {
-      if (!m->slot) continue;
-      if (mo.variant == MuonVariant::normuon) {  // on the whole O (a rank's apply reads its piece of it)
-        Buffer& v = m->slot->variance;
-        backend_->run({rules::NorMuonNormalize{.o = DeviceSpan(*backend_, m->full.f32(), b.rows * b.cols),
-                                               .v = DeviceSpan(*backend_, v.f32(), b.rows),
-                                               .rows = b.rows,
-                                               .cols = b.cols,
-                                               .one_minus_beta2 = static_cast<float>(1.0 - mo.normuon_beta2)}});
+  for (MuonMatrix& m : muon_) {
+    if (!m.slot) continue;
+    const MuonMatrixOptions& mo = muon_options_[m.options];
+    const int64_t cols = m.spec->cols();
+    if (mo.variant == MuonVariant::normuon) {  // per row block, on the whole O (a rank's apply reads its piece of it)
+      Buffer& v = m.slot->variance;
+      for (const MatrixBlock& blk : m.blocks) {
+        backend_->run({rules::NorMuonNormalize{
+            .o = DeviceSpan(*backend_, m.full.f32() + blk.row0 * cols, blk.rows * cols),
+            .v = DeviceSpan(*backend_, v.f32() + blk.row0, blk.rows),
+            .rows = blk.rows,
+            .cols = cols,
+            .one_minus_beta2 = static_cast<float>(1.0 - mo.normuon_beta2)}});
       }
-      const ParamRef& r = m->slot->ref;
-      backend_->run({rules::MuonApply{.w = DeviceSpan(*backend_, values_of(*m->slot), r.count),
-                                      .o = DeviceSpan(*backend_, m->full.f32() + r.offset, r.count),
+    }
+    // This rank's slice [offset, offset+count) of each run.
+    const ParamRef& r = m.slot->ref;
+    float* w = values_of(*m.slot);
+    for (const MuonMatrix::ScaleRun& run : m.scale_runs) {
+      const int64_t begin = std::max(run.begin, r.offset), end = std::min(run.end, r.offset + r.count);
+      if (begin >= end) continue;
+      backend_->run({rules::MuonApply{.w = DeviceSpan(*backend_, w + (begin - r.offset), end - begin),
+                                      .o = DeviceSpan(*backend_, m.full.f32() + begin, end - begin),
                                       .decay = decay,
                                       .neg_lr = neg_lr,
-                                      .scale = scale,
+                                      .scale = run.scale,
                                       .cautious_wd = mo.cautious_wd}});
     }
   }

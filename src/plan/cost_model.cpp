@@ -44,11 +44,23 @@ BatchTimeFn tuned_batch_time(const std::vector<TuneEntry>& entries) {
   };
 }
 
-std::vector<PlanItem> make_plan_items(const std::vector<ParamSpec>& params, int ranks, const BatchTimeFn& batch_time) {
+std::vector<PlanItem> make_plan_items(const std::vector<ParamSpec>& params, int ranks, const BatchTimeFn& batch_time,
+                                      const std::vector<std::vector<MatrixBlock>>& ns_blocks) {
   DMUON_CHECK(ranks >= 1, "rank count must be at least 1, got ", ranks);
+  DMUON_CHECK(ns_blocks.empty() || ns_blocks.size() == params.size(), "ns_blocks has ", ns_blocks.size(),
+              " entries for ", params.size(), " parameters");
+  // The shapes each matrix's Newton-Schulz runs on: its blocks, else itself.
+  const auto shapes_of = [&](size_t i) {
+    std::vector<std::pair<int64_t, int64_t>> shapes;
+    if (!ns_blocks.empty())
+      for (const MatrixBlock& b : ns_blocks[i]) shapes.push_back({b.rows, b.cols});
+    if (shapes.empty()) shapes.push_back({params[i].rows(), params[i].cols()});
+    return shapes;
+  };
   std::map<std::pair<int64_t, int64_t>, int> count;
-  for (const auto& p : params)
-    if (p.role == ParamRole::matrix) ++count[{p.rows(), p.cols()}];
+  for (size_t i = 0; i < params.size(); ++i)
+    if (params[i].role == ParamRole::matrix)
+      for (const auto& shape : shapes_of(i)) ++count[shape];
   std::map<std::pair<int64_t, int64_t>, double> per_item;
   for (const auto& [shape, n] : count) {
     const int batch = (n + ranks - 1) / ranks;
@@ -60,7 +72,9 @@ std::vector<PlanItem> make_plan_items(const std::vector<ParamSpec>& params, int 
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
     if (p.role != ParamRole::matrix) continue;
-    items.push_back({static_cast<int>(i), p.rows(), p.cols(), p.unit, per_item[{p.rows(), p.cols()}],
+    double time_s = 0;
+    for (const auto& shape : shapes_of(i)) time_s += per_item[shape];
+    items.push_back({static_cast<int>(i), p.rows(), p.cols(), p.unit, time_s,
                      3 * p.numel() * static_cast<int64_t>(sizeof(float))});
   }
   return items;

@@ -298,7 +298,8 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
     session.progress = options_.tune_progress;
     session.warn = options_.tune_warn;
     // The batch one rank orthogonalizes per shape: its owned share (dmuon) or every matrix.
-    const auto requests = tune_requests(specs, options_.optim == OptimKind::dmuon ? m.world() : 1);
+    const auto requests =
+        tune_requests(specs, options_.optim == OptimKind::dmuon ? m.world() : 1, muon_blocks(specs, stack.optimizer));
     m.tuned = tune_across_ranks(*m.comm, requests, session);
     m.tune_s = seconds_since(t0);
     stack.orth = tuned_orthogonalizer(m.tuned, stack.optimizer.muon.ns);
@@ -309,7 +310,9 @@ Trainer::Trainer(TrainOptions options, std::shared_ptr<comm::Comm> comm) : optio
     // Measured costs when tuned (DESIGN's measured load balancing); else flop estimates, whose
     // ratios, not the device, decide the balance.
     const BatchTimeFn cost = options_.tune ? tuned_batch_time(m.tuned) : relative_flop_batch_time();
-    m.plan = plan_across_ranks(*m.comm, specs, make_plan_items(specs, m.world(), cost), plan_options);
+    m.plan = plan_across_ranks(*m.comm, specs,
+                               make_plan_items(specs, m.world(), cost, muon_blocks(specs, stack.optimizer)),
+                               plan_options);
     stack.owners = m.plan.owner;
   }
   m.stack = make_optimizer_stack(m.comm, specs, stack);

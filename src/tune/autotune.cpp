@@ -449,11 +449,20 @@ std::vector<TuneEntry> tune_entries_from_json(const std::string& text) {
   return out;
 }
 
-std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int ranks) {
+std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int ranks,
+                                       const std::vector<std::vector<MatrixBlock>>& ns_blocks) {
   DMUON_CHECK(ranks >= 1, "rank count must be at least 1, got ", ranks);
+  DMUON_CHECK(ns_blocks.empty() || ns_blocks.size() == params.size(), "ns_blocks has ", ns_blocks.size(),
+              " entries for ", params.size(), " parameters");
   std::map<std::pair<int64_t, int64_t>, int> count;
-  for (const auto& p : params)
-    if (p.role == ParamRole::matrix) ++count[{p.rows(), p.cols()}];
+  for (size_t i = 0; i < params.size(); ++i) {
+    if (params[i].role != ParamRole::matrix) continue;
+    if (ns_blocks.empty() || ns_blocks[i].empty()) {
+      ++count[{params[i].rows(), params[i].cols()}];
+    } else {
+      for (const MatrixBlock& b : ns_blocks[i]) ++count[{b.rows, b.cols}];
+    }
+  }
   std::vector<TuneRequest> out;
   for (const auto& [shape, n] : count) out.push_back({shape.first, shape.second, (n + ranks - 1) / ranks});
   return out;

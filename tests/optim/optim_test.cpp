@@ -661,9 +661,9 @@ Orthogonalizer call_recording_orthogonalizer(std::vector<std::vector<std::string
 }
 
 // A rule's Newton–Schulz (6 steps of Polar Express) gives its matrix, bit for bit, what an optimizer whose default
-// is that setting gives it; the matrices no rule names equal the plain optimizer's; matrices of one shape but other
-// options never share a Newton–Schulz call (q runs the rule's engine, k and v the optimizer's orthogonalizer, each
-// alone: v's variant differs).
+// is that setting gives it; the matrices no rule names equal the plain optimizer's; matrices of one shape share a
+// Newton–Schulz call only when their Newton–Schulz settings are equal (q runs the rule's engine alone, k and v the
+// optimizer's orthogonalizer together: v differs in its variant, which acts after the Newton–Schulz).
 TEST(Optimizer, PerMatrixNewtonSchulzEqualsTheSettingOptimizerWideBitForBit) {
   const std::vector<ParamSpec> specs = {{"a.q", {8, 8}, ParamRole::matrix, 0},
                                         {"a.k", {8, 8}, ParamRole::matrix, 0},
@@ -688,8 +688,151 @@ TEST(Optimizer, PerMatrixNewtonSchulzEqualsTheSettingOptimizerWideBitForBit) {
   EXPECT_NE(a.values[0], c.values[0]);
   EXPECT_NE(a.values[2], c.values[2]) << "a.v: NorMuon changes the update";
   EXPECT_EQ(with_rules.muon_options_of("a.q").ns.steps, 6);
-  ASSERT_EQ(calls.size(), 6u) << "a.k and a.v, each alone, for 3 steps";
-  for (const auto& call : calls) EXPECT_EQ(call.size(), 1u) << call[0] << " shares a Newton-Schulz call";
+  ASSERT_EQ(calls.size(), 3u) << "a.k and a.v together, for 3 steps";
+  for (const auto& call : calls) EXPECT_EQ(call, (std::vector<std::string>{"a.k", "a.v"}));
+}
+
+// ---- split Newton–Schulz ----
+
+// The reference splits by hand: each block of a split matrix is a parameter of its own ("name#b", the block's
+// values and gradient copied out of the matrix), with the split matrix's options but no split. Its blocks' shapes
+// give their scales; NorMuon's v is the block's rows of the matrix's.
+struct HandSplit {
+  std::vector<ParamSpec> specs;                   // every block of every matrix, in order
+  std::vector<std::pair<size_t, MatrixBlock>> of;  // per block parameter: (its matrix, where in it)
+  std::vector<MuonRule> rules;                     // each block parameter's options, without the split
+};
+HandSplit split_by_hand(const std::vector<ParamSpec>& specs, const std::vector<MuonRule>& rules,
+                        const MuonMatrixOptions& defaults) {
+  HandSplit h;
+  for (size_t p = 0; p < specs.size(); ++p) {
+    MuonMatrixOptions o = defaults;
+    for (const MuonRule& r : rules)
+      if (name_matches(r.pattern, specs[p].name)) {
+        o = r.options;
+        break;
+      }
+    const std::vector<MatrixBlock> blocks = muon_blocks(specs[p].rows(), specs[p].cols(), o, specs[p].name);
+    o.split_heads = 0, o.split_sizes.clear(), o.split_dim = 0;
+    for (size_t b = 0; b < blocks.size(); ++b) {
+      const std::string name = specs[p].name + "#" + std::to_string(b);
+      h.specs.push_back({name, {blocks[b].rows, blocks[b].cols}, ParamRole::matrix, 0});
+      h.of.push_back({p, blocks[b]});
+      h.rules.push_back({name, o});
+    }
+  }
+  return h;
+}
+
+// values (the block parameter's, blk.rows×blk.cols) ↔ its block of `matrix` (cols columns).
+void copy_block(std::vector<float>& block, std::vector<float>& matrix, int64_t cols, const MatrixBlock& blk,
+                bool into_block) {
+  for (int64_t r = 0; r < blk.rows; ++r)
+    for (int64_t c = 0; c < blk.cols; ++c) {
+      float& in_matrix = matrix[(blk.row0 + r) * cols + blk.col0 + c];
+      float& in_block = block[r * blk.cols + c];
+      (into_block ? in_block : in_matrix) = into_block ? in_matrix : in_block;
+    }
+}
+
+// Split Newton–Schulz gives every matrix, bit for bit, what the same optimizer gives its blocks as parameters of their
+// own (split_by_hand): q by 4 heads of rows, o by 4 heads of columns (its o.cols blocks gathered for the
+// Newton–Schulz), a fused qkv by rows of sizes 4+2+2 and a gate by columns of sizes 3+4 (other shapes: other
+// scales, spectral's √(rows/cols); the gate's per row), a NorMuon matrix by 2 heads of rows (v per block's rows).
+// Weights, momentum and NorMuon's v after 3 steps with weight decay. The blocks batch with the matrices and blocks of
+// their shape (q's four 2×6 heads and qkv's k and v with the 2×6 matrix h, in one call), and a split matrix is refused where its split
+// does not fit, naming it.
+TEST(Optimizer, SplitNewtonSchulzEqualsTheBlocksAsParametersBitForBit) {
+  const std::vector<ParamSpec> specs = {{"a.q", {8, 6}, ParamRole::matrix, 0},   {"a.o", {6, 8}, ParamRole::matrix, 0},
+                                        {"a.qkv", {8, 6}, ParamRole::matrix, 0}, {"a.gate", {6, 7}, ParamRole::matrix, 0},
+                                        {"a.n", {8, 6}, ParamRole::matrix, 0},   {"a.h", {2, 6}, ParamRole::matrix, 0}};
+  OptimizerOptions opt;
+  opt.muon.lr = 0.02, opt.muon.momentum = 0.9, opt.muon.weight_decay = 0.1;
+  MuonMatrixOptions heads = opt.muon, columns = opt.muon, fused = opt.muon, gate = opt.muon, normuon = opt.muon;
+  heads.split_heads = 4;
+  columns.split_heads = 4, columns.split_dim = 1;
+  fused.split_sizes = {4, 2, 2}, fused.scale = MuonScale::spectral;
+  gate.split_sizes = {3, 4}, gate.split_dim = 1, gate.scale = MuonScale::spectral, gate.cautious_wd = true;
+  normuon.split_heads = 2, normuon.variant = MuonVariant::normuon, normuon.normuon_beta2 = 0.9;
+  opt.muon_rules = {{"a.q", heads}, {"a.o", columns}, {"a.qkv", fused}, {"a.gate", gate}, {"a.n", normuon}};
+  test::ToyModel split(specs, 11);
+  std::vector<std::vector<std::string>> calls;
+  Optimizer with_split(split.refs(), opt, call_recording_orthogonalizer(calls));
+
+  const HandSplit hand = split_by_hand(specs, opt.muon_rules, opt.muon);
+  OptimizerOptions by_hand = opt;
+  by_hand.muon_rules = hand.rules;
+  test::ToyModel blocks(hand.specs, 1);
+  for (size_t b = 0; b < hand.specs.size(); ++b) {
+    const auto& [p, blk] = hand.of[b];
+    copy_block(blocks.values[b], split.values[p], specs[p].cols(), blk, true);
+  }
+  Muon reference(blocks.refs(), by_hand);
+  for (int t = 0; t < 3; ++t) {
+    split.set_grads(t);
+    for (size_t b = 0; b < hand.specs.size(); ++b) {
+      const auto& [p, blk] = hand.of[b];
+      copy_block(blocks.grads[b], split.grads[p], specs[p].cols(), blk, true);
+    }
+    ASSERT_TRUE(with_split.step() && reference.step());
+  }
+  const auto state = state_of(with_split), ref_state = state_of(reference);
+  for (size_t p = 0; p < specs.size(); ++p) {
+    std::vector<float> want = split.values[p], momentum = state.at(specs[p].name + " muon.momentum");
+    std::vector<float> want_momentum = momentum;
+    for (size_t b = 0; b < hand.specs.size(); ++b) {
+      if (hand.of[b].first != p) continue;
+      std::vector<float> block_values = blocks.values[b];
+      copy_block(block_values, want, specs[p].cols(), hand.of[b].second, false);
+      std::vector<float> block_momentum = ref_state.at(hand.specs[b].name + " muon.momentum");
+      copy_block(block_momentum, want_momentum, specs[p].cols(), hand.of[b].second, false);
+    }
+    EXPECT_EQ(split.values[p], want) << specs[p].name;
+    EXPECT_EQ(momentum, want_momentum) << specs[p].name << " muon.momentum";
+  }
+  const std::vector<float> v = state.at("a.n normuon.v");  // rows 0-3, then 4-7: the two heads' v
+  std::vector<float> want_v = ref_state.at("a.n#0 normuon.v");
+  for (float x : ref_state.at("a.n#1 normuon.v")) want_v.push_back(x);
+  EXPECT_EQ(v, want_v);
+  EXPECT_NE(split.values[0], test::ToyModel(specs, 11).values[0]) << "the step changed nothing";
+
+  ASSERT_FALSE(calls.empty());
+  const std::vector<std::string> two_by_six = {"a.q:rows 0+2",   "a.q:rows 2+2",   "a.q:rows 4+2", "a.q:rows 6+2",
+                                               "a.qkv:rows 4+2", "a.qkv:rows 6+2", "a.h"};
+  EXPECT_EQ(std::count(calls.begin(), calls.end(), two_by_six), 3) << "the 2×6 blocks and h: one call per step";
+
+  const auto refused = [&](MuonMatrixOptions o, const std::string& want) {
+    OptimizerOptions bad = opt;
+    bad.muon_rules = {{"a.*", o}};
+    try {
+      Optimizer optimizer(split.refs(), bad, test::reference_orthogonalizer());
+      ADD_FAILURE() << "no error, wanted one with: " << want;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
+    }
+  };
+  MuonMatrixOptions o = opt.muon;
+  o.split_heads = 3;
+  refused(o, "Muon matrix 'a.q' (8x6) has 8 rows, not a multiple of split-heads=3");
+  o.split_heads = 0, o.split_sizes = {4, 2, 3};
+  refused(o, "Muon matrix 'a.q' (8x6) has 8 rows, but split-sizes 4+2+3 sum to 9");
+  o.split_sizes = {2, 4}, o.split_dim = 1;
+  refused(o, "Muon matrix 'a.o' (6x8) has 8 columns, but split-sizes 2+4 sum to 6");
+  o.split_sizes = {}, o.split_heads = 2, o.variant = MuonVariant::normuon;
+  refused(o, "NorMuon with a split by columns (split_dim 1) is not supported by the C++ engine");
+}
+
+TEST(Optimizer, MuonBlocksOfAModelForThePlanner) {
+  const std::vector<ParamSpec> specs = {{"q", {8, 6}, ParamRole::matrix, 0}, {"b", {6}, ParamRole::elementwise, 0},
+                                        {"o", {6, 8}, ParamRole::matrix, 0}};
+  OptimizerOptions opt;
+  MuonMatrixOptions columns = opt.muon;
+  columns.split_sizes = {3, 5}, columns.split_dim = 1;
+  opt.muon_rules = {{"o", columns}};
+  const std::vector<std::vector<MatrixBlock>> want = {{{0, 0, 8, 6}}, {}, {{0, 0, 6, 3}, {0, 3, 6, 5}}};
+  EXPECT_EQ(muon_blocks(specs, opt), want);
+  opt.rules = {{"o", OptimGroup::adamw}};
+  EXPECT_EQ(muon_blocks(specs, opt)[2], std::vector<MatrixBlock>{}) << "o is AdamW's";
 }
 
 // Rules that cannot apply are refused at construction, naming the pattern or the parameter.
@@ -723,7 +866,7 @@ TEST(MuonRules, ParseReadsEveryKeyAndRoundTrips) {
   defaults.ns.steps = 5;
   const MuonRule rule = parse_muon_rule(
       "re:blocks\\.[0-9]+\\.attn:.*:ns-steps=6,coeffs=polar-express,algo=gram,scale=spectral,extra-scale=1.5,"
-      "cautious-wd=on,variant=normuon,normuon-beta2=0.9",
+      "cautious-wd=on,variant=normuon,normuon-beta2=0.9,split-sizes=896+128+128,split-dim=1",
       defaults);
   EXPECT_EQ(rule.pattern, "re:blocks\\.[0-9]+\\.attn:.*");  // everything before the last ':'
   const MuonMatrixOptions& o = rule.options;
@@ -735,6 +878,10 @@ TEST(MuonRules, ParseReadsEveryKeyAndRoundTrips) {
   EXPECT_TRUE(o.cautious_wd);
   EXPECT_EQ(o.variant, MuonVariant::normuon);
   EXPECT_EQ(o.normuon_beta2, 0.9);
+  EXPECT_EQ(o.split_sizes, (std::vector<int64_t>{896, 128, 128}));
+  EXPECT_EQ(o.split_dim, 1);
+  EXPECT_EQ(parse_muon_rule("attn.*:split-heads=14", defaults).options.split_heads, 14);
+  EXPECT_EQ(to_string(parse_muon_rule("o:split-heads=14,split-dim=1", defaults), defaults), "o:split-heads=14,split-dim=1");
   const MuonRule again = parse_muon_rule(to_string(rule, defaults), defaults);
   EXPECT_EQ(again.pattern, rule.pattern);
   EXPECT_EQ(again.options, rule.options);
@@ -750,7 +897,12 @@ TEST(MuonRules, ParseReadsEveryKeyAndRoundTrips) {
            {"attn.*:cautious-wd=yes", "cautious-wd takes on or off"},
            {"attn.*:ns-steps", "'ns-steps' is not key=value"},
            {"attn.*", "Muon rule 'attn.*' is not PATTERN:key=value"},
-           {":variant=normuon", "is not PATTERN:key=value"}}) {
+           {":variant=normuon", "is not PATTERN:key=value"},
+           {"attn.*:split-heads=-1", "split-heads must be ≥ 1 (0: no split), got -1"},
+           {"attn.*:split-sizes=896", "split-sizes needs two or more lengths joined by '+', got 896"},
+           {"attn.*:split-sizes=896+0", "split-sizes must be lengths ≥ 1, got 896+0"},
+           {"attn.*:split-dim=2", "split-dim takes 0 (rows) or 1 (columns), got '2'"},
+           {"attn.*:split-heads=2,split-sizes=1+1", "split-heads and split-sizes are two ways of one split"}}) {
     try {
       parse_muon_rule(text, defaults);
       ADD_FAILURE() << text << " parsed";

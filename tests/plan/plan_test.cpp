@@ -18,6 +18,7 @@
 #include "dmuon/plan.hpp"
 #include "dmuon/plan_mesh.hpp"
 #include "dmuon/hardware_profile.hpp"
+#include "dmuon/models.hpp"
 
 namespace dmuon {
 namespace {
@@ -192,6 +193,27 @@ TEST(Plan, TimeLimitIsHonoured) {
   EXPECT_LT(plan.solve_s, 0.2 + 5.0);
 }
 
+// A time limit that ends the solve early, over and over, on the instance that crashed CBC (`dmuon plan --model
+// qwen2.5-7b --ranks 8 --layers 1 --time-limit 0.003`: CglPreProcess::postProcess read a null pointer when the
+// limit struck inside CGL's preprocessing, which milp.cpp now turns off). Each plan is still a valid assignment.
+TEST(Plan, TimeLimitsThatEndTheSolveEarlyGiveValidPlans) {
+  const auto params = load_model_manifest("qwen2.5-7b", 1);
+  const int ranks = 8;
+  const auto items = make_plan_items(params, ranks, flop_batch_time(load_hardware_profile("h200")));
+  ASSERT_GT(items.size(), 6u);
+  for (int round = 0; round < 12; ++round) {
+    for (double limit : {0.001, 0.002, 0.003, 0.005, 0.01}) {
+      const Plan plan = make_plan(params, items, ranks, milp_options(limit));
+      ASSERT_EQ(plan.owner.size(), params.size()) << "limit " << limit;
+      for (const auto& it : items) {
+        ASSERT_GE(plan.owner[it.param], 0);
+        ASSERT_LT(plan.owner[it.param], ranks);
+      }
+      EXPECT_GE(plan.makespan_s, plan.lower_bound_s * (1 - 1e-12)) << "limit " << limit;
+    }
+  }
+}
+
 TEST(Plan, MoreRanksThanMatrices) {
   auto in = make_instance({3, 1, 2});
   for (Balancer b : {Balancer::rr, Balancer::lpt, Balancer::milp}) {
@@ -339,6 +361,30 @@ TEST(CostModel, ItemsTakeTheirShareOfTheExpectedBatch) {
   EXPECT_DOUBLE_EQ(items[3].time_s, 2.0);      // alone: batch 1
   EXPECT_EQ(items[0].bytes, 3 * 8 * 16 * 4);
   EXPECT_EQ(items[2].unit, 3);
+}
+
+// A matrix split for Newton–Schulz costs its blocks' times, each block counted among the matrices and blocks of its
+// shape; it stays one item (its blocks have one owner). qwen2.5-0.5b's q (896×896) by 14 heads costs 14 heads' flops,
+// less than the whole matrix's; with a batch-dependent cost, o's 4 blocks of 8×4 share a batch with the matrix e.
+TEST(CostModel, ASplitMatrixCostsItsBlocks) {
+  const std::vector<ParamSpec> params = {{"q", {896, 896}, ParamRole::matrix, 0}, {"k", {128, 896}, ParamRole::matrix, 0}};
+  std::vector<std::vector<MatrixBlock>> heads(2);
+  for (int64_t h = 0; h < 14; ++h) heads[0].push_back({64 * h, 0, 64, 896});
+  const auto whole = make_plan_items(params, 1, relative_flop_batch_time());
+  const auto split = make_plan_items(params, 1, relative_flop_batch_time(), heads);
+  ASSERT_EQ(split.size(), 2u);
+  EXPECT_DOUBLE_EQ(split[0].time_s, 14 * ns_flops_estimate(64, 896) * 1e-12);
+  EXPECT_LT(split[0].time_s, whole[0].time_s / 3) << "14 heads of 64×896 against one 896×896";
+  EXPECT_DOUBLE_EQ(split[1].time_s, whole[1].time_s) << "k is not split";
+  EXPECT_EQ(split[0].bytes, whole[0].bytes);
+
+  const std::vector<ParamSpec> small = {{"o", {8, 16}, ParamRole::matrix, 0}, {"e", {8, 4}, ParamRole::matrix, 0}};
+  const std::vector<std::vector<MatrixBlock>> columns = {
+      {{0, 0, 8, 4}, {0, 4, 8, 4}, {0, 8, 8, 4}, {0, 12, 8, 4}}, {}};
+  const auto items = make_plan_items(small, 2, [](int64_t, int64_t, int batch) { return 1.0 + batch; }, columns);
+  EXPECT_DOUBLE_EQ(items[0].time_s, 4 * 4.0 / 3);  // 5 of 8×4 on 2 ranks: batch 3, 4 s a batch
+  EXPECT_DOUBLE_EQ(items[1].time_s, 4.0 / 3);
+  EXPECT_THROW(make_plan_items(small, 2, relative_flop_batch_time(), {{}}), Error);  // one entry for 2 parameters
 }
 
 // The planner's flop costs run at a hardware profile's NS rate (ns_flops · ns_efficiency), read by the one

@@ -74,12 +74,26 @@ def test_gpu_check_torch_skips_what_this_machine_lacks_and_writes_its_results(tm
     assert gpu_check_torch.main(["--checks", "cuda-vs-cpu,step-time", "--results", str(tmp_path)]) == 0
     results = json.loads((tmp_path / "gpu_check_torch.json").read_text())
     assert [(r["check"], r["status"]) for r in results] == [("cuda-vs-cpu", "SKIP"), ("step-time", "SKIP")]
-    assert gpu_check_torch.main(["--checks", "torch-engine", "--name", "engine", "--results", str(tmp_path)]) == 0
+    assert gpu_check_torch.main(["--checks", "torch-engine,recipe", "--name", "engine", "--results",
+                                 str(tmp_path)]) == 0
     results += json.loads((tmp_path / "engine.json").read_text())
-    assert [(r["check"], r["status"]) for r in results[2:]] == [("torch-engine", "SKIP")]
+    assert [(r["check"], r["status"]) for r in results[2:]] == [("torch-engine", "SKIP"), ("recipe", "SKIP")]
     assert all("no CUDA device" in r["detail"] for r in results)
     with pytest.raises(SystemExit):
         gpu_check_torch.main(["--checks", "fsdp2-gpu"])
+
+
+def test_the_recipe_check_runs_the_same_steps_with_either_engine_and_its_clip_fires():
+    # What the GPU's recipe check compares, rehearsed on the CPU: each engine's float32 steps of the same recipe agree
+    # (the GPU run holds CUDA's to 1e-2 of these), and QK-clip's rescale is part of them.
+    ours, fired = gpu_check_torch.recipe_run("cpu", "dmuon")
+    theirs, _ = gpu_check_torch.recipe_run("cpu", "torch")
+    unclipped, _ = gpu_check_torch.recipe_run("cpu", "dmuon", tau=1e9)
+    assert fired > 0
+    for name in ours:
+        assert float((theirs[name] - ours[name]).norm() / ours[name].norm()) < 1e-5, name
+    assert not torch.equal(unclipped["q.weight"], ours["q.weight"])  # the clip changed q
+    assert torch.equal(unclipped["o.weight"], ours["o.weight"])      # and nothing it does not touch
 
 
 # ---- scripts/gpu-check.sh itself, without a GPU ----

@@ -18,14 +18,21 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
             DMuon(model): N=2 tensor parallelism alone; N=4 the same over a (dp 2, tp 2) mesh with
             fully_shard on "dp" on top (FSDP2 over TP: _StridedShard; the norms, embedding and head are
             DTensors on the "dp" slice); N=8 (the MLP) HSDP on ("replicate", "dp") of a (2, 2, 2) mesh.
+            N=4 also transformers' Qwen3-MoE laid out by transformers itself (its DistributedConfig with
+            fsdp 2 × tp 2 and experts on ep 2 × efsdp 2: its own TP, EP and FSDP2 plans, tokens to the
+            experts by all-to-all), 3 steps; every expert whole on one rank, where step() leaves it; and
+            at fsdp 4 with the same experts in both modes (owner-held: each expert stack's EP slices held on
+            the owner's EP group, hold_on_owners over "efsdp", and the other matrices by a second call over
+            "fsdp"), the held stacks' gradients at step 0 bit for bit FSDP2's. N=4 also the MLP owner-held under FSDP2 × TP after a meta-device init, and
+            with a bfloat16 MixedPrecisionPolicy bit for bit the all-to-all mode's (check_held_tp_habits).
             Also in the owner-held mode (hold_on_owners after parallelize_module, before
             fully_shard: each TP slice held on its owner's TP group), then its state dicts: the full one
             equal to the weights, and a DCP save, the held slices zeroed, a DCP load, bit for bit
   pipeline  N=4: two stages of two ranks, one DMuon per stage over its stage's process group and mesh
   refusals  N=2: a conv filter sharded on its input channels, a Partial() parameter, and what hold_on_owners
-            does not take under TP (TP slices beside a matrix TP leaves whole, a matrix replicated over TP,
-            an expert stack under EP, a model fully_shard has sharded): the same ValueError on every rank,
-            naming the parameter and the reason
+            does not take under TP or EP (TP slices beside a matrix TP leaves whole, a matrix replicated over
+            TP, an expert stack split within its experts, a conv filter under TP, a model fully_shard has
+            sharded): the same ValueError on every rank, naming the parameter and the reason
   normuon   every layout again with variant="normuon" (its per-row v travels with the pieces): the copies,
             and norm checks below (the float64 reference is Muon's, and v adds to the bytes)
 Each layout and the model check, per tensor after STEPS steps:
@@ -43,7 +50,9 @@ Each layout and the model check, per tensor after STEPS steps:
             all-to-all mode's, which are FSDP2's, as AdamW's with the same parallelism).
 """
 
+import contextlib
 import datetime
+import functools
 import math
 import shutil
 import tempfile
@@ -54,7 +63,7 @@ import torch.distributed.checkpoint as dcp
 import torch.nn.functional as F
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.distributed.tensor.placement_types import _StridedShard
@@ -62,6 +71,7 @@ from torch.distributed.tensor.placement_types import _StridedShard
 from collective_ledger import Ledger, recording
 from dmuon.torch import DMuon, clip_grad_norm_, hold_on_owners
 from dmuon.torch.held.placeholder import HeldElsewhere
+from dmuon.torch.params import module_groups
 from rank_checks import failures, finish
 from rank_exit import exit_rank
 from torch_fsdp2_test import (HYPER, TOLERANCE, U_F32, Checks, CollectiveBytes, Reference, all_ranks_sum,
@@ -226,7 +236,8 @@ class MLP(torch.nn.Module):
 
 
 def mlp_case():
-    """(model, its base module, its tensor-parallel plan, its blocks, loss(model, batch))."""
+    """(model, its base module, its tensor-parallel plan, its blocks, loss(model, batch), None: check_model lays
+    it out)."""
     torch.manual_seed(3)
     model = MLP()
     plan = {"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}
@@ -234,7 +245,7 @@ def mlp_case():
     def loss(m, batch):
         x, y = batch
         return F.mse_loss(m(x), y)
-    return model, model, plan, model.blocks, loss
+    return model, model, plan, model.blocks, loss, None
 
 
 def mlp_batch(gen):
@@ -244,8 +255,7 @@ def mlp_batch(gen):
 def qwen2_case():
     """Hugging Face transformers' Qwen2 from a small config (random init, nothing downloaded) with the
     config's own tensor-parallel plan (base_model_tp_plan: q, k, v, gate, up column-wise; o, down row-wise),
-    applied by torch's parallelize_module: transformers' own path (from_pretrained with a DistributedConfig)
-    needs accelerate, which python/requirements.txt does not pin."""
+    applied by torch's parallelize_module (qwen3_moe_case takes transformers' own path)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(3)
@@ -258,37 +268,111 @@ def qwen2_case():
 
     def loss(m, tokens):
         return m(input_ids=tokens, labels=tokens).loss
-    return model, model.model, plan, model.model.layers, loss
+    return model, model.model, plan, model.model.layers, loss, None
 
 
 def qwen2_batch(gen):
     return torch.randint(0, 96, (BATCH, 12), generator=gen)
 
 
+# Hugging Face's own distributed layout at 4 ranks: its DistributedConfig's dense mesh (fsdp 2, tp 2) and expert
+# mesh (efsdp 2, ep 2), efsdp = fsdp · tp / ep; experts exchange tokens by all-to-all (AllToAllEP).
+HF_MOE_LAYOUT = dict(fsdp_size=2, tp_size=2, ep_size=2, ep_implementation="all_to_all")
+
+
+# Without TP, for both modes: fsdp 4, experts on ep 2 x efsdp 2.
+HF_MOE_EP_LAYOUT = dict(fsdp_size=4, ep_size=2, ep_implementation="all_to_all")
+
+
+class Holdings:
+    """Several hold_on_owners calls on one model as one HeldMatrices for check_model: params, unshard()."""
+
+    def __init__(self, *held):
+        self.held = held
+
+    @property
+    def params(self):
+        return set().union(*(h.params for h in self.held))
+
+    @contextlib.contextmanager
+    def unshard(self):
+        with contextlib.ExitStack() as stack:
+            for h in self.held:
+                stack.enter_context(h.unshard())
+            yield self
+
+
+def qwen3_moe_case(distributed):
+    """Hugging Face transformers' Qwen3-MoE from a small config (random init, nothing downloaded: 2 layers of
+    4 experts, top 2), laid out by transformers itself: DistributedConfig(**distributed) through the model's
+    own prepare_distribute_model / maybe_distribute_model, which from_pretrained(distributed_config=...) calls
+    between init and weight loading, with the model's base_model_tp_plan (attention column- and row-wise,
+    q/k norms replicated), base_model_ep_plan (grouped_gemm: each expert stack Shard(0) over "ep";
+    ep_dispatch_experts) and FSDP2 plan (fully_shard of each layer and the model on "fsdp", of each experts
+    module on "efsdp", which strides its Shard(0) over the EP slice: every expert whole on one rank).
+    Owner-held (no TP): transformers' EP plan by its apply_expert_parallelism, the expert stacks held on
+    the EP groups (hold_on_owners over "efsdp"), the other Muon matrices held over "fsdp" (a second call),
+    then fully_shard of each layer and the model on "fsdp" by hand (transformers' own FSDP2 pass takes no
+    ignored_params)."""
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers.distributed import DistributedConfig
+
+    torch.manual_seed(3)
+    config = Qwen3MoeConfig(vocab_size=96, hidden_size=32, intermediate_size=44, moe_intermediate_size=12,
+                            num_experts=4, num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+                            tie_word_embeddings=False, attn_implementation="eager")
+    model = Qwen3MoeForCausalLM(config).train()
+
+    def parallelize(m, held):
+        layout, _, meshes = Qwen3MoeForCausalLM.prepare_distribute_model(DistributedConfig(**distributed))
+        name = (f"fsdp2 (fsdp {layout.fsdp_size}) x tp {layout.tp_size}, experts ep {layout.ep_size} x efsdp "
+                f"{layout.efsdp_size}")
+        dp_rank = meshes.get_mesh(("fsdp", "tp")).get_local_rank("fsdp")
+        if not held:
+            Qwen3MoeForCausalLM.maybe_distribute_model(m, layout, meshes)
+            return name, layout.dp_size, dp_rank, None
+        from transformers.distributed.expert_parallel import apply_expert_parallelism
+
+        _, ep_plan, _ = m._resolve_parallel_plans(layout)  # the model's base_model_ep_plan, layer by layer
+        apply_expert_parallelism(m, meshes.get_mesh("ep"), meshes.get_mesh("tp"), ep_plan, layout.ep_implementation)
+        # Each expert stack's EP slice held on the owner's EP group (its tokens come from all dp_size batches),
+        # in a call of its own; the other Muon matrices in a second call, over the dense mesh.
+        dense = meshes.get_mesh("fsdp")
+        muon = {n for g in module_groups(m) if g["use_muon"] for n, _ in g["params"]}
+        holding = Holdings(hold_on_owners(m, meshes.get_mesh("efsdp"), predicate=lambda n, p: "experts" in n,
+                                          gradient_divide_factor=layout.dp_size),
+                           hold_on_owners(m, dense, predicate=lambda n, p: n in muon and "experts" not in n))
+        for layer in m.model.layers:
+            fully_shard(layer, mesh=dense, ignored_params=holding.params)
+        fully_shard(m, mesh=dense, ignored_params=holding.params)
+        return name + " (expert stacks held on EP groups, the rest on fsdp)", layout.dp_size, dp_rank, holding
+
+    def loss(m, tokens):
+        return m(input_ids=tokens, labels=tokens).loss
+    return model, None, None, None, loss, parallelize
+
+
 def full_of(t, holdings):
     """The global tensor of `t` on every rank: a DTensor's full_tensor(), a plain tensor itself; with the
-    holdings of an owner-held TP matrix, its slices summed into place over the ranks (each element lies
+    holdings of an owner-held matrix (a TP slice, an EP stack's slice, or whole on its owner), its slices summed into place over the ranks (each element lies
     on exactly one rank; a placeholder adds nothing)."""
     if holdings is None:
         return t.full_tensor() if isinstance(t, DTensor) else t.detach().clone()
-    local = t.to_local()
+    local = t.to_local() if isinstance(t, DTensor) else t
     full = torch.zeros(t.shape, dtype=torch.float32)
-    if not isinstance(local, HeldElsewhere):
-        spans = holdings[dist.get_rank()].spans
-        full[spans[0].runs[0][0]:sum(spans[0].runs[0]), spans[1].runs[0][0]:sum(spans[1].runs[0])] = local.float()
+    if not isinstance(local, HeldElsewhere):  # a TP or EP slice: one run per dim
+        full[tuple(slice(s.runs[0][0], sum(s.runs[0])) for s in holdings[dist.get_rank()].spans)] = local.float()
     dist.all_reduce(full)
     return full
 
 
-def check_model(checks, world, case_name, case, make_batch, held=False):
-    """STEPS steps of a model under its TP plan (and fully_shard on "dp" at 4 ranks), DMuon(model) against
-    the float64 reference fed the gathered gradients, with DMuon's routing (params.py) for Muon and AdamW.
-    held: the owner-centric mode, hold_on_owners before fully_shard (each TP slice held on the owner's TP
-    group); the last step's collectives go to a ledger."""
-    model, base, plan, blocks, loss = case()
-    initial = {n: t.detach().clone() for n, t in model.named_parameters()}
+def tp_and_fsdp2(world, model, base, plan, blocks, held):
+    """Lays the model out: torch's parallelize_module with its TP plan, then (held) hold_on_owners, then (at 4
+    and 8 ranks) fully_shard on the data-parallel dims. (name, data-parallel size, this rank's place there, the
+    HeldMatrices or None)."""
     if world == 2:
-        name, dp, dp_rank, data_mesh = f"{case_name} tp 2", 1, 0, None
+        name, dp, dp_rank, data_mesh = "tp 2", 1, 0, None
         tp_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("tp",))
     else:  # FSDP2 (world 4) or HSDP (world 8: replicate 2 × dp 2) on the data-parallel dims, tp 2
         shape, names = ((2, 2), ("dp", "tp")) if world == 4 else ((2, 2, 2), ("replicate", "dp", "tp"))
@@ -296,14 +380,27 @@ def check_model(checks, world, case_name, case, make_batch, held=False):
         data_mesh = mesh[names[:-1]] if world == 8 else mesh["dp"]
         tp_mesh, dp = mesh["tp"], world // 2
         dp_rank = dist.get_rank() // 2  # the rank's place on the data-parallel dims (tp is the last dim)
-        name = f"{case_name} {'hsdp (2, 2)' if world == 8 else 'fsdp2 (dp 2)'} x tp 2"
-    name += " owner-held" if held else ""
+        name = f"{'hsdp (2, 2)' if world == 8 else 'fsdp2 (dp 2)'} x tp 2"
     parallelize_module(base, tp_mesh, plan)
     holding = hold_on_owners(model, data_mesh) if held else None
     if world > 2:
         for block in blocks:
             fully_shard(block, mesh=data_mesh, ignored_params=holding.params if held else None)
         fully_shard(model, mesh=data_mesh, ignored_params=holding.params if held else None)
+    return name, dp, dp_rank, holding
+
+
+def check_model(checks, world, case_name, case, make_batch, held=False, steps=STEPS):
+    """`steps` steps of a model under its TP plan (and fully_shard on "dp" at 4 ranks), DMuon(model) against
+    the float64 reference fed the gathered gradients, with DMuon's routing (params.py) for Muon and AdamW.
+    held: the owner-centric mode, hold_on_owners before fully_shard (each TP slice held on the owner's TP
+    group); the last step's collectives go to a ledger. A case whose parallelize is not None lays its model out
+    itself (Hugging Face's own plans). Returns forward + backward's bytes."""
+    model, base, plan, blocks, loss, parallelize = case()
+    initial = {n: t.detach().clone() for n, t in model.named_parameters()}
+    layout, dp, dp_rank, holding = (tp_and_fsdp2(world, model, base, plan, blocks, held) if parallelize is None
+                                    else parallelize(model, held))
+    name = f"{case_name} {layout}" + (" owner-held" if held else "")
     params = dict(model.named_parameters())
     held_at = {n: p._dmuon_held.holdings for n, p in params.items() if getattr(p, "_dmuon_held", None) is not None}
     opt = DMuon(model, **HYPER)
@@ -311,7 +408,7 @@ def check_model(checks, world, case_name, case, make_batch, held=False):
     ref = Reference(initial, muon, HYPER, "match_rms_adamw")
     placements = sorted({str(tuple(p.placements)) for p in params.values() if isinstance(p, DTensor)})
     ledger, norm_errors = Ledger(), {}
-    for step in range(STEPS):
+    for step in range(steps):
         batch = make_batch(torch.Generator().manual_seed(200 + step))
         part = slice(dp_rank * BATCH // dp, (dp_rank + 1) * BATCH // dp)
         with recording(ledger):
@@ -319,6 +416,7 @@ def check_model(checks, world, case_name, case, make_batch, held=False):
             loss(model, [t[part] for t in batch] if isinstance(batch, tuple) else batch[part]).backward()
             ledger.label = None
         grads = {n: full_of(p.grad, held_at.get(n)) for n, p in params.items()}
+        first_grads = grads if step == 0 else first_grads
         norm = ref.step(grads)
         clipped = float(clip_grad_norm_(model.parameters(), 1e9))  # a norm far above it: nothing changes
         with recording(ledger):
@@ -339,7 +437,7 @@ def check_model(checks, world, case_name, case, make_batch, held=False):
     # dmuon.torch.clip_grad_norm_ and DMuon sum squares of float32 gradients, each element once: ≤ n·u relative.
     checks.within(f"{name}: global gradient norm (clip_grad_norm_, DMuon)", norm_errors,
                   sum(math.prod(p.shape) for p in params.values()) * U_F32)
-    last = STEPS - 1
+    last = steps - 1
     moved = all_ranks_sum(sum(r["wire"] for r in ledger.under(("step", last)) if r["op"] == "all_to_all_single"))
     fwd_bwd = all_ranks_sum(ledger.wire(("forward and backward", last)))
     step_bytes = all_ranks_sum(ledger.wire(("step", last)))
@@ -349,7 +447,14 @@ def check_model(checks, world, case_name, case, make_batch, held=False):
                   f"per step over all ranks: forward+backward {fwd_bwd:.0f} B (torch.distributed's collectives: "
                   f"FSDP2's or the held hooks'; TP's own are DTensor's), step() {step_bytes:.0f} B of which all-to-all "
                   f"{moved:.0f}, expected {expected} ({moved / muon_bytes:.2f}x the Muon matrices' float32 bytes)")
-    return fwd_bwd
+    stacks = [k for k in opt._matrices if k.expert is not None]
+    if stacks:  # experts each whole on one rank (the layouts here) stay there: owned by it, no byte of theirs moves
+        alone = [k for k in stacks if sum(1 for p in k.pieces if p.count) == 1 and k.holders()]
+        moving = [k.name for k in alone if k.u_travels or k.o_travels]
+        checks.report(f"{name}: experts whole on one rank move nothing", alone == stacks and not moving,
+                      f"{len(alone)} of {len(stacks)} experts whole on one rank, {len(moving)} of them moving"
+                      + (f" (first {moving[0]})" if moving else ""))
+    return fwd_bwd, first_grads
 
 
 def check_held_state_dicts(checks, name, model, holding, final):
@@ -365,7 +470,7 @@ def check_held_state_dicts(checks, name, model, holding, final):
     dcp.save(model.state_dict(), checkpoint_id=box[0])
     with torch.no_grad():
         for p in holding.params:
-            p.to_local().zero_()  # a placeholder's write is skipped: the keepers' slices are zeroed
+            (p.to_local() if isinstance(p, DTensor) else p).zero_()  # a placeholder skips it: the keepers' are zeroed
     state = model.state_dict()
     dcp.load(state, checkpoint_id=box[0])
     model.load_state_dict(state)
@@ -383,10 +488,101 @@ def check_model_modes(checks, world, case_name, case, make_batch):
     """check_model in the all-to-all mode and, where held matrices take the layout, the owner-held mode:
     its forward and backward move no more than FSDP2's in the all-to-all mode (AdamW's, with the same
     parallelism: the optimizer changes nothing there) + 5% (the ledger test's bound)."""
-    a2a = check_model(checks, world, case_name, case, make_batch)
-    held = check_model(checks, world, case_name, case, make_batch, held=True)
+    a2a, _ = check_model(checks, world, case_name, case, make_batch)
+    held, _ = check_model(checks, world, case_name, case, make_batch, held=True)
     checks.report(f"{case_name} owner-held: forward+backward bytes within FSDP2's", held <= 1.05 * a2a,
                   f"{held:.0f} B against {a2a:.0f} B per step over all ranks")
+
+
+def check_held_tp_habits(checks):
+    """The owner-held mode under FSDP2 × TP (2 × 2, the MLP) with what training scripts do
+    (torch_owner_held_habits_test's, under FSDP2 alone):
+      meta init  with torch.device("meta"), parallelize_module, hold_on_owners, fully_shard, to_empty (which
+                 swaps a DTensor parameter's contents, torch.utils.swap_tensors), DMuon(model), then every
+                 parameter written from its global value (each rank its part; a placeholder skips the write):
+                 every held slice equals the values bit for bit, each rank's masters are the bytes it owns;
+      bf16       MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32) from fully_shard reaches the
+                 held slices: float32 masters and momentum on the keepers, bfloat16 working copies; STEPS
+                 steps equal the all-to-all mode's under the same policy bit for bit (the same bfloat16
+                 weights in forward and backward, the float32 gradient sums of 2 ranks, the same updates)."""
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    plan = {"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}
+    torch.manual_seed(3)
+    values = {n: t.detach().clone() for n, t in MLP().named_parameters()}
+
+    def build(device, held, mp_policy=MixedPrecisionPolicy()):
+        """(model, HeldMatrices or None, DMuon) with `values` written after the optimizer is built."""
+        with torch.device(device):
+            model = MLP()
+        parallelize_module(model, mesh["tp"], plan)
+        holding = hold_on_owners(model, mesh["dp"]) if held else None
+        ignored = holding.params if held else None
+        for block in model.blocks:
+            fully_shard(block, mesh=mesh["dp"], ignored_params=ignored, mp_policy=mp_policy)
+        fully_shard(model, mesh=mesh["dp"], ignored_params=ignored, mp_policy=mp_policy)
+        if device == "meta":
+            model.to_empty(device="cpu")
+        opt = DMuon(model, **HYPER)  # as a script does after to_empty: the held parameters get their marks back
+        with torch.no_grad():  # each rank writes its part of every value (a placeholder skips the write)
+            for n, p in model.named_parameters():
+                p.copy_(distribute(values[n], p.device_mesh, p.placements))
+        return model, holding, opt
+
+    model, holding, _ = build("meta", True)
+    params = dict(model.named_parameters())
+    marked = [n for n in holding.names if getattr(params[n], "_dmuon_held", None) is not None]
+    slices = {n: full_of(params[n], params[n]._dmuon_held.holdings) for n in marked}
+    differ = [n for n in marked if not torch.equal(slices[n], values[n])]
+    masters = sum(p.to_local().numel() * p.element_size() for n, p in params.items()
+                  if n in holding.owners and not isinstance(p.to_local(), HeldElsewhere))
+    mine = holding.owned_bytes[dist.get_rank()]
+    checks.report("mlp fsdp2 x tp owner-held: meta init", len(marked) == len(holding.names) and not differ
+                  and masters == mine, f"{len(marked)} of {len(holding.names)} held matrices marked after to_empty, "
+                  f"{len(differ)} differ from the values in bits; {masters} bytes of held masters here, the rank "
+                  f"owns {mine}")
+
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    finals = []
+    for held in (False, True):
+        model, holding, opt = build("cpu", held, policy)
+        dp_rank = mesh.get_local_rank("dp")
+        for step in range(STEPS):
+            x, y = mlp_batch(torch.Generator().manual_seed(200 + step))
+            rows = slice(dp_rank * BATCH // 2, (dp_rank + 1) * BATCH // 2)
+            F.mse_loss(model(x[rows]), y[rows]).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        if held:
+            keepers = [p for n, p in model.named_parameters()
+                       if n in holding.owners and not isinstance(p.to_local(), HeldElsewhere)]
+            dtypes = {(p.dtype, opt.state[p]["momentum_buffer"].dtype) for p in keepers}
+            working = {b.flat.dtype for u in holding._schedule.units for b in u.buckets if b.flat is not None}
+            checks.report("mlp fsdp2 x tp owner-held bf16: dtypes", dtypes == {(torch.float32, torch.float32)}
+                          and working == {torch.bfloat16}, f"masters and momentum {sorted(map(str, dtypes))}, "
+                          f"working copies {sorted(map(str, working))}")
+        # the masters (unshard() would give the held matrices' bfloat16 working copies)
+        finals.append({n: full_of(p, p._dmuon_held.holdings if held and n in holding.owners else None)
+                       for n, p in model.named_parameters()})
+    differ = [n for n in finals[0] if not torch.equal(finals[0][n], finals[1][n])]
+    checks.report("mlp fsdp2 x tp owner-held bf16: vs the all-to-all mode", not differ,
+                  f"{len(differ)} of {len(finals[0])} tensors differ in bits after {STEPS} steps"
+                  + (f" (first {differ[0]})" if differ else ""))
+
+
+def check_moe_modes(checks, world):
+    """Qwen3-MoE under EP × EFSDP in both modes (check_model, 3 steps each), and the owner-held expert stacks'
+    gradients at the first step bit for bit FSDP2's in the all-to-all mode: the same local gradients, summed
+    over the 2 ranks of an expert's efsdp group (a + b either way) and divided by the 4 data-parallel batches
+    (exact), not by the group's 2 ranks (hold_on_owners's gradient_divide_factor)."""
+    case = functools.partial(qwen3_moe_case, HF_MOE_EP_LAYOUT)
+    _, a2a = check_model(checks, world, "hf qwen3-moe", case, qwen2_batch, False, 3)
+    _, held = check_model(checks, world, "hf qwen3-moe", case, qwen2_batch, True, 3)
+    stacks = [n for n in held if "experts" in n]
+    differ = [n for n in stacks if not torch.equal(held[n], a2a[n])]
+    checks.report("hf qwen3-moe owner-held: expert gradients at step 0 vs FSDP2's", stacks and not differ,
+                  f"{len(differ)} of {len(stacks)} expert stacks' gradients differ in bits"
+                  + (f" (first {differ[0]}: ratio of norms {float(held[differ[0]].norm() / a2a[differ[0]].norm()):.3f})"
+                     if differ else ""))
 
 
 # ---- pipeline stages: one DMuon per stage ----
@@ -429,11 +625,17 @@ def check_refusals(checks):
     replicated.down.weight = torch.nn.Parameter(distribute_tensor(replicated.down.weight.detach(), mesh, [Shard(1)]))
     expect_same_error(checks, "refusal: owner-held matrix replicated over TP",
                       lambda: hold_on_owners(replicated), [0, 1], "'up.weight'", "Replicate()", "once per TP rank")
-    moe = torch.nn.Module()
+    moe = torch.nn.Module()  # split within its experts (Shard(1)): not whole experts per EP rank
     moe.experts = torch.nn.Module()
-    moe.experts.w1 = torch.nn.Parameter(distribute_tensor(torch.randn(4, 6, 5), mesh, [Shard(0)]))
-    expect_same_error(checks, "refusal: owner-held expert stack under expert parallelism",
-                      lambda: hold_on_owners(moe), [0, 1], "'experts.w1'", "(4, 6, 5)", "all-to-all mode")
+    moe.experts.w1 = torch.nn.Parameter(distribute_tensor(torch.randn(4, 6, 5), mesh, [Shard(1)]))
+    expect_same_error(checks, "refusal: owner-held expert stack split within its experts",
+                      lambda: hold_on_owners(moe), [0, 1], "'experts.w1'", "(4, 6, 5)", "Shard(dim=1)",
+                      "all-to-all mode")
+    conv = torch.nn.Module()
+    conv.weight = torch.nn.Parameter(distribute_tensor(torch.randn(4, 6, 3), mesh, [Shard(0)]))
+    expect_same_error(checks, "refusal: owner-held conv filter under tensor parallelism",
+                      lambda: hold_on_owners(conv, predicate=lambda n, p: True), [0, 1], "'weight'", "(4, 6, 3)",
+                      "all-to-all mode")
     sharded = Block()
     fully_shard(sharded, mesh=mesh)
     expect_same_error(checks, "refusal: hold_on_owners after fully_shard",
@@ -454,6 +656,10 @@ def main():
     if world < 8:
         checks.run("qwen2", check_model_modes, checks, world, "hf qwen2", qwen2_case, qwen2_batch)
     if world == 4:
+        checks.run("qwen3-moe", check_model, checks, world, "hf qwen3-moe", lambda: qwen3_moe_case(HF_MOE_LAYOUT),
+                   qwen2_batch, False, 3)
+        checks.run("qwen3-moe held", check_moe_modes, checks, world)
+        checks.run("owner-held habits under tp", check_held_tp_habits, checks)
         checks.run("pipeline", check_pipeline, checks)
     if world == 2:
         checks.run("refusals", check_refusals, checks)

@@ -127,6 +127,7 @@ const std::map<std::string, std::string> kNotRun = {
 const std::map<std::string, std::string> kTiny = {
     {"--steps", "1"}, {"--repeats", "1"}, {"--rounds", "1"}, {"--layers", "1"}, {"--warmup", "0"},
     {"--batch", "4"}, {"--shapes", "64x128"}, {"--devices", "8,16"}, {"--time-limit", "0.2"},
+    {"--split-heads", "2"}, {"--split-dims", "1"},  // one per --shapes entry
 };
 
 // The command as the test runs it: the built tool, at most two ranks, tiny sizes, outputs in `tmp`.

@@ -182,26 +182,28 @@ TEST(TrainCli, TunedRunWritesTheCacheAndReusesIt) {
 }
 
 // --muon-group: per-matrix Muon options by name, on 2 ranks. The attention matrices run NorMuon with 6 Newton-Schulz
-// steps: the checkpoint holds their normuon.v and none for the MLP's; a resume that changes the rules says so; and
-// the bad rules are one-line errors naming the rule and what is wrong with it.
+// steps, the MLP's output projection (32x128) split Newton-Schulz by 4 heads of columns: the checkpoint holds their
+// normuon.v and none for the MLP's, and records both rules; a resume that changes the rules says so; and the bad
+// rules are one-line errors naming the rule and what is wrong with it, a split that does not fit naming the matrix.
 TEST(TrainCli, MuonGroupSetsOptionsPerMatrixByName) {
   test::TempDir dir;
   const std::string save = dir.file("ckpt");
-  const std::string rule = " --muon-group 'blocks.*.attn.*:ns-steps=6,variant=normuon'";
+  const std::string rule =
+      " --muon-group 'blocks.*.attn.*:ns-steps=6,variant=normuon' --muon-group 'blocks.*.mlp.proj.*:split-heads=4,split-dim=1'";
   const test::CommandResult r = run(kSmallRun + rule + " --progress plain --save " + save, 2);
   ASSERT_EQ(r.exit_code, 0) << r.output;
   const CheckpointContents saved = read_checkpoint_contents(newest_checkpoint(save));
   EXPECT_TRUE(saved.params.at("blocks.0.attn.qkv.weight").kinds.count("normuon.v"));
   EXPECT_TRUE(saved.params.at("blocks.0.attn.proj.weight").kinds.count("normuon.v"));
   EXPECT_FALSE(saved.params.at("blocks.0.mlp.fc.weight").kinds.count("normuon.v"));
-  EXPECT_EQ(saved.run.at("muon_group"), "blocks.*.attn.*:ns-steps=6,variant=normuon");
+  const std::string saved_rules = "blocks.*.attn.*:ns-steps=6,variant=normuon blocks.*.mlp.proj.*:split-heads=4,split-dim=1";
+  EXPECT_EQ(saved.run.at("muon_group"), saved_rules);
   const test::CommandResult resumed =
       run(std::regex_replace(kSmallRun, std::regex("--steps 2"), "--steps 3") +
               " --muon-group 'blocks.*.attn.*:variant=normuon' --progress plain --resume " + save,
           2);
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("--muon-group blocks.*.attn.*:variant=normuon (saved: "
-                                "blocks.*.attn.*:ns-steps=6,variant=normuon)"),
+  EXPECT_NE(resumed.output.find("--muon-group blocks.*.attn.*:variant=normuon (saved: " + saved_rules + ")"),
             std::string::npos)
       << resumed.output;
 
@@ -213,6 +215,10 @@ TEST(TrainCli, MuonGroupSetsOptionsPerMatrixByName) {
           "--muon-group: Muon rule 'blocks.*.attn.*:ns-stepz=6' (pattern 'blocks.*.attn.*'): unknown option 'ns-stepz'");
   refused(" --muon-group 'attn.*:variant=normuon'", "Muon rule 'attn.*' matches no Muon matrix");
   refused(" --optim adamw --muon-group '*:variant=normuon'", "--muon-group sets options of Muon matrices");
+  refused(" --muon-group 'blocks.*.attn.qkv.*:split-heads=5'",
+          "Muon matrix 'blocks.0.attn.qkv.weight' (96x32) has 96 rows, not a multiple of split-heads=5");
+  refused(" --muon-group 'blocks.*.attn.qkv.*:split-sizes=32+32'",
+          "Muon matrix 'blocks.0.attn.qkv.weight' (96x32) has 96 rows, but split-sizes 32+32 sum to 64");
 }
 
 }  // namespace

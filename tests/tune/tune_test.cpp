@@ -350,6 +350,17 @@ TEST(TuneShapes, RequestsAreTheBatchesThePlannerAsksFor) {
   EXPECT_DOUBLE_EQ(items[0].time_s, entries[1].seconds / 2);
   EXPECT_THAT([&] { tuned_batch_time(entries)(64, 128, 3); },
               ::testing::ThrowsMessage<Error>(HasSubstr("no tuned time for shape 64x128 batch 3")));
+  // c split for Newton-Schulz in 2 row blocks of 32x128: the requests the planner's items then ask about.
+  std::vector<std::vector<MatrixBlock>> blocks(params.size());
+  blocks[2] = {{0, 0, 32, 128}, {32, 0, 32, 128}};
+  const auto split = tune_requests(params, 2, blocks);
+  ASSERT_EQ(split.size(), 3u);
+  EXPECT_EQ(std::make_tuple(split[0].rows, split[0].cols, split[0].batch), std::make_tuple(32, 32, 1));
+  EXPECT_EQ(std::make_tuple(split[1].rows, split[1].cols, split[1].batch), std::make_tuple(32, 128, 1));
+  EXPECT_EQ(std::make_tuple(split[2].rows, split[2].cols, split[2].batch), std::make_tuple(64, 128, 1));  // a, b
+  const auto split_entries = tune_shapes(split, cache, fake_measure, 2);
+  const auto split_items = make_plan_items(params, 2, tuned_batch_time(split_entries), blocks);
+  EXPECT_DOUBLE_EQ(split_items[2].time_s, 2 * split_entries[1].seconds);
 }
 
 // The real clock on a tiny shape: every candidate (the untuned configuration and each of

@@ -173,7 +173,8 @@ class MuonMatrix:
 
 
 def assign_owners(matrices, world_size, plan):
-    """Sets every matrix's owner. An owner-held one's is its holder's (hold_on_owners planned it). One
+    """Sets every matrix's owner. An owner-held one's is its holder's (hold_on_owners planned it; an expert of
+    a stack held under expert parallelism: the rank of the owner's EP group that keeps it whole). One
     held whole by some ranks but not all (an expert of a stack
     sharded by experts) is owned by one of its holders, so its U never travels; an expert that no rank
     holds whole but only some ranks hold pieces of (expert parallelism × expert-FSDP) by one of those,
@@ -184,7 +185,7 @@ def assign_owners(matrices, world_size, plan):
     free = []
     for k in matrices:
         if k.layout.held is not None:
-            k.owner = k.layout.held.owner
+            k.owner = k.holders()[0] if k.expert is not None else k.layout.held.owner
             pinned[k.owner] += 1
             continue
         candidates = k.holders()

@@ -23,8 +23,9 @@ their local slices, and the flat tensors are the slices'.
 
 Gradients leave as one flat tensor per bucket in the reduce dtype (MixedPrecisionPolicy.reduce_dtype,
 else the compute dtype), summed onto the owner; the owner divides by the group's size (the mean over
-data-parallel ranks, as FSDP2 and DDP), or by the divide factor set on the unit's fully_shard, as FSDP2
-divides its own gradients, and casts to the master's dtype. All collectives are
+data-parallel ranks, as FSDP2 and DDP; hold_on_owners's gradient_divide_factor instead when given, else the
+divide factor set on the unit's fully_shard, as FSDP2 divides its own gradients) and casts to the master's
+dtype. All collectives are
 asynchronous; each stage returns its Work handles, or None when nothing travels.
 """
 
@@ -111,13 +112,17 @@ class HeldBuffer:
 
     def _fill_from_master(self):
         """The owner's master weights into the working copy, cast to the compute dtype. The version
-        counter is kept: autograd's saved references see the same values again (a refill before
-        backward), as for a broadcast into the storage."""
+        counters are kept (a working DTensor's and its local tensor's, which has its own): autograd's saved
+        references see the same values again (a refill before backward), as for a broadcast into the
+        storage; and a view that a custom autograd Function made of the local tensor (DTensor.to_local(), as
+        transformers' expert-parallel forward takes its weights) may not see it change before backward."""
         self.allocate()
         with torch.no_grad():
             for p, w in zip(self.params, self.working):
-                with torch.autograd._unsafe_preserve_version_counter(w):
-                    local_part(w).copy_(local_part(p))
+                local = local_part(w)
+                with torch.autograd._unsafe_preserve_version_counter(w), \
+                        torch.autograd._unsafe_preserve_version_counter(local):
+                    local.copy_(local_part(p))
 
     def _make_present(self):
         """Storage for the working copy; on the owner, its masters in it (the source of every broadcast)."""
@@ -177,10 +182,11 @@ class HeldBuffer:
         return out
 
     def finish_gradients(self, flat_grad):
-        """The owner's .grad: the reduced sum in flat_grad divided by the group's size (the mean over
-        the data-parallel ranks), or by the gradient divide factor set on the unit's fully_shard
-        (FSDPModule.set_gradient_divide_factor: torchtitan sets 1.0, a sum), in the master's dtype, added
-        to what .grad held before this backward. Elsewhere .grad is a placeholder that refuses reads."""
+        """The owner's .grad: the reduced sum in flat_grad divided by the groups' divide_factor when
+        hold_on_owners was given one, else by the gradient divide factor set on the unit's fully_shard
+        (FSDPModule.set_gradient_divide_factor: torchtitan sets 1.0, a sum), else by the group's size (the mean
+        over the data-parallel ranks), in the master's dtype, added to what .grad held before this backward.
+        Elsewhere .grad is a placeholder that refuses reads."""
         if not self.is_owner:
             for p in self.params:
                 if p.requires_grad:
@@ -189,7 +195,8 @@ class HeldBuffer:
                                                     held.held_owner, gradient=True))
             return
         factor = getattr(self.fsdp_group, "gradient_divide_factor", None)
-        flat_grad.div_(self.groups.world if factor is None else factor)
+        flat_grad.div_(factor if factor is not None and not self.groups.divide_factor_given
+                       else self.groups.divide_factor)
         for p, g in zip(self.params, self.gradient_views(flat_grad)):
             if not p.requires_grad:
                 continue

@@ -153,7 +153,7 @@ def _group_ranks(mesh, process_group):
 
 
 def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, units=None, balancer="milp",
-                   reshard_after_forward=True, mp_policy=None, tune_cache=""):
+                   reshard_after_forward=True, mp_policy=None, tune_cache="", gradient_divide_factor=None):
     """Makes the Muon matrices of `model` owner-held; returns a HeldMatrices.
 
     Call it on every rank before fully_shard or DDP, with the model materialised or on the meta device
@@ -163,7 +163,15 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     DMuon's process group's, in order. Under tensor parallelism (parallelize_module before this call,
     the matrices DTensors on a 1-D TP mesh): mesh is the data-parallel slice fully_shard gets
     (mesh["dp"] of a ("dp", "tp") mesh; HSDP: mesh["replicate", "dp"]), None for TP alone; each TP
-    slice is held on the owner's TP group (tensor_parallel.py, which lists what is refused).
+    slice is held on the owner's TP group (tensor_parallel.py, which lists what is refused). Under expert
+    parallelism (each (E, m, n) expert stack Shard(0) on a 1-D EP mesh, as transformers' grouped_gemm and
+    torchtitan lay routed experts out): mesh is the expert-FSDP mesh (the EP mesh's sibling dims; HSDP:
+    replicate and efsdp), each EP slice of a stack held on the owner's EP group as a TP slice is, every expert
+    whole on one rank there; hold the stacks with predicate= in a call of their own, the other matrices in
+    another over their data-parallel mesh. gradient_divide_factor: what the owner divides a summed gradient
+    by, as FSDPModule.set_gradient_divide_factor (default: the factor set on the unit's fully_shard, as
+    torchtitan sets 1.0, else the group's size; experts under EP get tokens from
+    more batches than their expert-FSDP group has ranks: the number of data-parallel batches).
     predicate(name, parameter) → bool picks the parameters instead of DMuon's routing. units: the
     modules whose hooks move their parameters (default: each block "….N" of the model, else the module
     holding the parameter). balancer: dmuon.plan_owners's
@@ -206,12 +214,13 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     owners = {n: o for (n, _), o in zip(chosen, owners_list)}
     if tp is None:
         holdings = {n: owner_holdings(tuple(p.shape), world, owners[n]) for n, p in chosen}
-        groups = HeldGroups([comm.ranks], 0, grid_of(mesh, world), comm.rank)
+        groups = HeldGroups([comm.ranks], 0, grid_of(mesh, world), comm.rank, gradient_divide_factor)
         keeper = owners  # the group rank of the held groups that keeps each matrix between uses
     else:  # each TP rank's data-parallel group holds its slices: owned by the rank at the owner's dp coordinate
         holdings = {n: tp.holdings(tuple(p.shape), tuple(p.placements), owners[n]) for n, p in chosen}
         grids = [[comm.ranks[g] for g in ranks] for ranks in tp.dp_groups()]
-        groups = HeldGroups(grids, tp.cells[comm.rank][1], grid_of(mesh, tp.dp), tp.dp_of(comm.rank))
+        groups = HeldGroups(grids, tp.cells[comm.rank][1], grid_of(mesh, tp.dp), tp.dp_of(comm.rank),
+                            gradient_divide_factor)
         keeper = {n: tp.dp_of(o) for n, o in owners.items()}
     registered = {n: _register_placeholder(model, n, p, groups.owner_global(keeper[n]))
                   if keeper[n] != groups.rank else p for n, p in chosen}
@@ -235,7 +244,7 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     schedule = HeldSchedule(unit_list, groups, reshard_after_forward)
     schedule.install()
     for n, _ in chosen:
-        registered[n]._dmuon_held = HeldParam(owners[n], tuple(comm.ranks), process_group, schedule, holdings[n])
+        schedule.mark(n, registered[n], HeldParam(owners[n], tuple(comm.ranks), process_group, schedule, holdings[n]))
     install_state_dict_hooks(model, None if tp is not None else _entry_mesh(mesh, global_ranks, comm), schedule, tp)
     model.__dict__.setdefault("_dmuon_held_schedules", []).append(schedule)  # DMuon(model) adopts through it
     if chosen:

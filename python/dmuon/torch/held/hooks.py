@@ -77,11 +77,14 @@ class HeldUnit:
     def working(self):
         return [w for b in self.buckets for w in b.working]
 
-    def adopt(self):
+    def adopt(self, marks):
         """Takes a parameter object that replaced a held one on its module by .to_empty() or .to()
         (nn.Module._apply makes a new Parameter when the storage kind changes, e.g. from meta): the
         owner's master as a plain tensor, a placeholder elsewhere, of the same shape. It gets the
-        held parameter's marks and its place in the bucket. Anything else is
+        held parameter's marks and its place in the bucket. A held TP or EP slice (a DTensor) stays the
+        same object, its contents swapped (torch.utils.swap_tensors, nn.Module._apply's way with tensor
+        subclasses: its attributes are then the new tensor's): it gets its marks back from `marks` (full
+        name → HeldParam). Anything else is
         left for check_registered to refuse. Called outside forward only (DMuon(model), held.params,
         state dicts, unshard): inside it, FSDP2 registers plain unsharded parameters of its own."""
         k = 0
@@ -90,6 +93,8 @@ class HeldUnit:
                 module, attr, full = self.slots[k]
                 k += 1
                 now = module._parameters.get(attr)
+                if now is old and getattr(now, "_dmuon_held", None) is None:
+                    now._dmuon_held = marks[full]
                 if now is old or now is None or any(now is w for w in b.working):
                     continue
                 kind_ok = isinstance(now, HeldElsewhere) != b.is_owner and not is_dtensor(now)
@@ -175,6 +180,7 @@ class HeldSchedule:
         self._callback_queued = False
         self._kept_local = False  # the last backward kept its gradients local (no sync)
         self._handles = []
+        self.marks = {}  # full name → HeldParam (mark)
 
     # ---- installation ----
 
@@ -195,9 +201,13 @@ class HeldSchedule:
     # ---- forward ----
 
     def adopt(self):
-        """Every unit's adopt(): after .to_empty() or .to() replaced parameter objects."""
+        """Every unit's adopt(): after .to_empty() or .to() replaced parameter objects or their contents."""
         for unit in self.units:
-            unit.adopt()
+            unit.adopt(self.marks)
+
+    def mark(self, name, param, held):
+        """Marks held parameter `name` (param._dmuon_held = held), kept here for adopt()."""
+        self.marks[name] = param._dmuon_held = held
 
     @property
     def registry(self):

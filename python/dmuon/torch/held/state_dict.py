@@ -107,18 +107,17 @@ def install_state_dict_hooks(model, mesh, schedule, tensor_parallel=None):
         return HeldEntry.make(local, root, owner_here, placements, p.shape)
 
     def my_part(p, full):
-        """This rank's part of a full value of held parameter p (a TP slice: its spans)."""
+        """This rank's part of a full value of held parameter p (a TP or EP slice: its spans)."""
         if tensor_parallel is None:
             return full
-        rows, cols = p._dmuon_held.holdings[tensor_parallel.rank].spans
-        (r, nr), (c, nc) = rows.runs[0], cols.runs[0]
-        return like_param(p, full[r:r + nr, c:c + nc])
+        spans = p._dmuon_held.holdings[tensor_parallel.rank].spans  # one run per dim: a Shard(d) slice
+        return like_param(p, full[tuple(slice(s.runs[0][0], s.runs[0][0] + s.count) for s in spans)])
 
     def entries(slots, module, state_dict, prefix, local_metadata):
         for unit, bucket, j, attr in slots:
             key = prefix + attr
             if key in state_dict:
-                unit.adopt()
+                unit.adopt(schedule.marks)
                 state_dict[key] = entry(bucket.params[j], bucket.is_owner)
 
     def to_plain(slots, module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
@@ -128,7 +127,7 @@ def install_state_dict_hooks(model, mesh, schedule, tensor_parallel=None):
             value = state_dict.get(key)
             if value is None:
                 continue
-            unit.adopt()
+            unit.adopt(schedule.marks)
             p, owner_here = bucket.params[j], bucket.is_owner
             if isinstance(value, HeldEntry):
                 if value.owner_here:

@@ -14,18 +14,27 @@ byte of it within the TP group).
 
   group rank g = the root mesh's flat index = (d, t)     dp_groups[t] = the group ranks (0, t), (1, t), …
 
+Expert parallelism is the same frame with the EP mesh in the TP mesh's place: an (E, m, n) expert stack
+Shard(0) over a 1-D EP mesh (transformers' grouped_gemm, torchtitan's routed experts) is held as its EP
+slices, whole experts, on the owner's EP group; the data-parallel mesh is then the expert-FSDP one ("efsdp",
+EP's sibling dims on the expert mesh). Every expert lies whole on one rank (d_o, t), which owns it in
+DMuon's step (muon_step.assign_owners): no byte of it moves there.
+
 What cannot be held (refused by name, with the reason): a matrix replicated over the TP dim (its
-Newton–Schulz would run once per TP rank, and TP may leave its gradient Partial()); an expert stack or
-a conv filter (≥ 3-D) under tensor or expert parallelism; TP meshes of more than one dim, or
-different TP meshes; a TP mesh whose root is not the optimizer group's ranks; held matrices mixed
-with matrices tensor parallelism leaves whole; a DTensor that fully_shard already sharded over the
-data-parallel mesh. The data-parallel mesh may be 1-D (FSDP2) or 2-D (HSDP: its replicas and columns
-per TP rank as groups.py has them).
+Newton–Schulz would run once per TP rank, and TP may leave its gradient Partial()); an expert stack split
+within its experts (Shard(1), Shard(2)) or a conv filter (≥ 3-D) under tensor parallelism; TP meshes of
+more than one dim, or different TP meshes (TP slices and EP stacks: one hold_on_owners call each); a TP
+mesh whose root is not the optimizer group's ranks; held matrices mixed with matrices tensor parallelism
+leaves whole; a DTensor that fully_shard already sharded over the data-parallel mesh. The root mesh's dims
+other than the TP and data-parallel ones must have size 1 (transformers' pp and dp_replicate at 1). The
+data-parallel mesh may be 1-D (FSDP2) or 2-D (HSDP: its replicas and columns per TP rank as groups.py has
+them).
 """
 
 import math
 from dataclasses import dataclass
 
+from dmuon.torch.params import is_expert_stack_by_default
 from dmuon.torch.placements import Holding, Span, local_spans, unravel
 from dmuon.torch.torch_private import placement_kind
 
@@ -97,11 +106,12 @@ def tensor_parallel(chosen, mesh, group_ranks, rank):
     for n, p in dtensors:
         if p.device_mesh != tp_mesh:
             _refuse(n, f"is on DeviceMesh {p.device_mesh}, '{name}' on {tp_mesh}: held matrices share one TP mesh")
-        if p.dim() != 2:
+        kind = placement_kind(p.placements[0], p.dim()) if len(p.placements) == 1 else None
+        if p.dim() != 2 and not (is_expert_stack_by_default(n, tuple(p.shape)) and kind == ("shard", 0)):
             _refuse(n, f"of shape {tuple(p.shape)} is a DTensor with placements {tuple(p.placements)}: only 2-D "
-                       "matrices under tensor parallelism can be held (an expert stack under expert parallelism or "
-                       "a sharded conv filter: use DMuon's all-to-all mode)")
-        kind = placement_kind(p.placements[0], 2) if len(p.placements) == 1 else None
+                       "matrices under tensor parallelism and (E, m, n) expert stacks under expert parallelism "
+                       "(Shard(0): whole experts per EP rank) can be held (an expert stack split within experts "
+                       "or a sharded conv filter: use DMuon's all-to-all mode)")
         if tp_mesh.ndim != 1 or kind is None or kind[0] == "replicate":
             _refuse(n, f"has placements {tuple(p.placements)} on a {tp_mesh.ndim}-D mesh: a held matrix under tensor "
                        "parallelism is one Shard(d) over one TP mesh dim (a matrix replicated over TP would be "
@@ -116,9 +126,10 @@ def tensor_parallel(chosen, mesh, group_ranks, rank):
         if root != tp_mesh:
             _refuse(name, f"is on TP mesh {tp_name} of a larger mesh {root_names}: give hold_on_owners the "
                           "data-parallel mesh fully_shard gets (mesh[\"dp\"])")
-    elif mesh._get_root_mesh() != root or sorted(data_names | set(tp_name)) != sorted(root_names):
-        _refuse(name, f"is on TP mesh {tp_name}; the data-parallel mesh {tuple(data_names)} and it must be the two "
-                      f"named dims of one root mesh {root_names}")
+    elif mesh._get_root_mesh() != root or not (data_names | set(tp_name)) <= set(root_names) or any(
+            size > 1 for size, n in zip(root.mesh.shape, root_names) if n not in data_names | set(tp_name)):
+        _refuse(name, f"is on TP mesh {tp_name}; the data-parallel mesh {tuple(data_names)} and it must be the "
+                      f"named dims of one root mesh {root_names} (its other dims of size 1)")
     tp_dim = root_names.index(tp_name[0]) if root != tp_mesh else 0  # as TensorParallel.root_and_dim
     shape = tuple(root.mesh.shape)
     cells = []

@@ -1,0 +1,140 @@
+"""DMuon's 2026-recipe options against the peers' own code run beside it (issue 42), one process on the CPU:
+
+  dion       microsoft/dion's Muon and DMuon (engine="torch") on the same parameters for STEPS steps, both
+             orthogonalizing with one float32 Newton–Schulz (the torch engine's, handed to dion as its
+             newton_schulz_func), momentum 0 and bfloat16-exact gradients (dion casts U to bfloat16 before its
+             Newton–Schulz: exact on such U): what is compared is each optimizer's own option arithmetic —
+             dion's adjust_lr against our scale ("spectral_norm" = "spectral", "rms_norm" = "match_rms_adamw"),
+             cautious weight decay, split_sizes and num_heads (ours split_heads) row blocks with their per-block
+             scales. Figure: |ours − dion| / |dion's change of the weights|, the worst step.
+  megatron   Megatron-LM's QK-clip (SelfAttention.clip_qk and _clip_linear_qkv, called on a stand-in for the
+             attention module: its config, maxima and fused qkv weight, query groups interleaved [q heads, k, v])
+             against dmuon.torch.QKClip on the same q and k taken out of that fused weight (a DMuon step at lr 0, then
+             the clip), multi-head and grouped-query attention, alpha 0.5 and 0.3. Figure: the largest elementwise
+             relative gap.
+
+A peer that does not import is skipped with the reason. The peers are never part of dmuon: install or check them out
+beside it (microsoft/dion's `dion` package; Megatron-LM's `megatron` package, importable without Transformer Engine)
+and put them on PYTHONPATH. Prints a table; --json OUT writes it.
+
+    PYTHONPATH=build/python:/path/to/dion:/path/to/Megatron-LM python3 python/benchmarks/peer_agreement.py [--json OUT]
+"""
+
+import argparse
+import json
+import types
+import warnings
+
+import torch
+
+from dmuon.torch import Attention, DMuon, QKClip
+from dmuon.torch.torch_engine import newton_schulz
+
+DION_CASES = [  # (case, shapes, dion's options, ours)
+    ("spectral, cautious wd", [(128, 64), (64, 128)], dict(adjust_lr="spectral_norm", cautious_wd=True),
+     dict(scale="spectral", cautious_wd=True)),
+    ("AdamW-matched RMS", [(96, 48), (48, 96)], dict(adjust_lr="rms_norm"), dict(scale="match_rms_adamw")),
+    ("split_sizes 64+32+32, spectral", [(128, 64)], dict(adjust_lr="spectral_norm", split_sizes=(64, 32, 32)),
+     dict(scale="spectral", split_sizes=[64, 32, 32])),
+    ("split_sizes, RMS, cautious wd", [(128, 64)],
+     dict(adjust_lr="rms_norm", split_sizes=(64, 32, 32), cautious_wd=True),
+     dict(scale="match_rms_adamw", split_sizes=[64, 32, 32], cautious_wd=True)),
+    ("4 heads, spectral", [(64, 96)], dict(adjust_lr="spectral_norm", num_heads=4), dict(scale="spectral", split_heads=4)),
+]
+QK_CASES = [(8, 2, 16, 32, 0.5), (4, 4, 8, 24, 0.5), (6, 3, 4, 12, 0.3), (8, 1, 8, 16, 0.5)]  # heads, groups, hd, hidden, α
+LR, WD, STEPS, TAU = 0.02, 0.1, 5, 1.0
+
+
+def ns_float32(u, epsilon=1e-7):
+    """dion's newton_schulz_func: the torch engine's float32 Keller quintic, float32 out (dion casts U, not O)."""
+    return newton_schulz(u.float(), "keller", 5, "standard", torch.float32, eps=float(epsilon))
+
+
+def dion_rows():
+    from dion import Muon as DionMuon
+    rows = []
+    for case, shapes, theirs_opts, ours_opts in DION_CASES:
+        gen = torch.Generator().manual_seed(len(case))
+        start = [torch.randn(s, generator=gen) * 0.05 for s in shapes]
+        theirs = [torch.nn.Parameter(v.clone()) for v in start]
+        ours = [torch.nn.Parameter(v.clone()) for v in start]
+        group = {k: v for k, v in theirs_opts.items() if k in ("split_sizes", "num_heads")}
+        dion = DionMuon([dict(params=theirs, **group)], lr=LR, mu=0.0, weight_decay=WD, nesterov=False,
+                        cautious_wd=theirs_opts.get("cautious_wd", False), adjust_lr=theirs_opts["adjust_lr"],
+                        newton_schulz_func=ns_float32)
+        dmuon = DMuon([dict(params=[(f"w{i}", p) for i, p in enumerate(ours)], **ours_opts)], lr=LR, momentum=0.0,
+                      nesterov=False, weight_decay=WD, algo="standard", engine="torch", ns_dtype="float32")
+        worst = 0.0
+        for _ in range(STEPS):
+            grads = [torch.randn(s, generator=gen).to(torch.bfloat16).float() for s in shapes]
+            for params in (theirs, ours):
+                for p, g in zip(params, grads):
+                    p.grad = g.clone()
+            dion.step()
+            dmuon.step()
+            for a, b, s in zip(ours, theirs, start):
+                worst = max(worst, float((a.detach() - b.detach()).norm() / (b.detach() - s).norm()))
+        rows.append({"peer": "dion", "case": case, "steps": STEPS, "gap": worst})
+    return rows
+
+
+def megatron_rows():
+    from megatron.core.transformer.attention import SelfAttention
+    rows = []
+    for heads, groups, hd, hidden, alpha in QK_CASES:
+        per_group = heads // groups
+        gen = torch.Generator().manual_seed(heads * 100 + groups)
+        fused = torch.randn(groups, (per_group + 2) * hd, hidden, generator=gen)  # per group: [q heads, k, v] rows
+        worst, clipped = 0.0, 0
+        for _ in range(5):
+            maxima = torch.rand(heads, generator=gen) * 2 * TAU
+            weight = torch.nn.Parameter(fused.reshape(-1, hidden).clone())
+            attention = types.SimpleNamespace(
+                config=types.SimpleNamespace(qk_clip=True, qk_clip_threshold=TAU, qk_clip_alpha=alpha),
+                core_attention=types.SimpleNamespace(current_max_attn_logits=maxima.clone()),
+                num_attention_heads_per_partition=heads, num_query_groups_per_partition=groups,
+                query_projection_size=heads * hd, kv_projection_size=groups * hd,
+                linear_qkv=types.SimpleNamespace(weight=weight))
+            attention._clip_linear_qkv = lambda w, a=attention: SelfAttention._clip_linear_qkv(a, w)
+            with torch.no_grad():
+                SelfAttention.clip_qk(attention)
+            theirs = weight.detach().view(groups, (per_group + 2) * hd, hidden)
+            q = torch.nn.Parameter(fused[:, :per_group * hd].reshape(heads * hd, hidden).clone())
+            k = torch.nn.Parameter(fused[:, per_group * hd:(per_group + 1) * hd].reshape(groups * hd, hidden).clone())
+            opt = DMuon([("q", q), ("k", k)], lr=0.0, ns_dtype="float32")
+            clip = QKClip(opt, TAU, [Attention(q="q", k="k", heads=heads, kv_heads=groups)], alpha=alpha)
+            q.grad, k.grad = torch.zeros_like(q), torch.zeros_like(k)
+            clip.report(0, maxima)
+            opt.step()
+            expected = (theirs[:, :per_group * hd].reshape(heads * hd, hidden),
+                        theirs[:, per_group * hd:(per_group + 1) * hd].reshape(groups * hd, hidden))
+            for ours, want in zip((q, k), expected):
+                worst = max(worst, float(((ours.detach() - want).abs() / want.abs().clamp_min(1e-30)).max()))
+            clipped += int((maxima.view(groups, -1).max(dim=1).values > TAU).sum())
+        rows.append({"peer": "megatron", "case": f"QK-clip {heads} heads / {groups} groups, alpha {alpha} "
+                     f"({clipped} groups clipped in 5 trials)", "steps": 5, "gap": worst})
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json")
+    args = parser.parse_args()
+    warnings.filterwarnings("ignore")  # the peers' import-time notices (no Transformer Engine, no absl)
+    rows = []
+    for peer, run in (("dion", dion_rows), ("megatron", megatron_rows)):
+        try:
+            rows += run()
+        except ImportError as error:
+            rows.append({"peer": peer, "case": f"skipped: {error}", "steps": 0, "gap": None})
+    print("| peer | case | steps | gap |\n|---|---|---|---|")
+    for r in rows:
+        gap = "" if r["gap"] is None else f"{r['gap']:.2e}"
+        print(f"| {r['peer']} | {r['case']} | {r['steps']} | {gap} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
