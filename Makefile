@@ -15,13 +15,15 @@ PYTHON ?= python3
 deps:
 	@bash scripts/install-deps.sh
 
-# The venv is (re)installed when python/requirements.txt changes; its stamp records what it holds.
+# The venv is (re)installed when python/requirements*.txt change; its stamp records what it holds.
+# requirements-nodeps.txt's packages are installed without their declared dependencies (its comment says why).
 venv: $(VENV)/.requirements
-$(VENV)/.requirements: python/requirements.txt | deps
+$(VENV)/.requirements: python/requirements.txt python/requirements-nodeps.txt | deps
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	@echo "venv: installing python/requirements.txt into $(VENV) (a first install downloads about 3 GB)"
 	$(VENV)/bin/python -m pip install --quiet -r python/requirements.txt
-	@cp python/requirements.txt $@
+	$(VENV)/bin/python -m pip install --quiet --no-deps -r python/requirements-nodeps.txt
+	@cat python/requirements.txt python/requirements-nodeps.txt > $@
 
 build: deps venv
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DPython3_EXECUTABLE=$(abspath $(VENV))/bin/python \

@@ -30,7 +30,8 @@
 #     (DMUON_CUDA_NO_GRAPHS=1); the device Muon step on the same matrices as torch.optim.Muon's (bench muon).
 #     With the full build also the optimizer step (adamw, muon, muon-gather, dmuon) on qwen2.5-0.5b on one GPU,
 #     on every GPU when there are several, the refusal of more ranks than GPUs, examples/torch_train.py on the
-#     GPUs (--device cuda, NCCL; DMuon over FSDP2, plain and owner-held), and dmuon.torch on CUDA tensors
+#     GPUs (--device cuda, NCCL; DMuon over FSDP2, plain and owner-held), examples/titan_train.py (torchtitan,
+#     both modes; where torchtitan imports), and dmuon.torch on CUDA tensors
 #     (python/benchmarks/gpu_check_torch.py: FSDP2 on CUDA, CUDA vs CPU, DMuon's step vs torch.optim.Muon), and
 #     dmuon.torch's torch engine against our CUDA engine (gpu_check_torch.py --checks torch-engine: Newton–Schulz
 #     in float32 and bf16, standard and Gram, against float64 and each other, times; DMuon's steps with each) and
@@ -538,6 +539,16 @@ if [ "$MODE" = full ]; then
            --steps 20 --batch 16 --check-loss-falls --fsdp2)
     step torch_train_cuda 90 "${TRAIN[@]}"
     step torch_train_cuda_owner_held 90 "${TRAIN[@]}" --owner-held
+    # torchtitan's recipe on the GPUs (NCCL, FlexAttention; docs/integrations.md), both modes. Never run yet:
+    # skipped where torchtitan does not import (a machine without network cannot install it).
+    if "$PYTHON" -c "import torchtitan.components.optimizer" >/dev/null 2>&1; then
+      TITAN=(env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" -m torch.distributed.run --standalone
+             --nproc_per_node "$((GPUS > 0 ? GPUS : 1))" examples/titan_train.py --steps 10 --interval 5)
+      step titan_train_cuda 60 "${TITAN[@]}" --folder "$LOGS/titan"
+      step titan_train_cuda_owner_held 60 "${TITAN[@]}" --owner-held --folder "$LOGS/titan_held"
+    else
+      for s in titan_train_cuda titan_train_cuda_owner_held; do skip $s "torchtitan does not import"; done
+    fi
     step gpu_check_torch 150 env PYTHONPATH="$(realpath -m "$BUILD")/python" "$PYTHON" \
       python/benchmarks/gpu_check_torch.py --checks fsdp2-cpu,fsdp2-cuda,cuda-vs-cpu,step-time \
       --results "$LOGS"
@@ -547,13 +558,15 @@ if [ "$MODE" = full ]; then
       python/benchmarks/gpu_check_torch.py --checks torch-engine,recipe --name gpu_check_torch_engine \
       --results "$LOGS"
   else
-    for s in torch_train_cuda torch_train_cuda_owner_held gpu_check_torch gpu_check_torch_engine; do
+    for s in torch_train_cuda torch_train_cuda_owner_held titan_train_cuda titan_train_cuda_owner_held \
+             gpu_check_torch gpu_check_torch_engine; do
       skip $s "no torch with CUDA"
     done
   fi
 else
   skip bench_optimizer "needs the full build"
-  for s in torch_train_cuda torch_train_cuda_owner_held gpu_check_torch gpu_check_torch_engine; do
+  for s in torch_train_cuda torch_train_cuda_owner_held titan_train_cuda titan_train_cuda_owner_held \
+           gpu_check_torch gpu_check_torch_engine; do
     skip $s "needs the full build (libdmuon_c)"
   done
 fi

@@ -1,5 +1,5 @@
-"""What the framework tests (torch_hf_trainer_test, torch_lightning_test) share: the tiny Qwen2 they train, the
-plain loop in one process they are held to, and the comparison.
+"""What the framework tests (torch_hf_trainer_test, torch_lightning_test, torch_titan_test) share: the tiny Qwen2
+the first two train, the plain loop in one process they are held to, and the comparison.
 
 The tolerance: the runs differ from the one-process loop by float32 rounding in the gradients' summation
 order (ε = 1.2e-7), which Newton–Schulz (Keller's coefficients, a = 3.4445 per step, 5 steps) amplifies by
@@ -8,7 +8,6 @@ up to a^5 = 486: rtol = ε·a^5 = 5.8e-5 (as torch_hf_model_test).
 
 import torch
 import torch.distributed as dist
-from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from dmuon.torch import DMuon
 from dmuon.torch.mpirun import init_process_group
@@ -23,6 +22,8 @@ CONFIG = dict(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_la
 
 
 def make_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM  # here: torch_titan_test uses the rest without it
+
     torch.manual_seed(3)
     return Qwen2ForCausalLM(Qwen2Config(**CONFIG, attn_implementation="eager"))
 

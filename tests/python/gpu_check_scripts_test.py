@@ -145,6 +145,10 @@ def test_dry_run_probes_first_waits_for_the_anchors_before_the_gpu_tests_and_pri
     assert report.startswith("== gpu-check: ") and "of a 300 s budget, dry run, 0 step(s) failed" in report
     assert report == files["report.txt"] and out.endswith(files["summary.txt"])
     assert "\ngpu_check                dry-run" in report
+    if "\nmode:      full" in out:  # torchtitan's recipe, both modes: this interpreter has torchtitan (issue 43)
+        titan = [line for line in err.splitlines() if "would run (titan_train_cuda" in line]
+        assert len(titan) == 2 and all("examples/titan_train.py --steps 10" in line for line in titan), titan
+        assert "--owner-held" in titan[1] and "--owner-held" not in titan[0], titan
 
 
 def test_without_nvcc_anywhere_the_torch_mode_fails_every_dmuon_step(tmp_path):

@@ -1,17 +1,21 @@
 """What training frameworks need from dmuon.torch beyond DMuon itself, for owner-held matrices
-(dmuon.torch.hold_on_owners) under Hugging Face Trainer and accelerate (docs/integrations.md). Nothing
-here imports a framework.
+(dmuon.torch.hold_on_owners) under Hugging Face Trainer and accelerate, and torchtitan
+(docs/integrations.md). Nothing here imports a framework.
 
 - accelerate's FSDP2 preparation calls fully_shard itself, with no ignored_params argument; it takes
   FullyShardedDataParallelPlugin.ignored_modules and leaves out every parameter of those modules. The
   held matrices' own modules hold biases too, which FSDP2 must still shard: held_as_module gives
   accelerate one module of the held matrices alone.
+- torchtitan's parallelize functions call fully_shard themselves, with no ignored_params either:
+  held_out_of_fully_shard unregisters the held matrices from their modules while such a function runs.
 - Trainer measures (and clips) the gradient norm with torch.nn.utils.clip_grad_norm_, which cannot read
   a held gradient away from its owner (HeldElsewhereError), and save_model reads the state dict on the
   main process alone, where the matrices other ranks own are placeholders: HeldTrainerMixin makes Trainer
   use dmuon.torch.clip_grad_norm_ (the single-process norm on every rank) and export the full state dict
   (collective: Trainer calls save_model on every rank).
 """
+
+import contextlib
 
 import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
@@ -24,6 +28,31 @@ def held_as_module(held):
     `fsdp_plugin.ignored_modules = [held_as_module(held)]` before Trainer.train() or
     Accelerator.prepare(), so accelerate's fully_shard leaves the held matrices to their owners."""
     return torch.nn.ParameterList(sorted(held.params, key=id))
+
+
+@contextlib.contextmanager
+def held_out_of_fully_shard(model, held):
+    """Inside the block, the held matrices of `model` (held: hold_on_owners' result) are not registered
+    on their modules, so a fully_shard that framework code calls without ignored_params (torchtitan's
+    parallelize functions) leaves them to their owners, as ignored_params=held.params would. On exit
+    each is registered again in its place, beside what fully_shard made of its module's other
+    parameters."""
+    ids = {id(p) for p in held.params}
+    saved = []  # (module, its _parameters before the block)
+    for module in model.modules():
+        names = [k for k, p in module._parameters.items() if p is not None and id(p) in ids]
+        if names:
+            saved.append((module, dict(module._parameters)))
+            for k in names:
+                del module._parameters[k]
+    try:
+        yield
+    finally:
+        for module, before in saved:
+            now = dict(module._parameters)
+            module._parameters.clear()
+            module._parameters.update({k: now.get(k, p) for k, p in before.items()})
+            module._parameters.update({k: p for k, p in now.items() if k not in before})
 
 
 class HeldTrainerMixin:

@@ -142,8 +142,15 @@ def describe(name, param, group, group_ranks, rank):
 
     Raises ValueError naming the parameter for a layout the optimizer cannot handle.
     """
+    from dmuon.torch.held.placeholder import HeldElsewhere  # here: the held package imports this module
+
     world = len(group_ranks)
     held = getattr(param, "_dmuon_held", None)
+    if held is None and isinstance(param, HeldElsewhere):
+        raise ValueError(f"parameter '{name}': a placeholder of a matrix held on rank {param.held_owner} "
+                         "(dmuon.torch.hold_on_owners) without its marks: .to_empty() or .to() replaced it after "
+                         "hold_on_owners. Build DMuon from the model (DMuon(model)), or read held.params first: "
+                         "either marks the new parameters")
     if held is not None:
         if list(held.global_ranks) != list(group_ranks):
             raise ValueError(f"parameter '{name}': held on its owner over ranks {list(held.global_ranks)} "

@@ -23,8 +23,9 @@ their local slices, and the flat tensors are the slices'.
 
 Gradients leave as one flat tensor per bucket in the reduce dtype (MixedPrecisionPolicy.reduce_dtype,
 else the compute dtype), summed onto the owner; the owner divides by the group's size (the mean over
-data-parallel ranks, as FSDP2 and DDP; hold_on_owners's gradient_divide_factor instead when given) and
-casts to the master's dtype. All collectives are
+data-parallel ranks, as FSDP2 and DDP; hold_on_owners's gradient_divide_factor instead when given, else the
+divide factor set on the unit's fully_shard, as FSDP2 divides its own gradients) and casts to the master's
+dtype. All collectives are
 asynchronous; each stage returns its Work handles, or None when nothing travels.
 """
 
@@ -54,6 +55,7 @@ class HeldBuffer:
         self.shapes = [tuple(local_part(p).shape) for p in self.params]  # this rank's part (a TP slice, or all)
         self.numel = sum(math.prod(s) for s in self.shapes)
         self.on_gradient = None
+        self.fsdp_group = None  # the FSDPParamGroup of the unit's fully_shard (hold.py), whose divide factor we follow
         self.flat = None      # (numel,) in dtype, made on first use
         self.working = []     # the working parameters, views of flat, in bucket order
 
@@ -180,9 +182,11 @@ class HeldBuffer:
         return out
 
     def finish_gradients(self, flat_grad):
-        """The owner's .grad: the reduced sum in flat_grad divided by the groups' divide_factor (the group's
-        size by default: the mean over the data-parallel ranks), in the master's dtype, added to what .grad held before this
-        backward. Elsewhere .grad is a placeholder that refuses reads."""
+        """The owner's .grad: the reduced sum in flat_grad divided by the groups' divide_factor when
+        hold_on_owners was given one, else by the gradient divide factor set on the unit's fully_shard
+        (FSDPModule.set_gradient_divide_factor: torchtitan sets 1.0, a sum), else by the group's size (the mean
+        over the data-parallel ranks), in the master's dtype, added to what .grad held before this backward.
+        Elsewhere .grad is a placeholder that refuses reads."""
         if not self.is_owner:
             for p in self.params:
                 if p.requires_grad:
@@ -190,7 +194,9 @@ class HeldBuffer:
                     p.grad = like_param(p, HeldElsewhere(held.shape, held.dtype, held.device, held.held_name,
                                                     held.held_owner, gradient=True))
             return
-        flat_grad.div_(self.groups.divide_factor)
+        factor = getattr(self.fsdp_group, "gradient_divide_factor", None)
+        flat_grad.div_(factor if factor is not None and not self.groups.divide_factor_given
+                       else self.groups.divide_factor)
         for p, g in zip(self.params, self.gradient_views(flat_grad)):
             if not p.requires_grad:
                 continue

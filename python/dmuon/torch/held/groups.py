@@ -81,7 +81,8 @@ class HeldGroups:
     its g-th rank: the mesh's ranks row-major, or the process group's); one grid without tensor
     parallelism, one per TP (or EP) rank with it. mine: this rank's grid; rank: its group rank there.
     divide_factor: what the owner divides a summed gradient by (None: the group's size, the number of
-    data-parallel batches; under expert parallelism more batches reach an expert than its group has ranks).
+    data-parallel batches, unless the unit's fully_shard was given another (buffer.py); under expert
+    parallelism more batches reach an expert than its group has ranks); divide_factor_given: whether it was.
     Collective: every rank of the default group builds it in the same order."""
 
     def __init__(self, grids, mine, grid, rank, divide_factor=None):
@@ -90,6 +91,7 @@ class HeldGroups:
         self.rank = rank
         self.world = len(self.global_ranks)
         self.divide_factor = float(divide_factor or self.world)
+        self.divide_factor_given = bool(divide_factor)
         self.replica = replica_of(grid, rank)
         self.shard = shard_of(grid, rank)
         self.shard_group = self.column_group = None

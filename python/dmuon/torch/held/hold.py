@@ -169,7 +169,8 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     replicate and efsdp), each EP slice of a stack held on the owner's EP group as a TP slice is, every expert
     whole on one rank there; hold the stacks with predicate= in a call of their own, the other matrices in
     another over their data-parallel mesh. gradient_divide_factor: what the owner divides a summed gradient
-    by, as FSDPModule.set_gradient_divide_factor (default: the group's size; experts under EP get tokens from
+    by, as FSDPModule.set_gradient_divide_factor (default: the factor set on the unit's fully_shard, as
+    torchtitan sets 1.0, else the group's size; experts under EP get tokens from
     more batches than their expert-FSDP group has ranks: the number of data-parallel batches).
     predicate(name, parameter) → bool picks the parameters instead of DMuon's routing. units: the
     modules whose hooks move their parameters (default: each block "….N" of the model, else the module
@@ -283,8 +284,9 @@ def _register_placeholder(model, name, p, owner_global):
 def _set_policy(unit, mp_policy, model, unit_name):
     """At the unit's first use (fully_shard comes after hold_on_owners), from the fully_shard state of
     the unit's module or its nearest sharded ancestor: the buckets' compute and reduce dtypes
-    (mp_policy's when given, else that state's MixedPrecisionPolicy), and a refusal of its
-    CPUOffloadPolicy, which cannot reach the held matrices (FSDP2 ignores them)."""
+    (mp_policy's when given, else that state's MixedPrecisionPolicy), its param group (whose gradient
+    divide factor the held gradients follow: buffer.py), and a refusal of its CPUOffloadPolicy, which
+    cannot reach the held matrices (FSDP2 ignores them)."""
     from torch.distributed.fsdp import CPUOffloadPolicy
 
     parts = unit_name.split(".") if unit_name else []
@@ -300,6 +302,7 @@ def _set_policy(unit, mp_policy, model, unit_name):
                                    "fully_shard without offload_policy, or DMuon without hold_on_owners")
         policy = mp_policy if mp_policy is not None else (state[1]._mp_policy if state is not None else None)
         for b in unit.buckets:
+            b.fsdp_group = getattr(state[1], "_fsdp_param_group", None) if state is not None else None
             b.param_dtype = policy.param_dtype if policy is not None else None
             b._reduce_dtype = policy.reduce_dtype if policy is not None else None
     unit.resolve_policy = resolve

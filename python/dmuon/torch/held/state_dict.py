@@ -22,6 +22,8 @@ kept (the chunk at the slice's offsets), a full state dict is all-reduced over t
 gathered over TP, and a load keeps on each keeping rank its slice of what it is given.
 """
 
+import functools
+
 import torch
 from torch.distributed.tensor import DTensor, Partial
 
@@ -41,6 +43,11 @@ class NegativeZeros(torch.Tensor):
 
     def __repr__(self, *, tensor_contents=None):
         return f"NegativeZeros({tuple(self.shape)}, {self.dtype})"
+
+    def untyped_storage(self):
+        """An empty storage (torch's wrapper subclasses have none to show): torchtitan's checkpointer compares
+        the storages of successive state dicts' entries (ModelWrapper), and finds two of these alike."""
+        return torch.UntypedStorage(0, device=self.device)
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
@@ -106,20 +113,22 @@ def install_state_dict_hooks(model, mesh, schedule, tensor_parallel=None):
         spans = p._dmuon_held.holdings[tensor_parallel.rank].spans  # one run per dim: a Shard(d) slice
         return like_param(p, full[tuple(slice(s.runs[0][0], s.runs[0][0] + s.count) for s in spans)])
 
-    def entries(module, state_dict, prefix, local_metadata):
-        schedule.adopt()
-        for name, (p, owner_here) in schedule.registry.items():
-            key = prefix + name
+    def entries(slots, module, state_dict, prefix, local_metadata):
+        for unit, bucket, j, attr in slots:
+            key = prefix + attr
             if key in state_dict:
-                state_dict[key] = entry(p, owner_here)
+                unit.adopt(schedule.marks)
+                state_dict[key] = entry(bucket.params[j], bucket.is_owner)
 
-    def to_plain(module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs):
-        schedule.adopt()
-        for name, (p, owner_here) in schedule.registry.items():
-            key = prefix + name
+    def to_plain(slots, module, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                 error_msgs):
+        for unit, bucket, j, attr in slots:
+            key = prefix + attr
             value = state_dict.get(key)
             if value is None:
                 continue
+            unit.adopt(schedule.marks)
+            p, owner_here = bucket.params[j], bucket.is_owner
             if isinstance(value, HeldEntry):
                 if value.owner_here:
                     state_dict[key] = like_param(p, value._local_tensor)
@@ -141,6 +150,17 @@ def install_state_dict_hooks(model, mesh, schedule, tensor_parallel=None):
             if not any(k == n or k.endswith("." + n) for n, (_, here) in schedule.registry.items() if not here)]
         schedule.after_step()
 
-    model.register_state_dict_post_hook(entries)
-    model.register_load_state_dict_pre_hook(to_plain)
+    # On each held parameter's own module: its hooks run before those of the modules above it (a state dict is
+    # made bottom-up and loaded top-down), so theirs see HeldEntry values (torchtitan's FusedQKVLinear splits
+    # wqkv into wq, wk, wv on save and joins them on load: then through a Replicate DTensor, all-reduced)
+    slots = {}  # module → [(unit, bucket, index in the bucket, attribute)]
+    for unit in schedule.units:
+        places = iter(unit.slots)
+        for bucket in unit.buckets:
+            for j in range(len(bucket.params)):
+                module, attr, _ = next(places)
+                slots.setdefault(module, []).append((unit, bucket, j, attr))
+    for module, its in slots.items():
+        module.register_state_dict_post_hook(functools.partial(entries, its))
+        module.register_load_state_dict_pre_hook(functools.partial(to_plain, its))
     model.register_load_state_dict_post_hook(not_missing)

@@ -1,0 +1,135 @@
+"""torchtitan with dmuon.torch.DMuon (docs/integrations.md): torchtitan's debug Llama3 ("debugmodel") built on the meta
+device, sharded by its parallelize_llama (FSDP2 over every rank), DMuon built by torchtitan's optimizer container
+(dmuon.torch.titan.DMuonOptimizers, from a ParamGroupConfig naming "DMuon"), torchtitan's warmup-stable-decay LR
+scheduler and its DCP checkpointer (a checkpoint every --interval steps in --folder; a later run resumes from the
+latest), trained on random tokens. --owner-held: the Muon matrices held on their owners
+(dmuon.torch.titan.owner_held around parallelize_llama). The loop is torchtitan Trainer.train_step's, with the loss
+normalised by the global token count as torchtitan's (it disables FSDP's gradient division).
+
+    torchrun --standalone --nproc_per_node 2 examples/titan_train.py [--owner-held] [--cpu]
+    PYTHONPATH=build/python when running from the build tree.
+
+On the CPU (--cpu, gloo), three things torchtitan 0.3.0 does not do there, done here: its device meshes are made on
+the CPU (it takes "cuda" when no accelerator is present), attention is SDPA (FlexAttention has no backward on the
+CPU), and FSDP2 reduces with SUM (torchtitan's gradient divide factor 1.0 is sent as PREMUL_SUM, which gloo lacks).
+"""
+
+import argparse
+import dataclasses
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchtitan.distributed.parallel_dims
+from torch.distributed.fsdp import FSDPModule
+from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.optimizer import LRSchedulersContainer, ParamGroupConfig
+from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
+from torchtitan.models.llama3 import model_registry
+
+from dmuon.torch.titan import DMuonOptimizers, owner_held
+
+
+class Step:
+    """The step count the checkpointer saves and restores (torchtitan's Trainer passes itself)."""
+
+    def __init__(self):
+        self.step = 0
+
+    def state_dict(self):
+        return {"step": torch.tensor(self.step)}
+
+    def load_state_dict(self, state):
+        self.step = int(state["step"])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--owner-held", action="store_true", help="DMuon's owner-centric mode")
+    parser.add_argument("--cpu", action="store_true", help="gloo on the CPU")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--interval", type=int, default=10, help="checkpoint every this many steps")
+    parser.add_argument("--folder", default="runs/titan", help="the checkpoints' folder")
+    opts = parser.parse_args()
+
+    dist.init_process_group("gloo" if opts.cpu else "nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cpu" if opts.cpu else f"cuda:{rank % torch.cuda.device_count()}")
+    if not opts.cpu:
+        torch.cuda.set_device(device)
+    spec = model_registry("debugmodel")
+    if opts.cpu:
+        torchtitan.distributed.parallel_dims.device_type = "cpu"
+        for _, _, parent, attr in list(spec.model.traverse(FlexAttention.Config)):
+            setattr(parent, attr, ScaledDotProductAttention.Config())
+    if opts.owner_held:  # the one line of the owner-centric mode
+        spec = dataclasses.replace(spec, parallelize_fn=owner_held(spec.parallelize_fn))
+    parallelism = ParallelismConfig(spmd_backend="partial_dtensor")  # owner_held's; the all-to-all mode takes any
+    training = TrainingConfig(local_batch_size=4, seq_len=128, steps=opts.steps, max_norm=1.0)
+    dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=1, world_size=world,
+                        spmd_backend=parallelism.spmd_backend)
+    dims.build_mesh()
+
+    with torch.device("meta"):
+        model = spec.model.build()
+    model = spec.parallelize_fn(model, parallel_dims=dims, training=training, parallelism=parallelism,
+                                compile_config=CompileConfig(), ac_config=None, dump_folder=".")
+    if opts.cpu:
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+    model.to_empty(device=device)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+
+    # DMuon routes the parameters itself (tok_embeddings, lm_head and the norms to AdamW): one pattern for all
+    optimizers = DMuonOptimizers.Config(
+        param_groups=[ParamGroupConfig(pattern=r".*", optimizer_name="DMuon",
+                                       optimizer_kwargs=dict(lr=0.02, adamw_lr=8e-4, weight_decay=0.1))],
+        # owner-held: torchtitan's clip_grad_norm_ cannot read the held gradients; DMuon clips them
+        optimizer_factory_kwargs_by_name={"DMuon": dict(clip_grad_norm=training.max_norm if opts.owner_held else None)},
+    ).build(model_parts=[model])
+    schedulers = LRSchedulersContainer.Config(warmup_steps=2, decay_ratio=0.8).build(
+        optimizers=optimizers, training_steps=opts.steps)
+    step = Step()
+    checkpointer = CheckpointManager.Config(enable=True, folder=opts.folder, interval=opts.interval,
+                                            last_save_model_only=False, initial_load_model_only=False).build(
+        dataloader=None, model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers,
+        states={"train_state": step}, sd_adapter=None)
+    checkpointer.load()
+
+    vocab = spec.model.vocab_size
+    gen = torch.Generator().manual_seed(1000 + rank)
+    while step.step < opts.steps:
+        step.step += 1
+        optimizers.zero_grad(set_to_none=training.disable_cuda_graphs)
+        rows = torch.randint(0, vocab, (training.local_batch_size, training.seq_len + 1), generator=gen).to(device)
+        tokens = torch.tensor(rows[:, 1:].numel(), device=device)
+        dist.all_reduce(tokens)
+        extra = {}
+        if not opts.cpu:  # FlexAttention takes a block mask: each row one document, as torchtitan's post_dataloading_process
+            positions = torch.arange(training.seq_len, device=device).expand(training.local_batch_size, -1)
+            extra = dict(positions=positions, attention_masks=model.get_attention_masks(positions=positions))
+        logits = model(rows[:, :-1], **extra)
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten(), reduction="sum") / tokens
+        loss.backward()
+        if not opts.owner_held:
+            dist_utils.clip_grad_norm_(list(model.parameters()), training.max_norm, foreach=True)
+        optimizers.step()
+        schedulers.step()
+        checkpointer.save(step.step, last_step=step.step == opts.steps)
+        loss = loss.detach()
+        dist.all_reduce(loss)
+        if rank == 0:
+            print(f"step {step.step}: loss {loss.item():.4f}, lr {schedulers.schedulers[0].get_last_lr()[0]:.4g}",
+                  flush=True)
+    checkpointer.close()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

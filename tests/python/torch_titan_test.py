@@ -1,0 +1,271 @@
+"""DMuon inside torchtitan (issue 43): torchtitan's debug Llama3 ("debugmodel", cut to 2 layers, SDPA attention:
+FlexAttention has no backward on the CPU) sharded by its own parallelize function (parallelize_llama: FSDP2 over
+the 2 ranks), DMuon built by its OptimizersContainer from a ParamGroupConfig naming "DMuon"
+(dmuon.torch.titan.DMuonOptimizers: the container with "DMuon" in its name → class table), its
+warmup-stable-decay LR scheduler (LRSchedulersContainer) and its DCP checkpointer (CheckpointManager: saved after
+step 2, a new model, optimizer, scheduler and checkpointer resume from it for steps 3 and 4). The steps are
+Trainer.train_step's: zero_grad(set_to_none=False), loss = summed cross-entropy / the global token count
+(torchtitan disables FSDP's gradient division), torchtitan's clip_grad_norm_, optimizers.step(),
+lr_schedulers.step(). Two modes:
+  all-to-all    DMuon over FSDP2's DTensors;
+  owner-held    ModelSpec.parallelize_fn = dmuon.torch.titan.owner_held(parallelize_llama): hold_on_owners,
+                then parallelize_llama, whose fully_shard calls leave the held matrices out; torchtitan's
+                clip_grad_norm_ must refuse (a RuntimeError: the held matrices' gradients are plain tensors
+                beside FSDP2's DTensors), and dmuon.torch.clip_grad_norm_ clips instead.
+Every step's loss (summed over the ranks), gradient norm (Muon's and AdamW's updates hardly change when the held
+gradients are scaled wrongly; the norm does) and the final weights equal the same container, scheduler and
+clipping over an unsharded copy in one process (DMuon over a process group of one rank) on the same batches,
+within framework_runs.TOLERANCE. Before training: the settings dmuon.torch.titan refuses, refused by name.
+
+Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc 2 --timeout 400 -- \
+    tests/python/torch_titan_test.py DIR
+"""
+
+import dataclasses
+import pathlib
+import shutil
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import torchtitan.distributed.parallel_dims
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor, distribute_tensor
+from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.components.optimizer import LRSchedulersContainer, ParamGroupConfig
+from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
+from torchtitan.models.llama3 import model_registry
+
+import dmuon.torch
+from dmuon.torch import DMuon, titan
+from framework_runs import TOLERANCE, compare, start
+from rank_checks import check, finish
+from rank_exit import exit_rank
+
+STEPS, SAVED_AT = 4, 2
+PER_RANK, SEQ = 2, 16
+MAX_NORM = 1.0
+SCHEDULE = LRSchedulersContainer.Config(warmup_steps=1, decay_ratio=0.5, decay_type="cosine", min_lr_factor=0.1)
+# torchtitan's Trainer runs the default spmd_types backend; on the CPU its fully_shard refused the plain
+# parameters ("When dp_mesh_dims is provided, all parameters must be DTensors on the full SPMD mesh"), AdamW's too
+PARALLELISM = ParallelismConfig(spmd_backend="partial_dtensor")
+TRAINING = TrainingConfig(mixed_precision_param="float32", local_batch_size=PER_RANK, seq_len=SEQ, steps=STEPS,
+                          max_norm=MAX_NORM)
+# torchtitan 0.3.0 takes "cuda" as its device type when no accelerator is present; its meshes are the CPU's here
+torchtitan.distributed.parallel_dims.device_type = "cpu"
+
+
+def optimizer_config(**options):
+    # one pattern for every parameter: DMuon routes them (tok_embeddings, lm_head and the norms to AdamW)
+    return titan.DMuonOptimizers.Config(
+        param_groups=[ParamGroupConfig(pattern=r".*", optimizer_name="DMuon",
+                                       optimizer_kwargs=dict(lr=0.02, adamw_lr=3e-3, weight_decay=0.1))],
+        optimizer_factory_kwargs_by_name={"DMuon": dict(ns_dtype="float32", **options)})
+
+
+def model_spec():
+    spec = model_registry("debugmodel")
+    spec.model.layers = spec.model.layers[:2]
+    for _, _, parent, attr in list(spec.model.traverse(FlexAttention.Config)):
+        setattr(parent, attr, ScaledDotProductAttention.Config())
+    return spec
+
+
+def initial_weights():
+    """The debug model's weights as torchtitan initialises them, from one seed: {name: full tensor}."""
+    torch.manual_seed(0)
+    model = model_spec().model.build()
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    return model.state_dict()
+
+
+def load_full(model, weights):
+    """Loads full tensors into the parallelized model: FSDP2's DTensors as their shards (set_model_state_dict's
+    full_state_dict load failed on the fused wqkv: "aten.copy_.default got mixed torch.Tensor and DTensor"), a
+    held matrix (a Partial DTensor in the state dict) whole, which its owner keeps."""
+    mine = model.state_dict()
+    model.load_state_dict({k: distribute_tensor(v, mine[k].device_mesh, mine[k].placements)
+                           if isinstance(mine[k], DTensor) and not any(p.is_partial() for p in mine[k].placements)
+                           else v for k, v in weights.items()})
+
+
+def batches(world):
+    """(STEPS, world · PER_RANK, SEQ + 1) tokens: step s's rows of every rank (rank r's: r·B to (r + 1)·B − 1)."""
+    gen = torch.Generator().manual_seed(9)
+    return torch.randint(0, model_spec().model.vocab_size, (STEPS, world * PER_RANK, SEQ + 1), generator=gen)
+
+
+def summed_loss(model, rows, tokens):
+    """Cross-entropy summed over `rows`' tokens / `tokens` (torchtitan's loss: global-token normalisation)."""
+    logits = model(rows[:, :-1])
+    return F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten(), reduction="sum") / tokens
+
+
+def reference(world, group):
+    """The same container, scheduler and (torch's) clipping over the unsharded model in one process, every
+    step on all ranks' rows."""
+    model = model_spec().model.build()
+    model.load_state_dict(initial_weights())
+    optimizers = optimizer_config(process_group=group).build(model_parts=[model])
+    schedulers = SCHEDULE.build(optimizers=optimizers, training_steps=STEPS)
+    losses, norms = [], []
+    for rows in batches(world):
+        optimizers.zero_grad(set_to_none=False)
+        loss = summed_loss(model, rows, rows[:, 1:].numel())
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        optimizers.step()
+        schedulers.step()
+        losses.append(loss.item())
+    return (losses, norms), {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+class TrainState:
+    """The Trainer's step, saved and loaded by the checkpointer (its states={"train_state": trainer})."""
+
+    def __init__(self):
+        self.step = 0
+
+    def state_dict(self):
+        return {"step": torch.tensor(self.step)}
+
+    def load_state_dict(self, state):
+        self.step = int(state["step"])
+
+
+def build(held, out):
+    """Trainer.__init__'s order: the model on the meta device, parallelize_fn, to_empty, init_weights, the
+    optimizers (then the reference's weights), the LR schedulers, the checkpointer."""
+    spec = model_spec()
+    if held:
+        spec = dataclasses.replace(spec, parallelize_fn=titan.owner_held(spec.parallelize_fn))
+    world = dist.get_world_size()
+    dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=1, world_size=world,
+                        spmd_backend=PARALLELISM.spmd_backend)
+    dims.build_mesh()
+    with torch.device("meta"):
+        model = spec.model.build()
+    model = spec.parallelize_fn(model, parallel_dims=dims, training=TRAINING, parallelism=PARALLELISM,
+                                compile_config=CompileConfig(), ac_config=None, dump_folder=str(out))
+    # torchtitan sets FSDP's gradient divide factor to 1.0 (a sum), which FSDP2 sends as PREMUL_SUM and gloo
+    # refuses ("Cannot use ReduceOp.PREMUL_SUM with Gloo"); the same sum as SUM
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    model.train()
+    optimizers = optimizer_config().build(model_parts=[model])
+    check([type(o) for o in optimizers] == [DMuon], f"torchtitan built {[type(o) for o in optimizers]}, not one DMuon")
+    load_full(model, initial_weights())  # where torchtitan's checkpointer would load a seed checkpoint
+    schedulers = SCHEDULE.build(optimizers=optimizers, training_steps=STEPS)
+    state = TrainState()
+    checkpointer = CheckpointManager.Config(enable=True, folder="checkpoint", interval=SAVED_AT,
+                                            last_save_model_only=False, initial_load_model_only=False).build(
+        dataloader=None, model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers,
+        states={"train_state": state}, sd_adapter=None, base_folder=str(out))
+    return model, optimizers, schedulers, state, checkpointer
+
+
+def train_step(label, held, model, optimizers, schedulers, rows):
+    """Trainer.train_step's order: (loss summed over the ranks, the gradient norm before clipping)."""
+    optimizers.zero_grad(set_to_none=TRAINING.disable_cuda_graphs)
+    tokens = torch.tensor(rows[:, 1:].numel())
+    dist.all_reduce(tokens)
+    loss = summed_loss(model, rows, tokens)
+    loss.backward()
+    params = [p for p in model.parameters()]
+    if held:
+        try:
+            dist_utils.clip_grad_norm_(params, MAX_NORM, foreach=True, pp_mesh=None, ep_enabled=False)
+            check(False, f"{label}: torchtitan's clip_grad_norm_ read the held gradients")
+        except RuntimeError:  # torch 2.15: "aten._foreach_norm.Scalar got mixed torch.Tensor and DTensor ..."
+            pass
+        norm = dmuon.torch.clip_grad_norm_(params, MAX_NORM)
+    else:
+        norm = dist_utils.clip_grad_norm_(params, MAX_NORM, foreach=True, pp_mesh=None, ep_enabled=False)
+    optimizers.step()
+    schedulers.step()
+    loss = loss.detach().clone()
+    dist.all_reduce(loss)
+    return loss.item(), float(norm)
+
+
+def run(label, held, out):
+    """Steps 1..SAVED_AT, saved; a new model, optimizer, scheduler and checkpointer resume from the checkpoint
+    for the rest: ([(loss, gradient norm)] of each step, full weights)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = batches(world)[:, rank * PER_RANK:(rank + 1) * PER_RANK]
+    losses = []
+    model, optimizers, schedulers, state, checkpointer = build(held, out)
+    check(not checkpointer.load(), f"{label}: a checkpoint was there before the first save")
+    for step in range(1, SAVED_AT + 1):
+        losses.append(train_step(label, held, model, optimizers, schedulers, mine[step - 1]))
+        state.step = step
+        checkpointer.save(step)
+    checkpointer.close()
+    model, optimizers, schedulers, state, checkpointer = build(held, out)
+    check(checkpointer.load() and state.step == SAVED_AT, f"{label}: resumed at step {state.step}, not {SAVED_AT}")
+    lrs = [g["lr"] for o in optimizers for g in o.param_groups]
+    for step in range(state.step + 1, STEPS + 1):
+        losses.append(train_step(label, held, model, optimizers, schedulers, mine[step - 1]))
+    checkpointer.close()
+    check(schedulers.schedulers[0].last_epoch == STEPS, f"{label}: the scheduler is at step "
+          f"{schedulers.schedulers[0].last_epoch} after resuming (lrs at the resume: {lrs})")
+    return losses, full_weights(model)
+
+
+def full_weights(model):
+    """model.state_dict() (torchtitan's checkpoint view: the fused wqkv as wq, wk, wv) with full tensors.
+    Collective (get_model_state_dict reads wqkv, which the state dict does not name)."""
+    return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
+
+
+def refusals():
+    """The settings dmuon.torch.titan refuses, each by name, before anything collective."""
+    try:
+        titan.DMuonOptimizers.Config(implementation="fused_opt_states_bf16", param_groups=optimizer_config()
+                                     .param_groups).build(model_parts=[torch.nn.Linear(2, 2)])
+        check(False, "optimizer.implementation='fused_opt_states_bf16' taken with DMuon")
+    except ValueError as e:
+        check("optimizer.implementation='fused_opt_states_bf16'" in str(e), f"the refusal names no setting: {e}")
+    world = dist.get_world_size()
+    dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=1, world_size=world)
+    try:
+        titan.owner_held(model_spec().parallelize_fn)(torch.nn.Linear(2, 2), parallel_dims=dims,
+                                                      parallelism=ParallelismConfig())
+        check(False, "owner_held took parallelism.spmd_backend='spmd_types'")
+    except ValueError as e:
+        check("parallelism.spmd_backend='spmd_types'" in str(e), f"the refusal names no setting: {e}")
+
+
+def main():
+    out = pathlib.Path(sys.argv[1])
+    rank, world, (ref, ref_weights) = start(out, reference)
+    refusals()
+    for label, held in (("all-to-all", False), ("owner-held", True)):
+        folder = out / label
+        if rank == 0:
+            shutil.rmtree(folder, ignore_errors=True)
+        dist.barrier()
+        steps, weights = run(label, held, folder)
+        if rank == 0:
+            # the gradient norms: Muon's and AdamW's updates hardly change when gradients are scaled
+            norms = [n for _, n in steps]
+            check(all(abs(a - b) <= TOLERANCE * b for a, b in zip(norms, ref[1])),
+                  f"{label}: gradient norms {norms}, the one process's {ref[1]}")
+            compare(f"torchtitan {label}", [l for l, _ in steps], weights, ref[0], ref_weights)
+        dist.barrier()
+    return finish(f"torch_titan_test at {world} ranks: torchtitan's Llama3 debugmodel, parallelize_llama (FSDP2), "
+                  f"OptimizersContainer with DMuon, LRSchedulersContainer, CheckpointManager (DCP) save and resume, "
+                  f"all-to-all and owner-held, vs one process, {STEPS} steps")
+
+
+if __name__ == "__main__":
+    exit_rank(main())
