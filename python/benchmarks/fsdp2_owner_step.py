@@ -103,6 +103,7 @@ from collective_ledger import Ledger, recording  # noqa: E402
 
 OPTIMIZERS = ("adamw", "torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32", "dmuon-a2a", "dmuon-owner")
 PEERS = ("torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32")   # what a user would pick instead of dmuon
+TWO_D_ONLY = ("torch-muon", "muon-fsdp2")  # refuse an (E, m, n) expert stack (torch.optim.Muon: "only supports 2D")
 DMUON = ("dmuon-a2a", "dmuon-owner")
 TUNED = "+tuned"  # the row of a dmuon setting run with this run's tuning cache
 MODELS = {  # dim, heads, kv heads, ffn (per expert), layers, vocab[, experts, experts per token]
@@ -532,6 +533,12 @@ def main():
         if rank == 0 and len(tp_runs) < len(runs):
             print(f"--tp {tp}: {', '.join(sorted({n for n, _ in runs} - {n for n, _ in tp_runs}))} not run "
                   f"(with tensor parallelism only {', '.join(TP_OPTIMIZERS)} run)", flush=True)
+        if len(config) > 6:
+            stacked = [n for n, _ in tp_runs if n in TWO_D_ONLY]
+            tp_runs = [(n, tuned) for n, tuned in tp_runs if n not in TWO_D_ONLY]
+            if rank == 0 and stacked:
+                print(f"{model_name}: {', '.join(stacked)} not run (2-D parameters only; the experts are (E, m, n) "
+                      "stacks)", flush=True)
         if tuner:
             tuner.prepare([n for n, tuned in tp_runs if tuned], config, tp, policy)
         for tokens in [int(t) for t in args.tokens.split(",")]:
