@@ -13,6 +13,9 @@
                    carry bfloat16)
   dmuon-a2a        dmuon.torch.DMuon on FSDP2's shards (the all-to-all mode)
   dmuon-owner      dmuon.torch.hold_on_owners + DMuon (the owner-centric mode)
+  dmuon-a2a-f32,   the same two with float32 Newton–Schulz (ns_dtype="float32"); the two above run the machine's
+  dmuon-owner-f32  default: bfloat16 on a CPU with bf16 units (AVX-512 BF16, AMX), float32 elsewhere. Not in the
+                   default --optimizers: ask for them
 
 Each dmuon setting runs twice: without a tuning cache (tune_cache=None: untuned kernels, the owner
 planner on flop costs; a cache at the default path is not read) and as `dmuon-a2a+tuned` /
@@ -41,7 +44,7 @@ The peers are not dependencies of dmuon: install them beside it for a run, e.g.
 `pip install --no-deps --target /tmp/peers muon-fsdp2` and a checkout of microsoft/dion in /tmp/dion,
 then PYTHONPATH=build/python:/tmp/peers:/tmp/dion; a peer that does not import is skipped with a line
 saying why. Both peers and torch.optim.Muon orthogonalize in bfloat16 (their fixed choice; on a CPU
-without bfloat16 instructions that is emulated and slow), dmuon and dion-muon-f32 in float32.
+without bfloat16 instructions that is emulated and slow), dion-muon-f32 and the -f32 dmuon rows in float32.
 
 Models: "small", a GPT of width 128 (4 layers); "qwen4", qwen2.5-0.5b's layer shapes (4 layers: q and
 o 896×896, k and v 128×896, gate and up 4864×896, down 896×4864) with a 4096-token vocabulary instead
@@ -102,6 +105,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "
 from collective_ledger import Ledger, recording  # noqa: E402
 
 OPTIMIZERS = ("adamw", "torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32", "dmuon-a2a", "dmuon-owner")
+DMUON_F32 = {"dmuon-a2a-f32": "dmuon-a2a", "dmuon-owner-f32": "dmuon-owner"}  # float32 NS rows, asked for by name
 PEERS = ("torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32")   # what a user would pick instead of dmuon
 TWO_D_ONLY = ("torch-muon", "muon-fsdp2")  # refuse an (E, m, n) expert stack (torch.optim.Muon: "only supports 2D")
 DMUON = ("dmuon-a2a", "dmuon-owner")
@@ -114,7 +118,7 @@ MODELS = {  # dim, heads, kv heads, ffn (per expert), layers, vocab[, experts, e
 SEQ = 64
 TP_PLAN = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel(),
            "gate": ColwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}  # per block
-TP_OPTIMIZERS = ("adamw", "dmuon-a2a", "dmuon-owner")  # those that run with --tp > 1
+TP_OPTIMIZERS = ("adamw", "dmuon-a2a", "dmuon-owner", *DMUON_F32)  # those that run with --tp > 1
 
 
 class Experts(torch.nn.Module):
@@ -249,8 +253,10 @@ def meshes(tp):
 
 def build(name, config, tp, mp_policy, tune_cache=None, lr=0.02, adamw_lr=3e-3):
     """(the model under parallelize_module over "tp" when tp > 1 and fully_shard(mp_policy=...) over the
-    data-parallel mesh, its optimizer, HeldMatrices for dmuon-owner or None); tune_cache: the dmuon
+    data-parallel mesh, its optimizer, HeldMatrices for dmuon-owner(-f32) or None); tune_cache: the dmuon
     settings' (None: none)"""
+    ns_dtype = "float32" if name in DMUON_F32 else None  # None: the machine's default
+    name = DMUON_F32.get(name, name)
     torch.manual_seed(0)
     model = GPT(*config)
     mesh, tp_mesh = meshes(tp)
@@ -276,7 +282,7 @@ def build(name, config, tp, mp_policy, tune_cache=None, lr=0.02, adamw_lr=3e-3):
             [dict(params=[p for _, p in g["params"]]) if g["use_muon"] else
              dict(params=[p for _, p in g["params"]], algorithm="adamw", lr=adamw_lr) for g in module_groups(model)],
             distributed_mesh=mesh, lr=lr, adjust_lr="rms_norm", **custom), held
-    return model, DMuon(model, lr=lr, adamw_lr=adamw_lr, tune_cache=tune_cache), held
+    return model, DMuon(model, lr=lr, adamw_lr=adamw_lr, tune_cache=tune_cache, ns_dtype=ns_dtype), held
 
 
 def slowest(value):
@@ -510,9 +516,10 @@ def main():
               if args.param_dtype == "bfloat16" else MixedPrecisionPolicy())
     rank, world = init_process_group("gloo")
     requested = args.optimizers.split(",")
-    unknown = [n for n in requested if n not in OPTIMIZERS]
+    unknown = [n for n in requested if n not in OPTIMIZERS and n not in DMUON_F32]
     if unknown:
-        raise SystemExit(f"fsdp2_owner_step: unknown --optimizers {', '.join(unknown)} (known: {', '.join(OPTIMIZERS)})")
+        raise SystemExit(f"fsdp2_owner_step: unknown --optimizers {', '.join(unknown)} (known: "
+                         f"{', '.join((*OPTIMIZERS, *DMUON_F32))})")
     skipped = {n: peer_module(n) for n in requested if n in PEER_MODULES and isinstance(peer_module(n), str)}
     names = [n for n in requested if n not in skipped]
     if rank == 0:
