@@ -160,7 +160,9 @@ def summed_loss(model, rows, tokens):
 
 def reference(case, world, group):
     """The same container, hook, scheduler and (torch's) clipping over the unsharded model in one process, every
-    step on all ranks' rows."""
+    step on all ranks' rows, one backward per rank's rows: torchtitan's routed experts multiply in bfloat16
+    (GroupedExperts.forward), so a rank's expert gradients are rounded to bfloat16 before FSDP2 sums them; one
+    backward over all rows would round their sum instead (2^-9 relative, beyond float32's tolerance)."""
     spec = case.spec()
     model = spec.model.build()
     model.load_state_dict(initial_weights(case))
@@ -170,12 +172,15 @@ def reference(case, world, group):
     losses, norms = [], []
     for rows in batches(case, world):
         optimizers.zero_grad(set_to_none=False)
-        loss = summed_loss(model, rows, rows[:, 1:].numel())
-        loss.backward()
+        loss = 0.0
+        for part in rows.split(PER_RANK):
+            part_loss = summed_loss(model, part, rows[:, 1:].numel())
+            part_loss.backward()
+            loss += part_loss.item()
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
         optimizers.step()
         schedulers.step()
-        losses.append(loss.item())
+        losses.append(loss)
     return (losses, norms), {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
