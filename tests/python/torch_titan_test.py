@@ -20,10 +20,12 @@ lr_schedulers.step(). Two modes:
                 matrices' gradients are plain tensors beside FSDP2's DTensors), and dmuon.torch.clip_grad_norm_
                 clips instead.
 Every step's loss (summed over the ranks), gradient norm (Muon's and AdamW's updates hardly change when the held
-gradients are scaled wrongly; the norm does) and the final weights (the MoE's expert_bias_E buffers too) equal
-the same container, hook, scheduler and clipping over an unsharded copy in one process (DMuon over a process
-group of one rank) on the same batches, within framework_runs.TOLERANCE. Before training: the settings
-dmuon.torch.titan refuses, refused by name (owner_held under the MoE's expert parallelism among them).
+gradients are scaled wrongly; the norm does) and the final weights equal the same container, hook, scheduler
+and clipping over an unsharded copy in one process (DMuon over a process group of one rank) on the same
+batches, within framework_runs.TOLERANCE; for the MoE the losses alone (Case.exact says why; DMuon skipping
+the expert matrices at 2 ranks moved its step-3 loss by 1.4e-4 relative, its runs' noise was 6.3e-6). Before
+training: the settings dmuon.torch.titan refuses, refused by name (owner_held under the MoE's expert parallelism
+among them).
 
 Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc 2 --timeout 400 -- \
     tests/python/torch_titan_test.py DIR
@@ -107,10 +109,16 @@ class Case:
     name: str
     spec: object  # () -> a fresh ModelSpec
     steps: int
+    # whether gradient norms and final weights are compared, not only the losses: torchtitan's routed experts
+    # multiply in bfloat16 (GroupedExperts.forward), and in one process the MoE's weights after 2 steps moved by
+    # up to 0.0044 (tok_embeddings: AdamW's sign-like first steps; the expert stacks 0.0045: Newton–Schulz lifts
+    # the bfloat16 noise in their rank-deficient gradients, 32 tokens an expert) when only the order of the
+    # batch's rows changed, while the losses moved by 1.6e-7 relative
+    exact: bool
 
 
-CASES = (Case("llama3", lambda: two_layers_sdpa(llama3.model_registry("debugmodel")), 4),
-         Case("qwen3-moe", qwen3_moe_spec, 3))
+CASES = (Case("llama3", lambda: two_layers_sdpa(llama3.model_registry("debugmodel")), 4, exact=True),
+         Case("qwen3-moe", qwen3_moe_spec, 3, exact=False))
 
 
 class OneProcess:
@@ -161,8 +169,9 @@ def summed_loss(model, rows, tokens):
 def reference(case, world, group):
     """The same container, hook, scheduler and (torch's) clipping over the unsharded model in one process, every
     step on all ranks' rows, one backward per rank's rows: torchtitan's routed experts multiply in bfloat16
-    (GroupedExperts.forward), so a rank's expert gradients are rounded to bfloat16 before FSDP2 sums them; one
-    backward over all rows would round their sum instead (2^-9 relative, beyond float32's tolerance)."""
+    (GroupedExperts.forward), so each rank's expert gradients are rounded to bfloat16 before FSDP2 sums them;
+    with one backward over all rows the MoE's step-2 loss moved by 2.7e-5 relative from the ranks' (7.639510
+    against 7.639719), with one per rank's rows by 2.6e-7."""
     spec = case.spec()
     model = spec.model.build()
     model.load_state_dict(initial_weights(case))
@@ -324,9 +333,10 @@ def main():
                 (ref, ref_norms), ref_weights = refs[case.name]
                 # the gradient norms: Muon's and AdamW's updates hardly change when gradients are scaled
                 norms = [n for _, n in steps]
-                check(all(abs(a - b) <= TOLERANCE * b for a, b in zip(norms, ref_norms)),
+                check(not case.exact or all(abs(a - b) <= TOLERANCE * b for a, b in zip(norms, ref_norms)),
                       f"{label}: gradient norms {norms}, the one process's {ref_norms}")
-                compare(f"torchtitan {label}", [l for l, _ in steps], weights, ref, ref_weights)
+                compare(f"torchtitan {label}", [l for l, _ in steps], weights if case.exact else {}, ref,
+                        ref_weights if case.exact else {})
             dist.barrier()
     return finish(f"torch_titan_test at {world} ranks: torchtitan's Llama3 debugmodel (parallelize_llama, "
                   f"{CASES[0].steps} steps) and Qwen3 debugmodel_moe ({EXPERTS} experts, parallelize_qwen3, "
