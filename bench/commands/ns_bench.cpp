@@ -473,7 +473,7 @@ dmuon::cli::Registration reg("", [](CLI::App& bench) {
       ->check(dmuon::cli::at_least(1));
   c->add_option("--split-heads", args->split_heads,
                 "split Newton-Schulz: per shape, the heads its blocks are (comma-separated, as --shapes); "
-                "compares the blocks batched with the whole matrix instead of the paths")
+                "compares the blocks batched with the whole matrix instead of the paths (none: the paths)")
       ->delimiter(',');
   c->add_option("--split-dims", args->split_dims, "with --split-heads: per shape 0 (rows) or 1 (columns); default 0")
       ->delimiter(',');
