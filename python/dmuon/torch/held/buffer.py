@@ -194,9 +194,8 @@ class HeldBuffer:
                     p.grad = like_param(p, HeldElsewhere(held.shape, held.dtype, held.device, held.held_name,
                                                     held.held_owner, gradient=True))
             return
-        factor = getattr(self.fsdp_group, "gradient_divide_factor", None)
-        flat_grad.div_(factor if factor is not None and not self.groups.divide_factor_given
-                       else self.groups.divide_factor)
+        flat_grad.div_(self.groups.divide_factor or getattr(self.fsdp_group, "gradient_divide_factor", None)
+                       or self.groups.world)
         for p, g in zip(self.params, self.gradient_views(flat_grad)):
             if not p.requires_grad:
                 continue

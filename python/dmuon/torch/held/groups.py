@@ -80,9 +80,9 @@ class HeldGroups:
     grids: the global ranks of each data-parallel group, each in grid order (group rank g of a grid is
     its g-th rank: the mesh's ranks row-major, or the process group's); one grid without tensor
     parallelism, one per TP (or EP) rank with it. mine: this rank's grid; rank: its group rank there.
-    divide_factor: what the owner divides a summed gradient by (None: the group's size, the number of
-    data-parallel batches, unless the unit's fully_shard was given another (buffer.py); under expert
-    parallelism more batches reach an expert than its group has ranks); divide_factor_given: whether it was.
+    divide_factor: what the owner divides a summed gradient by, when hold_on_owners was given one (None: the
+    factor set on the unit's fully_shard, else the group's size, the number of data-parallel batches
+    (buffer.py); under expert parallelism more batches reach an expert than its group has ranks).
     Collective: every rank of the default group builds it in the same order."""
 
     def __init__(self, grids, mine, grid, rank, divide_factor=None):
@@ -90,8 +90,7 @@ class HeldGroups:
         self.grid = grid
         self.rank = rank
         self.world = len(self.global_ranks)
-        self.divide_factor = float(divide_factor or self.world)
-        self.divide_factor_given = bool(divide_factor)
+        self.divide_factor = float(divide_factor) if divide_factor else None
         self.replica = replica_of(grid, rank)
         self.shard = shard_of(grid, rank)
         self.shard_group = self.column_group = None
