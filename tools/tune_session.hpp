@@ -54,6 +54,12 @@ struct TuneSessionArgs {
   }
 
   int resolved_threads() const { return device.gpu() ? 1 : threads > 0 ? threads : linalg::threads(); }
+  // The compute dtypes to time: the one --dtype names; with --dtype auto on the CPU each shape's faster of
+  // float32 and bfloat16 where the CPU has bf16 units, else float32 (auto_tune_dtypes); a GPU's default, bf16.
+  std::vector<DType> dtypes() const {
+    if (device.dtype == "auto" && !device.gpu()) return auto_tune_dtypes(cpu_ns_default_dtype());
+    return {device.iterates()};
+  }
   // The file, or "" where it is unknown (no HOME): then tuning warns and keeps its entries in memory.
   std::string cache_path() const {
     if (!cache.empty()) return cache;
@@ -70,10 +76,8 @@ struct TuneSessionArgs {
     auto bar = std::make_shared<CountProgress>(stderr, parse_progress_mode(progress));
     TuneSessionOptions o = session_options(cache_path(), n, bar);
     o.rounds = rounds;
-    if (device.gpu() || device.iterates() != DType::f32) {  // bf16 on the CPU: timed (and keyed) in bf16
-      o.backend = &device.backend();
-      o.dtype = device.iterates();
-    }
+    o.dtypes = dtypes();
+    if (device.gpu()) o.backend = &device.backend();
     auto entries = tune_with_cache(requests, o);
     bar->finish();
     return entries;

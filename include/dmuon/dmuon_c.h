@@ -99,7 +99,9 @@ DMUON_C_API int dmuon_ns_set_check_finite(dmuon_ns* ns, int check);
  * accumulation, DESIGN 2.2's half-precision restarts; on the CPU it needs oneDNN, else the run fails naming the
  * device), or DMUON_NS_DTYPE_DEFAULT (a new handle's setting): the device's default, on the CPU bfloat16 where it has
  * bf16 units (AVX-512 BF16, AMX) and float32 elsewhere (the environment variable DMUON_NS_DEFAULT_DTYPE=bf16|f32
- * forces either), on a GPU the data's storage type (dmuon_muon_update: bfloat16). */
+ * forces either), on a GPU the data's storage type (dmuon_muon_update: bfloat16). On the CPU with bf16 units, a shape
+ * the handle's tuning cache has from dmuon_tune instead runs in the faster of bfloat16 and float32 as dmuon_tune
+ * measured it (algo "auto"); an asked dtype is never replaced. */
 #define DMUON_NS_DTYPE_DEFAULT (-1)
 DMUON_C_API int dmuon_ns_set_dtype(dmuon_ns* ns, int dtype);
 
@@ -171,7 +173,7 @@ DMUON_C_API int dmuon_adamw_step(int device, int dtype, void* stream, void* p, c
 
 /* Owner rank of each of n Muon matrices (rows[i]×cols[i]) on world_size ranks, as dmuon's planner
  * makes it (DESIGN 3.4): balancer "milp", "lpt" or "rr"; costs "flop" (flop counts), "tuned"
- * (the tuning cache's timings for threads BLAS threads in the CPU's default dtype, dmuon_tune's; an error naming the first missing shape and
+ * (the tuning cache's timings for threads BLAS threads of calls that ask for no dtype, dmuon_tune's; an error naming the first missing shape and
  * batch when it lacks one) or "auto" (tuned when the cache has every one, else flop). tune_cache as
  * for dmuon_ns_create. milp is time-limited (time_limit_s) and so is not guaranteed identical on
  * every rank: call it on one rank and broadcast owner_out. *used_tuned (may be NULL) is set to 1 when
@@ -183,8 +185,9 @@ DMUON_C_API int dmuon_plan_owners(int64_t n, const int64_t* rows, const int64_t*
 /* ---- tuning ---- */
 
 /* Tunes what the cache lacks for the n (rows, cols, batch) requests with `threads` BLAS threads and
- * `rounds` timing rounds per candidate, in the CPU's default compute dtype (DMUON_NS_DTYPE_DEFAULT's on the CPU), and
- * saves the cache when it changed. tune_cache as above
+ * `rounds` timing rounds per candidate, for calls that ask for no compute dtype (DMUON_NS_DTYPE_DEFAULT on the CPU):
+ * where the CPU's default is bfloat16, bfloat16 and float32 candidates compete and each shape keeps the faster
+ * dtype; elsewhere float32 only. Saves the cache when it changed. tune_cache as above
  * (NULL is not allowed here). Takes seconds to minutes: it runs Newton–Schulz many times. */
 DMUON_C_API int dmuon_tune(int64_t n, const int64_t* rows, const int64_t* cols, const int32_t* batch, int threads, int rounds,
                const char* tune_cache);

@@ -1,7 +1,8 @@
 // Autotuning of Newton–Schulz (DESIGN 3.5): for each (shape, batch size), time candidate
 // configurations — algorithm (standard, Gram with restart sets), symmetric-product tiles, batch
-// mode, threads — keep the fastest, and cache the winners in a JSON file keyed by the machine
-// (CPU model, BLAS, threads, dtype) so a later run tunes nothing.
+// mode, threads and, for a CPU caller that asks for no compute dtype, the dtype (float32, and
+// bfloat16 where the CPU has bf16 units) — keep the fastest, and cache the winners in a JSON file
+// keyed by the machine (CPU model, BLAS, threads, the dtypes timed) so a later run tunes nothing.
 //
 // Pure parts (candidates, the selection state machine, the cache) take no timings of their own;
 // tune_shapes drives them with a MeasureFn, which in production is make_ns_timer().
@@ -24,7 +25,9 @@ namespace comm {
 class Comm;
 }
 
-// What makes timings comparable: results from another machine, BLAS, thread count or dtype are foreign.
+// What makes timings comparable: results from another machine, BLAS, thread count or dtype are foreign. `dtype` names
+// the compute dtypes the candidates were timed in (tune_dtype_key): "float32", "bfloat16", or "bfloat16 or float32"
+// where each entry's dtype was chosen among both by measurement.
 // A cache file holds entries for several keys side by side (CPU and GPU ones alike). `device` names the
 // backend: "cpu" (cpu = the CPU model, blas = the BLAS library), or "cuda", whose own fields are in
 // `extra` (tune_key_for: the GPU's name, the CUDA runtime, driver and cuBLAS versions); `extra` is
@@ -49,15 +52,28 @@ TuneKey current_tune_key(int threads);
 // "cuda": the CUDA runtime, driver and cuBLAS versions}.
 TuneKey tune_key_for(Backend& backend, int threads);
 
-// The configurations worth timing for `batch` rows×cols matrices with at most `max_threads` threads:
-// ({standard} × {plain sgemm, symmetric} + {gram restart [2], gram restart [1,3]} × {plain sgemm,
-// symmetric with 1, 2, 4, 8 tiles of at least 128 rows}) × {sequential with max_threads, sequential
-// with 1 thread, concurrent with max_threads workers (batch > 1 and max_threads > 1 only)}: no two
-// have the same ns_effective_options. Deterministic order.
-std::vector<NsOptions> tune_candidates(int64_t rows, int64_t cols, int batch, int max_threads);
+// The configurations worth timing for `batch` rows×cols matrices with at most `max_threads` threads
+// in `dtype` (each candidate's NsOptions::dtype): ({standard} × {plain sgemm, symmetric} + {gram
+// restart [2], gram restart [1,3]} × {plain sgemm, symmetric with 1, 2, 4, 8 tiles of at least 128
+// rows}) × {sequential with max_threads, sequential with 1 thread, concurrent with max_threads
+// workers (batch > 1 and max_threads > 1 only)}; in bf16 Gram restarts at [1,3] only (DESIGN 2.2:
+// half precision). No two have the same ns_effective_options. Deterministic order.
+std::vector<NsOptions> tune_candidates(int64_t rows, int64_t cols, int batch, int max_threads,
+                                       DType dtype = DType::f32);
 
-// The configuration used when nothing is tuned (NsOptions's defaults with max_threads).
-NsOptions untuned_options(int max_threads);
+// The configuration used when nothing is tuned: NsOptions's defaults with max_threads and `dtype`
+// (bf16: restarts [1,3], DESIGN 2.2, as the C ABI's untuned bf16 calls).
+NsOptions untuned_options(int max_threads, DType dtype = DType::f32);
+
+// The compute dtypes the tuner times for a CPU caller that asks for none, given the CPU's untuned default
+// (`cpu_default`: cpu_ns_default_dtype(), bf16 exactly where the CPU has bf16 units that oneDNN uses or
+// DMUON_NS_DEFAULT_DTYPE=bf16): {bf16, f32} where that is bf16, the default first (the untuned baseline's
+// dtype); {f32} elsewhere, so a CPU without bf16 units times and keeps float32 only, as an explicit f32 caller.
+// A function of its argument, so tests fake the machine.
+std::vector<DType> auto_tune_dtypes(DType cpu_default);
+// TuneKey::dtype of timings in `dtypes`: the one dtype's name ("float32"), or the names joined by " or "
+// ("bfloat16 or float32") where each entry's dtype was chosen among several.
+std::string tune_dtype_key(const std::vector<DType>& dtypes);
 
 // "gram r[1,3] sym t4 concurrent x2": one line per configuration for tables and logs.
 std::string describe(const NsOptions& options);
@@ -93,9 +109,12 @@ class TuneSelector {
 struct TuneEntry {
   int64_t rows = 0, cols = 0;
   int batch = 0;
-  NsOptions options;
+  NsOptions options;           // the kernel, and its compute dtype (options.dtype): the one timed, or the faster one
   double seconds = 0;          // the winner's time for the whole batch
-  double default_seconds = 0;  // untuned_options' time for the whole batch
+  double default_seconds = 0;  // untuned_options' time for the whole batch (in the first dtype timed)
+  // Where several dtypes were timed: each one's fastest candidate's time for the whole batch (the winner's dtype
+  // has `seconds`); empty where one was.
+  std::map<DType, double> dtype_seconds;
 };
 
 class TuneCache {
@@ -143,12 +162,14 @@ struct TuneRequest {
 using TuneProgressFn = std::function<void(size_t done, size_t total, const std::string& what)>;
 
 // Entries for every request: from the cache when present, else tuned with `measure` (candidates:
-// untuned_options first, pinned so its reported time has every round, then tune_candidates) and
-// put in the cache (the caller saves it).
+// untuned_options in dtypes[0] first, pinned so its reported time has every round, then tune_candidates
+// in each of `dtypes`, all in one selection, so the winner's dtype is the faster one) and put in the
+// cache (the caller saves it; its key's dtype should be tune_dtype_key(dtypes)).
 // Returns the entries in request order.
 std::vector<TuneEntry> tune_shapes(const std::vector<TuneRequest>& requests, TuneCache& cache,
                                    const MeasureFn& measure, int max_threads, int rounds = 3,
-                                   const TuneProgressFn& progress = {});
+                                   const TuneProgressFn& progress = {},
+                                   const std::vector<DType>& dtypes = {DType::f32});
 
 // Entries as JSON text (the cache file's entry format) and back; from_json throws dmuon::Error for
 // malformed text or an invalid entry.
@@ -165,8 +186,12 @@ struct TuneSessionOptions {
   // One line each: a cache of ours that could not be used (then tuned anew), or a location that cannot
   // be written (then the entries tuned now serve this run only).
   std::function<void(const std::string&)> warn;
-  Backend* backend = nullptr;  // tune on this backend (a GPU: key tune_key_for, timer make_ns_timer(backend, dtype))
-  DType dtype = DType::f32;    // the iterates' dtype there
+  Backend* backend = nullptr;  // tune on this backend (a GPU: key tune_key_for, timer make_ns_timer(backend))
+  // The compute dtypes to time: the one a caller chose (float32 by default), or several, of which each (shape,
+  // batch) keeps the faster (auto_tune_dtypes, for a CPU caller that asks for none); see tune_shapes. On the CPU
+  // the cache key's dtype is tune_dtype_key(dtypes); float32 alone is timed on host pointers (make_ns_timer()),
+  // anything else with make_ns_timer(backend or cpu_backend()).
+  std::vector<DType> dtypes = {DType::f32};
 };
 
 // Loads the cache, tunes what it lacks for `requests` with make_ns_timer and saves it when it changed
@@ -190,9 +215,10 @@ std::vector<TuneRequest> tune_requests(const std::vector<ParamSpec>& params, int
                                        const std::vector<std::vector<MatrixBlock>>& ns_blocks = {});
 
 // The NsOptions for `batch` rows×cols matrices: the kernel choice (algo, restarts, symmetric, tiles,
-// batch mode, threads) of the entry for that (shape, batch), else of that shape's entry with the nearest
-// batch (ties: the smaller), on top of `defaults`' math (coeffs, steps, safety); `defaults` alone for a
-// shape no entry has.
+// batch mode, threads, compute dtype) of the entry for that (shape, batch), else of that shape's entry with
+// the nearest batch (ties: the smaller), on top of `defaults`' math (coeffs, steps, safety); `defaults` alone
+// for a shape no entry has. The dtype is the entry's: entries tuned in the one dtype a caller chose all have
+// it, entries tuned among several (auto_tune_dtypes) carry the faster one.
 NsOptions tuned_options(const std::vector<TuneEntry>& entries, int64_t rows, int64_t cols, int batch,
                         const NsOptions& defaults);
 
@@ -205,8 +231,8 @@ Orthogonalizer tuned_orthogonalizer(std::vector<TuneEntry> entries, NsOptions de
 // A MeasureFn that times newton_schulz_batched on fixed random inputs. It keeps the inputs of the
 // last (shape, batch) between calls and makes one untimed warm-up run whenever that changes.
 MeasureFn make_ns_timer();
-// The same on `backend`'s memory with `dtype` iterates (every candidate runs in that dtype), timed on the device
-// (Backend::time_queued: CUDA events on a GPU). src/tune/tune_measure_device.cpp.
-MeasureFn make_ns_timer(Backend& backend, DType dtype);
+// The same on `backend`'s memory, each candidate in its own compute dtype (NsOptions::dtype), timed on the device
+// (Backend::time_queued: CUDA events on a GPU), each candidate's first run untimed. src/tune/tune_measure_device.cpp.
+MeasureFn make_ns_timer(Backend& backend);
 
 }  // namespace dmuon

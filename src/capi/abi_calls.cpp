@@ -94,14 +94,25 @@ DType ns_compute_dtype(const Backend& backend, std::optional<DType> asked, DType
   return compute;
 }
 
-NsOptions call_ns_options(const Backend& backend, const std::map<DType, std::vector<TuneEntry>>& tuned,
-                          const NsOptions& defaults, DType compute, int64_t rows, int64_t cols, int64_t batch) {
-  const auto entries = tuned.find(compute);
-  NsOptions e = entries == tuned.end() || entries->second.empty() || !backend.host_memory()
-                    ? defaults
-                    : tuned_options(entries->second, rows, cols, static_cast<int>(batch), defaults);
-  e.dtype = compute;
-  if (compute == DType::bf16 && e.restarts == NsOptions{}.restarts) e.restarts = {1, 3};  // DESIGN 2.2: half precision
+NsOptions call_ns_options(const Backend& backend, const TunedEntries& tuned, const NsOptions& defaults,
+                          std::optional<DType> asked, DType storage, int64_t rows, int64_t cols, int64_t batch) {
+  const auto has_shape = [&](const std::vector<TuneEntry>& entries) {
+    return std::any_of(entries.begin(), entries.end(), [&](const TuneEntry& t) { return t.rows == rows && t.cols == cols; });
+  };
+  NsOptions e;
+  if (!asked && backend.host_memory() && has_shape(tuned.chosen)) {
+    e = tuned_options(tuned.chosen, rows, cols, static_cast<int>(batch), defaults);  // its dtype: the faster one
+    DMUON_CHECK(backend.supports(e.dtype), "Newton-Schulz in ", to_string(e.dtype), " (tuned for ", rows, "x", cols,
+                ") is not supported by ", backend.description());
+  } else {
+    const DType compute = ns_compute_dtype(backend, asked, storage);
+    const auto entries = tuned.by_dtype.find(compute);
+    e = entries == tuned.by_dtype.end() || !backend.host_memory()
+            ? defaults
+            : tuned_options(entries->second, rows, cols, static_cast<int>(batch), defaults);
+    e.dtype = compute;
+  }
+  if (e.dtype == DType::bf16 && e.restarts == NsOptions{}.restarts) e.restarts = {1, 3};  // DESIGN 2.2: half precision
   return e;
 }
 

@@ -33,8 +33,9 @@
 
 struct dmuon_ns {
   dmuon::NsOptions defaults;         // the math, and the kernel when nothing is tuned
-  // Tuned entries per compute dtype (the CPU's; a GPU runs `defaults`); none for a dtype: run `defaults`.
-  std::map<dmuon::DType, std::vector<dmuon::TuneEntry>> tuned;
+  // Tuned entries per compute dtype asked for and, for calls that ask for none, per shape in its faster dtype (the
+  // CPU's; a GPU runs `defaults`); none for a shape: run `defaults`.
+  dmuon::capi::TunedEntries tuned;
   std::optional<dmuon::DType> compute;  // dmuon_ns_set_dtype; none: the device's default (ns_compute_dtype)
   std::string warning;               // why the given tuning cache was rejected
   dmuon::capi::Staging staging;      // bf16 matrices widened to float32, and unchecked norms, per backend
@@ -213,12 +214,16 @@ const char* resolve_cache(const char* tune_cache, std::string& storage) {
   return storage.c_str();
 }
 
-std::vector<dmuon::TuneEntry> load_entries(const std::string& path, int threads, dmuon::DType dtype,
+// The entries timed in `dtypes` (one a caller asks for, or those a call that asks for none chooses among).
+std::vector<dmuon::TuneEntry> load_entries(const std::string& path, int threads, const std::vector<dmuon::DType>& dtypes,
                                            std::string* warning) {
   dmuon::TuneKey key = dmuon::current_tune_key(threads);
-  key.dtype = dmuon::to_string(dtype);
+  key.dtype = dmuon::tune_dtype_key(dtypes);
   return dmuon::TuneCache::load(path, key, warning).entries();
 }
+
+// What a call that asks for no compute dtype chooses among on this CPU (dmuon_tune times them).
+std::vector<dmuon::DType> unasked_dtypes() { return dmuon::auto_tune_dtypes(dmuon::cpu_ns_default_dtype()); }
 
 void write_string(const std::string& text, char* buf, size_t cap, size_t* needed) {
   if (needed) *needed = text.size() + 1;
@@ -252,13 +257,14 @@ int dmuon_ns_create(const char* coeffs, const char* algo, int steps, int threads
     std::string path_storage;
     const char* path = resolve_cache(tune_cache, path_storage);
     if (path && ns->defaults.algo == dmuon::NsAlgo::automatic) {
-      // Each dtype's entries (a call computes in either); the warning of the CPU's default, which dmuon_tune fills.
+      // Each dtype's entries (a call may ask for either), and those of calls that ask for none, with their
+      // warning (dmuon_tune fills that setting).
       for (const dmuon::DType dtype : {dmuon::DType::f32, dmuon::DType::bf16}) {
         if (!dmuon::cpu_backend().supports(dtype)) continue;
-        std::string warning;
-        ns->tuned[dtype] = load_entries(path, threads, dtype, &warning);
-        if (dtype == dmuon::cpu_ns_default_dtype()) ns->warning = warning;
+        std::string unused;
+        ns->tuned.by_dtype[dtype] = load_entries(path, threads, {dtype}, &unused);
       }
+      ns->tuned.chosen = load_entries(path, threads, unasked_dtypes(), &ns->warning);
     }
     *out = ns.release();
   });
@@ -267,8 +273,10 @@ int dmuon_ns_create(const char* coeffs, const char* algo, int steps, int threads
 void dmuon_ns_destroy(dmuon_ns* ns) { delete ns; }
 
 int64_t dmuon_ns_tuned_entries(const dmuon_ns* ns) {
-  int64_t n = 0;
-  for (const auto& [dtype, entries] : ns ? ns->tuned : decltype(ns->tuned){}) n += static_cast<int64_t>(entries.size());
+  if (!ns) return 0;
+  // The settings' entries, each setting once (without bf16 units, calls that ask for none take float32's).
+  int64_t n = unasked_dtypes().size() > 1 ? static_cast<int64_t>(ns->tuned.chosen.size()) : 0;
+  for (const auto& [dtype, entries] : ns->tuned.by_dtype) n += static_cast<int64_t>(entries.size());
   return n;
 }
 
@@ -322,9 +330,8 @@ int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* 
       return (i < static_cast<size_t>(batch) ? "in[" + std::to_string(i) : "out[" + std::to_string(i - batch)) + "]";
     };
     on_device(device, stream, pointers, name_of, [&](dmuon::Backend& backend) {
-      const dmuon::DType compute = dmuon::capi::ns_compute_dtype(backend, ns->compute, storage);
       const dmuon::NsOptions options =
-          dmuon::capi::call_ns_options(backend, ns->tuned, ns->defaults, compute, rows, cols, batch);
+          dmuon::capi::call_ns_options(backend, ns->tuned, ns->defaults, ns->compute, storage, rows, cols, batch);
       dmuon::capi::ns_run(backend, storage, inputs, outputs, rows, cols, options, labels, ns->staging,
                           ns->check_finite);
     });
@@ -419,9 +426,8 @@ int dmuon_muon_update(dmuon_ns* ns, int device, void* stream, int64_t batch, int
     for (int64_t i = 0; names && i < batch; ++i) labels.emplace_back(names[i] ? names[i] : "matrix");
     on_device(device, stream, touched.pointers, touched.name_of(), [&](dmuon::Backend& backend) {
       // The update's data may mix storage types: a GPU's default iterates are bf16, as for bf16 data.
-      const dmuon::DType compute = dmuon::capi::ns_compute_dtype(backend, ns->compute, dmuon::DType::bf16);
-      const dmuon::NsOptions options =
-          dmuon::capi::call_ns_options(backend, ns->tuned, ns->defaults, compute, rows, cols, batch);
+      const dmuon::NsOptions options = dmuon::capi::call_ns_options(backend, ns->tuned, ns->defaults, ns->compute,
+                                                                    dmuon::DType::bf16, rows, cols, batch);
       dmuon::capi::muon_update_run(backend, rows, cols, g, m, ws, flags, beta, nesterov != 0, lr, weight_decay, scale,
                                    cautious_wd != 0, options, labels, ns->staging, ns->check_finite);
     });
@@ -456,8 +462,8 @@ int dmuon_plan_owners(int64_t n, const int64_t* rows, const int64_t* cols, int w
       require(cost_kind == "auto" || path != nullptr, "costs=tuned needs a tuning cache");
       require(threads >= 1, "threads must be >= 1, got " + std::to_string(threads));
       std::string warning;
-      // The planner's costs: timings in the CPU's default dtype, the one dmuon_tune times.
-      const auto entries = path ? load_entries(path, threads, dmuon::cpu_ns_default_dtype(), &warning)
+      // The planner's costs: the times of calls that ask for no dtype, the ones dmuon_tune tunes.
+      const auto entries = path ? load_entries(path, threads, unasked_dtypes(), &warning)
                                 : std::vector<dmuon::TuneEntry>{};
       try {
         items = dmuon::make_plan_items(params, world_size, dmuon::tuned_batch_time(entries));
@@ -489,8 +495,7 @@ int dmuon_tune(int64_t n, const int64_t* rows, const int64_t* cols, const int32_
     options.cache_path = resolve_cache(tune_cache, path_storage);
     options.threads = threads;
     options.rounds = rounds;
-    options.dtype = dmuon::cpu_ns_default_dtype();  // what a handle computes in unasked (ns_compute_dtype)
-    if (options.dtype != dmuon::DType::f32) options.backend = &dmuon::cpu_backend();  // timed in bf16 there
+    options.dtypes = unasked_dtypes();  // what a handle chooses among unasked (call_ns_options)
     dmuon::tune_with_cache(requests, options);
   });
 }

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -19,10 +20,19 @@ namespace dmuon {
 
 namespace {
 
-constexpr int kCacheVersion = 2;
+constexpr int kCacheVersion = 3;
 constexpr int64_t kMinTileRows = 128;  // smaller tiles lose more BLAS efficiency than they save (DESIGN 2.3)
 
+// "float32" or "bfloat16", the compute dtypes an entry may name.
+DType parse_compute_dtype(const std::string& name) {
+  for (const DType d : {DType::f32, DType::bf16})
+    if (to_string(d) == name) return d;
+  DMUON_FAIL("unknown compute dtype '", name, "' (float32 or bfloat16)");
+}
+
 nlohmann::json entry_to_json(const TuneEntry& e) {
+  nlohmann::json dtype_seconds = nlohmann::json::object();
+  for (const auto& [dtype, s] : e.dtype_seconds) dtype_seconds[to_string(dtype)] = s;
   return {{"rows", e.rows},
           {"cols", e.cols},
           {"batch", e.batch},
@@ -32,12 +42,16 @@ nlohmann::json entry_to_json(const TuneEntry& e) {
           {"tiles", e.options.tiles},
           {"batch_mode", to_string(e.options.batch_mode)},
           {"threads", e.options.threads},
+          {"dtype", to_string(e.options.dtype)},
           {"seconds", e.seconds},
-          {"default_seconds", e.default_seconds}};
+          {"default_seconds", e.default_seconds},
+          {"dtype_seconds", dtype_seconds}};
 }
 
-// Throws dmuon::Error (or nlohmann's exceptions) when an entry is malformed.
-TuneEntry entry_from_json(const nlohmann::json& j) {
+// Throws dmuon::Error (or nlohmann's exceptions) when an entry is malformed. `key_dtype`: the dtype of entries
+// without one (files before version 3, whose entries ran in their key's one dtype); nothing where the key names
+// several (an entry there without its own dtype is malformed).
+TuneEntry entry_from_json(const nlohmann::json& j, std::optional<DType> key_dtype) {
   TuneEntry e;
   e.rows = j.at("rows").get<int64_t>();
   e.cols = j.at("cols").get<int64_t>();
@@ -48,8 +62,17 @@ TuneEntry entry_from_json(const nlohmann::json& j) {
   e.options.tiles = j.at("tiles").get<int>();
   e.options.batch_mode = parse_ns_batch_mode(j.at("batch_mode").get<std::string>());
   e.options.threads = j.at("threads").get<int>();
+  if (j.contains("dtype")) e.options.dtype = parse_compute_dtype(j.at("dtype").get<std::string>());
+  else if (key_dtype) e.options.dtype = *key_dtype;
+  else DMUON_FAIL("entry has no dtype");
   e.seconds = j.at("seconds").get<double>();
   e.default_seconds = j.at("default_seconds").get<double>();
+  const nlohmann::json dtype_seconds = j.value("dtype_seconds", nlohmann::json::object());
+  for (const auto& [name, s] : dtype_seconds.items()) {
+    const double seconds = s.get<double>();
+    DMUON_CHECK(std::isfinite(seconds) && seconds > 0, "entry has a ", name, " time that is not a positive number");
+    e.dtype_seconds[parse_compute_dtype(name)] = seconds;
+  }
   DMUON_CHECK(e.rows > 0 && e.cols > 0 && e.batch > 0, "entry has a non-positive shape or batch");
   DMUON_CHECK(e.options.tiles >= 1 && e.options.threads >= 0, "entry has tiles < 1 or threads < 0");
   for (int r : e.options.restarts) DMUON_CHECK(r >= 0, "entry has a negative restart step");
@@ -68,7 +91,7 @@ TuneKey current_tune_key(int threads) {
   return k;
 }
 
-std::vector<NsOptions> tune_candidates(int64_t rows, int64_t cols, int batch, int max_threads) {
+std::vector<NsOptions> tune_candidates(int64_t rows, int64_t cols, int batch, int max_threads, DType dtype) {
   DMUON_CHECK(rows > 0 && cols > 0 && batch > 0 && max_threads > 0, "cannot tune shape ", rows, "x", cols,
               " batch ", batch, " with ", max_threads, " threads");
   const int64_t m = std::min(rows, cols);
@@ -76,7 +99,8 @@ std::vector<NsOptions> tune_candidates(int64_t rows, int64_t cols, int batch, in
     NsAlgo algo;
     std::vector<int> restarts;
   };
-  const std::vector<Algo> algos = {{NsAlgo::standard, {}}, {NsAlgo::gram, {2}}, {NsAlgo::gram, {1, 3}}};
+  std::vector<Algo> algos = {{NsAlgo::standard, {}}, {NsAlgo::gram, {2}}, {NsAlgo::gram, {1, 3}}};
+  if (dtype == DType::bf16) algos.erase(algos.begin() + 1);  // DESIGN 2.2: half precision restarts at [1,3]
   // (symmetric, tiles). Only gram's upper-triangle products are tiled: the standard recurrence
   // ignores tiles, so it gets one symmetric candidate (ns_effective_options).
   const std::vector<std::pair<bool, int>> untiled = {{false, 1}, {true, 1}};
@@ -97,15 +121,30 @@ std::vector<NsOptions> tune_candidates(int64_t rows, int64_t cols, int batch, in
         o.tiles = tiles;
         o.batch_mode = mode;
         o.threads = threads;
+        o.dtype = dtype;
         out.push_back(o);
       }
   return out;
 }
 
-NsOptions untuned_options(int max_threads) {
+NsOptions untuned_options(int max_threads, DType dtype) {
   NsOptions o;
   o.threads = max_threads;
+  o.dtype = dtype;
+  if (dtype == DType::bf16) o.restarts = {1, 3};  // DESIGN 2.2: half precision
   return o;
+}
+
+std::vector<DType> auto_tune_dtypes(DType cpu_default) {
+  if (cpu_default == DType::bf16) return {DType::bf16, DType::f32};
+  return {DType::f32};
+}
+
+std::string tune_dtype_key(const std::vector<DType>& dtypes) {
+  DMUON_CHECK(!dtypes.empty(), "tuning needs at least one compute dtype");
+  std::string out;
+  for (const DType d : dtypes) out += (out.empty() ? "" : " or ") + to_string(d);
+  return out;
 }
 
 std::string describe(const NsOptions& o) {
@@ -173,9 +212,12 @@ double TuneSelector::seconds(size_t candidate) const { return min_s_.at(candidat
 
 // ---- cache ----
 //
-// The file (version 2): {"format": "dmuon-tune", "version": 2, "settings": [{"key": {...}, "entries":
-// [...]}, ...]}, one setting per TuneKey. Version 1 held one setting as top-level "key" and "entries";
-// it is read as such and rewritten as version 2.
+// The file (version 3): {"format": "dmuon-tune", "version": 3, "settings": [{"key": {...}, "entries":
+// [...]}, ...]}, one setting per TuneKey, each entry with its compute dtype ("dtype") and, where the key
+// names several, each dtype's time ("dtype_seconds"). Version 2 is the same without the entries' dtypes
+// (each ran in its key's one dtype); version 1 held one such setting as top-level "key" and "entries".
+// Both are read as such and rewritten as version 3; a dmuon that reads only 1 and 2 leaves a version 3 file
+// alone (its own version check), so no older reader drops the dtypes.
 
 namespace {
 
@@ -199,9 +241,13 @@ TuneKey key_from_json(const nlohmann::json& j) {
   return k;
 }
 
-std::vector<TuneEntry> entries_from_json(const nlohmann::json& j) {
+// A setting's entries; those without a dtype (before version 3) ran in the key's, where it names one.
+std::vector<TuneEntry> entries_from_json(const nlohmann::json& j, const TuneKey& key) {
+  std::optional<DType> key_dtype;
+  for (const DType d : {DType::f32, DType::bf16})
+    if (key.dtype == to_string(d)) key_dtype = d;
   std::vector<TuneEntry> out;
-  for (const auto& e : j) out.push_back(entry_from_json(e));
+  for (const auto& e : j) out.push_back(entry_from_json(e, key_dtype));
   return out;
 }
 
@@ -281,11 +327,15 @@ TuneCache TuneCache::load(const std::string& path, const TuneKey& key, std::stri
   try {
     const int version = j.at("version").get<int>();
     if (version == 1) {
-      settings.emplace_back(key_from_json(j.at("key")), entries_from_json(j.at("entries")));
-    } else if (version == kCacheVersion) {
-      for (const auto& s : j.at("settings")) settings.emplace_back(key_from_json(s.at("key")), entries_from_json(s.at("entries")));
+      const TuneKey k = key_from_json(j.at("key"));
+      settings.emplace_back(k, entries_from_json(j.at("entries"), k));
+    } else if (version == 2 || version == kCacheVersion) {  // 2: entries without their dtype
+      for (const auto& s : j.at("settings")) {
+        const TuneKey k = key_from_json(s.at("key"));
+        settings.emplace_back(k, entries_from_json(s.at("entries"), k));
+      }
     } else {
-      warn("has version " + std::to_string(version) + " (this dmuon reads 1 and " + std::to_string(kCacheVersion) +
+      warn("has version " + std::to_string(version) + " (this dmuon reads 1 to " + std::to_string(kCacheVersion) +
            "); tuning without it, leaving it as it is");
       cache.saveable_ = false;
       return cache;
@@ -366,7 +416,8 @@ std::string default_tune_cache_path() {
 
 std::vector<TuneEntry> tune_shapes(const std::vector<TuneRequest>& requests, TuneCache& cache,
                                    const MeasureFn& measure, int max_threads, int rounds,
-                                   const TuneProgressFn& progress) {
+                                   const TuneProgressFn& progress, const std::vector<DType>& dtypes) {
+  DMUON_CHECK(!dtypes.empty(), "tuning needs at least one compute dtype");
   std::vector<TuneEntry> out;
   for (size_t k = 0; k < requests.size(); ++k) {
     const auto& q = requests[k];
@@ -378,16 +429,23 @@ std::vector<TuneEntry> tune_shapes(const std::vector<TuneRequest>& requests, Tun
     }
     // The untuned configuration competes as candidate 0, so its time is measured under the same
     // conditions and the winner is never slower than it.
-    std::vector<NsOptions> candidates = {untuned_options(max_threads)};
-    for (auto& o : tune_candidates(q.rows, q.cols, q.batch, max_threads)) candidates.push_back(std::move(o));
+    std::vector<NsOptions> candidates = {untuned_options(max_threads, dtypes[0])};
+    for (const DType dtype : dtypes)
+      for (auto& o : tune_candidates(q.rows, q.cols, q.batch, max_threads, dtype)) candidates.push_back(std::move(o));
     TuneSelector selector(candidates.size(), rounds, 1.25, 1);
     size_t timed = 0;
     while (auto i = selector.next()) {
       selector.record(measure(candidates[*i], q.rows, q.cols, q.batch));
       if (progress) progress(k, requests.size(), what + ": " + std::to_string(++timed) + " timings");
     }
-    TuneEntry e{q.rows, q.cols, q.batch, candidates[selector.best()], selector.best_seconds(), selector.seconds(0)};
+    TuneEntry e{q.rows, q.cols, q.batch, candidates[selector.best()], selector.best_seconds(), selector.seconds(0), {}};
     DMUON_CHECK(e.seconds > 0, "tuning ", what, " measured a time of zero");
+    if (dtypes.size() > 1) {
+      for (size_t i = 0; i < candidates.size(); ++i) {
+        const auto [it, added] = e.dtype_seconds.emplace(candidates[i].dtype, selector.seconds(i));
+        if (!added) it->second = std::min(it->second, selector.seconds(i));
+      }
+    }
     cache.put(e);
     out.push_back(e);
     if (progress) progress(k + 1, requests.size(), what);
@@ -408,7 +466,7 @@ std::vector<TuneEntry> tune_with_cache(const std::vector<TuneRequest>& requests,
     }
   }
   TuneKey key = options.backend ? tune_key_for(*options.backend, options.threads) : current_tune_key(options.threads);
-  if (key.device == "cpu") key.dtype = to_string(options.dtype);  // bf16 timings on the CPU are not float32's
+  if (key.device == "cpu") key.dtype = tune_dtype_key(options.dtypes);  // bf16 timings on the CPU are not float32's
   TuneCache cache(key);
   bool save = false;
   if (!path.empty()) {
@@ -421,8 +479,11 @@ std::vector<TuneEntry> tune_with_cache(const std::vector<TuneRequest>& requests,
     save = cache.saveable() && unwritable.empty();
   }
   const size_t before = cache.entries().size();
-  const MeasureFn measure = options.backend ? make_ns_timer(*options.backend, options.dtype) : make_ns_timer();
-  auto entries = tune_shapes(requests, cache, measure, options.threads, options.rounds, options.progress);
+  const bool host_f32 = !options.backend && options.dtypes == std::vector<DType>{DType::f32};
+  const MeasureFn measure =
+      host_f32 ? make_ns_timer() : make_ns_timer(options.backend ? *options.backend : cpu_backend());
+  auto entries =
+      tune_shapes(requests, cache, measure, options.threads, options.rounds, options.progress, options.dtypes);
   if (save && cache.entries().size() != before) {
     try {
       cache.save(path);
@@ -442,7 +503,7 @@ std::string tune_entries_to_json(const std::vector<TuneEntry>& entries) {
 std::vector<TuneEntry> tune_entries_from_json(const std::string& text) {
   std::vector<TuneEntry> out;
   try {
-    for (const auto& e : nlohmann::json::parse(text)) out.push_back(entry_from_json(e));
+    for (const auto& e : nlohmann::json::parse(text)) out.push_back(entry_from_json(e, std::nullopt));
   } catch (const std::exception& e) {
     DMUON_FAIL("malformed tuning entries (", e.what(), ")");
   }

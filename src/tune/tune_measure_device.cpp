@@ -1,5 +1,5 @@
-// The autotuner's clock on a device backend (tune.hpp: make_ns_timer(Backend&, DType)): newton_schulz_batched on
-// fixed random Gaussian inputs in the backend's memory, every candidate in the given dtype, timed with
+// The autotuner's clock on a device backend (tune.hpp: make_ns_timer(Backend&)): newton_schulz_batched on
+// fixed random Gaussian inputs in the backend's memory, each candidate in its own compute dtype, timed with
 // Backend::time_queued (CUDA events on a GPU, so the time is the device's, not the host's queueing).
 #include <algorithm>
 #include <memory>
@@ -43,13 +43,11 @@ struct DeviceTimerState {
 
 }  // namespace
 
-MeasureFn make_ns_timer(Backend& backend, DType dtype) {
+MeasureFn make_ns_timer(Backend& backend) {
   auto state = std::make_shared<DeviceTimerState>();
   Backend* be = &backend;
-  return [state, be, dtype](const NsOptions& candidate, int64_t rows, int64_t cols, int batch) {
+  return [state, be](const NsOptions& options, int64_t rows, int64_t cols, int batch) {
     DMUON_CHECK(rows > 0 && cols > 0 && batch > 0, "cannot time shape ", rows, "x", cols, " batch ", batch);
-    NsOptions options = candidate;
-    options.dtype = dtype;
     auto run = [&] {
       newton_schulz_batched(*be, state->u, state->o, options, {}, reinterpret_cast<double*>(state->norms.data()));
     };

@@ -1,4 +1,4 @@
-// The tuned Orthogonalizer (tune.hpp): per call, the cached kernel choice of its (shape, batch).
+// The tuned Orthogonalizer (tune.hpp): per call, the cached kernel and compute dtype of its (shape, batch).
 #include <cstdlib>
 #include <utility>
 
@@ -23,6 +23,7 @@ NsOptions tuned_options(const std::vector<TuneEntry>& entries, int64_t rows, int
   o.tiles = best->options.tiles;
   o.batch_mode = best->options.batch_mode;
   o.threads = best->options.threads;
+  o.dtype = best->options.dtype;
   return o;
 }
 

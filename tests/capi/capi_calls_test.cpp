@@ -288,8 +288,8 @@ std::vector<std::vector<char>> muon_update_on(Backend& backend, DType storage, i
   const capi::StepFlags step{keep, scalars + 3};
   capi::Staging staging;
   const std::vector<std::string> names(k, "bucket matrix");
-  const DType compute = capi::ns_compute_dtype(backend, std::nullopt, DType::bf16);  // the update's default
-  const NsOptions options = capi::call_ns_options(backend, {}, NsOptions{}, compute, rows, cols, k);
+  // The update's default compute dtype (untuned: the device's).
+  const NsOptions options = capi::call_ns_options(backend, {}, NsOptions{}, std::nullopt, DType::bf16, rows, cols, k);
   const int64_t before = reads ? reads() : 0;
   for (int s = 0; s < steps; ++s)
     capi::muon_update_run(backend, rows, cols, g, m, w, step, 0.95, true, 0.02, 0.1, 0.2 * std::sqrt(double(cols)),
@@ -347,8 +347,7 @@ TEST(CapiCalls, Float32OperandsTakeNoStagingSlots) {
     capi::muon_momentum_run(fenced, sizes, gs, ms, us, {}, 0.95, true, momentum);
     capi::muon_apply_run(fenced, sizes, ws, us, {}, 0.02, 0.1, scales, false, apply);
     capi::muon_update_run(fenced, rows, cols, gs, ms, ws, {}, 0.95, true, 0.02, 0.1, 1.0, false,
-                          capi::call_ns_options(fenced, {}, NsOptions{}, capi::ns_compute_dtype(fenced, std::nullopt, storage),
-                                                rows, cols, k),
+                          capi::call_ns_options(fenced, {}, NsOptions{}, std::nullopt, storage, rows, cols, k),
                           {}, update, false);
     const bool narrow = storage == DType::bf16;
     EXPECT_EQ(momentum.elements(fenced), narrow ? 3 * n : 0) << to_string(storage);
@@ -452,26 +451,50 @@ TEST(CapiCalls, ComputeDtypeIsAskedForOrTheDevicesDefault) {
 }
 
 // A call's options: bf16 takes DESIGN 2.2's half-precision restarts unless others were asked for; the CPU's tuned
-// kernel is the one tuned in the compute dtype (a float32 entry never serves a bf16 call).
+// kernel is the one tuned in the compute dtype asked for (a float32 entry never serves a bf16 call); a call that asks
+// for none runs the entry chosen among the CPU's dtypes (auto_tune_dtypes) in its dtype where one has the shape,
+// else the device's default. An asked dtype is never replaced by the chosen one.
 TEST(CapiCalls, CallOptionsTakeTheComputeDtypesTuning) {
   const NsOptions defaults;
-  EXPECT_EQ(capi::call_ns_options(cpu_backend(), {}, defaults, DType::f32, 8, 8, 1), defaults);
+  EXPECT_EQ(capi::call_ns_options(cpu_backend(), {}, defaults, DType::f32, DType::f32, 8, 8, 1), defaults);
   RecordingBackend gpu_like;
-  const NsOptions bf16 = capi::call_ns_options(gpu_like, {}, defaults, DType::bf16, 8, 8, 1);
+  const NsOptions bf16 = capi::call_ns_options(gpu_like, {}, defaults, DType::bf16, DType::f32, 8, 8, 1);
   EXPECT_EQ(bf16.dtype, DType::bf16);
   EXPECT_EQ(bf16.restarts, (std::vector<int>{1, 3}));
   NsOptions chosen;
   chosen.restarts = {2, 4};
-  EXPECT_EQ(capi::call_ns_options(gpu_like, {}, chosen, DType::bf16, 8, 8, 1).restarts, chosen.restarts);
-  TuneEntry f32_entry{8, 8, 1, defaults, 1.0, 1.0};
+  EXPECT_EQ(capi::call_ns_options(gpu_like, {}, chosen, DType::bf16, DType::f32, 8, 8, 1).restarts, chosen.restarts);
+  TuneEntry f32_entry{8, 8, 1, defaults, 1.0, 1.0, {}};
   f32_entry.options.algo = NsAlgo::gram;
   f32_entry.options.tiles = 3;
-  const std::map<DType, std::vector<TuneEntry>> tuned = {{DType::f32, {f32_entry}}};
-  EXPECT_EQ(capi::call_ns_options(cpu_backend(), tuned, defaults, DType::f32, 8, 8, 1).tiles, 3);
-  const NsOptions untuned = capi::call_ns_options(cpu_backend(), tuned, defaults, DType::bf16, 8, 8, 1);
+  capi::TunedEntries tuned;
+  tuned.by_dtype = {{DType::f32, {f32_entry}}};
+  EXPECT_EQ(capi::call_ns_options(cpu_backend(), tuned, defaults, DType::f32, DType::f32, 8, 8, 1).tiles, 3);
+  const NsOptions untuned = capi::call_ns_options(cpu_backend(), tuned, defaults, DType::bf16, DType::f32, 8, 8, 1);
   EXPECT_EQ(untuned.tiles, defaults.tiles);
   EXPECT_EQ(untuned.algo, defaults.algo);
   EXPECT_EQ(untuned.dtype, DType::bf16);
+  // Chosen by measurement: each dtype in turn wins the 8x8 shape (the handle's entries of dmuon_tune's setting).
+  for (const DType faster : {DType::f32, DType::bf16}) {
+    if (!cpu_backend().supports(faster)) continue;  // no oneDNN: float32 only
+    TuneEntry won{8, 8, 1, untuned_options(1, faster), 1.0, 2.0, {{DType::f32, 1.0}, {DType::bf16, 1.0}}};
+    won.options.tiles = 5;
+    won.dtype_seconds[faster == DType::f32 ? DType::bf16 : DType::f32] = 1.5;
+    tuned.chosen = {won};
+    const NsOptions unasked = capi::call_ns_options(cpu_backend(), tuned, defaults, std::nullopt, DType::f32, 8, 8, 1);
+    EXPECT_EQ(unasked.dtype, faster);
+    EXPECT_EQ(unasked.tiles, 5);
+    EXPECT_EQ(unasked.restarts, won.options.restarts);
+    for (const DType asked : {DType::f32, DType::bf16}) {  // asked: its own dtype's entries (f32's) or the defaults
+      const NsOptions o = capi::call_ns_options(cpu_backend(), tuned, defaults, asked, DType::f32, 8, 8, 1);
+      EXPECT_EQ(o.dtype, asked);
+      EXPECT_EQ(o.tiles, asked == DType::f32 ? 3 : defaults.tiles);
+    }
+    // Another shape, or a GPU: the device's default, untuned.
+    EXPECT_EQ(capi::call_ns_options(cpu_backend(), tuned, defaults, std::nullopt, DType::f32, 8, 16, 1).dtype,
+              cpu_ns_default_dtype());
+    EXPECT_EQ(capi::call_ns_options(gpu_like, tuned, defaults, std::nullopt, DType::f32, 8, 8, 1).tiles, defaults.tiles);
+  }
 }
 
 }  // namespace

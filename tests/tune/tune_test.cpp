@@ -56,6 +56,33 @@ TEST(TuneCandidates, SmallShapesSingleMatrixAndOneThread) {
   EXPECT_THROW(tune_candidates(0, 8, 1, 1), Error);
 }
 
+// bf16 candidates run in bf16 and restart Gram at [1,3] only (DESIGN 2.2: half precision); the untuned bf16
+// configuration is the C ABI's untuned bf16 call (restarts [1,3]).
+TEST(TuneCandidates, Bf16CandidatesComputeInBf16WithHalfPrecisionRestarts) {
+  const auto f32 = tune_candidates(1024, 4096, 4, 2);
+  const auto bf16 = tune_candidates(1024, 4096, 4, 2, DType::bf16);
+  EXPECT_EQ(bf16.size(), (2u + 5u) * 3u);  // standard × 2 + gram [1,3] × 5, × 3 modes
+  for (const auto& o : f32) EXPECT_EQ(o.dtype, DType::f32) << describe(o);
+  for (const auto& o : bf16) {
+    EXPECT_EQ(o.dtype, DType::bf16) << describe(o);
+    if (o.algo == NsAlgo::gram) EXPECT_EQ(o.restarts, (std::vector<int>{1, 3})) << describe(o);
+  }
+  EXPECT_EQ(untuned_options(2, DType::bf16).restarts, (std::vector<int>{1, 3}));
+  EXPECT_EQ(untuned_options(2), untuned_options(2, DType::f32));
+}
+
+// The dtypes a caller that asks for none has timed, the machine faked both ways with NsDefaultDtype's rule
+// (backend_conformance_test): bf16 and float32 where the CPU has bf16 units (the default, bf16, first), float32
+// alone elsewhere, whose key is an explicit float32 caller's, so such a CPU tunes and keeps float32 only.
+TEST(TuneDtypes, Bf16IsACandidateOnlyWhereTheCpuHasBf16Units) {
+  EXPECT_EQ(auto_tune_dtypes(ns_default_dtype_rule(true, nullptr)), (std::vector<DType>{DType::bf16, DType::f32}));
+  EXPECT_EQ(auto_tune_dtypes(ns_default_dtype_rule(false, nullptr)), (std::vector<DType>{DType::f32}));
+  EXPECT_EQ(auto_tune_dtypes(ns_default_dtype_rule(false, "bf16")), (std::vector<DType>{DType::bf16, DType::f32}));
+  EXPECT_EQ(tune_dtype_key({DType::f32}), TuneKey{}.dtype);
+  EXPECT_EQ(tune_dtype_key({DType::bf16}), "bfloat16");
+  EXPECT_EQ(tune_dtype_key({DType::bf16, DType::f32}), "bfloat16 or float32");
+}
+
 // Feeds scripted times: candidate i's k-th timing is times[i][k].
 size_t run_selector(TuneSelector& s, const std::vector<std::vector<double>>& times, std::vector<int>* counts) {
   counts->assign(times.size(), 0);
@@ -186,7 +213,8 @@ TEST(TuneCache, CorruptFilesOfOursWarnAndStartEmpty) {
   // name: (file text, warning, whether a save may replace the file)
   const std::map<std::string, std::tuple<std::string, std::string, bool>> cases = {
       {"truncated", {text.substr(0, text.size() / 2), "corrupt (not JSON)", true}},
-      {"version", {std::string(text).replace(text.find("\"version\": 2"), 12, "\"version\": 9"), "version 9", false}},
+      {"version", {std::string(text).replace(text.find("\"version\": 3"), 12, "\"version\": 9"), "version 9", false}},
+      {"bad dtype", {std::string(text).replace(text.find("\"float32\""), 9, "\"float16\""), "corrupt", true}},
       {"bad algo", {std::string(text).replace(text.find("\"gram\""), 6, "\"fast\""), "corrupt", true}},
       {"negative time", {std::string(text).replace(text.find("\"seconds\": "), 11, "\"seconds\": -"), "corrupt", true}},
   };
@@ -274,21 +302,68 @@ TEST(TuneCache, KeysWithExtraFieldsRoundTripAndDiffer) {
                                              "cuda none there, '13.0' here; gpu none there, 'NVIDIA H200' here");
 }
 
-// A version 1 file (one key at the top level) is read, and rewritten as version 2.
+// A version 1 file (one key at the top level) is read, and rewritten as version 3.
 TEST(TuneCache, ReadsVersionOneFiles) {
   test::TempDir dir;
   const std::string path = dir.file("tune.json");
   TuneCache c(key());
   c.put(entry(256, 4, 0.01));
-  nlohmann::json v2 = nlohmann::json::parse(c.to_json());
-  nlohmann::json v1 = {{"format", "dmuon-tune"}, {"version", 1}, {"key", v2["settings"][0]["key"]},
-                       {"entries", v2["settings"][0]["entries"]}};
+  nlohmann::json v3 = nlohmann::json::parse(c.to_json());
+  nlohmann::json v1 = {{"format", "dmuon-tune"}, {"version", 1}, {"key", v3["settings"][0]["key"]},
+                       {"entries", v3["settings"][0]["entries"]}};
   v1["key"].erase("device");
+  v1["entries"][0].erase("dtype");
+  v1["entries"][0].erase("dtype_seconds");
   write_file_atomically(path, v1.dump(2));
   std::string warning;
   const TuneCache back = TuneCache::load(path, key(), &warning);
   EXPECT_EQ(warning, "");
   EXPECT_EQ(back.to_json(), c.to_json());
+}
+
+// Version 2 entries have no dtype: each ran in its setting's one dtype, which they take (a bf16 setting's entries
+// are bf16). A setting whose dtype was chosen among several needs each entry's own: without it the file is corrupt,
+// never read as float32. Version 3 keeps each entry's dtype and per-dtype times.
+TEST(TuneCache, EntriesKeepTheirDtypeAndVersionTwoTakeTheirKeys) {
+  test::TempDir dir;
+  const std::string path = dir.file("tune.json");
+  TuneKey bf16_key = key(), auto_key = key();
+  bf16_key.dtype = tune_dtype_key({DType::bf16});
+  auto_key.dtype = tune_dtype_key({DType::bf16, DType::f32});
+  TuneCache bf16(bf16_key);
+  TuneEntry e = entry(256, 4, 0.01);
+  e.options.dtype = DType::bf16;
+  bf16.put(e);
+  nlohmann::json v2 = nlohmann::json::parse(bf16.to_json());
+  v2["version"] = 2;
+  v2["settings"][0]["entries"][0].erase("dtype");
+  v2["settings"][0]["entries"][0].erase("dtype_seconds");
+  write_file_atomically(path, v2.dump(2));
+  std::string warning;
+  TuneCache back = TuneCache::load(path, bf16_key, &warning);
+  EXPECT_EQ(warning, "");
+  ASSERT_EQ(back.entries().size(), 1u);
+  EXPECT_EQ(back.entries()[0].options.dtype, DType::bf16);
+  EXPECT_EQ(back.to_json(), bf16.to_json());
+
+  v2["settings"][0]["key"]["dtype"] = auto_key.dtype;
+  write_file_atomically(path, v2.dump(2));
+  back = TuneCache::load(path, auto_key, &warning);
+  EXPECT_TRUE(back.entries().empty());
+  EXPECT_THAT(warning, HasSubstr("is corrupt (entry has no dtype"));
+
+  TuneCache chosen(auto_key);
+  e.options.dtype = DType::f32;
+  e.dtype_seconds = {{DType::f32, 0.01}, {DType::bf16, 0.03}};
+  chosen.put(e);
+  chosen.save(path);
+  warning.clear();
+  back = TuneCache::load(path, auto_key, &warning);
+  EXPECT_EQ(warning, "");
+  ASSERT_EQ(back.entries().size(), 1u);
+  EXPECT_EQ(back.entries()[0].options.dtype, DType::f32);
+  EXPECT_EQ(back.entries()[0].dtype_seconds, e.dtype_seconds);
+  EXPECT_EQ(tune_entries_from_json(tune_entries_to_json(back.entries()))[0].options, e.options);
 }
 
 TEST(TuneCache, DefaultPathFollowsXdg) {
@@ -329,6 +404,48 @@ TEST(TuneShapes, TunesMissingEntriesOnceAndReusesTheCache) {
   auto second = tune_shapes(req, cache, counting, 2);
   EXPECT_EQ(calls, after_first);  // everything came from the cache
   EXPECT_EQ(describe(second[1].options), describe(first[1].options));
+}
+
+// Asked for no dtype on a CPU with bf16 units: bf16 and float32 candidates compete in one selection, the untuned
+// bf16 configuration pinned as the baseline; each (shape, batch) keeps the faster dtype, with each dtype's best time.
+// Here a fake clock makes bf16 twice as fast on the 512-row shape and float32 on the 256-row one.
+TEST(TuneShapes, ChoosesTheFasterDtypePerShape) {
+  TuneCache cache(key());
+  std::vector<NsOptions> timed;
+  const MeasureFn clock = [&](const NsOptions& o, int64_t rows, int64_t cols, int batch) {
+    timed.push_back(o);
+    const bool bf16_faster = rows == 512;
+    return fake_measure(o, rows, cols, batch) * ((o.dtype == DType::bf16) == bf16_faster ? 1 : 2);
+  };
+  const std::vector<DType> dtypes = auto_tune_dtypes(ns_default_dtype_rule(true, nullptr));
+  const auto entries = tune_shapes({{512, 1024, 4}, {256, 256, 2}}, cache, clock, 2, 3, {}, dtypes);
+  ASSERT_EQ(entries.size(), 2u);
+  EXPECT_EQ(timed.front(), untuned_options(2, DType::bf16));
+  EXPECT_EQ(entries[0].options.dtype, DType::bf16);
+  EXPECT_EQ(entries[1].options.dtype, DType::f32);
+  for (const TuneEntry& e : entries) {
+    const DType other = e.options.dtype == DType::bf16 ? DType::f32 : DType::bf16;
+    EXPECT_EQ(e.dtype_seconds.at(e.options.dtype), e.seconds);
+    EXPECT_DOUBLE_EQ(e.dtype_seconds.at(other), 2 * e.seconds);
+  }
+  EXPECT_EQ(cache.find(512, 1024, 4)->options.dtype, DType::bf16);
+}
+
+// On a CPU without bf16 units (faked) the tuner never times bf16: every candidate is float32, and so is every choice.
+TEST(TuneShapes, WithoutBf16UnitsOnlyFloat32IsTimed) {
+  TuneCache cache(key());
+  const std::vector<DType> dtypes = auto_tune_dtypes(ns_default_dtype_rule(false, nullptr));
+  int bf16_timings = 0;
+  const MeasureFn clock = [&](const NsOptions& o, int64_t rows, int64_t cols, int batch) {
+    bf16_timings += o.dtype == DType::bf16;
+    return fake_measure(o, rows, cols, batch) / (o.dtype == DType::bf16 ? 100 : 1);  // bf16 would win
+  };
+  const auto entries = tune_shapes({{512, 1024, 4}, {256, 256, 2}}, cache, clock, 2, 3, {}, dtypes);
+  EXPECT_EQ(bf16_timings, 0);
+  for (const TuneEntry& e : entries) {
+    EXPECT_EQ(e.options.dtype, DType::f32);
+    EXPECT_TRUE(e.dtype_seconds.empty());
+  }
 }
 
 TEST(TuneShapes, RequestsAreTheBatchesThePlannerAsksFor) {
@@ -398,7 +515,7 @@ TEST(TuneShapes, RealTimerRunsEveryCandidateAndReportsItsTimes) {
 // timing. (A run is one graph per chunk of the batch: batch / preferred_batch of them.)
 TEST(TuneShapes, DeviceTimerWarmsEachCandidateBeforeTimingIt) {
   test::FencedBackend device;
-  const MeasureFn timer = make_ns_timer(device, DType::f32);
+  const MeasureFn timer = make_ns_timer(device);
   const int batch = 2;
   const std::vector<NsOptions> candidates = tune_candidates(24, 40, batch, 1);
   ASSERT_GE(candidates.size(), 2u);
@@ -466,6 +583,60 @@ TEST(TunedOptions, OrthogonalizerRunsTheChosenKernel) {
   // adjust edits the choice: back to Gram gives the defaults' kernel.
   EXPECT_EQ(run(tuned_orthogonalizer({e}, defaults, [](NsOptions& o) { o.algo = NsAlgo::gram, o.symmetric = true; })),
             run(ns_orthogonalizer(defaults)));
+}
+
+// Deterministic given the cache: a cache written by hand for a caller that asks for no dtype (bf16 and float32 timed)
+// makes each shape run in the dtype it names, bit for bit the run of that dtype chosen explicitly with the same
+// kernel, and times nothing (tune_with_cache finds every entry).
+TEST(TunedOptions, HandWrittenCacheChoosesEachShapesDtype) {
+  if (!cpu_backend().supports(DType::bf16)) GTEST_SKIP() << "no oneDNN: the CPU computes in float32 only";
+  const int64_t rows = 24, cols = 40;
+  std::vector<float> u(rows * cols);
+  for (size_t i = 0; i < u.size(); ++i) u[i] = static_cast<float>(std::sin(0.37 * i + 0.1 * (i % 7)));
+  auto run = [&](const Orthogonalizer& orth) {
+    std::vector<float> o(u.size());
+    const std::vector<MatView> in = {f32_view(DeviceKind::cpu, u.data(), rows, cols)};
+    const std::vector<MatView> out = {f32_view(DeviceKind::cpu, o.data(), rows, cols)};
+    orth(cpu_backend(), in, out, {}, nullptr);
+    return o;
+  };
+  test::TempDir dir;
+  TuneSessionOptions session;
+  session.cache_path = dir.file("tune.json");
+  session.threads = 1;
+  session.dtypes = {DType::bf16, DType::f32};
+  session.warn = [](const std::string& warning) { ADD_FAILURE() << warning; };
+  session.progress = [](size_t, size_t, const std::string& what) {
+    EXPECT_THAT(what, HasSubstr("(cached)")) << "timed " << what;
+  };
+  TuneKey k = current_tune_key(1);
+  k.dtype = "bfloat16 or float32";
+  std::map<DType, std::vector<float>> results;
+  for (const DType chosen : {DType::f32, DType::bf16}) {
+    const nlohmann::json file = {
+        {"format", "dmuon-tune"},
+        {"version", 3},
+        {"settings",
+         {{{"key", {{"device", "cpu"}, {"cpu", k.cpu}, {"blas", k.blas}, {"threads", 1}, {"dtype", k.dtype}}},
+           {"entries",
+            {{{"rows", rows}, {"cols", cols}, {"batch", 1}, {"algo", "gram"}, {"restarts", {1, 3}},
+              {"symmetric", true}, {"tiles", 1}, {"batch_mode", "sequential"}, {"threads", 1},
+              {"dtype", to_string(chosen)}, {"seconds", 1.0}, {"default_seconds", 2.0},
+              {"dtype_seconds", {{"float32", 1.0}, {"bfloat16", 1.5}}}}}}}}}};
+    write_file_atomically(session.cache_path, file.dump(2));
+    const auto entries = tune_with_cache({{rows, cols, 1}}, session);
+    ASSERT_EQ(entries.size(), 1u);
+    ASSERT_EQ(entries[0].options.dtype, chosen);
+    NsOptions explicit_choice;
+    explicit_choice.algo = NsAlgo::gram;
+    explicit_choice.restarts = {1, 3};
+    explicit_choice.tiles = 1;
+    explicit_choice.threads = 1;
+    explicit_choice.dtype = chosen;
+    results[chosen] = run(tuned_orthogonalizer(entries, untuned_options(1, DType::bf16)));
+    EXPECT_EQ(results[chosen], run(ns_orthogonalizer(explicit_choice))) << to_string(chosen);
+  }
+  EXPECT_NE(results[DType::f32], results[DType::bf16]);  // the dtype really changed what ran
 }
 
 TEST(TuneKey, NamesThisMachine) {
