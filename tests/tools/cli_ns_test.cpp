@@ -1,15 +1,19 @@
 // The `dmuon ns` command end to end: golden input in, orthogonalized output out; bad files give one
-// clear line, a non-zero exit and no output file.
+// clear line, a non-zero exit and no output file. `dmuon tune`'s compute dtype per shape as its table shows it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <regex>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/backend.hpp"
 #include "dmuon/npy.hpp"
+#include "dmuon/tune.hpp"
 #include "test_data.hpp"
 
 namespace dmuon {
@@ -53,6 +57,57 @@ TEST(CliNs, DefaultDtypeIsTheCpusDefault) {
   EXPECT_EQ(output_of("env", ""), cpu_ns_default_dtype() == DType::bf16 ? bf16 : f32);
   EXPECT_EQ(output_of("env DMUON_NS_DEFAULT_DTYPE=bf16", ""), bf16);
   EXPECT_EQ(output_of("env DMUON_NS_DEFAULT_DTYPE=f32", ""), f32);
+}
+
+// `dmuon tune --dtype auto` (the default) shows each shape's compute dtype: with bf16 units (forced here, so on any
+// CPU) the one its cache entry chose among bf16 and float32, in the table's dtype column and in one line naming the
+// shapes of each; with none (float32 forced) float32 for every shape and no such line, tuned in float32 alone.
+TEST(CliTune, ShowsEachShapesChosenDtype) {
+  test::TempDir dir;
+  write_file_atomically(dir.file("tiny.json"), R"({"name": "tiny", "description": "test model",
+    "sources": {"config": "made up for tests"},
+    "components": [{"config": {"model_type": "qwen2", "hidden_size": 64, "intermediate_size": 128,
+      "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256,
+      "tie_word_embeddings": true}}]})");
+  // The model's requests at D = 1: q, o 64x64 (batch 2); k, v 32x64 (2); gate, up 128x64 (2); down 64x128 (1).
+  TuneKey key = current_tune_key(1);
+  key.dtype = tune_dtype_key({DType::bf16, DType::f32});
+  TuneCache cache(key);
+  for (const auto& [rows, cols, batch, dtype] : {std::tuple{32, 64, 2, DType::f32}, std::tuple{64, 64, 2, DType::bf16},
+                                                 std::tuple{64, 128, 1, DType::bf16}, std::tuple{128, 64, 2, DType::f32}}) {
+    TuneEntry e{rows, cols, batch, untuned_options(1, dtype), 1e-3, 2e-3, {}};
+    e.dtype_seconds = {{DType::f32, 1e-3}, {DType::bf16, 1e-3}};
+    e.dtype_seconds[dtype == DType::f32 ? DType::bf16 : DType::f32] = 3e-3;
+    cache.put(e);
+  }
+  cache.save(dir.file("tune.json"));
+  const std::string tune = std::string(" ") + DMUON_CLI_PATH + " tune --threads 1 --progress plain --model " +
+                           dir.file("tiny.json") + " --tune-cache " + dir.file("tune.json");
+  const auto chosen = test::run_command("env DMUON_NS_DEFAULT_DTYPE=bf16" + tune);
+  ASSERT_EQ(chosen.exit_code, 0) << chosen.output;
+  EXPECT_NE(chosen.output.find("(cached)"), std::string::npos) << chosen.output;
+  EXPECT_EQ(chosen.output.find("timings"), std::string::npos) << "timed: " << chosen.output;
+  const auto row = [](const std::string& shape, const std::string& dtype) {
+    return std::regex("\n" + shape + R"( +\d+  [^\n]*  )" + dtype + " ");
+  };
+  for (const auto& [shape, dtype] : {std::pair{"32x64", "float32"}, std::pair{"64x64", "bfloat16"},
+                                     std::pair{"64x128", "bfloat16"}, std::pair{"128x64", "float32"}})
+    EXPECT_TRUE(std::regex_search(chosen.output, row(shape, dtype))) << shape << " " << dtype << "\n" << chosen.output;
+  EXPECT_NE(chosen.output.find("compute dtype chosen by measurement among bfloat16, float32: bfloat16 for 64x64 b2 "
+                               "(float32 3.00x slower), 64x128 b1 (float32 3.00x slower); float32 for 32x64 b2 "
+                               "(bfloat16 3.00x slower), 128x64 b2 (bfloat16 3.00x slower)\n"),
+            std::string::npos)
+      << chosen.output;
+
+  const auto float32 = test::run_command("env DMUON_NS_DEFAULT_DTYPE=f32" + tune);
+  ASSERT_EQ(float32.exit_code, 0) << float32.output;
+  for (const char* shape : {"32x64", "64x64", "64x128", "128x64"})
+    EXPECT_TRUE(std::regex_search(float32.output, row(shape, "float32"))) << shape << "\n" << float32.output;
+  EXPECT_EQ(float32.output.find("  bfloat16 "), std::string::npos) << float32.output;
+  // The chosen entries are another setting's: float32 alone is keyed (and timed) as an explicit float32 caller.
+  EXPECT_NE(float32.output.find("dtype 'bfloat16 or float32' there, 'float32' here"), std::string::npos)
+      << float32.output;
+  EXPECT_EQ(float32.output.find("chosen by measurement"), std::string::npos) << float32.output;
 }
 
 void expect_refused(const std::string& bytes, const std::string& fragment) {
