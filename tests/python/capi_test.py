@@ -6,6 +6,7 @@ torch.optim.AdamW (float32) and the float32 rule rounded once (bfloat16), the er
 manifests, and the dim-0 chunk arithmetic of dmuon.torch against torch.chunk.
 """
 
+import json
 import os
 import pathlib
 import subprocess
@@ -269,13 +270,19 @@ def test_a_file_that_is_not_a_tuning_cache_is_refused_and_kept(tmp_path):
 
 
 def test_tuned_cache_is_used_by_ns_and_planner(tmp_path):
-    """dmuon.tune, the handle's default and the planner all use the CPU's default dtype (its rule is the torch
-    engine's cpu_ns_default_dtype too): the tuned kernel within that dtype's bound of float64 (float32: 2e-4, the Gram
-    restart's; bfloat16: 5e-2 after 5 steps, ns_bf16_emulation_test)."""
+    """dmuon.tune, a handle that asks for no dtype and the planner all use one setting: where the CPU's default is
+    bfloat16 (its rule is the torch engine's cpu_ns_default_dtype too) bfloat16 and float32 both timed and each shape's
+    faster kept, else float32 alone. The tuned kernel is within the bound of the dtype the cache names for the shape
+    (float32: 2e-4, the Gram restart's; bfloat16: 5e-2 after 5 steps, ns_bf16_emulation_test)."""
     from dmuon.torch.torch_engine import cpu_ns_default_dtype
-    bound = 5e-2 if cpu_ns_default_dtype() == torch.bfloat16 else 2e-4
     cache = str(tmp_path / "tune.json")
     dmuon.tune([(16, 40, 2)], threads=1, rounds=1, tune_cache=cache)
+    setting, = json.loads(pathlib.Path(cache).read_text())["settings"]
+    auto = cpu_ns_default_dtype() == torch.bfloat16
+    assert setting["key"]["dtype"] == ("bfloat16 or float32" if auto else "float32")
+    entry, = setting["entries"]
+    assert entry["dtype"] in (("bfloat16", "float32") if auto else ("float32",))
+    bound = 5e-2 if entry["dtype"] == "bfloat16" else 2e-4
     ns = dmuon.Orthogonalizer(threads=1, tune_cache=cache)
     assert ns.tuned_entries == 1 and ns.warning == ""
     batch = np.random.default_rng(5).standard_normal((2, 16, 40)).astype(np.float32)
