@@ -71,8 +71,9 @@ class DMuon(torch.optim.Optimizer):
 
     ns_dtype: Newton–Schulz's compute dtype (its iterates; products accumulate in float32), chosen explicitly:
     "float32" or "bfloat16" (torch.float32 / torch.bfloat16 too), whatever the parameters' dtype; None (the default):
-    the device's default: on the CPU bfloat16 where it has bf16 units (AVX-512 BF16, AMX), float32 elsewhere; on a GPU
-    the engine's bfloat16 (docs/pytorch.md, "Defaults").
+    the device's default: on the CPU bfloat16 where it has bf16 units (AVX-512 BF16, AMX), float32 elsewhere, except
+    that a shape tune_cache has (dmuon tune's default, dmuon.tune) runs in the dtype the tuner measured faster there;
+    on a GPU the engine's bfloat16 (docs/pytorch.md, "Defaults").
 
     state_dtype: the dtype of Muon's momentum and AdamW's moments (float32 by default, so bf16
     parameters keep float32 state; None: each parameter's own dtype).
