@@ -241,13 +241,24 @@ TuneKey key_from_json(const nlohmann::json& j) {
   return k;
 }
 
-// A setting's entries; those without a dtype (before version 3) ran in the key's, where it names one.
+// A setting's entries, each in one of the dtypes its key names (tune_dtype_key), so that an explicit dtype's
+// setting never serves another; those without a dtype (before version 3) ran in the key's, where it names one.
 std::vector<TuneEntry> entries_from_json(const nlohmann::json& j, const TuneKey& key) {
+  std::vector<std::string> names;
+  for (size_t from = 0, to; from <= key.dtype.size(); from = to + 4) {
+    to = std::min(key.dtype.find(" or ", from), key.dtype.size());
+    names.push_back(key.dtype.substr(from, to - from));
+  }
   std::optional<DType> key_dtype;
   for (const DType d : {DType::f32, DType::bf16})
-    if (key.dtype == to_string(d)) key_dtype = d;
+    if (names.size() == 1 && names[0] == to_string(d)) key_dtype = d;
   std::vector<TuneEntry> out;
-  for (const auto& e : j) out.push_back(entry_from_json(e, key_dtype));
+  for (const auto& e : j) {
+    out.push_back(entry_from_json(e, key_dtype));
+    const std::string dtype = to_string(out.back().options.dtype);
+    DMUON_CHECK(std::find(names.begin(), names.end(), dtype) != names.end(), "an entry's dtype ", dtype,
+                " is not its setting's (", key.dtype, ")");
+  }
   return out;
 }
 

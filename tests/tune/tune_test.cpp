@@ -215,6 +215,9 @@ TEST(TuneCache, CorruptFilesOfOursWarnAndStartEmpty) {
       {"truncated", {text.substr(0, text.size() / 2), "corrupt (not JSON)", true}},
       {"version", {std::string(text).replace(text.find("\"version\": 3"), 12, "\"version\": 9"), "version 9", false}},
       {"bad dtype", {std::string(text).replace(text.find("\"float32\""), 9, "\"float16\""), "corrupt", true}},
+      {"not the key's dtype",  // the entries come first: an entry's dtype
+       {std::string(text).replace(text.find("\"float32\""), 9, "\"bfloat16\""),
+        "corrupt (an entry's dtype bfloat16 is not its setting's (float32)", true}},
       {"bad algo", {std::string(text).replace(text.find("\"gram\""), 6, "\"fast\""), "corrupt", true}},
       {"negative time", {std::string(text).replace(text.find("\"seconds\": "), 11, "\"seconds\": -"), "corrupt", true}},
   };
