@@ -98,12 +98,13 @@ def dmuon_optimizer(named, ours_opts):
                  algo="standard", engine="torch", ns_dtype="float32", normuon_beta2=BETA2)
 
 
-def reference_weights(start, grads, ours_opts):
+def reference_weights(start, grads, ours_opts, scaled_orthogonal=scaled_orthogonal_ref):
     """The float64 reference (tests/python/muon_reference.py, each option by its definition): the weights after
-    each step, [step][matrix]."""
+    each step, [step][matrix]. scaled_orthogonal(u, options, variance=) → s·O (its NorMuon state in variance, a
+    dict per matrix)."""
     weights, variances, out = [w.double() for w in start], [{} for _ in start], []
     for step_grads in grads:
-        weights = [muon_apply_ref(w, scaled_orthogonal_ref(g, ours_opts, variance=v), LR, WD, 1.0,
+        weights = [muon_apply_ref(w, scaled_orthogonal(g, ours_opts, variance=v), LR, WD, 1.0,
                                   ours_opts.get("cautious_wd", False))
                    for w, g, v in zip(weights, step_grads, variances)]
         out.append(weights)

@@ -13,7 +13,9 @@ The loss is Σ_i ⟨W_i, G_i⟩ with the step's G_i the same on every rank, so F
 matrices' reduce to their owner) hands every optimizer the mean of W equal gradients, G_i itself: each step checks
 that every gradient arrived bit for bit. Figures per (W, mode, case), the worst step, Frobenius over the whole
 matrices: |ours − dion| / |dion's change of the weights|; ours and dion against the float64 reference, over its
-change. A case that dion refuses at W ranks (its split_sizes and num_heads need the rows and heads to divide by W)
+change; for NorMuon split by rows or not at all, dion also against a float64 model of what its distributed code
+does by design (normuon.py: "normalization stays per-shard there"): the NorMuon normalization of each rank's rows
+on their own, its Frobenius rescale over the shard instead of the matrix (or split_sizes block). A case that dion refuses at W ranks (its split_sizes and num_heads need the rows and heads to divide by W)
 shows its error; a peer that does not import is skipped with the reason. Rank 0 prints the table; --json OUT
 writes its rows. dion is never part of dmuon: check it out beside it and put it on PYTHONPATH.
 
@@ -33,10 +35,12 @@ from torch.distributed.tensor import DTensor
 
 from dmuon.torch import hold_on_owners
 from dmuon.torch.mpirun import init_process_group
-from peer_agreement import DION_CASES, STEPS, case_inputs, dion_optimizer, dmuon_optimizer, reference_weights, relative
+from peer_agreement import (BETA2, DION_CASES, STEPS, case_inputs, dion_optimizer, dmuon_optimizer, reference_weights,
+                            relative)
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"))
 import torch_owner_held_test as held_test  # noqa: E402  (mesh_of, wrap, full_weights)
+from muon_reference import newton_schulz_ref, normuon_ref, update_scale  # noqa: E402
 from rank_checks import total_over_ranks  # noqa: E402
 
 MODES = ("dion", "all-to-all", "owner-centric")
@@ -89,6 +93,23 @@ def gradients_arrived(net, step_grads):
     return exact
 
 
+def per_shard_normuon_ref(u, options, variance):
+    """s·Ô of dion's NorMuon on FSDP2's row shards, in float64: O of each split_sizes block (its scale over the
+    whole matrix's, as dion's split_scales), then NorMuon's normalization of each rank's rows on their own (its
+    Frobenius rescale over the shard, not the block or the matrix), then the whole matrix's scale. variance: the
+    shards' v by shard index. u (m, n)."""
+    m, n = u.shape
+    s = update_scale(m, n, options["scale"])
+    o = torch.cat([newton_schulz_ref(b) * update_scale(b.shape[0], n, options["scale"]) / s
+                   for b in torch.split(u, options.get("split_sizes") or [m])])
+    chunk = -(-m // dist.get_world_size())  # FSDP2's rows per rank
+    parts = []
+    for index, rows in enumerate(torch.split(o, chunk)):
+        normalized, variance[index] = normuon_ref(rows, variance.get(index, torch.zeros(rows.shape[0])), BETA2)
+        parts.append(normalized)
+    return torch.cat(parts) * s
+
+
 def run_case(case, shapes, theirs_opts, ours_opts):
     """The case's rows, one per mode: the worst step's gaps, or dion's error."""
     start, grads = case_inputs(case, shapes)
@@ -98,9 +119,13 @@ def run_case(case, shapes, theirs_opts, ours_opts):
             runs[mode] = build(mode, start, theirs_opts, ours_opts)
         except ImportError as error:  # dion absent: every rank alike
             refused = f"skipped: {error}"
-    worst = {mode: {"vs_dion": 0.0, "vs_f64": 0.0} for mode in MODES}
+    # dion's NorMuon on row shards normalizes each shard on its own (its per-head path normalizes whole heads)
+    per_shard = (reference_weights(start, grads, ours_opts, per_shard_normuon_ref)
+                 if theirs_opts.get("normuon") and "num_heads" not in theirs_opts and dist.get_world_size() > 1
+                 else None)
+    worst = {mode: {"vs_dion": 0.0, "vs_f64": 0.0, "vs_per_shard": 0.0} for mode in MODES}
     exact = True
-    for step_grads, ref in zip(grads, reference_weights(start, grads, ours_opts)):
+    for step, (step_grads, ref) in enumerate(zip(grads, reference_weights(start, grads, ours_opts))):
         for mode, (model, net, opt) in list(runs.items()):
             model(step_grads).backward()
             exact &= gradients_arrived(net, step_grads)
@@ -117,14 +142,19 @@ def run_case(case, shapes, theirs_opts, ours_opts):
             for i, (r, s) in enumerate(zip(ref, start)):
                 ours = w[f"blocks.{i}.weight"]
                 worst[mode]["vs_f64"] = max(worst[mode]["vs_f64"], relative(ours, r, s))
+                if per_shard is not None and mode == "dion":
+                    worst[mode]["vs_per_shard"] = max(worst[mode]["vs_per_shard"],
+                                                      relative(ours, per_shard[step][i], s))
                 if "dion" in weights and mode != "dion":
                     worst[mode]["vs_dion"] = max(worst[mode]["vs_dion"],
                                                  relative(ours, weights["dion"][f"blocks.{i}.weight"], s))
     exact = total_over_ranks(int(not exact)) == 0
+    dion = "dion" in runs
     return [{"world": dist.get_world_size(), "mode": mode, "case": case, "steps": STEPS,
-             "vs_dion": worst[mode]["vs_dion"] if "dion" in runs else None, "vs_f64": worst[mode]["vs_f64"],
-             "dion_vs_f64": worst["dion"]["vs_f64"] if "dion" in runs else None, "grads_exact": exact,
-             "note": refused} for mode in ("all-to-all", "owner-centric")]
+             "vs_dion": worst[mode]["vs_dion"] if dion else None, "vs_f64": worst[mode]["vs_f64"],
+             "dion_vs_f64": worst["dion"]["vs_f64"] if dion else None,
+             "dion_vs_per_shard": worst["dion"]["vs_per_shard"] if dion and per_shard is not None else None,
+             "grads_exact": exact, "note": refused} for mode in ("all-to-all", "owner-centric")]
 
 
 def main():
@@ -136,9 +166,11 @@ def main():
     rows = [row for case in DION_CASES for row in run_case(*case)]
     if dist.get_rank() != 0:
         return
-    print("| ranks | mode | case | steps | ours vs dion | ours vs f64 | dion vs f64 | note |\n|---|---|---|---|---|---|---|---|")
+    print("| ranks | mode | case | steps | ours vs dion | ours vs f64 | dion vs f64 | dion vs f64 per shard | note |\n"
+          "|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        figures = " | ".join("" if r[k] is None else f"{r[k]:.2e}" for k in ("vs_dion", "vs_f64", "dion_vs_f64"))
+        figures = " | ".join("" if r[k] is None else f"{r[k]:.2e}"
+                             for k in ("vs_dion", "vs_f64", "dion_vs_f64", "dion_vs_per_shard"))
         note = "; ".join(n for n in (r["note"], None if r["grads_exact"] else "gradients not G bit for bit") if n)
         print(f"| {r['world']} | {r['mode']} | {r['case']} | {r['steps']} | {figures} | {note} |")
     if args.json:
