@@ -15,9 +15,9 @@ that every gradient arrived bit for bit. Figures per (W, mode, case), the worst 
 matrices: |ours − dion| / |dion's change of the weights|; ours and dion against the float64 reference, over its
 change; for NorMuon split by rows or not at all, dion also against a float64 model of what its distributed code
 does by design (normuon.py: "normalization stays per-shard there"): the NorMuon normalization of each rank's rows
-on their own, its Frobenius rescale over the shard instead of the matrix (or split_sizes block). A case that dion refuses at W ranks (its split_sizes and num_heads need the rows and heads to divide by W)
-shows its error; a peer that does not import is skipped with the reason. Rank 0 prints the table; --json OUT
-writes its rows. dion is never part of dmuon: check it out beside it and put it on PYTHONPATH.
+on their own, its Frobenius rescale over the shard instead of the matrix (or split_sizes block). A case that
+dion refuses at W ranks (its split_sizes and num_heads need the rows and heads to divide by W) shows its error; a
+peer that does not import is skipped with the reason. Rank 0 prints the table; --json OUT writes its rows. dion is never part of dmuon: check it out beside it and put it on PYTHONPATH.
 
     PYTHONPATH=build/python:/path/to/dion OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \\
         torchrun --standalone --nproc_per_node W python/benchmarks/peer_agreement_fsdp2.py [--json OUT]
@@ -105,7 +105,8 @@ def per_shard_normuon_ref(u, options, variance):
     chunk = -(-m // dist.get_world_size())  # FSDP2's rows per rank
     parts = []
     for index, rows in enumerate(torch.split(o, chunk)):
-        normalized, variance[index] = normuon_ref(rows, variance.get(index, torch.zeros(rows.shape[0])), BETA2)
+        v = variance.get(index, torch.zeros(rows.shape[0], dtype=torch.float64))
+        normalized, variance[index] = normuon_ref(rows, v, BETA2)
         parts.append(normalized)
     return torch.cat(parts) * s
 
@@ -140,14 +141,13 @@ def run_case(case, shapes, theirs_opts, ours_opts):
         weights = {mode: held_test.full_weights(net) for mode, (_, net, _) in runs.items()}
         for mode, w in weights.items():
             for i, (r, s) in enumerate(zip(ref, start)):
-                ours = w[f"blocks.{i}.weight"]
-                worst[mode]["vs_f64"] = max(worst[mode]["vs_f64"], relative(ours, r, s))
+                got = w[f"blocks.{i}.weight"]
+                worst[mode]["vs_f64"] = max(worst[mode]["vs_f64"], relative(got, r, s))
                 if per_shard is not None and mode == "dion":
-                    worst[mode]["vs_per_shard"] = max(worst[mode]["vs_per_shard"],
-                                                      relative(ours, per_shard[step][i], s))
+                    worst[mode]["vs_per_shard"] = max(worst[mode]["vs_per_shard"], relative(got, per_shard[step][i], s))
                 if "dion" in weights and mode != "dion":
                     worst[mode]["vs_dion"] = max(worst[mode]["vs_dion"],
-                                                 relative(ours, weights["dion"][f"blocks.{i}.weight"], s))
+                                                 relative(got, weights["dion"][f"blocks.{i}.weight"], s))
     exact = total_over_ranks(int(not exact)) == 0
     dion = "dion" in runs
     return [{"world": dist.get_world_size(), "mode": mode, "case": case, "steps": STEPS,
