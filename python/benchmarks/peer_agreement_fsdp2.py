@@ -17,7 +17,8 @@ change; for NorMuon split by rows or not at all, dion also against a float64 mod
 does by design (normuon.py: "normalization stays per-shard there"): the NorMuon normalization of each rank's rows
 on their own, its Frobenius rescale over the shard instead of the matrix (or split_sizes block). A case that
 dion refuses at W ranks (its split_sizes and num_heads need the rows and heads to divide by W) shows its error; a
-peer that does not import is skipped with the reason. Rank 0 prints the table; --json OUT writes its rows. dion is never part of dmuon: check it out beside it and put it on PYTHONPATH.
+peer that does not import is skipped with the reason. Rank 0 prints the table; --json OUT writes its rows. dion
+is never part of dmuon: check it out beside it and put it on PYTHONPATH.
 
     PYTHONPATH=build/python:/path/to/dion OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 \\
         torchrun --standalone --nproc_per_node W python/benchmarks/peer_agreement_fsdp2.py [--json OUT]
