@@ -1,17 +1,20 @@
 """DMuon's 2026-recipe options against the peers' own code run beside it (issue 42), one process on the CPU:
 
-  dion       microsoft/dion's Muon and DMuon (engine="torch") on the same parameters for STEPS steps, both
-             orthogonalizing with one float32 Newton–Schulz (the torch engine's, handed to dion as its
+  dion       microsoft/dion's Muon (or NorMuon) and DMuon (engine="torch") on the same parameters for STEPS steps,
+             both orthogonalizing with one float32 Newton–Schulz (the torch engine's, handed to dion as its
              newton_schulz_func), momentum 0 and bfloat16-exact gradients (dion casts U to bfloat16 before its
              Newton–Schulz: exact on such U): what is compared is each optimizer's own option arithmetic —
              dion's adjust_lr against our scale ("spectral_norm" = "spectral", "rms_norm" = "match_rms_adamw"),
              cautious weight decay, split_sizes and num_heads (ours split_heads) row blocks with their per-block
-             scales. Figure: |ours − dion| / |dion's change of the weights|, the worst step.
-  megatron   Megatron-LM's QK-clip (SelfAttention.clip_qk and _clip_linear_qkv, called on a stand-in for the
-             attention module: its config, maxima and fused qkv weight, query groups interleaved [q heads, k, v])
-             against dmuon.torch.QKClip on the same q and k taken out of that fused weight (a DMuon step at lr 0, then
-             the clip), multi-head and grouped-query attention, alpha 0.5 and 0.3. Figure: the largest elementwise
-             relative gap.
+             scales, its NorMuon against variant="normuon". Figure: |ours − dion| / |dion's change of the weights|,
+             the worst step; beside it each one against the float64 reference (tests/python/muon_reference.py),
+             over the reference's change. peer_agreement_fsdp2.py runs these cases at W ranks under FSDP2.
+  megatron   Megatron-LM's QK-clip called on a stand-in for its attention module (its config, maxima and weights)
+             against dmuon.torch.QKClip on the same weights (a DMuon step at lr 0, then the clip): SelfAttention's
+             clip_qk on its fused qkv weight (query groups interleaved [q heads, k, v]) against FusedAttention with
+             layout="grouped", multi-head and grouped-query attention, alpha 0.5 and 0.3; MLASelfAttention's clip_qk
+             (multi-head latent attention: linear_q_proj or, with a q LoRA rank, linear_q_up_proj, and
+             linear_kv_up_proj) against LatentAttention. Figure: the largest elementwise relative gap.
 
 A peer that does not import is skipped with the reason. The peers are never part of dmuon: install or check them out
 beside it (microsoft/dion's `dion` package; Megatron-LM's `megatron` package, importable without Transformer Engine)
@@ -29,7 +32,7 @@ import warnings
 
 import torch
 
-from dmuon.torch import Attention, DMuon, QKClip
+from dmuon.torch import DMuon, FusedAttention, LatentAttention, QKClip
 from dmuon.torch.torch_engine import newton_schulz
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"))
@@ -60,6 +63,8 @@ DION_CASES = [  # (case, shapes, dion's optimizer and options, ours)
      dict(variant="normuon", scale="spectral", split_heads=12, cautious_wd=True)),
 ]
 QK_CASES = [(8, 2, 16, 32, 0.5), (4, 4, 8, 24, 0.5), (6, 3, 4, 12, 0.3), (8, 1, 8, 16, 0.5)]  # heads, groups, hd, hidden, α
+MLA_CASES = [(4, 8, 4, 8, 24, None, 0.5), (8, 16, 8, 16, 32, 12, 0.5), (6, 4, 2, 6, 16, 8, 0.3)]  # heads, nope, rope,
+# v, hidden, q LoRA rank (None: a plain linear_q_proj of the hidden state), α; kv's input: the latent of rank 12
 LR, WD, STEPS, TAU = 0.02, 0.1, 5, 1.0
 BETA2 = 0.95  # NorMuon's (dion's muon_beta2, our normuon_beta2)
 
@@ -141,41 +146,80 @@ def dion_rows():
     return rows
 
 
+def clip_with_dmuon(weights, attention, maxima, alpha):
+    """The weights ({name: tensor}) after a DMuon step at lr 0 and QKClip(attention) with `maxima` reported."""
+    params = {n: torch.nn.Parameter(w.clone()) for n, w in weights.items()}
+    opt = DMuon(list(params.items()), lr=0.0, ns_dtype="float32")
+    clip = QKClip(opt, TAU, [attention], alpha=alpha)
+    for p in params.values():
+        p.grad = torch.zeros_like(p)
+    clip.report(0, maxima)
+    opt.step()
+    return {n: p.detach() for n, p in params.items()}
+
+
+def relative_gap(ours, theirs):
+    return max(float(((ours[n] - theirs[n]).abs() / theirs[n].abs().clamp_min(1e-30)).max()) for n in theirs)
+
+
+def megatron_stand_in(maxima, alpha, **fields):
+    """A stand-in for a Megatron attention module: its QK-clip config and this step's maxima, plus `fields`."""
+    return types.SimpleNamespace(
+        config=types.SimpleNamespace(qk_clip=True, qk_clip_threshold=TAU, qk_clip_alpha=alpha,
+                                     **fields.pop("config", {})),
+        core_attention=types.SimpleNamespace(current_max_attn_logits=maxima.clone()), **fields)
+
+
 def megatron_rows():
     from megatron.core.transformer.attention import SelfAttention
+    from megatron.core.transformer.multi_latent_attention import MLASelfAttention
     rows = []
     for heads, groups, hd, hidden, alpha in QK_CASES:
         per_group = heads // groups
         gen = torch.Generator().manual_seed(heads * 100 + groups)
-        fused = torch.randn(groups, (per_group + 2) * hd, hidden, generator=gen)  # per group: [q heads, k, v] rows
+        fused = torch.randn(groups * (per_group + 2) * hd, hidden, generator=gen)  # per group: [q heads, k, v] rows
         worst, clipped = 0.0, 0
         for _ in range(5):
             maxima = torch.rand(heads, generator=gen) * 2 * TAU
-            weight = torch.nn.Parameter(fused.reshape(-1, hidden).clone())
-            attention = types.SimpleNamespace(
-                config=types.SimpleNamespace(qk_clip=True, qk_clip_threshold=TAU, qk_clip_alpha=alpha),
-                core_attention=types.SimpleNamespace(current_max_attn_logits=maxima.clone()),
-                num_attention_heads_per_partition=heads, num_query_groups_per_partition=groups,
-                query_projection_size=heads * hd, kv_projection_size=groups * hd,
-                linear_qkv=types.SimpleNamespace(weight=weight))
+            weight = torch.nn.Parameter(fused.clone())
+            attention = megatron_stand_in(maxima, alpha, num_attention_heads_per_partition=heads,
+                                          num_query_groups_per_partition=groups, query_projection_size=heads * hd,
+                                          kv_projection_size=groups * hd, linear_qkv=types.SimpleNamespace(weight=weight))
             attention._clip_linear_qkv = lambda w, a=attention: SelfAttention._clip_linear_qkv(a, w)
             with torch.no_grad():
                 SelfAttention.clip_qk(attention)
-            theirs = weight.detach().view(groups, (per_group + 2) * hd, hidden)
-            q = torch.nn.Parameter(fused[:, :per_group * hd].reshape(heads * hd, hidden).clone())
-            k = torch.nn.Parameter(fused[:, per_group * hd:(per_group + 1) * hd].reshape(groups * hd, hidden).clone())
-            opt = DMuon([("q", q), ("k", k)], lr=0.0, ns_dtype="float32")
-            clip = QKClip(opt, TAU, [Attention(q="q", k="k", heads=heads, kv_heads=groups)], alpha=alpha)
-            q.grad, k.grad = torch.zeros_like(q), torch.zeros_like(k)
-            clip.report(0, maxima)
-            opt.step()
-            expected = (theirs[:, :per_group * hd].reshape(heads * hd, hidden),
-                        theirs[:, per_group * hd:(per_group + 1) * hd].reshape(groups * hd, hidden))
-            for ours, want in zip((q, k), expected):
-                worst = max(worst, float(((ours.detach() - want).abs() / want.abs().clamp_min(1e-30)).max()))
+            ours = clip_with_dmuon({"qkv": fused}, FusedAttention(qkv="qkv", heads=heads, kv_heads=groups,
+                                                                  layout="grouped"), maxima, alpha)
+            worst = max(worst, relative_gap(ours, {"qkv": weight.detach()}))
             clipped += int((maxima.view(groups, -1).max(dim=1).values > TAU).sum())
-        rows.append({"peer": "megatron", "case": f"QK-clip {heads} heads / {groups} groups, alpha {alpha} "
+        rows.append({"peer": "megatron", "case": f"QK-clip, fused qkv, {heads} heads / {groups} groups, alpha {alpha} "
                      f"({clipped} groups clipped in 5 trials)", "steps": 5, "gap": worst})
+    for heads, nope, rope, v, hidden, q_rank, alpha in MLA_CASES:
+        gen = torch.Generator().manual_seed(heads * 1000 + nope)
+        q_start = torch.randn(heads * (nope + rope), q_rank or hidden, generator=gen)
+        kv_start = torch.randn(heads * (nope + v), 12, generator=gen)
+        worst, clipped = 0.0, 0
+        for _ in range(5):
+            maxima = torch.rand(heads, generator=gen) * 2 * TAU
+            q, kv = torch.nn.Parameter(q_start.clone()), torch.nn.Parameter(kv_start.clone())
+            q_layer = "linear_q_proj" if q_rank is None else "linear_q_up_proj"
+            attention = megatron_stand_in(
+                maxima, alpha, config=dict(q_lora_rank=q_rank, qk_head_dim=nope, qk_pos_emb_head_dim=rope,
+                                           v_head_dim=v),
+                num_attention_heads_per_partition=heads, cache_mla_latents=False,
+                linear_kv_up_proj=types.SimpleNamespace(weight=kv), **{q_layer: types.SimpleNamespace(weight=q)})
+            attention._clip_q_proj_weight = lambda w, a=attention: MLASelfAttention._clip_q_proj_weight(a, w)
+            attention._clip_kv_proj_weight = lambda w, a=attention: MLASelfAttention._clip_kv_proj_weight(a, w)
+            with torch.no_grad():
+                MLASelfAttention.clip_qk(attention)
+            ours = clip_with_dmuon({"q": q_start, "kv": kv_start},
+                                   LatentAttention(q="q", kv="kv", heads=heads, qk_nope_head_dim=nope,
+                                                   qk_rope_head_dim=rope, v_head_dim=v), maxima, alpha)
+            worst = max(worst, relative_gap(ours, {"q": q.detach(), "kv": kv.detach()}))
+            clipped += int((maxima > TAU).sum())
+        rank = "no q LoRA" if q_rank is None else f"q LoRA rank {q_rank}"
+        rows.append({"peer": "megatron", "case": f"QK-clip, latent attention, {heads} heads of {nope}+{rope} (v {v}), "
+                     f"{rank}, alpha {alpha} ({clipped} heads clipped in 5 trials)", "steps": 5, "gap": worst})
     return rows
 
 
