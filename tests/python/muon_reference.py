@@ -83,3 +83,37 @@ def qk_clip_ref(w_q, w_k, maxima, tau, kv_heads, alpha=0.5):
         w_q[g * per_group * q_rows:(g + 1) * per_group * q_rows] *= gamma ** alpha
         w_k[g * k_rows:(g + 1) * k_rows] *= gamma ** (1 - alpha)
     return w_q, w_k
+
+
+def fused_qk_clip_ref(w_qkv, maxima, tau, kv_heads, layout, alpha=0.5):
+    """qk_clip_ref on a fused qkv weight (or a bias as a W of one column): rows [q heads, k heads, v heads]
+    ("stacked") or per key-value group [its q heads, its k head, its v head] ("grouped", Megatron's); v untouched.
+    Returns the new W, float64."""
+    heads = maxima.numel()
+    size = w_qkv.shape[0] // (heads + 2 * kv_heads)
+    if layout == "stacked":
+        q, k, v = w_qkv.double().split([heads * size, kv_heads * size, kv_heads * size])
+        return torch.cat([*qk_clip_ref(q, k, maxima, tau, kv_heads, alpha), v])
+    blocks = w_qkv.double().view(kv_heads, heads // kv_heads + 2, size, *w_qkv.shape[1:])  # (G, H/G + 2, d, ...)
+    q = blocks[:, :-2].reshape(heads * size, *w_qkv.shape[1:])
+    k = blocks[:, -2].reshape(kv_heads * size, *w_qkv.shape[1:])
+    q, k = qk_clip_ref(q, k, maxima, tau, kv_heads, alpha)
+    out = blocks.clone()
+    out[:, :-2] = q.view(kv_heads, heads // kv_heads, size, *w_qkv.shape[1:])
+    out[:, -2] = k.view(kv_heads, size, *w_qkv.shape[1:])
+    return out.reshape(w_qkv.shape)
+
+
+def latent_qk_clip_ref(w_q, w_kv, maxima, tau, nope, rope, v, alpha=0.5):
+    """QK-clip of Kimi K2 for multi-head latent attention (arXiv 2507.20534, MuonClip; Megatron's
+    MLASelfAttention.clip_qk): per head h, γ = min(1, τ / its maximum logit); W_q's head rows [q_C (nope rows),
+    q_R (rope rows)] times [γ^α, γ], W_kv's head rows [k_C (nope rows), v (v rows)] times [γ^(1−α), 1]; the shared
+    rotary key untouched. Returns the new (W_q, W_kv), float64."""
+    w_q, w_kv = w_q.double().clone(), w_kv.double().clone()
+    for h, s in enumerate(maxima.tolist()):
+        gamma = tau / s if s > tau else 1.0
+        q = w_q[h * (nope + rope):(h + 1) * (nope + rope)]
+        q[:nope] *= gamma ** alpha
+        q[nope:] *= gamma
+        w_kv[h * (nope + v):h * (nope + v) + nope] *= gamma ** (1 - alpha)
+    return w_q, w_kv

@@ -13,11 +13,14 @@ and AdamW for the rest. Every tensor must be within 1e-5 (relative Frobenius) of
 other mode; a bucket holds matrices of one options value only. NorMuon's v is sharded as the parameter's rows
 under fully_shard (on the owner under hold_on_owners), and a torch.distributed.checkpoint save at step 5 resumes
 the run bit for bit (weights and state, v included) in both modes.
-QK-clip from step 1 on: blocks.1.mix as 4 query heads (3 rows each: under fully_shard at 3-4 ranks a shard cuts
-heads), blocks.3.mix as their 2 key heads, blocks.1.up.bias as the queries' bias (5 rows a head, AdamW's), every
-rank reporting its own maxima (the largest is the last rank's): the float64 reference rescales by Kimi K2's rule
-(muon_reference.qk_clip_ref) after its step, and the step with QK-clip calls the collectives of the step
-without it (collective_ledger.py: the same calls, the all-reduce longer by the maxima's slots).
+QK-clip from step 1 on, three attentions: blocks.1.mix as 4 query heads (3 rows each: under fully_shard at 3-4 ranks
+a shard cuts heads), blocks.3.mix as their 2 key heads, blocks.1.up.bias as the queries' bias (5 rows a head,
+AdamW's); blocks.0.up (and its bias) as a fused qkv of 2 query heads and 1 key-value head of 5 rows; blocks.4.mix
+and blocks.4.up as a latent attention's q (2 heads of 4 + 2 rows) and kv (2 heads of 4 + 6 rows). Every rank reports
+its own maxima (the largest are the last rank's): the float64 reference rescales by Kimi K2's rules
+(muon_reference's qk_clip_ref, fused_qk_clip_ref, latent_qk_clip_ref) after its step, and the step with QK-clip calls
+the collectives of the step without it (collective_ledger.py: the same calls, the all-reduce longer by the maxima's
+slots).
 
 Run: torchrun --standalone --nproc_per_node N tests/python/torch_muon_options_ranks_test.py (N = 1..4),
 with PYTHONPATH=build/python:tests/python and one BLAS thread per rank.
@@ -33,18 +36,23 @@ from torch.distributed.tensor import DTensor
 
 import torch_owner_held_test as held_test
 from collective_ledger import Ledger, recording
-from dmuon.torch import Attention, DMuon, QKClip, hold_on_owners
+from dmuon.torch import Attention, DMuon, FusedAttention, LatentAttention, QKClip, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
 from dmuon.torch.params import module_groups
 from owner_held_model import global_batches, loss_of, make_net, rank_slice
 from rank_checks import check, finish, total_over_ranks
-from muon_reference import qk_clip_ref
+from muon_reference import fused_qk_clip_ref, latent_qk_clip_ref, qk_clip_ref
 from rank_exit import exit_rank
 from torch_dcp_test import load, save  # get_state_dict + dcp.save; dcp.load + set_state_dict
 
 NET = dict(layers=5)
 SAVED_AT = 5
 QK = Attention(q="blocks.1.mix.weight", k="blocks.3.mix.weight", heads=4, kv_heads=2, q_bias="blocks.1.up.bias")
+FUSED = FusedAttention(qkv="blocks.0.up.weight", heads=2, kv_heads=1, bias="blocks.0.up.bias")
+LATENT = LatentAttention(q="blocks.4.mix.weight", kv="blocks.4.up.weight", heads=2, qk_nope_head_dim=4,
+                         qk_rope_head_dim=2, v_head_dim=6)
+ATTENTIONS = [QK, FUSED, LATENT]
+HEADS = sum(a.heads for a in ATTENTIONS)
 TAU = 1.0
 # (name prefix, options): a Muon matrix takes the first whose prefix its name starts with.
 OPTIONS = [("blocks.0.", dict(scale="spectral", ns_steps=4, cautious_wd=True)),
@@ -80,9 +88,10 @@ def build(hold):
 
 
 def maxima(step, rank):
-    """The maximum logits rank `rank` reports at `step` (4 heads): some above TAU, the last rank's the largest."""
+    """The maximum logits rank `rank` reports at `step`, one tensor per attention of ATTENTIONS: some above TAU, the
+    last rank's the largest."""
     gen = torch.Generator().manual_seed(300 + step)
-    return TAU * (0.4 + 1.2 * torch.rand(QK.heads, generator=gen)) + 0.05 * rank
+    return (TAU * (0.4 + 1.2 * torch.rand(HEADS, generator=gen)) + 0.05 * rank).split([a.heads for a in ATTENTIONS])
 
 
 def steps(model, opt, which, clip, ledger=None):
@@ -92,7 +101,8 @@ def steps(model, opt, which, clip, ledger=None):
     for step in which:
         loss_of(model, rank_slice(batches[step], dist.get_rank(), dist.get_world_size())).backward()
         if clip is not None:
-            clip.report(0, maxima(step, dist.get_rank()))
+            for i, m in enumerate(maxima(step, dist.get_rank())):
+                clip.report(i, m)
         if ledger is not None:
             ledger.label = "step"
         opt.step()
@@ -105,9 +115,13 @@ def qk_clip_reference(step, w):
     """After the reference's step: QK-clip with the job's maxima (the largest of every rank's)."""
     if step == 0:
         return
-    job = maxima(step, dist.get_world_size() - 1).double()
-    w[QK.q], w[QK.k] = qk_clip_ref(w[QK.q], w[QK.k], job, TAU, QK.kv_heads)
-    w[QK.q_bias] = qk_clip_ref(w[QK.q_bias][:, None], torch.zeros(QK.kv_heads, 1), job, TAU, QK.kv_heads)[0][:, 0]
+    qk, fused, latent = (m.double() for m in maxima(step, dist.get_world_size() - 1))
+    w[QK.q], w[QK.k] = qk_clip_ref(w[QK.q], w[QK.k], qk, TAU, QK.kv_heads)
+    w[QK.q_bias] = qk_clip_ref(w[QK.q_bias][:, None], torch.zeros(QK.kv_heads, 1), qk, TAU, QK.kv_heads)[0][:, 0]
+    w[FUSED.qkv] = fused_qk_clip_ref(w[FUSED.qkv], fused, TAU, FUSED.kv_heads, FUSED.layout)
+    w[FUSED.bias] = fused_qk_clip_ref(w[FUSED.bias][:, None], fused, TAU, FUSED.kv_heads, FUSED.layout)[:, 0]
+    w[LATENT.q], w[LATENT.kv] = latent_qk_clip_ref(w[LATENT.q], w[LATENT.kv], latent, TAU, LATENT.qk_nope_head_dim,
+                                                   LATENT.qk_rope_head_dim, LATENT.v_head_dim)
 
 
 def calls(ledger):
@@ -130,14 +144,14 @@ def train(hold, folder):
     without, with_clip = Ledger(), Ledger()
     with recording(without):
         steps(model, opt, [0], None, without)
-    clip = QKClip(opt, TAU, [QK])
+    clip = QKClip(opt, TAU, ATTENTIONS)
     with recording(with_clip):
         steps(model, opt, [1], clip, with_clip)
     check(calls(with_clip) == calls(without), f"{mode}: the step with QK-clip calls {calls(with_clip)}, without it "
           f"{calls(without)}")
     longer = sum(r["payload"] for r in with_clip.records if r["label"] == "step" and r["op"] == "all_reduce") - sum(
         r["payload"] for r in without.records if r["label"] == "step" and r["op"] == "all_reduce")
-    check(dist.get_world_size() == 1 or longer == 8 * QK.heads * dist.get_world_size(),
+    check(dist.get_world_size() == 1 or longer == 8 * HEADS * dist.get_world_size(),
           f"{mode}: QK-clip lengthens the step's all-reduces by {longer} bytes")
     steps(model, opt, range(2, SAVED_AT), clip)
     save(model, opt, folder)
@@ -152,7 +166,7 @@ def train(hold, folder):
         for p in resumed_net.parameters():
             p.zero_()  # the load must write every value
     load(resumed_model, resumed, folder)
-    steps(resumed_model, resumed, range(SAVED_AT, held_test.STEPS), QKClip(resumed, TAU, [QK]))
+    steps(resumed_model, resumed, range(SAVED_AT, held_test.STEPS), QKClip(resumed, TAU, ATTENTIONS))
     again = local_values(resumed_net, resumed)
     check(again.keys() == straight.keys(), f"{mode}: the resumed run holds other tensors here")
     differ = [k for k, v in straight.items() if not torch.equal(v, again.get(k, v.new_empty(0)))]

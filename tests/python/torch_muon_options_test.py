@@ -20,16 +20,17 @@
 Run: PYTHONPATH=build/python python -m pytest -q tests/python/torch_muon_options_test.py
 """
 
+import copy
 import io
 
 import pytest
 import torch
 from torch.optim import lr_scheduler
 
-from dmuon.torch import Attention, DMuon, QKClip, hf_qk_clip
+from dmuon.torch import Attention, DMuon, FusedAttention, LatentAttention, QKClip, hf_qk_clip
 from dmuon.torch.muon_options import SCALES, muon_scale
 from dmuon.torch.normuon import pack, packed_numel, unpack
-from muon_reference import KELLER, newton_schulz_ref, qk_clip_ref, update_scale
+from muon_reference import KELLER, fused_qk_clip_ref, latent_qk_clip_ref, newton_schulz_ref, qk_clip_ref, update_scale
 from torch_dmuon_mpi_test import Reference, hyper_of
 
 SPECS = [("a.weight", (12, 5)), ("b.weight", (4, 10)), ("c.weight", (12, 5)), ("d.weight", (6, 6))]
@@ -340,27 +341,28 @@ def test_normuon_v_travels_in_a_message_of_another_dtype_bit_for_bit(dtype, mess
 TAU, QK_HEADS, QK_GROUPS = 1.5, 4, 2
 
 
-def test_qk_clip_equals_kimi_k2s_rule_with_grouped_queries_on_weights_and_biases():
+def clip_against_reference(shapes, attention, clip_ref, groups):
+    """DMuon + QKClip(attention) over `shapes` ({name: shape}, one "o.weight" never clipped) for STEPS steps with
+    random maxima (two micro-batches' reports), each step against the float64 Reference followed by clip_ref(w,
+    maxima) (the rule written from its definition, in place on the reference's weights); the clip must fire for some
+    of the `groups` groups (on odd steps; even steps' maxima stay below TAU)."""
     gen = torch.Generator().manual_seed(9)
-    shapes = {"q.weight": (12, 8), "k.weight": (6, 8), "q.bias": (12,), "k.bias": (6,), "o.weight": (8, 12)}
     params = {n: torch.nn.Parameter(torch.randn(s, generator=gen) * 0.5) for n, s in shapes.items()}
     opt = DMuon([(n, p) for n, p in params.items()], lr=LR, momentum=MOMENTUM, weight_decay=WD, algo="standard",
                 balancer="lpt", ns_dtype="float32")
-    clip = QKClip(opt, TAU, [Attention(q="q.weight", k="k.weight", heads=QK_HEADS, kv_heads=QK_GROUPS,
-                                       q_bias="q.bias", k_bias="k.bias")])
+    clip = QKClip(opt, TAU, [attention])
     ref = Reference({n: p.detach() for n, p in params.items()}, hyper_of(opt))
     fired = 0
     for t in range(1, STEPS + 1):
         grads = {n: torch.randn(s, generator=gen) for n, s in shapes.items()}
-        micro = [torch.rand(QK_HEADS, generator=gen) * 2 * TAU for _ in range(2)]  # two micro-batches' maxima
+        top = 2 * TAU if t % 2 else 0.8 * TAU  # even steps never clip
+        micro = [torch.rand(attention.heads, generator=gen) * top for _ in range(2)]  # two micro-batches' maxima
         for m in micro:
             clip.report(0, m)
         maxima = torch.maximum(*micro).double()
         ref.step(grads)
-        ref.w["q.weight"], ref.w["k.weight"] = qk_clip_ref(ref.w["q.weight"], ref.w["k.weight"], maxima, TAU, QK_GROUPS)
-        biases = qk_clip_ref(ref.w["q.bias"][:, None], ref.w["k.bias"][:, None], maxima, TAU, QK_GROUPS)
-        ref.w["q.bias"], ref.w["k.bias"] = biases[0][:, 0], biases[1][:, 0]
-        fired += int((maxima.view(QK_GROUPS, -1).max(dim=1).values > TAU).sum())
+        clip_ref(ref.w, maxima)
+        fired += int((maxima.view(groups, -1).max(dim=1).values > TAU).sum())
         set_grads(params, grads)
         opt.step()
         for n in shapes:
@@ -368,56 +370,162 @@ def test_qk_clip_equals_kimi_k2s_rule_with_grouped_queries_on_weights_and_biases
             bound = t * LR * 0.7 * 2e-6 + 6 * t * FLOAT32_EPS * ref.w[n].abs()
             excess = float(((params[n].detach().double() - ref.w[n]).abs() - bound).max())
             assert excess <= 0, f"{n} at step {t}: {excess:.2e} beyond the QK-clip reference's bound"
-    assert 0 < fired < STEPS * QK_GROUPS, f"the clip fired for {fired} of {STEPS * QK_GROUPS} groups"
+    assert fired > 0, f"the clip never fired in {STEPS} steps"
     assert clip._maxima is None  # the step forgot its reports
+
+
+def test_qk_clip_equals_kimi_k2s_rule_with_grouped_queries_on_weights_and_biases():
+    def clip_ref(w, maxima):
+        w["q.weight"], w["k.weight"] = qk_clip_ref(w["q.weight"], w["k.weight"], maxima, TAU, QK_GROUPS)
+        biases = qk_clip_ref(w["q.bias"][:, None], w["k.bias"][:, None], maxima, TAU, QK_GROUPS)
+        w["q.bias"], w["k.bias"] = biases[0][:, 0], biases[1][:, 0]
+
+    clip_against_reference({"q.weight": (12, 8), "k.weight": (6, 8), "q.bias": (12,), "k.bias": (6,),
+                            "o.weight": (8, 12)},
+                           Attention(q="q.weight", k="k.weight", heads=QK_HEADS, kv_heads=QK_GROUPS, q_bias="q.bias",
+                                     k_bias="k.bias"), clip_ref, QK_GROUPS)
+
+
+@pytest.mark.parametrize("layout", ["stacked", "grouped"])
+def test_qk_clip_of_a_fused_qkv_equals_the_rule_on_its_q_and_k_rows(layout):
+    def clip_ref(w, maxima):
+        w["qkv.weight"] = fused_qk_clip_ref(w["qkv.weight"], maxima, TAU, QK_GROUPS, layout)
+        w["qkv.bias"] = fused_qk_clip_ref(w["qkv.bias"][:, None], maxima, TAU, QK_GROUPS, layout)[:, 0]
+
+    rows = (QK_HEADS + 2 * QK_GROUPS) * 3  # heads of 3 rows
+    clip_against_reference({"qkv.weight": (rows, 8), "qkv.bias": (rows,), "o.weight": (8, 12)},
+                           FusedAttention(qkv="qkv.weight", heads=QK_HEADS, kv_heads=QK_GROUPS, bias="qkv.bias",
+                                          layout=layout), clip_ref, QK_GROUPS)
+
+
+def test_qk_clip_of_latent_attention_equals_kimi_k2s_rule():
+    nope, rope, v = 2, 1, 3
+
+    def clip_ref(w, maxima):
+        w["q.weight"], w["kv.weight"] = latent_qk_clip_ref(w["q.weight"], w["kv.weight"], maxima, TAU, nope, rope, v)
+
+    clip_against_reference({"q.weight": (QK_HEADS * (nope + rope), 8), "kv.weight": (QK_HEADS * (nope + v), 6),
+                            "o.weight": (8, 12)},
+                           LatentAttention(q="q.weight", kv="kv.weight", heads=QK_HEADS, qk_nope_head_dim=nope,
+                                           qk_rope_head_dim=rope, v_head_dim=v), clip_ref, QK_HEADS)
 
 
 @pytest.mark.parametrize("attention, needle", [
     (Attention(q="q.weight", k="nope", heads=4), "no parameter 'nope'"),
     (Attention(q="q.weight", k="q.weight", heads=5), "'q.weight' has 12 rows, not a multiple of its 5 heads"),
-    (Attention(q="q.weight", k="q.weight", heads=4, kv_heads=3), "4 query heads do not split into 3")])
+    (Attention(q="q.weight", k="q.weight", heads=4, kv_heads=3), "4 query heads do not split into 3"),
+    (Attention(q="q.weight", k="q.weight", heads=4), "'q.weight' is already clipped"),
+    (FusedAttention(qkv="q.weight", heads=4, kv_heads=2), "'q.weight' has 12 rows, not a multiple of its 8 heads"),
+    (FusedAttention(qkv="q.weight", heads=2, layout="interleaved"), "layout must be 'stacked' or 'grouped'"),
+    (LatentAttention(q="q.weight", kv="q.weight", heads=2, qk_nope_head_dim=4, qk_rope_head_dim=1, v_head_dim=2),
+     "'q.weight' has 6 rows a head, not the 4 \\+ 1 of its head dimensions")])
 def test_a_qk_clip_that_does_not_fit_names_the_attention(attention, needle):
     opt = DMuon([("q.weight", torch.nn.Parameter(torch.randn(12, 8)))])
     with pytest.raises(ValueError, match=needle):
         QKClip(opt, TAU, [attention])
 
 
-@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
-def test_the_hugging_face_helper_reports_each_heads_maximum_logit_and_changes_no_output(implementation):
-    transformers = pytest.importorskip("transformers")
+def qwen2_queries_and_keys(module, h, cos, sin):
+    """Qwen2's (grouped-query attention, separate q_proj and k_proj) queries and keys from a layer's input, by hand:
+    (B, H, T, d), (B, G, T, d)."""
     from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+    shape = h.shape[:-1] + (-1, module.head_dim)
+    return apply_rotary_pos_emb(module.q_proj(h).view(shape).transpose(1, 2),
+                                module.k_proj(h).view(shape).transpose(1, 2), cos, sin)
 
-    config = transformers.Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
-                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
-                                      attn_implementation=implementation)
+
+def phi3_queries_and_keys(module, h, cos, sin):
+    """Phi-3's (one fused qkv_proj: every query head, every key head, every value head), by hand."""
+    from transformers.models.phi3.modeling_phi3 import apply_rotary_pos_emb
+    shape = h.shape[:-1] + (-1, module.head_dim)
+    q_rows, k_rows = module.config.num_attention_heads * module.head_dim, module.num_key_value_heads * module.head_dim
+    q, k, _ = module.qkv_proj(h).split([q_rows, k_rows, k_rows], dim=-1)
+    return apply_rotary_pos_emb(q.view(shape).transpose(1, 2), k.view(shape).transpose(1, 2), cos, sin)
+
+
+def deepseek_v3_queries_and_keys(module, h, cos, sin):
+    """DeepSeek-V3's (multi-head latent attention: queries through q_a_proj and q_b_proj, keys through the
+    compressed kv_a_proj_with_mqa and kv_b_proj, one rotary key part shared by every head), by hand."""
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import apply_rotary_pos_emb_interleave
+    c = module.config
+    heads, nope, rope = c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim
+    q = module.q_b_proj(module.q_a_layernorm(module.q_a_proj(h))).view(*h.shape[:-1], heads, -1).transpose(1, 2)
+    latent, k_rot = module.kv_a_proj_with_mqa(h).split([c.kv_lora_rank, rope], dim=-1)
+    kv = module.kv_b_proj(module.kv_a_layernorm(latent)).view(*h.shape[:-1], heads, -1).transpose(1, 2)
+    q_rot, k_rot = apply_rotary_pos_emb_interleave(q[..., nope:], k_rot.unsqueeze(1), cos, sin)
+    k = torch.cat([kv[..., :nope], k_rot.expand(-1, heads, -1, -1)], dim=-1)
+    return torch.cat([q[..., :nope], q_rot], dim=-1), k
+
+
+HF_TAU = 0.01  # among these models' maximum logits (0.006-0.025 at their initial weights): heads clip
+HF_MODELS = {  # family: (config class, its options, the layer's attention by its prefix, the rule on {projection: W}
+    # by its definition (muon_reference) given the layer's maxima, queries and keys by hand)
+    "qwen2": ("Qwen2Config", dict(num_key_value_heads=2),
+              lambda p: Attention(q=f"{p}.q_proj.weight", k=f"{p}.k_proj.weight", heads=4, kv_heads=2,
+                                  q_bias=f"{p}.q_proj.bias", k_bias=f"{p}.k_proj.bias"),
+              lambda w, m: dict(zip(("q_proj", "k_proj"), qk_clip_ref(w["q_proj"], w["k_proj"], m, HF_TAU, 2))),
+              qwen2_queries_and_keys),
+    "phi3": ("Phi3Config", dict(num_key_value_heads=2, pad_token_id=0),
+             lambda p: FusedAttention(qkv=f"{p}.qkv_proj.weight", heads=4, kv_heads=2),
+             lambda w, m: {"qkv_proj": fused_qk_clip_ref(w["qkv_proj"], m, HF_TAU, 2, "stacked")},
+             phi3_queries_and_keys),
+    "deepseek_v3": ("DeepseekV3Config", dict(num_key_value_heads=4, q_lora_rank=8, kv_lora_rank=8, qk_nope_head_dim=4,
+                                             qk_rope_head_dim=2, v_head_dim=4, first_k_dense_replace=2,
+                                             rope_interleave=True),
+                    lambda p: LatentAttention(q=f"{p}.q_b_proj.weight", kv=f"{p}.kv_b_proj.weight", heads=4,
+                                              qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=4),
+                    lambda w, m: dict(zip(("q_b_proj", "kv_b_proj"),
+                                          latent_qk_clip_ref(w["q_b_proj"], w["kv_b_proj"], m, HF_TAU, 4, 2, 4))),
+                    deepseek_v3_queries_and_keys),
+}
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("family", sorted(HF_MODELS))
+def test_the_hugging_face_helper_clips_each_heads_maximum_logit_and_changes_no_output(family, implementation):
+    """hf_qk_clip on a tiny model of each family: its attentions named and sized from the config, the reported
+    maxima equal to the logits computed by hand from the layer's input, the outputs unchanged, and the step's weights
+    those of the same step without the clip (a twin model and optimizer) rescaled by the rule's reference."""
+    transformers = pytest.importorskip("transformers")
+    config_class, extra, expected_attention, clip_ref, queries_and_keys = HF_MODELS[family]
+    config = getattr(transformers, config_class)(vocab_size=32, hidden_size=16, intermediate_size=24,
+                                                 num_hidden_layers=2, num_attention_heads=4,
+                                                 max_position_embeddings=16, attn_implementation=implementation,
+                                                 **extra)
     torch.manual_seed(0)
-    model = transformers.Qwen2ForCausalLM(config)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    twin = copy.deepcopy(model)
     tokens = torch.randint(0, 32, (3, 7))
     before = model(tokens).logits.detach()
     expected = []
 
     def by_hand(module, args, kwargs):  # the logits from the layer's input, K2's definition
-        h = kwargs["hidden_states"]
-        cos, sin = kwargs["position_embeddings"]
-        shape = h.shape[:-1] + (-1, module.head_dim)
-        q = module.q_proj(h).view(shape).transpose(1, 2)
-        k = module.k_proj(h).view(shape).transpose(1, 2)
-        q, k = apply_rotary_pos_emb(q, k, cos, sin)
-        k = k.repeat_interleave(module.num_key_value_groups, dim=1)
+        q, k = queries_and_keys(module, kwargs["hidden_states"], *kwargs["position_embeddings"])
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         logits = (q @ k.transpose(-1, -2)) * module.scaling  # (B, H, T, T)
         causal = torch.ones(7, 7, dtype=torch.bool).tril()
         expected.append(logits.masked_fill(~causal, -torch.inf).amax(dim=(0, 2, 3)).detach())
 
     for layer in model.model.layers:
         layer.self_attn.register_forward_pre_hook(by_hand, with_kwargs=True)
-    opt = DMuon(model.named_parameters(), balancer="lpt")
-    clip = hf_qk_clip(model, opt, tau=0.05)
-    assert [a.q for a in clip.attentions] == [f"model.layers.{i}.self_attn.q_proj.weight" for i in range(2)]
-    assert clip.attentions[0].q_bias == "model.layers.0.self_attn.q_proj.bias" and clip.attentions[0].kv_heads == 2
+    opt = DMuon(model.named_parameters(), balancer="lpt", ns_dtype="float32")
+    clip = hf_qk_clip(model, opt, tau=HF_TAU)
+    assert clip.attentions == [expected_attention(f"model.layers.{i}.self_attn") for i in range(2)]
     after = model(tokens).logits
     assert torch.equal(after.detach(), before), "the reporting attention changed the model's output"
     assert torch.allclose(clip._maxima.float(), torch.cat(expected), rtol=1e-5, atol=1e-6)
     after.sum().backward()
-    q_before = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        q.grad = p.grad.clone()
+    twin_opt = DMuon(twin.named_parameters(), balancer="lpt", ns_dtype="float32")
     opt.step()
-    assert clip._maxima is None and not torch.equal(model.model.layers[0].self_attn.q_proj.weight, q_before)
+    twin_opt.step()
+    assert clip._maxima is None
+    assert bool((torch.cat(expected) > HF_TAU).any()), "no head clipped"
+    for i, (layer, twin_layer) in enumerate(zip(model.model.layers, twin.model.layers)):
+        maxima = expected[i].double()
+        clipped = clip_ref({name: m.weight.detach() for name, m in twin_layer.self_attn.named_children()
+                            if hasattr(m, "weight")}, maxima)
+        for name, want in clipped.items():
+            got = getattr(layer.self_attn, name).weight.detach().double()
+            assert torch.allclose(got, want, rtol=1e-6, atol=0), f"layer {i}: {name} is not the clip's rescale"

@@ -1,19 +1,26 @@
-"""QK-clip (MuonClip: Kimi K2, arXiv 2507.20534; Megatron's qk_clip for grouped-query attention), after the step.
+"""QK-clip (MuonClip: Kimi K2, arXiv 2507.20534; Megatron's qk_clip for grouped-query and latent attention), after the
+step.
 
 The model reports, per attention and per query head h, the maximum logit it saw this step (QKClip.report; several
 reports in a step, micro-batches or ranks, keep the largest): S_h = max over the step's batch of q_i·k_j·scaling,
-the softmax's input. After the update, per key-value group g (the query heads sharing one key head; multi-head
-attention: one query head per group):
+the softmax's input. After the update, per key-value group g (the query heads sharing one key head; multi-head and
+latent attention: one query head per group):
     S_g = max_{h in g} S_h,   γ_g = τ / S_g where S_g > τ, else 1
-    W_q's rows of every query head of g  ← ·γ_g^α,   W_k's rows of key head g  ← ·γ_g^(1−α)     (α = 0.5: K2's √γ)
-and their biases likewise, so every logit of group g is multiplied by γ_g (at most τ on the step's batch). Multi-
-head attention with α = 0.5 is Kimi K2's rule; a group's common γ is Megatron's for grouped queries. Multi-head
-latent attention (K2's own q_C, k_C, q_R split) is not handled.
+and every row of the projections that makes g's logits is scaled by a power of γ_g, so that each logit of g is
+multiplied by γ_g (at most τ on the step's batch):
+    Attention        W_q's rows of g's query heads ·γ_g^α,  W_k's rows of key head g ·γ_g^(1−α)   (biases likewise)
+    FusedAttention   the same rows of one fused qkv weight (and bias); its v rows untouched
+    LatentAttention  (multi-head latent attention, DeepSeek-V2/V3, Kimi K2) per head h: W_q's q_C rows (no rotary)
+                     ·γ_h^α and its q_R rows (rotary) ·γ_h, W_kv's k_C rows ·γ_h^(1−α), its v rows untouched; the
+                     rotary key k_R is shared by every head and left alone (its logit part q_R·k_R gets γ_h whole)
+α = 0.5 on multi-head attention is Kimi K2's √γ; a group's common γ is Megatron's for grouped queries; the latent rule
+is K2's and Megatron's MLASelfAttention.clip_qk.
 
-No collective of its own: each rank puts its maxima in its own slot of the step's gradient all-reduce
-(gradient_check.py), so the sum holds every rank's and the largest over the slots is the job's; every rank then
-scales the rows it holds (a row shard under fully_shard, the whole matrix on an owner-held matrix's owner, a full
-copy on every replica), all with the same γ. Device tensors throughout: the host reads nothing.
+Each attention becomes, per parameter it names, a rule per global row: (its group g, its exponent e), the row scaled
+by γ_g^e (e = 0: untouched). No collective of its own: each rank puts its maxima in its own slot of the step's
+gradient all-reduce (gradient_check.py), so the sum holds every rank's and the largest over the slots is the job's;
+every rank then scales the rows it holds (a row shard under fully_shard, the whole matrix on an owner-held matrix's
+owner, a full copy on every replica), all with the same γ. Device tensors throughout: the host reads nothing.
 """
 
 from dataclasses import dataclass
@@ -23,10 +30,25 @@ import torch
 from dmuon.torch.gradient_check import to_device
 
 
+def _head_size(name, rows, heads):
+    """Rows per head of parameter `name` (rows of them in heads heads); ValueError when they do not divide."""
+    if heads < 1 or rows % heads:
+        raise ValueError(f"'{name}' has {rows} rows, not a multiple of its {heads} heads")
+    return rows // heads
+
+
+def _rule(block_groups, pattern):
+    """(group per row (rows,) long, exponent per row (rows,) float64) of consecutive blocks of rows, each laid out as
+    pattern ((row count, exponent) pairs), block b in group block_groups[b]."""
+    exponent = torch.tensor([e for count, e in pattern for _ in range(count)], dtype=torch.float64)
+    group = torch.as_tensor(block_groups, dtype=torch.long).repeat_interleave(exponent.numel())
+    return group, exponent.repeat(len(block_groups))
+
+
 @dataclass(frozen=True)
 class Attention:
-    """One attention's projections, by the names DMuon gives its parameters: q's weight (heads × head_dim rows),
-    k's weight (kv_heads × head_dim rows), optional biases."""
+    """Separate projections, by the names DMuon gives its parameters: q's weight (heads × head_dim rows), k's weight
+    (kv_heads × head_dim rows), optional biases."""
 
     q: str
     k: str
@@ -39,11 +61,103 @@ class Attention:
     def groups(self):
         return self.heads if self.kv_heads is None else self.kv_heads
 
+    @property
+    def label(self):
+        return self.q
+
+    def row_rules(self, alpha, rows_of):
+        """[(parameter name, (group per row, exponent per row))]."""
+        out = []
+        for name, count, exponent in ((self.q, self.heads, alpha), (self.k, self.groups, 1.0 - alpha),
+                                      (self.q_bias, self.heads, alpha), (self.k_bias, self.groups, 1.0 - alpha)):
+            if name is not None:
+                size = _head_size(name, rows_of(name), count)
+                per_group = count // self.groups  # query heads: heads // groups; key heads: 1
+                out.append((name, _rule([h // per_group for h in range(count)], [(size, exponent)])))
+        return out
+
+
+@dataclass(frozen=True)
+class FusedAttention:
+    """One fused qkv projection (weight, optional bias) of heads query heads and kv_heads key and value heads of equal
+    size, its rows laid out as `layout`: "stacked" [every query head, every key head, every value head] (a GPT's
+    c_attn, Phi-3's qkv_proj) or "grouped" [per key-value group: its query heads, its key head, its value head]
+    (Megatron's linear_qkv)."""
+
+    qkv: str
+    heads: int
+    kv_heads: int = None  # None: heads
+    bias: str = None
+    layout: str = "stacked"
+
+    @property
+    def groups(self):
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    @property
+    def label(self):
+        return self.qkv
+
+    def row_rules(self, alpha, rows_of):
+        if self.layout not in ("stacked", "grouped"):
+            raise ValueError(f"layout must be 'stacked' or 'grouped', got {self.layout!r}")
+        per_group = self.heads // self.groups
+        out = []
+        for name in (self.qkv, self.bias):
+            if name is None:
+                continue
+            size = _head_size(name, rows_of(name), self.heads + 2 * self.groups)
+            if self.layout == "grouped":
+                rule = _rule(list(range(self.groups)), [(per_group * size, alpha), (size, 1.0 - alpha), (size, 0.0)])
+            else:
+                q = _rule([h // per_group for h in range(self.heads)], [(size, alpha)])
+                k = _rule(list(range(self.groups)), [(size, 1.0 - alpha)])
+                v = _rule([0] * self.groups, [(size, 0.0)])
+                rule = tuple(torch.cat(parts) for parts in zip(q, k, v))
+            out.append((name, rule))
+        return out
+
+
+@dataclass(frozen=True)
+class LatentAttention:
+    """Multi-head latent attention (DeepSeek-V2/V3's MLA, Kimi K2's): q, the weight making the queries (q_proj, or
+    q_b_proj after a low-rank q_a_proj), heads × (qk_nope_head_dim + qk_rope_head_dim) rows, each head's rows without
+    rotary embedding first; kv, the up-projection of the compressed keys and values (kv_b_proj), heads ×
+    (qk_nope_head_dim + v_head_dim) rows, each head's key rows first. The shared rotary key (kv_a_proj_with_mqa's last
+    qk_rope_head_dim rows) is not clipped."""
+
+    q: str
+    kv: str
+    heads: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+    @property
+    def groups(self):
+        return self.heads
+
+    @property
+    def label(self):
+        return self.q
+
+    def row_rules(self, alpha, rows_of):
+        out = []
+        for name, pattern in ((self.q, [(self.qk_nope_head_dim, alpha), (self.qk_rope_head_dim, 1.0)]),
+                              (self.kv, [(self.qk_nope_head_dim, 1.0 - alpha), (self.v_head_dim, 0.0)])):
+            size = _head_size(name, rows_of(name), self.heads)
+            if size != sum(count for count, _ in pattern):
+                raise ValueError(f"'{name}' has {size} rows a head, not the " +
+                                 " + ".join(str(count) for count, _ in pattern) + " of its head dimensions")
+            out.append((name, _rule(list(range(self.heads)), pattern)))
+        return out
+
 
 class QKClip:
-    """QK-clip of `attentions` (a list of Attention) with threshold tau and exponent alpha on DMuon `optimizer`'s
-    parameters, run by its step() (which it joins: one QKClip per optimizer). ValueError naming the attention for a
-    parameter the optimizer lacks or a head count that does not divide its rows."""
+    """QK-clip of `attentions` (a list of Attention, FusedAttention or LatentAttention) with threshold tau and
+    exponent alpha on DMuon `optimizer`'s parameters, run by its step() (which it joins: one QKClip per optimizer).
+    ValueError naming the attention for a parameter the optimizer lacks, head counts that do not fit its rows, or a
+    parameter clipped by two rules."""
 
     def __init__(self, optimizer, tau, attentions, alpha=0.5):
         if not tau > 0:
@@ -51,28 +165,32 @@ class QKClip:
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"QKClip: alpha must be in [0, 1], got {alpha!r}")
         index = {name: i for i, name in enumerate(optimizer.param_groups_names)}
+
+        def rows_of(name):
+            if name not in index:
+                raise ValueError(f"no parameter '{name}' in the optimizer")
+            return optimizer._layouts[index[name]].global_shape[0]
+
         self.tau, self.alpha, self.attentions = float(tau), float(alpha), list(attentions)
-        self._parts = []  # per attention: {parameter index: "q" or "k"}
+        self._parts = []  # per attention: {parameter index: (group per global row, exponent per global row)}
+        clipped_by = {}
         for a in self.attentions:
-            if a.groups < 1 or a.heads % a.groups:
-                raise ValueError(f"QKClip: attention '{a.q}': {a.heads} query heads do not split into {a.groups} "
-                                 "key-value groups")
-            parts = {}
-            for side, name, count in (("q", a.q, a.heads), ("k", a.k, a.groups), ("q", a.q_bias, a.heads),
-                                      ("k", a.k_bias, a.groups)):
-                if name is None:
-                    continue
-                if name not in index:
-                    raise ValueError(f"QKClip: attention '{a.q}': no parameter '{name}' in the optimizer")
-                rows = optimizer._layouts[index[name]].global_shape[0]
-                if rows % count:
-                    raise ValueError(f"QKClip: attention '{a.q}': '{name}' has {rows} rows, not a multiple of its "
-                                     f"{count} heads")
-                parts[index[name]] = side
-            self._parts.append(parts)
+            try:
+                if a.groups < 1 or a.heads % a.groups:
+                    raise ValueError(f"{a.heads} query heads do not split into {a.groups} key-value groups")
+                rules = a.row_rules(self.alpha, rows_of)
+            except ValueError as error:
+                raise ValueError(f"QKClip: attention '{a.label}': {error}") from None
+            for name, _ in rules:
+                if name in clipped_by:
+                    raise ValueError(f"QKClip: attention '{a.label}': '{name}' is already clipped (attention "
+                                     f"'{clipped_by[name]}')")
+                clipped_by[name] = a.label
+            self._parts.append({index[name]: rule for name, rule in rules})
         self._offsets = [sum(a.heads for a in self.attentions[:i]) for i in range(len(self.attentions))]
         self._heads = sum(a.heads for a in self.attentions)
         self._maxima = None  # (heads of every attention,) float64 on the reports' device; -inf: not reported
+        self._on_device = {}  # (parameter index, device) → its rules there
         self._optimizer = optimizer
         optimizer._qk_clip = self
 
@@ -82,7 +200,7 @@ class QKClip:
         a = self.attentions[attention]
         maxima = maxima.detach().reshape(-1).to(torch.float64)
         if maxima.numel() != a.heads:
-            raise ValueError(f"QKClip.report: attention '{a.q}' has {a.heads} heads, got {maxima.numel()} maxima")
+            raise ValueError(f"QKClip.report: attention '{a.label}' has {a.heads} heads, got {maxima.numel()} maxima")
         if self._maxima is None:
             self._maxima = torch.full((self._heads,), -torch.inf, dtype=torch.float64, device=maxima.device)
         part = self._maxima[self._offsets[attention]:self._offsets[attention] + a.heads]
@@ -97,6 +215,12 @@ class QKClip:
         self._maxima = None
         return out.reshape(-1)
 
+    def _rule_on(self, i, rule, device):
+        key = (i, device)
+        if key not in self._on_device:
+            self._on_device[key] = tuple(t.to(device) for t in rule)
+        return self._on_device[key]
+
     def apply(self, reduced, layouts):
         """The module's rescale of the rows this rank holds, from the all-reduced slots (world × heads,)."""
         world = reduced.numel() // self._heads
@@ -104,9 +228,7 @@ class QKClip:
         for a, parts, offset in zip(self.attentions, self._parts, self._offsets):
             group_max = maxima[offset:offset + a.heads].view(a.groups, -1).max(dim=1).values  # (groups,)
             gamma = torch.where(group_max > self.tau, self.tau / group_max, torch.ones_like(group_max))
-            per_head = {"q": gamma.pow(self.alpha).repeat_interleave(a.heads // a.groups),  # (heads,)
-                        "k": gamma.pow(1.0 - self.alpha)}                                 # (groups,)
-            for i, side in parts.items():
+            for i, rule in parts.items():
                 layout = layouts[i]
                 if layout.held_elsewhere:
                     continue
@@ -114,6 +236,7 @@ class QKClip:
                 rows = layout.mine.spans[0].indices()
                 if not rows:
                     continue
-                head_rows = layout.global_shape[0] // per_head[side].numel()
-                factor = per_head[side][to_device(rows, torch.long, gamma.device) // head_rows]
+                group, exponent = self._rule_on(i, rule, gamma.device)
+                mine = to_device(rows, torch.long, gamma.device)
+                factor = gamma[group[mine]].pow(exponent[mine])  # (local rows,)
                 local.mul_(factor.to(local.device, local.dtype).view(-1, *[1] * (local.dim() - 1)))

@@ -1,6 +1,7 @@
-"""QK-clip (qk_clip.py) for a Hugging Face `transformers` model: its self-attention modules (those with q_proj,
-k_proj and a layer_idx: Llama, Qwen2, Mistral, ...) become QKClip's attentions, and the model's attention
-function ("eager" or "sdpa") is wrapped by one that reports each call's per-head maximum logit before calling it.
+"""QK-clip (qk_clip.py) for a Hugging Face `transformers` model: its self-attention modules (those with a layer_idx
+and q_proj and k_proj: Llama, Qwen2, Mistral, ...; a fused qkv_proj: Phi-3; kv_b_proj, the latent attention of
+DeepSeek-V2/V3 and Kimi K2) become QKClip's attentions, and the model's attention function ("eager" or "sdpa") is
+wrapped by one that reports each call's per-head maximum logit before calling it.
 
 The logits are recomputed from the function's query and key (after the rotary embedding): q·kᵀ·scaling per head,
 the key heads repeated for their query groups, masked as the call masks them (its attention_mask, boolean or
@@ -12,7 +13,7 @@ import sys
 
 import torch
 
-from dmuon.torch.qk_clip import Attention, QKClip
+from dmuon.torch.qk_clip import Attention, FusedAttention, LatentAttention, QKClip
 
 
 def max_logits(query, key, attention_mask, scaling, is_causal):
@@ -31,6 +32,33 @@ def max_logits(query, key, attention_mask, scaling, is_causal):
     return logits.amax(dim=(0, 2, 3))
 
 
+def attention_of(module, names):
+    """The QKClip attention of a transformers self-attention module (by its parameters' names in `names`), or None
+    for any other module."""
+    if not hasattr(module, "layer_idx"):
+        return None
+    config = module.config
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+
+    def name(linear, part="weight"):
+        tensor = getattr(linear, part)
+        return None if tensor is None else names[id(tensor)]
+
+    if getattr(module, "kv_b_proj", None) is not None:  # latent: q_proj, or q_b_proj after a low-rank q_a_proj
+        q = module.q_proj if getattr(module, "q_proj", None) is not None else module.q_b_proj
+        return LatentAttention(q=name(q), kv=name(module.kv_b_proj), heads=heads,
+                               qk_nope_head_dim=config.qk_nope_head_dim, qk_rope_head_dim=config.qk_rope_head_dim,
+                               v_head_dim=config.v_head_dim)
+    if getattr(module, "qkv_proj", None) is not None:
+        return FusedAttention(qkv=name(module.qkv_proj), heads=heads, kv_heads=kv_heads,
+                              bias=name(module.qkv_proj, "bias"))
+    if hasattr(module, "q_proj") and hasattr(module, "k_proj"):
+        return Attention(q=name(module.q_proj), k=name(module.k_proj), heads=heads, kv_heads=kv_heads,
+                         q_bias=name(module.q_proj, "bias"), k_bias=name(module.k_proj, "bias"))
+    return None
+
+
 def hf_qk_clip(model, optimizer, tau, alpha=0.5):
     """A QKClip over `model`'s self-attention layers on DMuon `optimizer` (built over model.named_parameters() or
     the model, so its names are the model's), with the model's attention function wrapped to report their
@@ -38,18 +66,15 @@ def hf_qk_clip(model, optimizer, tau, alpha=0.5):
     attentions, index, base_of = [], {}, {}
     names = {id(p): n for n, p in model.named_parameters()}
     for module in model.modules():
-        if not (hasattr(module, "q_proj") and hasattr(module, "k_proj") and hasattr(module, "layer_idx")):
+        attention = attention_of(module, names)
+        if attention is None:
             continue
-        config = module.config
-        heads = config.num_attention_heads
-        bias = [names.get(id(m.bias)) if m.bias is not None else None for m in (module.q_proj, module.k_proj)]
-        attentions.append(Attention(q=names[id(module.q_proj.weight)], k=names[id(module.k_proj.weight)], heads=heads,
-                                    kv_heads=getattr(config, "num_key_value_heads", None) or heads,
-                                    q_bias=bias[0], k_bias=bias[1]))
+        attentions.append(attention)
         index[id(module)] = len(attentions) - 1
         base_of[type(module).__module__] = sys.modules[type(module).__module__]
     if not attentions:
-        raise ValueError("hf_qk_clip: the model has no self-attention module with q_proj, k_proj and layer_idx")
+        raise ValueError("hf_qk_clip: the model has no self-attention module with a layer_idx and q_proj and k_proj, "
+                         "qkv_proj or kv_b_proj")
     clip = QKClip(optimizer, tau, attentions, alpha)
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
