@@ -48,8 +48,8 @@ std::string describe_difference(const TuneKey& theirs, const TuneKey& ours);
 // This process's key for `threads` BLAS threads (linalg::cpu_model, linalg::blas_description).
 TuneKey current_tune_key(int threads);
 // The key of timings taken on `backend`: current_tune_key(threads) on the CPU; on a GPU (src/tune/tune_key_gpu.cpp)
-// device = "cuda", cpu and blas empty, threads = 1, dtype = "bfloat16", extra = {"gpu": the GPU's name,
-// "cuda": the CUDA runtime, driver and cuBLAS versions}.
+// device = "cuda", cpu and blas empty, threads = 1, dtype = "bfloat16" (a GPU's default; tune_with_cache sets the
+// dtypes it times on any device), extra = {"gpu": the GPU's name, "cuda": the CUDA runtime, driver and cuBLAS versions}.
 TuneKey tune_key_for(Backend& backend, int threads);
 
 // The configurations worth timing for `batch` rows×cols matrices with at most `max_threads` threads
@@ -188,8 +188,8 @@ struct TuneSessionOptions {
   std::function<void(const std::string&)> warn;
   Backend* backend = nullptr;  // tune on this backend (a GPU: key tune_key_for, timer make_ns_timer(backend))
   // The compute dtypes to time: the one a caller chose (float32 by default), or several, of which each (shape,
-  // batch) keeps the faster (auto_tune_dtypes, for a CPU caller that asks for none); see tune_shapes. On the CPU
-  // the cache key's dtype is tune_dtype_key(dtypes); float32 alone is timed on host pointers (make_ns_timer()),
+  // batch) keeps the faster (auto_tune_dtypes, for a CPU caller that asks for none); see tune_shapes. The cache
+  // key's dtype is tune_dtype_key(dtypes); on the CPU float32 alone is timed on host pointers (make_ns_timer()),
   // anything else with make_ns_timer(backend or cpu_backend()).
   std::vector<DType> dtypes = {DType::f32};
 };

@@ -477,7 +477,7 @@ std::vector<TuneEntry> tune_with_cache(const std::vector<TuneRequest>& requests,
     }
   }
   TuneKey key = options.backend ? tune_key_for(*options.backend, options.threads) : current_tune_key(options.threads);
-  if (key.device == "cpu") key.dtype = tune_dtype_key(options.dtypes);  // bf16 timings on the CPU are not float32's
+  key.dtype = tune_dtype_key(options.dtypes);  // bf16 timings are not float32's, on any device
   TuneCache cache(key);
   bool save = false;
   if (!path.empty()) {
