@@ -1,22 +1,28 @@
-"""Evidence that the Muon recipe's options train (docs/BENCHMARKS.md, "Training with Muon's options"): a small
-Hugging Face Qwen2 (from a config, random initial weights: byte vocabulary, width 64, 2 layers, 4 query heads and
-2 key-value heads, context 64) trained on Debian's fortunes (examples/torch_train.py's corpus: its first nine
-tenths for training, the last tenth held out) with, from the same initial weights and batches (fixed seeds):
+"""Evidence that the Muon recipe's options train (docs/BENCHMARKS.md, "Training with Muon's options"): a small model
+trained on Debian's fortunes (examples/torch_train.py's corpus: its first nine tenths for training, the last tenth
+held out), random initial weights, byte vocabulary, context 64, --model
+  qwen2  a Hugging Face Qwen2 from a config (width 64, 2 layers, 4 query heads and 2 key-value heads)
+  gpt    the GPT example (examples/torch_train.py's Gpt, the C++ demo's shapes: width 128, 4 layers, 4 heads, one
+         fused qkv projection of rows [q heads, k heads, v heads])
+with, from the same initial weights and batches (fixed seeds):
   adamw        torch.optim.AdamW (lr 3e-3, betas (0.9, 0.95), weight decay 0.01)
   muon         dmuon.torch.DMuon(model): Muon (lr 0.02, match_rms_adamw) + AdamW (lr 3e-3) for the rest
-  muon+split   the same, q/k/v Newton–Schulz per head (split_heads 4, 2, 2), o per head by columns
+  muon+split   the same, q/k/v Newton–Schulz per head (qwen2: split_heads 4, 2, 2; gpt: the fused qkv in 12 heads),
+               the output projection per head by columns
   normuon      the same as muon with variant="normuon"
-  muon+qkclip  the same as muon with dmuon.torch.hf_qk_clip(model, optimizer, tau) (tau low enough to fire)
+  muon+qkclip  the same as muon with QK-clip at tau (low enough to fire): qwen2 through dmuon.torch.hf_qk_clip, gpt
+               with a FusedAttention per block and a forward hook on its qkv projection reporting the maxima
 One process on the CPU, float32. Per step the training loss; at the end the held-out loss (the mean over 8 fixed
 batches). Prints a Markdown table; --json OUT writes every curve, --svg OUT a plot of the training losses
 (a moving mean over 10 steps).
 
-    PYTHONPATH=build/python python3 python/benchmarks/train_evidence.py [--steps 300] [--batch 16] [--seed 1]
-        [--tau 4] [--json OUT] [--svg OUT]
+    PYTHONPATH=build/python python3 python/benchmarks/train_evidence.py [--model qwen2|gpt] [--steps 300]
+        [--batch 16] [--seed 1] [--tau 4] [--json OUT] [--svg OUT]
 """
 
 import argparse
 import json
+import math
 import pathlib
 import sys
 import time
@@ -25,20 +31,27 @@ import torch
 import torch.nn.functional as F
 import transformers
 
-from dmuon.torch import DMuon, hf_qk_clip
+from dmuon.torch import DMuon, FusedAttention, QKClip, hf_qk_clip
 from dmuon.torch.params import module_groups
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "examples"))
-from torch_train import load_corpus  # noqa: E402  (the GPT example's corpus reader)
+from torch_train import Gpt, load_corpus  # noqa: E402  (the GPT example's model and corpus reader)
 
 CONTEXT, VOCAB = 64, 256
 RUNS = ("adamw", "muon", "muon+split", "normuon", "muon+qkclip")
-SPLIT = {"q_proj": dict(split_heads=4), "k_proj": dict(split_heads=2), "v_proj": dict(split_heads=2),
-         "o_proj": dict(split_heads=4, split_dim=1)}
+GPT_HEADS = 4
+SPLIT = {  # per model: {name part of an attention projection: its split options}
+    "qwen2": {"q_proj": dict(split_heads=4), "k_proj": dict(split_heads=2), "v_proj": dict(split_heads=2),
+              "o_proj": dict(split_heads=4, split_dim=1)},
+    "gpt": {"attn.qkv": dict(split_heads=3 * GPT_HEADS), "attn.proj": dict(split_heads=GPT_HEADS, split_dim=1)},
+}
 
 
-def model_of(seed):
+def model_of(name, seed):
+    if name == "gpt":
+        torch.manual_seed(seed)
+        return Gpt(vocab=VOCAB, context=CONTEXT, heads=GPT_HEADS)
     config = transformers.Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=CONTEXT,
                                       tie_word_embeddings=False, attn_implementation="eager")
@@ -46,7 +59,29 @@ def model_of(seed):
     return transformers.Qwen2ForCausalLM(config)
 
 
-def split_groups(model):
+def gpt_qk_clip(model, opt, tau):
+    """QK-clip of the GPT example: each block's fused qkv (weight and bias) as a FusedAttention, its maxima reported by
+    a forward hook on the projection (the logits q·kᵀ/√d recomputed from its output, causally masked)."""
+    blocks = model.blocks
+    clip = QKClip(opt, tau, [FusedAttention(qkv=f"blocks.{i}.attn.qkv.weight", heads=GPT_HEADS,
+                                            bias=f"blocks.{i}.attn.qkv.bias") for i in range(len(blocks))])
+
+    def reporter(i):
+        def hook(module, args, out):  # out (B, T, 3C)
+            with torch.no_grad():
+                B, T, C = out.shape[0], out.shape[1], out.shape[2] // 3
+                q, k = (t.view(B, T, GPT_HEADS, -1).transpose(1, 2) for t in out.split(C, dim=2)[:2])  # (B, H, T, d)
+                logits = (q @ k.transpose(-1, -2)) / math.sqrt(C // GPT_HEADS)  # (B, H, T, T)
+                causal = torch.ones(T, T, dtype=torch.bool).tril()
+                clip.report(i, logits.masked_fill(~causal, -torch.inf).amax(dim=(0, 2, 3)))
+        return hook
+
+    for i, block in enumerate(blocks):
+        block.attn["qkv"].register_forward_hook(reporter(i))
+    return clip
+
+
+def split_groups(model, name):
     """module_groups(model) with the attention projections in groups of their split."""
     out = []
     for group in module_groups(model):
@@ -54,21 +89,23 @@ def split_groups(model):
             out.append(group)
             continue
         kinds = {}
-        for name, p in group["params"]:
-            kinds.setdefault(next((k for k in SPLIT if f".{k}." in name), None), []).append((name, p))
-        out.extend({"params": members, "use_muon": True, **SPLIT.get(kind, {})} for kind, members in kinds.items())
+        for param_name, p in group["params"]:
+            kinds.setdefault(next((k for k in SPLIT[name] if f".{k}." in param_name), None), []).append((param_name, p))
+        out.extend({"params": members, "use_muon": True, **SPLIT[name].get(kind, {})} for kind, members in kinds.items())
     return out
 
 
-def optimizer_of(run, model, tau):
+def optimizer_of(run, model, name, tau):
     """(optimizer, QKClip or None)."""
     muon = dict(lr=0.02, adamw_lr=3e-3, weight_decay=0.01, balancer="lpt", tune_cache=None)
     if run == "adamw":
         return torch.optim.AdamW(model.parameters(), lr=3e-3, betas=(0.9, 0.95), weight_decay=0.01), None
     if run == "muon+split":
-        return DMuon(split_groups(model), **muon), None
+        return DMuon(split_groups(model, name), **muon), None
     opt = DMuon(model, variant="normuon" if run == "normuon" else "muon", **muon)
-    return opt, (hf_qk_clip(model, opt, tau) if run == "muon+qkclip" else None)
+    if run != "muon+qkclip":
+        return opt, None
+    return opt, (gpt_qk_clip if name == "gpt" else hf_qk_clip)(model, opt, tau)
 
 
 def batch(data, size, gen):
@@ -77,13 +114,15 @@ def batch(data, size, gen):
 
 
 def loss_of(model, tokens):
+    if isinstance(model, Gpt):
+        return model(tokens[:, :-1], tokens[:, 1:])  # its forward takes the targets and returns the loss
     logits = model(tokens[:, :-1]).logits
     return F.cross_entropy(logits.reshape(-1, VOCAB), tokens[:, 1:].reshape(-1))
 
 
 def train(run, args, train_data, val_batches):
-    model = model_of(args.seed)
-    opt, clip = optimizer_of(run, model, args.tau)
+    model = model_of(args.model, args.seed)
+    opt, clip = optimizer_of(run, model, args.model, args.tau)
     gen = torch.Generator().manual_seed(args.seed)
     losses, fired, max_logits = [], 0, []
     t0 = time.perf_counter()
@@ -134,6 +173,7 @@ def svg(results, path, smooth=10):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=["qwen2", "gpt"], default="qwen2")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seed", type=int, default=1)
@@ -148,13 +188,15 @@ def main():
     val_gen = torch.Generator().manual_seed(1000)
     val_batches = [batch(data[cut:], args.batch, val_gen) for _ in range(8)]
     results = [train(run, args, data[:cut], val_batches) for run in RUNS]
-    print(f"Qwen2 (width 64, 2 layers, 4 heads / 2 kv heads, context {CONTEXT}) on fortunes, {args.steps} steps of "
-          f"{args.batch} sequences, seed {args.seed}, tau {args.tau}, 1 CPU thread")
+    described = {"qwen2": "Qwen2 (width 64, 2 layers, 4 heads / 2 kv heads", "gpt": "the GPT example (width 128, 4 "
+                 f"layers, {GPT_HEADS} heads, fused qkv"}[args.model]
+    print(f"{described}, context {CONTEXT}) on fortunes, {args.steps} steps of {args.batch} sequences, seed "
+          f"{args.seed}, tau {args.tau}, 1 CPU thread")
     print("| run | training loss, mean of the last 20 steps | held-out loss | seconds | QK-clip fired (steps) |")
     print("|---|---|---|---|---|")
     for r in results:
         fired = "" if r["clip_fired_steps"] is None else f"{r['clip_fired_steps']} (max logit {r['max_logit']:.1f})"
-        print(f"| {r['run']} | {sum(r['train'][-20:]) / 20:.3f} | {r['val']:.3f} | {r['seconds']:.1f} | {fired} |")
+        print(f"| {r['run']} | {sum(r['train'][-20:]) / len(r['train'][-20:]):.3f} | {r['val']:.3f} | {r['seconds']:.1f} | {fired} |")
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(dict(args=vars(args), results=results), indent=1))
     if args.svg:

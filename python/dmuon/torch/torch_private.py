@@ -1,5 +1,6 @@
-"""The private torch APIs dmuon.torch reads, in one place (torch >= 2.11): torch.distributed's for the layouts, and
-torch.cpu's bf16 units for the CPU's Newton–Schulz default.
+"""The private torch APIs dmuon.torch reads, in one place (torch >= 2.11): torch.distributed's for the layouts, FSDP2's
+state of a fully_shard'ed module for the held matrices (its param group and mixed precision policy), and torch.cpu's
+bf16 units for the CPU's Newton–Schulz default.
 
 _StridedShard: the placement FSDP2 gives a parameter it shards over a mesh dim after tensor
 parallelism has sharded the same tensor dim (placement_types.py). A DTensor's shard order: torch
@@ -49,6 +50,23 @@ def on_root_mesh(device_mesh, placements):
     if [n for n in root_names if n in names] != list(names):
         return None
     return root, tuple(placements[names.index(n)] if n in names else Replicate() for n in root_names)
+
+
+def fsdp_state_of(module):
+    """(FSDPParamGroup or None, MixedPrecisionPolicy) of a module that fully_shard wrapped (FSDP2's state: a module
+    of its own parameters has a param group, one whose parameters all belong to its children has none); None for
+    any other module."""
+    get_state = getattr(module, "_get_fsdp_state", None)
+    if get_state is None:
+        return None
+    state = get_state()
+    return getattr(state, "_fsdp_param_group", None), state._mp_policy
+
+
+def gradient_divide_factor(param_group):
+    """The gradient divide factor an FSDPParamGroup was given (set_gradient_divide_factor), None where it has none
+    (FSDP2 then divides by its data-parallel size) or there is no group."""
+    return getattr(param_group, "gradient_divide_factor", None)
 
 
 def cpu_has_bf16_units():

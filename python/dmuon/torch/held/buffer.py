@@ -36,6 +36,7 @@ import torch.distributed as dist
 
 from dmuon.torch.held.placeholder import HeldElsewhere
 from dmuon.torch.layout import as_placed, is_dtensor
+from dmuon.torch.torch_private import gradient_divide_factor
 
 
 class HeldBuffer:
@@ -194,7 +195,7 @@ class HeldBuffer:
                     p.grad = like_param(p, HeldElsewhere(held.shape, held.dtype, held.device, held.held_name,
                                                     held.held_owner, gradient=True))
             return
-        flat_grad.div_(self.groups.divide_factor or getattr(self.fsdp_group, "gradient_divide_factor", None)
+        flat_grad.div_(self.groups.divide_factor or gradient_divide_factor(self.fsdp_group)
                        or self.groups.world)
         for p, g in zip(self.params, self.gradient_views(flat_grad)):
             if not p.requires_grad:

@@ -37,6 +37,7 @@ from dmuon.torch.muon_options import DEFAULTS, MuonOptions, check_options
 from dmuon.torch.muon_step import matrices_of
 from dmuon.torch.params import module_groups
 from dmuon.torch.placements import owner_holdings
+from dmuon.torch.torch_private import fsdp_state_of
 
 MEMORY_SLACK = 0.25  # the planner's bound: a rank owns at most (1 + slack) · total / W bytes (plan.hpp)
 
@@ -323,16 +324,15 @@ def _set_policy(unit, mp_policy, model, unit_name):
     chain = [(".".join(parts[:k]), model.get_submodule(".".join(parts[:k]))) for k in range(len(parts), -1, -1)]
 
     def resolve():
-        state = next(((name, m._get_fsdp_state()) for name, m in chain if hasattr(m, "_get_fsdp_state")), None)
-        if state is not None:
-            group = getattr(state[1], "_fsdp_param_group", None)
-            if isinstance(getattr(group, "offload_policy", None), CPUOffloadPolicy):
-                raise RuntimeError(f"dmuon.torch.hold_on_owners: fully_shard of '{state[0] or 'the model'}' has a "
-                                   "CPUOffloadPolicy, which cannot offload the held matrices (FSDP2 ignores them): "
-                                   "fully_shard without offload_policy, or DMuon without hold_on_owners")
-        policy = mp_policy if mp_policy is not None else (state[1]._mp_policy if state is not None else None)
+        states = ((name, fsdp_state_of(m)) for name, m in chain)
+        name, (group, policy) = next(((name, state) for name, state in states if state is not None), (None, (None, None)))
+        if isinstance(getattr(group, "offload_policy", None), CPUOffloadPolicy):
+            raise RuntimeError(f"dmuon.torch.hold_on_owners: fully_shard of '{name or 'the model'}' has a "
+                               "CPUOffloadPolicy, which cannot offload the held matrices (FSDP2 ignores them): "
+                               "fully_shard without offload_policy, or DMuon without hold_on_owners")
+        policy = mp_policy if mp_policy is not None else policy
         for b in unit.buckets:
-            b.fsdp_group = getattr(state[1], "_fsdp_param_group", None) if state is not None else None
+            b.fsdp_group = group
             b.param_dtype = policy.param_dtype if policy is not None else None
             b._reduce_dtype = policy.reduce_dtype if policy is not None else None
     unit.resolve_policy = resolve
