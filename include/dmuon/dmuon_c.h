@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature below changes; python/dmuon checks it when it loads the library. */
-#define DMUON_C_ABI_VERSION 5
+#define DMUON_C_ABI_VERSION 6
 DMUON_C_API int dmuon_abi_version(void);
 
 /* Return codes. */
@@ -181,6 +181,22 @@ DMUON_C_API int dmuon_adamw_step(int device, int dtype, void* stream, void* p, c
 DMUON_C_API int dmuon_plan_owners(int64_t n, const int64_t* rows, const int64_t* cols, int world_size, const char* balancer,
                       const char* costs, const char* tune_cache, int threads, double time_limit_s,
                       int32_t* owner_out, int* used_tuned);
+
+/* dmuon_plan_owners with each matrix costed as the blocks its Newton-Schulz runs on (split Newton-Schulz:
+ * MuonMatrixOptions::split_heads / split_sizes in C++, dmuon.torch's split_heads / split_sizes per param group).
+ * Matrix i has block_counts[i] blocks, whose shapes are the next block_counts[i] entries of block_rows and
+ * block_cols (matrix 0's blocks first, then matrix 1's, ...); 0 blocks: the whole rows[i]×cols[i] matrix, as
+ * dmuon_plan_owners costs it. A split matrix stays one item with one owner and its bytes are the matrix's; its time
+ * is the sum of its blocks' times, each block counted among the matrices and blocks of its shape (include/dmuon/
+ * plan.hpp make_plan_items' ns_blocks, the costs `dmuon train` plans with). A matrix's blocks must have its number
+ * of elements (an (E, m, n) stack given as one matrix may list its E matrices' blocks). costs "tuned" needs the
+ * block shapes tuned (their batch: ceil(blocks and matrices of that shape / world_size)); "auto" falls back to
+ * flop costs for every matrix when one is missing. DMUON_ERR_INVALID names the matrix (and block) that is wrong. */
+DMUON_C_API int dmuon_plan_owners_blocks(int64_t n, const int64_t* rows, const int64_t* cols,
+                                         const int64_t* block_counts, const int64_t* block_rows,
+                                         const int64_t* block_cols, int world_size, const char* balancer,
+                                         const char* costs, const char* tune_cache, int threads,
+                                         double time_limit_s, int32_t* owner_out, int* used_tuned);
 
 /* ---- tuning ---- */
 

@@ -62,7 +62,8 @@ whole job (nccl-tests' bus bytes; tests/python/collective_ledger.py), and of the
 the optimizer step.
 
 Per dmuon row, three Newton–Schulz columns, all of the rank whose median optimizer step is the longest
-(--json has every rank's: step_per_rank, ns_in_step_per_rank, ns_pred_per_rank, owned_batches_per_rank):
+(--json has every rank's: step_per_rank, ns_in_step_per_rank, blocked_step_per_rank, ns_pred_per_rank,
+owned_batches_per_rank: a profile of where each rank's step goes):
   NS in step  the engine's time inside that rank's steps (DMuon.last_stats["ns_s"]; for a bucket the rank
               holds whole, the one call that also does its momentum and apply), median over the timed steps
   NS pred     the engine's time for the same work without the rest of the step: after the timed steps,
@@ -475,6 +476,7 @@ def measure(name, config, tokens, tp, micro_batches, steps, warmup, mp_policy, t
         buckets = owned_buckets(opt)
         mine = dict(step=statistics.median(r["step"] for r in timed),
                     ns_in_step=statistics.median(r["ns"] for r in timed),
+                    blocked_step=statistics.median(r["blocked_step"] for r in timed),
                     ns_pred=statistics.median(ns_alone(opt, buckets, steps)),
                     batches=[(r, c, n) for r, c, n, _ in buckets])
         ranks = gathered(mine)
@@ -483,6 +485,7 @@ def measure(name, config, tokens, tp, micro_batches, steps, warmup, mp_policy, t
                    step_vs_ns_pred=(ranks[slow]["step"] / ranks[slow]["ns_pred"] if ranks[slow]["ns_pred"] > 0
                                     else math.nan),
                    step_per_rank=[r["step"] for r in ranks], ns_in_step_per_rank=[r["ns_in_step"] for r in ranks],
+                   blocked_step_per_rank=[r["blocked_step"] for r in ranks],
                    ns_pred_per_rank=[r["ns_pred"] for r in ranks], owned_batches_per_rank=[r["batches"] for r in ranks],
                    tune_cache="this run's" if tuner else None, tuned_entries=opt.ns.tuned_entries)
         if tuner:

@@ -16,7 +16,7 @@ import json
 import os
 import pathlib
 
-ABI_VERSION = 5  # DMUON_C_ABI_VERSION
+ABI_VERSION = 6  # DMUON_C_ABI_VERSION
 
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 DTYPE_F32, DTYPE_BF16 = 0, 1
@@ -83,6 +83,9 @@ def library():
                                      ctypes.c_double, ctypes.c_float]),
         "dmuon_plan_owners": (c_int, [c_i64, p_i64, p_i64, c_int, c_char_p, c_char_p, c_char_p, c_int,
                                       ctypes.c_double, ctypes.POINTER(ctypes.c_int32), ctypes.POINTER(c_int)]),
+        "dmuon_plan_owners_blocks": (c_int, [c_i64, p_i64, p_i64, p_i64, p_i64, p_i64, c_int, c_char_p, c_char_p,
+                                             c_char_p, c_int, ctypes.c_double, ctypes.POINTER(ctypes.c_int32),
+                                             ctypes.POINTER(c_int)]),
         "dmuon_tune": (c_int, [c_i64, p_i64, p_i64, ctypes.POINTER(ctypes.c_int32), c_int, c_int, c_char_p]),
         "dmuon_default_tune_cache_path": (c_int, [c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
         "dmuon_model_params_json": (c_int, [c_char_p, c_int, c_char_p, c_size_t, ctypes.POINTER(c_size_t)]),
@@ -277,17 +280,31 @@ def adamw_step(p, grad, exp_avg, exp_avg_sq, n, step, lr, betas, eps, weight_dec
                                  float(betas[0]), float(betas[1]), float(eps), float(weight_decay), float(grad_scale)))
 
 
-def plan_owners(shapes, world_size, balancer="milp", costs="auto", tune_cache="", threads=1, time_limit_s=2.0):
+def plan_owners(shapes, world_size, balancer="milp", costs="auto", tune_cache="", threads=1, time_limit_s=2.0,
+                blocks=None):
     """Owner rank of each (rows, cols) Muon matrix on world_size ranks (DESIGN 3.4).
 
+    blocks: None (every matrix costed whole, dmuon_plan_owners), or one entry per matrix: None for a whole one, else
+    the (rows, cols) of the blocks its split Newton–Schulz runs on (dmuon_plan_owners_blocks: the matrix costs the
+    sum of its blocks' times, e.g. [(64, 896)] * 14 for a 896×896 q split in 14 heads).
     Returns (owners, used_tuned_costs). milp is time-limited, so call it on one rank and broadcast.
     """
     n = len(shapes)
     owners = (ctypes.c_int32 * max(n, 1))()
     used = ctypes.c_int(0)
-    _check(library().dmuon_plan_owners(n, _i64_array([r for r, _ in shapes]), _i64_array([c for _, c in shapes]),
-                                  int(world_size), balancer.encode(), costs.encode(), _cache_arg(tune_cache),
-                                  int(threads), float(time_limit_s), owners, ctypes.byref(used)))
+    rows, cols = _i64_array([r for r, _ in shapes]), _i64_array([c for _, c in shapes])
+    options = (int(world_size), balancer.encode(), costs.encode(), _cache_arg(tune_cache), int(threads),
+               float(time_limit_s), owners, ctypes.byref(used))
+    if blocks is None:
+        _check(library().dmuon_plan_owners(n, rows, cols, *options))
+    else:
+        if len(blocks) != n:
+            raise ValueError(f"plan_owners: blocks has {len(blocks)} entries for {n} matrices")
+        listed = [b or () for b in blocks]
+        flat = [block for b in listed for block in b]
+        _check(library().dmuon_plan_owners_blocks(n, rows, cols, _i64_array([len(b) for b in listed]),
+                                                  _i64_array([r for r, _ in flat]), _i64_array([c for _, c in flat]),
+                                                  *options))
     return list(owners)[:n], bool(used.value)
 
 

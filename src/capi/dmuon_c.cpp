@@ -232,6 +232,83 @@ void write_string(const std::string& text, char* buf, size_t cap, size_t* needed
   std::memcpy(buf, text.c_str(), text.size() + 1);
 }
 
+// Matrix i's blocks (block_counts[i] of them, 0: none, the whole matrix), read in order from block_rows and
+// block_cols, as make_plan_items' ns_blocks (it reads their shapes only: row0 and col0 stay 0). The blocks must
+// cover the matrix: their elements sum to its own.
+std::vector<std::vector<dmuon::MatrixBlock>> blocks_of(int64_t n, const int64_t* rows, const int64_t* cols,
+                                                       const int64_t* block_counts, const int64_t* block_rows,
+                                                       const int64_t* block_cols) {
+  std::vector<std::vector<dmuon::MatrixBlock>> out(static_cast<size_t>(n));
+  int64_t next = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const std::string matrix = "matrix " + std::to_string(i);
+    require(block_counts[i] >= 0, matrix + " has " + std::to_string(block_counts[i]) + " blocks");
+    if (block_counts[i] == 0) continue;
+    require(block_rows && block_cols, "block_rows and block_cols must be given (" + matrix + " has " +
+                                          std::to_string(block_counts[i]) + " blocks)");
+    int64_t elements = 0;
+    for (int64_t b = 0; b < block_counts[i]; ++b, ++next) {
+      require(block_rows[next] >= 1 && block_cols[next] >= 1,
+              matrix + "'s block " + std::to_string(b) + " has shape " + std::to_string(block_rows[next]) + "x" +
+                  std::to_string(block_cols[next]));
+      out[i].push_back({0, 0, block_rows[next], block_cols[next]});
+      elements += block_rows[next] * block_cols[next];
+    }
+    require(elements == rows[i] * cols[i], matrix + " (" + std::to_string(rows[i]) + "x" + std::to_string(cols[i]) +
+                                               ", " + std::to_string(rows[i] * cols[i]) + " elements) has blocks of " +
+                                               std::to_string(elements) + " elements");
+  }
+  return out;
+}
+
+// The body of dmuon_plan_owners and dmuon_plan_owners_blocks (block_counts NULL: every matrix costed whole).
+void plan_owners(int64_t n, const int64_t* rows, const int64_t* cols, const int64_t* block_counts,
+                 const int64_t* block_rows, const int64_t* block_cols, int world_size, const char* balancer,
+                 const char* costs, const char* tune_cache, int threads, double time_limit_s, int32_t* owner_out,
+                 int* used_tuned) {
+  require(n >= 0, "n must be >= 0");
+  require(n == 0 || (rows && cols && owner_out), "rows, cols and owner_out must be given");
+  require(world_size >= 1, "world_size must be >= 1, got " + std::to_string(world_size));
+  require(balancer && costs, "balancer and costs must be given");
+  const std::string cost_kind = costs;
+  require(cost_kind == "flop" || cost_kind == "tuned" || cost_kind == "auto",
+          "costs must be flop, tuned or auto, got '" + cost_kind + "'");
+  dmuon::PlanOptions options;
+  options.balancer = dmuon::parse_balancer(balancer);
+  options.time_limit_s = time_limit_s;
+  std::vector<dmuon::ParamSpec> params;
+  for (int64_t i = 0; i < n; ++i) {
+    require(rows[i] >= 1 && cols[i] >= 1, "matrix " + std::to_string(i) + " has shape " + std::to_string(rows[i]) +
+                                              "x" + std::to_string(cols[i]));
+    params.push_back({"matrix" + std::to_string(i), {rows[i], cols[i]}, dmuon::ParamRole::matrix, static_cast<int>(i)});
+  }
+  const std::vector<std::vector<dmuon::MatrixBlock>> ns_blocks =
+      block_counts ? blocks_of(n, rows, cols, block_counts, block_rows, block_cols)
+                   : std::vector<std::vector<dmuon::MatrixBlock>>{};
+  std::vector<dmuon::PlanItem> items;
+  bool tuned = false;
+  if (cost_kind != "flop") {
+    std::string path_storage;
+    const char* path = resolve_cache(tune_cache, path_storage);
+    require(cost_kind == "auto" || path != nullptr, "costs=tuned needs a tuning cache");
+    require(threads >= 1, "threads must be >= 1, got " + std::to_string(threads));
+    std::string warning;
+    // The planner's costs: the times of calls that ask for no dtype, the ones dmuon_tune tunes.
+    const auto entries = path ? load_entries(path, threads, unasked_dtypes(), &warning)
+                              : std::vector<dmuon::TuneEntry>{};
+    try {
+      items = dmuon::make_plan_items(params, world_size, dmuon::tuned_batch_time(entries), ns_blocks);
+      tuned = true;
+    } catch (const dmuon::Error& e) {
+      if (cost_kind == "tuned") throw dmuon::Error(std::string(e.what()) + (warning.empty() ? "" : "; " + warning));
+    }
+  }
+  if (!tuned) items = dmuon::make_plan_items(params, world_size, dmuon::relative_flop_batch_time(), ns_blocks);
+  const dmuon::Plan plan = dmuon::make_plan(params, items, world_size, options);
+  for (int64_t i = 0; i < n; ++i) owner_out[i] = plan.owner[i];
+  if (used_tuned) *used_tuned = tuned ? 1 : 0;
+}
+
 }  // namespace
 
 extern "C" {
@@ -438,44 +515,19 @@ int dmuon_plan_owners(int64_t n, const int64_t* rows, const int64_t* cols, int w
                       const char* costs, const char* tune_cache, int threads, double time_limit_s,
                       int32_t* owner_out, int* used_tuned) {
   return guarded("dmuon_plan_owners", [&] {
-    require(n >= 0, "n must be >= 0");
-    require(n == 0 || (rows && cols && owner_out), "rows, cols and owner_out must be given");
-    require(world_size >= 1, "world_size must be >= 1, got " + std::to_string(world_size));
-    require(balancer && costs, "balancer and costs must be given");
-    const std::string cost_kind = costs;
-    require(cost_kind == "flop" || cost_kind == "tuned" || cost_kind == "auto",
-            "costs must be flop, tuned or auto, got '" + cost_kind + "'");
-    dmuon::PlanOptions options;
-    options.balancer = dmuon::parse_balancer(balancer);
-    options.time_limit_s = time_limit_s;
-    std::vector<dmuon::ParamSpec> params;
-    for (int64_t i = 0; i < n; ++i) {
-      require(rows[i] >= 1 && cols[i] >= 1, "matrix " + std::to_string(i) + " has shape " + std::to_string(rows[i]) +
-                                                "x" + std::to_string(cols[i]));
-      params.push_back({"matrix" + std::to_string(i), {rows[i], cols[i]}, dmuon::ParamRole::matrix, static_cast<int>(i)});
-    }
-    std::vector<dmuon::PlanItem> items;
-    bool tuned = false;
-    if (cost_kind != "flop") {
-      std::string path_storage;
-      const char* path = resolve_cache(tune_cache, path_storage);
-      require(cost_kind == "auto" || path != nullptr, "costs=tuned needs a tuning cache");
-      require(threads >= 1, "threads must be >= 1, got " + std::to_string(threads));
-      std::string warning;
-      // The planner's costs: the times of calls that ask for no dtype, the ones dmuon_tune tunes.
-      const auto entries = path ? load_entries(path, threads, unasked_dtypes(), &warning)
-                                : std::vector<dmuon::TuneEntry>{};
-      try {
-        items = dmuon::make_plan_items(params, world_size, dmuon::tuned_batch_time(entries));
-        tuned = true;
-      } catch (const dmuon::Error& e) {
-        if (cost_kind == "tuned") throw dmuon::Error(std::string(e.what()) + (warning.empty() ? "" : "; " + warning));
-      }
-    }
-    if (!tuned) items = dmuon::make_plan_items(params, world_size, dmuon::relative_flop_batch_time());
-    const dmuon::Plan plan = dmuon::make_plan(params, items, world_size, options);
-    for (int64_t i = 0; i < n; ++i) owner_out[i] = plan.owner[i];
-    if (used_tuned) *used_tuned = tuned ? 1 : 0;
+    plan_owners(n, rows, cols, nullptr, nullptr, nullptr, world_size, balancer, costs, tune_cache, threads,
+                time_limit_s, owner_out, used_tuned);
+  });
+}
+
+int dmuon_plan_owners_blocks(int64_t n, const int64_t* rows, const int64_t* cols, const int64_t* block_counts,
+                             const int64_t* block_rows, const int64_t* block_cols, int world_size,
+                             const char* balancer, const char* costs, const char* tune_cache, int threads,
+                             double time_limit_s, int32_t* owner_out, int* used_tuned) {
+  return guarded("dmuon_plan_owners_blocks", [&] {
+    require(n == 0 || block_counts, "block_counts must be given");
+    plan_owners(n, rows, cols, block_counts, block_rows, block_cols, world_size, balancer, costs, tune_cache,
+                threads, time_limit_s, owner_out, used_tuned);
   });
 }
 

@@ -270,6 +270,23 @@ def test_plan_owners():
         dmuon.plan_owners(shapes, 2, costs="tuned", tune_cache=None)
 
 
+def test_plan_owners_costs_split_matrices_as_their_blocks():
+    # lpt over flops on 2 ranks, one 896×896 and ten 128×896: whole, the big one (896³) outweighs the ten
+    # (128²·896 each) together, so it is alone on rank 0; split in 14 heads of 64×896 (14·64²·896) it is worth 3.5
+    # small ones, so ranks 0 and 1 take the small ones in turn from the fifth on
+    shapes = [(896, 896)] + [(128, 896)] * 10
+    heads = [[(64, 896)] * 14] + [None] * 10
+    assert dmuon.plan_owners(shapes, 2, balancer="lpt", costs="flop")[0] == [0] + [1] * 10
+    assert dmuon.plan_owners(shapes, 2, balancer="lpt", costs="flop", blocks=heads)[0] == [0, 1, 1, 1, 1, 0, 1, 0, 1,
+                                                                                            0, 1]
+    assert dmuon.plan_owners(shapes, 2, balancer="lpt", costs="flop", blocks=[None] * 11)[0] == [0] + [1] * 10
+    with pytest.raises(dmuon.DmuonError, match=r"dmuon_plan_owners_blocks: matrix 0 \(896x896, 802816 elements\) "
+                                               r"has blocks of 57344 elements"):
+        dmuon.plan_owners(shapes, 2, costs="flop", blocks=[[(64, 896)]] + [None] * 10)
+    with pytest.raises(ValueError, match="blocks has 1 entries for 11 matrices"):
+        dmuon.plan_owners(shapes, 2, costs="flop", blocks=[None])
+
+
 def test_a_file_that_is_not_a_tuning_cache_is_refused_and_kept(tmp_path):
     notes = tmp_path / "notes.txt"
     notes.write_text("not a cache\n")
@@ -304,6 +321,8 @@ def test_tuned_cache_is_used_by_ns_and_planner(tmp_path):
     assert tuned and sorted(owners) == [0, 0, 1, 1]
     with pytest.raises(dmuon.DmuonError, match="64"):  # a shape the cache lacks
         dmuon.plan_owners([(64, 64)], 2, costs="tuned", tune_cache=cache)
+    with pytest.raises(dmuon.DmuonError, match="no tuned time for shape 8x40 batch 4"):  # a block shape it lacks
+        dmuon.plan_owners([(16, 40)] * 4, 2, costs="tuned", tune_cache=cache, blocks=[[(8, 40)] * 2] * 4)
     assert dmuon.plan_owners([(64, 64)], 2, costs="auto", tune_cache=cache) == ([0], False)
 
 

@@ -276,6 +276,8 @@ def test_without_libdmuon_c_owners_are_planned_longest_first():
     shapes = [(32, 64), (64, 256), (16, 16), (256, 64), (64, 32), (32, 64)]
     assert lpt_owners(shapes, 2) == [0, 0, 1, 1, 1, 0]
     assert lpt_owners(shapes, 1) == [0] * 6 and lpt_owners([], 3) == []
+    # matrix 1 split in 4 row blocks of 16×256 costs 4·16·16·256 = 262144: 3→0, then every other one to rank 1
+    assert lpt_owners(shapes, 2, [None, [(16, 256)] * 4, None, None, None, None]) == [1, 1, 1, 0, 1, 1]
 
 
 def test_an_unknown_engine_is_refused():

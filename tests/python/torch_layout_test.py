@@ -7,6 +7,7 @@ import torch
 from torch.distributed.tensor import Replicate, Shard
 
 from dmuon.torch.layout import Layout
+from dmuon.torch.muon_options import DEFAULTS, MuonOptions
 from dmuon.torch.muon_step import MuonMatrix, assign_owners, matrices_of
 from dmuon.torch.placements import mesh_holdings, replicated_holdings, row_chunk_holdings
 
@@ -57,20 +58,22 @@ def test_experts_of_a_sharded_stack_are_whole_on_one_shard():
 
 
 def test_owner_rule_pins_experts_to_holders_spread_over_replicas_and_plans_the_rest():
-    experts = [MuonMatrix(0, e, f"s[{e}]", layout((4, 8, 8), hsdp((4, 8, 8)), 0), {}, 8, 8, 1.0) for e in range(4)]
-    matrix = MuonMatrix(1, None, "w", layout((8, 8), hsdp((8, 8)), 0), {}, 8, 8, 1.0)
-    replicated = MuonMatrix(2, None, "r", layout((8, 8), replicated_holdings((8, 8), 4), 0), {}, 8, 8, 1.0)
+    unsplit = MuonOptions.of_group(DEFAULTS)
+    split = MuonOptions.of_group({**DEFAULTS, "split_heads": 2, "split_dim": 1})  # the planner gets its blocks
+    experts = [MuonMatrix(0, e, f"s[{e}]", layout((4, 8, 8), hsdp((4, 8, 8)), 0), {}, 8, 8, unsplit) for e in range(4)]
+    matrix = MuonMatrix(1, None, "w", layout((8, 8), hsdp((8, 8)), 0), {}, 8, 8, split)
+    replicated = MuonMatrix(2, None, "r", layout((8, 8), replicated_holdings((8, 8), 4), 0), {}, 8, 8, unsplit)
     planned = []
 
-    def plan(shapes, world):
-        planned.append((shapes, world))
+    def plan(shapes, world, blocks):
+        planned.append((shapes, world, blocks))
         return [3, 1]
 
     assign_owners(experts + [matrix, replicated], 4, plan)
     # shard 0 (ranks 0 and 2) holds experts 0, 1; shard 1 (ranks 1 and 3) holds experts 2, 3
     assert [k.owner for k in experts] == [0, 2, 1, 3]
     assert not any(k.u_travels for k in experts) and all(k.o_travels for k in experts)
-    assert planned == [([(8, 8), (8, 8)], 4)]
+    assert planned == [([(8, 8), (8, 8)], 4, [[(8, 4), (8, 4)], None])]
     assert (matrix.owner, replicated.owner) == (3, 1)
     assert matrix.u_travels and not replicated.u_travels
 
@@ -80,6 +83,6 @@ def test_an_expert_split_over_expert_fsdp_is_owned_where_its_pieces_are():
     # expert whole; each is owned by a rank of its pair, spread over the pair.
     holdings = mesh_holdings((4, 6, 4), (2, 2), (Shard(0), Shard(1)))
     stack = [MuonMatrix(0, e, f"s[{e}]", layout((4, 6, 4), holdings, 0), {}, 6, 4, 1.0) for e in range(4)]
-    assign_owners(stack, 4, lambda shapes, world: [])
+    assign_owners(stack, 4, lambda shapes, world, blocks: [])
     assert [k.owner for k in stack] == [0, 1, 2, 3]
     assert all(k.u_travels and k.o_travels for k in stack)

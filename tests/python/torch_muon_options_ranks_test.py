@@ -8,7 +8,9 @@ torch_owner_held_test.py trains 10 steps with param groups of Muon options:
              world size: 4, 3 and 2 blocks at 3 ranks); the experts, up and down with NorMuon (per block)
   blocks.3   the constructor's options (match_rms_adamw, 5 steps, no cautious weight decay)
   blocks.4   NorMuon with normuon_beta2=0.9 (its v's rows sharded unevenly at 3-4 ranks)
-and AdamW for the rest. Every tensor must be within 1e-5 (relative Frobenius) of the float64 reference
+and AdamW for the rest. Owners by the lpt balancer: DMuon's (all-to-all) and hold_on_owners's (given the split by
+split_of) are dmuon.plan_owners's with blocks.2's matrices costed as their blocks (SPLIT_BLOCKS, by hand), which
+differ from those of the matrices costed whole. Every tensor must be within 1e-5 (relative Frobenius) of the float64 reference
 (torch_dmuon_mpi_test.Reference, which applies each group's options by their definitions) and of the
 other mode; a bucket holds matrices of one options value only. NorMuon's v is sharded as the parameter's rows
 under fully_shard (on the owner under hold_on_owners), and a torch.distributed.checkpoint save at step 5 resumes
@@ -32,6 +34,8 @@ import tempfile
 
 import torch
 import torch.distributed as dist
+
+import dmuon
 from torch.distributed.tensor import DTensor
 
 import torch_owner_held_test as held_test
@@ -39,7 +43,7 @@ from collective_ledger import Ledger, recording
 from dmuon.torch import Attention, DMuon, FusedAttention, LatentAttention, QKClip, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
 from dmuon.torch.params import module_groups
-from owner_held_model import global_batches, loss_of, make_net, rank_slice
+from owner_held_model import DIM, EXPERTS, global_batches, loss_of, make_net, rank_slice
 from rank_checks import check, finish, total_over_ranks
 from muon_reference import fused_qk_clip_ref, latent_qk_clip_ref, qk_clip_ref
 from rank_exit import exit_rank
@@ -63,6 +67,9 @@ OPTIONS = [("blocks.0.", dict(scale="spectral", ns_steps=4, cautious_wd=True)),
            ("blocks.2.down", dict(split_heads=2, split_dim=1, variant="normuon")),
            ("blocks.3.", dict()),
            ("blocks.4.", dict(variant="normuon", normuon_beta2=0.9))]
+# The (rows, cols) of the blocks OPTIONS splits blocks.2's matrices in: what the owner planner costs them as.
+SPLIT_BLOCKS = {"blocks.2.mix.weight": [(3, 12)] * 4, "blocks.2.up.weight": [(8, 12), (12, 12)],
+                "blocks.2.down.weight": [(12, 10)] * 2, "blocks.2.experts": [(3, 12)] * 4 * EXPERTS}
 
 
 def groups_of(net):
@@ -79,12 +86,43 @@ def groups_of(net):
     return out
 
 
+def split_of(name, p):
+    """hold_on_owners's split: the split options OPTIONS gives a Muon parameter (None: none)."""
+    options = {k: v for k, v in next(o for q, o in OPTIONS if name.startswith(q)).items() if k.startswith("split")}
+    return options or None
+
+
+def check_planned_owners(mode, owners, planned):
+    """owners (name → owner) are lpt's with the split matrices costed as their blocks (planned: [(name, (rows,
+    cols))], in the order DMuon or hold_on_owners plans them), and other than lpt's with every matrix costed whole."""
+    if dist.get_world_size() == 1:
+        return  # one rank owns everything, unplanned
+    shapes = [shape for _, shape in planned]
+    want = dmuon.plan_owners(shapes, dist.get_world_size(), balancer="lpt",
+                             blocks=[SPLIT_BLOCKS.get(n) for n, _ in planned])[0]
+    got = [owners[n] for n, _ in planned]
+    check(got == want, f"{mode}: owners {got}, the block-costed plan's {want}")
+    check(want != dmuon.plan_owners(shapes, dist.get_world_size(), balancer="lpt")[0],
+          f"{mode}: the plan of the matrices costed whole is the block-costed one")
+
+
 def build(hold):
-    """(model, its parameters' module, optimizer)."""
+    """(model, its parameters' module, optimizer), owners planned by lpt (checked)."""
     mesh = held_test.mesh_of("fsdp2")
     net = make_net(**NET)
-    held = hold_on_owners(net, mesh) if hold else None
-    return held_test.wrap(net, mesh, held), net, DMuon(groups_of(net), **held_test.HYPER)
+    if hold:  # the stacks (E, D, D) costed as (D, E·D)
+        planned = [(n, (DIM, EXPERTS * DIM) if p.dim() == 3 else tuple(p.shape))
+                   for g in module_groups(net) if g["use_muon"] for n, p in g["params"]]
+        held = hold_on_owners(net, mesh, balancer="lpt", split=split_of)
+        check_planned_owners("owner-centric", held.owners, planned)
+    else:
+        held = None
+    model = held_test.wrap(net, mesh, held)
+    opt = DMuon(groups_of(net), balancer="lpt", **held_test.HYPER)
+    if not hold:  # the experts are pinned to the ranks holding them whole
+        check_planned_owners("all-to-all", opt.owners,
+                             [(k.name, (k.rows, k.cols)) for k in opt._matrices if k.expert is None])
+    return model, net, opt
 
 
 def maxima(step, rank):

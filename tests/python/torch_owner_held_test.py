@@ -22,8 +22,8 @@ tensor must be within 1e-5 (relative Frobenius) of the float64 reference that tr
 in one process, and of the all-to-all run. Every Muon matrix is orthogonalized once per step in the
 whole job (counted across ranks), and every rank's owned bytes stay within the planner's bound.
 Errors: hold_on_owners after fully_shard, a fully_shard without ignored_params, a held matrix in an
-AdamW group, step() after a backward without sync, predicates that differ across ranks — each the
-same error on every rank.
+AdamW group, step() after a backward without sync, predicates that differ across ranks, a split
+(hold_on_owners's split=) that does not fit its matrix or is not a split — each the same error on every rank.
 """
 
 import math
@@ -229,6 +229,12 @@ def check_errors():
         hold_on_owners(net, mesh)
     expect_same_error("hold after fully_shard", after_fully_shard, ValueError, "blocks.0.experts",
                       "before fully_shard")
+    expect_same_error("a split that does not fit", lambda: hold_on_owners(
+        make_net(), mesh, split=lambda n, p: dict(split_heads=3) if n == "blocks.1.up.weight" else None), ValueError,
+        "'blocks.1.up.weight' (20×12) has 20 rows, not a multiple of split_heads=3")
+    expect_same_error("not a split", lambda: hold_on_owners(make_net(), mesh, split=lambda n, p: dict(lr=0.1)),
+                      ValueError, "split of 'blocks.0.", "must give None or a dict of split_heads, split_sizes, "
+                      "split_dim, got {'lr': 0.1}")
 
     def forgotten_ignored_params():
         net = make_net()

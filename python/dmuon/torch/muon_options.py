@@ -130,3 +130,12 @@ class MuonOptions:
         if sum(self.split_sizes) != length:
             raise ValueError(f"{what}, but split_sizes {list(self.split_sizes)} sum to {sum(self.split_sizes)}")
         return self.split_dim, self.split_sizes
+
+    def block_shapes(self, rows, cols, name):
+        """None (no split), or the (rows, cols) of each of blocks()'s blocks, in order: what the owner planner
+        costs the matrix as (dmuon.plan_owners's blocks)."""
+        blocks = self.blocks(rows, cols, name)
+        if blocks is None:
+            return None
+        dim, sizes = blocks
+        return [(size, cols) if dim == 0 else (rows, size) for size in sizes]

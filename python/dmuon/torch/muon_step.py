@@ -126,6 +126,11 @@ class MuonMatrix:
         return self.options.blocks(self.rows, self.cols, self.name)
 
     @property
+    def block_shapes(self):
+        """None, or the (rows, cols) of its blocks, what the owner planner costs it as (MuonOptions.block_shapes)."""
+        return self.options.block_shapes(self.rows, self.cols, self.name)
+
+    @property
     def width(self):
         """B, the columns of its NorMuon v (normuon.width)."""
         return normuon_width(self.options, self.rows, self.cols, self.name)
@@ -180,7 +185,8 @@ def assign_owners(matrices, world_size, plan):
     holds whole but only some ranks hold pieces of (expert parallelism × expert-FSDP) by one of those,
     so its pieces travel within them: in both cases the candidate with the fewest such matrices so far
     (in HSDP that spreads a shard's experts over its replicas). The others go to
-    `plan([(rows, cols)], world_size)` (the planner, over all ranks)."""
+    `plan([(rows, cols)], world_size, blocks)` (the planner, over all ranks; blocks: each one's block_shapes, the
+    blocks its split Newton–Schulz runs on, None for a whole one)."""
     pinned = [0] * world_size
     free = []
     for k in matrices:
@@ -196,7 +202,7 @@ def assign_owners(matrices, world_size, plan):
             pinned[k.owner] += 1
         else:
             free.append(k)
-    for k, owner in zip(free, plan([(k.rows, k.cols) for k in free], world_size)):
+    for k, owner in zip(free, plan([(k.rows, k.cols) for k in free], world_size, [k.block_shapes for k in free])):
         k.owner = owner
 
 

@@ -256,8 +256,8 @@ class DMuon(torch.optim.Optimizer):
                     matrices.append(MuonMatrix(i, expert, name + ("" if expert is None else f"[{expert}]"), layout,
                                                group, rows, cols, MuonOptions.of_group(group)))
         assign_owners(matrices, self.comm.world,
-                      lambda shapes, world: plan_on_rank0(self.comm, shapes, self._balancer, self._threads,
-                                                          self._tune_cache))
+                      lambda shapes, world, blocks: plan_on_rank0(self.comm, shapes, self._balancer, self._threads,
+                                                                  self._tune_cache, blocks))
         self._matrices.extend(matrices)
         self.owners.update((k.name, k.owner) for k in matrices)
         for k in matrices:

@@ -33,6 +33,8 @@ from dmuon.torch.held.placeholder import HeldElsewhere
 from dmuon.torch.held.state_dict import install_state_dict_hooks
 from dmuon.torch.held.tensor_parallel import tensor_parallel
 from dmuon.torch.layout import is_dtensor
+from dmuon.torch.muon_options import DEFAULTS, MuonOptions, check_options
+from dmuon.torch.muon_step import matrices_of
 from dmuon.torch.params import module_groups
 from dmuon.torch.placements import owner_holdings
 from dmuon.torch.torch_private import fsdp_state_of
@@ -103,6 +105,30 @@ def _plan_shape(shape):
     return shape[0], math.prod(shape[1:])
 
 
+SPLIT_KEYS = ("split_heads", "split_sizes", "split_dim")
+
+
+def _plan_blocks(name, p, split):
+    """None (the planner costs the held parameter whole, as _plan_shape), or the (rows, cols) of the blocks it costs
+    it as: the blocks of each of its matrices (an (E, m, n) stack's E experts) under split(name, p)'s options, as
+    DMuon splits them (MuonOptions.block_shapes). ValueError naming the parameter for options that are not split
+    options or a split that does not fit."""
+    options = split(name, p) if split is not None else None
+    if options is None:
+        return None
+    where = f"dmuon.torch.hold_on_owners: split of '{name}'"
+    if not isinstance(options, dict) or set(options) - set(SPLIT_KEYS):
+        raise ValueError(f"{where}: split(name, parameter) must give None or a dict of {', '.join(SPLIT_KEYS)}, "
+                         f"got {options!r}")
+    check_options(options, where)
+    frozen = MuonOptions.of_group({**DEFAULTS, **options})
+    shape = tuple(p.shape)
+    blocks = []
+    for _, rows, cols in matrices_of(shape, experts=len(shape) == 3):
+        blocks.extend(frozen.block_shapes(rows, cols, name) or [(rows, cols)])
+    return blocks
+
+
 def _default_unit(name):
     """The hook unit of a parameter: its shortest enclosing module path ending in an index
     ("blocks.3" for "blocks.3.attn.q.weight"), else the module holding it."""
@@ -154,7 +180,7 @@ def _group_ranks(mesh, process_group):
 
 
 def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, units=None, balancer="milp",
-                   reshard_after_forward=True, mp_policy=None, tune_cache="", gradient_divide_factor=None):
+                   reshard_after_forward=True, mp_policy=None, tune_cache="", gradient_divide_factor=None, split=None):
     """Makes the Muon matrices of `model` owner-held; returns a HeldMatrices.
 
     Call it on every rank before fully_shard or DDP, with the model materialised or on the meta device
@@ -177,7 +203,10 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     modules whose hooks move their parameters (default: each block "….N" of the model, else the module
     holding the parameter). balancer: dmuon.plan_owners's
     ("milp" over measured Newton–Schulz costs, "lpt", "rr"); tune_cache: the tuning cache it plans
-    with, as DMuon's ("" the default path, None none, else a path). reshard_after_forward: as
+    with, as DMuon's ("" the default path, None none, else a path). split(name, parameter) → None or a dict of
+    split options (split_heads, split_sizes, split_dim: those of the DMuon param group the parameter will be in): the
+    planner costs a split matrix as its blocks, as DMuon does (without split, or where it gives None: the whole
+    matrix; DMuon splits by its groups' options whatever was given here). reshard_after_forward: as
     fully_shard's; False keeps the weights from forward to backward. mp_policy: a MixedPrecisionPolicy
     for the held matrices (default: the one fully_shard gave the unit's module or its nearest sharded
     ancestor at the first forward, else none): the masters and DMuon's state stay in their dtype on the owner,
@@ -187,9 +216,10 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     module's forward and backward (placeholder.py): reads raise an error naming it, writes are skipped.
     """
     comm = Group(process_group)
-    error, chosen, tp, global_ranks = None, [], None, comm.ranks
+    error, chosen, tp, global_ranks, blocks = None, [], None, comm.ranks, None
     try:
         chosen = _select(model, predicate)
+        blocks = [_plan_blocks(n, p, split) for n, p in chosen] if split is not None else None
         tp = tensor_parallel(chosen, mesh, comm.ranks, comm.rank)
         global_ranks = comm.ranks if tp is not None else _group_ranks(mesh, process_group)
         if global_ranks != comm.ranks:
@@ -211,7 +241,7 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
 
     world = comm.world
     owners_list = plan_on_rank0(comm, [_plan_shape(tuple(p.shape)) for _, p in chosen], balancer,
-                                torch.get_num_threads(), tune_cache)
+                                torch.get_num_threads(), tune_cache, blocks)
     owners = {n: o for (n, _), o in zip(chosen, owners_list)}
     if tp is None:
         holdings = {n: owner_holdings(tuple(p.shape), world, owners[n]) for n, p in chosen}
