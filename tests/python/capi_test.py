@@ -326,6 +326,32 @@ def test_tuned_cache_is_used_by_ns_and_planner(tmp_path):
     assert dmuon.plan_owners([(64, 64)], 2, costs="auto", tune_cache=cache) == ([0], False)
 
 
+def test_the_cache_chooses_the_dtype_of_a_handle_that_asks_for_none(tmp_path):
+    """Deterministic given the cache: the entry dmuon.tune wrote, rewritten to name each dtype its setting was timed in
+    (bfloat16 and float32 with bf16 units, else float32 alone), makes a handle that asks for no dtype run bit for bit
+    as that dtype chosen explicitly with the same kernel (Gram, restarts [1, 3] in bfloat16 and [2] in float32, 8
+    tiles); a handle that asks for the other dtype keeps it, cache or not."""
+    cache = tmp_path / "tune.json"
+    dmuon.tune([(16, 40, 2)], threads=1, rounds=1, tune_cache=str(cache))
+    text = json.loads(cache.read_text())
+    setting, = text["settings"]
+    dtypes = setting["key"]["dtype"].split(" or ")
+    batch = np.random.default_rng(8).standard_normal((2, 16, 40)).astype(np.float32)
+    results = {}
+    for dtype in dtypes:
+        setting["entries"][0].update(algo="gram", restarts=[1, 3] if dtype == "bfloat16" else [2], symmetric=True,
+                                     tiles=8, batch_mode="sequential", threads=1, dtype=dtype)
+        cache.write_text(json.dumps(text))
+        results[dtype] = run(dmuon.Orthogonalizer(threads=1, tune_cache=str(cache)), batch)
+        explicit = run(dmuon.Orthogonalizer(algo="gram", threads=1, tune_cache=None, dtype=dtype), batch)
+        assert np.array_equal(results[dtype], explicit), dtype
+        for other in set(dtypes) - {dtype}:
+            asked = run(dmuon.Orthogonalizer(threads=1, tune_cache=str(cache), dtype=other), batch)
+            assert np.array_equal(asked, run(dmuon.Orthogonalizer(threads=1, tune_cache=None, dtype=other), batch))
+    if len(dtypes) == 2:
+        assert not np.array_equal(results["float32"], results["bfloat16"])  # the dtype really changed what ran
+
+
 def test_model_params():
     params = dmuon.model_params(str(MODELS / "qwen2.5-0.5b.json"), layers=1)
     by_name = {p["name"]: p for p in params}
