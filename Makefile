@@ -9,6 +9,15 @@ JOBS ?= $(shell nproc)
 TEST_JOBS ?= $(shell echo $$(( $$(nproc) * 2 )))
 VENV ?= .venv
 PYTHON ?= python3
+# OpenBLAS picks its kernels by CPU model when it loads, and on a model it does not know it falls back to its
+# generic SSE3 ones (Debian's 0.3.21 on an Emerald Rapids Xeon: sgemm 27 GFLOP/s a core instead of 102): on a CPU
+# with AVX-512, every command here runs the SkylakeX kernels OpenBLAS runs on the AVX-512 CPUs it knows, unless the
+# environment names a core (docs/ns.md, "OpenBLAS's kernels"). dmuon's Python package does the same.
+ifeq ($(origin OPENBLAS_CORETYPE),undefined)
+ifneq ($(shell grep -m1 -w avx512f /proc/cpuinfo | grep -w avx512bw | grep -w avx512dq | grep -w avx512vl),)
+export OPENBLAS_CORETYPE := SkylakeX
+endif
+endif
 
 .PHONY: deps venv build test build-sanitize test-sanitize demo clean
 

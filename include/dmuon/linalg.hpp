@@ -61,6 +61,11 @@ class ThreadsScope {
 
 // "OpenBLAS 0.3.21 ..." as the library reports its build, for logs and tuning-cache keys.
 std::string blas_description();
+// "" where OpenBLAS runs kernels of the CPU's instruction set; else what to do about it: OpenBLAS's
+// DYNAMIC_ARCH falls back to its generic (SSE3 "Prescott") kernels on a model it does not know (OpenBLAS 0.3.21 on
+// an Emerald Rapids Xeon: sgemm 27 GFLOP/s a core against 102 with OPENBLAS_CORETYPE=SkylakeX), and the core is
+// chosen when OpenBLAS loads, before any of our code runs.
+std::string blas_kernel_advice();
 // The CPU model name (from /proc/cpuinfo), for logs and tuning-cache keys.
 std::string cpu_model();
 

@@ -41,6 +41,34 @@ def _library_path():
     return pathlib.Path(__file__).with_name("libdmuon_c.so")
 
 
+def _cpu_has_avx512():
+    """Whether /proc/cpuinfo lists AVX-512 F, BW, DQ and VL (OpenBLAS's SkylakeX kernels' instructions)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        return False
+    return {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= set(flags)
+
+
+def _openblas_loaded():
+    """Whether the OpenBLAS libdmuon_c links (libopenblas.so, not numpy's bundled copy) is in this process already."""
+    try:
+        with open("/proc/self/maps") as f:
+            return any("/libopenblas.so" in line for line in f)
+    except OSError:
+        return True  # cannot tell: leave OpenBLAS's choice alone
+
+
+def _choose_openblas_kernels():
+    """OPENBLAS_CORETYPE=SkylakeX on a CPU with AVX-512 before libdmuon_c loads OpenBLAS, unless the environment
+    names a core or OpenBLAS is loaded already: OpenBLAS picks its kernels when it loads, and on a model it does not
+    know (OpenBLAS 0.3.21 on an Emerald Rapids Xeon) it falls back to its generic SSE3 ones, several times slower
+    (docs/ns.md, "OpenBLAS's kernels"). SkylakeX's are those OpenBLAS runs on every AVX-512 CPU it knows."""
+    if "OPENBLAS_CORETYPE" not in os.environ and _cpu_has_avx512() and not _openblas_loaded():
+        os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
+
+
 @functools.cache
 def library():
     """libdmuon_c, loaded on first use (so `import dmuon` and dmuon.torch's torch engine need no library); raises
@@ -49,6 +77,7 @@ def library():
     path = _library_path()
     if not path.exists():
         raise ImportError(f"dmuon: {path} not found (build the dmuon_c target, or set DMUON_C_LIBRARY)")
+    _choose_openblas_kernels()
     try:
         lib = ctypes.CDLL(str(path))
     except OSError as e:

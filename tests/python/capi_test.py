@@ -374,3 +374,23 @@ def test_chunk_rows_is_torch_chunk(rows, world):
             assert (start, count) == expected[r]
         else:
             assert count == 0  # torch.chunk made fewer chunks: the rest of the ranks hold nothing
+
+
+def test_openblas_runs_the_cpus_kernels_unless_the_environment_names_a_core():
+    """Loading libdmuon_c on a CPU with AVX-512 makes OpenBLAS run its SkylakeX kernels (on a model it does not know
+    it would fall back to its generic ones); a core the environment names is kept. In a fresh process each: OpenBLAS
+    chooses when it loads."""
+    script = ("import ctypes, dmuon._capi as c; c.library(); blas = ctypes.CDLL('libopenblas.so.0'); "
+              "blas.openblas_get_corename.restype = ctypes.c_char_p; print(blas.openblas_get_corename().decode())")
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_CORETYPE"}
+
+    def core(extra):
+        run = subprocess.run([sys.executable, "-c", script], env={**env, **extra}, capture_output=True, text=True,
+                             timeout=120)
+        assert run.returncode == 0, run.stderr
+        return run.stdout.strip().lower()
+
+    from dmuon._capi import _cpu_has_avx512
+    if _cpu_has_avx512():
+        assert core({}) in ("skylakex", "cooperlake", "sapphirerapids")
+    assert core({"OPENBLAS_CORETYPE": "Prescott"}) == "prescott"

@@ -59,6 +59,33 @@ TEST(CliNs, DefaultDtypeIsTheCpusDefault) {
   EXPECT_EQ(output_of("env DMUON_NS_DEFAULT_DTYPE=f32", ""), f32);
 }
 
+// OpenBLAS's generic kernels on a CPU with AVX-512 (what it runs on a model it does not know, forced here) get one
+// warning after a computing command, naming the fix; its SkylakeX kernels get none. A CPU without AVX-512 gets none.
+TEST(CliNs, WarnsWhenOpenBlasRunsKernelsBelowTheCpus) {
+  test::TempDir dir;
+  const std::string ns = std::string(DMUON_CLI_PATH) + " ns --dtype f32 --in " + test::data_path("ns_wide_in.npy") +
+                         " --out " + dir.file("o.npy");
+  const auto generic = test::run_command("env OPENBLAS_CORETYPE=Prescott " + ns);
+  ASSERT_EQ(generic.exit_code, 0) << generic.output;
+  const std::string warning = "dmuon: warning: OpenBLAS runs its Prescott kernels on this CPU, which has AVX-512";
+#if defined(__x86_64__)
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+  const bool avx512 = false;
+#endif
+  if (!avx512) {
+    EXPECT_EQ(generic.output.find("dmuon: warning: OpenBLAS"), std::string::npos) << generic.output;
+    return;
+  }
+  EXPECT_EQ(std::count(generic.output.begin(), generic.output.end(), '\n'), 1) << generic.output;
+  EXPECT_EQ(generic.output.rfind(warning, 0), 0u) << generic.output;
+  EXPECT_NE(generic.output.find("start the process with OPENBLAS_CORETYPE=SkylakeX"), std::string::npos);
+  const auto native = test::run_command("env OPENBLAS_CORETYPE=SkylakeX " + ns);
+  ASSERT_EQ(native.exit_code, 0) << native.output;
+  EXPECT_EQ(native.output, "") << native.output;
+}
+
 // `dmuon tune --dtype auto` (the default) shows each shape's compute dtype: with bf16 units (forced here, so on any
 // CPU) the one its cache entry chose among bf16 and float32, in the table's dtype column and in one line naming the
 // shapes of each; with none (float32 forced) float32 for every shape and no such line, tuned in float32 alone.

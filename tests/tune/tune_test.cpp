@@ -65,7 +65,9 @@ TEST(TuneCandidates, Bf16CandidatesComputeInBf16WithHalfPrecisionRestarts) {
   for (const auto& o : f32) EXPECT_EQ(o.dtype, DType::f32) << describe(o);
   for (const auto& o : bf16) {
     EXPECT_EQ(o.dtype, DType::bf16) << describe(o);
-    if (o.algo == NsAlgo::gram) EXPECT_EQ(o.restarts, (std::vector<int>{1, 3})) << describe(o);
+    if (o.algo == NsAlgo::gram) {
+      EXPECT_EQ(o.restarts, (std::vector<int>{1, 3})) << describe(o);
+    }
   }
   EXPECT_EQ(untuned_options(2, DType::bf16).restarts, (std::vector<int>{1, 3}));
   EXPECT_EQ(untuned_options(2), untuned_options(2, DType::f32));

@@ -5,6 +5,7 @@
 // internal error, in full. Under mpirun the failing rank then ends the whole job (abort_world):
 // returning would leave its peers waiting in a collective until their comm timeout, and the exit
 // handler's MPI_Finalize would wait with them.
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 #include <cstdlib>
@@ -19,6 +20,7 @@
 #include "cli_kit/field_flags.hpp"
 #include "dmuon/comm.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/linalg.hpp"
 #include "dmuon/rank_agreement.hpp"
 #include "console/progress.hpp"
 
@@ -92,6 +94,17 @@ std::string user_message(const std::string& library_what) {
   static const std::regex location(R"( \[[^\[\] ]+\.(cpp|hpp|h|cc|cu|cuh):[0-9]+\])");
   return std::regex_replace(what, location, "");
 }
+// Warns once (rank 0 of an mpirun job, or the only process) after a command that computed on the CPU ran to its
+// end when OpenBLAS ran kernels below the CPU's instruction set (linalg::blas_kernel_advice); after, so that an
+// error stays the one line it is.
+void warn_about_blas_kernels(int argc, char** argv) {
+  static const std::vector<std::string> computing = {"train", "ns", "tune", "bench"};
+  const char* rank = std::getenv("OMPI_COMM_WORLD_RANK");
+  if (argc < 2 || (rank != nullptr && std::string(rank) != "0")) return;
+  if (std::find(computing.begin(), computing.end(), argv[1]) == computing.end()) return;
+  const std::string advice = linalg::blas_kernel_advice();
+  if (!advice.empty()) std::fprintf(stderr, "dmuon: warning: %s\n", advice.c_str());
+}
 }  // namespace
 
 }  // namespace dmuon::cli
@@ -134,5 +147,6 @@ int main(int argc, char** argv) {
     dmuon::comm::abort_world(2);
     return 2;
   }
+  dmuon::cli::warn_about_blas_kernels(argc, argv);
   return 0;
 }

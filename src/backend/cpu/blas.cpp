@@ -1,5 +1,8 @@
 #include <cblas.h>
 
+#include <algorithm>
+#include <array>
+#include <cctype>
 #include <fstream>
 #include <string>
 
@@ -40,6 +43,23 @@ std::string blas_description() {
     return s;
   };
   return trim(version) + " (" + trim(config) + ")";
+}
+
+std::string blas_kernel_advice() {
+#if defined(__x86_64__)
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+  const std::string core = openblas_get_corename();
+  std::string lower = core;
+  std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return std::tolower(c); });
+  static const std::array<const char*, 3> avx512_cores = {"skylakex", "cooperlake", "sapphirerapids"};
+  if (!avx512 || std::find(avx512_cores.begin(), avx512_cores.end(), lower) != avx512_cores.end()) return {};
+  return "OpenBLAS runs its " + core + " kernels on this CPU, which has AVX-512 (this OpenBLAS does not know its " +
+         "model): its float32 products run several times slower than they can; start the process with " +
+         "OPENBLAS_CORETYPE=SkylakeX";
+#else
+  return {};
+#endif
 }
 
 std::string cpu_model() {
