@@ -52,12 +52,13 @@ def _cpu_has_avx512():
 
 
 def _openblas_loaded():
-    """Whether the OpenBLAS libdmuon_c links (libopenblas.so, not numpy's bundled copy) is in this process already."""
+    """Whether the OpenBLAS libdmuon_c links (libopenblas.so.0, not numpy's bundled copy) is in this process already:
+    the dynamic loader's answer (RTLD_NOLOAD loads nothing)."""
     try:
-        with open("/proc/self/maps") as f:
-            return any("/libopenblas.so" in line for line in f)
+        ctypes.CDLL("libopenblas.so.0", mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        return True
     except OSError:
-        return True  # cannot tell: leave OpenBLAS's choice alone
+        return False
 
 
 def _choose_openblas_kernels():
