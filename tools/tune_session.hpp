@@ -55,7 +55,7 @@ struct TuneSessionArgs {
 
   int resolved_threads() const { return device.gpu() ? 1 : threads > 0 ? threads : linalg::threads(); }
   // The compute dtypes to time: the one --dtype names; with --dtype auto on the CPU each shape's faster of
-  // float32 and bfloat16 where the CPU has bf16 units, else float32 (auto_tune_dtypes); a GPU's default, bf16.
+  // float32 and bfloat16 where the CPU has bf16 matrix units, else float32 (auto_tune_dtypes); a GPU's default, bf16.
   std::vector<DType> dtypes() const {
     if (device.dtype == "auto" && !device.gpu()) return auto_tune_dtypes(cpu_ns_default_dtype());
     return {device.iterates()};

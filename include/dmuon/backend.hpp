@@ -199,8 +199,8 @@ class Buffer {
 Backend& cpu_backend();
 
 // Newton–Schulz's compute dtype on the CPU where the caller asks for none (dmuon ns --dtype auto, a new C ABI handle,
-// hence DMuon(ns_dtype=None)): bf16 where this CPU has bf16 units that oneDNN uses (AVX-512 BF16, AMX), float32
-// elsewhere, a build without oneDNN included. The environment variable DMUON_NS_DEFAULT_DTYPE (bf16 or f32) overrides
+// hence DMuon(ns_dtype=None)): bf16 where this CPU has bf16 matrix units that oneDNN uses (AMX), float32 elsewhere
+// (AVX-512 BF16 alone and a build without oneDNN included). The environment variable DMUON_NS_DEFAULT_DTYPE (bf16 or f32) overrides
 // the machine's answer, so the suite runs under either default on any CPU. Read once per process.
 DType cpu_ns_default_dtype();
 // Its rule, with the machine's answer given (tests fake it): `forced`, DMUON_NS_DEFAULT_DTYPE's value, when set

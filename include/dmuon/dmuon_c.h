@@ -98,8 +98,8 @@ DMUON_C_API int dmuon_ns_set_check_finite(dmuon_ns* ns, int check);
  * inferred from the data's storage type): DMUON_DTYPE_F32, DMUON_DTYPE_BF16 (bfloat16 iterates, float32
  * accumulation, DESIGN 2.2's half-precision restarts; on the CPU it needs oneDNN, else the run fails naming the
  * device), or DMUON_NS_DTYPE_DEFAULT (a new handle's setting): the device's default, on the CPU bfloat16 where it has
- * bf16 units (AVX-512 BF16, AMX) and float32 elsewhere (the environment variable DMUON_NS_DEFAULT_DTYPE=bf16|f32
- * forces either), on a GPU the data's storage type (dmuon_muon_update: bfloat16). On the CPU with bf16 units, a shape
+ * bf16 matrix units (AMX) and float32 elsewhere (the environment variable DMUON_NS_DEFAULT_DTYPE=bf16|f32
+ * forces either), on a GPU the data's storage type (dmuon_muon_update: bfloat16). On the CPU with bf16 matrix units, a shape
  * the handle's tuning cache has from dmuon_tune instead runs in the faster of bfloat16 and float32 as dmuon_tune
  * measured it (algo "auto"); an asked dtype is never replaced. */
 #define DMUON_NS_DTYPE_DEFAULT (-1)

@@ -1,7 +1,7 @@
 // Autotuning of Newton–Schulz (DESIGN 3.5): for each (shape, batch size), time candidate
 // configurations — algorithm (standard, Gram with restart sets), symmetric-product tiles, batch
 // mode, threads and, for a CPU caller that asks for no compute dtype, the dtype (float32, and
-// bfloat16 where the CPU has bf16 units) — keep the fastest, and cache the winners in a JSON file
+// bfloat16 where the CPU has bf16 matrix units) — keep the fastest, and cache the winners in a JSON file
 // keyed by the machine (CPU model, BLAS, threads, the dtypes timed) so a later run tunes nothing.
 //
 // Pure parts (candidates, the selection state machine, the cache) take no timings of their own;
@@ -66,9 +66,9 @@ std::vector<NsOptions> tune_candidates(int64_t rows, int64_t cols, int batch, in
 NsOptions untuned_options(int max_threads, DType dtype = DType::f32);
 
 // The compute dtypes the tuner times for a CPU caller that asks for none, given the CPU's untuned default
-// (`cpu_default`: cpu_ns_default_dtype(), bf16 exactly where the CPU has bf16 units that oneDNN uses or
+// (`cpu_default`: cpu_ns_default_dtype(), bf16 exactly where the CPU has bf16 matrix units that oneDNN uses or
 // DMUON_NS_DEFAULT_DTYPE=bf16): {bf16, f32} where that is bf16, the default first (the untuned baseline's
-// dtype); {f32} elsewhere, so a CPU without bf16 units times and keeps float32 only, as an explicit f32 caller.
+// dtype); {f32} elsewhere, so a CPU without bf16 matrix units times and keeps float32 only, as an explicit f32 caller.
 // A function of its argument, so tests fake the machine.
 std::vector<DType> auto_tune_dtypes(DType cpu_default);
 // TuneKey::dtype of timings in `dtypes`: the one dtype's name ("float32"), or the names joined by " or "

@@ -14,7 +14,7 @@
   dmuon-a2a        dmuon.torch.DMuon on FSDP2's shards (the all-to-all mode)
   dmuon-owner      dmuon.torch.hold_on_owners + DMuon (the owner-centric mode)
   dmuon-a2a-f32,   the same two with float32 Newton–Schulz (ns_dtype="float32"); the two above run the machine's
-  dmuon-owner-f32  default: bfloat16 on a CPU with bf16 units (AVX-512 BF16, AMX), float32 elsewhere. Not in the
+  dmuon-owner-f32  default: bfloat16 on a CPU with bf16 matrix units (AMX), float32 elsewhere. Not in the
                    default --optimizers: ask for them
 
 Each dmuon setting runs twice: without a tuning cache (tune_cache=None: untuned kernels, the owner

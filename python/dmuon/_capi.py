@@ -190,7 +190,7 @@ class Orthogonalizer:
     for the input's norms (on a GPU, for everything queued before); False: no wait, and a non-finite input gives
     non-finite outputs, for callers that check their gradients first; dtype: Newton–Schulz's compute dtype (its
     iterates; products accumulate in float32), "float32" or "bfloat16", asked for explicitly and never taken from the
-    data's storage type; None: the device's default (the CPU: bfloat16 where it has bf16 units, AVX-512 BF16 or AMX,
+    data's storage type; None: the device's default (the CPU: bfloat16 where it has bf16 matrix units, AMX,
     float32 elsewhere, DMUON_NS_DEFAULT_DTYPE=bf16|f32 forcing either; a GPU: the data's storage type).
     """
 
@@ -340,7 +340,7 @@ def plan_owners(shapes, world_size, balancer="milp", costs="auto", tune_cache=""
 
 def tune(requests, threads=1, rounds=3, tune_cache=""):
     """Tunes the (rows, cols, batch) requests the cache lacks and saves the cache (DESIGN 3.5) for calls that ask for
-    no compute dtype (Orthogonalizer's dtype=None): where the CPU has bf16 units bfloat16 and float32 are timed and
+    no compute dtype (Orthogonalizer's dtype=None): where the CPU has bf16 matrix units (AMX) bfloat16 and float32 are timed and
     each request keeps the faster, else float32 alone. The planner's tuned costs read these timings."""
     n = len(requests)
     batch = (ctypes.c_int32 * max(n, 1))(*[b for _, _, b in requests])

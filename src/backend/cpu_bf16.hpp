@@ -15,10 +15,13 @@ namespace dmuon::cpu_bf16 {
 
 // Whether this build has oneDNN, so the CPU backend computes in bf16 at all.
 bool available();
-// Whether this CPU has bf16 matrix units that oneDNN uses (AVX-512 BF16 or AMX): then bf16 products run on them.
+// Whether this CPU has bf16 instructions that oneDNN uses (AVX-512 BF16 or AMX): then bf16 products run on them.
 // Without them (an AVX2 CPU) a bf16 product is computed by oneDNN's
 // float32 matmul on the widened operands (exact), then rounded: the same result, slower than float32.
 bool native();
+// Whether this CPU has AMX, bf16 matrix units that oneDNN uses: where bf16 Newton–Schulz beats float32 (with AVX-512 BF16
+// alone, OpenBLAS's float32 ran it 2× faster than oneDNN's bf16: docs/ns.md, "Compute dtype"), so the CPU's default.
+bool matrix_units();
 // "oneDNN 2.6.3, bf16 on brg:avx512_core_amx_bf16"; "oneDNN 2.6.3, bf16 through float32 (no bf16 units)";
 // "no oneDNN" without it.
 std::string description();

@@ -59,7 +59,7 @@ void run_joined(Backend& backend, const QueueJoin& join, const std::function<voi
 
 // Newton–Schulz's compute dtype (its iterates' storage; products accumulate in float32) for data stored as `storage`
 // on `backend`: `asked` (dmuon_ns_set_dtype) when the caller chose one, never inferred from the data; else the
-// device's default: on the CPU cpu_ns_default_dtype (bf16 with bf16 units, else float32), on a GPU the storage's (bf16
+// device's default: on the CPU cpu_ns_default_dtype (bf16 with bf16 matrix units, else float32), on a GPU the storage's (bf16
 // data: bf16 iterates). Throws naming the device when it cannot compute in the dtype asked for.
 DType ns_compute_dtype(const Backend& backend, std::optional<DType> asked, DType storage);
 

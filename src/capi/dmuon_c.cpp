@@ -351,7 +351,7 @@ void dmuon_ns_destroy(dmuon_ns* ns) { delete ns; }
 
 int64_t dmuon_ns_tuned_entries(const dmuon_ns* ns) {
   if (!ns) return 0;
-  // The settings' entries, each setting once (without bf16 units, calls that ask for none take float32's).
+  // The settings' entries, each setting once (without bf16 matrix units, calls that ask for none take float32's).
   int64_t n = unasked_dtypes().size() > 1 ? static_cast<int64_t>(ns->tuned.chosen.size()) : 0;
   for (const auto& [dtype, entries] : ns->tuned.by_dtype) n += static_cast<int64_t>(entries.size());
   return n;

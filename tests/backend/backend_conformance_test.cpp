@@ -774,7 +774,7 @@ TEST_P(DtypeConformance, ElementwiseOnStridedBatchesRoundOnce) {
   EXPECT_EQ(x.get(0, 0, 0), 3.0f);
 }
 
-// Newton–Schulz's default compute dtype on the CPU, the machine faked both ways: bf16 units give bf16, none float32;
+// Newton–Schulz's default compute dtype on the CPU, the machine faked both ways: bf16 matrix units give bf16, none float32;
 // DMUON_NS_DEFAULT_DTYPE forces either whatever the machine (unset or empty: not forced); another value is refused,
 // naming the variable. The process's default is that rule on its own CPU and environment.
 TEST(NsDefaultDtype, FollowsTheMachineUnlessForced) {
@@ -793,7 +793,7 @@ TEST(NsDefaultDtype, FollowsTheMachineUnlessForced) {
           << e.what();
     }
   }
-  EXPECT_EQ(cpu_ns_default_dtype(), ns_default_dtype_rule(cpu_bf16::native(), std::getenv("DMUON_NS_DEFAULT_DTYPE")));
+  EXPECT_EQ(cpu_ns_default_dtype(), ns_default_dtype_rule(cpu_bf16::matrix_units(), std::getenv("DMUON_NS_DEFAULT_DTYPE")));
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, DtypeConformance,

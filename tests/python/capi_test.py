@@ -161,7 +161,7 @@ np.save(sys.argv[2], out)
 
 
 def test_the_default_compute_dtype_is_the_cpus_and_the_environment_forces_it(tmp_path):
-    """dtype=None: libdmuon_c's CPU default (bfloat16 with bf16 units, float32 elsewhere: the rule, with the machine
+    """dtype=None: libdmuon_c's CPU default (bfloat16 with bf16 matrix units, float32 elsewhere: the rule, with the machine
     faked, is backend_conformance_test's), which DMUON_NS_DEFAULT_DTYPE forces either way: each forced process's
     output is the forced dtype's bit for bit; this process's is the one its environment forces, else one of them."""
     if not computes_bf16_on_the_cpu():
@@ -328,7 +328,7 @@ def test_tuned_cache_is_used_by_ns_and_planner(tmp_path):
 
 def test_the_cache_chooses_the_dtype_of_a_handle_that_asks_for_none(tmp_path):
     """Deterministic given the cache: the entry dmuon.tune wrote, rewritten to name each dtype its setting was timed in
-    (bfloat16 and float32 with bf16 units, else float32 alone), makes a handle that asks for no dtype run bit for bit
+    (bfloat16 and float32 with bf16 matrix units, else float32 alone), makes a handle that asks for no dtype run bit for bit
     as that dtype chosen explicitly with the same kernel (Gram, restarts [1, 3] in bfloat16 and [2] in float32, 8
     tiles); a handle that asks for the other dtype keeps it, cache or not."""
     cache = tmp_path / "tune.json"

@@ -87,7 +87,7 @@ def sharded_net(seed, **sizes):
 
 
 def make_optimizer(model):
-    # float32 Newton–Schulz (not the machine's default, bf16 on a CPU with bf16 units): the check is float32's
+    # float32 Newton–Schulz (not the machine's default, bf16 on a CPU with bf16 matrix units): the check is float32's
     return DMuon(model.named_parameters(), lr=0.02, adamw_lr=3e-3, weight_decay=0.01, clip_grad_norm=5.0,
                  ns_dtype="float32")
 

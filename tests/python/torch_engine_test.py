@@ -124,15 +124,16 @@ def test_bfloat16_newton_schulz_rounds_as_the_engine(coeffs, steps):
 
 
 def test_the_cpu_default_dtype_follows_the_machine_unless_forced(monkeypatch):
-    """ns_dtype=None on the CPU: bfloat16 where torch sees bf16 units (faked here both ways), float32 elsewhere;
+    """ns_dtype=None on the CPU: bfloat16 where torch sees bf16 matrix units (AMX, faked here both ways; AVX-512 BF16
+    alone does not count), float32 elsewhere;
     DMUON_NS_DEFAULT_DTYPE forces either (another value is refused, naming it), libdmuon_c's rule
     (backend_conformance_test's NsDefaultDtype)."""
     cpu = torch.device("cpu")
     default = TorchNewtonSchulz("keller", "auto", 5)
     try:
         for units in (True, False):
-            monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda units=units: units)
-            monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+            monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: True)
+            monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda units=units: units)
             machine = torch.bfloat16 if units else torch.float32
             for forced, want in ((None, machine), ("", machine), ("bf16", torch.bfloat16), ("f32", torch.float32)):
                 if forced is None:

@@ -86,7 +86,7 @@ TEST(CliNs, WarnsWhenOpenBlasRunsKernelsBelowTheCpus) {
   EXPECT_EQ(native.output, "") << native.output;
 }
 
-// `dmuon tune --dtype auto` (the default) shows each shape's compute dtype: with bf16 units (forced here, so on any
+// `dmuon tune --dtype auto` (the default) shows each shape's compute dtype: with bf16 matrix units (forced here, so on any
 // CPU) the one its cache entry chose among bf16 and float32, in the table's dtype column and in one line naming the
 // shapes of each; with none (float32 forced) float32 for every shape and no such line, tuned in float32 alone.
 TEST(CliTune, ShowsEachShapesChosenDtype) {

@@ -74,7 +74,7 @@ TEST(TuneCandidates, Bf16CandidatesComputeInBf16WithHalfPrecisionRestarts) {
 }
 
 // The dtypes a caller that asks for none has timed, the machine faked both ways with NsDefaultDtype's rule
-// (backend_conformance_test): bf16 and float32 where the CPU has bf16 units (the default, bf16, first), float32
+// (backend_conformance_test): bf16 and float32 where the CPU has bf16 matrix units (the default, bf16, first), float32
 // alone elsewhere, whose key is an explicit float32 caller's, so such a CPU tunes and keeps float32 only.
 TEST(TuneDtypes, Bf16IsACandidateOnlyWhereTheCpuHasBf16Units) {
   EXPECT_EQ(auto_tune_dtypes(ns_default_dtype_rule(true, nullptr)), (std::vector<DType>{DType::bf16, DType::f32}));
@@ -411,7 +411,7 @@ TEST(TuneShapes, TunesMissingEntriesOnceAndReusesTheCache) {
   EXPECT_EQ(describe(second[1].options), describe(first[1].options));
 }
 
-// Asked for no dtype on a CPU with bf16 units: bf16 and float32 candidates compete in one selection, the untuned
+// Asked for no dtype on a CPU with bf16 matrix units: bf16 and float32 candidates compete in one selection, the untuned
 // bf16 configuration pinned as the baseline; each (shape, batch) keeps the faster dtype, with each dtype's best time.
 // Here a fake clock makes bf16 twice as fast on the 512-row shape and float32 on the 256-row one.
 TEST(TuneShapes, ChoosesTheFasterDtypePerShape) {
@@ -436,7 +436,7 @@ TEST(TuneShapes, ChoosesTheFasterDtypePerShape) {
   EXPECT_EQ(cache.find(512, 1024, 4)->options.dtype, DType::bf16);
 }
 
-// On a CPU without bf16 units (faked) the tuner never times bf16: every candidate is float32, and so is every choice.
+// On a CPU without bf16 matrix units (faked) the tuner never times bf16: every candidate is float32, and so is every choice.
 TEST(TuneShapes, WithoutBf16UnitsOnlyFloat32IsTimed) {
   TuneCache cache(key());
   const std::vector<DType> dtypes = auto_tune_dtypes(ns_default_dtype_rule(false, nullptr));

@@ -71,7 +71,7 @@ class DMuon(torch.optim.Optimizer):
 
     ns_dtype: Newton–Schulz's compute dtype (its iterates; products accumulate in float32), chosen explicitly:
     "float32" or "bfloat16" (torch.float32 / torch.bfloat16 too), whatever the parameters' dtype; None (the default):
-    the device's default: on the CPU bfloat16 where it has bf16 units (AVX-512 BF16, AMX), float32 elsewhere, except
+    the device's default: on the CPU bfloat16 where it has bf16 matrix units (AMX), float32 elsewhere, except
     that a shape tune_cache has (dmuon tune's default, dmuon.tune) runs in the dtype the tuner measured faster there;
     on a GPU the engine's bfloat16 (docs/pytorch.md, "Defaults").
 

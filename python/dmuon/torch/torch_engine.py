@@ -150,9 +150,9 @@ def ns_default_dtype_rule(bf16_units, forced):
 @functools.cache
 def cpu_ns_default_dtype():
     """The torch engine's Newton–Schulz compute dtype on the CPU where none is asked for: bfloat16 where the CPU has
-    the bf16 units torch's products run on (AVX-512 BF16, AMX), float32 elsewhere; DMUON_NS_DEFAULT_DTYPE (bf16, f32)
+    bf16 matrix units torch's products run on (AMX), float32 elsewhere; DMUON_NS_DEFAULT_DTYPE (bf16, f32)
     forces either, as it does libdmuon_c's default. Read once per process."""
-    return ns_default_dtype_rule(torch_private.cpu_has_bf16_units(), os.environ.get("DMUON_NS_DEFAULT_DTYPE"))
+    return ns_default_dtype_rule(torch_private.cpu_has_bf16_matrix_units(), os.environ.get("DMUON_NS_DEFAULT_DTYPE"))
 
 
 @dataclass(frozen=True)

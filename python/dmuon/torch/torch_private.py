@@ -1,6 +1,6 @@
 """The private torch APIs dmuon.torch reads, in one place (torch >= 2.11): torch.distributed's for the layouts, FSDP2's
 state of a fully_shard'ed module for the held matrices (its param group and mixed precision policy), and torch.cpu's
-bf16 units for the CPU's Newton–Schulz default.
+bf16 matrix units (AMX) for the CPU's Newton–Schulz default.
 
 _StridedShard: the placement FSDP2 gives a parameter it shards over a mesh dim after tensor
 parallelism has sharded the same tensor dim (placement_types.py). A DTensor's shard order: torch
@@ -69,10 +69,11 @@ def gradient_divide_factor(param_group):
     return getattr(param_group, "gradient_divide_factor", None)
 
 
-def cpu_has_bf16_units():
-    """Whether the CPU has the bf16 units torch's CPU products run on (AVX-512 BF16, AMX); False where this torch
-    cannot tell (the private checks are gone)."""
+def cpu_has_bf16_matrix_units():
+    """Whether the CPU has AMX, the bf16 matrix units torch's CPU products run on (with AVX-512 BF16 alone, torch's
+    bf16 matmul ran at about half its float32 rate: docs/ns.md); False where this torch cannot tell (the private check
+    is gone)."""
     import torch
 
-    checks = (getattr(torch.cpu, "_is_avx512_bf16_supported", None), getattr(torch.cpu, "_is_amx_tile_supported", None))
-    return any(check is not None and check() for check in checks)
+    check = getattr(torch.cpu, "_is_amx_tile_supported", None)
+    return check is not None and bool(check())

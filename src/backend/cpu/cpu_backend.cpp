@@ -113,7 +113,7 @@ bool CpuBackend::supports(DType dtype) const {
 }
 
 DType cpu_ns_default_dtype() {
-  static const DType dtype = ns_default_dtype_rule(cpu_bf16::native(), std::getenv("DMUON_NS_DEFAULT_DTYPE"));
+  static const DType dtype = ns_default_dtype_rule(cpu_bf16::matrix_units(), std::getenv("DMUON_NS_DEFAULT_DTYPE"));
   return dtype;
 }
 

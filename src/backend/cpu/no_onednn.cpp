@@ -13,6 +13,7 @@ namespace {
 
 bool available() { return false; }
 bool native() { return false; }
+bool matrix_units() { return false; }
 std::string description() { return "no oneDNN"; }
 
 void gemm(bool, bool, int64_t, int64_t, int64_t, float, const uint16_t*, int64_t, const uint16_t*, int64_t, float,

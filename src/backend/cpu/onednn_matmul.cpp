@@ -130,6 +130,12 @@ bool native() {
   return (isa & bf16_units) == bf16_units && !bf16_implementation().empty();
 }
 
+bool matrix_units() {
+  const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+  const auto amx = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_amx);
+  return (isa & amx) == amx && !bf16_implementation().empty();
+}
+
 std::string description() {
   const dnnl_version_t* v = dnnl_version();
   const std::string version =
