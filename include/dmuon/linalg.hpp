@@ -66,6 +66,8 @@ std::string blas_description();
 // an Emerald Rapids Xeon: sgemm 27 GFLOP/s a core against 102 with OPENBLAS_CORETYPE=SkylakeX), and the core is
 // chosen when OpenBLAS loads, before any of our code runs.
 std::string blas_kernel_advice();
+// Whether the CPU has AVX-512 F, BW, DQ and VL (the instructions of OpenBLAS's SkylakeX kernels).
+bool cpu_has_avx512();
 // The CPU model name (from /proc/cpuinfo), for logs and tuning-cache keys.
 std::string cpu_model();
 

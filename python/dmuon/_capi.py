@@ -340,8 +340,8 @@ def plan_owners(shapes, world_size, balancer="milp", costs="auto", tune_cache=""
 
 def tune(requests, threads=1, rounds=3, tune_cache=""):
     """Tunes the (rows, cols, batch) requests the cache lacks and saves the cache (DESIGN 3.5) for calls that ask for
-    no compute dtype (Orthogonalizer's dtype=None): where the CPU has bf16 matrix units (AMX) bfloat16 and float32 are timed and
-    each request keeps the faster, else float32 alone. The planner's tuned costs read these timings."""
+    no compute dtype (Orthogonalizer's dtype=None): where the CPU has bf16 matrix units (AMX) bfloat16 and float32 are
+    timed and each request keeps the faster, else float32 alone. The planner's tuned costs read these timings."""
     n = len(requests)
     batch = (ctypes.c_int32 * max(n, 1))(*[b for _, _, b in requests])
     _check(library().dmuon_tune(n, _i64_array([r for r, _, _ in requests]), _i64_array([c for _, c, _ in requests]),

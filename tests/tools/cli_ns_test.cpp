@@ -12,6 +12,7 @@
 
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/backend.hpp"
+#include "dmuon/linalg.hpp"
 #include "dmuon/npy.hpp"
 #include "dmuon/tune.hpp"
 #include "test_data.hpp"
@@ -68,13 +69,7 @@ TEST(CliNs, WarnsWhenOpenBlasRunsKernelsBelowTheCpus) {
   const auto generic = test::run_command("env OPENBLAS_CORETYPE=Prescott " + ns);
   ASSERT_EQ(generic.exit_code, 0) << generic.output;
   const std::string warning = "dmuon: warning: OpenBLAS runs its Prescott kernels on this CPU, which has AVX-512";
-#if defined(__x86_64__)
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
-#else
-  const bool avx512 = false;
-#endif
-  if (!avx512) {
+  if (!linalg::cpu_has_avx512()) {
     EXPECT_EQ(generic.output.find("dmuon: warning: OpenBLAS"), std::string::npos) << generic.output;
     return;
   }
