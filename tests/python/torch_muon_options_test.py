@@ -22,6 +22,7 @@ Run: PYTHONPATH=build/python python -m pytest -q tests/python/torch_muon_options
 
 import copy
 import io
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -30,6 +31,7 @@ from torch.optim import lr_scheduler
 from dmuon.torch import Attention, DMuon, FusedAttention, LatentAttention, QKClip, hf_qk_clip
 from dmuon.torch.muon_options import SCALES, muon_scale
 from dmuon.torch.normuon import pack, packed_numel, unpack
+from dmuon.torch.qk_clip_hf import heads_computed
 from muon_reference import KELLER, fused_qk_clip_ref, latent_qk_clip_ref, newton_schulz_ref, qk_clip_ref, update_scale
 from torch_dmuon_mpi_test import Reference, hyper_of
 
@@ -423,6 +425,50 @@ def test_a_qk_clip_that_does_not_fit_names_the_attention(attention, needle):
     opt = DMuon([("q.weight", torch.nn.Parameter(torch.randn(12, 8)))])
     with pytest.raises(ValueError, match=needle):
         QKClip(opt, TAU, [attention])
+
+
+def test_qk_clip_takes_reports_of_some_heads_each_into_one_step():
+    """Reports of some query heads each (what tensor parallelism's ranks report: hf_qk_clip) make the step's maxima
+    of every head, largest kept; max_logits holds them after the step (-inf: a head nobody reported)."""
+    params = {"q.weight": torch.nn.Parameter(torch.randn(12, 8)), "k.weight": torch.nn.Parameter(torch.randn(6, 8))}
+    opt = DMuon(list(params.items()))
+    clip = QKClip(opt, TAU, [Attention(q="q.weight", k="k.weight", heads=QK_HEADS, kv_heads=QK_GROUPS)])
+    assert clip.max_logits is None
+    clip.report(0, torch.tensor([1.0, 2.0]), heads=[2, 3])
+    clip.report(0, torch.tensor([3.0, 0.5]), heads=[1, 0])
+    clip.report(0, torch.tensor([0.25, 5.0]), heads=[0, 3])
+    set_grads(params, {n: torch.randn(p.shape) for n, p in params.items()})
+    opt.step()
+    assert torch.equal(clip.max_logits[0], torch.tensor([0.5, 3.0, 1.0, 5.0], dtype=torch.float64))
+    clip.report(0, torch.tensor([1.0]), heads=[1])
+    opt.step()
+    assert torch.equal(clip.max_logits[0], torch.tensor([-torch.inf, 1.0, -torch.inf, -torch.inf],
+                                                        dtype=torch.float64))
+
+
+@pytest.mark.parametrize("maxima, heads, needle", [
+    (torch.ones(2), [0], "attention 'q.weight' reports 1 heads, got 2 maxima"),
+    (torch.ones(2), [1, 1], r"attention 'q.weight' has heads 0..3, got \[1, 1\]"),
+    (torch.ones(2), [3, 4], r"attention 'q.weight' has heads 0..3, got \[3, 4\]"),
+    (torch.ones(3), None, "attention 'q.weight' reports 4 heads, got 3 maxima")])
+def test_a_qk_clip_report_that_does_not_fit_names_the_attention(maxima, heads, needle):
+    opt = DMuon([("q.weight", torch.nn.Parameter(torch.randn(12, 8))),
+                 ("k.weight", torch.nn.Parameter(torch.randn(6, 8)))])
+    clip = QKClip(opt, TAU, [Attention(q="q.weight", k="k.weight", heads=QK_HEADS, kv_heads=QK_GROUPS)])
+    with pytest.raises(ValueError, match=needle):
+        clip.report(0, maxima, heads)
+
+
+@pytest.mark.parametrize("module, attention", [
+    (SimpleNamespace(q_proj=torch.nn.Linear(8, 12)), Attention(q="q.weight", k="k.weight", heads=4)),
+    (SimpleNamespace(qkv_proj=torch.nn.Linear(8, 24)), FusedAttention(qkv="q.weight", heads=4))])
+def test_hf_qk_clip_names_an_attention_whose_heads_it_cannot_place(module, attention):
+    """A call computing fewer query heads than the attention has, its query weight not a DTensor sharded by rows
+    of separate heads (torch_qk_clip_tp_test runs the one that is): which heads they are is unknown."""
+    assert heads_computed(module, attention, 4) is None
+    with pytest.raises(ValueError, match="attention 'q.weight' computed 2 of its 4 query heads here, and its query "
+                                         "weight is not a DTensor sharded by rows of separate query heads"):
+        heads_computed(module, attention, 2)
 
 
 def qwen2_queries_and_keys(module, h, cos, sin):

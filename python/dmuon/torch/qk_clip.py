@@ -2,7 +2,8 @@
 step.
 
 The model reports, per attention and per query head h, the maximum logit it saw this step (QKClip.report; several
-reports in a step, micro-batches or ranks, keep the largest): S_h = max over the step's batch of q_i·k_j·scaling,
+reports in a step, micro-batches or ranks, keep the largest; under tensor parallelism each rank reports the heads it
+computes): S_h = max over the step's batch of q_i·k_j·scaling,
 the softmax's input. After the update, per key-value group g (the query heads sharing one key head; multi-head and
 latent attention: one query head per group):
     S_g = max_{h in g} S_h,   γ_g = τ / S_g where S_g > τ, else 1
@@ -19,8 +20,9 @@ is K2's and Megatron's MLASelfAttention.clip_qk.
 Each attention becomes, per parameter it names, a rule per global row: (its group g, its exponent e), the row scaled
 by γ_g^e (e = 0: untouched). No collective of its own: each rank puts its maxima in its own slot of the step's
 gradient all-reduce (gradient_check.py), so the sum holds every rank's and the largest over the slots is the job's;
-every rank then scales the rows it holds (a row shard under fully_shard, the whole matrix on an owner-held matrix's
-owner, a full copy on every replica), all with the same γ. Device tensors throughout: the host reads nothing.
+every rank then scales the rows it holds (a row shard under fully_shard or tensor parallelism, the whole matrix on an
+owner-held matrix's owner, a full copy on every replica), all with the same γ; QKClip.max_logits keeps the step's
+S_h, the figure training logs watch. Device tensors throughout: the host reads nothing.
 """
 
 from dataclasses import dataclass
@@ -190,21 +192,36 @@ class QKClip:
         self._offsets = [sum(a.heads for a in self.attentions[:i]) for i in range(len(self.attentions))]
         self._heads = sum(a.heads for a in self.attentions)
         self._maxima = None  # (heads of every attention,) float64 on the reports' device; -inf: not reported
+        self.max_logits = None  # per attention, the job's largest logit per query head at the last step (for logs)
         self._on_device = {}  # (parameter index, device) → its rules there
+        self._head_index = {}  # (reported heads, device) → their indices there
         self._optimizer = optimizer
         optimizer._qk_clip = self
 
-    def report(self, attention, maxima):
-        """This rank's maximum logits of attention `attention` (its position in `attentions`) in this step: a
-        tensor (heads,). Kept as the largest of the step's reports, until the step."""
+    def report(self, attention, maxima, heads=None):
+        """This rank's maximum logits of attention `attention` (its position in `attentions`) in this step: a tensor
+        (heads,), or (len(heads),) for the query heads `heads` alone (their global indices, a list of ints: under
+        tensor parallelism a rank computes its heads only). Kept as the largest of the step's reports, until the
+        step."""
         a = self.attentions[attention]
         maxima = maxima.detach().reshape(-1).to(torch.float64)
-        if maxima.numel() != a.heads:
-            raise ValueError(f"QKClip.report: attention '{a.label}' has {a.heads} heads, got {maxima.numel()} maxima")
+        count = a.heads if heads is None else len(heads)
+        if maxima.numel() != count:
+            raise ValueError(f"QKClip.report: attention '{a.label}' reports {count} heads, got {maxima.numel()} "
+                             "maxima")
+        if heads is not None and (len(set(heads)) != count or not all(0 <= h < a.heads for h in heads)):
+            raise ValueError(f"QKClip.report: attention '{a.label}' has heads 0..{a.heads - 1}, got {list(heads)}")
         if self._maxima is None:
             self._maxima = torch.full((self._heads,), -torch.inf, dtype=torch.float64, device=maxima.device)
         part = self._maxima[self._offsets[attention]:self._offsets[attention] + a.heads]
-        torch.maximum(part, maxima.to(part.device), out=part)
+        if heads is None:
+            torch.maximum(part, maxima.to(part.device), out=part)
+        else:
+            key = (tuple(heads), part.device)
+            if key not in self._head_index:
+                self._head_index[key] = to_device(list(heads), torch.long, part.device)
+            index = self._head_index[key]
+            part[index] = torch.maximum(part[index], maxima.to(part.device))
 
     def slots(self, rank, world):
         """This rank's part of the step's all-reduce (world × heads,): its maxima in its own slot, zeros elsewhere
@@ -225,6 +242,7 @@ class QKClip:
         """The module's rescale of the rows this rank holds, from the all-reduced slots (world × heads,)."""
         world = reduced.numel() // self._heads
         maxima = reduced.view(world, self._heads).max(dim=0).values
+        self.max_logits = [maxima[offset:offset + a.heads] for a, offset in zip(self.attentions, self._offsets)]
         for a, parts, offset in zip(self.attentions, self._parts, self._offsets):
             group_max = maxima[offset:offset + a.heads].view(a.groups, -1).max(dim=1).values  # (groups,)
             gamma = torch.where(group_max > self.tau, self.tau / group_max, torch.ones_like(group_max))

@@ -7,12 +7,18 @@ The logits are recomputed from the function's query and key (after the rotary em
 the key heads repeated for their query groups, masked as the call masks them (its attention_mask, boolean or
 additive, or causal where it has none), under no_grad. That materializes one (batch, heads, q_len, k_len) tensor
 per call (eager attention materializes the same; sdpa does not): the helper's cost, in memory and time.
+
+Under tensor parallelism (transformers' column-wise plan for q_proj and k_proj: parallelize_module, or
+from_pretrained's tp_plan) a rank's call has its own query heads only; it reports those, found from the rows of the
+query weight (a DTensor) that the rank holds, and QKClip takes every rank's maxima into one step.
 """
 
 import sys
 
 import torch
 
+from dmuon.torch.layout import is_dtensor
+from dmuon.torch.placements import local_spans
 from dmuon.torch.qk_clip import Attention, FusedAttention, LatentAttention, QKClip
 
 
@@ -59,6 +65,34 @@ def attention_of(module, names):
     return None
 
 
+def query_weight(module):
+    """The weight whose rows make the module's queries (their heads' rows in head order)."""
+    if getattr(module, "kv_b_proj", None) is not None and getattr(module, "q_proj", None) is None:
+        return module.q_b_proj.weight
+    return module.qkv_proj.weight if getattr(module, "qkv_proj", None) is not None else module.q_proj.weight
+
+
+def heads_computed(module, attention, count):
+    """The global query heads of a call of `module` whose query has `count` heads: None for all of them; fewer
+    under tensor parallelism (transformers' column-wise plan): the heads of the rows this rank holds of the
+    query's weight, a DTensor sharded by rows. ValueError naming the attention where they are not whole heads."""
+    if count == attention.heads:
+        return None
+    weight = query_weight(module)
+    if isinstance(attention, FusedAttention) or not is_dtensor(weight):
+        problem = "its query weight is not a DTensor sharded by rows of separate query heads"
+    else:
+        rows = local_spans(tuple(weight.shape), tuple(weight.device_mesh.shape), weight.device_mesh.get_coordinate(),
+                           tuple(weight.placements))[0].indices()
+        size = weight.shape[0] // attention.heads
+        heads = [r // size for r in rows[::size]]
+        if rows == [h * size + i for h in heads for i in range(size)] and len(heads) == count:
+            return heads
+        problem = f"its rows on this rank ({len(rows)} of {weight.shape[0]}) are not {count} whole heads"
+    raise ValueError(f"hf_qk_clip: attention '{attention.label}' computed {count} of its {attention.heads} query "
+                     f"heads here, and {problem}: which heads they are is unknown")
+
+
 def hf_qk_clip(model, optimizer, tau, alpha=0.5):
     """A QKClip over `model`'s self-attention layers on DMuon `optimizer` (built over model.named_parameters() or
     the model, so its names are the model's), with the model's attention function wrapped to report their
@@ -81,14 +115,19 @@ def hf_qk_clip(model, optimizer, tau, alpha=0.5):
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
     base = model.config._attn_implementation
+    heads_of = {}  # (module id, query heads of its calls) → the global heads they are (None: all)
     if base not in ("eager", "sdpa"):
         raise ValueError(f"hf_qk_clip: the model's attention is {base!r}; the helper wraps 'eager' and 'sdpa'")
 
     def reporting(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        i = index[id(module)]
+        call = (id(module), query.shape[1])
+        if call not in heads_of:  # the layout is fixed: worked out at the first call
+            heads_of[call] = heads_computed(module, attentions[i], query.shape[1])
         with torch.no_grad():
-            clip.report(index[id(module)], max_logits(query, key, attention_mask, scale,
-                                                      getattr(module, "is_causal", True)))
+            clip.report(i, max_logits(query, key, attention_mask, scale, getattr(module, "is_causal", True)),
+                        heads_of[call])
         function = (base_of[type(module).__module__].eager_attention_forward if base == "eager"
                     else ALL_ATTENTION_FUNCTIONS["sdpa"])
         return function(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
