@@ -575,3 +575,27 @@ def test_the_hugging_face_helper_clips_each_heads_maximum_logit_and_changes_no_o
         for name, want in clipped.items():
             got = getattr(layer.self_attn, name).weight.detach().double()
             assert torch.allclose(got, want, rtol=1e-6, atol=0), f"layer {i}: {name} is not the clip's rescale"
+
+
+def test_the_hugging_face_helper_refuses_to_clip_an_attention_with_query_and_key_norms():
+    """Qwen3's q_norm and k_norm normalize each head after the projection: a rescaled projection changes none of
+    its logits, so a finite tau is refused by name; tau=inf records max_logits and changes no weight."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, head_dim=4,
+                                      max_position_embeddings=16, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    opt = DMuon(model.named_parameters(), balancer="lpt", ns_dtype="float32")
+    with pytest.raises(ValueError, match=r"attention 'model.layers.0.self_attn.q_proj.weight' normalizes its queries "
+                                         r"or keys after the projection \(q_norm and k_norm"):
+        hf_qk_clip(model, opt, tau=HF_TAU)
+    twin = copy.deepcopy(model)
+    clip = hf_qk_clip(model, opt, tau=float("inf"))
+    model(torch.randint(0, 32, (3, 7))).logits.sum().backward()
+    for p, q in zip(model.parameters(), twin.parameters()):
+        q.grad = p.grad.clone()
+    opt.step()
+    DMuon(twin.named_parameters(), balancer="lpt", ns_dtype="float32").step()
+    assert [m.shape for m in clip.max_logits] == [(4,), (4,)] and all(bool(m.isfinite().all()) for m in clip.max_logits)
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))

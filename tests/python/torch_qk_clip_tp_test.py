@@ -10,7 +10,8 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
          tests/python/torch_qk_clip_tp_test.py            (N = 2 or 4; PYTHONPATH with dmuon)
   N=2  TP 2; N=4  FSDP2 (dp 2) × TP 2 (fully_shard over parallelize_module: _StridedShard rows). Each in the
        all-to-all mode and the owner-held mode (hold_on_owners after parallelize_module: each TP slice held on its
-       owner's TP group), eager and sdpa attention.
+       owner's TP group), eager and sdpa attention; and laid out by transformers itself (its DistributedConfig: tp 2,
+       fsdp 2 at 4 ranks; what from_pretrained(distributed_config=...) does), sdpa.
 Checks, per layout:
   maxima   QKClip.max_logits at every step (every rank's heads, taken into one step) against the reference's, and
            the heads each rank reported: its TP rank's two (a map taking the local heads for heads 0, 1 fails);
@@ -48,12 +49,28 @@ def reference_run(attention, solo):
     return model, opt, hf_qk_clip(model, opt, TAU)
 
 
-def check_layout(checks, world, attention, held, solo):
+def transformers_layout(world, model):
+    """The model laid out by transformers itself (what from_pretrained(distributed_config=...) does between init and
+    weight loading): DistributedConfig with tp 2 (and fsdp 2 at 4 ranks), its base_model_tp_plan and FSDP2 pass.
+    (name, data-parallel size, this rank's place there, None)."""
+    from transformers.distributed import DistributedConfig
+
+    config = DistributedConfig(tp_size=2, **({"fsdp_size": world // 2} if world > 2 else {}))
+    layout, _, meshes = type(model).prepare_distribute_model(config)
+    type(model).maybe_distribute_model(model, layout, meshes)
+    dp_rank = meshes.get_mesh(("fsdp", "tp")).get_local_rank("fsdp") if world > 2 else 0
+    return f"transformers' own (fsdp {layout.fsdp_size} x tp {layout.tp_size})", layout.dp_size, dp_rank, None
+
+
+def check_layout(checks, world, attention, held, solo, layout_by="torch"):
     ref, ref_opt, ref_clip = reference_run(attention, solo)
     ref_params = dict(ref.named_parameters())
     model, base, plan, blocks, loss, _ = qwen2_case()
     model.config._attn_implementation = attention
-    layout, dp, dp_rank, holding = tp_and_fsdp2(world, model, base, plan, blocks, held)
+    if layout_by == "transformers":
+        layout, dp, dp_rank, holding = transformers_layout(world, model)
+    else:
+        layout, dp, dp_rank, holding = tp_and_fsdp2(world, model, base, plan, blocks, held)
     name = f"qwen2 {attention} {layout}" + (" owner-held" if held else "")
     params = dict(model.named_parameters())
     held_at = {n: p._dmuon_held.holdings for n, p in params.items() if getattr(p, "_dmuon_held", None) is not None}
@@ -101,6 +118,7 @@ def main():
     solo = solo_groups()[rank]
     for attention, held in (("eager", False), ("eager", True), ("sdpa", False)):
         checks.run(f"{attention} held={held}", check_layout, checks, world, attention, held, solo)
+    checks.run("transformers' layout", check_layout, checks, world, "sdpa", False, solo, "transformers")
     failures.extend(checks.failed)
     return finish(f"torch_qk_clip_tp_test np{world}")
 

@@ -96,13 +96,20 @@ def heads_computed(module, attention, count):
 def hf_qk_clip(model, optimizer, tau, alpha=0.5):
     """A QKClip over `model`'s self-attention layers on DMuon `optimizer` (built over model.named_parameters() or
     the model, so its names are the model's), with the model's attention function wrapped to report their
-    maxima. Returns the QKClip."""
+    maxima. Returns the QKClip. ValueError for an attention normalizing its queries or keys after the projection
+    (q_norm, k_norm), where the rule cannot act, unless tau is float("inf") (max_logits alone, for the logs)."""
     attentions, index, base_of = [], {}, {}
     names = {id(p): n for n, p in model.named_parameters()}
     for module in model.modules():
         attention = attention_of(module, names)
         if attention is None:
             continue
+        norms = [n for n in ("q_norm", "k_norm") if getattr(module, n, None) is not None]
+        if norms and tau != float("inf"):
+            raise ValueError(f"hf_qk_clip: attention '{attention.label}' normalizes its queries or keys after the "
+                             f"projection ({' and '.join(norms)}: Qwen3, OLMo2, Gemma3), so rescaling the projection "
+                             "changes none of its logits and QK-clip cannot bound them; tau=float('inf') only "
+                             "records max_logits")
         attentions.append(attention)
         index[id(module)] = len(attentions) - 1
         base_of[type(module).__module__] = sys.modules[type(module).__module__]
