@@ -78,8 +78,9 @@ def optimizer_config(**options):
         optimizer_factory_kwargs_by_name={"DMuon": dict(ns_dtype="float32", **options)})
 
 
-def two_layers_sdpa(spec):
-    spec.model.layers = spec.model.layers[:2]
+def two_layers_sdpa(spec, layers=2):
+    """The spec with its first `layers` layers, their FlexAttention as SDPA."""
+    spec.model.layers = spec.model.layers[:layers]
     for _, _, parent, attr in list(spec.model.traverse(FlexAttention.Config)):
         setattr(parent, attr, ScaledDotProductAttention.Config())
     return spec

@@ -9,7 +9,9 @@ torchtitan; the rest of dmuon.torch does not.
   Each param group's kwargs are DMuon's group keys (lr, adamw_lr, weight_decay, Muon's options); DMuon's
   whole-optimizer options (clip_grad_norm, ns_dtype, state_dtype, process_group, ...) go in
   optimizer_factory_kwargs_by_name["DMuon"]. The keys torchtitan adds to every group ("param_names", "fused",
-  "foreach") are taken: the names name the tensors, the kernel choices are ignored (params.py).
+  "foreach") are taken: the names name the tensors, the kernel choices are ignored (params.py). Under pipeline
+  parallelism (one model part per stage; several on a rank with a looped schedule such as Interleaved1F1B) each
+  part's DMuon runs over its stage's ranks (stage_group), unless the kwargs name a process_group.
 - owner_held(parallelize_fn): a ModelSpec.parallelize_fn that makes the Muon matrices owner-held
   (hold_on_owners over the data-parallel mesh torchtitan shards on) and then runs parallelize_fn, whose
   fully_shard calls leave them to their owners (frameworks.held_out_of_fully_shard).
@@ -17,10 +19,12 @@ torchtitan; the rest of dmuon.torch does not.
 
 import dataclasses
 
+import torch.distributed as dist
 from torchtitan.components.optimizer import OptimizersContainer
 
 from dmuon.torch.frameworks import held_out_of_fully_shard
 from dmuon.torch.held.hold import hold_on_owners
+from dmuon.torch.layout import is_dtensor
 from dmuon.torch.optimizer import DMuon
 
 
@@ -42,14 +46,48 @@ class DMuonOptimizers(OptimizersContainer):
                              "states for torch's Adam and AdamW only; for DMuon's, give "
                              "optimizer_factory_kwargs_by_name={'DMuon': {'state_dtype': torch.bfloat16}} and "
                              "another implementation")
-        if dmuon and len(model_parts) > 1:
-            raise ValueError(f"dmuon.torch.titan: {len(model_parts)} model parts on this rank (pipeline "
-                             "parallelism, parallelism.pipeline_parallel_degree > 1): DMuon over pipeline stages "
-                             "is not supported")
         for model in model_parts:  # as DMuon(model): parameters that .to_empty() made after owner_held get their marks
             for schedule in model.__dict__.get("_dmuon_held_schedules", ()):
                 schedule.adopt()
+        kwargs = config.optimizer_factory_kwargs_by_name.get("DMuon", {})
+        group = stage_group(model_parts) if dmuon and "process_group" not in kwargs else None
+        if group is not None:  # pipeline stages: each stage's DMuon over its own ranks
+            if kwargs.get("clip_grad_norm"):
+                raise ValueError("dmuon.torch.titan: DMuon's clip_grad_norm under pipeline parallelism would clip "
+                                 "each stage by its own stage's norm; torchtitan's training.max_norm clips by the "
+                                 "norm over every stage")
+            config = dataclasses.replace(config, optimizer_factory_kwargs_by_name={
+                **config.optimizer_factory_kwargs_by_name, "DMuon": {**kwargs, "process_group": group}})
         super().__init__(config, model_parts=model_parts)
+
+
+def stage_group(model_parts):
+    """The process group of the ranks holding this rank's pipeline stages (the ranks of their parameters' meshes:
+    a stage's data-parallel and tensor-parallel ranks; this rank alone where they are plain tensors), or None where
+    that is every rank (no pipeline parallelism). Collective over every rank: each names its stage's ranks, and
+    every group is made on every rank, in one order (torch.distributed.new_subgroups_by_enumeration). ValueError
+    where this rank's model parts are held by different ranks, or two stages' rank sets overlap."""
+    if not dist.is_initialized():
+        return None
+    held_by = []
+    for model in model_parts:
+        ranks = {dist.get_rank()}
+        for p in model.parameters():
+            if is_dtensor(p):
+                ranks.update(int(r) for r in p.device_mesh.mesh.flatten().tolist())
+        held_by.append(tuple(sorted(ranks)))
+    if len(set(held_by)) > 1:
+        raise ValueError(f"dmuon.torch.titan: rank {dist.get_rank()}'s model parts are held by different ranks "
+                         f"{sorted(set(held_by))}; DMuon takes the stages of one rank set")
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, held_by[0] if held_by else (dist.get_rank(),))
+    stages = sorted(set(everyone))
+    if stages == [tuple(range(dist.get_world_size()))]:
+        return None
+    if len({r for s in stages for r in s}) != sum(len(s) for s in stages):
+        raise ValueError(f"dmuon.torch.titan: the pipeline stages' rank sets {stages} overlap")
+    group, _ = dist.new_subgroups_by_enumeration([list(s) for s in stages])
+    return group
 
 
 def owner_held(parallelize_fn):

@@ -1,0 +1,186 @@
+"""DMuon inside torchtitan under pipeline parallelism, at 4 ranks: torchtitan's Llama3 debugmodel cut to 4 layers
+(SDPA attention), split into stages by its own pipelining function (pipeline_llm: the model's stages, each
+parallelized by parallelize_llama, FSDP2 over the stage's 2 data-parallel ranks), a (pp 2, fsdp 2) mesh, with
+  1F1B             one stage a rank (2 stages),
+  Interleaved1F1B  two stages a rank (4 stages; torchtitan's optimizer container builds a DMuon for each),
+each stage's DMuon over its own ranks (dmuon.torch.titan.stage_group, made by DMuonOptimizers). The steps are
+Trainer.train_step's with PP: 2 micro-batches a step through the schedule's step() (arg_mbs on the first stage,
+target_mbs and losses on the last), loss = summed cross-entropy / the global token count, torchtitan's
+clip_grad_norm_ over the stages (pp_mesh), optimizers.step(), its LR schedulers' step().
+
+Every step's loss (the last stage's, summed over the data-parallel ranks), gradient norm and the final weights
+(every stage's, gathered) equal the same model unsplit and unsharded in one process (DMuon over a process group of
+that rank alone) on the same batches, within framework_runs.TOLERANCE. DMuon's own clip_grad_norm under PP (each
+stage clipped by its own norm) is refused by name.
+
+Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc 4 --timeout 400 -- \
+    tests/python/torch_titan_pp_test.py DIR
+"""
+
+import pathlib
+import sys
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torchtitan.config import CompileConfig, ParallelismConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed import utils as dist_utils
+from torchtitan.models import llama3
+
+from dmuon.torch import DMuon
+from framework_runs import TOLERANCE, compare, start
+from rank_checks import check, finish
+from rank_exit import exit_rank
+from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, SEQ, TRAINING, load_full, optimizer_config,
+                              two_layers_sdpa)
+
+STEPS, PP, DP = 3, 2, 2
+
+
+def model_spec():
+    return two_layers_sdpa(llama3.model_registry("debugmodel"), layers=4)
+
+
+def initial_weights():
+    torch.manual_seed(0)
+    model = model_spec().model.build()
+    with torch.no_grad():
+        model.init_weights(buffer_device=None)
+    return model.state_dict()
+
+
+def batches():
+    """(STEPS, DP · PER_RANK, SEQ + 1) tokens: step s's rows of every data-parallel rank (d's: d·B to (d + 1)·B − 1)."""
+    gen = torch.Generator().manual_seed(9)
+    return torch.randint(0, model_spec().model.vocab_size, (STEPS, DP * PER_RANK, SEQ + 1), generator=gen)
+
+
+def summed_loss(pred, labels, global_valid_tokens):
+    """torchtitan's loss contract: (summed cross-entropy / the global token count, anything)."""
+    return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(), reduction="sum") / global_valid_tokens, None
+
+
+def reference(world, group):
+    """The model unsplit and unsharded in one process: the same container, scheduler and clipping, every step on
+    all data-parallel ranks' rows, one micro-batch (one row) at a time as the schedule runs them."""
+    model = model_spec().model.build()
+    model.load_state_dict(initial_weights())
+    optimizers = optimizer_config(process_group=group).build(model_parts=[model])
+    schedulers = SCHEDULE.build(optimizers=optimizers, training_steps=STEPS)
+    losses, norms = [], []
+    for rows in batches():
+        optimizers.zero_grad(set_to_none=False)
+        loss = 0.0
+        for row in rows.split(1):
+            part, _ = summed_loss(model(row[:, :-1]), row[:, 1:], rows[:, 1:].numel())
+            part.backward()
+            loss += part.item()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        optimizers.step()
+        schedulers.step()
+        losses.append(loss)
+    return (losses, norms), {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def build(schedule, out, **options):
+    """Trainer.__init__'s order under PP: the model on the meta device, pipelining_fn (stages, each parallelized),
+    to_empty and init_weights per part, the optimizers (then the reference's weights), the LR schedulers."""
+    spec = model_spec()
+    dims = ParallelDims(dp_replicate=1, dp_shard=DP, cp=1, tp=1, pp=PP, ep=1, world_size=PP * DP,
+                        spmd_backend="partial_dtensor")
+    dims.build_mesh()
+    parallelism = ParallelismConfig(spmd_backend="partial_dtensor", pipeline_parallel_degree=PP,
+                                    pipeline_parallel_schedule=schedule)
+    with torch.device("meta"):
+        model = spec.model.build()
+    pp_schedule, parts, first, last = spec.pipelining_fn(
+        model, parallel_dims=dims, training=TRAINING, parallelism=parallelism, compile_config=CompileConfig(),
+        ac_config=None, dump_folder=str(out), device=torch.device("cpu"), model_config=spec.model,
+        parallelize_fn=spec.parallelize_fn, loss_fn=summed_loss)
+    weights = initial_weights()
+    for part in parts:
+        for module in part.modules():  # FSDP's sum as SUM, not PREMUL_SUM, which gloo refuses (torch_titan_test)
+            if isinstance(module, FSDPModule):
+                module.set_force_sum_reduction_for_comms(True)
+        part.to_empty(device="cpu")
+        with torch.no_grad():
+            part.init_weights(buffer_device=None)
+        part.train()
+        load_full(part, {k: v for k, v in weights.items() if k in part.state_dict()})
+    optimizers = optimizer_config(**options).build(model_parts=parts)
+    check([type(o) for o in optimizers] == [DMuon] * len(parts),
+          f"torchtitan built {[type(o) for o in optimizers]} for {len(parts)} model parts")
+    schedulers = SCHEDULE.build(optimizers=optimizers, training_steps=STEPS)
+    return dims, pp_schedule, parts, first, last, optimizers, schedulers
+
+
+def train_step(dims, pp_schedule, parts, first, last, optimizers, schedulers, rows):
+    """Trainer.train_step's with PP: (the loss summed over the data-parallel ranks on the last stage, else None;
+    the gradient norm before clipping)."""
+    optimizers.zero_grad(set_to_none=TRAINING.disable_cuda_graphs)
+    tokens = dist_utils.dist_sum_tensor(torch.tensor(rows[:, 1:].numel()), dims.get_mesh("batch"))
+    mbs = list(rows.split(1))
+    losses = [] if last else None
+    pp_schedule.step(arg_mbs=[(mb[:, :-1],) for mb in mbs] if first else None, kwarg_mbs=[{} for _ in mbs],
+                     target_mbs=[mb[:, 1:] for mb in mbs] if last else None, losses=losses,
+                     loss_kwargs={"global_valid_tokens": tokens}, return_outputs=False)
+    norm = dist_utils.clip_grad_norm_([p for m in parts for p in m.parameters()], MAX_NORM, foreach=True,
+                                      pp_mesh=dims.get_optional_mesh("pp"), ep_enabled=False)
+    optimizers.step()
+    schedulers.step()
+    loss = torch.stack(losses).detach().sum() if last else torch.zeros(())
+    dist.all_reduce(loss, group=dims.get_mesh("batch").get_group())
+    return (float(loss) if last else None), float(norm)
+
+
+def full_weights(parts):
+    """Every stage's weights as full tensors, on every rank (each stage's gathered on its ranks, then shared)."""
+    mine = {}
+    for part in parts:
+        mine.update({k: (v.full_tensor() if isinstance(v, DTensor) else v).detach() for k, v in
+                     part.state_dict().items()})
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return {k: v for d in everyone for k, v in d.items()}
+
+
+def refusal(out):
+    """DMuon's own clip_grad_norm under PP (each stage would be clipped by its own norm): refused by name."""
+    try:
+        build("1F1B", out / "refusal", clip_grad_norm=1.0)
+        check(False, "DMuonOptimizers took DMuon's clip_grad_norm under pipeline parallelism")
+    except ValueError as e:
+        check("DMuon's clip_grad_norm under pipeline parallelism" in str(e), f"the refusal names no setting: {e}")
+
+
+def main():
+    out = pathlib.Path(sys.argv[1])
+    rank, world, (ref, ref_weights) = start(out, reference)
+    check(world == PP * DP, f"torch_titan_pp_test runs at {PP * DP} ranks, not {world}")
+    refusal(out)
+    for schedule in ("1F1B", "Interleaved1F1B"):
+        dims, pp_schedule, parts, first, last, optimizers, schedulers = build(schedule, out / schedule)
+        dp_rank = dims.get_mesh("batch").get_local_rank()
+        rows = batches()[:, dp_rank * PER_RANK:(dp_rank + 1) * PER_RANK]
+        steps = [train_step(dims, pp_schedule, parts, first, last, optimizers, schedulers, rows[s])
+                 for s in range(STEPS)]
+        weights = full_weights(parts)
+        losses = [None] * world
+        dist.all_gather_object(losses, [l for l, _ in steps] if last else None)
+        if rank == 0:
+            label = f"torchtitan llama3 {schedule} (pp {PP} x fsdp {DP}, {len(parts)} stage(s) a rank)"
+            norms = [n for _, n in steps]
+            ref_losses, ref_norms = ref
+            check(all(abs(a - b) <= TOLERANCE * b for a, b in zip(norms, ref_norms)),
+                  f"{label}: gradient norms {norms}, the one process's {ref_norms}")
+            compare(label, next(l for l in losses if l is not None), weights, ref_losses, ref_weights)
+        dist.barrier()
+    return finish(f"torch_titan_pp_test at {world} ranks: torchtitan's Llama3 debugmodel (4 layers) in pipeline "
+                  f"stages (1F1B, Interleaved1F1B) over FSDP2, one DMuon a stage, {STEPS} steps, vs one process")
+
+
+if __name__ == "__main__":
+    exit_rank(main())
