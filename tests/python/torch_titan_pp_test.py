@@ -3,10 +3,14 @@
 parallelized by parallelize_llama, FSDP2 over the stage's 2 data-parallel ranks), a (pp 2, fsdp 2) mesh, with
   1F1B             one stage a rank (2 stages),
   Interleaved1F1B  two stages a rank (4 stages; torchtitan's optimizer container builds a DMuon for each),
-each stage's DMuon over its own ranks (dmuon.torch.titan.stage_group, made by DMuonOptimizers). The steps are
+each stage's DMuon over its own ranks (dmuon.torch.titan.stage_group, made by DMuonOptimizers), with QK-clip on
+each stage's attentions (titan_qk_clip with the schedule, whose metadata-inference forward on uninitialized inputs
+it skips: counted, stage 1's first maxima were NaN and the runs left the one process's; a tau that clips some
+heads at the first step). The steps are
 Trainer.train_step's with PP: 2 micro-batches a step through the schedule's step() (arg_mbs on the first stage,
 target_mbs and losses on the last), loss = summed cross-entropy / the global token count, torchtitan's
-clip_grad_norm_ over the stages (pp_mesh), optimizers.step(), its LR schedulers' step().
+clip_grad_norm_ over the stages (pp_mesh), optimizers.step(), its LR schedulers' step(). The one process clips
+with the norm summed in float64 (clip_in_float64 says why).
 
 Every step's loss (the last stage's, summed over the data-parallel ranks), gradient norm and the final weights
 (every stage's, gathered) equal the same model unsplit and unsharded in one process (DMuon over a process group of
@@ -31,6 +35,7 @@ from torchtitan.distributed import utils as dist_utils
 from torchtitan.models import llama3
 
 from dmuon.torch import DMuon
+from dmuon.torch.qk_clip_titan import titan_qk_clip
 from framework_runs import TOLERANCE, compare, start
 from rank_checks import check, finish
 from rank_exit import exit_rank
@@ -38,6 +43,7 @@ from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, SEQ, TRAINING, load_
                               two_layers_sdpa)
 
 STEPS, PP, DP = 3, 2, 2
+TAU = 0.34  # QK-clip's threshold: among the heads' largest logits at the first step (torch_titan_qk_clip_test)
 
 
 def model_spec():
@@ -63,12 +69,23 @@ def summed_loss(pred, labels, global_valid_tokens):
     return F.cross_entropy(pred.flatten(0, 1).float(), labels.flatten(), reduction="sum") / global_valid_tokens, None
 
 
+def clip_in_float64(params):
+    """torch.nn.utils.clip_grad_norm_(params, MAX_NORM) with the norm summed in float64: torch's float32 sum was
+    5e-5 relative away from it here (2.117375 against 2.117544 at the first step), the ranks' sharded sums 3e-5.
+    Returns the norm."""
+    norm = float(sum(p.grad.double().pow(2).sum() for p in params)) ** 0.5
+    for p in params:
+        p.grad.mul_(min(1.0, MAX_NORM / (norm + 1e-6)))
+    return norm
+
+
 def reference(world, group):
     """The model unsplit and unsharded in one process: the same container, scheduler and clipping, every step on
     all data-parallel ranks' rows, one micro-batch (one row) at a time as the schedule runs them."""
     model = model_spec().model.build()
     model.load_state_dict(initial_weights())
     optimizers = optimizer_config(process_group=group).build(model_parts=[model])
+    (clip,) = titan_qk_clip([model], optimizers, TAU)
     schedulers = SCHEDULE.build(optimizers=optimizers, training_steps=STEPS)
     losses, norms = [], []
     for rows in batches():
@@ -78,10 +95,13 @@ def reference(world, group):
             part, _ = summed_loss(model(row[:, :-1]), row[:, 1:], rows[:, 1:].numel())
             part.backward()
             loss += part.item()
-        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
+        norms.append(clip_in_float64(list(model.parameters())))
         optimizers.step()
         schedulers.step()
         losses.append(loss)
+        clipped = int(sum((m > TAU).sum() for m in clip.max_logits))
+        check(0 < clipped < sum(m.numel() for m in clip.max_logits) or len(losses) > 1,
+              f"step 1 clipped {clipped} heads, not some of them")
     return (losses, norms), {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
@@ -113,6 +133,7 @@ def build(schedule, out, **options):
     optimizers = optimizer_config(**options).build(model_parts=parts)
     check([type(o) for o in optimizers] == [DMuon] * len(parts),
           f"torchtitan built {[type(o) for o in optimizers]} for {len(parts)} model parts")
+    titan_qk_clip(parts, optimizers, TAU, pp_schedule=pp_schedule)
     schedulers = SCHEDULE.build(optimizers=optimizers, training_steps=STEPS)
     return dims, pp_schedule, parts, first, last, optimizers, schedulers
 
@@ -148,12 +169,19 @@ def full_weights(parts):
 
 
 def refusal(out):
-    """DMuon's own clip_grad_norm under PP (each stage would be clipped by its own norm): refused by name."""
+    """Refused by name: DMuon's own clip_grad_norm under PP (each stage would be clipped by its own norm), and
+    titan_qk_clip over pipeline stages without their schedule (whose metadata inference it must not count)."""
     try:
         build("1F1B", out / "refusal", clip_grad_norm=1.0)
         check(False, "DMuonOptimizers took DMuon's clip_grad_norm under pipeline parallelism")
     except ValueError as e:
         check("DMuon's clip_grad_norm under pipeline parallelism" in str(e), f"the refusal names no setting: {e}")
+    _, _, parts, _, _, optimizers, _ = build("1F1B", out / "refusal")
+    try:
+        titan_qk_clip(parts, optimizers, TAU)
+        check(False, "titan_qk_clip took pipeline stages without their schedule")
+    except ValueError as e:
+        check("give pp_schedule=" in str(e), f"the refusal names no pp_schedule: {e}")
 
 
 def main():
@@ -177,6 +205,8 @@ def main():
             check(all(abs(a - b) <= TOLERANCE * b for a, b in zip(norms, ref_norms)),
                   f"{label}: gradient norms {norms}, the one process's {ref_norms}")
             compare(label, next(l for l in losses if l is not None), weights, ref_losses, ref_weights)
+            print(f"{label}: gradient norms {[f'{n:.6f}' for n in norms]} (one process "
+                  f"{[f'{n:.6f}' for n in ref_norms]})", flush=True)
         dist.barrier()
     return finish(f"torch_titan_pp_test at {world} ranks: torchtitan's Llama3 debugmodel (4 layers) in pipeline "
                   f"stages (1F1B, Interleaved1F1B) over FSDP2, one DMuon a stage, {STEPS} steps, vs one process")

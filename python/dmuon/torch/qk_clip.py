@@ -25,6 +25,7 @@ owner-held matrix's owner, a full copy on every replica), all with the same γ; 
 S_h, the figure training logs watch. Device tensors throughout: the host reads nothing.
 """
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -195,14 +196,27 @@ class QKClip:
         self.max_logits = None  # per attention, the job's largest logit per query head at the last step (for logs)
         self._on_device = {}  # (parameter index, device) → its rules there
         self._head_index = {}  # (reported heads, device) → their indices there
+        self._paused = 0  # > 0: inside paused(), reports ignored
         self._optimizer = optimizer
         optimizer._qk_clip = self
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Reports inside are ignored: a forward that is not training's (a pipeline stage's metadata inference on
+        uninitialized inputs, an evaluation)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
 
     def report(self, attention, maxima, heads=None):
         """This rank's maximum logits of attention `attention` (its position in `attentions`) in this step: a tensor
         (heads,), or (len(heads),) for the query heads `heads` alone (their global indices, a list of ints: under
         tensor parallelism a rank computes its heads only). Kept as the largest of the step's reports, until the
         step."""
+        if self._paused:
+            return
         a = self.attentions[attention]
         maxima = maxima.detach().reshape(-1).to(torch.float64)
         count = a.heads if heads is None else len(heads)

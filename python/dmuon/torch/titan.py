@@ -1,5 +1,5 @@
 """dmuon.torch inside torchtitan (docs/integrations.md; tested with torchtitan 0.3.0). Importing this module imports
-torchtitan; the rest of dmuon.torch does not.
+torchtitan, as qk_clip_titan.py does (QK-clip for its models); the rest of dmuon.torch does not.
 
 - DMuonOptimizers: torchtitan's OptimizersContainer with "DMuon" in its name → class table. torchtitan 0.3.0
   resolves optimizer names in OptimizersContainer._resolve_optimizer_factory (Adam, AdamW, DistMuon) and takes a
@@ -59,6 +59,7 @@ class DMuonOptimizers(OptimizersContainer):
             config = dataclasses.replace(config, optimizer_factory_kwargs_by_name={
                 **config.optimizer_factory_kwargs_by_name, "DMuon": {**kwargs, "process_group": group}})
         super().__init__(config, model_parts=model_parts)
+        self.stage_group = group  # the pipeline stage's process group its DMuons run over, None without PP
 
 
 def stage_group(model_parts):

@@ -77,3 +77,10 @@ def cpu_has_bf16_matrix_units():
 
     check = getattr(torch.cpu, "_is_amx_tile_supported", None)
     return check is not None and bool(check())
+
+
+def pipeline_stages(schedule):
+    """The PipelineStages a torch.distributed.pipelining schedule runs on this rank (a multi-stage schedule's
+    _stages, a single-stage one's _stage)."""
+    stages = getattr(schedule, "_stages", None)
+    return list(stages) if stages is not None else [schedule._stage]
