@@ -27,7 +27,6 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 from torchtitan.config import CompileConfig, ParallelismConfig
 from torchtitan.distributed import ParallelDims
@@ -39,7 +38,7 @@ from dmuon.torch.qk_clip_titan import titan_qk_clip
 from framework_runs import TOLERANCE, compare, start
 from rank_checks import check, finish
 from rank_exit import exit_rank
-from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, SEQ, TRAINING, load_full, optimizer_config,
+from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, SEQ, TRAINING, load_full, materialize, optimizer_config,
                               two_layers_sdpa)
 
 STEPS, PP, DP = 3, 2, 2
@@ -122,13 +121,7 @@ def build(schedule, out, **options):
         parallelize_fn=spec.parallelize_fn, loss_fn=summed_loss)
     weights = initial_weights()
     for part in parts:
-        for module in part.modules():  # FSDP's sum as SUM, not PREMUL_SUM, which gloo refuses (torch_titan_test)
-            if isinstance(module, FSDPModule):
-                module.set_force_sum_reduction_for_comms(True)
-        part.to_empty(device="cpu")
-        with torch.no_grad():
-            part.init_weights(buffer_device=None)
-        part.train()
+        materialize(part)
         load_full(part, {k: v for k, v in weights.items() if k in part.state_dict()})
     optimizers = optimizer_config(**options).build(model_parts=parts)
     check([type(o) for o in optimizers] == [DMuon] * len(parts),

@@ -20,18 +20,14 @@ Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --npr
     tests/python/torch_titan_qk_clip_test.py DIR
 """
 
-import dataclasses
 import pathlib
 import sys
 from types import SimpleNamespace
 
 import torch
 import torch.distributed as dist
-from torch.distributed.fsdp import FSDPModule
 from torch.nn.attention.flex_attention import create_block_mask
 from torchtitan.components.optimizer import ParamGroupConfig
-from torchtitan.config import CompileConfig
-from torchtitan.distributed import ParallelDims
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.models import deepseek_v3, llama3, qwen3
 from torchtitan.models.common.attention import GQAttention
@@ -42,8 +38,9 @@ from dmuon.torch.qk_clip_titan import call_mask, titan_qk_clip
 from framework_runs import TOLERANCE, compare, start
 from rank_checks import check, finish
 from rank_exit import exit_rank
-from torch_titan_test import (MAX_NORM, PARALLELISM, PER_RANK, SCHEDULE, TRAINING, Case, batches, full_weights,
-                              initial_weights, load_full, optimizer_config, summed_loss, two_layers_sdpa)
+from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, Case, backward_per_rank, batches, full_weights,
+                              initial_weights, load_full, optimizer_config, parallelized, summed_loss,
+                              two_layers_sdpa)
 
 STEPS = 4
 # Within each model's per-head largest logits over these steps without the clip (llama3 0.23-0.60, deepseek
@@ -111,11 +108,7 @@ def reference(case, world, group):
     losses, maxima = [], []
     for step, rows in enumerate(batches(case, world)):
         optimizers.zero_grad(set_to_none=False)
-        loss = 0.0
-        for part in rows.split(PER_RANK):
-            part_loss = summed_loss(model, part, rows[:, 1:].numel())
-            part_loss.backward()
-            loss += part_loss.item()
+        loss = backward_per_rank(model, rows)
         torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)
         optimizers.step()
         schedulers.step()
@@ -135,24 +128,7 @@ def reference(case, world, group):
 
 def build(case, held, out):
     """torch_titan_test's build without the checkpointer, and titan_qk_clip after the optimizers."""
-    spec = case.spec()
-    if held:
-        spec = dataclasses.replace(spec, parallelize_fn=titan.owner_held(spec.parallelize_fn))
-    world = dist.get_world_size()
-    dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=1, world_size=world,
-                        spmd_backend=PARALLELISM.spmd_backend)
-    dims.build_mesh()
-    with torch.device("meta"):
-        model = spec.model.build()
-    model = spec.parallelize_fn(model, parallel_dims=dims, training=TRAINING, parallelism=PARALLELISM,
-                                compile_config=CompileConfig(), ac_config=None, dump_folder=str(out))
-    for module in model.modules():  # FSDP's sum as SUM, not PREMUL_SUM, which gloo refuses (torch_titan_test)
-        if isinstance(module, FSDPModule):
-            module.set_force_sum_reduction_for_comms(True)
-    model.to_empty(device="cpu")
-    with torch.no_grad():
-        model.init_weights(buffer_device=None)
-    model.train()
+    _, _, model = parallelized(case, held, out)
     optimizers = optimizer_config().build(model_parts=[model])
     load_full(model, initial_weights(case))
     (clip,) = titan_qk_clip([model], optimizers, TAU[case.name])

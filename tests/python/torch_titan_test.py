@@ -167,6 +167,17 @@ def summed_loss(model, rows, tokens):
     return F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten(), reduction="sum") / tokens
 
 
+def backward_per_rank(model, rows):
+    """The one process's forward and backward of a step's rows (all ranks'), one per rank's rows (reference()
+    says why): the step's loss."""
+    loss = 0.0
+    for part in rows.split(PER_RANK):
+        part_loss = summed_loss(model, part, rows[:, 1:].numel())
+        part_loss.backward()
+        loss += part_loss.item()
+    return loss
+
+
 def reference(case, world, group):
     """The same container, hook, scheduler and (torch's) clipping over the unsharded model in one process, every
     step on all ranks' rows, one backward per rank's rows: torchtitan's routed experts multiply in bfloat16
@@ -182,11 +193,7 @@ def reference(case, world, group):
     losses, norms = [], []
     for rows in batches(case, world):
         optimizers.zero_grad(set_to_none=False)
-        loss = 0.0
-        for part in rows.split(PER_RANK):
-            part_loss = summed_loss(model, part, rows[:, 1:].numel())
-            part_loss.backward()
-            loss += part_loss.item()
+        loss = backward_per_rank(model, rows)
         norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), MAX_NORM)))
         optimizers.step()
         schedulers.step()
@@ -207,9 +214,22 @@ class TrainState:
         self.step = int(state["step"])
 
 
-def build(case, held, out):
-    """Trainer.__init__'s order: the model on the meta device, parallelize_fn, to_empty, init_weights, the
-    optimizers and post_optimizer_build_fn (then the reference's weights), the LR schedulers, the checkpointer."""
+def materialize(part):
+    """Trainer's steps after the parallelize function on a model part: to_empty, init_weights, train. torchtitan
+    sets FSDP's gradient divide factor to 1.0 (a sum), which FSDP2 sends as PREMUL_SUM and gloo refuses ("Cannot
+    use ReduceOp.PREMUL_SUM with Gloo"): the same sum as SUM."""
+    for module in part.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)
+    part.to_empty(device="cpu")
+    with torch.no_grad():
+        part.init_weights(buffer_device=None)
+    part.train()
+
+
+def parallelized(case, held, out):
+    """The case's model built on the meta device, through its parallelize function (FSDP2 over every rank;
+    owner_held around it when held), materialized: (spec, parallel dims, model)."""
     spec = case.spec()
     if held:
         spec = dataclasses.replace(spec, parallelize_fn=titan.owner_held(spec.parallelize_fn))
@@ -221,15 +241,14 @@ def build(case, held, out):
         model = spec.model.build()
     model = spec.parallelize_fn(model, parallel_dims=dims, training=TRAINING, parallelism=PARALLELISM,
                                 compile_config=CompileConfig(), ac_config=None, dump_folder=str(out))
-    # torchtitan sets FSDP's gradient divide factor to 1.0 (a sum), which FSDP2 sends as PREMUL_SUM and gloo
-    # refuses ("Cannot use ReduceOp.PREMUL_SUM with Gloo"); the same sum as SUM
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_force_sum_reduction_for_comms(True)
-    model.to_empty(device="cpu")
-    with torch.no_grad():
-        model.init_weights(buffer_device=None)
-    model.train()
+    materialize(model)
+    return spec, dims, model
+
+
+def build(case, held, out):
+    """Trainer.__init__'s order: the model on the meta device, parallelize_fn, to_empty, init_weights, the
+    optimizers and post_optimizer_build_fn (then the reference's weights), the LR schedulers, the checkpointer."""
+    spec, dims, model = parallelized(case, held, out)
     optimizers = optimizer_config().build(model_parts=[model])
     check([type(o) for o in optimizers] == [DMuon], f"torchtitan built {[type(o) for o in optimizers]}, not one DMuon")
     after_optimizers(spec, optimizers, model, dims)
