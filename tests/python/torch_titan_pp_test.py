@@ -3,13 +3,16 @@
 parallelized by parallelize_llama, FSDP2 over the stage's 2 data-parallel ranks), a (pp 2, fsdp 2) mesh, with
   1F1B             one stage a rank (2 stages),
   Interleaved1F1B  two stages a rank (4 stages; torchtitan's optimizer container builds a DMuon for each),
-each stage's DMuon over its own ranks (dmuon.torch.titan.stage_group, made by DMuonOptimizers), with QK-clip on
+each in the all-to-all mode and the owner-held mode (dmuon.torch.titan.owner_held around parallelize_llama: each
+stage's matrices held on its own data-parallel ranks), each stage's DMuon over its own ranks
+(dmuon.torch.titan.stage_group, made by DMuonOptimizers), with QK-clip on
 each stage's attentions (titan_qk_clip with the schedule, whose metadata-inference forward on uninitialized inputs
 it skips: counted, stage 1's first maxima were NaN and the runs left the one process's; a tau that clips some
 heads at the first step). The steps are
 Trainer.train_step's with PP: 2 micro-batches a step through the schedule's step() (arg_mbs on the first stage,
 target_mbs and losses on the last), loss = summed cross-entropy / the global token count, torchtitan's
-clip_grad_norm_ over the stages (pp_mesh), optimizers.step(), its LR schedulers' step(). The one process clips
+clip_grad_norm_ over the stages (pp_mesh; owner-held: dmuon.torch.clip_grad_norm_ with pipeline_group, as
+torchtitan's cannot read held gradients), optimizers.step(), its LR schedulers' step(). The one process clips
 with the norm summed in float64 (clip_in_float64 says why).
 
 Every step's loss (the last stage's, summed over the data-parallel ranks), gradient norm and the final weights
@@ -21,6 +24,7 @@ Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --npr
     tests/python/torch_titan_pp_test.py DIR
 """
 
+import dataclasses
 import pathlib
 import sys
 
@@ -33,7 +37,8 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.models import llama3
 
-from dmuon.torch import DMuon
+import dmuon.torch
+from dmuon.torch import DMuon, titan
 from dmuon.torch.qk_clip_titan import titan_qk_clip
 from framework_runs import TOLERANCE, compare, start
 from rank_checks import check, finish
@@ -104,10 +109,12 @@ def reference(world, group):
     return (losses, norms), {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def build(schedule, out, **options):
+def build(schedule, out, held=False, **options):
     """Trainer.__init__'s order under PP: the model on the meta device, pipelining_fn (stages, each parallelized),
     to_empty and init_weights per part, the optimizers (then the reference's weights), the LR schedulers."""
     spec = model_spec()
+    if held:
+        spec = dataclasses.replace(spec, parallelize_fn=titan.owner_held(spec.parallelize_fn))
     dims = ParallelDims(dp_replicate=1, dp_shard=DP, cp=1, tp=1, pp=PP, ep=1, world_size=PP * DP,
                         spmd_backend="partial_dtensor")
     dims.build_mesh()
@@ -131,7 +138,7 @@ def build(schedule, out, **options):
     return dims, pp_schedule, parts, first, last, optimizers, schedulers
 
 
-def train_step(dims, pp_schedule, parts, first, last, optimizers, schedulers, rows):
+def train_step(dims, pp_schedule, parts, first, last, optimizers, schedulers, rows, held):
     """Trainer.train_step's with PP: (the loss summed over the data-parallel ranks on the last stage, else None;
     the gradient norm before clipping)."""
     optimizers.zero_grad(set_to_none=TRAINING.disable_cuda_graphs)
@@ -141,8 +148,12 @@ def train_step(dims, pp_schedule, parts, first, last, optimizers, schedulers, ro
     pp_schedule.step(arg_mbs=[(mb[:, :-1],) for mb in mbs] if first else None, kwarg_mbs=[{} for _ in mbs],
                      target_mbs=[mb[:, 1:] for mb in mbs] if last else None, losses=losses,
                      loss_kwargs={"global_valid_tokens": tokens}, return_outputs=False)
-    norm = dist_utils.clip_grad_norm_([p for m in parts for p in m.parameters()], MAX_NORM, foreach=True,
-                                      pp_mesh=dims.get_optional_mesh("pp"), ep_enabled=False)
+    params = [p for m in parts for p in m.parameters()]
+    if held:  # torchtitan's clip_grad_norm_ cannot read held gradients (torch_titan_test)
+        norm = dmuon.torch.clip_grad_norm_(params, MAX_NORM, pipeline_group=dims.get_mesh("pp").get_group())
+    else:
+        norm = dist_utils.clip_grad_norm_(params, MAX_NORM, foreach=True, pp_mesh=dims.get_optional_mesh("pp"),
+                                          ep_enabled=False)
     optimizers.step()
     schedulers.step()
     loss = torch.stack(losses).detach().sum() if last else torch.zeros(())
@@ -182,17 +193,18 @@ def main():
     rank, world, (ref, ref_weights) = start(out, reference)
     check(world == PP * DP, f"torch_titan_pp_test runs at {PP * DP} ranks, not {world}")
     refusal(out)
-    for schedule in ("1F1B", "Interleaved1F1B"):
-        dims, pp_schedule, parts, first, last, optimizers, schedulers = build(schedule, out / schedule)
+    for schedule, held in (("1F1B", False), ("Interleaved1F1B", False), ("1F1B", True), ("Interleaved1F1B", True)):
+        dims, pp_schedule, parts, first, last, optimizers, schedulers = build(schedule, out / schedule, held)
         dp_rank = dims.get_mesh("batch").get_local_rank()
         rows = batches()[:, dp_rank * PER_RANK:(dp_rank + 1) * PER_RANK]
-        steps = [train_step(dims, pp_schedule, parts, first, last, optimizers, schedulers, rows[s])
+        steps = [train_step(dims, pp_schedule, parts, first, last, optimizers, schedulers, rows[s], held)
                  for s in range(STEPS)]
         weights = full_weights(parts)
         losses = [None] * world
         dist.all_gather_object(losses, [l for l, _ in steps] if last else None)
         if rank == 0:
-            label = f"torchtitan llama3 {schedule} (pp {PP} x fsdp {DP}, {len(parts)} stage(s) a rank)"
+            label = (f"torchtitan llama3 {schedule} (pp {PP} x fsdp {DP}, {len(parts)} stage(s) a rank) "
+                     f"{'owner-held' if held else 'all-to-all'}")
             norms = [n for _, n in steps]
             ref_losses, ref_norms = ref
             check(all(abs(a - b) <= TOLERANCE * b for a, b in zip(norms, ref_norms)),
@@ -202,7 +214,8 @@ def main():
                   f"{[f'{n:.6f}' for n in ref_norms]})", flush=True)
         dist.barrier()
     return finish(f"torch_titan_pp_test at {world} ranks: torchtitan's Llama3 debugmodel (4 layers) in pipeline "
-                  f"stages (1F1B, Interleaved1F1B) over FSDP2, one DMuon a stage, {STEPS} steps, vs one process")
+                  f"stages (1F1B, Interleaved1F1B) over FSDP2, both modes, one DMuon a stage, QK-clip, {STEPS} "
+                  "steps, vs one process")
 
 
 if __name__ == "__main__":

@@ -47,12 +47,14 @@ def _check_scalable(params):
 
 
 @torch.no_grad()
-def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False):
+def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=False, pipeline_group=None):
     """Clips the gradients of `parameters` (a model's parameters(), FSDP2, HSDP, DDP or one process,
     with or without owner-held matrices) in place so that their total norm is at most max_norm;
     returns the total norm before clipping (a float64 tensor, equal on every rank). As
     torch.nn.utils.clip_grad_norm_: norm_type p (inf: the largest |g|), scale max_norm / (norm + 1e-6)
-    when below 1, error_if_nonfinite raises for a non-finite norm."""
+    when below 1, error_if_nonfinite raises for a non-finite norm. Under pipeline parallelism give the
+    parameters of this rank's stages and pipeline_group, the process group of one rank per stage (torchtitan's
+    "pp" mesh's): the stages' sums are added over it (the largest taken for inf), as torchtitan's pp_mesh."""
     if isinstance(parameters, torch.Tensor):
         parameters = [parameters]
     norm_type = float(norm_type)
@@ -83,6 +85,11 @@ def clip_grad_norm_(parameters, max_norm, norm_type=2.0, error_if_nonfinite=Fals
             part = part.to(comm.tensor_device())
             dist.all_reduce(part, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, group=comm.pg)
         total = torch.maximum(total, part.to(device)) if inf else total + part.to(device)
+    if pipeline_group is not None:
+        comm = Group(pipeline_group)
+        staged = total.to(comm.tensor_device())
+        dist.all_reduce(staged, op=dist.ReduceOp.MAX if inf else dist.ReduceOp.SUM, group=comm.pg)
+        total = staged.to(device)
     norm = total if inf else total ** (1.0 / norm_type)
     if error_if_nonfinite and not torch.isfinite(norm):  # a read of the norm, as torch's own makes here
         raise RuntimeError(f"dmuon.torch.clip_grad_norm_: the total norm of order {norm_type} of the gradients is "

@@ -63,11 +63,10 @@ class DMuonOptimizers(OptimizersContainer):
 
 
 def stage_group(model_parts):
-    """The process group of the ranks holding this rank's pipeline stages (the ranks of their parameters' meshes:
-    a stage's data-parallel and tensor-parallel ranks; this rank alone where they are plain tensors), or None where
-    that is every rank (no pipeline parallelism). Collective over every rank: each names its stage's ranks, and
-    every group is made on every rank, in one order (torch.distributed.new_subgroups_by_enumeration). ValueError
-    where this rank's model parts are held by different ranks, or two stages' rank sets overlap."""
+    """The process group of the ranks holding this rank's pipeline stages (the ranks of their parameters' meshes and
+    owner-held groups: a stage's data-parallel and tensor-parallel ranks; this rank alone where they are plain
+    tensors), or None where that is every rank (no pipeline parallelism). Collective over every rank
+    (group_of_ranks). ValueError where this rank's model parts are held by different ranks."""
     if not dist.is_initialized():
         return None
     held_by = []
@@ -76,12 +75,22 @@ def stage_group(model_parts):
         for p in model.parameters():
             if is_dtensor(p):
                 ranks.update(int(r) for r in p.device_mesh.mesh.flatten().tolist())
+            held = getattr(p, "_dmuon_held", None)
+            if held is not None:  # an owner-held matrix: the ranks of its group
+                ranks.update(dist.get_process_group_ranks(held.process_group))
         held_by.append(tuple(sorted(ranks)))
     if len(set(held_by)) > 1:
         raise ValueError(f"dmuon.torch.titan: rank {dist.get_rank()}'s model parts are held by different ranks "
                          f"{sorted(set(held_by))}; DMuon takes the stages of one rank set")
+    return group_of_ranks(held_by[0] if held_by else (dist.get_rank(),))
+
+
+def group_of_ranks(ranks):
+    """The process group of `ranks` (this rank's pipeline stage's, sorted), None where they are every rank.
+    Collective over every rank: each names its own set, and every set's group is made on every rank, in one order
+    (torch.distributed.new_subgroups_by_enumeration). ValueError where two stages' rank sets overlap."""
     everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, held_by[0] if held_by else (dist.get_rank(),))
+    dist.all_gather_object(everyone, tuple(ranks))
     stages = sorted(set(everyone))
     if stages == [tuple(range(dist.get_world_size()))]:
         return None
@@ -94,21 +103,24 @@ def stage_group(model_parts):
 def owner_held(parallelize_fn):
     """parallelize_fn (a torchtitan ModelSpec.parallelize_fn, e.g. parallelize_llama) with the Muon matrices
     held on their owners first: spec = dataclasses.replace(spec, parallelize_fn=owner_held(spec.parallelize_fn)).
-    Data parallelism only (FSDP2, or HSDP with data_parallel_replicate_degree > 1) on
-    parallelism.spmd_backend="partial_dtensor"; other settings are refused by name."""
+    Data parallelism (FSDP2, or HSDP with data_parallel_replicate_degree > 1) on
+    parallelism.spmd_backend="partial_dtensor", in pipeline stages or not (each stage's matrices held on its own
+    data-parallel ranks); other settings are refused by name."""
 
     def parallelize(model, *, parallel_dims, parallelism, **kwargs):
         refused = [f"parallelism.{name}={value!r}" for name, value, ok in (
             ("spmd_backend", parallelism.spmd_backend, parallelism.spmd_backend == "partial_dtensor"),
             ("tensor_parallel_degree", parallel_dims.tp, parallel_dims.tp == 1),
             ("context_parallel_degree", parallel_dims.cp, parallel_dims.cp == 1),
-            ("pipeline_parallel_degree", parallel_dims.pp, parallel_dims.pp == 1),
             ("expert_parallel_degree", parallel_dims.ep, parallel_dims.ep == 1)) if not ok]
         if refused:
             raise ValueError(f"dmuon.torch.titan.owner_held: {', '.join(refused)} is not supported (owner-held "
-                             "matrices are tested under data parallelism alone, spmd_backend='partial_dtensor')")
+                             "matrices are tested under data and pipeline parallelism, "
+                             "spmd_backend='partial_dtensor')")
         names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
-        held = hold_on_owners(model, parallel_dims.get_mesh(names))
+        mesh = parallel_dims.get_mesh(names)  # under pipeline parallelism: the stage's, over its own ranks
+        group = group_of_ranks(sorted(int(r) for r in mesh.mesh.flatten().tolist()))
+        held = hold_on_owners(model, mesh, process_group=group)
         with held_out_of_fully_shard(model, held):
             return parallelize_fn(model, parallel_dims=parallel_dims, parallelism=parallelism, **kwargs)
 

@@ -83,7 +83,8 @@ class HeldGroups:
     divide_factor: what the owner divides a summed gradient by, when hold_on_owners was given one (None: the
     factor set on the unit's fully_shard, else the group's size, the number of data-parallel batches
     (buffer.py); under expert parallelism more batches reach an expert than its group has ranks).
-    Collective: every rank of the default group builds it in the same order."""
+    Collective: every rank of the default group builds it in the same order, or, where the grids hold some of its
+    ranks (a pipeline stage's), every rank of the grids."""
 
     def __init__(self, grids, mine, grid, rank, divide_factor=None):
         self.global_ranks = list(grids[mine])
@@ -96,14 +97,17 @@ class HeldGroups:
         self.shard_group = self.column_group = None
         if self.world == 1:
             return
+        # A pipeline stage's grids hold some of the ranks only; the other stages make theirs: each group is made by
+        # its members alone (torch's local synchronization), in the same order on each of them.
+        local = len({r for ranks in grids for r in ranks}) < dist.get_world_size()
         for k, ranks in enumerate(grids):
             for r in range(grid.replicas):
-                pg = dist.new_group([ranks[g] for g in replica_ranks(grid, r)])
+                pg = dist.new_group([ranks[g] for g in replica_ranks(grid, r)], use_local_synchronization=local)
                 if k == mine and r == self.replica:
                     self.shard_group = pg
             if grid.replicas > 1:
                 for s in range(grid.shards):
-                    pg = dist.new_group([ranks[g] for g in grid.ranks_of_shard(s)])
+                    pg = dist.new_group([ranks[g] for g in grid.ranks_of_shard(s)], use_local_synchronization=local)
                     if k == mine and s == self.shard:
                         self.column_group = pg
 
