@@ -87,8 +87,9 @@ def stage_group(model_parts):
 
 def group_of_ranks(ranks):
     """The process group of `ranks` (this rank's pipeline stage's, sorted), None where they are every rank.
-    Collective over every rank: each names its own set, and every set's group is made on every rank, in one order
-    (torch.distributed.new_subgroups_by_enumeration). ValueError where two stages' rank sets overlap."""
+    Collective over every rank: each names its own set (ValueError on every rank where two stages' sets overlap);
+    each stage's group is then made by its members alone (torch's local synchronization), so that the stages'
+    own groups (the held hooks', groups.py) never pair up across stages."""
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, tuple(ranks))
     stages = sorted(set(everyone))
@@ -96,8 +97,7 @@ def group_of_ranks(ranks):
         return None
     if len({r for s in stages for r in s}) != sum(len(s) for s in stages):
         raise ValueError(f"dmuon.torch.titan: the pipeline stages' rank sets {stages} overlap")
-    group, _ = dist.new_subgroups_by_enumeration([list(s) for s in stages])
-    return group
+    return dist.new_group(list(ranks), use_local_synchronization=True)
 
 
 def owner_held(parallelize_fn):
