@@ -45,8 +45,8 @@ from dmuon.torch.qk_clip_titan import titan_qk_clip
 from framework_runs import TOLERANCE, compare, start
 from rank_checks import check, finish
 from rank_exit import exit_rank
-from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, SEQ, TRAINING, load_full, materialize, optimizer_config,
-                              two_layers_sdpa)
+from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, TRAINING, batches, initial_weights, load_full,
+                              materialize, optimizer_config, two_layers_sdpa)
 
 STEPS, PP, DP = 3, 2, 2
 
@@ -57,30 +57,17 @@ class PipelineCase:
     spec: object  # () -> a fresh ModelSpec
     tau: float  # QK-clip's threshold: among the heads' largest logits at the first step (torch_titan_qk_clip_test)
     schedules: tuple
+    steps: int
     # whether weights are compared, not only losses and gradient norms: the MoE's routed experts multiply in
     # bfloat16 (torch_titan_test's Case.exact)
     exact: bool
 
 
 CASES = (PipelineCase("llama3", lambda: two_layers_sdpa(llama3.model_registry("debugmodel"), layers=4), 0.34,
-                      ("1F1B", "Interleaved1F1B"), exact=True),
+                      ("1F1B", "Interleaved1F1B"), STEPS, exact=True),
          # DeepSeek-V3's first 4 layers: one dense, three of routed experts; latent attention
          PipelineCase("deepseek-v3", lambda: two_layers_sdpa(deepseek_v3.model_registry("debugmodel"), layers=4),
-                      0.65, ("1F1B",), exact=False))
-
-
-def initial_weights(case):
-    torch.manual_seed(0)
-    model = case.spec().model.build()
-    with torch.no_grad():
-        model.init_weights(buffer_device=None)
-    return model.state_dict()
-
-
-def batches(case):
-    """(STEPS, DP · PER_RANK, SEQ + 1) tokens: step s's rows of every data-parallel rank (d's: d·B to (d + 1)·B − 1)."""
-    gen = torch.Generator().manual_seed(9)
-    return torch.randint(0, case.spec().model.vocab_size, (STEPS, DP * PER_RANK, SEQ + 1), generator=gen)
+                      0.65, ("1F1B",), STEPS, exact=False))
 
 
 def summed_loss(pred, labels, global_valid_tokens):
@@ -107,7 +94,7 @@ def reference(case, group):
     (clip,) = titan_qk_clip([model], optimizers, case.tau)
     schedulers = SCHEDULE.build(optimizers=optimizers, training_steps=STEPS)
     losses, norms = [], []
-    for rows in batches(case):
+    for rows in batches(case, DP):  # (DP · PER_RANK, SEQ + 1): every data-parallel rank's rows
         optimizers.zero_grad(set_to_none=False)
         loss = 0.0
         for row in rows.split(1):
@@ -222,7 +209,7 @@ def run(case, schedule, held, out, refs):
     rank, world = dist.get_rank(), dist.get_world_size()
     dims, pp_schedule, parts, first, last, optimizers, schedulers = build(case, schedule, out, held)
     dp_rank = dims.get_mesh("batch").get_local_rank()
-    rows = batches(case)[:, dp_rank * PER_RANK:(dp_rank + 1) * PER_RANK]
+    rows = batches(case, DP)[:, dp_rank * PER_RANK:(dp_rank + 1) * PER_RANK]
     steps = [train_step(dims, pp_schedule, parts, first, last, optimizers, schedulers, rows[s], held)
              for s in range(STEPS)]
     weights = full_weights(parts)
