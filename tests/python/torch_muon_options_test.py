@@ -31,6 +31,7 @@ from torch.optim import lr_scheduler
 from dmuon.torch import Attention, DMuon, FusedAttention, LatentAttention, QKClip, hf_qk_clip
 from dmuon.torch.muon_options import SCALES, muon_scale
 from dmuon.torch.normuon import pack, packed_numel, unpack
+from dmuon.torch.qk_clip import heads_of_rows
 from dmuon.torch.qk_clip_hf import heads_computed
 from muon_reference import KELLER, fused_qk_clip_ref, latent_qk_clip_ref, newton_schulz_ref, qk_clip_ref, update_scale
 from torch_dmuon_mpi_test import Reference, hyper_of
@@ -459,16 +460,32 @@ def test_a_qk_clip_report_that_does_not_fit_names_the_attention(maxima, heads, n
         clip.report(0, maxima, heads)
 
 
-@pytest.mark.parametrize("module, attention", [
-    (SimpleNamespace(q_proj=torch.nn.Linear(8, 12)), Attention(q="q.weight", k="k.weight", heads=4)),
-    (SimpleNamespace(qkv_proj=torch.nn.Linear(8, 24)), FusedAttention(qkv="q.weight", heads=4))])
-def test_hf_qk_clip_names_an_attention_whose_heads_it_cannot_place(module, attention):
+@pytest.mark.parametrize("weight, attention", [
+    (torch.nn.Linear(8, 12).weight, Attention(q="q.weight", k="k.weight", heads=4)),
+    (torch.nn.Linear(8, 24).weight, FusedAttention(qkv="q.weight", heads=4))])
+def test_qk_clip_names_an_attention_whose_heads_it_cannot_place(weight, attention):
     """A call computing fewer query heads than the attention has, its query weight not a DTensor sharded by rows
-    of separate heads (torch_qk_clip_tp_test runs the one that is): which heads they are is unknown."""
-    assert heads_computed(module, attention, 4) is None
-    with pytest.raises(ValueError, match="attention 'q.weight' computed 2 of its 4 query heads here, and its query "
-                                         "weight is not a DTensor sharded by rows of separate query heads"):
-        heads_computed(module, attention, 2)
+    (torch_qk_clip_tp_test and torch_titan_tp_test run those that are): which heads they are is unknown."""
+    assert heads_computed(attention, weight, 4, "hf_qk_clip") is None
+    with pytest.raises(ValueError, match="hf_qk_clip: attention 'q.weight' computed 2 of its 4 query heads here, and "
+                                         "its query weight is not a DTensor sharded by rows"):
+        heads_computed(attention, weight, 2, "hf_qk_clip")
+
+
+@pytest.mark.parametrize("attention, total, rows, heads", [
+    # 4 heads of 3 rows: a TP rank's rows are whole heads, or not
+    (Attention(q="q", k="k", heads=4, kv_heads=2), 12, range(6, 12), [2, 3]),
+    (Attention(q="q", k="k", heads=4, kv_heads=2), 12, range(5, 11), None),
+    # grouped fused qkv, 2 key-value groups of 2 query heads, heads of 2 rows: a group is [q q k v], 8 rows
+    (FusedAttention(qkv="w", heads=4, kv_heads=2, layout="grouped"), 16, range(8, 16), [2, 3]),
+    (FusedAttention(qkv="w", heads=4, kv_heads=2, layout="grouped"), 16, range(0, 4), None),  # half a group
+    # stacked fused qkv: a row shard is not some heads' q, k and v
+    (FusedAttention(qkv="w", heads=4, kv_heads=2, layout="stacked"), 16, range(0, 8), None),
+    # latent attention: heads of nope + rope rows
+    (LatentAttention(q="q", kv="kv", heads=2, qk_nope_head_dim=3, qk_rope_head_dim=1, v_head_dim=2), 8, range(4, 8),
+     [1])])
+def test_heads_of_rows_are_the_query_heads_a_tp_rank_holds(attention, total, rows, heads):
+    assert heads_of_rows(attention, list(rows), total) == heads
 
 
 def qwen2_queries_and_keys(module, h, cos, sin):

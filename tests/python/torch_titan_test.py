@@ -47,9 +47,11 @@ from torchtitan.components.optimizer import LRSchedulersContainer, ParamGroupCon
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
 from torchtitan.distributed import ParallelDims
 from torchtitan.distributed import utils as dist_utils
-from torchtitan.models import llama3, qwen3
+from torchtitan.models import deepseek_v3, llama3, qwen3
 from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
 from torchtitan.models.common.moe import MoE
+from torchtitan.models.deepseek_v3.sharding import set_deepseek_v3_sharding_config
+from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
 import dmuon.torch
 from dmuon.torch import DMuon, titan
@@ -227,19 +229,39 @@ def materialize(part):
     part.train()
 
 
-def parallelized(case, held, out):
-    """The case's model built on the meta device, through its parallelize function (FSDP2 over every rank;
-    owner_held around it when held), materialized: (spec, parallel dims, model)."""
+def with_tensor_parallel(spec, parallelism):
+    """The spec with its model's tensor-parallel plan (sharding configs) for `parallelism`: what the model config's
+    update_from_config sets in Trainer.__init__ (whose import of torchtitan.trainer needs torchdata, which the venv
+    leaves out), for Llama3 and DeepSeek-V3."""
+    model = spec.model
+    if isinstance(model, llama3.Llama3Model.Config):
+        set_llama3_sharding_config(model, enable_sp=parallelism.enable_sequence_parallel)
+    elif isinstance(model, deepseek_v3.DeepSeekV3Model.Config):
+        set_deepseek_v3_sharding_config(model, enable_sp=parallelism.enable_sequence_parallel,
+                                        enable_ep=parallelism.expert_parallel_degree > 1)
+    else:
+        raise ValueError(f"no tensor-parallel plan here for {type(model).__qualname__}")
+    return spec
+
+
+def parallelized(case, held, out, tp=1):
+    """The case's model built on the meta device, through its parallelize function (FSDP2 over every rank, or
+    over a (fsdp, tp) mesh with tp > 1: tensor parallelism by the model's own plan; owner_held around it when
+    held), materialized: (spec, parallel dims, model)."""
     spec = case.spec()
+    parallelism = PARALLELISM
+    if tp > 1:
+        parallelism = dataclasses.replace(PARALLELISM, tensor_parallel_degree=tp)
+        spec = with_tensor_parallel(spec, parallelism)
     if held:
         spec = dataclasses.replace(spec, parallelize_fn=titan.owner_held(spec.parallelize_fn))
     world = dist.get_world_size()
-    dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=1, world_size=world,
+    dims = ParallelDims(dp_replicate=1, dp_shard=world // tp, cp=1, tp=tp, pp=1, ep=1, world_size=world,
                         spmd_backend=PARALLELISM.spmd_backend)
     dims.build_mesh()
     with torch.device("meta"):
         model = spec.model.build()
-    model = spec.parallelize_fn(model, parallel_dims=dims, training=TRAINING, parallelism=PARALLELISM,
+    model = spec.parallelize_fn(model, parallel_dims=dims, training=TRAINING, parallelism=parallelism,
                                 compile_config=CompileConfig(), ac_config=None, dump_folder=str(out))
     materialize(model)
     return spec, dims, model

@@ -68,6 +68,11 @@ class Attention:
     def label(self):
         return self.q
 
+    def query_blocks(self, rows):
+        """(rows a block, the global query heads of block b) of the query weight of `rows` rows: what a TP rank
+        holds whole blocks of (heads_of_rows); None where no block of rows is a set of query heads alone."""
+        return rows // self.heads, lambda b: [b]
+
     def row_rules(self, alpha, rows_of):
         """[(parameter name, (group per row, exponent per row))]."""
         out = []
@@ -100,6 +105,12 @@ class FusedAttention:
     @property
     def label(self):
         return self.qkv
+
+    def query_blocks(self, rows):
+        if self.layout != "grouped":  # stacked: a row shard of the fused weight is not some heads' q, k and v
+            return None
+        per_group = self.heads // self.groups
+        return rows // self.groups, lambda g: list(range(g * per_group, (g + 1) * per_group))
 
     def row_rules(self, alpha, rows_of):
         if self.layout not in ("stacked", "grouped"):
@@ -144,6 +155,9 @@ class LatentAttention:
     def label(self):
         return self.q
 
+    def query_blocks(self, rows):
+        return rows // self.heads, lambda b: [b]
+
     def row_rules(self, alpha, rows_of):
         out = []
         for name, pattern in ((self.q, [(self.qk_nope_head_dim, alpha), (self.qk_rope_head_dim, 1.0)]),
@@ -154,6 +168,20 @@ class LatentAttention:
                                  " + ".join(str(count) for count, _ in pattern) + " of its head dimensions")
             out.append((name, _rule(list(range(self.heads)), pattern)))
         return out
+
+
+def heads_of_rows(attention, rows, total):
+    """The global query heads of `rows` (sorted global row indices, a TP rank's) of the attention's query weight of
+    `total` rows (Attention's q, FusedAttention's qkv, LatentAttention's q), in row order; None where they are not
+    whole blocks (attention.query_blocks: heads, or a grouped fused weight's key-value groups)."""
+    blocks = attention.query_blocks(total)
+    if blocks is None or not rows:
+        return None
+    size, heads_of = blocks
+    starts = rows[::size]
+    if size < 1 or any(s % size for s in starts) or rows != [s + i for s in starts for i in range(size)]:
+        return None
+    return [h for s in starts for h in heads_of(s // size)]
 
 
 class QKClip:

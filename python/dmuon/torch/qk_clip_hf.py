@@ -19,7 +19,7 @@ import torch
 
 from dmuon.torch.layout import is_dtensor
 from dmuon.torch.placements import local_spans
-from dmuon.torch.qk_clip import Attention, FusedAttention, LatentAttention, QKClip
+from dmuon.torch.qk_clip import Attention, FusedAttention, LatentAttention, QKClip, heads_of_rows
 
 
 def max_logits(query, key, attention_mask, scaling, is_causal):
@@ -72,24 +72,24 @@ def query_weight(module):
     return module.qkv_proj.weight if getattr(module, "qkv_proj", None) is not None else module.q_proj.weight
 
 
-def heads_computed(module, attention, count):
-    """The global query heads of a call of `module` whose query has `count` heads: None for all of them; fewer
-    under tensor parallelism (transformers' column-wise plan): the heads of the rows this rank holds of the
-    query's weight, a DTensor sharded by rows. ValueError naming the attention where they are not whole heads."""
+def heads_computed(attention, weight, count, caller):
+    """The global query heads of a call of `attention` whose query has `count` heads: None for all of them; fewer
+    under tensor parallelism (a column-wise plan): the heads of the rows this rank holds of `weight`, the query's
+    weight (a fused qkv one in its "grouped" layout: whole key-value groups), a DTensor sharded by rows. ValueError
+    naming the caller and the attention where they are not whole heads."""
     if count == attention.heads:
         return None
-    weight = query_weight(module)
-    if isinstance(attention, FusedAttention) or not is_dtensor(weight):
-        problem = "its query weight is not a DTensor sharded by rows of separate query heads"
-    else:
+    problem = "its query weight is not a DTensor sharded by rows"
+    if is_dtensor(weight):
         rows = local_spans(tuple(weight.shape), tuple(weight.device_mesh.shape), weight.device_mesh.get_coordinate(),
                            tuple(weight.placements))[0].indices()
-        size = weight.shape[0] // attention.heads
-        heads = [r // size for r in rows[::size]]
-        if rows == [h * size + i for h in heads for i in range(size)] and len(heads) == count:
+        heads = heads_of_rows(attention, rows, weight.shape[0])
+        if heads is not None and len(heads) == count:
             return heads
-        problem = f"its rows on this rank ({len(rows)} of {weight.shape[0]}) are not {count} whole heads"
-    raise ValueError(f"hf_qk_clip: attention '{attention.label}' computed {count} of its {attention.heads} query "
+        problem = (f"its rows on this rank ({len(rows)} of {weight.shape[0]}) are not {count} whole heads" +
+                   (" (whole key-value groups of its grouped fused weight)" if isinstance(attention, FusedAttention)
+                    else ""))
+    raise ValueError(f"{caller}: attention '{attention.label}' computed {count} of its {attention.heads} query "
                      f"heads here, and {problem}: which heads they are is unknown")
 
 
@@ -131,7 +131,7 @@ def hf_qk_clip(model, optimizer, tau, alpha=0.5):
         i = index[id(module)]
         call = (id(module), query.shape[1])
         if call not in heads_of:  # the layout is fixed: worked out at the first call
-            heads_of[call] = heads_computed(module, attentions[i], query.shape[1])
+            heads_of[call] = heads_computed(attentions[i], query_weight(module), query.shape[1], "hf_qk_clip")
         with torch.no_grad():
             clip.report(i, max_logits(query, key, attention_mask, scale, getattr(module, "is_causal", True)),
                         heads_of[call])

@@ -13,10 +13,14 @@ logit from its query and key (after the rotary embedding): q·kᵀ·scale, maske
 FlexAttention's BlockMask made dense from its mask_mod), under no_grad. Its cost is one (batch, heads, seq, seq)
 float32 tensor per layer and call, as in qk_clip_hf.py.
 
+Under tensor parallelism (torchtitan's plans: wqkv, wq, wq_b sharded by rows) a rank's call has its own query heads
+only; it reports those, found from the rows of the query weight (a DTensor) the rank holds: whole heads, or whole
+key-value groups of the grouped fused wqkv (qk_clip_hf.heads_computed).
+
 Refused by name (ValueError): an attention with q_norm and k_norm (Qwen3: a rescaled projection changes none of its
-logits) at a finite tau; at call time, a query with fewer heads than the attention (tensor parallelism: not
-supported here), a FlexAttention score_mod (the logits it changes are not q·kᵀ·scale) or masks by layer type (a
-mapping) or varlen metadata.
+logits) at a finite tau; at call time, a query with fewer heads than the attention whose rows on the rank are not
+whole heads, a FlexAttention score_mod (the logits it changes are not q·kᵀ·scale) or masks by layer type (a mapping)
+or varlen metadata.
 """
 
 import contextlib
@@ -26,8 +30,9 @@ from torch.nn.attention.flex_attention import BlockMask, create_mask
 from torchtitan.models.common.attention import FusedQKVLinear, GQAttention, QKVLinear
 from torchtitan.models.deepseek_v3.model import Attention as LatentTitanAttention
 
+from dmuon.torch.held.buffer import local_part
 from dmuon.torch.qk_clip import Attention, FusedAttention, LatentAttention, QKClip
-from dmuon.torch.qk_clip_hf import max_logits
+from dmuon.torch.qk_clip_hf import heads_computed, max_logits
 from dmuon.torch.torch_private import pipeline_stages
 
 
@@ -96,7 +101,7 @@ def titan_qk_clip(model_parts, optimizers, tau, alpha=0.5, pp_schedule=None):
             continue
         clip = QKClip(optimizer, tau, [a for _, a in found], alpha)
         for i, (module, attention) in enumerate(found):
-            module.inner_attention.register_forward_pre_hook(_reporter(clip, i, attention), with_kwargs=True)
+            module.inner_attention.register_forward_pre_hook(_reporter(clip, i, attention, module), with_kwargs=True)
         if pp_schedule is not None:
             for stage in pipeline_stages(pp_schedule):
                 if stage.submod is part:
@@ -106,16 +111,26 @@ def titan_qk_clip(model_parts, optimizers, tau, alpha=0.5, pp_schedule=None):
     return clips
 
 
-def _reporter(clip, index, attention):
-    def report(module, args, kwargs):
-        query, key = args[0].transpose(1, 2), args[1].transpose(1, 2)  # (B, L, N, H) → (B, N, L, H)
-        if query.shape[1] != attention.heads:
-            raise ValueError(f"titan_qk_clip: attention '{attention.label}' computed {query.shape[1]} of its "
-                             f"{attention.heads} query heads here (tensor parallelism), which titan_qk_clip does not "
-                             "place")
+def query_weight(module):
+    """The weight whose rows make a torchtitan attention module's queries (fused: with the keys and values)."""
+    if isinstance(module, LatentTitanAttention):
+        return (module.wq if module.q_lora_rank == 0 else module.wq_b).weight
+    qkv = module.qkv_linear
+    return qkv.wqkv.weight if isinstance(qkv, FusedQKVLinear) else qkv.wq.weight
+
+
+def _reporter(clip, index, attention, module):
+    heads_of = {}  # query heads of a call → the global heads they are (None: all); the layout is fixed
+
+    def report(inner, args, kwargs):
+        query, key = (local_part(t).transpose(1, 2) for t in args[:2])  # (B, L, N, H) → (B, N, L, H)
+        count = query.shape[1]  # under TP: this rank's heads (torchtitan's are DTensors sharded by heads)
+        if count not in heads_of:  # tensor parallelism: this rank's heads, from the query weight's rows it holds
+            heads_of[count] = heads_computed(attention, query_weight(module), count, "titan_qk_clip")
         mask, causal = call_mask(attention, query, key, kwargs.get("attention_masks"), kwargs.get("score_mod"))
         scale = kwargs.get("scale")
         scale = scale if scale is not None else query.shape[-1] ** -0.5
         with torch.no_grad():
-            clip.report(index, max_logits(query, key, mask, scale, causal and kwargs.get("is_causal", True)))
+            clip.report(index, max_logits(query, key, mask, scale, causal and kwargs.get("is_causal", True)),
+                        heads_of[count])
     return report

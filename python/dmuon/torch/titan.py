@@ -17,6 +17,7 @@ torchtitan, as qk_clip_titan.py does (QK-clip for its models); the rest of dmuon
   fully_shard calls leave them to their owners (frameworks.held_out_of_fully_shard).
 """
 
+import contextlib
 import dataclasses
 
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from dmuon.torch.frameworks import held_out_of_fully_shard
 from dmuon.torch.held.hold import hold_on_owners
 from dmuon.torch.layout import is_dtensor
 from dmuon.torch.optimizer import DMuon
+from dmuon.torch.params import module_groups
 
 
 class DMuonOptimizers(OptimizersContainer):
@@ -100,29 +102,57 @@ def group_of_ranks(ranks):
     return dist.new_group(list(ranks), use_local_synchronization=True)
 
 
+def is_tp_slice(p):
+    """Whether p is a DTensor sharded by tensor parallelism (a Shard placement on its 1-D mesh)."""
+    return is_dtensor(p) and p.device_mesh.ndim == 1 and p.placements[0].is_shard()
+
+
 def owner_held(parallelize_fn):
     """parallelize_fn (a torchtitan ModelSpec.parallelize_fn, e.g. parallelize_llama) with the Muon matrices
-    held on their owners first: spec = dataclasses.replace(spec, parallelize_fn=owner_held(spec.parallelize_fn)).
+    held on their owners: spec = dataclasses.replace(spec, parallelize_fn=owner_held(spec.parallelize_fn)).
     Data parallelism (FSDP2, or HSDP with data_parallel_replicate_degree > 1) on
-    parallelism.spmd_backend="partial_dtensor", in pipeline stages or not (each stage's matrices held on its own
-    data-parallel ranks); other settings are refused by name."""
+    parallelism.spmd_backend="partial_dtensor", in pipeline stages (each stage's matrices held on its own
+    data-parallel ranks) or under tensor parallelism (each TP slice held on the owner's TP group: the matrices
+    are held between the model's Module.parallelize, which applies TP, and the parallelize function's
+    fully_shard calls; a matrix TP leaves replicated, DeepSeek-V3's latent down-projection wkv_a, stays with
+    FSDP2 and DMuon's all-to-all mode); other settings are refused by name."""
 
     def parallelize(model, *, parallel_dims, parallelism, **kwargs):
         refused = [f"parallelism.{name}={value!r}" for name, value, ok in (
             ("spmd_backend", parallelism.spmd_backend, parallelism.spmd_backend == "partial_dtensor"),
-            ("tensor_parallel_degree", parallel_dims.tp, parallel_dims.tp == 1),
             ("context_parallel_degree", parallel_dims.cp, parallel_dims.cp == 1),
             ("expert_parallel_degree", parallel_dims.ep, parallel_dims.ep == 1)) if not ok]
+        if parallel_dims.tp > 1 and parallel_dims.pp > 1:
+            refused.append(f"parallelism.tensor_parallel_degree={parallel_dims.tp!r} with "
+                           f"pipeline_parallel_degree={parallel_dims.pp!r}")
         if refused:
             raise ValueError(f"dmuon.torch.titan.owner_held: {', '.join(refused)} is not supported (owner-held "
-                             "matrices are tested under data and pipeline parallelism, "
+                             "matrices are tested under data, tensor and pipeline parallelism, "
                              "spmd_backend='partial_dtensor')")
         names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
         mesh = parallel_dims.get_mesh(names)  # under pipeline parallelism: the stage's, over its own ranks
-        group = group_of_ranks(sorted(int(r) for r in mesh.mesh.flatten().tolist()))
-        held = hold_on_owners(model, mesh, process_group=group)
-        with held_out_of_fully_shard(model, held):
-            return parallelize_fn(model, parallel_dims=parallel_dims, parallelism=parallelism, **kwargs)
+        if parallel_dims.tp == 1:
+            group = group_of_ranks(sorted(int(r) for r in mesh.mesh.flatten().tolist()))
+            with held_out_of_fully_shard(model, hold_on_owners(model, mesh, process_group=group)):
+                return parallelize_fn(model, parallel_dims=parallel_dims, parallelism=parallelism, **kwargs)
+        with contextlib.ExitStack() as held_out:  # TP: every rank is in the (data-parallel, TP) mesh
+            apply_tensor_parallel, holdings = model.parallelize, []
+
+            def parallelize_then_hold(dims):
+                apply_tensor_parallel(dims)
+                muon = {n for g in module_groups(model) if g["use_muon"] for n, _ in g["params"]}
+                holdings.append(hold_on_owners(model, mesh, predicate=lambda n, p: n in muon and is_tp_slice(p)))
+                held_out.enter_context(held_out_of_fully_shard(model, holdings[-1]))
+
+            model.parallelize = parallelize_then_hold
+            try:
+                result = parallelize_fn(model, parallel_dims=parallel_dims, parallelism=parallelism, **kwargs)
+            finally:
+                del model.parallelize
+            if not holdings:
+                raise ValueError("dmuon.torch.titan.owner_held: the parallelize function never called the model's "
+                                 "parallelize() (torchtitan's tensor parallelism) under tensor_parallel_degree="
+                                 f"{parallel_dims.tp}: nothing was held")
+            return result
 
     return parallelize
-

@@ -52,6 +52,21 @@ def on_root_mesh(device_mesh, placements):
     return root, tuple(placements[names.index(n)] if n in names else Replicate() for n in root_names)
 
 
+def concatenated_mesh(meshes):
+    """The DeviceMesh whose dims are those of `meshes` in order (torchtitan's "fsdp" and "tp" meshes, views of
+    one flat "world" mesh: their (fsdp, tp) grid), made without new process groups; None where torch cannot
+    (meshes of different roots, overlapping dims, a torch without DeviceMesh._concatenate)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    concatenate = getattr(DeviceMesh, "_concatenate", None)
+    if concatenate is None:
+        return None
+    try:
+        return concatenate(list(meshes))
+    except (RuntimeError, AttributeError, TypeError):
+        return None
+
+
 def fsdp_state_of(module):
     """(FSDPParamGroup or None, MixedPrecisionPolicy) of a module that fully_shard wrapped (FSDP2's state: a module
     of its own parameters has a param group, one whose parameters all belong to its children has none); None for

@@ -2,8 +2,10 @@
 
 A matrix that tensor parallelism has made a DTensor (parallelize_module: Shard(0) column-wise, Shard(1)
 row-wise) on a 1-D TP mesh is held as its T slices. Every rank of the optimizer's group is a cell
-(d, t) of the TP mesh's root mesh: t its TP coordinate, d its coordinate on the other dims (the
-data-parallel ones fully_shard gets), row-major. A matrix owned by group rank o lives on the TP group
+(d, t) of the frame mesh: the TP mesh's root mesh (whose named dims are the TP and data-parallel ones), or
+the data-parallel mesh and the TP mesh joined (DeviceMesh._concatenate; torchtitan's meshes are views of one
+flat "world" mesh); t its TP coordinate, d its coordinate on the other dims (the data-parallel ones
+fully_shard gets), row-major. A matrix owned by group rank o lives on the TP group
 of o's data-parallel coordinate d_o: rank (d_o, t) keeps slice t whole (its master), every other rank
 (d, t) a placeholder of slice t. So over the data-parallel dims each slice is an owner-held tensor of
 the data-parallel group of its TP rank (the D ranks (·, t)): the hooks move it there exactly as the
@@ -12,7 +14,7 @@ step the matrix is pieces on the owner's TP group (holdings): its slices of U me
 its Newton–Schulz once, and its slices of O go back (the all-to-all exchange of muon_step.py, every
 byte of it within the TP group).
 
-  group rank g = the root mesh's flat index = (d, t)     dp_groups[t] = the group ranks (0, t), (1, t), …
+  group rank g = the frame mesh's flat index = (d, t)     dp_groups[t] = the group ranks (0, t), (1, t), …
 
 Expert parallelism is the same frame with the EP mesh in the TP mesh's place: an (E, m, n) expert stack
 Shard(0) over a 1-D EP mesh (transformers' grouped_gemm, torchtitan's routed experts) is held as its EP
@@ -24,8 +26,8 @@ What cannot be held (refused by name, with the reason): a matrix replicated over
 Newton–Schulz would run once per TP rank, and TP may leave its gradient Partial()); an expert stack split
 within its experts (Shard(1), Shard(2)) or a conv filter (≥ 3-D) under tensor parallelism; TP meshes of
 more than one dim, or different TP meshes (TP slices and EP stacks: one hold_on_owners call each); a TP
-mesh whose root is not the optimizer group's ranks; held matrices mixed with matrices tensor parallelism
-leaves whole; a DTensor that fully_shard already sharded over the data-parallel mesh. The root mesh's dims
+mesh whose frame is not the optimizer group's ranks; held matrices mixed with matrices tensor parallelism
+leaves whole; a DTensor that fully_shard already sharded over the data-parallel mesh. A root mesh's dims
 other than the TP and data-parallel ones must have size 1 (transformers' pp and dp_replicate at 1). The
 data-parallel mesh may be 1-D (FSDP2) or 2-D (HSDP: its replicas and columns per TP rank as groups.py has
 them).
@@ -36,7 +38,7 @@ from dataclasses import dataclass
 
 from dmuon.torch.params import is_expert_stack_by_default
 from dmuon.torch.placements import Holding, Span, local_spans, unravel
-from dmuon.torch.torch_private import placement_kind
+from dmuon.torch.torch_private import concatenated_mesh, placement_kind
 
 
 def _ranks(mesh):
@@ -57,11 +59,12 @@ class TensorParallel:
     tp: int
     dp: int
     rank: int  # this process's group rank
+    frame: object  # the DeviceMesh of every group rank: the TP mesh's root, or the data-parallel and TP meshes joined
+    tp_dim: int  # the TP dim's index in frame
 
     def root_and_dim(self):
-        """(the root DeviceMesh, the index of the TP dim in it)."""
-        root = self.tp_mesh._get_root_mesh()
-        return root, (_names(root).index(_names(self.tp_mesh)[0]) if root != self.tp_mesh else 0)
+        """(the DeviceMesh of every group rank, the index of the TP dim in it)."""
+        return self.frame, self.tp_dim
 
     def dp_of(self, g):
         return self.cells[g][0]
@@ -117,20 +120,10 @@ def tensor_parallel(chosen, mesh, group_ranks, rank):
                        "parallelism is one Shard(d) over one TP mesh dim (a matrix replicated over TP would be "
                        "orthogonalized once per TP rank, and its gradient may be Partial(): leave it out with "
                        "predicate=)")
-    root = tp_mesh._get_root_mesh()
+    root, tp_dim = _frame(name, tp_mesh, mesh, data_names)
     if _ranks(root) != list(group_ranks):
         _refuse(name, f"is on a TP mesh whose root mesh has ranks {_ranks(root)}, not the process group's "
                       f"{list(group_ranks)}")
-    root_names, tp_name = _names(root), _names(tp_mesh)
-    if mesh is None:
-        if root != tp_mesh:
-            _refuse(name, f"is on TP mesh {tp_name} of a larger mesh {root_names}: give hold_on_owners the "
-                          "data-parallel mesh fully_shard gets (mesh[\"dp\"])")
-    elif mesh._get_root_mesh() != root or not (data_names | set(tp_name)) <= set(root_names) or any(
-            size > 1 for size, n in zip(root.mesh.shape, root_names) if n not in data_names | set(tp_name)):
-        _refuse(name, f"is on TP mesh {tp_name}; the data-parallel mesh {tuple(data_names)} and it must be the "
-                      f"named dims of one root mesh {root_names} (its other dims of size 1)")
-    tp_dim = root_names.index(tp_name[0]) if root != tp_mesh else 0  # as TensorParallel.root_and_dim
     shape = tuple(root.mesh.shape)
     cells = []
     for g in range(math.prod(shape)):
@@ -141,4 +134,27 @@ def tensor_parallel(chosen, mesh, group_ranks, rank):
             d = d * si + ci
         cells.append((d, c[tp_dim]))
     tp = shape[tp_dim]
-    return TensorParallel(tp_mesh, tuple(cells), tp, len(cells) // tp, rank)
+    return TensorParallel(tp_mesh, tuple(cells), tp, len(cells) // tp, rank, root, tp_dim)
+
+
+def _frame(name, tp_mesh, mesh, data_names):
+    """(the DeviceMesh of every group rank, the TP dim's index in it): the TP mesh's root mesh when the TP and
+    data-parallel meshes are its named dims (the root's other dims of size 1; parallelize_module's and
+    transformers' meshes), else the data-parallel mesh and the TP mesh joined (torchtitan's meshes: views of
+    one flat "world" mesh)."""
+    root, tp_name = tp_mesh._get_root_mesh(), _names(tp_mesh)
+    root_names = _names(root)
+    if mesh is None:
+        if root != tp_mesh:
+            _refuse(name, f"is on TP mesh {tp_name} of a larger mesh {root_names}: give hold_on_owners the "
+                          "data-parallel mesh fully_shard gets (mesh[\"dp\"])")
+        return root, 0
+    if mesh._get_root_mesh() == root and (data_names | set(tp_name)) <= set(root_names) and all(
+            size == 1 for size, n in zip(root.mesh.shape, root_names) if n not in data_names | set(tp_name)):
+        return root, root_names.index(tp_name[0])
+    joined = concatenated_mesh([mesh, tp_mesh])
+    if joined is None:
+        _refuse(name, f"is on TP mesh {tp_name}; the data-parallel mesh {tuple(data_names)} and it must be the "
+                      f"named dims of one root mesh {root_names} (its other dims of size 1), or meshes torch can "
+                      "join")
+    return joined, mesh.ndim

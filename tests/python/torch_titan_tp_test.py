@@ -1,0 +1,160 @@
+"""DMuon inside torchtitan under tensor parallelism, at 4 ranks on a (fsdp 2, tp 2) mesh: torch_titan_qk_clip_test's
+two models, each laid out by its own tensor-parallel plan (the sharding configs its model config sets:
+torch_titan_test.with_tensor_parallel) and parallelize function (Module.parallelize, then FSDP2 over "fsdp"):
+  llama3    2 layers, the fused wqkv (grouped rows: a TP rank holds 2 of the 4 key-value groups, 8 of the 16 query
+            heads) column-wise, wo row-wise, the feed-forward's w1, w3 column-wise and w2 row-wise, sequence
+            parallel norms, the vocabulary-parallel head with loss parallelism;
+  deepseek  its first layer (dense): latent attention with wq and wkv_b column-wise (8 of 16 heads a TP rank);
+in both modes: all-to-all (DMuon over the (fsdp, tp) DTensors: (_StridedShard(0, 2), Shard(0)) and (Shard(0),
+Shard(1))) and owner-held (dmuon.torch.titan.owner_held: each TP slice held on its owner's TP group, the data-parallel
+mesh and the TP mesh joined, as torchtitan's meshes are views of one flat mesh), with titan_qk_clip (each rank
+reports its own heads, found from the rows of the query weight it holds) at a tau that clips some heads, torchtitan's
+CheckpointManager (DCP) saving after step 2 and a new model, optimizer, scheduler and checkpointer resuming from it.
+The steps are torch_titan_test's with TP: tokens and losses summed over the batch (data-parallel) mesh, the loss under
+loss_parallel (the head's logits are vocabulary shards), clipping at 1.0 (torchtitan's clip_grad_norm_;
+dmuon.torch.clip_grad_norm_ when held).
+
+Against torch_titan_qk_clip_test's one process (the unsharded model on both data-parallel ranks' rows), each step's
+loss, gradient norm (the one process's summed in float64) and QKClip.max_logits, and the final weights, within
+framework_runs.TOLERANCE. Refused by name: owner_held under tensor and pipeline parallelism together.
+
+Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc 4 --timeout 400 -- \
+    tests/python/torch_titan_tp_test.py DIR
+"""
+
+import pathlib
+import shutil
+import sys
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+from torchtitan.components.checkpoint import CheckpointManager
+from torchtitan.config import ParallelismConfig
+from torchtitan.distributed import ParallelDims
+from torchtitan.distributed import utils as dist_utils
+
+import dmuon.torch
+from dmuon.torch import titan
+from dmuon.torch.qk_clip_titan import titan_qk_clip
+from framework_runs import TOLERANCE, compare, start
+from rank_checks import check, finish
+from rank_exit import exit_rank
+from torch_titan_qk_clip_test import CASES, TAU, reference
+from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, TrainState, batches, full_weights, initial_weights,
+                              load_full, optimizer_config, parallelized, summed_loss)
+
+DP, TP = 2, 2
+SAVED_AT = 2
+
+
+def build(case, held, out):
+    """Trainer.__init__'s order: the model through its TP plan and parallelize function, materialized, the
+    optimizers (then the reference's weights), titan_qk_clip, the LR schedulers, the checkpointer."""
+    _, dims, model = parallelized(case, held, out, tp=TP)
+    optimizers = optimizer_config().build(model_parts=[model])
+    load_full(model, initial_weights(case))
+    (clip,) = titan_qk_clip([model], optimizers, TAU[case.name])
+    schedulers = SCHEDULE.build(optimizers=optimizers, training_steps=case.steps)
+    state = TrainState()
+    checkpointer = CheckpointManager.Config(enable=True, folder="checkpoint", interval=SAVED_AT,
+                                            last_save_model_only=False, initial_load_model_only=False).build(
+        dataloader=None, model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers,
+        states={"train_state": state}, sd_adapter=None, base_folder=str(out))
+    return dims, model, optimizers, clip, schedulers, state, checkpointer
+
+
+def tensor_parallel_slices(model):
+    """The names of the parameters sharded over the "tp" mesh dim (what makes this run tensor-parallel)."""
+    return [n for n, p in model.named_parameters() if isinstance(p, DTensor) and "tp" in p.device_mesh.mesh_dim_names
+            and p.placements[p.device_mesh.mesh_dim_names.index("tp")].is_shard()]
+
+
+def train_step(dims, held, model, optimizers, schedulers, clip, rows):
+    """Trainer.train_step's order under TP: (loss summed over the batch mesh, gradient norm, max_logits)."""
+    batch = dims.get_mesh("batch")
+    optimizers.zero_grad(set_to_none=False)
+    tokens = dist_utils.dist_sum_tensor(torch.tensor(rows[:, 1:].numel()), batch)
+    with loss_parallel():  # the head's logits are shards of the vocabulary
+        loss = summed_loss(model, rows, tokens)
+        loss.backward()
+    params = list(model.parameters())
+    if held:
+        norm = dmuon.torch.clip_grad_norm_(params, MAX_NORM)
+    else:
+        norm = dist_utils.clip_grad_norm_(params, MAX_NORM, foreach=True, pp_mesh=None, ep_enabled=False)
+    optimizers.step()
+    schedulers.step()
+    loss = (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach().clone()
+    dist.all_reduce(loss, group=batch.get_group())
+    return loss.item(), float(norm), torch.cat(clip.max_logits)
+
+
+def run(case, held, label, out):
+    """Steps 1..SAVED_AT, saved; a new model, optimizer, scheduler and checkpointer resume for the rest:
+    ([(loss, norm, max_logits)] of each step, full weights)."""
+    dims, model, optimizers, clip, schedulers, state, checkpointer = build(case, held, out)
+    sliced = tensor_parallel_slices(model)
+    check(len(sliced) >= 4, f"{label}: tensor parallelism sharded only {sliced}")
+    dp_rank = dims.get_mesh("batch").get_local_rank()
+    rows = batches(case, DP)[:, dp_rank * PER_RANK:(dp_rank + 1) * PER_RANK]
+    steps = []
+    for step in range(1, SAVED_AT + 1):
+        steps.append(train_step(dims, held, model, optimizers, schedulers, clip, rows[step - 1]))
+        state.step = step
+        checkpointer.save(step)
+    checkpointer.close()
+    dims, model, optimizers, clip, schedulers, state, checkpointer = build(case, held, out)
+    check(checkpointer.load() and state.step == SAVED_AT, f"{label}: resumed at step {state.step}, not {SAVED_AT}")
+    for step in range(SAVED_AT + 1, case.steps + 1):
+        steps.append(train_step(dims, held, model, optimizers, schedulers, clip, rows[step - 1]))
+    checkpointer.close()
+    return steps, full_weights(model)
+
+
+def refusal(out):
+    """owner_held under tensor and pipeline parallelism together: refused by name, before anything collective."""
+    dims = ParallelDims(dp_replicate=1, dp_shard=1, cp=1, tp=TP, pp=2, ep=1, world_size=2 * TP,
+                        spmd_backend="partial_dtensor")
+    try:
+        titan.owner_held(CASES[0].spec().parallelize_fn)(torch.nn.Linear(2, 2), parallel_dims=dims,
+                                                          parallelism=ParallelismConfig(spmd_backend="partial_dtensor"))
+        check(False, "owner_held took tensor and pipeline parallelism together")
+    except ValueError as e:
+        check("tensor_parallel_degree=2 with pipeline_parallel_degree=2" in str(e), f"the refusal names nothing: {e}")
+
+
+def main():
+    out = pathlib.Path(sys.argv[1])
+    rank, world, refs = start(out, lambda world, group: {c.name: reference(c, DP, group) for c in CASES})
+    check(world == DP * TP, f"torch_titan_tp_test runs at {DP * TP} ranks, not {world}")
+    refusal(out)
+    for case in CASES:
+        for mode, held in (("all-to-all", False), ("owner-held", True)):
+            label = f"torchtitan {case.name} (fsdp {DP} x tp {TP}) {mode} with titan_qk_clip"
+            folder = out / case.name / mode
+            if rank == 0:
+                shutil.rmtree(folder, ignore_errors=True)
+            dist.barrier()
+            steps, weights = run(case, held, label, folder)
+            if rank == 0:
+                (ref_losses, ref_maxima, clipped, ref_norms), ref_weights = refs[case.name]
+                norms = [n for _, n, _ in steps]
+                check(all(abs(a - b) <= TOLERANCE * b for a, b in zip(norms, ref_norms)),
+                      f"{label}: gradient norms {norms}, the one process's {ref_norms}")
+                gap = max(float(((m - r).abs() / r.abs()).max()) for (_, _, m), r in zip(steps, ref_maxima))
+                check(gap <= TOLERANCE, f"{label}: max_logits {gap:.2e} away from the one process's")
+                check(clipped == {True, False}, f"{label}: the one process clipped {sorted(clipped)} (some heads, "
+                      f"not all, wanted at tau {TAU[case.name]})")
+                compare(label, [l for l, _, _ in steps], weights, ref_losses, ref_weights)
+                print(f"{label}: gradient norms {[f'{n:.6f}' for n in norms]} (one process "
+                      f"{[f'{n:.6f}' for n in ref_norms]}); max_logits within {gap:.2e}", flush=True)
+            dist.barrier()
+    return finish(f"torch_titan_tp_test at {world} ranks: torchtitan's Llama3 (fused wqkv) and DeepSeek-V3 (latent "
+                  f"attention) under FSDP2 x TP by their own plans, both modes, titan_qk_clip, DCP save and resume, "
+                  f"vs one process")
+
+
+if __name__ == "__main__":
+    exit_rank(main())
