@@ -28,6 +28,7 @@ from dmuon.torch.held.hold import hold_on_owners
 from dmuon.torch.layout import is_dtensor
 from dmuon.torch.optimizer import DMuon
 from dmuon.torch.params import module_groups
+from dmuon.torch.torch_private import concatenated_mesh
 
 
 class DMuonOptimizers(OptimizersContainer):
@@ -103,8 +104,9 @@ def group_of_ranks(ranks):
 
 
 def is_tp_slice(p):
-    """Whether p is a DTensor sharded by tensor parallelism (a Shard placement on its 1-D mesh)."""
-    return is_dtensor(p) and p.device_mesh.ndim == 1 and p.placements[0].is_shard()
+    """Whether p is a matrix tensor parallelism sharded (a Shard placement on its 1-D mesh; not an expert stack,
+    which TP splits within its experts)."""
+    return is_dtensor(p) and p.dim() == 2 and p.device_mesh.ndim == 1 and p.placements[0].is_shard()
 
 
 def owner_held(parallelize_fn):
@@ -122,26 +124,29 @@ def owner_held(parallelize_fn):
             ("spmd_backend", parallelism.spmd_backend, parallelism.spmd_backend == "partial_dtensor"),
             ("context_parallel_degree", parallel_dims.cp, parallel_dims.cp == 1),
             ("expert_parallel_degree", parallel_dims.ep, parallel_dims.ep == 1)) if not ok]
-        if parallel_dims.tp > 1 and parallel_dims.pp > 1:
-            refused.append(f"parallelism.tensor_parallel_degree={parallel_dims.tp!r} with "
-                           f"pipeline_parallel_degree={parallel_dims.pp!r}")
         if refused:
             raise ValueError(f"dmuon.torch.titan.owner_held: {', '.join(refused)} is not supported (owner-held "
                              "matrices are tested under data, tensor and pipeline parallelism, "
                              "spmd_backend='partial_dtensor')")
         names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
         mesh = parallel_dims.get_mesh(names)  # under pipeline parallelism: the stage's, over its own ranks
-        if parallel_dims.tp == 1:
-            group = group_of_ranks(sorted(int(r) for r in mesh.mesh.flatten().tolist()))
+        tp_mesh = parallel_dims.get_mesh("tp") if parallel_dims.tp > 1 else None
+        stage = mesh if tp_mesh is None else concatenated_mesh([mesh, tp_mesh])  # the stage's (dp, tp) grid
+        if stage is None:
+            raise ValueError("dmuon.torch.titan.owner_held: this torch cannot join the data-parallel and TP meshes "
+                             "(DeviceMesh._concatenate) that the held TP slices live on")
+        group = group_of_ranks(sorted(int(r) for r in stage.mesh.flatten().tolist()))
+        if tp_mesh is None:
             with held_out_of_fully_shard(model, hold_on_owners(model, mesh, process_group=group)):
                 return parallelize_fn(model, parallel_dims=parallel_dims, parallelism=parallelism, **kwargs)
-        with contextlib.ExitStack() as held_out:  # TP: every rank is in the (data-parallel, TP) mesh
+        with contextlib.ExitStack() as held_out:
             apply_tensor_parallel, holdings = model.parallelize, []
 
             def parallelize_then_hold(dims):
                 apply_tensor_parallel(dims)
                 muon = {n for g in module_groups(model) if g["use_muon"] for n, _ in g["params"]}
-                holdings.append(hold_on_owners(model, mesh, predicate=lambda n, p: n in muon and is_tp_slice(p)))
+                holdings.append(hold_on_owners(model, mesh, process_group=group,
+                                               predicate=lambda n, p: n in muon and is_tp_slice(p)))
                 held_out.enter_context(held_out_of_fully_shard(model, holdings[-1]))
 
             model.parallelize = parallelize_then_hold
