@@ -52,7 +52,7 @@ from framework_runs import TOLERANCE, compare, start
 from rank_checks import check, finish
 from rank_exit import exit_rank
 from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, TRAINING, batches, initial_weights, load_full,
-                              materialize, optimizer_config, two_layers_sdpa, with_tensor_parallel)
+                              materialize, optimizer_config, two_layers_sdpa, with_parallel_plan)
 
 STEPS, PP, DP = 3, 2, 2
 # (pp 2, fsdp 1, tp 2): these cases and schedules in stages under tensor parallelism (the models' own TP plans)
@@ -127,7 +127,7 @@ def build(case, schedule, out, held=False, dp=DP, tp=1, **options):
     parallelism = ParallelismConfig(spmd_backend="partial_dtensor", pipeline_parallel_degree=PP,
                                     pipeline_parallel_schedule=schedule, tensor_parallel_degree=tp)
     if tp > 1:
-        spec = with_tensor_parallel(spec, parallelism)
+        spec = with_parallel_plan(spec, parallelism)
     if held:
         spec = dataclasses.replace(spec, parallelize_fn=titan.owner_held(spec.parallelize_fn))
     dims = ParallelDims(dp_replicate=1, dp_shard=dp, cp=1, tp=tp, pp=PP, ep=1, world_size=PP * dp * tp,

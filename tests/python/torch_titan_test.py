@@ -5,7 +5,10 @@ over the 2 ranks), with SDPA attention (FlexAttention has no backward on the CPU
               top 8), parallelize_qwen3 (expert parallelism 1: the stacks w1, w3 (4, 768, 256) and
               w2 (4, 256, 768) Shard(0), two whole experts a rank), and its ModelSpec.post_optimizer_build_fn
               (the load-balancing hook: each optimizer step first moves the routing bias expert_bias_E by the
-              tokens each expert took on all ranks); 3 steps.
+              tokens each expert took on all ranks); 3 steps;
+  qwen3-moe-ep the same under expert parallelism 2 (its own EP plan: each rank 2 whole experts on the (efsdp 1,
+              ep 2) mesh, tokens to them by all-to-all; torchtitan's clip_grad_norm_ with ep_enabled), all-to-all
+              mode only.
 DMuon built by its OptimizersContainer from a ParamGroupConfig naming "DMuon"
 (dmuon.torch.titan.DMuonOptimizers: the container with "DMuon" in its name → class table), its
 warmup-stable-decay LR scheduler (LRSchedulersContainer) and its DCP checkpointer (CheckpointManager: saved after
@@ -52,6 +55,7 @@ from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAt
 from torchtitan.models.common.moe import MoE
 from torchtitan.models.deepseek_v3.sharding import set_deepseek_v3_sharding_config
 from torchtitan.models.llama3.sharding import set_llama3_sharding_config
+from torchtitan.models.qwen3.sharding import set_qwen3_sharding_config
 
 import dmuon.torch
 from dmuon.torch import DMuon, titan
@@ -70,6 +74,8 @@ PARALLELISM = ParallelismConfig(spmd_backend="partial_dtensor")
 TRAINING = TrainingConfig(mixed_precision_param="float32", local_batch_size=PER_RANK, seq_len=SEQ, max_norm=MAX_NORM)
 # torchtitan 0.3.0 takes "cuda" as its device type when no accelerator is present; its meshes are the CPU's here
 torchtitan.distributed.parallel_dims.device_type = "cpu"
+# Trainer.__init__'s first setting: the backend its modules read at run time (the MoE's token dispatcher)
+dist_utils.set_spmd_backend(PARALLELISM.spmd_backend)
 
 
 def optimizer_config(**options):
@@ -118,10 +124,14 @@ class Case:
     # the bfloat16 noise in their rank-deficient gradients, 32 tokens an expert) when only the order of the
     # batch's rows changed, while the losses moved by 1.6e-7 relative
     exact: bool
+    # the routed experts over every rank (parallelism.expert_parallel_degree = the world size: tokens to them by
+    # all-to-all), all-to-all mode only (owner_held refuses expert parallelism: refusals())
+    expert_parallel: bool = False
 
 
 CASES = (Case("llama3", lambda: two_layers_sdpa(llama3.model_registry("debugmodel")), 4, exact=True),
-         Case("qwen3-moe", qwen3_moe_spec, 3, exact=False))
+         Case("qwen3-moe", qwen3_moe_spec, 3, exact=False),
+         Case("qwen3-moe-ep", qwen3_moe_spec, 3, exact=False, expert_parallel=True))
 
 
 class OneProcess:
@@ -229,34 +239,35 @@ def materialize(part):
     part.train()
 
 
-def with_tensor_parallel(spec, parallelism):
-    """The spec with its model's tensor-parallel plan (sharding configs) for `parallelism`: what the model config's
-    update_from_config sets in Trainer.__init__ (whose import of torchtitan.trainer needs torchdata, which the venv
-    leaves out), for Llama3 and DeepSeek-V3."""
-    model = spec.model
+def with_parallel_plan(spec, parallelism):
+    """The spec with its model's tensor- and expert-parallel plan (sharding configs) for `parallelism`: what the
+    model config's update_from_config sets in Trainer.__init__ (whose import of torchtitan.trainer needs torchdata,
+    which the venv leaves out), for Llama3, Qwen3 and DeepSeek-V3."""
+    model, sp, ep = spec.model, parallelism.enable_sequence_parallel, parallelism.expert_parallel_degree > 1
     if isinstance(model, llama3.Llama3Model.Config):
-        set_llama3_sharding_config(model, enable_sp=parallelism.enable_sequence_parallel)
+        set_llama3_sharding_config(model, enable_sp=sp)
+    elif isinstance(model, qwen3.Qwen3Model.Config):
+        set_qwen3_sharding_config(model, enable_sp=sp, enable_ep=ep)
     elif isinstance(model, deepseek_v3.DeepSeekV3Model.Config):
-        set_deepseek_v3_sharding_config(model, enable_sp=parallelism.enable_sequence_parallel,
-                                        enable_ep=parallelism.expert_parallel_degree > 1)
+        set_deepseek_v3_sharding_config(model, enable_sp=sp, enable_ep=ep)
     else:
-        raise ValueError(f"no tensor-parallel plan here for {type(model).__qualname__}")
+        raise ValueError(f"no parallel plan here for {type(model).__qualname__}")
     return spec
 
 
-def parallelized(case, held, out, tp=1):
+def parallelized(case, held, out, tp=1, ep=1):
     """The case's model built on the meta device, through its parallelize function (FSDP2 over every rank, or
-    over a (fsdp, tp) mesh with tp > 1: tensor parallelism by the model's own plan; owner_held around it when
-    held), materialized: (spec, parallel dims, model)."""
+    over a (fsdp, tp) mesh with tp > 1: tensor parallelism by the model's own plan; routed experts over ep ranks
+    of the fsdp ones with ep > 1; owner_held around it when held), materialized: (spec, parallel dims, model)."""
     spec = case.spec()
     parallelism = PARALLELISM
-    if tp > 1:
-        parallelism = dataclasses.replace(PARALLELISM, tensor_parallel_degree=tp)
-        spec = with_tensor_parallel(spec, parallelism)
+    if tp > 1 or ep > 1:
+        parallelism = dataclasses.replace(PARALLELISM, tensor_parallel_degree=tp, expert_parallel_degree=ep)
+        spec = with_parallel_plan(spec, parallelism)
     if held:
         spec = dataclasses.replace(spec, parallelize_fn=titan.owner_held(spec.parallelize_fn))
     world = dist.get_world_size()
-    dims = ParallelDims(dp_replicate=1, dp_shard=world // tp, cp=1, tp=tp, pp=1, ep=1, world_size=world,
+    dims = ParallelDims(dp_replicate=1, dp_shard=world // tp, cp=1, tp=tp, pp=1, ep=ep, world_size=world,
                         spmd_backend=PARALLELISM.spmd_backend)
     dims.build_mesh()
     with torch.device("meta"):
@@ -270,7 +281,7 @@ def parallelized(case, held, out, tp=1):
 def build(case, held, out):
     """Trainer.__init__'s order: the model on the meta device, parallelize_fn, to_empty, init_weights, the
     optimizers and post_optimizer_build_fn (then the reference's weights), the LR schedulers, the checkpointer."""
-    spec, dims, model = parallelized(case, held, out)
+    spec, dims, model = parallelized(case, held, out, ep=dist.get_world_size() if case.expert_parallel else 1)
     optimizers = optimizer_config().build(model_parts=[model])
     check([type(o) for o in optimizers] == [DMuon], f"torchtitan built {[type(o) for o in optimizers]}, not one DMuon")
     after_optimizers(spec, optimizers, model, dims)
@@ -284,7 +295,7 @@ def build(case, held, out):
     return model, optimizers, schedulers, state, checkpointer
 
 
-def train_step(label, held, model, optimizers, schedulers, rows):
+def train_step(label, held, model, optimizers, schedulers, rows, ep_enabled=False):
     """Trainer.train_step's order: (loss summed over the ranks, the gradient norm before clipping)."""
     optimizers.zero_grad(set_to_none=TRAINING.disable_cuda_graphs)
     tokens = torch.tensor(rows[:, 1:].numel())
@@ -300,7 +311,7 @@ def train_step(label, held, model, optimizers, schedulers, rows):
             pass
         norm = dmuon.torch.clip_grad_norm_(params, MAX_NORM)
     else:
-        norm = dist_utils.clip_grad_norm_(params, MAX_NORM, foreach=True, pp_mesh=None, ep_enabled=False)
+        norm = dist_utils.clip_grad_norm_(params, MAX_NORM, foreach=True, pp_mesh=None, ep_enabled=ep_enabled)
     optimizers.step()
     schedulers.step()
     loss = loss.detach().clone()
@@ -317,7 +328,8 @@ def run(case, label, held, out):
     model, optimizers, schedulers, state, checkpointer = build(case, held, out)
     check(not checkpointer.load(), f"{label}: a checkpoint was there before the first save")
     for step in range(1, SAVED_AT + 1):
-        losses.append(train_step(label, held, model, optimizers, schedulers, mine[step - 1]))
+        losses.append(train_step(label, held, model, optimizers, schedulers, mine[step - 1],
+                                 case.expert_parallel))
         state.step = step
         checkpointer.save(step)
     checkpointer.close()
@@ -325,7 +337,8 @@ def run(case, label, held, out):
     check(checkpointer.load() and state.step == SAVED_AT, f"{label}: resumed at step {state.step}, not {SAVED_AT}")
     lrs = [g["lr"] for o in optimizers for g in o.param_groups]
     for step in range(state.step + 1, case.steps + 1):
-        losses.append(train_step(label, held, model, optimizers, schedulers, mine[step - 1]))
+        losses.append(train_step(label, held, model, optimizers, schedulers, mine[step - 1],
+                                 case.expert_parallel))
     checkpointer.close()
     check(schedulers.schedulers[0].last_epoch == case.steps, f"{label}: the scheduler is at step "
           f"{schedulers.schedulers[0].last_epoch} after resuming (lrs at the resume: {lrs})")
@@ -361,10 +374,11 @@ def refusals():
 
 def main():
     out = pathlib.Path(sys.argv[1])
-    rank, world, refs = start(out, lambda world, group: {c.name: reference(c, world, group) for c in CASES})
+    rank, world, refs = start(out, lambda world, group: {  # one reference a model (the MoE's serves both layouts)
+        c.spec: reference(c, world, group) for c in {c.spec: c for c in CASES}.values()})
     refusals()
     for case in CASES:
-        for mode, held in (("all-to-all", False), ("owner-held", True)):
+        for mode, held in (("all-to-all", False),) + ((("owner-held", True),) if not case.expert_parallel else ()):
             label = f"{case.name} {mode}"
             folder = out / case.name / mode
             if rank == 0:
@@ -372,7 +386,7 @@ def main():
             dist.barrier()
             steps, weights = run(case, label, held, folder)
             if rank == 0:
-                (ref, ref_norms), ref_weights = refs[case.name]
+                (ref, ref_norms), ref_weights = refs[case.spec]
                 # the gradient norms: Muon's and AdamW's updates hardly change when gradients are scaled
                 norms = [n for _, n in steps]
                 check(not case.exact or all(abs(a - b) <= TOLERANCE * b for a, b in zip(norms, ref_norms)),
@@ -382,7 +396,7 @@ def main():
             dist.barrier()
     return finish(f"torch_titan_test at {world} ranks: torchtitan's Llama3 debugmodel (parallelize_llama, "
                   f"{CASES[0].steps} steps) and Qwen3 debugmodel_moe ({EXPERTS} experts, parallelize_qwen3, "
-                  f"{CASES[1].steps} steps) under FSDP2, OptimizersContainer with DMuon, LRSchedulersContainer, "
+                  f"{CASES[1].steps} steps; also under EP) under FSDP2, OptimizersContainer with DMuon, LRSchedulersContainer, "
                   f"CheckpointManager (DCP) save and resume, all-to-all and owner-held, vs one process")
 
 

@@ -1,6 +1,6 @@
 """DMuon inside torchtitan under tensor parallelism, at 4 ranks on a (fsdp 2, tp 2) mesh: torch_titan_qk_clip_test's
 two models, each laid out by its own tensor-parallel plan (the sharding configs its model config sets:
-torch_titan_test.with_tensor_parallel) and parallelize function (Module.parallelize, then FSDP2 over "fsdp"):
+torch_titan_test.with_parallel_plan) and parallelize function (Module.parallelize, then FSDP2 over "fsdp"):
   llama3    2 layers, the fused wqkv (grouped rows: a TP rank holds 2 of the 4 key-value groups, 8 of the 16 query
             heads) column-wise, wo row-wise, the feed-forward's w1, w3 column-wise and w2 row-wise, sequence
             parallel norms, the vocabulary-parallel head with loss parallelism;
