@@ -7,8 +7,8 @@ over the 2 ranks), with SDPA attention (FlexAttention has no backward on the CPU
               (the load-balancing hook: each optimizer step first moves the routing bias expert_bias_E by the
               tokens each expert took on all ranks); 3 steps;
   qwen3-moe-ep the same under expert parallelism 2 (its own EP plan: each rank 2 whole experts on the (efsdp 1,
-              ep 2) mesh, tokens to them by all-to-all; torchtitan's clip_grad_norm_ with ep_enabled), all-to-all
-              mode only.
+              ep 2) mesh, tokens to them by all-to-all; torchtitan's clip_grad_norm_ with ep_enabled; owner-held:
+              each stack's EP slice held on its owner's EP group over "efsdp", the other matrices over "fsdp").
 DMuon built by its OptimizersContainer from a ParamGroupConfig naming "DMuon"
 (dmuon.torch.titan.DMuonOptimizers: the container with "DMuon" in its name → class table), its
 warmup-stable-decay LR scheduler (LRSchedulersContainer) and its DCP checkpointer (CheckpointManager: saved after
@@ -125,7 +125,7 @@ class Case:
     # batch's rows changed, while the losses moved by 1.6e-7 relative
     exact: bool
     # the routed experts over every rank (parallelism.expert_parallel_degree = the world size: tokens to them by
-    # all-to-all), all-to-all mode only (owner_held refuses expert parallelism: refusals())
+    # all-to-all)
     expert_parallel: bool = False
 
 
@@ -284,6 +284,9 @@ def build(case, held, out):
     spec, dims, model = parallelized(case, held, out, ep=dist.get_world_size() if case.expert_parallel else 1)
     optimizers = optimizer_config().build(model_parts=[model])
     check([type(o) for o in optimizers] == [DMuon], f"torchtitan built {[type(o) for o in optimizers]}, not one DMuon")
+    held_here = [n for n, p in model.named_parameters() if getattr(p, "_dmuon_held", None) is not None]
+    check(held == bool(held_here) and (not held or not case.expert_parallel or any("experts" in n for n in held_here)),
+          f"{case.name}: held here {held_here}, mode held={held}")
     after_optimizers(spec, optimizers, model, dims)
     load_full(model, initial_weights(case))  # where torchtitan's checkpointer would load a seed checkpoint
     schedulers = SCHEDULE.build(optimizers=optimizers, training_steps=case.steps)
@@ -360,10 +363,11 @@ def refusals():
     except ValueError as e:
         check("optimizer.implementation='fused_opt_states_bf16'" in str(e), f"the refusal names no setting: {e}")
     world = dist.get_world_size()
-    for case, ep, parallelism, setting in (
-            (CASES[0], 1, ParallelismConfig(), "parallelism.spmd_backend='spmd_types'"),
-            (CASES[1], world, PARALLELISM, f"parallelism.expert_parallel_degree={world}")):
-        dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=ep, world_size=world)
+    for case, tp, ep, parallelism, setting in (
+            (CASES[0], 1, 1, ParallelismConfig(), "parallelism.spmd_backend='spmd_types'"),
+            (CASES[1], world, world, PARALLELISM,
+             f"parallelism.tensor_parallel_degree={world} with expert_parallel_degree={world}")):
+        dims = ParallelDims(dp_replicate=1, dp_shard=world // tp, cp=1, tp=tp, pp=1, ep=ep, world_size=world)
         try:
             titan.owner_held(case.spec().parallelize_fn)(torch.nn.Linear(2, 2), parallel_dims=dims,
                                                          parallelism=parallelism)
@@ -378,7 +382,7 @@ def main():
         c.spec: reference(c, world, group) for c in {c.spec: c for c in CASES}.values()})
     refusals()
     for case in CASES:
-        for mode, held in (("all-to-all", False),) + ((("owner-held", True),) if not case.expert_parallel else ()):
+        for mode, held in (("all-to-all", False), ("owner-held", True)):
             label = f"{case.name} {mode}"
             folder = out / case.name / mode
             if rank == 0:

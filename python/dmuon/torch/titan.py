@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 
 import torch.distributed as dist
+from torch.distributed.tensor import Shard
 from torchtitan.components.optimizer import OptimizersContainer
 
 from dmuon.torch.frameworks import held_out_of_fully_shard
@@ -109,24 +110,33 @@ def is_tp_slice(p):
     return is_dtensor(p) and p.dim() == 2 and p.device_mesh.ndim == 1 and p.placements[0].is_shard()
 
 
+def is_ep_slice(p):
+    """Whether p is an (E, m, n) expert stack expert parallelism sharded by whole experts (Shard(0), 1-D mesh)."""
+    return is_dtensor(p) and p.dim() == 3 and p.device_mesh.ndim == 1 and p.placements[0] == Shard(0)
+
+
 def owner_held(parallelize_fn):
     """parallelize_fn (a torchtitan ModelSpec.parallelize_fn, e.g. parallelize_llama) with the Muon matrices
     held on their owners: spec = dataclasses.replace(spec, parallelize_fn=owner_held(spec.parallelize_fn)).
     Data parallelism (FSDP2, or HSDP with data_parallel_replicate_degree > 1) on
     parallelism.spmd_backend="partial_dtensor", in pipeline stages (each stage's matrices held on its own
-    data-parallel ranks) or under tensor parallelism (each TP slice held on the owner's TP group: the matrices
-    are held between the model's Module.parallelize, which applies TP, and the parallelize function's
-    fully_shard calls; a matrix TP leaves replicated, DeepSeek-V3's latent down-projection wkv_a, stays with
-    FSDP2 and DMuon's all-to-all mode); other settings are refused by name."""
+    data-parallel ranks), under tensor parallelism (each TP slice held on the owner's TP group; a matrix TP
+    leaves replicated, DeepSeek-V3's latent down-projection wkv_a, and an expert stack TP splits within its
+    experts stay with FSDP2 and DMuon's all-to-all mode) or expert parallelism (each expert stack's EP slice held
+    on the owner's EP group over the expert-FSDP mesh, the other matrices over the data-parallel mesh): under
+    TP or EP the matrices are held between the model's Module.parallelize, which applies those plans, and the
+    parallelize function's fully_shard calls. Other settings are refused by name."""
 
     def parallelize(model, *, parallel_dims, parallelism, **kwargs):
         refused = [f"parallelism.{name}={value!r}" for name, value, ok in (
             ("spmd_backend", parallelism.spmd_backend, parallelism.spmd_backend == "partial_dtensor"),
-            ("context_parallel_degree", parallel_dims.cp, parallel_dims.cp == 1),
-            ("expert_parallel_degree", parallel_dims.ep, parallel_dims.ep == 1)) if not ok]
+            ("context_parallel_degree", parallel_dims.cp, parallel_dims.cp == 1)) if not ok]
+        if parallel_dims.tp > 1 and parallel_dims.ep > 1:
+            refused.append(f"parallelism.tensor_parallel_degree={parallel_dims.tp!r} with "
+                           f"expert_parallel_degree={parallel_dims.ep!r}")
         if refused:
             raise ValueError(f"dmuon.torch.titan.owner_held: {', '.join(refused)} is not supported (owner-held "
-                             "matrices are tested under data, tensor and pipeline parallelism, "
+                             "matrices are tested under data, tensor, expert and pipeline parallelism, "
                              "spmd_backend='partial_dtensor')")
         names = ["dp_replicate", "fsdp"] if parallel_dims.dp_replicate_enabled else ["fsdp"]
         mesh = parallel_dims.get_mesh(names)  # under pipeline parallelism: the stage's, over its own ranks
@@ -136,18 +146,17 @@ def owner_held(parallelize_fn):
             raise ValueError("dmuon.torch.titan.owner_held: this torch cannot join the data-parallel and TP meshes "
                              "(DeviceMesh._concatenate) that the held TP slices live on")
         group = group_of_ranks(sorted(int(r) for r in stage.mesh.flatten().tolist()))
-        if tp_mesh is None:
+        if parallel_dims.tp == 1 and parallel_dims.ep == 1:
             with held_out_of_fully_shard(model, hold_on_owners(model, mesh, process_group=group)):
                 return parallelize_fn(model, parallel_dims=parallel_dims, parallelism=parallelism, **kwargs)
         with contextlib.ExitStack() as held_out:
-            apply_tensor_parallel, holdings = model.parallelize, []
+            apply_plans, holdings = model.parallelize, []
 
             def parallelize_then_hold(dims):
-                apply_tensor_parallel(dims)
-                muon = {n for g in module_groups(model) if g["use_muon"] for n, _ in g["params"]}
-                holdings.append(hold_on_owners(model, mesh, process_group=group,
-                                               predicate=lambda n, p: n in muon and is_tp_slice(p)))
-                held_out.enter_context(held_out_of_fully_shard(model, holdings[-1]))
+                apply_plans(dims)
+                holdings.extend(_hold_after_plans(model, parallel_dims, mesh, group))
+                for held in holdings:
+                    held_out.enter_context(held_out_of_fully_shard(model, held))
 
             model.parallelize = parallelize_then_hold
             try:
@@ -156,8 +165,21 @@ def owner_held(parallelize_fn):
                 del model.parallelize
             if not holdings:
                 raise ValueError("dmuon.torch.titan.owner_held: the parallelize function never called the model's "
-                                 "parallelize() (torchtitan's tensor parallelism) under tensor_parallel_degree="
-                                 f"{parallel_dims.tp}: nothing was held")
+                                 "parallelize() (torchtitan's tensor and expert parallelism) under "
+                                 f"tensor_parallel_degree={parallel_dims.tp}, expert_parallel_degree="
+                                 f"{parallel_dims.ep}: nothing was held")
             return result
 
     return parallelize
+
+
+def _hold_after_plans(model, parallel_dims, mesh, group):
+    """hold_on_owners' calls on a model its TP or EP plan has laid out (mesh: the data-parallel mesh; group: the
+    stage's process group): [HeldMatrices]."""
+    muon = {n for g in module_groups(model) if g["use_muon"] for n, _ in g["params"]}
+    if parallel_dims.ep == 1:
+        return [hold_on_owners(model, mesh, process_group=group, predicate=lambda n, p: n in muon and is_tp_slice(p))]
+    experts = {n for n, p in model.named_parameters() if n in muon and is_ep_slice(p)}
+    return [hold_on_owners(model, parallel_dims.get_mesh("efsdp"), process_group=group,
+                           predicate=lambda n, p: n in experts),
+            hold_on_owners(model, mesh, process_group=group, predicate=lambda n, p: n in muon and n not in experts)]
