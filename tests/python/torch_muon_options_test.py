@@ -465,7 +465,7 @@ def test_a_qk_clip_report_that_does_not_fit_names_the_attention(maxima, heads, n
     (torch.nn.Linear(8, 24).weight, FusedAttention(qkv="q.weight", heads=4))])
 def test_qk_clip_names_an_attention_whose_heads_it_cannot_place(weight, attention):
     """A call computing fewer query heads than the attention has, its query weight not a DTensor sharded by rows
-    (torch_qk_clip_tp_test and torch_titan_tp_test run those that are): which heads they are is unknown."""
+    (torch_qk_clip_tp_test and torch_titan_layouts_test run those that are): which heads they are is unknown."""
     assert heads_computed(attention, weight, 4, "hf_qk_clip") is None
     with pytest.raises(ValueError, match="hf_qk_clip: attention 'q.weight' computed 2 of its 4 query heads here, and "
                                          "its query weight is not a DTensor sharded by rows"):

@@ -1,7 +1,7 @@
 """DMuon inside torchtitan under pipeline parallelism, at 4 ranks, on a (pp 2, fsdp 2) mesh: two of its debug models
 (SDPA attention) split into stages by their own pipelining function (pipeline_llm: each stage parallelized by the
 model's parallelize function, FSDP2 over the stage's 2 data-parallel ranks; and, on a (pp 2, tp 2) mesh, each stage
-under tensor parallelism by the model's own TP plan, torch_titan_tp_test's, in 1F1B: the loss under loss_parallel):
+under tensor parallelism by the model's own TP plan, torch_titan_layouts_test's, in 1F1B: the loss under loss_parallel):
   llama3       the Llama3 debugmodel cut to 4 layers, in 1F1B (one stage a rank, 2 stages) and Interleaved1F1B
                (two stages a rank, 4 stages; torchtitan's optimizer container builds a DMuon for each);
   deepseek-v3  the DeepSeek-V3 debugmodel cut to 4 layers (one dense, three of 8 routed experts, top 3; latent

@@ -255,10 +255,11 @@ def with_parallel_plan(spec, parallelism):
     return spec
 
 
-def parallelized(case, held, out, tp=1, ep=1):
+def parallelized(case, held, out, tp=1, ep=1, replicate=1):
     """The case's model built on the meta device, through its parallelize function (FSDP2 over every rank, or
     over a (fsdp, tp) mesh with tp > 1: tensor parallelism by the model's own plan; routed experts over ep ranks
-    of the fsdp ones with ep > 1; owner_held around it when held), materialized: (spec, parallel dims, model)."""
+    of the fsdp ones with ep > 1; HSDP over (dp_replicate, fsdp) with replicate > 1; owner_held around it when
+    held), materialized: (spec, parallel dims, model)."""
     spec = case.spec()
     parallelism = PARALLELISM
     if tp > 1 or ep > 1:
@@ -267,8 +268,8 @@ def parallelized(case, held, out, tp=1, ep=1):
     if held:
         spec = dataclasses.replace(spec, parallelize_fn=titan.owner_held(spec.parallelize_fn))
     world = dist.get_world_size()
-    dims = ParallelDims(dp_replicate=1, dp_shard=world // tp, cp=1, tp=tp, pp=1, ep=ep, world_size=world,
-                        spmd_backend=PARALLELISM.spmd_backend)
+    dims = ParallelDims(dp_replicate=replicate, dp_shard=world // (tp * replicate), cp=1, tp=tp, pp=1, ep=ep,
+                        world_size=world, spmd_backend=PARALLELISM.spmd_backend)
     dims.build_mesh()
     with torch.device("meta"):
         model = spec.model.build()

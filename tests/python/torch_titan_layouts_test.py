@@ -1,6 +1,11 @@
-"""DMuon inside torchtitan under tensor parallelism, at 4 ranks on a (fsdp 2, tp 2) mesh: torch_titan_qk_clip_test's
-two models, each laid out by its own tensor-parallel plan (the sharding configs its model config sets:
-torch_titan_test.with_parallel_plan) and parallelize function (Module.parallelize, then FSDP2 over "fsdp"):
+"""DMuon inside torchtitan at 4 ranks, in two layouts of torch_titan_qk_clip_test's two models:
+  fsdp 2 x tp 2         each model laid out by its own tensor-parallel plan (the sharding configs its model config
+                        sets: torch_titan_test.with_parallel_plan) and parallelize function (Module.parallelize, then
+                        FSDP2 over "fsdp");
+  replicate 2 x fsdp 2  HSDP (parallelism.data_parallel_replicate_degree 2): the parallelize function's fully_shard
+                        over the 2-D (dp_replicate, fsdp) mesh, (Replicate(), Shard(0)) parameters; owner-held: the
+                        matrices held over that mesh (an owner per shard group, its replica's copy on the other).
+Under TP:
   llama3    2 layers, the fused wqkv (grouped rows: a TP rank holds 2 of the 4 key-value groups, 8 of the 16 query
             heads) column-wise, wo row-wise, the feed-forward's w1, w3 column-wise and w2 row-wise, sequence
             parallel norms, the vocabulary-parallel head with loss parallelism;
@@ -10,18 +15,20 @@ Shard(1))) and owner-held (dmuon.torch.titan.owner_held: each TP slice held on i
 mesh and the TP mesh joined, as torchtitan's meshes are views of one flat mesh), with titan_qk_clip (each rank
 reports its own heads, found from the rows of the query weight it holds) at a tau that clips some heads, torchtitan's
 CheckpointManager (DCP) saving after step 2 and a new model, optimizer, scheduler and checkpointer resuming from it.
-The steps are torch_titan_test's with TP: tokens and losses summed over the batch (data-parallel) mesh, the loss under
-loss_parallel (the head's logits are vocabulary shards), clipping at 1.0 (torchtitan's clip_grad_norm_;
+The steps are torch_titan_test's: tokens and losses summed over the batch (data-parallel) mesh, the loss under
+loss_parallel with TP (the head's logits are vocabulary shards), clipping at 1.0 (torchtitan's clip_grad_norm_;
 dmuon.torch.clip_grad_norm_ when held).
 
-Against torch_titan_qk_clip_test's one process (the unsharded model on both data-parallel ranks' rows), each step's
+Against torch_titan_qk_clip_test's one process (the unsharded model on every data-parallel rank's rows), each step's
 loss, gradient norm (the one process's summed in float64) and QKClip.max_logits, and the final weights, within
 framework_runs.TOLERANCE. torch_titan_pp_test runs TP within pipeline stages.
 
 Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc 4 --timeout 400 -- \
-    tests/python/torch_titan_tp_test.py DIR
+    tests/python/torch_titan_layouts_test.py DIR
 """
 
+import contextlib
+import dataclasses
 import pathlib
 import shutil
 import sys
@@ -42,14 +49,28 @@ from torch_titan_qk_clip_test import CASES, TAU, reference
 from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, TrainState, batches, full_weights, initial_weights,
                               load_full, optimizer_config, parallelized, summed_loss)
 
-DP, TP = 2, 2
 SAVED_AT = 2
 
 
-def build(case, held, out):
-    """Trainer.__init__'s order: the model through its TP plan and parallelize function, materialized, the
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    name: str
+    replicate: int
+    tp: int
+
+    @property
+    def data_parallel(self):
+        """The data-parallel ranks (each its own rows) of the 4."""
+        return 4 // self.tp
+
+
+LAYOUTS = (Layout("fsdp 2 x tp 2", replicate=1, tp=2), Layout("replicate 2 x fsdp 2 (HSDP)", replicate=2, tp=1))
+
+
+def build(case, layout, held, out):
+    """Trainer.__init__'s order: the model through its plans and parallelize function, materialized, the
     optimizers (then the reference's weights), titan_qk_clip, the LR schedulers, the checkpointer."""
-    _, dims, model = parallelized(case, held, out, tp=TP)
+    _, dims, model = parallelized(case, held, out, tp=layout.tp, replicate=layout.replicate)
     optimizers = optimizer_config().build(model_parts=[model])
     load_full(model, initial_weights(case))
     (clip,) = titan_qk_clip([model], optimizers, TAU[case.name])
@@ -69,11 +90,11 @@ def tensor_parallel_slices(model):
 
 
 def train_step(dims, held, model, optimizers, schedulers, clip, rows):
-    """Trainer.train_step's order under TP: (loss summed over the batch mesh, gradient norm, max_logits)."""
+    """Trainer.train_step's order: (loss summed over the batch mesh, gradient norm, max_logits)."""
     batch = dims.get_mesh("batch")
     optimizers.zero_grad(set_to_none=False)
     tokens = dist_utils.dist_sum_tensor(torch.tensor(rows[:, 1:].numel()), batch)
-    with loss_parallel():  # the head's logits are shards of the vocabulary
+    with loss_parallel() if dims.tp_enabled else contextlib.nullcontext():  # TP: the logits are vocabulary shards
         loss = summed_loss(model, rows, tokens)
         loss.backward()
     params = list(model.parameters())
@@ -88,23 +109,23 @@ def train_step(dims, held, model, optimizers, schedulers, clip, rows):
     return loss.item(), float(norm), torch.cat(clip.max_logits)
 
 
-def run(case, held, label, out):
+def run(case, layout, held, label, out):
     """Steps 1..SAVED_AT, saved; a new model, optimizer, scheduler and checkpointer resume for the rest:
     ([(loss, norm, max_logits)] of each step, full weights)."""
-    dims, model, optimizers, clip, schedulers, state, checkpointer = build(case, held, out)
+    dims, model, optimizers, clip, schedulers, state, checkpointer = build(case, layout, held, out)
     sliced = tensor_parallel_slices(model)
-    check(len(sliced) >= 4, f"{label}: tensor parallelism sharded only {sliced}")
+    check((len(sliced) >= 4) == (layout.tp > 1), f"{label}: tensor parallelism sharded {sliced}")
     held_here = [n for n, p in model.named_parameters() if getattr(p, "_dmuon_held", None) is not None]
     check(held == bool(held_here), f"{label}: held here {held_here}")
     dp_rank = dims.get_mesh("batch").get_local_rank()
-    rows = batches(case, DP)[:, dp_rank * PER_RANK:(dp_rank + 1) * PER_RANK]
+    rows = batches(case, layout.data_parallel)[:, dp_rank * PER_RANK:(dp_rank + 1) * PER_RANK]
     steps = []
     for step in range(1, SAVED_AT + 1):
         steps.append(train_step(dims, held, model, optimizers, schedulers, clip, rows[step - 1]))
         state.step = step
         checkpointer.save(step)
     checkpointer.close()
-    dims, model, optimizers, clip, schedulers, state, checkpointer = build(case, held, out)
+    dims, model, optimizers, clip, schedulers, state, checkpointer = build(case, layout, held, out)
     check(checkpointer.load() and state.step == SAVED_AT, f"{label}: resumed at step {state.step}, not {SAVED_AT}")
     for step in range(SAVED_AT + 1, case.steps + 1):
         steps.append(train_step(dims, held, model, optimizers, schedulers, clip, rows[step - 1]))
@@ -114,18 +135,19 @@ def run(case, held, label, out):
 
 def main():
     out = pathlib.Path(sys.argv[1])
-    rank, world, refs = start(out, lambda world, group: {c.name: reference(c, DP, group) for c in CASES})
-    check(world == DP * TP, f"torch_titan_tp_test runs at {DP * TP} ranks, not {world}")
-    for case in CASES:
+    rank, world, refs = start(out, lambda world, group: {(c.name, dp): reference(c, dp, group) for c in CASES
+                                                         for dp in {layout.data_parallel for layout in LAYOUTS}})
+    check(world == 4, f"torch_titan_layouts_test runs at 4 ranks, not {world}")
+    for layout, case in ((layout, case) for layout in LAYOUTS for case in CASES):
         for mode, held in (("all-to-all", False), ("owner-held", True)):
-            label = f"torchtitan {case.name} (fsdp {DP} x tp {TP}) {mode} with titan_qk_clip"
-            folder = out / case.name / mode
+            label = f"torchtitan {case.name} ({layout.name}) {mode} with titan_qk_clip"
+            folder = out / f"{case.name}-{layout.replicate}x{layout.tp}" / mode
             if rank == 0:
                 shutil.rmtree(folder, ignore_errors=True)
             dist.barrier()
-            steps, weights = run(case, held, label, folder)
+            steps, weights = run(case, layout, held, label, folder)
             if rank == 0:
-                (ref_losses, ref_maxima, clipped, ref_norms), ref_weights = refs[case.name]
+                (ref_losses, ref_maxima, clipped, ref_norms), ref_weights = refs[(case.name, layout.data_parallel)]
                 norms = [n for _, n, _ in steps]
                 check(all(abs(a - b) <= TOLERANCE * b for a, b in zip(norms, ref_norms)),
                       f"{label}: gradient norms {norms}, the one process's {ref_norms}")
@@ -137,9 +159,9 @@ def main():
                 print(f"{label}: gradient norms {[f'{n:.6f}' for n in norms]} (one process "
                       f"{[f'{n:.6f}' for n in ref_norms]}); max_logits within {gap:.2e}", flush=True)
             dist.barrier()
-    return finish(f"torch_titan_tp_test at {world} ranks: torchtitan's Llama3 (fused wqkv) and DeepSeek-V3 (latent "
-                  f"attention) under FSDP2 x TP by their own plans, both modes, titan_qk_clip, DCP save and resume, "
-                  f"vs one process")
+    return finish(f"torch_titan_layouts_test at {world} ranks: torchtitan's Llama3 (fused wqkv) and DeepSeek-V3 (latent "
+                  f"attention) under FSDP2 x TP by their own plans and under HSDP, both modes, titan_qk_clip, DCP "
+                  f"save and resume, vs one process")
 
 
 if __name__ == "__main__":
