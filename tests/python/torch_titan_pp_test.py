@@ -1,14 +1,16 @@
 """DMuon inside torchtitan under pipeline parallelism, at 4 ranks, on a (pp 2, fsdp 2) mesh: two of its debug models
 (SDPA attention) split into stages by their own pipelining function (pipeline_llm: each stage parallelized by the
 model's parallelize function, FSDP2 over the stage's 2 data-parallel ranks; and, on a (pp 2, tp 2) mesh, each stage
-under tensor parallelism by the model's own TP plan, torch_titan_layouts_test's, in 1F1B: the loss under loss_parallel):
+under tensor parallelism by the model's own TP plan, torch_titan_layouts_test's, in 1F1B: the loss under loss_parallel;
+and DeepSeek-V3 in 1F1B with its routed experts over each stage's 2 ranks by its EP plan, expert parallelism 2):
   llama3       the Llama3 debugmodel cut to 4 layers, in 1F1B (one stage a rank, 2 stages) and Interleaved1F1B
                (two stages a rank, 4 stages; torchtitan's optimizer container builds a DMuon for each);
   deepseek-v3  the DeepSeek-V3 debugmodel cut to 4 layers (one dense, three of 8 routed experts, top 3; latent
                attention), in 1F1B;
 each in the all-to-all mode and the owner-held mode (dmuon.torch.titan.owner_held around the parallelize function:
 each stage's matrices held on its own data-parallel ranks; under TP each TP slice on its owner's TP group within the
-stage, the expert stacks TP splits within their experts left to DMuon's all-to-all path), each stage's DMuon over its
+stage, the expert stacks TP splits within their experts left to DMuon's all-to-all path; under EP each stack's EP
+slice on its owner's EP group), each stage's DMuon over its
 own ranks
 (dmuon.torch.titan.stage_group, made by DMuonOptimizers), with QK-clip on each stage's attentions (titan_qk_clip with
 the schedule, whose metadata-inference forward on uninitialized inputs it skips: counted, stage 1's first maxima
@@ -57,6 +59,8 @@ from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, TRAINING, batches, i
 STEPS, PP, DP = 3, 2, 2
 # (pp 2, fsdp 1, tp 2): these cases and schedules in stages under tensor parallelism (the models' own TP plans)
 TENSOR_PARALLEL = (("llama3", "1F1B"), ("deepseek-v3", "1F1B"))
+# (pp 2, fsdp 2, ep 2): the MoE's routed experts over each stage's 2 ranks by its own EP plan (tokens by all-to-all)
+EXPERT_PARALLEL = (("deepseek-v3", "1F1B"),)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,18 +123,19 @@ def reference(case, group, dp):
     return (losses, norms), {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def build(case, schedule, out, held=False, dp=DP, tp=1, **options):
+def build(case, schedule, out, held=False, dp=DP, tp=1, ep=1, **options):
     """Trainer.__init__'s order under PP: the model on the meta device, pipelining_fn (stages, each parallelized:
-    FSDP2 over dp ranks, tensor parallelism over tp), to_empty and init_weights per part, the optimizers (then
-    the reference's weights), the LR schedulers."""
+    FSDP2 over dp ranks, tensor parallelism over tp, the routed experts over ep of the dp ranks), to_empty and
+    init_weights per part, the optimizers (then the reference's weights), the LR schedulers."""
     spec = case.spec()
     parallelism = ParallelismConfig(spmd_backend="partial_dtensor", pipeline_parallel_degree=PP,
-                                    pipeline_parallel_schedule=schedule, tensor_parallel_degree=tp)
-    if tp > 1:
+                                    pipeline_parallel_schedule=schedule, tensor_parallel_degree=tp,
+                                    expert_parallel_degree=ep)
+    if tp > 1 or ep > 1:
         spec = with_parallel_plan(spec, parallelism)
     if held:
         spec = dataclasses.replace(spec, parallelize_fn=titan.owner_held(spec.parallelize_fn))
-    dims = ParallelDims(dp_replicate=1, dp_shard=dp, cp=1, tp=tp, pp=PP, ep=1, world_size=PP * dp * tp,
+    dims = ParallelDims(dp_replicate=1, dp_shard=dp, cp=1, tp=tp, pp=PP, ep=ep, world_size=PP * dp * tp,
                         spmd_backend="partial_dtensor")
     dims.build_mesh()
     with torch.device("meta"):
@@ -169,7 +174,7 @@ def train_step(dims, pp_schedule, parts, first, last, optimizers, schedulers, ro
         norm = dmuon.torch.clip_grad_norm_(params, MAX_NORM, pipeline_group=dims.get_mesh("pp").get_group())
     else:
         norm = dist_utils.clip_grad_norm_(params, MAX_NORM, foreach=True, pp_mesh=dims.get_optional_mesh("pp"),
-                                          ep_enabled=False)
+                                          ep_enabled=dims.ep_enabled)
     optimizers.step()
     schedulers.step()
     loss = torch.stack([l.full_tensor() if isinstance(l, DTensor) else l for l in losses]).detach().sum() if last \
@@ -219,15 +224,18 @@ def main():
         for schedule in (s for name, s in TENSOR_PARALLEL if name == case.name):
             for held in (False, True):
                 run(case, schedule, held, out / case.name / f"{schedule}-tp", refs, dp=1, tp=2)
+        for schedule in (s for name, s in EXPERT_PARALLEL if name == case.name):
+            for held in (False, True):
+                run(case, schedule, held, out / case.name / f"{schedule}-ep", refs, ep=2)
     return finish(f"torch_titan_pp_test at {world} ranks: torchtitan's Llama3 (4 layers; 1F1B, Interleaved1F1B) and "
                   f"DeepSeek-V3 (4 layers, 3 of experts; 1F1B) debug models in pipeline stages over FSDP2 and (1F1B) "
-                  f"over TP, both modes, one DMuon a stage, QK-clip, {STEPS} steps, vs one process")
+                  f"over TP and EP, both modes, one DMuon a stage, QK-clip, {STEPS} steps, vs one process")
 
 
-def run(case, schedule, held, out, refs, dp=DP, tp=1):
+def run(case, schedule, held, out, refs, dp=DP, tp=1, ep=1):
     """One case's run in one schedule, mode and layout, checked on rank 0 against the one process's."""
     rank, world = dist.get_rank(), dist.get_world_size()
-    dims, pp_schedule, parts, first, last, optimizers, schedulers = build(case, schedule, out, held, dp, tp)
+    dims, pp_schedule, parts, first, last, optimizers, schedulers = build(case, schedule, out, held, dp, tp, ep)
     held_here = sum(getattr(p, "_dmuon_held", None) is not None for part in parts for p in part.parameters())
     check(held == (held_here > 0), f"{case.name} {schedule}: {held_here} matrices held on rank {rank}, mode held={held}")
     dp_rank = dims.get_mesh("batch").get_local_rank() if dp > 1 else 0
@@ -238,7 +246,8 @@ def run(case, schedule, held, out, refs, dp=DP, tp=1):
     losses = [None] * world
     dist.all_gather_object(losses, [l for l, _ in steps] if last else None)
     if rank == 0:
-        label = (f"torchtitan {case.name} {schedule} (pp {PP} x fsdp {dp}{f' x tp {tp}' if tp > 1 else ''}, "
+        label = (f"torchtitan {case.name} {schedule} (pp {PP} x fsdp {dp}{f' x tp {tp}' if tp > 1 else ''}"
+                 f"{f', experts on ep {ep}' if ep > 1 else ''}, "
                  f"{len(parts)} stage(s) a rank) "
                  f"{'owner-held' if held else 'all-to-all'}")
         norms = [n for _, n in steps]
