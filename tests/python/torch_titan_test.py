@@ -364,11 +364,10 @@ def refusals():
     except ValueError as e:
         check("optimizer.implementation='fused_opt_states_bf16'" in str(e), f"the refusal names no setting: {e}")
     world = dist.get_world_size()
-    for case, tp, ep, parallelism, setting in (
-            (CASES[0], 1, 1, ParallelismConfig(), "parallelism.spmd_backend='spmd_types'"),
-            (CASES[1], world, world, PARALLELISM,
-             f"parallelism.tensor_parallel_degree={world} with expert_parallel_degree={world}")):
-        dims = ParallelDims(dp_replicate=1, dp_shard=world // tp, cp=1, tp=tp, pp=1, ep=ep, world_size=world)
+    for case, cp, parallelism, setting in (
+            (CASES[0], 1, ParallelismConfig(), "parallelism.spmd_backend='spmd_types'"),
+            (CASES[1], world, PARALLELISM, f"parallelism.context_parallel_degree={world}")):
+        dims = ParallelDims(dp_replicate=1, dp_shard=world // cp, cp=cp, tp=1, pp=1, ep=1, world_size=world)
         try:
             titan.owner_held(case.spec().parallelize_fn)(torch.nn.Linear(2, 2), parallel_dims=dims,
                                                          parallelism=parallelism)

@@ -123,17 +123,14 @@ def owner_held(parallelize_fn):
     data-parallel ranks), under tensor parallelism (each TP slice held on the owner's TP group; a matrix TP
     leaves replicated, DeepSeek-V3's latent down-projection wkv_a, and an expert stack TP splits within its
     experts stay with FSDP2 and DMuon's all-to-all mode) or expert parallelism (each expert stack's EP slice held
-    on the owner's EP group over the expert-FSDP mesh, the other matrices over the data-parallel mesh): under
-    TP or EP the matrices are held between the model's Module.parallelize, which applies those plans, and the
+    on the owner's EP group over the expert-FSDP mesh, the other matrices over the data-parallel mesh; both
+    together: two hold_on_owners calls, one per frame): under TP or EP the matrices are held between the model's Module.parallelize, which applies those plans, and the
     parallelize function's fully_shard calls. Other settings are refused by name."""
 
     def parallelize(model, *, parallel_dims, parallelism, **kwargs):
         refused = [f"parallelism.{name}={value!r}" for name, value, ok in (
             ("spmd_backend", parallelism.spmd_backend, parallelism.spmd_backend == "partial_dtensor"),
             ("context_parallel_degree", parallel_dims.cp, parallel_dims.cp == 1)) if not ok]
-        if parallel_dims.tp > 1 and parallel_dims.ep > 1:
-            refused.append(f"parallelism.tensor_parallel_degree={parallel_dims.tp!r} with "
-                           f"expert_parallel_degree={parallel_dims.ep!r}")
         if refused:
             raise ValueError(f"dmuon.torch.titan.owner_held: {', '.join(refused)} is not supported (owner-held "
                              "matrices are tested under data, tensor, expert and pipeline parallelism, "
@@ -180,6 +177,8 @@ def _hold_after_plans(model, parallel_dims, mesh, group):
     if parallel_dims.ep == 1:
         return [hold_on_owners(model, mesh, process_group=group, predicate=lambda n, p: n in muon and is_tp_slice(p))]
     experts = {n for n, p in model.named_parameters() if n in muon and is_ep_slice(p)}
+    dense = {n for n, p in model.named_parameters() if n in muon and n not in experts and
+             (is_tp_slice(p) if parallel_dims.tp > 1 else True)}
     return [hold_on_owners(model, parallel_dims.get_mesh("efsdp"), process_group=group,
                            predicate=lambda n, p: n in experts),
-            hold_on_owners(model, mesh, process_group=group, predicate=lambda n, p: n in muon and n not in experts)]
+            hold_on_owners(model, mesh, process_group=group, predicate=lambda n, p: n in dense)]
