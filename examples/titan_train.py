@@ -3,10 +3,12 @@ device, sharded by its parallelize_llama (FSDP2 over every rank), DMuon built by
 (dmuon.torch.titan.DMuonOptimizers, from a ParamGroupConfig naming "DMuon"), torchtitan's warmup-stable-decay LR
 scheduler and its DCP checkpointer (a checkpoint every --interval steps in --folder; a later run resumes from the
 latest), trained on random tokens. --owner-held: the Muon matrices held on their owners
-(dmuon.torch.titan.owner_held around parallelize_llama). The loop is torchtitan Trainer.train_step's, with the loss
-normalised by the global token count as torchtitan's (it disables FSDP's gradient division).
+(dmuon.torch.titan.owner_held around parallelize_llama). --tp N: tensor parallelism over N ranks by the model's own
+TP plan (the sharding configs torchtitan's Trainer sets through the model config's update_from_config), FSDP2 over
+the others, the loss under loss_parallel. The loop is torchtitan Trainer.train_step's, with the loss normalised by
+the global token count as torchtitan's (it disables FSDP's gradient division).
 
-    torchrun --standalone --nproc_per_node 2 examples/titan_train.py [--owner-held] [--cpu]
+    torchrun --standalone --nproc_per_node 2 examples/titan_train.py [--owner-held] [--cpu] [--tp 2]
     PYTHONPATH=build/python when running from the build tree.
 
 On the CPU (--cpu, gloo), three things torchtitan 0.3.0 does not do there, done here: its device meshes are made on
@@ -15,6 +17,7 @@ CPU), and FSDP2 reduces with SUM (torchtitan's gradient divide factor 1.0 is sen
 """
 
 import argparse
+import contextlib
 import dataclasses
 
 import torch
@@ -22,6 +25,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 import torchtitan.distributed.parallel_dims
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
 from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.components.optimizer import LRSchedulersContainer, ParamGroupConfig
 from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
@@ -29,6 +34,7 @@ from torchtitan.distributed import ParallelDims
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.models.common.attention import FlexAttention, ScaledDotProductAttention
 from torchtitan.models.llama3 import model_registry
+from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 
 from dmuon.torch.titan import DMuonOptimizers, owner_held
 
@@ -50,6 +56,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--owner-held", action="store_true", help="DMuon's owner-centric mode")
     parser.add_argument("--cpu", action="store_true", help="gloo on the CPU")
+    parser.add_argument("--tp", type=int, default=1, help="tensor parallelism degree (divides the world size)")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--interval", type=int, default=10, help="checkpoint every this many steps")
     parser.add_argument("--folder", default="runs/titan", help="the checkpoints' folder")
@@ -67,11 +74,17 @@ def main():
             setattr(parent, attr, ScaledDotProductAttention.Config())
     if opts.owner_held:  # the one line of the owner-centric mode
         spec = dataclasses.replace(spec, parallelize_fn=owner_held(spec.parallelize_fn))
-    parallelism = ParallelismConfig(spmd_backend="partial_dtensor")  # owner_held's; the all-to-all mode takes any
+    # owner_held's spmd backend; the all-to-all mode takes any
+    parallelism = ParallelismConfig(spmd_backend="partial_dtensor", tensor_parallel_degree=opts.tp)
+    dist_utils.set_spmd_backend(parallelism.spmd_backend)  # as the Trainer does first
+    if opts.tp > 1:  # the model's TP plan, which the Trainer sets through spec.model.update_from_config
+        set_llama3_sharding_config(spec.model, enable_sp=parallelism.enable_sequence_parallel)
     training = TrainingConfig(local_batch_size=4, seq_len=128, steps=opts.steps, max_norm=1.0)
-    dims = ParallelDims(dp_replicate=1, dp_shard=world, cp=1, tp=1, pp=1, ep=1, world_size=world,
+    dims = ParallelDims(dp_replicate=1, dp_shard=world // opts.tp, cp=1, tp=opts.tp, pp=1, ep=1, world_size=world,
                         spmd_backend=parallelism.spmd_backend)
     dims.build_mesh()
+    batch = dims.get_optional_mesh("batch")  # the data-parallel ranks, each its own rows (None: one of them)
+    batch_rank = batch.get_local_rank() if batch is not None else 0
 
     with torch.device("meta"):
         model = spec.model.build()
@@ -103,27 +116,30 @@ def main():
     checkpointer.load()
 
     vocab = spec.model.vocab_size
-    gen = torch.Generator().manual_seed(1000 + rank)
+    gen = torch.Generator().manual_seed(1000 + batch_rank)  # a TP group's ranks read the same rows
     while step.step < opts.steps:
         step.step += 1
         optimizers.zero_grad(set_to_none=training.disable_cuda_graphs)
         rows = torch.randint(0, vocab, (training.local_batch_size, training.seq_len + 1), generator=gen).to(device)
         tokens = torch.tensor(rows[:, 1:].numel(), device=device)
-        dist.all_reduce(tokens)
+        if batch is not None:
+            dist.all_reduce(tokens, group=batch.get_group())
         extra = {}
         if not opts.cpu:  # FlexAttention takes a block mask: each row one document, as torchtitan's post_dataloading_process
             positions = torch.arange(training.seq_len, device=device).expand(training.local_batch_size, -1)
             extra = dict(positions=positions, attention_masks=model.get_attention_masks(positions=positions))
         logits = model(rows[:, :-1], **extra)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten(), reduction="sum") / tokens
-        loss.backward()
+        with loss_parallel() if opts.tp > 1 else contextlib.nullcontext():  # TP: the logits are vocabulary shards
+            loss = F.cross_entropy(logits.flatten(0, 1).float(), rows[:, 1:].flatten(), reduction="sum") / tokens
+            loss.backward()
         if not opts.owner_held:
             dist_utils.clip_grad_norm_(list(model.parameters()), training.max_norm, foreach=True)
         optimizers.step()
         schedulers.step()
         checkpointer.save(step.step, last_step=step.step == opts.steps)
-        loss = loss.detach()
-        dist.all_reduce(loss)
+        loss = (loss.full_tensor() if isinstance(loss, DTensor) else loss).detach()
+        if batch is not None:
+            dist.all_reduce(loss, group=batch.get_group())
         if rank == 0:
             print(f"step {step.step}: loss {loss.item():.4f}, lr {schedulers.schedulers[0].get_last_lr()[0]:.4g}",
                   flush=True)

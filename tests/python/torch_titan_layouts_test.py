@@ -43,7 +43,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
-from torchtitan.components.checkpoint import CheckpointManager
 from torchtitan.distributed import utils as dist_utils
 from torchtitan.models import deepseek_v3
 
@@ -53,12 +52,9 @@ from framework_runs import TOLERANCE, compare, start
 from rank_checks import check, finish
 from rank_exit import exit_rank
 from torch_titan_qk_clip_test import CASES, TAU, reference
-from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, Case, TrainState, batches, full_weights,
+from torch_titan_test import (MAX_NORM, PER_RANK, SAVED_AT, SCHEDULE, Case, batches, checkpointed, full_weights,
                               initial_weights, load_full, optimizer_config, parallelized, summed_loss,
                               two_layers_sdpa)
-
-SAVED_AT = 2
-
 
 # DeepSeek-V3's first 2 layers: one dense, one of 8 routed experts (top 6) and shared experts, latent attention; its
 # experts multiply in bfloat16 (torch_titan_test's Case.exact): losses and max_logits compared, not weights
@@ -92,12 +88,7 @@ def build(case, layout, held, out):
     load_full(model, initial_weights(case))
     (clip,) = titan_qk_clip([model], optimizers, TAU[case.name])
     schedulers = SCHEDULE.build(optimizers=optimizers, training_steps=case.steps)
-    state = TrainState()
-    checkpointer = CheckpointManager.Config(enable=True, folder="checkpoint", interval=SAVED_AT,
-                                            last_save_model_only=False, initial_load_model_only=False).build(
-        dataloader=None, model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers,
-        states={"train_state": state}, sd_adapter=None, base_folder=str(out))
-    return dims, model, optimizers, clip, schedulers, state, checkpointer
+    return (dims, model, optimizers, clip, schedulers) + checkpointed(model, optimizers, schedulers, out)
 
 
 def tensor_parallel_slices(model):

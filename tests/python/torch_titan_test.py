@@ -291,12 +291,18 @@ def build(case, held, out):
     after_optimizers(spec, optimizers, model, dims)
     load_full(model, initial_weights(case))  # where torchtitan's checkpointer would load a seed checkpoint
     schedulers = SCHEDULE.build(optimizers=optimizers, training_steps=case.steps)
+    return (model, optimizers, schedulers) + checkpointed(model, optimizers, schedulers, out)
+
+
+def checkpointed(model, optimizers, schedulers, out):
+    """(the train state, torchtitan's CheckpointManager saving it every SAVED_AT steps in out/checkpoint with the
+    model, optimizers and LR schedulers)."""
     state = TrainState()
     checkpointer = CheckpointManager.Config(enable=True, folder="checkpoint", interval=SAVED_AT,
                                             last_save_model_only=False, initial_load_model_only=False).build(
         dataloader=None, model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers,
         states={"train_state": state}, sd_adapter=None, base_folder=str(out))
-    return model, optimizers, schedulers, state, checkpointer
+    return state, checkpointer
 
 
 def train_step(label, held, model, optimizers, schedulers, rows, ep_enabled=False):
