@@ -69,12 +69,13 @@ struct MuonMatrixOptions {
   double extra_scale_factor = 1.0;          // s ← s·extra_scale_factor (Megatron's extra_scale_factor)
   bool cautious_wd = false;                 // decay only where W·O ≥ 0 (rules::MuonApply)
   MuonVariant variant = MuonVariant::muon;
-  double normuon_beta2 = 0.95;              // NorMuon's β2 (state "normuon.v": one value per row)
+  double normuon_beta2 = 0.95;              // NorMuon's β2 (state "normuon.v": one value per row; a split by
+                                            // columns: one per row and block, (blocks, rows))
   // Split Newton–Schulz (muon_blocks): each block of the matrix orthogonalized, normalized (NorMuon) and scaled on
   // its own, as if it were a parameter of its own (dmuon.torch's split_heads, split_sizes, split_dim).
   int64_t split_heads = 0;             // > 0: that many equal blocks along split_dim (attention heads)
   std::vector<int64_t> split_sizes;    // else, when given: blocks of these lengths along split_dim (fused qkv, gate_up)
-  int split_dim = 0;                   // 0: by rows (q/k/v, fused matrices), 1: by columns (o); NorMuon: rows only
+  int split_dim = 0;                   // 0: by rows (q/k/v, fused matrices), 1: by columns (o)
 
   bool operator==(const MuonMatrixOptions&) const = default;
 };
@@ -248,7 +249,8 @@ class Optimizer {
     OptimGroup group;
     Buffer momentum;     // Muon
     int muon_options = -1;  // Muon: its options, muon_options_[muon_options]
-    Buffer variance;     // NorMuon: the whole matrix's v, one value a row, where this rank holds a piece
+    Buffer variance;     // NorMuon: the whole matrix's v, one value a row (a column split: per block, block-major),
+                         // where this rank holds a piece
     Buffer m, v;         // AdamW
     Buffer accumulated;  // sum of micro-batch gradients (accumulation_steps > 1)
   };

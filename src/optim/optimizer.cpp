@@ -18,6 +18,12 @@
 namespace dmuon {
 
 namespace {
+// The columns of NorMuon's v (block-major: column b's rows contiguous): one per block of a matrix split by columns,
+// whose blocks each normalize with a v of their own per row; one for a matrix split by rows, or not split.
+int64_t variance_width(const std::vector<MatrixBlock>& blocks, const MuonMatrixOptions& o) {
+  return o.split_dim == 1 && blocks.size() > 1 ? static_cast<int64_t>(blocks.size()) : 1;
+}
+
 OptimGroup assign_group(const std::vector<GroupRule>& rules, const ParamSpec& spec) {
   for (const GroupRule& rule : rules) {
     if (name_matches(rule.pattern, spec.name)) return rule.group;
@@ -39,9 +45,6 @@ void check_muon_options(const MuonMatrixOptions& o, const std::string& where) {
   for (int64_t size : o.split_sizes) DMUON_CHECK(size >= 1, where, ": split_sizes must be ≥ 1, got ", size);
   DMUON_CHECK(o.split_dim == 0 || o.split_dim == 1, where, ": split_dim must be 0 (rows) or 1 (columns), got ",
               o.split_dim);
-  // NorMuon's v is one value a row; a column block would need a v of its own per row (dmuon.torch has that).
-  DMUON_CHECK(o.variant != MuonVariant::normuon || o.split_dim == 0 || (o.split_heads == 0 && o.split_sizes.empty()),
-              where, ": NorMuon with a split by columns (split_dim 1) is not supported by the C++ engine");
 }
 
 // The options of a Muon matrix: its first matching rule's, else the defaults.
@@ -105,9 +108,10 @@ Optimizer::Optimizer(std::vector<ParamRef> params, OptimizerOptions options, Ort
         muon_options_.push_back(mo);
         orths_.push_back(mo.ns == mu.ns ? orths_[0] : ns_orthogonalizer(mo.ns));
       }
-      muon_blocks(p.spec.rows(), p.spec.cols(), mo, p.spec.name);  // a split that does not fit: refused here
+      // a split that does not fit: refused here
+      const int64_t width = variance_width(muon_blocks(p.spec.rows(), p.spec.cols(), mo, p.spec.name), mo);
       // The whole matrix's rows wherever a piece of it is: the normalization needs every row's moment.
-      if (mo.variant == MuonVariant::normuon && p.count > 0) s.variance = zeros(backend, p.spec.rows());
+      if (mo.variant == MuonVariant::normuon && p.count > 0) s.variance = zeros(backend, width * p.spec.rows());
     } else {
       s.m = zeros(backend, p.count);
       s.v = zeros(backend, p.count);
@@ -378,10 +382,33 @@ void Optimizer::update_muon(float grad_scale) {
       }
     }
   };
+  const auto normalize = [&](DeviceSpan<float> o, DeviceSpan<float> v, int64_t rows, int64_t cols,
+                             const MuonMatrixOptions& mo) {
+    backend_->run({rules::NorMuonNormalize{
+        .o = o, .v = v, .rows = rows, .cols = cols, .one_minus_beta2 = static_cast<float>(1.0 - mo.normuon_beta2)}});
+  };
+  // NorMuon's normalization of a matrix split by columns: each block, gathered contiguous, with its own v (block b's
+  // rows at b·rows); a matrix split by rows, or not split, is normalized after the blocks are back (below).
+  const auto normalize_column_blocks = [&] {
+    for (MuonMatrix& m : muon_) {
+      const MuonMatrixOptions& mo = muon_options_[m.options];
+      if (m.gathered.size() == 0 || !m.slot || mo.variant != MuonVariant::normuon) continue;
+      const int64_t rows = m.spec->rows();
+      int64_t at = 0;
+      for (size_t b = 0; b < m.blocks.size(); ++b) {
+        const MatrixBlock& blk = m.blocks[b];
+        normalize(DeviceSpan(*backend_, m.gathered.f32() + at, blk.rows * blk.cols),
+                  DeviceSpan(*backend_, m.slot->variance.f32() + static_cast<int64_t>(b) * rows, blk.rows), blk.rows,
+                  blk.cols, mo);
+        at += blk.rows * blk.cols;
+      }
+    }
+  };
   double* norms = as_doubles(ns_norms_);
   const auto t0 = std::chrono::steady_clock::now();
   move_column_blocks(true);
   for (const ShapeBatch& b : batches_) orths_[b.orth](*backend_, b.views, b.views, b.names, norms + b.first_norm);
+  normalize_column_blocks();
   move_column_blocks(false);
   stats_.ns_matrices = static_cast<int64_t>(muon_.size());
   // One read per update: the NS input norms (which also waits for the NS to finish on a device).
@@ -399,15 +426,11 @@ void Optimizer::update_muon(float grad_scale) {
     if (!m.slot) continue;
     const MuonMatrixOptions& mo = muon_options_[m.options];
     const int64_t cols = m.spec->cols();
-    if (mo.variant == MuonVariant::normuon) {  // per row block, on the whole O (a rank's apply reads its piece of it)
-      Buffer& v = m.slot->variance;
+    if (mo.variant == MuonVariant::normuon && m.gathered.size() == 0) {  // per row block, on the whole O (a
+      Buffer& v = m.slot->variance;                                       // rank's apply reads its piece of it)
       for (const MatrixBlock& blk : m.blocks) {
-        backend_->run({rules::NorMuonNormalize{
-            .o = DeviceSpan(*backend_, m.full.f32() + blk.row0 * cols, blk.rows * cols),
-            .v = DeviceSpan(*backend_, v.f32() + blk.row0, blk.rows),
-            .rows = blk.rows,
-            .cols = cols,
-            .one_minus_beta2 = static_cast<float>(1.0 - mo.normuon_beta2)}});
+        normalize(DeviceSpan(*backend_, m.full.f32() + blk.row0 * cols, blk.rows * cols),
+                  DeviceSpan(*backend_, v.f32() + blk.row0, blk.rows), blk.rows, cols, mo);
       }
     }
     // This rank's slice [offset, offset+count) of each run.
@@ -433,8 +456,14 @@ std::vector<StateSlice> Optimizer::state_slices() {
     out.push_back({r.spec.name, "param", r.spec.shape, r.offset, values_of(s), r.count});
     if (s.group == OptimGroup::muon) {
       out.push_back({r.spec.name, "muon.momentum", r.spec.shape, r.offset, s.momentum.f32(), r.count});
-      if (muon_options_[s.muon_options].variant == MuonVariant::normuon)  // whole, or none where no piece is held
-        out.push_back({r.spec.name, "normuon.v", {r.spec.rows()}, 0, s.variance.f32(), s.variance.size()});
+      if (muon_options_[s.muon_options].variant == MuonVariant::normuon) {  // whole, or none where no piece is held
+        const int64_t width = variance_width(
+            muon_blocks(r.spec.rows(), r.spec.cols(), muon_options_[s.muon_options], r.spec.name),
+            muon_options_[s.muon_options]);
+        const std::vector<int64_t> shape =
+            width == 1 ? std::vector<int64_t>{r.spec.rows()} : std::vector<int64_t>{width, r.spec.rows()};
+        out.push_back({r.spec.name, "normuon.v", shape, 0, s.variance.f32(), s.variance.size()});
+      }
     } else {
       out.push_back({r.spec.name, "adamw.m", r.spec.shape, r.offset, s.m.f32(), r.count});
       out.push_back({r.spec.name, "adamw.v", r.spec.shape, r.offset, s.v.f32(), r.count});

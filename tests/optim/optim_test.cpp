@@ -738,23 +738,28 @@ void copy_block(std::vector<float>& block, std::vector<float>& matrix, int64_t c
 // Split Newton–Schulz gives every matrix, bit for bit, what the same optimizer gives its blocks as parameters of their
 // own (split_by_hand): q by 4 heads of rows, o by 4 heads of columns (its o.cols blocks gathered for the
 // Newton–Schulz), a fused qkv by rows of sizes 4+2+2 and a gate by columns of sizes 3+4 (other shapes: other
-// scales, spectral's √(rows/cols); the gate's per row), a NorMuon matrix by 2 heads of rows (v per block's rows).
+// scales, spectral's √(rows/cols); the gate's per row), a NorMuon matrix by 2 heads of rows (v per block's rows) and
+// one by 2 heads of columns (a v of its own per block and row, block-major: (2, rows)).
 // Weights, momentum and NorMuon's v after 3 steps with weight decay. The blocks batch with the matrices and blocks of
 // their shape (q's four 2×6 heads and qkv's k and v with the 2×6 matrix h, in one call), and a split matrix is refused where its split
 // does not fit, naming it.
 TEST(Optimizer, SplitNewtonSchulzEqualsTheBlocksAsParametersBitForBit) {
   const std::vector<ParamSpec> specs = {{"a.q", {8, 6}, ParamRole::matrix, 0},   {"a.o", {6, 8}, ParamRole::matrix, 0},
                                         {"a.qkv", {8, 6}, ParamRole::matrix, 0}, {"a.gate", {6, 7}, ParamRole::matrix, 0},
-                                        {"a.n", {8, 6}, ParamRole::matrix, 0},   {"a.h", {2, 6}, ParamRole::matrix, 0}};
+                                        {"a.n", {8, 6}, ParamRole::matrix, 0},   {"a.h", {2, 6}, ParamRole::matrix, 0},
+                                        {"a.m", {6, 8}, ParamRole::matrix, 0}};
   OptimizerOptions opt;
   opt.muon.lr = 0.02, opt.muon.momentum = 0.9, opt.muon.weight_decay = 0.1;
-  MuonMatrixOptions heads = opt.muon, columns = opt.muon, fused = opt.muon, gate = opt.muon, normuon = opt.muon;
+  MuonMatrixOptions heads = opt.muon, columns = opt.muon, fused = opt.muon, gate = opt.muon, normuon = opt.muon,
+                    normuon_columns = opt.muon;
   heads.split_heads = 4;
   columns.split_heads = 4, columns.split_dim = 1;
   fused.split_sizes = {4, 2, 2}, fused.scale = MuonScale::spectral;
   gate.split_sizes = {3, 4}, gate.split_dim = 1, gate.scale = MuonScale::spectral, gate.cautious_wd = true;
   normuon.split_heads = 2, normuon.variant = MuonVariant::normuon, normuon.normuon_beta2 = 0.9;
-  opt.muon_rules = {{"a.q", heads}, {"a.o", columns}, {"a.qkv", fused}, {"a.gate", gate}, {"a.n", normuon}};
+  normuon_columns = normuon, normuon_columns.split_dim = 1;
+  opt.muon_rules = {{"a.q", heads},     {"a.o", columns}, {"a.qkv", fused},
+                    {"a.gate", gate},   {"a.n", normuon}, {"a.m", normuon_columns}};
   test::ToyModel split(specs, 11);
   std::vector<std::vector<std::string>> calls;
   Optimizer with_split(split.refs(), opt, call_recording_orthogonalizer(calls));
@@ -790,10 +795,13 @@ TEST(Optimizer, SplitNewtonSchulzEqualsTheBlocksAsParametersBitForBit) {
     EXPECT_EQ(split.values[p], want) << specs[p].name;
     EXPECT_EQ(momentum, want_momentum) << specs[p].name << " muon.momentum";
   }
-  const std::vector<float> v = state.at("a.n normuon.v");  // rows 0-3, then 4-7: the two heads' v
-  std::vector<float> want_v = ref_state.at("a.n#0 normuon.v");
-  for (float x : ref_state.at("a.n#1 normuon.v")) want_v.push_back(x);
-  EXPECT_EQ(v, want_v);
+  for (const char* name : {"a.n", "a.m"}) {  // a.n: rows 0-3, then 4-7; a.m: block 0's rows, then block 1's
+    const std::string matrix(name);
+    const std::vector<float> v = state.at(matrix + " normuon.v");
+    std::vector<float> want_v = ref_state.at(matrix + "#0 normuon.v");
+    for (float x : ref_state.at(matrix + "#1 normuon.v")) want_v.push_back(x);
+    EXPECT_EQ(v, want_v) << matrix;
+  }
   EXPECT_NE(split.values[0], test::ToyModel(specs, 11).values[0]) << "the step changed nothing";
 
   ASSERT_FALSE(calls.empty());
@@ -818,8 +826,6 @@ TEST(Optimizer, SplitNewtonSchulzEqualsTheBlocksAsParametersBitForBit) {
   refused(o, "Muon matrix 'a.q' (8x6) has 8 rows, but split-sizes 4+2+3 sum to 9");
   o.split_sizes = {2, 4}, o.split_dim = 1;
   refused(o, "Muon matrix 'a.o' (6x8) has 8 columns, but split-sizes 2+4 sum to 6");
-  o.split_sizes = {}, o.split_heads = 2, o.variant = MuonVariant::normuon;
-  refused(o, "NorMuon with a split by columns (split_dim 1) is not supported by the C++ engine");
 }
 
 TEST(Optimizer, MuonBlocksOfAModelForThePlanner) {
