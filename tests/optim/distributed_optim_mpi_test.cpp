@@ -55,7 +55,7 @@ OptimizerOptions options(NsAlgo algo) {
 // options(standard) with per-matrix options: NorMuon on l.wide (β2 0.95) and on l.q and l.tall (β2 0.9, spectral
 // scale, cautious weight decay, split Newton–Schulz by 2 heads of rows: 4×8 and 7×6 blocks); 6 Polar Express steps
 // and 1.5× the scale on out.wide (l.wide's shape: another batch), split by columns into 4 + 10 (blocks of other
-// scales, gathered on the owner); l.k and l.tiny keep the defaults. The NorMuon matrices' rows and the split matrices'
+// scales, gathered on the owner), NorMuon (a v of its own per column block); l.k and l.tiny keep the defaults. The NorMuon matrices' rows and the split matrices'
 // blocks straddle the even layout's shards.
 OptimizerOptions recipe_options() {
   OptimizerOptions o = options(NsAlgo::standard);
@@ -64,7 +64,7 @@ OptimizerOptions recipe_options() {
   clipped.variant = MuonVariant::normuon, clipped.normuon_beta2 = 0.9, clipped.scale = MuonScale::spectral;
   clipped.cautious_wd = true, clipped.split_heads = 2;
   polar.ns.steps = 6, polar.ns.coeffs = NsCoeffs::polar_express, polar.extra_scale_factor = 1.5;
-  polar.split_sizes = {4, 10}, polar.split_dim = 1;
+  polar.split_sizes = {4, 10}, polar.split_dim = 1, polar.variant = MuonVariant::normuon;
   o.muon_rules = {{"l.wide", normuon}, {"re:l\\.(q|tall)", clipped}, {"out.wide", polar}};
   return o;
 }
@@ -274,7 +274,8 @@ TEST(DistributedMuon, EqualsSingleProcessMuon) {
 TEST(DistributedMuon, PerMatrixOptionsAndNorMuonEqualSingleProcessMuon) {
   constexpr int kSteps = 10;
   const Reference ref = reference(NsAlgo::standard, kSteps, -1, -1, recipe_options());
-  ASSERT_TRUE(ref.state.count({"l.q", "normuon.v"}) && !ref.state.count({"out.wide", "normuon.v"}));
+  ASSERT_TRUE(ref.state.count({"l.q", "normuon.v"}) && ref.state.count({"out.wide", "normuon.v"}) &&
+              !ref.state.count({"l.k", "normuon.v"}));
   for (const Case& c : kCases) {
     auto sp = sharded(c.layout, c.mode);
     auto opt = make_optimizer(c, *sp, recipe_options());
