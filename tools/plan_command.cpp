@@ -1,6 +1,9 @@
 // `dmuon plan`: owner assignment of a model's Muon matrices over D ranks, with the predicted
 // per-rank NS time and bytes, makespan, lower bound, gap and solve time of each balancer. With --mesh, owners among
-// the ranks holding each matrix and, per rank, the bytes step() moves (mesh_args.hpp).
+// the ranks holding each matrix and, per rank, the bytes step() moves (mesh_args.hpp). With --muon-group rules that
+// split matrices for Newton–Schulz (split-heads, split-sizes), a split matrix costs its blocks' times, as
+// `dmuon train` plans it.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <set>
@@ -11,6 +14,7 @@
 #include "dmuon/plan.hpp"
 #include "cli_kit/model_args.hpp"
 #include "mesh_args.hpp"
+#include "muon_group_args.hpp"
 #include "plan_costs.hpp"
 
 namespace dmuon::cli {
@@ -23,6 +27,7 @@ struct PlanArgs {
   std::string balancer = "all";
   CostArgs costs;
   MeshArgs mesh;
+  MuonGroupArgs muon_groups;
   PlanOptions options;
   bool json = false;
 };
@@ -86,7 +91,11 @@ void run(const PlanArgs& a) {
   DMUON_CHECK(mesh || a.ranks > 0, "give --ranks or --mesh");
   const int ranks = mesh ? mesh->ranks() : a.ranks;
   const auto params = a.model.load();
-  auto items = make_plan_items(params, ranks, a.costs.batch_time(params, ranks));
+  OptimizerOptions optimizer;
+  optimizer.muon_rules = a.muon_groups.rules(optimizer.muon);
+  const std::vector<std::vector<MatrixBlock>> blocks = muon_blocks(params, optimizer);
+  const auto split = std::count_if(blocks.begin(), blocks.end(), [](const auto& b) { return b.size() > 1; });
+  auto items = make_plan_items(params, ranks, a.costs.batch_time(params, ranks, blocks), blocks);
   if (mesh) lay_out_on_mesh(items, params, *mesh, ranks);
   std::set<std::pair<int64_t, int64_t>> shapes;
   for (const auto& it : items) shapes.insert({it.rows, it.cols});
@@ -103,6 +112,7 @@ void run(const PlanArgs& a) {
     nlohmann::json out = {{"model", a.model.label()},      {"ranks", ranks},
                           {"costs", a.costs.describe()},   {"parameters", count_params(params)},
                           {"matrices", items.size()},      {"shapes", shapes.size()},
+                          {"split_matrices", split},
                           {"plans", nlohmann::json::array()}};
     if (mesh) out["mesh"] = mesh_json(*mesh);
     for (const auto& p : plans) out["plans"].push_back(to_json(p, params));
@@ -110,9 +120,10 @@ void run(const PlanArgs& a) {
     return;
   }
   char title[512];
-  std::snprintf(title, sizeof title, "%s: %s parameters, %zu Muon matrices in %zu shapes; D = %d; costs: %s",
-                a.model.label().c_str(), count_text(count_params(params)).c_str(), items.size(), shapes.size(), ranks,
-                a.costs.describe().c_str());
+  const std::string split_text = split > 0 ? ", " + std::to_string(split) + " split into blocks" : "";
+  std::snprintf(title, sizeof title, "%s: %s parameters, %zu Muon matrices in %zu shapes%s; D = %d; costs: %s",
+                a.model.label().c_str(), count_text(count_params(params)).c_str(), items.size(), shapes.size(),
+                split_text.c_str(), ranks, a.costs.describe().c_str());
   print_table(title, plans);
   if (mesh) print_mesh_ranks(*mesh, plans);
 }
@@ -127,6 +138,7 @@ Registration reg("", [](CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::IsMember({"rr", "lpt", "milp", "all"}));
   args->costs.add_to(c);
+  args->muon_groups.add_to(c);
   c->add_option("--memory-slack", args->options.memory_slack, "Memory bound ε: a rank holds ≤ (1+ε)·S/D bytes")
       ->capture_default_str()
       ->check(at_least(0.0));

@@ -27,9 +27,11 @@ struct CostArgs {
     tuning.add_to(c);
   }
 
-  BatchTimeFn batch_time(const std::vector<ParamSpec>& params, int ranks) const {
+  // ns_blocks: as make_plan_items takes them (a split matrix's block shapes are tuned in its place).
+  BatchTimeFn batch_time(const std::vector<ParamSpec>& params, int ranks,
+                         const std::vector<std::vector<MatrixBlock>>& ns_blocks = {}) const {
     if (source == "flops") return flop_batch_time(load_hardware_profile(device));
-    return tuned_batch_time(tuning.tune(tune_requests(params, ranks)));
+    return tuned_batch_time(tuning.tune(tune_requests(params, ranks, ns_blocks)));
   }
 
   std::string describe() const {

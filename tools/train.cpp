@@ -14,6 +14,7 @@
 #include "cli_kit/cli.hpp"
 #include "cli_kit/field_flags.hpp"
 #include "console/progress.hpp"
+#include "muon_group_args.hpp"
 #include "stop_signals.hpp"
 #include "tune_session.hpp"
 #include "dmuon/checkpoint.hpp"
@@ -35,7 +36,7 @@ struct TrainArgs {
   int threads = 0;
   bool tune = true;
   const CLI::Option* adamw_lr = nullptr;  // to tell whether --adamw-lr was given
-  std::vector<std::string> muon_groups;   // --muon-group, in order
+  dmuon::cli::MuonGroupArgs muon_groups;
 };
 
 // Rank 0 runs `check`; every rank learns whether it passed, so none waits in a collective for a rank 0
@@ -68,13 +69,7 @@ void run_train(TrainArgs& args) {
   o.balancer = dmuon::parse_balancer(args.balancer);
   dmuon::MuonMatrixOptions defaults;
   defaults.ns = o.ns;
-  for (const std::string& text : args.muon_groups) {
-    try {
-      o.muon_group.push_back(dmuon::parse_muon_rule(text, defaults));
-    } catch (const dmuon::Error& e) {
-      DMUON_FAIL("--muon-group: ", e.what());
-    }
-  }
+  o.muon_group = args.muon_groups.rules(defaults);
   const dmuon::ProgressMode mode = dmuon::parse_progress_mode(args.progress);
   std::shared_ptr<dmuon::comm::Comm> comm = dmuon::comm::world();
   const bool root = comm->rank() == 0;
@@ -267,13 +262,7 @@ dmuon::cli::Registration reg("", [](CLI::App& app) {
   c->add_option("--val-batches", o.val_batches, "global batches of validation text per evaluation")
       ->capture_default_str()
       ->check(at_least<int64_t>(1));
-  c->add_option("--muon-group", args->muon_groups,
-                "per-matrix Muon options, repeatable, the first matching rule wins: 'PATTERN:key=value,...' with "
-                "PATTERN a glob over parameter names (or re:REGEX) and keys ns-steps, coeffs, algo, scale, "
-                "extra-scale, cautious-wd (on|off), variant (muon|normuon), normuon-beta2, split-heads, split-sizes "
-                "(A+B+...), split-dim (0 rows | 1 columns) (docs/optimizers.md); e.g. "
-                "'blocks.*.attn.*:ns-steps=6,variant=normuon' (default: none, every matrix takes Muon's defaults)")
-      ->allow_extra_args(false);  // one rule per --muon-group, however many are given
+  args->muon_groups.add_to(c);
   c->add_option("--data", o.data, "text file or folder (default: the fortunes corpus)");
   c->add_option("--shard-mode", args->shard_mode, "z3 | z2 | replicated (sharded optimizers)")->capture_default_str();
   c->add_option("--balancer", args->balancer, "dmuon: owner assignment rr | lpt | milp (CBC)")->capture_default_str();
