@@ -13,8 +13,9 @@ torchtitan, as qk_clip_titan.py does (QK-clip for its models); the rest of dmuon
   parallelism (one model part per stage; several on a rank with a looped schedule such as Interleaved1F1B) each
   part's DMuon runs over its stage's ranks (stage_group), unless the kwargs name a process_group.
 - owner_held(parallelize_fn): a ModelSpec.parallelize_fn that makes the Muon matrices owner-held
-  (hold_on_owners over the data-parallel mesh torchtitan shards on) and then runs parallelize_fn, whose
-  fully_shard calls leave them to their owners (frameworks.held_out_of_fully_shard).
+  (hold_on_owners over the data-parallel mesh torchtitan shards on; under tensor or expert parallelism once the
+  model's own plans have laid it out) and runs parallelize_fn, whose fully_shard calls leave them to their owners
+  (frameworks.held_out_of_fully_shard).
 """
 
 import contextlib
@@ -124,8 +125,9 @@ def owner_held(parallelize_fn):
     leaves replicated, DeepSeek-V3's latent down-projection wkv_a, and an expert stack TP splits within its
     experts stay with FSDP2 and DMuon's all-to-all mode) or expert parallelism (each expert stack's EP slice held
     on the owner's EP group over the expert-FSDP mesh, the other matrices over the data-parallel mesh; both
-    together: two hold_on_owners calls, one per frame): under TP or EP the matrices are held between the model's Module.parallelize, which applies those plans, and the
-    parallelize function's fully_shard calls. Other settings are refused by name."""
+    together: a hold_on_owners call each). Under TP or EP the matrices are held between the model's
+    Module.parallelize, which applies those plans, and the parallelize function's fully_shard calls. Other settings
+    are refused by name."""
 
     def parallelize(model, *, parallel_dims, parallelism, **kwargs):
         refused = [f"parallelism.{name}={value!r}" for name, value, ok in (
@@ -147,12 +149,12 @@ def owner_held(parallelize_fn):
             with held_out_of_fully_shard(model, hold_on_owners(model, mesh, process_group=group)):
                 return parallelize_fn(model, parallel_dims=parallel_dims, parallelism=parallelism, **kwargs)
         with contextlib.ExitStack() as held_out:
-            apply_plans, holdings = model.parallelize, []
+            apply_plans, planned = model.parallelize, []
 
             def parallelize_then_hold(dims):
                 apply_plans(dims)
-                holdings.extend(_hold_after_plans(model, parallel_dims, mesh, group))
-                for held in holdings:
+                planned.append(True)
+                for held in _hold_after_plans(model, parallel_dims, mesh, group):
                     held_out.enter_context(held_out_of_fully_shard(model, held))
 
             model.parallelize = parallelize_then_hold
@@ -160,7 +162,7 @@ def owner_held(parallelize_fn):
                 result = parallelize_fn(model, parallel_dims=parallel_dims, parallelism=parallelism, **kwargs)
             finally:
                 del model.parallelize
-            if not holdings:
+            if not planned:
                 raise ValueError("dmuon.torch.titan.owner_held: the parallelize function never called the model's "
                                  "parallelize() (torchtitan's tensor and expert parallelism) under "
                                  f"tensor_parallel_degree={parallel_dims.tp}, expert_parallel_degree="
@@ -179,6 +181,6 @@ def _hold_after_plans(model, parallel_dims, mesh, group):
     experts = {n for n, p in model.named_parameters() if n in muon and is_ep_slice(p)}
     dense = {n for n, p in model.named_parameters() if n in muon and n not in experts and
              (is_tp_slice(p) if parallel_dims.tp > 1 else True)}
-    return [hold_on_owners(model, parallel_dims.get_mesh("efsdp"), process_group=group,
-                           predicate=lambda n, p: n in experts),
-            hold_on_owners(model, mesh, process_group=group, predicate=lambda n, p: n in dense)]
+    # a stage's model part may have no experts (its layers dense): the same on every rank of the stage's group
+    return [hold_on_owners(model, held_mesh, process_group=group, predicate=lambda n, p, names=names: n in names)
+            for held_mesh, names in ((parallel_dims.get_mesh("efsdp"), experts), (mesh, dense)) if names]
