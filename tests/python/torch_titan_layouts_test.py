@@ -1,4 +1,5 @@
-"""DMuon inside torchtitan at 4 ranks, in two layouts of torch_titan_qk_clip_test's two models:
+"""DMuon inside torchtitan at 4 ranks, in three layouts: the first two on torch_titan_qk_clip_test's two models, the
+third on a DeepSeek-V3 with a layer of routed experts:
   fsdp 2 x tp 2         each model laid out by its own tensor-parallel plan (the sharding configs its model config
                         sets: torch_titan_test.with_parallel_plan) and parallelize function (Module.parallelize, then
                         FSDP2 over "fsdp");
@@ -6,7 +7,7 @@
                         over the 2-D (dp_replicate, fsdp) mesh, (Replicate(), Shard(0)) parameters; owner-held: the
                         matrices held over that mesh (an owner per shard group, its replica's copy on the other);
   fsdp 2 x tp 2, experts on efsdp 2 x ep 2
-                        DeepSeek-V3's first 2 layers (the second of 8 routed experts, top 6, and shared experts) by its
+                        DeepSeek-V3's first 2 layers (the second of 8 routed experts, top 3, and shared experts) by its
                         TP and EP plans: the expert stacks (_StridedShard(0, 2), Shard(0)) on (efsdp, ep), tokens to
                         them by all-to-all; owner-held: each TP slice on its owner's TP group, each stack's EP slice on
                         its owner's EP group (two hold_on_owners calls), the router's gate (replicated over TP) left
@@ -56,7 +57,7 @@ from torch_titan_test import (MAX_NORM, PER_RANK, SAVED_AT, SCHEDULE, Case, batc
                               initial_weights, load_full, optimizer_config, parallelized, summed_loss,
                               two_layers_sdpa)
 
-# DeepSeek-V3's first 2 layers: one dense, one of 8 routed experts (top 6) and shared experts, latent attention; its
+# DeepSeek-V3's first 2 layers: one dense, one of 8 routed experts (top 3) and shared experts, latent attention; its
 # experts multiply in bfloat16 (torch_titan_test's Case.exact): losses and max_logits compared, not weights
 MOE = Case("deepseek-moe", lambda: two_layers_sdpa(deepseek_v3.model_registry("debugmodel")), 4, exact=False)
 
