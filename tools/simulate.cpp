@@ -16,6 +16,7 @@
 #include "console/progress.hpp"
 #include "dmuon/sim.hpp"
 #include "mesh_args.hpp"
+#include "muon_group_args.hpp"
 
 namespace dmuon::cli {
 
@@ -29,6 +30,7 @@ struct SimulateArgs {
   double tokens = 4096;
   std::string balancer = "milp";
   MeshArgs mesh;
+  MuonGroupArgs muon_groups;  // their splits: a split matrix's Newton–Schulz runs its blocks
   bool zero2 = false;
   bool json = false;
   std::string plot;
@@ -148,6 +150,11 @@ void run(SimulateArgs a) {
   const HardwareProfile hw = load_hardware_profile(a.profile);
   options.zero3 = !a.zero2;
   options.plan.balancer = parse_balancer(a.balancer);
+  if (!a.muon_groups.texts.empty()) {
+    OptimizerOptions optimizer;
+    optimizer.muon_rules = a.muon_groups.rules(optimizer.muon);
+    options.ns_blocks = muon_blocks(w.params, optimizer);
+  }
   if (w.is_gpt) {
     for (int d : a.devices)
       DMUON_CHECK(w.batch % d == 0, "--batch ", w.batch, " sequences do not split evenly over ", d, " devices");
@@ -257,6 +264,7 @@ Registration reg("", [](CLI::App& app) {
                       ->capture_default_str()
                       ->check(at_least(1));
   args->mesh.add_to(c)->excludes(devices);
+  args->muon_groups.add_to(c);
   c->add_option("--gpus-per-node", args->per_node, "Devices per node")->capture_default_str()->check(at_least(1));
   c->add_option("--profile", args->profile, "Hardware profile: a800, h200, or a path (models/hardware/*.json)")
       ->capture_default_str();

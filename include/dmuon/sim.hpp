@@ -116,6 +116,10 @@ struct SimOptions {
   // DMuon's owners planned on this mesh (plan_mesh.hpp; its ranks must be the cluster's devices): among the ranks
   // that hold each matrix, with the plan's per-rank step() bytes. The step itself is still modelled as above.
   std::optional<Mesh> mesh;
+  // Per parameter (optim.hpp: muon_blocks), the blocks a matrix split for Newton–Schulz runs on: DMuon's plan costs
+  // it as its blocks (make_plan_items' ns_blocks) and gather-then-compute runs its blocks; empty: every matrix whole.
+  // Memory and communication stay the whole matrices'.
+  std::vector<std::vector<MatrixBlock>> ns_blocks;
 };
 
 struct StepBreakdown {

@@ -179,18 +179,26 @@ SimResult simulate_step(const std::vector<ParamSpec>& params, const HardwareProf
   const BatchTimeFn dmuon_batch_time = [&hw](int64_t rows, int64_t cols, int batch) {
     return ns_time_s(rows, cols, batch, NsEngine::dmuon, hw);
   };
-  std::vector<PlanItem> items = make_plan_items(params, d, dmuon_batch_time);
+  DMUON_CHECK(options.ns_blocks.empty() || options.ns_blocks.size() == params.size(), "simulate_step: ",
+              options.ns_blocks.size(), " parameters' Newton–Schulz blocks for ", params.size(), " parameters");
+  std::vector<PlanItem> items = make_plan_items(params, d, dmuon_batch_time, options.ns_blocks);
   if (options.mesh) lay_out_on_mesh(items, params, *options.mesh, d);
   result.plan = make_plan(params, items, d, options.plan);
 
-  // Totals over the model; NS of every matrix on one device (what gather-then-compute runs on each).
+  // Totals over the model; NS of every matrix (a split one: its blocks) on one device (what gather-then-compute
+  // runs on each).
   double matrix_elements = 0, elementwise_elements = 0;
   NsCost plain_ns, engine_ns;
   std::map<std::pair<int64_t, int64_t>, int> shape_count;
-  for (const auto& p : params) {
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamSpec& p = params[i];
     if (p.role == ParamRole::matrix) {
       matrix_elements += static_cast<double>(p.numel());
-      ++shape_count[{p.rows(), p.cols()}];
+      if (!options.ns_blocks.empty() && options.ns_blocks[i].size() > 1) {
+        for (const MatrixBlock& b : options.ns_blocks[i]) ++shape_count[{b.rows, b.cols}];
+      } else {
+        ++shape_count[{p.rows(), p.cols()}];
+      }
     } else {
       elementwise_elements += static_cast<double>(p.numel());
     }

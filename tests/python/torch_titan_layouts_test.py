@@ -170,9 +170,9 @@ def main():
                 print(f"{label}: gradient norms {[f'{n:.6f}' for n in norms]} (one process "
                       f"{[f'{n:.6f}' for n in ref_norms]}); max_logits within {gap:.2e}", flush=True)
             dist.barrier()
-    return finish(f"torch_titan_layouts_test at {world} ranks: torchtitan's Llama3 (fused wqkv) and DeepSeek-V3 (latent "
-                  f"attention) under FSDP2 x TP by their own plans, under HSDP, and (the MoE) TP x EP, both modes, "
-                  f"titan_qk_clip, DCP save and resume, vs one process")
+    return finish(f"torch_titan_layouts_test at {world} ranks: torchtitan's Llama3 (fused wqkv) and DeepSeek-V3 "
+                  f"(latent attention) under FSDP2 x TP by their own plans, under HSDP, and (the MoE) TP x EP, both "
+                  f"modes, titan_qk_clip, DCP save and resume, vs one process")
 
 
 if __name__ == "__main__":

@@ -237,7 +237,8 @@ def run(case, schedule, held, out, refs, dp=DP, tp=1, ep=1):
     rank, world = dist.get_rank(), dist.get_world_size()
     dims, pp_schedule, parts, first, last, optimizers, schedulers = build(case, schedule, out, held, dp, tp, ep)
     held_here = sum(getattr(p, "_dmuon_held", None) is not None for part in parts for p in part.parameters())
-    check(held == (held_here > 0), f"{case.name} {schedule}: {held_here} matrices held on rank {rank}, mode held={held}")
+    check(held == (held_here > 0),
+          f"{case.name} {schedule}: {held_here} matrices held on rank {rank}, mode held={held}")
     dp_rank = dims.get_mesh("batch").get_local_rank() if dp > 1 else 0
     rows = batches(case, dp)[:, dp_rank * PER_RANK:(dp_rank + 1) * PER_RANK]
     steps = [train_step(dims, pp_schedule, parts, first, last, optimizers, schedulers, rows[s], held)

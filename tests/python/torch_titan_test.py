@@ -406,8 +406,9 @@ def main():
             dist.barrier()
     return finish(f"torch_titan_test at {world} ranks: torchtitan's Llama3 debugmodel (parallelize_llama, "
                   f"{CASES[0].steps} steps) and Qwen3 debugmodel_moe ({EXPERTS} experts, parallelize_qwen3, "
-                  f"{CASES[1].steps} steps; also under EP) under FSDP2, OptimizersContainer with DMuon, LRSchedulersContainer, "
-                  f"CheckpointManager (DCP) save and resume, all-to-all and owner-held, vs one process")
+                  f"{CASES[1].steps} steps; also under EP) under FSDP2, OptimizersContainer with DMuon, "
+                  f"LRSchedulersContainer, CheckpointManager (DCP) save and resume, all-to-all and owner-held, vs one "
+                  f"process")
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <map>
+
 #include "dmuon/atomic_file.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/models.hpp"
@@ -339,6 +341,52 @@ TEST(Simulator, OwnerExecutionDoesLessOptimizerWorkThanGatherThenCompute) {
   EXPECT_LT(r.steps.at(ComparedOptimizer::muon_gather).optimizer_s, r.steps.at(ComparedOptimizer::muon_gather_plain).optimizer_s);
   EXPECT_GT(r.steps.at(ComparedOptimizer::muon_gather_plain).optimizer_comm_s, 0);
   EXPECT_EQ(r.plan.ranks, 8);
+}
+
+// A matrix split for Newton–Schulz (SimOptions::ns_blocks, optim.hpp's muon_blocks) runs its blocks: gather-then-
+// compute's NS is the batched cost of the blocks' shapes (ns_cost, by hand), DMuon's plan is make_plan's with the
+// blocks costed; the bytes stay the whole matrices'. A split into one block per matrix changes nothing.
+TEST(Simulator, SplitMatricesRunTheirBlocks) {
+  const std::vector<ParamSpec> params = small_model();
+  const HardwareProfile hw = test_profile();
+  std::vector<std::vector<MatrixBlock>> one_block(params.size()), heads(params.size());
+  std::map<std::pair<int64_t, int64_t>, int> shapes;  // what gather-then-compute orthogonalizes, by hand
+  for (size_t i = 0; i < params.size(); ++i) {
+    const ParamSpec& p = params[i];
+    if (p.role != ParamRole::matrix) continue;
+    one_block[i] = {MatrixBlock{0, 0, p.rows(), p.cols()}};
+    heads[i] = one_block[i];
+    if (p.name.ends_with("proj")) {  // 256×256 by 4 heads of 64 rows
+      heads[i].clear();
+      for (int64_t h = 0; h < 4; ++h) heads[i].push_back(MatrixBlock{64 * h, 0, 64, 256});
+    }
+    for (const MatrixBlock& b : heads[i]) ++shapes[{b.rows, b.cols}];
+  }
+  SimOptions o = quick_options();
+  const SimResult base = simulate_step(params, hw, {8, 8}, o);
+  o.ns_blocks = one_block;
+  const SimResult unsplit = simulate_step(params, hw, {8, 8}, o);
+  o.ns_blocks = heads;
+  const SimResult split = simulate_step(params, hw, {8, 8}, o);
+  for (ComparedOptimizer c : compared_optimizers()) {
+    EXPECT_EQ(unsplit.steps.at(c).step_s, base.steps.at(c).step_s) << to_string(c);
+    EXPECT_EQ(split.steps.at(c).bytes_per_device, base.steps.at(c).bytes_per_device) << to_string(c);
+  }
+  const HardwareProfile at8 = at_devices(hw, 8);
+  double gather_ns = 0;
+  for (const auto& [shape, count] : shapes)
+    gather_ns += ns_cost(shape.first, shape.second, count, NsEngine::dmuon, at8).total_s;
+  EXPECT_DOUBLE_EQ(split.steps.at(ComparedOptimizer::muon_gather).optimizer_ns_s, gather_ns);
+  EXPECT_NE(split.steps.at(ComparedOptimizer::muon_gather).optimizer_ns_s,
+            base.steps.at(ComparedOptimizer::muon_gather).optimizer_ns_s);
+  const BatchTimeFn dmuon_time = [&at8](int64_t rows, int64_t cols, int batch) {
+    return ns_time_s(rows, cols, batch, NsEngine::dmuon, at8);
+  };
+  const Plan want = make_plan(params, make_plan_items(params, 8, dmuon_time, heads), 8, o.plan);
+  EXPECT_EQ(split.plan.owner, want.owner);
+  EXPECT_DOUBLE_EQ(split.plan.makespan_s, want.makespan_s);
+  o.ns_blocks.pop_back();
+  EXPECT_THROW(simulate_step(params, hw, {8, 8}, o), Error);
 }
 
 TEST(HardwareProfile, ShippedProfilesLoadWithSources) {
