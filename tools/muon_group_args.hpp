@@ -1,6 +1,6 @@
-// The --muon-group option of `dmuon train` and `dmuon plan`: per-matrix Muon options, repeatable, the first matching
-// rule wins (parse_muon_rule; docs/optimizers.md). `dmuon plan` reads the splits from it, to cost a split matrix as
-// its blocks.
+// The --muon-group option of `dmuon train`, `dmuon plan` and `dmuon simulate`: per-matrix Muon options, repeatable,
+// the first matching rule wins (parse_muon_rule; docs/optimizers.md). `dmuon plan` and `dmuon simulate` read the
+// splits from it (ns_blocks), to cost a split matrix as its blocks.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -37,6 +37,14 @@ struct MuonGroupArgs {
       }
     }
     return out;
+  }
+
+  // Per parameter, the blocks the rules split its Newton–Schulz into (optim.hpp: muon_blocks over Muon's defaults);
+  // as make_plan_items and SimOptions take them.
+  std::vector<std::vector<MatrixBlock>> ns_blocks(const std::vector<ParamSpec>& params) const {
+    OptimizerOptions optimizer;
+    optimizer.muon_rules = rules(optimizer.muon);
+    return muon_blocks(params, optimizer);
   }
 };
 

@@ -91,9 +91,7 @@ void run(const PlanArgs& a) {
   DMUON_CHECK(mesh || a.ranks > 0, "give --ranks or --mesh");
   const int ranks = mesh ? mesh->ranks() : a.ranks;
   const auto params = a.model.load();
-  OptimizerOptions optimizer;
-  optimizer.muon_rules = a.muon_groups.rules(optimizer.muon);
-  const std::vector<std::vector<MatrixBlock>> blocks = muon_blocks(params, optimizer);
+  const std::vector<std::vector<MatrixBlock>> blocks = a.muon_groups.ns_blocks(params);
   const auto split = std::count_if(blocks.begin(), blocks.end(), [](const auto& b) { return b.size() > 1; });
   auto items = make_plan_items(params, ranks, a.costs.batch_time(params, ranks, blocks), blocks);
   if (mesh) lay_out_on_mesh(items, params, *mesh, ranks);

@@ -150,11 +150,7 @@ void run(SimulateArgs a) {
   const HardwareProfile hw = load_hardware_profile(a.profile);
   options.zero3 = !a.zero2;
   options.plan.balancer = parse_balancer(a.balancer);
-  if (!a.muon_groups.texts.empty()) {
-    OptimizerOptions optimizer;
-    optimizer.muon_rules = a.muon_groups.rules(optimizer.muon);
-    options.ns_blocks = muon_blocks(w.params, optimizer);
-  }
+  if (!a.muon_groups.texts.empty()) options.ns_blocks = a.muon_groups.ns_blocks(w.params);
   if (w.is_gpt) {
     for (int d : a.devices)
       DMUON_CHECK(w.batch % d == 0, "--batch ", w.batch, " sequences do not split evenly over ", d, " devices");

@@ -54,8 +54,8 @@ from rank_checks import check, finish
 from rank_exit import exit_rank
 from torch_titan_qk_clip_test import CASES, TAU, reference
 from torch_titan_test import (MAX_NORM, PER_RANK, SAVED_AT, SCHEDULE, Case, batches, checkpointed, full_weights,
-                              initial_weights, load_full, optimizer_config, parallelized, summed_loss,
-                              two_layers_sdpa)
+                              held_names, initial_weights, load_full, optimizer_config, parallelized,
+                              summed_loss, two_layers_sdpa)
 
 # DeepSeek-V3's first 2 layers: one dense, one of 8 routed experts (top 3) and shared experts, latent attention; its
 # experts multiply in bfloat16 (torch_titan_test's Case.exact): losses and max_logits compared, not weights
@@ -124,7 +124,7 @@ def run(case, layout, held, label, out):
     dims, model, optimizers, clip, schedulers, state, checkpointer = build(case, layout, held, out)
     sliced = tensor_parallel_slices(model)
     check((len(sliced) >= 4) == (layout.tp > 1), f"{label}: tensor parallelism sharded {sliced}")
-    held_here = [n for n, p in model.named_parameters() if getattr(p, "_dmuon_held", None) is not None]
+    held_here = held_names(model)
     check(held == bool(held_here) and (not held or layout.ep == 1 or any("experts" in n for n in held_here)),
           f"{label}: held here {held_here}")
     dp_rank = dims.get_mesh("batch").get_local_rank()

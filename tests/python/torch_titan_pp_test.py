@@ -53,8 +53,8 @@ from dmuon.torch.qk_clip_titan import titan_qk_clip
 from framework_runs import TOLERANCE, compare, start
 from rank_checks import check, finish
 from rank_exit import exit_rank
-from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, TRAINING, batches, initial_weights, load_full,
-                              materialize, optimizer_config, two_layers_sdpa, with_parallel_plan)
+from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, TRAINING, batches, held_names, initial_weights,
+                              load_full, materialize, optimizer_config, two_layers_sdpa, with_parallel_plan)
 
 STEPS, PP, DP = 3, 2, 2
 # (pp 2, fsdp 1, tp 2): these cases and schedules in stages under tensor parallelism (the models' own TP plans)
@@ -236,7 +236,7 @@ def run(case, schedule, held, out, refs, dp=DP, tp=1, ep=1):
     """One case's run in one schedule, mode and layout, checked on rank 0 against the one process's."""
     rank, world = dist.get_rank(), dist.get_world_size()
     dims, pp_schedule, parts, first, last, optimizers, schedulers = build(case, schedule, out, held, dp, tp, ep)
-    held_here = sum(getattr(p, "_dmuon_held", None) is not None for part in parts for p in part.parameters())
+    held_here = sum(len(held_names(part)) for part in parts)
     check(held == (held_here > 0),
           f"{case.name} {schedule}: {held_here} matrices held on rank {rank}, mode held={held}")
     dp_rank = dims.get_mesh("batch").get_local_rank() if dp > 1 else 0

@@ -285,13 +285,18 @@ def build(case, held, out):
     spec, dims, model = parallelized(case, held, out, ep=dist.get_world_size() if case.expert_parallel else 1)
     optimizers = optimizer_config().build(model_parts=[model])
     check([type(o) for o in optimizers] == [DMuon], f"torchtitan built {[type(o) for o in optimizers]}, not one DMuon")
-    held_here = [n for n, p in model.named_parameters() if getattr(p, "_dmuon_held", None) is not None]
+    held_here = held_names(model)
     check(held == bool(held_here) and (not held or not case.expert_parallel or any("experts" in n for n in held_here)),
           f"{case.name}: held here {held_here}, mode held={held}")
     after_optimizers(spec, optimizers, model, dims)
     load_full(model, initial_weights(case))  # where torchtitan's checkpointer would load a seed checkpoint
     schedulers = SCHEDULE.build(optimizers=optimizers, training_steps=case.steps)
     return (model, optimizers, schedulers) + checkpointed(model, optimizers, schedulers, out)
+
+
+def held_names(model):
+    """The names of the model's owner-held parameters (their marks: the owner's master, a placeholder elsewhere)."""
+    return [n for n, p in model.named_parameters() if getattr(p, "_dmuon_held", None) is not None]
 
 
 def checkpointed(model, optimizers, schedulers, out):

@@ -125,7 +125,7 @@ def _reporter(clip, index, attention, module):
     def report(inner, args, kwargs):
         query, key = (local_part(t).transpose(1, 2) for t in args[:2])  # (B, L, N, H) → (B, N, L, H)
         count = query.shape[1]  # under TP: this rank's heads (torchtitan's are DTensors sharded by heads)
-        if count not in heads_of:  # tensor parallelism: this rank's heads, from the query weight's rows it holds
+        if count not in heads_of:  # which global heads: from the query weight's rows this rank holds
             heads_of[count] = heads_computed(attention, query_weight(module), count, "titan_qk_clip")
         mask, causal = call_mask(attention, query, key, kwargs.get("attention_masks"), kwargs.get("score_mod"))
         scale = kwargs.get("scale")
