@@ -32,6 +32,9 @@ struct PlanArgs {
   bool json = false;
 };
 
+// A plan's column: its balancer, "+mem" where memory was weighed beside time (--memory-balance).
+std::string plan_label(const Plan& p) { return to_string(p.balancer) + (p.memory_balance > 0 ? "+mem" : ""); }
+
 // "7.616B", "494.03M", "36.9k", "1234": a parameter count readable at every size.
 std::string count_text(int64_t n) {
   char buf[32];
@@ -45,7 +48,7 @@ std::string count_text(int64_t n) {
 void print_table(const std::string& title, const std::vector<Plan>& plans) {
   std::printf("%s\n\n", title.c_str());
   std::printf("%6s", "rank");
-  for (const auto& p : plans) std::printf(" | %8s ms %10s", to_string(p.balancer).c_str(), "MiB");
+  for (const auto& p : plans) std::printf(" | %8s ms %10s", plan_label(p).c_str(), "MiB");
   std::printf("\n");
   const int ranks = plans.front().ranks;
   for (int r = 0; r < ranks; ++r) {
@@ -58,7 +61,7 @@ void print_table(const std::string& title, const std::vector<Plan>& plans) {
   for (const auto& p : plans) {
     int64_t max_bytes = 0;
     for (const auto& r : p.per_rank) max_bytes = std::max(max_bytes, r.bytes);
-    std::printf("%-8s %12.3f %14.3f %8.2f %9.3f %11.1f %7s  %s%s\n", to_string(p.balancer).c_str(), 1e3 * p.makespan_s,
+    std::printf("%-8s %12.3f %14.3f %8.2f %9.3f %11.1f %7s  %s%s\n", plan_label(p).c_str(), 1e3 * p.makespan_s,
                 1e3 * p.lower_bound_s, p.gap_pct, p.solve_s, max_bytes / 1048576.0, p.memory_ok ? "yes" : "NO",
                 p.proven_optimal ? "optimal; " : "", p.note.c_str());
   }
@@ -80,7 +83,8 @@ nlohmann::json to_json(const Plan& p, const std::vector<ParamSpec>& params) {
                      {"step_received_bytes", r.step_received_bytes},
                      {"batches", batches}});
   }
-  return {{"balancer", to_string(p.balancer)}, {"fell_back", p.fell_back},     {"note", p.note},
+  return {{"balancer", to_string(p.balancer)}, {"memory_balance", p.memory_balance},
+          {"fell_back", p.fell_back},         {"note", p.note},
           {"makespan_s", p.makespan_s},       {"lower_bound_s", p.lower_bound_s}, {"gap_pct", p.gap_pct},
           {"proven_optimal", p.proven_optimal}, {"solve_s", p.solve_s},       {"memory_cap_bytes", p.memory_cap_bytes},
           {"memory_ok", p.memory_ok},         {"owner", p.owner},             {"per_rank", ranks}};
@@ -104,7 +108,12 @@ void run(const PlanArgs& a) {
   for (Balancer b : which) {
     PlanOptions o = a.options;
     o.balancer = b;
+    o.memory_balance = 0;
     plans.push_back(make_plan(params, items, ranks, o));
+    if (a.options.memory_balance > 0) {  // beside it, the same balancer with memory weighed
+      o.memory_balance = a.options.memory_balance;
+      plans.push_back(make_plan(params, items, ranks, o));
+    }
   }
   if (a.json) {
     nlohmann::json out = {{"model", a.model.label()},      {"ranks", ranks},
@@ -138,6 +147,11 @@ Registration reg("", [](CLI::App& app) {
   args->costs.add_to(c);
   args->muon_groups.add_to(c);
   c->add_option("--memory-slack", args->options.memory_slack, "Memory bound ε: a rank holds ≤ (1+ε)·S/D bytes")
+      ->capture_default_str()
+      ->check(at_least(0.0));
+  c->add_option("--memory-balance", args->options.memory_balance,
+                "Weigh memory beside time: let each balancer's makespan grow by up to this fraction to lower the "
+                "fullest rank's bytes, shown beside the balancer's plan as <balancer>+mem (0: time alone)")
       ->capture_default_str()
       ->check(at_least(0.0));
   c->add_flag("--spread", args->options.spread_units, "Spread each layer's matrices over distinct owners (milp)");

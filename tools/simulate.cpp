@@ -22,6 +22,8 @@ namespace dmuon::cli {
 
 namespace simulate {
 
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
 struct SimulateArgs {
   ModelArgs model;
   std::vector<int> devices = {8, 16, 32, 64, 128, 256};
@@ -31,6 +33,7 @@ struct SimulateArgs {
   std::string balancer = "milp";
   MeshArgs mesh;
   MuonGroupArgs muon_groups;  // their splits: a split matrix's Newton–Schulz runs its blocks
+  double memory_balance = 0;  // PlanOptions::memory_balance of DMuon's plan
   bool zero2 = false;
   bool json = false;
   std::string plot;
@@ -142,6 +145,29 @@ void write_plot(const std::vector<sim::SimResult>& results, const std::string& p
   render_plot(script.str(), path, options);
 }
 
+double held_of_fullest(const std::vector<sim::RankMemory>& ranks) { return ranks[sim::fullest_rank(ranks)].held(); }
+
+// The fullest rank's bytes held between steps of each optimizer (sim::rank_memory), and how far DMuon's plan leaves its
+// fullest rank above the mean of its ranks.
+void print_memory(const std::vector<sim::SimResult>& results) {
+  std::printf("\nmemory per rank, held between steps (GiB, the fullest rank: weights+gradients / state / step buffers / "
+              "NS workspace = total):\n");
+  for (const auto& r : results) {
+    std::printf("%7d |", r.devices);
+    for (const auto& [o, memory] : r.memory) {
+      const sim::RankMemory& m = memory[sim::fullest_rank(memory)];
+      std::printf(" %s %.3g/%.3g/%.3g/%.3g = %.3g", sim::to_string(o).c_str(), (m.weights + m.gradients) / kGiB,
+                  m.state / kGiB, m.step_buffers / kGiB, m.ns_workspace / kGiB, m.held() / kGiB);
+    }
+    const auto& dm = r.memory.at(sim::ComparedOptimizer::dmuon);
+    double mean = 0;
+    for (const auto& m : dm) mean += m.held() / static_cast<double>(dm.size());
+    const double fullest = held_of_fullest(dm);
+    std::printf(" | dmuon vs adamw %.3fx, fullest/mean %.3f\n",
+                fullest / held_of_fullest(r.memory.at(sim::ComparedOptimizer::adamw)), fullest / mean);
+  }
+}
+
 void run(SimulateArgs a) {
   sim::SimOptions options;
   options.mesh = a.mesh.mesh(0, "");
@@ -150,6 +176,7 @@ void run(SimulateArgs a) {
   const HardwareProfile hw = load_hardware_profile(a.profile);
   options.zero3 = !a.zero2;
   options.plan.balancer = parse_balancer(a.balancer);
+  options.plan.memory_balance = a.memory_balance;
   if (!a.muon_groups.texts.empty()) options.ns_blocks = a.muon_groups.ns_blocks(w.params);
   if (w.is_gpt) {
     for (int d : a.devices)
@@ -195,7 +222,19 @@ void run(SimulateArgs a) {
                                         {"intra_node_latency_s", dev.intra_node_latency_s},
                                         {"kernel_launch_s", dev.kernel_launch_s}}}};
       for (const auto& [o, s] : r.steps) {
+        const std::vector<sim::RankMemory>& memory = r.memory.at(o);
+        const sim::RankMemory& full = memory[sim::fullest_rank(memory)];
+        double held = 0;
+        for (const auto& m : memory) held += m.held();
         row[sim::to_string(o)] = {{"step_s", s.step_s},
+                                  {"memory", {{"fullest_rank", sim::fullest_rank(memory)},
+                                              {"weights", full.weights},
+                                              {"gradients", full.gradients},
+                                              {"state", full.state},
+                                              {"step_buffers", full.step_buffers},
+                                              {"ns_workspace", full.ns_workspace},
+                                              {"held", full.held()},
+                                              {"mean_held", held / static_cast<double>(memory.size())}}},
                                   {"compute_s", s.compute_s},
                                   {"exposed_comm_s", s.exposed_comm_s},
                                   {"optimizer_s", s.optimizer_s},
@@ -243,6 +282,7 @@ void run(SimulateArgs a) {
                     s.optimizer_elementwise_s * 1e3, s.optimizer_comm_s * 1e3, s.optimizer_launch_s * 1e3);
       std::printf("\n");
     }
+    print_memory(results);
     if (options.mesh) print_mesh_ranks(*options.mesh, {results.front().plan});
   }
   if (!a.plot.empty()) {
@@ -278,6 +318,11 @@ Registration reg("", [](CLI::App& app) {
                 "With --gpt: sequences per step over all devices (default: the configuration's, as bench e2e)")
       ->check(at_least<int64_t>(1))
       ->needs(gpt);
+  c->add_option("--memory-balance", args->memory_balance,
+                "DMuon's owners: let the plan's makespan grow by up to this fraction to lower the fullest rank's bytes "
+                "(0: time alone; dmuon plan --memory-balance)")
+      ->capture_default_str()
+      ->check(at_least(0.0));
   c->add_flag("--zero2", args->zero2, "Keep gathered weights for backward (Z2) instead of gathering again (Z3)");
   c->add_flag("--json", args->json, "Print one JSON object instead of the table");
   c->add_option("--plot", args->plot, "Also draw speedup and step time against devices into this PNG (default: none)");

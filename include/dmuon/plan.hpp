@@ -82,6 +82,9 @@ struct PlanOptions {
   double memory_slack = 0.25;
   // Spread each unit's matrices over distinct owners: at most ceil(n_unit/D) per rank (milp only).
   bool spread_units = false;
+  // Memory beside time: > 0 lets the balancer's makespan grow by up to this fraction (0.05: 5%) to lower the
+  // fullest rank's bytes (balance_memory, after the balancer); 0: time alone.
+  double memory_balance = 0;
   double time_limit_s = 2.0;  // milp: CBC's wall-clock limit
   double relative_gap = 1e-4; // milp: stop once within this fraction of CBC's best bound
   bool verbose = false;       // milp: CBC's log on stdout
@@ -105,6 +108,7 @@ struct RankPlan {
 struct Plan {
   int ranks = 0;
   Balancer balancer = Balancer::milp;  // what was asked for
+  double memory_balance = 0;           // PlanOptions::memory_balance in force (0: time alone)
   bool fell_back = false;              // milp did not improve on its LPT start, failed, or was infeasible
   std::string note;                    // why it fell back, or CBC's status
   std::vector<int> owner;              // per ParamSpec index: owning rank, −1 for AdamW parameters
@@ -127,7 +131,16 @@ std::vector<int> balance_rr(const std::vector<PlanItem>& items, int ranks);
 // loaded ones, the one that holds the most of it (the fewest step() bytes), then the lowest rank.
 std::vector<int> balance_lpt(const std::vector<PlanItem>& items, int ranks, int64_t memory_cap_bytes);
 
-// Builds a plan with the chosen balancer (milp: warm-started from LPT, falling back to it).
+// Memory beside time: starting from `assignment`, moves a matrix of the fullest rank (the most bytes) to another
+// rank, or swaps it for a smaller one there, choosing each time the change that leaves the two ranks least full,
+// while the change lowers the fullest rank's bytes and keeps both ranks' times within time_cap_s (and, with
+// spread_units, every unit's spread); stops when none does. So the fullest rank never gets fuller, and a rank's
+// time passes time_cap_s only if it did before. Every item stays on one of its candidate_owners.
+std::vector<int> balance_memory(const std::vector<PlanItem>& items, int ranks, std::vector<int> assignment,
+                                double time_cap_s, bool spread_units = false);
+
+// Builds a plan with the chosen balancer (milp: warm-started from LPT, falling back to it), then, with
+// options.memory_balance > 0, balance_memory within (1 + memory_balance)·the balancer's makespan.
 Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
                const PlanOptions& options);
 

@@ -134,9 +134,34 @@ struct StepBreakdown {
   double bytes_per_device = 0;  // bytes each device sends in the step
 };
 
+// What one rank holds between steps, in bytes, on the C++ engine's buffers (src/shard, src/optim, src/ns), sharded
+// modes; float32 but the Newton–Schulz workspace (the profile's ns_bytes_per_element). The weights are float32, so they
+// are their own masters. docs/simulator.md, "Memory per rank".
+struct RankMemory {
+  double weights = 0;       // the rank's shard of every unit: the even layout's, or DMuon's owner-aligned one (its
+                            // matrices whole, an even share of the elementwise parameters)
+  double gradients = 0;     // its shard's reduced gradients (kept by ShardedParams between steps)
+  double state = 0;         // AdamW's m and v of what it updates with AdamW; the Muon momentum of its matrix pieces
+  double step_buffers = 0;  // what the Muon step allocates at its first update and keeps: U (then O) of every matrix
+                            // the rank orthogonalizes (DMuon: those it owns; gather-then-compute: all), a column
+                            // split's gathered blocks beside it, and gather-then-compute's all-gather send (its pieces)
+                            // and receive (every matrix) buffers
+  double ns_workspace = 0;  // the Newton–Schulz workspace pooled after the rank's batches: two m×n and four m×m
+                            // iterates per matrix of its largest chunk (a batch where kernels are batched, else one)
+  double held() const;      // their sum
+};
+// Per rank, for `owner` (DMuon's plan: ParamSpec index → rank, −1 for elementwise parameters; the other optimizers
+// ignore it) and `ns_blocks` (SimOptions'). The step allocates nothing beyond these once it has run once (its buffers
+// are kept), so the rank's peak in a step is held() plus its unit gathers' (the forward's and backward's).
+std::vector<RankMemory> rank_memory(const std::vector<ParamSpec>& params, const std::vector<int>& owner, int devices,
+                                    ComparedOptimizer optimizer, const HardwareProfile& hw,
+                                    const std::vector<std::vector<MatrixBlock>>& ns_blocks = {});
+int fullest_rank(const std::vector<RankMemory>& ranks);  // the one with the most held bytes (the first of equals)
+
 struct SimResult {
   int devices = 0;
   std::map<ComparedOptimizer, StepBreakdown> steps;
+  std::map<ComparedOptimizer, std::vector<RankMemory>> memory;  // rank_memory of each optimizer (DMuon's: the plan's)
   Plan plan;  // DMuon's owner plan (makespan = the NS part of its optimizer step)
   HardwareProfile device;  // the profile one device saw: at_devices(hw, devices)
 };

@@ -61,6 +61,16 @@ a synchronous collective's call, an asynchronous one's wait()), and the wire byt
 whole job (nccl-tests' bus bytes; tests/python/collective_ledger.py), and of them those sent inside
 the optimizer step.
 
+Memory (a second table, per optimizer and setting, and in --json): after the timed steps, one more step, counted
+by memory_count.py (its docstring says what is counted and how), every optimizer the same way, from the outside:
+per rank the bytes held between steps (weights: the parameters as the rank stores them, the float32 masters under
+--param-dtype bfloat16; state: the optimizers' `state`; other: any other tensor the optimizer, the model or the
+held matrices keep, such as working copies; engine: the C++ engine's pooled Newton–Schulz workspaces), the bytes
+the forward+backward leaves for the step (gradients), and the peak of the step's own allocations above those
+(a TorchDispatchMode counting live storages, plus the engine's workspace growth). Shown: the fullest rank (the
+most held bytes) with its breakdown, the most weights + state of any rank, each against AdamW's, and the highest
+gradients and step peak of any rank (--json: memory_per_rank, every rank's).
+
 Per dmuon row, three Newton–Schulz columns, all of the rank whose median optimizer step is the longest
 (--json has every rank's: step_per_rank, ns_in_step_per_rank, blocked_step_per_rank, ns_pred_per_rank,
 owned_batches_per_rank: a profile of where each rank's step goes):
@@ -104,6 +114,8 @@ from dmuon.torch.torch_engine import newton_schulz
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"))
 from collective_ledger import Ledger, recording  # noqa: E402
+
+from memory_count import StepAllocations, held_bytes, reachable_storages  # noqa: E402  (this file's folder)
 
 OPTIMIZERS = ("adamw", "torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32", "dmuon-a2a", "dmuon-owner")
 DMUON_F32 = {"dmuon-a2a-f32": "dmuon-a2a", "dmuon-owner-f32": "dmuon-owner"}  # float32 NS rows, asked for by name
@@ -441,20 +453,18 @@ def measure(name, config, tokens, tp, micro_batches, steps, warmup, mp_policy, t
     ledger = Ledger()
     rows = []
     also = [sys.modules[m] for m in ("muon_fsdp2",) if m in sys.modules]  # imports the collectives by name
+    def batches():  # this data-parallel rank's micro-batches of the next step: (micro_batches, batch, SEQ + 1)
+        return torch.randint(0, config[5], (dp, micro_batches, batch, SEQ + 1), generator=gen)[dp_rank]
+
     with recording(ledger, also=also):
         for step in range(warmup + steps):
-            data = torch.randint(0, config[5], (dp, micro_batches, batch, SEQ + 1), generator=gen)[dp_rank]
+            data = batches()
             ledger.records.clear()
             ledger.label = None
             dist.barrier()
             ledger.label = "forward+backward"
             t0 = time.perf_counter()
-            for k, part in enumerate(data):  # part (batch, SEQ + 1)
-                if micro_batches > 1:
-                    set_gradient_sync(model, held, k == micro_batches - 1)
-                logits = model(part[:, :-1])
-                loss = F.cross_entropy(logits.reshape(-1, config[5]), part[:, 1:].reshape(-1))
-                (loss / micro_batches).backward()
+            loss = forward_backward(model, held, data, config[5])
             t1 = time.perf_counter()
             ledger.label = "step"
             opt.step()
@@ -468,6 +478,7 @@ def measure(name, config, tokens, tp, micro_batches, steps, warmup, mp_policy, t
     timed = rows[warmup:]
     out = {key: statistics.median(slowest(r[key]) for r in timed)
            for key in ("fwd_bwd", "step", "total", "blocked_fwd_bwd", "blocked_step")}
+    out.update(memory_of_ranks(gathered(step_memory(model, opt, held, batches(), config[5]))))
     out["wire_bytes"] = statistics.median(total(r["wire"]) for r in timed)
     out["wire_bytes_in_step"] = statistics.median(total(r["wire_step"]) for r in timed)
     out["loss_last"] = timed[-1]["loss"]
@@ -496,6 +507,44 @@ def measure(name, config, tokens, tp, micro_batches, steps, warmup, mp_policy, t
             if missing and rank == 0:
                 print(f"{name}{TUNED}: the ranks' buckets run (shape, batch) not in the cache: {missing}", flush=True)
     return out
+
+
+def forward_backward(model, held, data, vocab):
+    """The forward+backwards of one step on data (micro-batches, batch, SEQ + 1); the last micro-batch's loss."""
+    for k, part in enumerate(data):  # part (batch, SEQ + 1)
+        if len(data) > 1:
+            set_gradient_sync(model, held, k == len(data) - 1)
+        logits = model(part[:, :-1])
+        loss = F.cross_entropy(logits.reshape(-1, vocab), part[:, 1:].reshape(-1))
+        (loss / len(data)).backward()
+    return loss
+
+
+def step_memory(model, opt, held, data, vocab):
+    """This rank's memory around one more step (memory_count.py), after the timed ones so that counting slows none of
+    them: what it holds between steps (held_bytes: weights, state, other, engine, total), what the forward+backward
+    left for the step (gradients: storages reachable then that were not between steps) and the step's transient
+    peak above both (StepAllocations' peak: its allocations and the engine's workspace growth)."""
+    also = [held] if held is not None else []
+    kept = held_bytes(model, opt, also)
+    between = reachable_storages([opt, model, *also])
+    forward_backward(model, held, data, vocab)
+    entry = reachable_storages([opt, model, *also])
+    with StepAllocations(existing=entry.values()) as count:
+        opt.step()
+    opt.zero_grad()
+    return dict(kept, gradients=sum(s.nbytes() for k, s in entry.items() if k not in between), step_peak=count.peak)
+
+
+def memory_of_ranks(ranks):
+    """The memory columns from every rank's step_memory (in rank order): the fullest rank (the most held bytes) and
+    its breakdown, the most weights + state of a rank (the issue's measure), the highest step peak and its rank."""
+    fullest = max(range(len(ranks)), key=lambda r: ranks[r]["total"])
+    peak = max(range(len(ranks)), key=lambda r: ranks[r]["step_peak"])
+    return dict(memory_per_rank=ranks, fullest_rank=fullest, held_fullest=ranks[fullest],
+                weights_state_fullest=max(r["weights"] + r["state"] for r in ranks),
+                gradients_max=max(r["gradients"] for r in ranks), step_peak_rank=peak,
+                step_peak_max=ranks[peak]["step_peak"])
 
 
 def main():
@@ -564,12 +613,16 @@ def main():
             peers = [r["step"] for r in setting if r["optimizer"] in PEERS]
             for r in setting:
                 r["total_vs_adamw"] = r["total"] / base["total"] if base else math.nan
+                r["held_vs_adamw"] = r["held_fullest"]["total"] / base["held_fullest"]["total"] if base else math.nan
+                r["weights_state_vs_adamw"] = (r["weights_state_fullest"] / base["weights_state_fullest"] if base
+                                               else math.nan)
                 r["bytes_vs_adamw"] = r["wire_bytes"] / base["wire_bytes"] if base and base["wire_bytes"] else math.nan
                 r["step_speedup_vs_fastest_peer"] = (min(peers) / r["step"] if peers and r["optimizer"] != "adamw"
                                                      else math.nan)
             results.extend(setting)
             if rank == 0:
                 print_table(setting)
+                print_memory_table(setting)
     if tuner:
         tuner.close()
     if rank == 0:
@@ -601,6 +654,29 @@ def print_table(setting):
               f"{int(r['wire_bytes'])} | {int(r['wire_bytes_in_step'])} | {ratio(r['bytes_vs_adamw'])} | {ratio(r['step_speedup_vs_fastest_peer'], 'x')} | "
               f"{ms(r['ns_in_step'])} | {ms(r['ns_pred'])} | {ratio(r['step_vs_ns_pred'])} |",
               flush=True)
+
+
+def print_memory_table(setting):
+    first = setting[0]
+    print(f"\n{first['model']}, {first['world']} ranks: memory per rank in MiB (memory_count.py), held between steps on "
+          "the fullest rank (the most held bytes), the most weights + state of any rank, and the most of any rank "
+          "left by the forward+backward for the step and allocated by the step above that")
+    print("| optimizer | fullest rank | weights | state | other | engine workspaces | held | held vs AdamW "
+          "| weights + state (fullest) | vs AdamW | gradients at the step | step's peak above held (rank) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def mib(x):
+        return f"{x / 2**20:.1f}"
+
+    def ratio(x):
+        return "-" if math.isnan(x) else f"{x:.3f}"
+
+    for r in setting:
+        h = r["held_fullest"]
+        print(f"| {r['optimizer']} | {r['fullest_rank']} | {mib(h['weights'])} | {mib(h['state'])} | {mib(h['other'])} "
+              f"| {mib(h['engine'])} | {mib(h['total'])} | {ratio(r['held_vs_adamw'])} "
+              f"| {mib(r['weights_state_fullest'])} | {ratio(r['weights_state_vs_adamw'])} | {mib(r['gradients_max'])} "
+              f"| {mib(r['step_peak_max'])} ({r['step_peak_rank']}) |", flush=True)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import json
 import os
 import pathlib
 
-ABI_VERSION = 6  # DMUON_C_ABI_VERSION
+ABI_VERSION = 7  # DMUON_C_ABI_VERSION
 
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 DTYPE_F32, DTYPE_BF16 = 0, 1
@@ -95,6 +95,7 @@ def library():
         "dmuon_ns_destroy": (None, [c_void_p]),
         "dmuon_ns_tuned_entries": (c_i64, [c_void_p]),
         "dmuon_ns_warning": (c_char_p, [c_void_p]),
+        "dmuon_ns_workspace_bytes": (None, [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), c_int]),
         "dmuon_ns_set_check_finite": (c_int, [c_void_p, c_int]),
         "dmuon_ns_set_dtype": (c_int, [c_void_p, c_int]),
         "dmuon_ns_run": (c_int, [c_void_p, c_int, c_int, c_void_p, p_void, p_int, p_void, p_int, c_i64, c_i64, c_i64,
@@ -179,6 +180,15 @@ def _read_string(fn, *args):
 def supports(device, dtype):
     """Whether this build runs Newton–Schulz on `device` (DEVICE_*) with `dtype` (DTYPE_*)."""
     return bool(library().dmuon_supports(device, dtype))
+
+
+def ns_workspace_bytes(reset_peak=False):
+    """(live, peak): the bytes of the engine's Newton–Schulz workspaces now (pooled between calls and in use, every
+    device) and the most since the last reset_peak=True (which then starts the peak from live). Memory the caller's
+    allocator does not see (python/benchmarks/memory_count.py adds it to torch's)."""
+    live, peak = ctypes.c_uint64(0), ctypes.c_uint64(0)
+    library().dmuon_ns_workspace_bytes(ctypes.byref(live), ctypes.byref(peak), int(reset_peak))
+    return live.value, peak.value
 
 
 class Orthogonalizer:

@@ -349,6 +349,12 @@ int dmuon_ns_create(const char* coeffs, const char* algo, int steps, int threads
 
 void dmuon_ns_destroy(dmuon_ns* ns) { delete ns; }
 
+void dmuon_ns_workspace_bytes(uint64_t* live, uint64_t* peak, int reset_peak) {
+  const dmuon::NsWorkspaceBytes bytes = dmuon::ns_workspace_bytes(reset_peak != 0);
+  if (live) *live = bytes.live;
+  if (peak) *peak = bytes.peak;
+}
+
 int64_t dmuon_ns_tuned_entries(const dmuon_ns* ns) {
   if (!ns) return 0;
   // The settings' entries, each setting once (without bf16 matrix units, calls that ask for none take float32's).

@@ -1,5 +1,6 @@
 // The Newton–Schulz workspace pool (workspace.hpp, ns.hpp's limit): leased per queue, kept for reuse up to a
 // byte limit, released on request.
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 
@@ -10,8 +11,27 @@ namespace ns_detail {
 
 namespace {
 
+// Every workspace's bytes (pooled and leased, every backend) and their most since the last reset, counted where
+// their buffers are allocated and freed: ns_workspace_bytes().
+std::atomic<size_t> live_bytes{0}, peak_bytes{0};
+
+void count_allocated(size_t bytes) {
+  const size_t now = live_bytes.fetch_add(bytes) + bytes;
+  size_t peak = peak_bytes.load();
+  while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
+  }
+}
+
+size_t bytes_of(const Buffer& b) { return static_cast<size_t>(b.size()) * dtype_size(b.dtype()); }
+
+// A grown buffer is allocated before the old one is freed: both count at that moment.
 void grow(Buffer& b, Backend& backend, int64_t size, DType dtype) {
-  if (b.size() < size || b.dtype() != dtype) b = Buffer(backend, dtype, size);
+  if (b.size() < size || b.dtype() != dtype) {
+    Buffer bigger(backend, dtype, size);
+    count_allocated(bytes_of(bigger));
+    live_bytes -= bytes_of(b);
+    b = std::move(bigger);
+  }
 }
 
 size_t default_limit() {
@@ -67,10 +87,12 @@ void Workspace::reserve(int64_t m, int64_t n, int64_t batch, DType dtype) {
   grow(norms, *backend, 2 * batch, DType::f32);
 }
 
+Workspace::~Workspace() { live_bytes -= bytes(); }
+
 size_t Workspace::bytes() const {
-  size_t total = static_cast<size_t>(norms.size()) * 4;
-  for (const Buffer& b : mn) total += static_cast<size_t>(b.size()) * dtype_size(b.dtype());
-  for (const Buffer& b : mm) total += static_cast<size_t>(b.size()) * dtype_size(b.dtype());
+  size_t total = bytes_of(norms);
+  for (const Buffer& b : mn) total += bytes_of(b);
+  for (const Buffer& b : mm) total += bytes_of(b);
   return total;
 }
 
@@ -113,6 +135,12 @@ size_t ns_pooled_workspace_bytes() {
   auto& p = ns_detail::pool();
   std::lock_guard<std::mutex> lock(p.mutex);
   return p.bytes();
+}
+
+NsWorkspaceBytes ns_workspace_bytes(bool reset_peak) {
+  NsWorkspaceBytes out{ns_detail::live_bytes.load(), ns_detail::peak_bytes.load()};
+  if (reset_peak) ns_detail::peak_bytes = out.live;
+  return out;
 }
 
 }  // namespace dmuon

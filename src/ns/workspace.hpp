@@ -17,6 +17,9 @@ namespace dmuon::ns_detail {
 // inputs' norms. Grown on demand, never shrunk while leased.
 struct Workspace {
   explicit Workspace(Backend& b) : backend(&b) {}
+  ~Workspace();  // its bytes leave ns_workspace_bytes()'s count
+  Workspace(const Workspace&) = delete;
+  Workspace& operator=(const Workspace&) = delete;
   Backend* backend;
   Buffer mn[2];
   Buffer mm[4];

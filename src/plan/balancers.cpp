@@ -3,6 +3,7 @@
 #include <chrono>
 #include <map>
 #include <numeric>
+#include <tuple>
 
 #include "dmuon/error.hpp"
 #include "dmuon/plan.hpp"
@@ -187,13 +188,72 @@ void check_items(const std::vector<ParamSpec>& params, const std::vector<PlanIte
 
 }  // namespace
 
+std::vector<int> balance_memory(const std::vector<PlanItem>& items, int ranks, std::vector<int> assignment,
+                                double time_cap_s, bool spread_units) {
+  check_ranks(ranks);
+  DMUON_CHECK(assignment.size() == items.size(), "balance_memory: ", assignment.size(), " owners for ", items.size(),
+              " items");
+  std::vector<double> time(ranks, 0.0);
+  std::vector<int64_t> bytes(ranks, 0);
+  for (size_t i = 0; i < items.size(); ++i) {
+    time[assignment[i]] += items[i].time_s;
+    bytes[assignment[i]] += items[i].bytes;
+  }
+  const auto may_own = [&](size_t i, int r) {
+    return items[i].held.empty() || items[i].held[r] > 0;  // candidate_owners' rule
+  };
+  // Every change strictly lowers (the fullest bytes, how many ranks hold them), so the loop ends; the bound on
+  // rounds only guards against a bug.
+  for (size_t round = 0; round < 4 * items.size() * static_cast<size_t>(ranks) + 4; ++round) {
+    const int full = static_cast<int>(std::max_element(bytes.begin(), bytes.end()) - bytes.begin());
+    // The best change: the one whose two ranks end the least full, both below the fullest's bytes now.
+    int64_t best_max = bytes[full];
+    int best_i = -1, best_j = -1, best_q = -1;
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (assignment[i] != full) continue;
+      for (int q = 0; q < ranks; ++q) {
+        if (q == full || !may_own(i, q)) continue;
+        // Moving i to q.
+        if (time[q] + items[i].time_s <= time_cap_s) {
+          const int64_t worst = std::max(bytes[full] - items[i].bytes, bytes[q] + items[i].bytes);
+          if (worst < best_max) best_max = worst, best_i = static_cast<int>(i), best_j = -1, best_q = q;
+        }
+        // Swapping i with a smaller matrix j of q.
+        for (size_t j = 0; j < items.size(); ++j) {
+          if (assignment[j] != q || items[j].bytes >= items[i].bytes || !may_own(j, full)) continue;
+          const double dt = items[i].time_s - items[j].time_s;
+          if (time[q] + dt > time_cap_s || time[full] - dt > time_cap_s) continue;
+          const int64_t db = items[i].bytes - items[j].bytes;
+          const int64_t worst = std::max(bytes[full] - db, bytes[q] + db);
+          if (worst < best_max)
+            best_max = worst, best_i = static_cast<int>(i), best_j = static_cast<int>(j), best_q = q;
+        }
+      }
+    }
+    if (best_i < 0) break;
+    std::vector<int> changed = assignment;
+    changed[best_i] = best_q;
+    if (best_j >= 0) changed[best_j] = full;
+    if (spread_units && !respects_spread(items, ranks, changed)) break;
+    for (const auto& [i, from, to] : {std::tuple{best_i, full, best_q}, std::tuple{best_j, best_q, full}}) {
+      if (i < 0) continue;
+      time[from] -= items[i].time_s, time[to] += items[i].time_s;
+      bytes[from] -= items[i].bytes, bytes[to] += items[i].bytes;
+    }
+    assignment = std::move(changed);
+  }
+  return assignment;
+}
+
 Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
                const PlanOptions& options) {
   check_ranks(ranks);
   check_items(params, items, ranks);
   const auto start = std::chrono::steady_clock::now();
+  DMUON_CHECK(options.memory_balance >= 0, "memory balance must be ≥ 0, got ", options.memory_balance);
   Plan plan;
   plan.balancer = options.balancer;
+  plan.memory_balance = options.memory_balance;
   plan.memory_cap_bytes = memory_cap_bytes(items, ranks, options.memory_slack);
   std::vector<int> assignment;
   bool cbc_optimal = false;
@@ -220,6 +280,13 @@ Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>
       }
       break;
     }
+  }
+  if (options.memory_balance > 0) {
+    Plan by_time;
+    by_time.memory_cap_bytes = plan.memory_cap_bytes;
+    fill_plan(params, items, ranks, assignment, by_time);
+    assignment = balance_memory(items, ranks, std::move(assignment), (1 + options.memory_balance) * by_time.makespan_s,
+                                options.spread_units);
   }
   fill_plan(params, items, ranks, assignment, plan);
   plan.proven_optimal = plan.proven_optimal || cbc_optimal;

@@ -282,6 +282,8 @@ SimResult simulate_step(const std::vector<ParamSpec>& params, const HardwareProf
       finish(even_end, engine_ns.total_s, engine_ns.launch_s, gather_elementwise, gather_grads, gather_bytes);
   result.steps[ComparedOptimizer::dmuon] =
       finish(owned_end, dmuon_ns, dmuon_ns_launches, dmuon_elementwise, 0, fsdp_bytes);
+  for (ComparedOptimizer o : compared_optimizers())
+    result.memory[o] = rank_memory(params, result.plan.owner, d, o, hw, options.ns_blocks);
   return result;
 }
 
