@@ -314,6 +314,32 @@ struct Runner {
     m.backward_sent_bytes = figures[3];
   }
 
+  // The Measurement's memory figures (optim_bench.hpp), `before`: buffer_bytes().live before this runner was built.
+  // Collective.
+  void measure_memory(comm::Comm& world, const Setup& setup, const Variant& v, size_t before) {
+    step(world, 0, false);
+    const size_t held = buffer_bytes().live - before, held_then = buffer_bytes(/*reset_peak=*/true).live;
+    std::vector<double> mine = {static_cast<double>(held), static_cast<double>(ns_workspace_bytes().live)};
+    step(world, 0, false);
+    mine.push_back(static_cast<double>(buffer_bytes().peak - held_then));
+    std::vector<double> all(mine.size() * world.size());
+    world.all_gather<double>(mine, all).wait();
+    for (int r = 0; r < world.size(); ++r) {
+      m.held_bytes_per_rank.push_back(all[3 * r]);
+      m.ns_workspace_bytes_per_rank.push_back(all[3 * r + 1]);
+      m.step_peak_bytes_per_rank.push_back(all[3 * r + 2]);
+    }
+    for (sim::ComparedOptimizer o : sim::compared_optimizers()) {
+      if (sim::to_string(o) != v.name) continue;
+      HardwareProfile engine;  // what the model needs of this run's engine: its Newton–Schulz buffers
+      engine.ns_bytes_per_element = static_cast<double>(dtype_size(setup.gpu ? setup.ns_dtype : DType::f32));
+      engine.batched_kernels = stack.params->backend().preferred_batch() > 1;
+      const std::vector<int> owners = v.owners.empty() ? std::vector<int>(setup.params.size(), 0) : v.owners;
+      for (const sim::RankMemory& r : sim::rank_memory(setup.params, owners, world.size(), o, engine))
+        m.model_held_bytes_per_rank.push_back(r.held());
+    }
+  }
+
   Measurement finish(comm::Comm& world) {
     m.median_s = median(m.step_s);
     m.blocked_s = median(blocked);
@@ -335,7 +361,12 @@ std::vector<Measurement> measure(const std::shared_ptr<comm::Comm>& world, const
                                  const std::vector<Variant>& variants, int steps) {
   DMUON_CHECK(steps >= 1, "bench: --steps must be ≥ 1, got ", steps);
   std::vector<std::unique_ptr<Runner>> runners;
-  for (const Variant& v : variants) runners.push_back(std::make_unique<Runner>(setup, v));
+  for (const Variant& v : variants) {
+    ns_release_workspaces();  // the workspaces this variant pools are its own
+    const size_t before = buffer_bytes().live;
+    runners.push_back(std::make_unique<Runner>(setup, v));
+    runners.back()->measure_memory(*world, setup, v, before);
+  }
   for (int s = 0; s <= steps; ++s)  // step 0 warms up (first touch of buffers and workspaces)
     for (auto& r : runners) r->step(*world, s, s > 0);
   std::vector<Measurement> out;

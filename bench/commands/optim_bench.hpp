@@ -83,6 +83,13 @@ struct Measurement {
   // with owners, the plan's predicted NS load for them (per_rank time_s from the tuned costs).
   std::vector<double> ns_s_per_rank;
   std::vector<double> predicted_ns_s_per_rank;
+  // Memory per rank in bytes, counted (buffer_bytes: every Buffer the variant allocates), before its timed steps, the
+  // variant alone: what it holds once its first step has run (sharded parameters and gradients, optimizer state, the
+  // step's kept buffers, the Newton–Schulz workspace it pooled), of which that workspace, and what a second step
+  // allocates above that at its peak; beside them the simulator's model of the held bytes (sim::rank_memory; empty
+  // for single-process muon).
+  std::vector<double> held_bytes_per_rank, ns_workspace_bytes_per_rank, step_peak_bytes_per_rank;
+  std::vector<double> model_held_bytes_per_rank;
 };
 
 // The names of the optimizers every benchmark compares (bench optimizer, ablation and e2e, and the report's tables,
@@ -97,7 +104,9 @@ Variant optimizer_variant(const Setup& setup, const std::string& name);
 
 // Collective: runs `steps` timed steps (plus one warm-up) of every variant, interleaved — step s of each
 // variant in turn, all variants alive at once — so that load changes on a shared machine reach every
-// variant alike. Memory: the sum of the variants'.
+// variant alike. Memory: the sum of the variants'. Before that, each variant as it is built runs two untimed steps
+// alone, the Measurement's memory figures (the pooled Newton–Schulz workspaces are emptied before each, so that each
+// variant counts its own).
 std::vector<Measurement> measure(const std::shared_ptr<comm::Comm>& world, const Setup& setup,
                                  const std::vector<Variant>& variants, int steps);
 

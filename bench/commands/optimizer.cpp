@@ -24,6 +24,8 @@ namespace optimizer {
 
 namespace ob = optim_bench;
 
+constexpr double kMiB = 1024.0 * 1024.0;
+
 struct Args {
   ModelArgs model;
   std::vector<std::string> optimizers = ob::optimizer_names();
@@ -59,6 +61,24 @@ Backend* rank_backend(comm::Comm& world, const DeviceArgs& device) {
   (void)world;
   DMUON_FAIL("--device ", device.device, ": this build of dmuon has no NCCL communicator (configure with CUDA, NCCL)");
 #endif
+}
+
+// Per optimizer, its fullest rank (the most bytes held between steps) as counted and as the simulator models it, of
+// which its pooled Newton–Schulz workspace, and the highest peak a step allocates above what a rank holds.
+void print_memory(const std::vector<ob::Measurement>& ms) {
+  std::printf("\nmemory per rank (MiB; counted buffers, each optimizer alone before the timed steps): the fullest rank "
+              "held between steps,\nthe simulator's model of it (dmuon simulate), of which the pooled Newton-Schulz "
+              "workspace, and the most a step allocates above that on any rank\n%-18s %5s %10s %10s %10s %10s\n",
+              "optimizer", "rank", "held", "model", "workspace", "step peak");
+  for (const auto& m : ms) {
+    const auto& held = m.held_bytes_per_rank;
+    const size_t r = static_cast<size_t>(std::max_element(held.begin(), held.end()) - held.begin());
+    const std::string model =
+        m.model_held_bytes_per_rank.empty() ? "-" : std::to_string(m.model_held_bytes_per_rank[r] / kMiB).substr(0, 7);
+    std::printf("%-18s %5zu %10.2f %10s %10.2f %10.2f\n", m.name.c_str(), r, held[r] / kMiB, model.c_str(),
+                m.ns_workspace_bytes_per_rank[r] / kMiB,
+                *std::max_element(m.step_peak_bytes_per_rank.begin(), m.step_peak_bytes_per_rank.end()) / kMiB);
+  }
 }
 
 void run(const Args& a) {
@@ -97,6 +117,10 @@ void run(const Args& a) {
       if (dm && m.name != "dmuon") r["dmuon_speedup"] = m.median_s / dm->median_s;
       if (!m.ns_s_per_rank.empty()) r["ns_s_per_rank"] = m.ns_s_per_rank;
       if (!m.predicted_ns_s_per_rank.empty()) r["predicted_ns_s_per_rank"] = m.predicted_ns_s_per_rank;
+      r["held_bytes_per_rank"] = m.held_bytes_per_rank;
+      r["ns_workspace_bytes_per_rank"] = m.ns_workspace_bytes_per_rank;
+      r["step_peak_bytes_per_rank"] = m.step_peak_bytes_per_rank;
+      if (!m.model_held_bytes_per_rank.empty()) r["model_held_bytes_per_rank"] = m.model_held_bytes_per_rank;
       out["results"].push_back(r);
     }
     if (dm && adamw) out["dmuon_overhead_vs_adamw"] = dm->median_s / adamw->median_s - 1;
@@ -131,6 +155,7 @@ void run(const Args& a) {
       std::printf("%6zu %14.2f %13.2f %9.1f%%\n", r, 1e3 * p, 1e3 * x, x > 0 ? 100 * (p - x) / x : 0.0);
     }
   }
+  print_memory(ms);
   std::printf("\nMuon variants' weight norms agree within %.1e (relative).\n", muon_norm_spread(ms));
   if (dm && adamw) std::printf("DMuon's overhead over AdamW: %+.1f%%\n", 100 * (dm->median_s / adamw->median_s - 1));
 }

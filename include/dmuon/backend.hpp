@@ -195,6 +195,15 @@ class Buffer {
   DType dtype_ = DType::f32;
 };
 
+// Bytes now and the most since the last reset (a count kept where the memory is allocated and freed).
+struct MemoryCount {
+  size_t live = 0, peak = 0;
+};
+// Every Buffer's bytes, on every backend (device memory included): all the memory the engine allocates (parameters,
+// gradients and optimizer state of ShardedParams and the optimizers, the Muon step's buffers, the Newton–Schulz
+// workspaces). reset_peak: from now on the peak starts at live. For the benchmarks' memory figures.
+MemoryCount buffer_bytes(bool reset_peak = false);
+
 // The process's CPU backend (OpenBLAS on host memory); thread-safe, lives for the whole process.
 Backend& cpu_backend();
 

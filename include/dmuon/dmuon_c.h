@@ -114,11 +114,11 @@ DMUON_C_API int dmuon_ns_set_dtype(dmuon_ns* ns, int dtype);
 DMUON_C_API int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, const void* const* in,
                              const int* in_dense, void* const* out, const int* out_dense, int64_t batch, int64_t rows,
                              int64_t cols, const char* const* names);
-/* The bytes of every Newton-Schulz workspace the engine holds now (pooled for reuse between calls, and leased
- * by calls running), on every device, into *live, and the most they came to since the last reset into *peak;
- * reset_peak 1 then starts the peak again from *live. The engine's own memory, which the caller's allocator does
- * not see (the memory table of python/benchmarks/fsdp2_owner_step.py). Either pointer may be NULL. */
-DMUON_C_API void dmuon_ns_workspace_bytes(uint64_t* live, uint64_t* peak, int reset_peak);
+/* The bytes of every buffer the engine holds now, on every device (its Newton-Schulz workspaces, pooled for reuse
+ * between calls, and what calls running allocate), into *live, and the most they came to since the last reset into
+ * *peak; reset_peak 1 then starts the peak again from *live. The engine's own memory, which the caller's allocator
+ * does not see (the memory table of python/benchmarks/fsdp2_owner_step.py). Either pointer may be NULL. */
+DMUON_C_API void dmuon_engine_bytes(uint64_t* live, uint64_t* peak, int reset_peak);
 
 /* ---- Muon's update rule around Newton-Schulz (DESIGN 1) ----
  *

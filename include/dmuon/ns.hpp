@@ -83,12 +83,10 @@ void ns_set_workspace_limit(size_t bytes);
 void ns_release_workspaces(const Backend* backend = nullptr);
 size_t ns_pooled_workspace_bytes();
 // Every Newton–Schulz workspace's bytes now, pooled and leased, on every backend (device memory included), and the
-// most they came to since the last reset (reset_peak: from now on, peak starts at live): the engine's own memory
-// beside its caller's, for the benchmarks' memory tables. Counted where the buffers are allocated and freed.
-struct NsWorkspaceBytes {
-  size_t live = 0, peak = 0;
-};
-NsWorkspaceBytes ns_workspace_bytes(bool reset_peak = false);
+// most they came to since the last reset (reset_peak: from now on, peak starts at live): of buffer_bytes(), the part
+// Newton–Schulz keeps, for the benchmarks' memory figures. Counted where the workspaces' buffers are allocated and
+// freed.
+MemoryCount ns_workspace_bytes(bool reset_peak = false);
 
 // One row of a coefficient schedule: p(x) = a·x + b·x³ + c·x⁵.
 struct NsStep {

@@ -148,6 +148,8 @@ struct RankMemory {
                             // and receive (every matrix) buffers
   double ns_workspace = 0;  // the Newton–Schulz workspace pooled after the rank's batches: two m×n and four m×m
                             // iterates per matrix of its largest chunk (a batch where kernels are batched, else one)
+  double slots = 0;         // the step's 8-byte slots: one per parameter (its gradient's sum of squares) and one per
+                            // matrix or block the rank orthogonalizes (its input's norm)
   double held() const;      // their sum
 };
 // Per rank, for `owner` (DMuon's plan: ParamSpec index → rank, −1 for elementwise parameters; the other optimizers

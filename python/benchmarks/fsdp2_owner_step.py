@@ -65,9 +65,11 @@ Memory (a second table, per optimizer and setting, and in --json): after the tim
 by memory_count.py (its docstring says what is counted and how), every optimizer the same way, from the outside:
 per rank the bytes held between steps (weights: the parameters as the rank stores them, the float32 masters under
 --param-dtype bfloat16; state: the optimizers' `state`; other: any other tensor the optimizer, the model or the
-held matrices keep, such as working copies; engine: the C++ engine's pooled Newton–Schulz workspaces), the bytes
+held matrices keep, such as working copies; engine: the C++ engine's own buffers, its pooled Newton–Schulz
+workspaces), the bytes
 the forward+backward leaves for the step (gradients), and the peak of the step's own allocations above those
-(a TorchDispatchMode counting live storages, plus the engine's workspace growth). Shown: the fullest rank (the
+(a TorchDispatchMode counting live storages, plus the engine's growth; a peer's torch.compile'd
+functions run eagerly in that step, as a dispatch mode cannot be compiled). Shown: the fullest rank (the
 most held bytes) with its breakdown, the most weights + state of any rank, each against AdamW's, and the highest
 gradients and step peak of any rank (--json: memory_per_rank, every rank's).
 
@@ -524,13 +526,15 @@ def step_memory(model, opt, held, data, vocab):
     """This rank's memory around one more step (memory_count.py), after the timed ones so that counting slows none of
     them: what it holds between steps (held_bytes: weights, state, other, engine, total), what the forward+backward
     left for the step (gradients: storages reachable then that were not between steps) and the step's transient
-    peak above both (StepAllocations' peak: its allocations and the engine's workspace growth)."""
+    peak above both (StepAllocations' peak: its allocations and the engine's growth)."""
     also = [held] if held is not None else []
     kept = held_bytes(model, opt, also)
     between = reachable_storages([opt, model, *also])
     forward_backward(model, held, data, vocab)
     entry = reachable_storages([opt, model, *also])
-    with StepAllocations(existing=entry.values()) as count:
+    # A dispatch mode cannot be compiled: a peer's torch.compile'd functions (muon-fsdp2's Newton–Schulz) run eagerly
+    # in the counted step, their temporaries those of eager torch.
+    with torch.compiler.set_stance("force_eager"), StepAllocations(existing=entry.values()) as count:
         opt.step()
     opt.zero_grad()
     return dict(kept, gradients=sum(s.nbytes() for k, s in entry.items() if k not in between), step_peak=count.peak)
@@ -661,7 +665,7 @@ def print_memory_table(setting):
     print(f"\n{first['model']}, {first['world']} ranks: memory per rank in MiB (memory_count.py), held between steps on "
           "the fullest rank (the most held bytes), the most weights + state of any rank, and the most of any rank "
           "left by the forward+backward for the step and allocated by the step above that")
-    print("| optimizer | fullest rank | weights | state | other | engine workspaces | held | held vs AdamW "
+    print("| optimizer | fullest rank | weights | state | other | engine buffers | held | held vs AdamW "
           "| weights + state (fullest) | vs AdamW | gradients at the step | step's peak above held (rank) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 

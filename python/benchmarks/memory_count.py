@@ -10,8 +10,8 @@ the same way, from the outside, without changing its code path.
                   (DMuon's momentum, NorMuon's v, AdamW's step, m and v; a wrapper's inner optimizers' too)
       other       any other tensor reachable from the optimizer, the model or `also` (working copies such as full
                   matrices kept on every rank, buffers kept for the next step, gradients not freed)
-      engine      the C++ engine's Newton–Schulz workspaces that it pools between calls
-                  (dmuon.ns_workspace_bytes; 0 where libdmuon_c is not loaded)
+      engine      the C++ engine's own buffers: its Newton–Schulz workspaces, pooled between calls
+                  (dmuon.engine_bytes; 0 where libdmuon_c is not loaded)
       total       their sum
     Each storage is counted once (views and shared storages of one tensor are one), at its whole size; a DTensor
     by its local tensor. Reachable: through module attributes, the parameters and buffers, dicts, lists, tuples, sets
@@ -20,7 +20,7 @@ the same way, from the outside, without changing its code path.
   StepAllocations()    a TorchDispatchMode: inside it, each storage that an op allocates (an output sharing no
                        input's storage) counts from its allocation until torch frees it (a finalizer on the
                        storage, which torch keeps exactly as long as its memory), and `peak` is the most bytes
-                       alive at once, with the engine's workspace growth above what it pooled on entry added at
+                       alive at once, with the engine's growth above what it held on entry (its buffers) added at
                        each moment it happened (its high-water mark is read at every op and every free).
                        `live` after the block: what the step allocated and kept. Given the storages alive on
                        entry (existing=reachable_storages(...).values()), their frees inside lower `live`: a step
@@ -44,12 +44,12 @@ except ImportError:  # a torch without torch.distributed
     DTensor = ()
 
 
-def engine_workspace_bytes(reset_peak=False):
-    """(live, peak) of the C++ engine's Newton–Schulz workspaces, (0, 0) where libdmuon_c is not loaded."""
+def engine_bytes(reset_peak=False):
+    """(live, peak) of the C++ engine's buffers (dmuon.engine_bytes), (0, 0) where libdmuon_c is not loaded."""
     import dmuon
     if dmuon.library_error() is not None:
         return 0, 0
-    return dmuon.ns_workspace_bytes(reset_peak)
+    return dmuon.engine_bytes(reset_peak)
 
 
 def _storage(t):
@@ -60,7 +60,9 @@ def _storage(t):
     if t.device.type == "meta":
         return None
     try:
-        return t.untyped_storage()
+        storage = t.untyped_storage()
+        storage.data_ptr()  # a wrapper subclass's stand-in storage has no memory: this raises
+        return storage
     except (RuntimeError, NotImplementedError):
         return None
 
@@ -129,18 +131,18 @@ def held_bytes(model, optimizer, also=()):
              if k not in weights and k not in state}
     out = {name: sum(s.nbytes() for s in kept.values())
            for name, kept in (("weights", weights), ("state", state), ("other", other))}
-    out["engine"] = engine_workspace_bytes()[0]
+    out["engine"] = engine_bytes()[0]
     out["total"] = sum(out.values())
     return out
 
 
 class StepAllocations(TorchDispatchMode):
     """The module docstring's StepAllocations. engine: a function (reset_peak) → (live, peak) of memory torch does
-    not allocate (engine_workspace_bytes; None: none); existing: the storages alive on entry (reachable_storages'
+    not allocate (engine_bytes; None: none); existing: the storages alive on entry (reachable_storages'
     values), whose frees inside then lower `live` below 0, so that a step that frees what it replaces is not
     counted twice."""
 
-    def __init__(self, engine=engine_workspace_bytes, existing=()):
+    def __init__(self, engine=engine_bytes, existing=()):
         super().__init__()
         self.live = self.peak = 0
         self._engine = engine

@@ -23,7 +23,7 @@ from dmuon._capi import (
     model_params,
     muon_apply,
     muon_momentum,
-    ns_workspace_bytes,
+    engine_bytes,
     plan_owners,
     supports,
     tune,
@@ -34,5 +34,5 @@ __version__ = "0.1.0"
 __all__ = [
     "DEVICE_CPU", "DEVICE_CUDA", "DTYPE_BF16", "DTYPE_F32", "DmuonError", "Orthogonalizer", "UnsupportedError",
     "adamw_step", "default_tune_cache_path", "library_error", "model_params", "muon_apply", "muon_momentum",
-    "ns_workspace_bytes", "plan_owners", "supports", "tune",
+    "engine_bytes", "plan_owners", "supports", "tune",
 ]

@@ -95,7 +95,7 @@ def library():
         "dmuon_ns_destroy": (None, [c_void_p]),
         "dmuon_ns_tuned_entries": (c_i64, [c_void_p]),
         "dmuon_ns_warning": (c_char_p, [c_void_p]),
-        "dmuon_ns_workspace_bytes": (None, [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), c_int]),
+        "dmuon_engine_bytes": (None, [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), c_int]),
         "dmuon_ns_set_check_finite": (c_int, [c_void_p, c_int]),
         "dmuon_ns_set_dtype": (c_int, [c_void_p, c_int]),
         "dmuon_ns_run": (c_int, [c_void_p, c_int, c_int, c_void_p, p_void, p_int, p_void, p_int, c_i64, c_i64, c_i64,
@@ -182,12 +182,13 @@ def supports(device, dtype):
     return bool(library().dmuon_supports(device, dtype))
 
 
-def ns_workspace_bytes(reset_peak=False):
-    """(live, peak): the bytes of the engine's Newton–Schulz workspaces now (pooled between calls and in use, every
-    device) and the most since the last reset_peak=True (which then starts the peak from live). Memory the caller's
-    allocator does not see (python/benchmarks/memory_count.py adds it to torch's)."""
+def engine_bytes(reset_peak=False):
+    """(live, peak): the bytes of every buffer the engine holds now (its Newton–Schulz workspaces, pooled between
+    calls, and what calls running allocate; every device) and the most since the last reset_peak=True (which then
+    starts the peak from live). Memory the caller's allocator does not see (python/benchmarks/memory_count.py adds it
+    to torch's)."""
     live, peak = ctypes.c_uint64(0), ctypes.c_uint64(0)
-    library().dmuon_ns_workspace_bytes(ctypes.byref(live), ctypes.byref(peak), int(reset_peak))
+    library().dmuon_engine_bytes(ctypes.byref(live), ctypes.byref(peak), int(reset_peak))
     return live.value, peak.value
 
 

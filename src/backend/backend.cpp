@@ -1,6 +1,7 @@
 // What every backend shares (backend.hpp): views, owned buffers, names, and the choice of backend.
 #include "dmuon/backend.hpp"
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <utility>
@@ -75,13 +76,39 @@ ParallelismScope::~ParallelismScope() {
   if (backend_.parallelism() != previous_) backend_.set_parallelism(previous_);
 }
 
+namespace {
+// Every live Buffer's bytes and their most since the last reset (buffer_bytes).
+std::atomic<size_t> buffers_live{0}, buffers_peak{0};
+
+void count_buffer(size_t bytes) {
+  const size_t now = buffers_live.fetch_add(bytes) + bytes;
+  size_t peak = buffers_peak.load();
+  while (now > peak && !buffers_peak.compare_exchange_weak(peak, now)) {
+  }
+}
+
+size_t bytes_of(int64_t size, DType dtype) { return static_cast<size_t>(size) * dtype_size(dtype); }
+}  // namespace
+
+MemoryCount buffer_bytes(bool reset_peak) {
+  MemoryCount out{buffers_live.load(), buffers_peak.load()};
+  if (reset_peak) buffers_peak = out.live;
+  return out;
+}
+
 Buffer::Buffer(Backend& backend, DType dtype, int64_t size) : backend_(&backend), size_(size), dtype_(dtype) {
   DMUON_CHECK(size >= 0, "buffer of negative size ", size);
-  if (size > 0) data_ = backend.allocate(static_cast<size_t>(size) * dtype_size(dtype));
+  if (size > 0) {
+    data_ = backend.allocate(bytes_of(size, dtype));
+    count_buffer(bytes_of(size, dtype));
+  }
 }
 
 Buffer::~Buffer() {
-  if (data_) backend_->deallocate(data_);
+  if (data_) {
+    backend_->deallocate(data_);
+    buffers_live -= bytes_of(size_, dtype_);
+  }
 }
 
 Buffer::Buffer(Buffer&& other) noexcept
@@ -90,7 +117,10 @@ Buffer::Buffer(Buffer&& other) noexcept
 
 Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
-    if (data_) backend_->deallocate(data_);
+    if (data_) {
+      backend_->deallocate(data_);
+      buffers_live -= bytes_of(size_, dtype_);
+    }
     backend_ = other.backend_;
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);

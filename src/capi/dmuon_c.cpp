@@ -349,8 +349,8 @@ int dmuon_ns_create(const char* coeffs, const char* algo, int steps, int threads
 
 void dmuon_ns_destroy(dmuon_ns* ns) { delete ns; }
 
-void dmuon_ns_workspace_bytes(uint64_t* live, uint64_t* peak, int reset_peak) {
-  const dmuon::NsWorkspaceBytes bytes = dmuon::ns_workspace_bytes(reset_peak != 0);
+void dmuon_engine_bytes(uint64_t* live, uint64_t* peak, int reset_peak) {
+  const dmuon::MemoryCount bytes = dmuon::buffer_bytes(reset_peak != 0);
   if (live) *live = bytes.live;
   if (peak) *peak = bytes.peak;
 }

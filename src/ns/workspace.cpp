@@ -137,8 +137,8 @@ size_t ns_pooled_workspace_bytes() {
   return p.bytes();
 }
 
-NsWorkspaceBytes ns_workspace_bytes(bool reset_peak) {
-  NsWorkspaceBytes out{ns_detail::live_bytes.load(), ns_detail::peak_bytes.load()};
+MemoryCount ns_workspace_bytes(bool reset_peak) {
+  MemoryCount out{ns_detail::live_bytes.load(), ns_detail::peak_bytes.load()};
   if (reset_peak) ns_detail::peak_bytes = out.live;
   return out;
 }

@@ -10,7 +10,7 @@ namespace dmuon::sim {
 
 namespace {
 
-constexpr double kF32 = 4;
+constexpr double kF32 = 4, kSlot = 8;
 
 // n elements over `parts` ranks as the shard layouts split them (shard_layout.hpp: even_split): the first n % parts
 // ranks one more.
@@ -76,7 +76,7 @@ double pooled_workspace(const std::map<std::pair<int64_t, int64_t>, int>& batche
 
 }  // namespace
 
-double RankMemory::held() const { return weights + gradients + state + step_buffers + ns_workspace; }
+double RankMemory::held() const { return weights + gradients + state + step_buffers + ns_workspace + slots; }
 
 std::vector<RankMemory> rank_memory(const std::vector<ParamSpec>& params, const std::vector<int>& owner, int devices,
                                     ComparedOptimizer optimizer, const HardwareProfile& hw,
@@ -96,6 +96,7 @@ std::vector<RankMemory> rank_memory(const std::vector<ParamSpec>& params, const 
     out[r].state = optimizer == ComparedOptimizer::adamw
                        ? 2 * kF32 * shard
                        : kF32 * static_cast<double>(2 * pieces.elementwise[r] + pieces.matrix[r]);
+    out[r].slots = kSlot * static_cast<double>(params.size());
   }
   if (optimizer == ComparedOptimizer::adamw) return out;
   // The Muon step's buffers, kept from its first update: U (then O) of each matrix the rank orthogonalizes, a column
@@ -118,6 +119,7 @@ std::vector<RankMemory> rank_memory(const std::vector<ParamSpec>& params, const 
       } else {
         ++batches[r][{p.rows(), p.cols()}];
       }
+      out[r].slots += kSlot * static_cast<double>(split ? ns_blocks[i].size() : 1);
     }
   }
   for (int r = 0; r < devices; ++r) {

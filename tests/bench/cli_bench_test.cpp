@@ -109,6 +109,22 @@ TEST(CliBench, OptimizerAtTwoRanks) {
   EXPECT_EQ(by_name["muon-gather"].at("ns_s_per_rank").size(), 2u);
   EXPECT_FALSE(by_name["muon-gather"].contains("predicted_ns_s_per_rank"));
   EXPECT_FALSE(by_name["adamw"].contains("ns_s_per_rank"));
+  // Memory per rank: the bytes counted in every Buffer each optimizer holds between steps are, on every rank, the
+  // simulator's model of them (sim::rank_memory, what `dmuon simulate` reports at scale), byte for byte; its pooled
+  // Newton–Schulz workspace is part of them (none for AdamW), and a later step allocates nothing more (its buffers
+  // are kept).
+  for (const char* name : {"adamw", "muon-gather-plain", "muon-gather", "dmuon"}) {
+    const auto& r = by_name[name];
+    ASSERT_EQ(r.at("held_bytes_per_rank").size(), 2u) << r;
+    for (int rank = 0; rank < 2; ++rank) {
+      const double held = r.at("held_bytes_per_rank")[rank].get<double>();
+      EXPECT_GT(held, 0) << name;
+      EXPECT_EQ(held, r.at("model_held_bytes_per_rank")[rank].get<double>()) << name << " rank " << rank;
+      EXPECT_LE(r.at("ns_workspace_bytes_per_rank")[rank].get<double>(), held) << name;
+      EXPECT_EQ(r.at("step_peak_bytes_per_rank")[rank].get<double>(), 0) << name << " rank " << rank;
+    }
+  }
+  EXPECT_EQ(by_name["adamw"].at("ns_workspace_bytes_per_rank")[0].get<double>(), 0);
 }
 
 TEST(CliBench, AblationAtTwoRanks) {

@@ -104,18 +104,20 @@ TEST(NewtonSchulzBatched, KeepsEachBackendsLargestWorkspaceWhateverTheLimit) {
   ns_set_workspace_limit(size_t{1024} << 20);
 }
 
-// ns_workspace_bytes counts the workspaces' buffers where they are allocated and freed: one 40×100 matrix's
-// workspace is two 40×100 and four 40×40 float32 iterates and its norm's two float32 slots, alive while pooled;
-// the peak stays after the pool is emptied, until reset.
+// ns_workspace_bytes (and buffer_bytes, every Buffer's) counts the workspaces' buffers where they are allocated and
+// freed: one 40×100 matrix's workspace is two 40×100 and four 40×40 float32 iterates and its norm's two float32 slots,
+// alive while pooled; the peak stays after the pool is emptied, until reset.
 TEST(NewtonSchulzBatched, CountsItsWorkspacesBytes) {
   ns_release_workspaces();
   ns_workspace_bytes(/*reset_peak=*/true);
   const size_t before = ns_workspace_bytes().live;  // other tests' leased workspaces: none, the pool is empty
   EXPECT_EQ(before, 0u);
+  const size_t buffers_before = buffer_bytes().live;
   Batch one(1, 40, 100);
   newton_schulz_batched(one.in_ptrs, one.out_ptrs, 40, 100, NsOptions{});
   const size_t expected = sizeof(float) * (2 * 40 * 100 + 4 * 40 * 40 + 2);
   EXPECT_EQ(ns_workspace_bytes().live, expected);
+  EXPECT_EQ(buffer_bytes().live - buffers_before, expected);  // every Buffer is counted: the workspace's are all
   EXPECT_EQ(ns_workspace_bytes().peak, expected);
   EXPECT_EQ(ns_pooled_workspace_bytes(), expected);
   ns_release_workspaces();

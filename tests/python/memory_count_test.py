@@ -3,11 +3,12 @@ bytes are known:
   StepAllocations   a new storage counts from its op to its free, at its size; views, in-place ops and out=
                     count nothing new; a storage the autograd graph keeps counts until the graph goes; a
                     storage alive before, given as existing, lowers the count when freed; the peak is the most
-                    alive at once; the engine's workspace growth adds at the moment it happened,
-                    and libdmuon_c's own count (dmuon.ns_workspace_bytes) of one Newton–Schulz call is its
+                    alive at once; the engine's growth adds at the moment it happened, and libdmuon_c's
+                    own count of its buffers (dmuon.engine_bytes) in one Newton–Schulz call is its
                     workspace: two m×n and four m×m float32 iterates and two float32 norm slots
   held_bytes        a Linear under AdamW: weights, AdamW's state (step, m, v), other tensors kept beside them,
-                    a wrapper optimizer's inner optimizers' state, each storage once
+                    a wrapper optimizer's inner optimizers' state, each storage once; a placeholder of dmuon.torch's
+                    owner-held matrices (no storage) nothing
 
 Run: PYTHONPATH=build/python python -m pytest -q tests/python/memory_count_test.py
 """
@@ -60,7 +61,7 @@ def test_a_replaced_buffer_counts_once():
 
 
 class FakeEngine:
-    """What engine_workspace_bytes returns, set by the test: (live, peak since the last reset)."""
+    """What memory_count.engine_bytes returns, set by the test: (live, peak since the last reset)."""
 
     def __init__(self, live):
         self.live = self.peak = live
@@ -94,12 +95,12 @@ def test_counts_libdmuon_cs_newton_schulz_workspace():
     rows, cols = 24, 56  # a shape no other test of this process runs: its workspace is allocated here
     u = torch.randn(rows, cols)
     ns = dmuon.Orthogonalizer(algo="standard", threads=1, tune_cache=None, dtype="float32")
-    live_before = dmuon.ns_workspace_bytes()[0]
+    live_before = dmuon.engine_bytes()[0]
     with StepAllocations() as count:
         o = torch.empty(rows, cols)
         ns.run([u], [o], rows, cols)
     workspace = F32 * (2 * rows * cols + 4 * rows * rows + 2)
-    assert dmuon.ns_workspace_bytes()[0] - live_before == workspace  # pooled for the next call
+    assert dmuon.engine_bytes()[0] - live_before == workspace  # pooled for the next call
     assert count.peak == o.nbytes + workspace
 
 
@@ -130,3 +131,7 @@ def test_held_bytes_by_what_keeps_them():
     assert held["total"] == held["weights"] + held["state"] + held["other"] + held["engine"]
     model[0].weight.grad = torch.zeros(20, 10)
     assert held_bytes(model, opt)["other"] == 30 * F32 + 200 * F32  # a kept gradient counts as other
+    # An owner-held matrix away from its owner: a placeholder without storage counts nothing
+    from dmuon.torch.held.placeholder import HeldElsewhere
+    model[1].weight = torch.nn.Parameter(HeldElsewhere((5, 20), torch.float32, "cpu", "1.weight", owner=1))
+    assert held_bytes(model, opt)["weights"] == 220 * F32

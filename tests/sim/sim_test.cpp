@@ -203,6 +203,55 @@ TEST(Simulator, AdamWStepWorkedByHand) {
   near(d.bytes_per_device, 12000);
 }
 
+// Memory per rank by hand: one unit of an elementwise 10 and two matrices 4×6 (24) and 2×3 (6), 40 elements, at 2
+// ranks. Even layout: rank 0 [0, 20) holds the 10 elementwise and 10 of the 4×6, rank 1 its other 14 and the 2×3.
+// DMuon's owners: the 4×6 on rank 1, the 2×3 on rank 0, the elementwise 5 and 5.
+TEST(Simulator, MemoryPerRankWorkedByHand) {
+  HardwareProfile hw = test_profile();
+  hw.ns_bytes_per_element = 2;
+  hw.batched_kernels = true;
+  const std::vector<ParamSpec> params = {{"n", {10}, ParamRole::elementwise, 0},
+                                         {"a", {4, 6}, ParamRole::matrix, 0},
+                                         {"b", {2, 3}, ParamRole::matrix, 0}};
+  const std::vector<int> owner = {-1, 1, 0};
+  const auto at = [&](ComparedOptimizer o) { return rank_memory(params, owner, 2, o, hw); };
+  const std::vector<RankMemory> adamw = at(ComparedOptimizer::adamw);
+  for (const RankMemory& r : adamw) {  // 20 elements each: weights, gradients, m and v; a sum slot per parameter
+    EXPECT_EQ(r.weights, 80);
+    EXPECT_EQ(r.gradients, 80);
+    EXPECT_EQ(r.state, 160);
+    EXPECT_EQ(r.step_buffers + r.ns_workspace, 0);
+    EXPECT_EQ(r.slots, 24);
+    EXPECT_EQ(r.held(), 344);
+  }
+  // Gather-then-compute: momentum on its matrix pieces, m and v on its elementwise ones; U of both matrices (30), its
+  // all-gather's send (its pieces) and receive (30) buffers; the workspace of the 4×6 (m 4, n 6: 2·24 + 4·16) at 2
+  // bytes and 8 bytes of norms (one matrix per shape); a norm slot per matrix.
+  const std::vector<RankMemory> gather = at(ComparedOptimizer::muon_gather);
+  EXPECT_EQ(gather[0].state, 4 * (10 + 2 * 10));
+  EXPECT_EQ(gather[1].state, 4 * (14 + 6));
+  EXPECT_EQ(gather[0].step_buffers, 4 * (30 + 10 + 30));
+  EXPECT_EQ(gather[1].step_buffers, 4 * (30 + 20 + 30));
+  EXPECT_EQ(gather[0].ns_workspace, 2 * (2 * 24 + 4 * 16) + 8);
+  EXPECT_EQ(gather[0].slots, 8 * (3 + 2));
+  // DMuon: rank 1 holds the 4×6 whole and 5 elementwise (29), rank 0 the 2×3 and 5 (11); each its own U and workspace
+  // (the 2×3: m 2, n 3).
+  const std::vector<RankMemory> dmuon = at(ComparedOptimizer::dmuon);
+  EXPECT_EQ(dmuon[1].weights, 4 * 29);
+  EXPECT_EQ(dmuon[0].weights, 4 * 11);
+  EXPECT_EQ(dmuon[1].state, 4 * (24 + 2 * 5));
+  EXPECT_EQ(dmuon[1].step_buffers, 4 * 24);
+  EXPECT_EQ(dmuon[0].step_buffers, 4 * 6);
+  EXPECT_EQ(dmuon[1].ns_workspace, 2 * (2 * 24 + 4 * 16) + 8);
+  EXPECT_EQ(dmuon[0].ns_workspace, 2 * (2 * 6 + 4 * 4) + 8);
+  EXPECT_EQ(fullest_rank(dmuon), 1);
+  // simulate_step reports the same for its plan's owners.
+  SimOptions o;
+  const SimResult r = simulate_step(params, hw, {2, 8}, o);
+  EXPECT_EQ(r.memory.at(ComparedOptimizer::dmuon)[0].held(),
+            rank_memory(params, r.plan.owner, 2, ComparedOptimizer::dmuon, hw)[0].held());
+}
+
 TEST(Simulator, OneDeviceHasNoCommunication) {
   const SimResult r = simulate_step(small_model(), test_profile(), {1, 8}, quick_options());
   for (ComparedOptimizer o : compared_optimizers()) {
