@@ -318,10 +318,13 @@ struct Runner {
   // Collective.
   void measure_memory(comm::Comm& world, const Setup& setup, const Variant& v, size_t before) {
     step(world, 0, false);
-    const size_t held = buffer_bytes().live - before, held_then = buffer_bytes(/*reset_peak=*/true).live;
+    const size_t held = buffer_bytes().live - before;
     std::vector<double> mine = {static_cast<double>(held), static_cast<double>(ns_workspace_bytes().live)};
-    step(world, 0, false);
-    mine.push_back(static_cast<double>(buffer_bytes().peak - held_then));
+    backward(*stack.params, 0);  // its unit gathers come and go before the step
+    const size_t before_step = buffer_bytes(/*reset_peak=*/true).live;
+    stack.optimizer->step();
+    stack.params->backend().synchronize();
+    mine.push_back(static_cast<double>(buffer_bytes().peak - before_step));
     std::vector<double> all(mine.size() * world.size());
     world.all_gather<double>(mine, all).wait();
     for (int r = 0; r < world.size(); ++r) {

@@ -119,6 +119,9 @@ DMUON_C_API int dmuon_ns_run(dmuon_ns* ns, int device, int dtype, void* stream, 
  * *peak; reset_peak 1 then starts the peak again from *live. The engine's own memory, which the caller's allocator
  * does not see (the memory table of python/benchmarks/fsdp2_owner_step.py). Either pointer may be NULL. */
 DMUON_C_API void dmuon_engine_bytes(uint64_t* live, uint64_t* peak, int reset_peak);
+/* Frees the Newton-Schulz workspaces the engine pools between calls (the next call allocates its own again), e.g. so
+ * that a benchmark counts each optimizer's own. */
+DMUON_C_API void dmuon_release_workspaces(void);
 
 /* ---- Muon's update rule around Newton-Schulz (DESIGN 1) ----
  *

@@ -139,8 +139,9 @@ struct StepBreakdown {
 // are their own masters. docs/simulator.md, "Memory per rank".
 struct RankMemory {
   double weights = 0;       // the rank's shard of every unit: the even layout's, or DMuon's owner-aligned one (its
-                            // matrices whole, an even share of the elementwise parameters)
-  double gradients = 0;     // its shard's reduced gradients (kept by ShardedParams between steps)
+                            // matrices whole, an even share of the elementwise parameters, and a whole copy of
+                            // each elementwise parameter that share cuts across ranks)
+  double gradients = 0;     // the same for the gradients (kept by ShardedParams between steps)
   double state = 0;         // AdamW's m and v of what it updates with AdamW; the Muon momentum of its matrix pieces
   double step_buffers = 0;  // what the Muon step allocates at its first update and keeps: U (then O) of every matrix
                             // the rank orthogonalizes (DMuon: those it owns; gather-then-compute: all), a column

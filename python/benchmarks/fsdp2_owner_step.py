@@ -449,6 +449,8 @@ def measure(name, config, tokens, tp, micro_batches, steps, warmup, mp_policy, t
     """tuner: the +tuned row's (its cache), None for the untuned one (tune_cache=None)."""
     world, rank = dist.get_world_size(), dist.get_rank()
     dp, dp_rank = world // tp, rank // tp  # the T ranks of a TP group train the same batch
+    if dmuon.library_error() is None:
+        dmuon.release_workspaces()  # the engine's pooled workspaces in this row's memory table are its own
     model, opt, held = build(name, config, tp, mp_policy, tuner.path if tuner else None)
     batch = max(1, tokens // SEQ // dp // micro_batches)  # sequences per data-parallel rank and micro-batch
     gen = torch.Generator().manual_seed(1)

@@ -19,12 +19,13 @@ from dmuon._capi import (
     UnsupportedError,
     adamw_step,
     default_tune_cache_path,
+    engine_bytes,
     library_error,
     model_params,
     muon_apply,
     muon_momentum,
-    engine_bytes,
     plan_owners,
+    release_workspaces,
     supports,
     tune,
 )
@@ -33,6 +34,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DEVICE_CPU", "DEVICE_CUDA", "DTYPE_BF16", "DTYPE_F32", "DmuonError", "Orthogonalizer", "UnsupportedError",
-    "adamw_step", "default_tune_cache_path", "library_error", "model_params", "muon_apply", "muon_momentum",
-    "engine_bytes", "plan_owners", "supports", "tune",
+    "adamw_step", "default_tune_cache_path", "engine_bytes", "library_error", "model_params", "muon_apply",
+    "muon_momentum", "plan_owners", "release_workspaces", "supports", "tune",
 ]

@@ -96,6 +96,7 @@ def library():
         "dmuon_ns_tuned_entries": (c_i64, [c_void_p]),
         "dmuon_ns_warning": (c_char_p, [c_void_p]),
         "dmuon_engine_bytes": (None, [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), c_int]),
+        "dmuon_release_workspaces": (None, []),
         "dmuon_ns_set_check_finite": (c_int, [c_void_p, c_int]),
         "dmuon_ns_set_dtype": (c_int, [c_void_p, c_int]),
         "dmuon_ns_run": (c_int, [c_void_p, c_int, c_int, c_void_p, p_void, p_int, p_void, p_int, c_i64, c_i64, c_i64,
@@ -190,6 +191,11 @@ def engine_bytes(reset_peak=False):
     live, peak = ctypes.c_uint64(0), ctypes.c_uint64(0)
     library().dmuon_engine_bytes(ctypes.byref(live), ctypes.byref(peak), int(reset_peak))
     return live.value, peak.value
+
+
+def release_workspaces():
+    """Frees the Newton–Schulz workspaces the engine pools between calls (the next call allocates its own again)."""
+    library().dmuon_release_workspaces()
 
 
 class Orthogonalizer:

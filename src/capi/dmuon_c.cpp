@@ -355,6 +355,8 @@ void dmuon_engine_bytes(uint64_t* live, uint64_t* peak, int reset_peak) {
   if (peak) *peak = bytes.peak;
 }
 
+void dmuon_release_workspaces(void) { dmuon::ns_release_workspaces(); }
+
 int64_t dmuon_ns_tuned_entries(const dmuon_ns* ns) {
   if (!ns) return 0;
   // The settings' entries, each setting once (without bf16 matrix units, calls that ask for none take float32's).

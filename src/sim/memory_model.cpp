@@ -24,6 +24,8 @@ int64_t overlap(int64_t lo, int64_t hi, int64_t a, int64_t b) { return std::max<
 // matrix whole on its owner, each unit's elementwise parameters cut evenly).
 struct Pieces {
   std::vector<int64_t> matrix, elementwise;
+  int64_t cut_copies = 0;  // owner-aligned: elements of the elementwise parameters cut across shards (every rank
+                           // keeps a whole copy of each, and of its gradient: shard.hpp's multi-segment parameters)
 };
 Pieces shard_pieces(const std::vector<ParamSpec>& params, const std::vector<int>& owner, int devices, bool owned) {
   Pieces out{std::vector<int64_t>(devices, 0), std::vector<int64_t>(devices, 0)};
@@ -40,6 +42,19 @@ Pieces shard_pieces(const std::vector<ParamSpec>& params, const std::vector<int>
       for (size_t i = 0; i < params.size(); ++i)
         if (params[i].unit == u && params[i].role == ParamRole::matrix) out.matrix[owner[i]] += params[i].numel();
       for (int r = 0; r < devices; ++r) out.elementwise[r] += even_share(pool, devices, r);
+      int64_t at = 0;  // each elementwise parameter's range [at, at + n) of the pool, against the ranks' ranges
+      for (const auto& p : params) {
+        if (p.unit != u || p.role == ParamRole::matrix) continue;
+        int ranks_holding = 0;
+        int64_t lo = 0;
+        for (int r = 0; r < devices; ++r) {
+          const int64_t hi = lo + even_share(pool, devices, r);
+          ranks_holding += overlap(lo, hi, at, at + p.numel()) > 0 ? 1 : 0;
+          lo = hi;
+        }
+        if (ranks_holding > 1) out.cut_copies += p.numel();
+        at += p.numel();
+      }
       continue;
     }
     int64_t lo = 0;  // rank r's shard [lo, lo + share) of the unit's packed elements
@@ -91,7 +106,7 @@ std::vector<RankMemory> rank_memory(const std::vector<ParamSpec>& params, const 
   std::vector<RankMemory> out(devices);
   for (int r = 0; r < devices; ++r) {
     const double shard = static_cast<double>(pieces.matrix[r] + pieces.elementwise[r]);
-    out[r].weights = out[r].gradients = kF32 * shard;
+    out[r].weights = out[r].gradients = kF32 * (shard + static_cast<double>(pieces.cut_copies));
     // AdamW: m and v of every element it updates; the Muon optimizers: momentum of their matrix pieces.
     out[r].state = optimizer == ComparedOptimizer::adamw
                        ? 2 * kF32 * shard

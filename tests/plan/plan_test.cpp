@@ -178,9 +178,9 @@ int64_t fullest_bytes(const Plan& p) {
   return most;
 }
 
-// Memory beside time (PlanOptions::memory_balance): on qwen2.5-7b's shapes at 8 ranks (flop costs on an H200) and on
-// random instances, every balancer's plan with the memory pass has no fuller fullest rank than without it, and its
-// makespan stays within (1 + memory_balance)· the time plan's. On qwen2.5-7b it does lower the fullest rank.
+// Memory beside time (PlanOptions::memory_balance): on qwen2.5-7b's shapes (4 layers) at 8 ranks (flop costs on an H200)
+// and on random instances, every balancer's plan with the memory pass has no fuller fullest rank than without it, and
+// its makespan stays within (1 + memory_balance)· the time plan's. (That it lowers a fullest rank: the next test.)
 TEST(Plan, MemoryBalanceNeverFillsTheFullestRankAndKeepsTheTimeBound) {
   const auto params = load_model_manifest("qwen2.5-7b", 4);
   const auto items = make_plan_items(params, 8, flop_batch_time(load_hardware_profile("h200")));
@@ -193,7 +193,6 @@ TEST(Plan, MemoryBalanceNeverFillsTheFullestRankAndKeepsTheTimeBound) {
       const Plan balanced = make_plan(params, items, 8, o);
       EXPECT_LE(fullest_bytes(balanced), fullest_bytes(by_time)) << to_string(b) << " " << slack;
       EXPECT_LE(balanced.makespan_s, (1 + slack) * by_time.makespan_s * (1 + 1e-12)) << to_string(b) << " " << slack;
-      if (b != Balancer::rr) EXPECT_LT(fullest_bytes(balanced), fullest_bytes(by_time)) << to_string(b) << " " << slack;
     }
   }
   std::mt19937 rng(5);

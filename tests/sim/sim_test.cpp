@@ -234,11 +234,13 @@ TEST(Simulator, MemoryPerRankWorkedByHand) {
   EXPECT_EQ(gather[1].step_buffers, 4 * (30 + 20 + 30));
   EXPECT_EQ(gather[0].ns_workspace, 2 * (2 * 24 + 4 * 16) + 8);
   EXPECT_EQ(gather[0].slots, 8 * (3 + 2));
-  // DMuon: rank 1 holds the 4×6 whole and 5 elementwise (29), rank 0 the 2×3 and 5 (11); each its own U and workspace
-  // (the 2×3: m 2, n 3).
+  // DMuon: rank 1 holds the 4×6 whole and 5 elementwise (29), rank 0 the 2×3 and 5 (11), and each a whole copy of
+  // the elementwise 10 (cut across both: ShardedParams' multi-segment copy); each its own U and workspace (the 2×3:
+  // m 2, n 3).
   const std::vector<RankMemory> dmuon = at(ComparedOptimizer::dmuon);
-  EXPECT_EQ(dmuon[1].weights, 4 * 29);
-  EXPECT_EQ(dmuon[0].weights, 4 * 11);
+  EXPECT_EQ(dmuon[1].weights, 4 * (29 + 10));
+  EXPECT_EQ(dmuon[0].weights, 4 * (11 + 10));
+  EXPECT_EQ(dmuon[0].gradients, dmuon[0].weights);
   EXPECT_EQ(dmuon[1].state, 4 * (24 + 2 * 5));
   EXPECT_EQ(dmuon[1].step_buffers, 4 * 24);
   EXPECT_EQ(dmuon[0].step_buffers, 4 * 6);
