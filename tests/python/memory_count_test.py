@@ -25,7 +25,12 @@ F32 = 4
 
 
 def test_counts_each_new_storage_from_allocation_to_free():
+    before = torch.zeros(100)                  # allocated before: what ops do to it inside allocates nothing
     with StepAllocations(engine=None) as count:
+        before.add_(1)
+        torch.mul(before, 2, out=before)
+        before[10:].mul_(3)
+        assert count.live == 0
         a = torch.zeros(1000)                  # 4000 B
         assert count.live == 1000 * F32
         view = a[10:]
