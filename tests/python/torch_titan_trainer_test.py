@@ -152,7 +152,8 @@ def refused_under_plain_trainer(assets):
     config = titan_trainer_config.llama3_dmuon_owner_held_cpu()
     fields = {f.name: getattr(config, f.name) for f in dataclasses.fields(config) if f.init}
     try:
-        Trainer.Config(**{**fields, "hf_assets_path": str(assets["tokenizer"])}).build()
+        Trainer.Config(**{**fields, "hf_assets_path": str(assets["tokenizer"]), "dataloader": dataclasses.replace(
+            config.dataloader, dataset_path=str(assets["one"]))}).build()
         return ["owner_held under torchtitan's Trainer was not refused"]
     except ValueError as e:
         if "DMuonTrainer" not in str(e) or "training.max_norm=1.0" not in str(e):
