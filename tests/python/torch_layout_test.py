@@ -8,7 +8,7 @@ from torch.distributed.tensor import Replicate, Shard
 
 from dmuon.torch.layout import Layout
 from dmuon.torch.muon_options import DEFAULTS, MuonOptions
-from dmuon.torch.muon_step import MuonMatrix, assign_owners, matrices_of
+from dmuon.torch.matrices import MuonMatrix, assign_owners, matrices_of
 from dmuon.torch.placements import mesh_holdings, replicated_holdings, row_chunk_holdings
 
 HSDP = ((2, 2), (Replicate(), Shard(0)))  # ranks [[0, 1], [2, 3]]: mesh dim 0 replicates, dim 1 shards

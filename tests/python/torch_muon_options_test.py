@@ -30,7 +30,7 @@ from torch.optim import lr_scheduler
 
 from dmuon.torch import Attention, DMuon, FusedAttention, LatentAttention, QKClip, hf_qk_clip
 from dmuon.torch.muon_options import SCALES, muon_scale
-from dmuon.torch.normuon import pack, packed_numel, unpack
+from dmuon.torch.exchange import pack, packed_numel, unpack
 from dmuon.torch.qk_clip import heads_of_rows
 from dmuon.torch.qk_clip_hf import heads_computed
 from muon_reference import KELLER, fused_qk_clip_ref, latent_qk_clip_ref, newton_schulz_ref, qk_clip_ref, update_scale

@@ -1,6 +1,6 @@
 """The engine seam of dmuon.torch: who computes Muon's update of a step, behind one protocol.
 
-muon_step.py decides what each rank computes and moves the pieces; an engine does the arithmetic, on this rank's
+exchange.py decides what each rank computes and moves the pieces; an engine does the arithmetic, on this rank's
 tensors, in calls batched per bucket and param group:
 
   newton_schulz(options)  a handle of one Newton–Schulz setting (MuonOptions.newton_schulz; DMuon.ns_of keeps one

@@ -6,7 +6,7 @@ Semantics are DESIGN section 1 and the C++ optimizers': one global gradient norm
 non-finite check, agreed across ranks), AdamW as torch.optim.AdamW (bias-corrected, decoupled decay),
 Muon's lerp momentum with Nesterov, Newton–Schulz, the chosen scale, decoupled decay with the
 unscaled lr. Each Muon matrix (an expert of an (E, m, n) stack is one) has one owner rank in the
-whole group, which alone runs its Newton–Schulz (muon_step.py).
+whole group, which alone runs its Newton–Schulz (matrices.py, exchange.py).
 
 Optimizer state follows torch.optim.AdamW under FSDP2, so torch.distributed.checkpoint saves and
 reshards it: state[param] holds tensors laid out as the parameter (DTensors with its mesh and
@@ -14,7 +14,6 @@ placements for a DTensor parameter, full tensors for a replicated one), created 
 """
 
 import copy
-import math
 import weakref
 
 import torch
@@ -26,11 +25,14 @@ from dmuon.torch.collectives import Group
 from dmuon.torch.dense import check_writable
 from dmuon.torch.engine import ENGINES, make_engine
 from dmuon.torch.gradient_check import GradientCheck
-from dmuon.torch.layout import as_placed, describe, is_dtensor
+from dmuon.torch.dtensors import as_placed, is_dtensor
+from dmuon.torch.exchange import Exchange
+from dmuon.torch.layout import describe
+from dmuon.torch.matrices import (assign_owners, buckets_of, check_filter_layout, is_stack, matrices_of,
+                                  parameter_matrices)
 from dmuon.torch.muon_options import MuonOptions, check_options
-from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, matrices_of
-from dmuon.torch.normuon import width, zero_variance
 from dmuon.torch.params import MUON_ONLY, without_compile_prefix, is_expert_stack_by_default, module_groups, split_groups
+from dmuon.torch.variants import variant_of
 
 _BALANCERS = ("milp", "lpt", "rr")
 _COUNTERS = ("updates", "skipped_steps")  # kept in every param group, so checkpoints carry them
@@ -191,19 +193,16 @@ class DMuon(torch.optim.Optimizer):
                         raise ValueError(f"DMuon: some parameters appear in more than one parameter group: "
                                          f"'{name}' (also '{seen[id(layout.tensor)]}')")
                     seen[id(layout.tensor)] = name
-                    if g["use_muon"] and self.experts(name, layout.global_shape) and len(layout.global_shape) != 3:
-                        raise ValueError(f"DMuon: parameter '{name}' of shape {layout.global_shape} is marked a "
-                                         "stack of experts (the experts predicate); a stack is (E, rows, cols)")
-                    if g["use_muon"] and len(layout.global_shape) >= 3 and not self.experts(name, layout.global_shape) \
-                            and not all(h.whole_along(layout.global_shape, range(1, len(layout.global_shape)))
-                                        for h in layout.holdings):
-                        raise ValueError(f"DMuon: parameter '{name}' of shape {layout.global_shape} is one (out, in·k…) "
-                                         f"matrix for Muon (a filter), but its placements {layout.placements} split "
-                                         "its dims ≥ 1 (dmuon takes such a filter sharded on dim 0 only)")
                     if g["use_muon"]:
-                        for expert, rows, cols in matrices_of(layout.global_shape,
-                                                              self.experts(name, layout.global_shape)):
+                        stack = is_stack(name, layout.global_shape, self.experts)
+                        check_filter_layout(name, layout.global_shape, stack, layout)
+                        for expert, rows, cols in matrices_of(layout.global_shape, stack):
                             MuonOptions.of_group(g).blocks(rows, cols, name)
+                        if layout.held is not None and layout.held.stack != stack:
+                            raise ValueError(f"DMuon: parameter '{name}' of shape {layout.global_shape} was held "
+                                             f"(dmuon.torch.hold_on_owners) as {_as_stack(layout.held.stack)}, but "
+                                             f"DMuon's experts predicate takes it as {_as_stack(stack)}: give both "
+                                             "the same experts=")
                     if layout.held is not None and not g["use_muon"]:
                         raise ValueError(f"DMuon: parameter '{name}' is held on its owner "
                                          "(dmuon.torch.hold_on_owners) for Muon, but its param group is AdamW's")
@@ -249,12 +248,9 @@ class DMuon(torch.optim.Optimizer):
             self.param_groups_names.append(name)
             self._layouts.append(layout)
             self._groups.append(group)
-            if group["use_muon"]:
-                for expert, rows, cols in matrices_of(layout.global_shape, self.experts(name, layout.global_shape)):
-                    if rows == 0 or cols == 0:
-                        continue  # an empty matrix: nothing to orthogonalize or update
-                    matrices.append(MuonMatrix(i, expert, name + ("" if expert is None else f"[{expert}]"), layout,
-                                               group, rows, cols, MuonOptions.of_group(group)))
+            if group["use_muon"]:  # an empty matrix has none: nothing to orthogonalize or update
+                matrices.extend(parameter_matrices(i, name, layout, group, MuonOptions.of_group(group),
+                                                   is_stack(name, layout.global_shape, self.experts)))
         assign_owners(matrices, self.comm.world,
                       lambda shapes, world, blocks: plan_on_rank0(self.comm, shapes, self._balancer, self._threads,
                                                                   self._tune_cache, blocks))
@@ -262,7 +258,7 @@ class DMuon(torch.optim.Optimizer):
         self.owners.update((k.name, k.owner) for k in matrices)
         for k in matrices:
             self.ns_of(k.options)
-        self._buckets = _buckets(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
+        self._buckets = buckets_of(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
         for i in range(first, len(self._layouts)):
             self._zero_state(i)
 
@@ -320,7 +316,7 @@ class DMuon(torch.optim.Optimizer):
         for k in self._matrices:
             k.options = MuonOptions.of_group(k.group)
             self.ns_of(k.options)
-        self._buckets = _buckets(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
+        self._buckets = buckets_of(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
 
     @property
     def updates(self):
@@ -355,14 +351,14 @@ class DMuon(torch.optim.Optimizer):
             return torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format, requires_grad=False)
 
         if self._groups[i]["use_muon"]:
-            self.state[p] = {"momentum_buffer": zeros()}
             options = MuonOptions.of_group(self._groups[i])
-            if options.normuon:  # NorMuon's v, laid out as the parameter's rows (normuon.py)
-                name, shape = self.param_groups_names[i], self._layouts[i].global_shape
-                experts = self.experts(name, shape)
-                rows, cols = (shape[1], shape[2]) if experts else (shape[0], math.prod(shape[1:]))
-                self.state[p]["variance_neuron"] = zero_variance(self._layouts[i], experts,
-                                                                 width(options, rows, cols, name), dtype)
+            name, shape = self.param_groups_names[i], self._layouts[i].global_shape
+            stack = is_stack(name, shape, self.experts)
+            _, rows, cols = matrices_of(shape, stack)[0]
+            variant = variant_of(options)  # its state besides the momentum (variants/)
+            self.state[p] = {"momentum_buffer": zeros(),
+                             **variant.zero_state(self._layouts[i], stack, variant.width(options, rows, cols, name),
+                                                  dtype)}
         else:
             # "step" on the parameter's device, as torch.optim.AdamW's fused step keeps it
             self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device), "exp_avg": zeros(),
@@ -410,12 +406,11 @@ class DMuon(torch.optim.Optimizer):
             layout = self._layouts[i]
             return layout.local(self.state[layout.tensor]["momentum_buffer"])
 
-        def variance(i):
-            layout = self._layouts[i]
-            return layout.local(self.state[layout.tensor]["variance_neuron"])
+        def row_state(k):
+            return k.layout.local(self.state[k.layout.tensor][k.variant.row_state])
 
-        muon = MuonStep(self.comm, self.engine, self.ns_of, momentum, grads, check,
-                        lambda k: self._state_dtype_of(k.layout.tensor), variance)
+        muon = Exchange(self.comm, self.engine, self.ns_of, momentum, grads, check,
+                        lambda k: self._state_dtype_of(k.layout.tensor), row_state)
         me = self.comm.rank
         # Every matrix that may have a gradient takes part (whether it has one anywhere is known on the
         # device only); owner-held buckets (their own, see _buckets) run on the owner alone, where nothing
@@ -637,18 +632,5 @@ def _check_values(prefix, suffix, lr=None, momentum=None, eps=None, betas=None, 
         bad(f"Invalid weight_decay value: {weight_decay}")
 
 
-def _buckets(matrices, state_dtype_of):
-    """Muon matrices batched by (rows, cols, momentum dtype, device, owner-held, options), largest
-    Newton–Schulz work first (its communication then overlaps the smaller buckets' Newton–Schulz);
-    ties in a fixed order. Owner-held matrices get buckets of their own, which move nothing."""
-    by_key = {}
-    for k in matrices:
-        key = (k.rows, k.cols, str(state_dtype_of(k)), k.layout.local(k.layout.tensor).device.type,
-               k.layout.held is not None, k.options)
-        by_key.setdefault(key, []).append(k)
-
-    def work(key):
-        rows, cols = key[0], key[1]
-        m, n = min(rows, cols), max(rows, cols)
-        return (-len(by_key[key]) * m * m * n, key[:-1], repr(key[-1]))
-    return [by_key[key] for key in sorted(by_key, key=work)]
+def _as_stack(stack):
+    return "a stack of experts" if stack else "one matrix"

@@ -27,7 +27,7 @@ from torchtitan.components.optimizer import OptimizersContainer
 
 from dmuon.torch.frameworks import held_out_of_fully_shard
 from dmuon.torch.held.hold import hold_on_owners
-from dmuon.torch.layout import is_dtensor
+from dmuon.torch.dtensors import is_dtensor
 from dmuon.torch.optimizer import DMuon
 from dmuon.torch.params import module_groups
 from dmuon.torch.torch_private import concatenated_mesh

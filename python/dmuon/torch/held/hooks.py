@@ -35,7 +35,7 @@ reading parameters on every rank).
 import torch
 import torch.utils._pytree as pytree
 
-from dmuon.torch.layout import is_dtensor
+from dmuon.torch.dtensors import is_dtensor
 
 from dmuon.torch.held.placeholder import HeldElsewhere, drop_scratch
 

@@ -11,7 +11,7 @@ of o's data-parallel coordinate d_o: rank (d_o, t) keeps slice t whole (its mast
 the data-parallel group of its TP rank (the D ranks (·, t)): the hooks move it there exactly as the
 mode without TP moves a matrix (groups.py, run once per TP coordinate side by side). In DMuon's
 step the matrix is pieces on the owner's TP group (holdings): its slices of U meet on o, which runs
-its Newton–Schulz once, and its slices of O go back (the all-to-all exchange of muon_step.py, every
+its Newton–Schulz once, and its slices of O go back (the all-to-all exchange of exchange.py, every
 byte of it within the TP group).
 
   group rank g = the frame mesh's flat index = (d, t)     dp_groups[t] = the group ranks (0, t), (1, t), …
@@ -20,7 +20,7 @@ Expert parallelism is the same frame with the EP mesh in the TP mesh's place: an
 Shard(0) over a 1-D EP mesh (transformers' grouped_gemm, torchtitan's routed experts) is held as its EP
 slices, whole experts, on the owner's EP group; the data-parallel mesh is then the expert-FSDP one ("efsdp",
 EP's sibling dims on the expert mesh). Every expert lies whole on one rank (d_o, t), which owns it in
-DMuon's step (muon_step.assign_owners): no byte of it moves there.
+DMuon's step (matrices.assign_owners): no byte of it moves there.
 
 What cannot be held (refused by name, with the reason): a matrix replicated over the TP dim (its
 Newton–Schulz would run once per TP rank, and TP may leave its gradient Partial()); an expert stack split
@@ -36,7 +36,7 @@ them).
 import math
 from dataclasses import dataclass
 
-from dmuon.torch.params import is_expert_stack_by_default
+from dmuon.torch.dtensors import is_dtensor
 from dmuon.torch.placements import Holding, Span, local_spans, unravel
 from dmuon.torch.torch_private import concatenated_mesh, placement_kind
 
@@ -86,12 +86,11 @@ def _refuse(name, reason):
     raise ValueError(f"dmuon.torch.hold_on_owners: parameter '{name}' {reason}")
 
 
-def tensor_parallel(chosen, mesh, group_ranks, rank):
+def tensor_parallel(chosen, mesh, group_ranks, rank, stacks):
     """The TensorParallel frame of the parameters to hold ([(name, parameter)]), None when none is a
     DTensor (the mode without TP). mesh: hold_on_owners's (the data-parallel mesh fully_shard gets, or
-    None: TP alone). ValueError naming the parameter and the reason for what cannot be held."""
-    from dmuon.torch.layout import is_dtensor
-
+    None: TP alone); stacks: name → whether it is a stack of experts (hold_on_owners's `experts` predicate,
+    matrices.is_stack). ValueError naming the parameter and the reason for what cannot be held."""
     dtensors = [(n, p) for n, p in chosen if is_dtensor(p)]
     if not dtensors:
         return None
@@ -110,7 +109,7 @@ def tensor_parallel(chosen, mesh, group_ranks, rank):
         if p.device_mesh != tp_mesh:
             _refuse(n, f"is on DeviceMesh {p.device_mesh}, '{name}' on {tp_mesh}: held matrices share one TP mesh")
         kind = placement_kind(p.placements[0], p.dim()) if len(p.placements) == 1 else None
-        if p.dim() != 2 and not (is_expert_stack_by_default(n, tuple(p.shape)) and kind == ("shard", 0)):
+        if p.dim() != 2 and not (stacks[n] and kind == ("shard", 0)):
             _refuse(n, f"of shape {tuple(p.shape)} is a DTensor with placements {tuple(p.placements)}: only 2-D "
                        "matrices under tensor parallelism and (E, m, n) expert stacks under expert parallelism "
                        "(Shard(0): whole experts per EP rank) can be held (an expert stack split within experts "
