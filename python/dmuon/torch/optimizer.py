@@ -30,7 +30,7 @@ from dmuon.torch.exchange import Exchange
 from dmuon.torch.layout import describe
 from dmuon.torch.matrices import (assign_owners, buckets_of, check_filter_layout, is_stack, matrices_of,
                                   parameter_matrices)
-from dmuon.torch.muon_options import MuonOptions, check_options
+from dmuon.torch.muon_options import DEFAULTS as MUON_DEFAULTS, MuonOptions, check_options
 from dmuon.torch.params import MUON_ONLY, without_compile_prefix, is_expert_stack_by_default, module_groups, split_groups
 from dmuon.torch.variants import variant_of
 
@@ -47,9 +47,12 @@ class DMuon(torch.optim.Optimizer):
     group's ranks, or a named slice of one: FSDP2, HSDP, tensor and expert parallelism, FSDP2 over TP;
     layout.py) or dmuon.torch.Sharded descriptions of dim-0 chunks.
 
+    Muon's options are keywords too (`options`): the keys of muon_options.DEFAULTS, whose values are their
+    defaults (ns_steps, coeffs, algo, scale, extra_scale_factor, cautious_wd, split_heads, split_sizes, split_dim,
+    variant, and each variant's own: normuon_beta2); any other keyword is a TypeError.
+
     `defaults` holds the per-group hyper-parameters and options under their keyword names (lr, momentum,
-    nesterov, weight_decay, Muon's options ns_steps, coeffs, algo, scale, extra_scale_factor, cautious_wd,
-    split_heads, split_sizes, split_dim, variant, normuon_beta2, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param
+    nesterov, weight_decay, Muon's options, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param
     group is all-Muon (keys lr, momentum, nesterov, weight_decay and Muon's options) or all-AdamW (lr,
     betas, eps, weight_decay), so a group's "lr" is the lr of every parameter in it and LR schedulers set
     it as torch.optim's. Muon's options (muon_options.py: the Newton–Schulz and its split, the update
@@ -101,17 +104,16 @@ class DMuon(torch.optim.Optimizer):
     # betas (0.9, 0.999)) and MuonScale::original is KellerJordan/Muon's, the definitions the golden tensors
     # pin; trainer.hpp's 3e-3 is the GPT example's.
     def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=None,
-                 adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, ns_steps=5, coeffs="keller",
-                 algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0, cautious_wd=False, split_heads=None,
-                 split_sizes=None, split_dim=0, variant="muon", normuon_beta2=0.95, balancer="milp",
+                 adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, balancer="milp",
                  process_group=None, clip_grad_norm=None, nonfinite="error", state_dtype=torch.float32,
-                 experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None, engine="auto"):
+                 experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None, engine="auto", **options):
+        unknown = next((key for key in options if key not in MUON_DEFAULTS), None)
+        if unknown is not None:  # Python's own message for a keyword the signature lacks
+            raise TypeError(f"DMuon.__init__() got an unexpected keyword argument '{unknown}'")
         ns_dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(ns_dtype, ns_dtype)
         _check_choice("ns_dtype", ns_dtype, (None, "float32", "bfloat16"))
         _check_defaults(lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay)
-        muon = dict(ns_steps=ns_steps, coeffs=coeffs, algo=algo, scale=scale, extra_scale_factor=extra_scale_factor,
-                    cautious_wd=cautious_wd, split_heads=split_heads, split_sizes=split_sizes, split_dim=split_dim,
-                    variant=variant, normuon_beta2=normuon_beta2)
+        muon = {**MUON_DEFAULTS, **options}  # Muon's options: muon_options.DEFAULTS, the one table
         check_options(muon, "DMuon")
         _check_choice("balancer", balancer, _BALANCERS)
         _check_choice("nonfinite", nonfinite, ("error", "skip"))
