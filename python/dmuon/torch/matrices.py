@@ -36,6 +36,12 @@ def is_stack(name, global_shape, experts, where="DMuon"):
     return stack
 
 
+def stack_of(name, layout, experts):
+    """is_stack for a parameter of this layout.Layout: an owner-held one is what hold_on_owners took it as (its own
+    experts predicate, HeldParam.stack), so it is updated as the matrices it was costed and held as."""
+    return layout.held.stack if layout.held is not None else is_stack(name, layout.global_shape, experts)
+
+
 def matrices_of(global_shape, experts):
     """[(expert or None, rows, cols)]: the Muon matrices of a parameter of this shape; experts: it is
     an (E, m, n) stack of experts (else a ≥ 3-D parameter is one (out, in·k…) matrix, a conv filter)."""

@@ -19,22 +19,24 @@ import weakref
 import torch
 
 import dmuon
-from dmuon.torch.adamw import adamw_step
+from dmuon.torch.adamw import adamw_phase
 from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
+from dmuon.torch.arguments import check_arguments, check_group
 from dmuon.torch.collectives import Group
 from dmuon.torch.dense import check_writable
-from dmuon.torch.engine import ENGINES, make_engine
-from dmuon.torch.gradient_check import GradientCheck
+from dmuon.torch.engine import make_engine
 from dmuon.torch.dtensors import as_placed, is_dtensor
 from dmuon.torch.exchange import Exchange
+from dmuon.torch.frameworks import replaced_parameters
+from dmuon.torch.gradient_check import GradientCheck
+from dmuon.torch.held.hold import adopt_replaced
 from dmuon.torch.layout import describe
-from dmuon.torch.matrices import (assign_owners, buckets_of, check_filter_layout, is_stack, matrices_of,
-                                  parameter_matrices)
+from dmuon.torch.matrices import (assign_owners, buckets_of, check_filter_layout, matrices_of,
+                                  parameter_matrices, stack_of)
 from dmuon.torch.muon_options import DEFAULTS as MUON_DEFAULTS, MuonOptions, check_options
-from dmuon.torch.params import MUON_ONLY, without_compile_prefix, is_expert_stack_by_default, module_groups, split_groups
+from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
 from dmuon.torch.variants import variant_of
 
-_BALANCERS = ("milp", "lpt", "rr")
 _COUNTERS = ("updates", "skipped_steps")  # kept in every param group, so checkpoints carry them
 
 
@@ -68,7 +70,8 @@ class DMuon(torch.optim.Optimizer):
 
     experts(name, global_shape) -> bool: which 3-D Muon parameters are stacks of experts (E
     matrices of m×n); by default those with "expert" in a name component. Every other ≥ 3-D
-    parameter is one (out, in·k…) matrix, as a convolution's filter.
+    parameter is one (out, in·k…) matrix, as a convolution's filter (matrices.py). An owner-held parameter
+    is what hold_on_owners took it as, by its own experts predicate.
 
     tune_cache: the Newton–Schulz tuning cache (`dmuon tune`, dmuon.tune) that picks each bucket's kernel
     (algo="auto") and the owner planner's costs: "" the default path (dmuon.default_tune_cache_path()),
@@ -107,21 +110,10 @@ class DMuon(torch.optim.Optimizer):
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, balancer="milp",
                  process_group=None, clip_grad_norm=None, nonfinite="error", state_dtype=torch.float32,
                  experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None, engine="auto", **options):
-        unknown = next((key for key in options if key not in MUON_DEFAULTS), None)
-        if unknown is not None:  # Python's own message for a keyword the signature lacks
-            raise TypeError(f"DMuon.__init__() got an unexpected keyword argument '{unknown}'")
         ns_dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(ns_dtype, ns_dtype)
-        _check_choice("ns_dtype", ns_dtype, (None, "float32", "bfloat16"))
-        _check_defaults(lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay)
         muon = {**MUON_DEFAULTS, **options}  # Muon's options: muon_options.DEFAULTS, the one table
-        check_options(muon, "DMuon")
-        _check_choice("balancer", balancer, _BALANCERS)
-        _check_choice("nonfinite", nonfinite, ("error", "skip"))
-        _check_choice("engine", engine, ENGINES)
-        if clip_grad_norm is not None and not clip_grad_norm > 0:
-            raise ValueError(f"DMuon: clip_grad_norm must be > 0 or None, got {clip_grad_norm}")
-        if state_dtype is not None and not (isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point):
-            raise ValueError(f"DMuon: state_dtype must be a floating-point torch.dtype or None, got {state_dtype!r}")
+        check_arguments(options, ns_dtype, lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps,
+                        adamw_weight_decay, muon, balancer, nonfinite, engine, clip_grad_norm, state_dtype)
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, adamw_lr=adamw_lr,
                         adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay,
                         **muon)
@@ -141,8 +133,7 @@ class DMuon(torch.optim.Optimizer):
         self._model = None  # DMuon(model): a weak reference to it, where _follow_replaced_parameters reads
         if isinstance(params, torch.nn.Module):
             self._model = weakref.ref(params)
-            for schedule in params.__dict__.get("_dmuon_held_schedules", ()):
-                schedule.adopt()  # parameter objects that .to_empty() replaced get their held marks
+            adopt_replaced(params)  # parameter objects that .to_empty() replaced get their held marks
             params = module_groups(params)
         torch_groups, layouts = self._parse(params, defaults, first_group=0)
         self._constructed = False
@@ -186,7 +177,7 @@ class DMuon(torch.optim.Optimizer):
             groups = split_groups(params, defaults, first_group, warn=self.comm.rank == 0, named_groups=named_groups)
             seen = {id(l.tensor): n for n, l in zip(self.param_groups_names, self._layouts)}
             for g in groups:
-                _check_hyper(g)
+                check_group(g)
                 for name, p in g["named"]:
                     layout = describe(name, p, self.comm.pg, self.comm.ranks, self.comm.rank)
                     if not layout.held_elsewhere:
@@ -196,15 +187,10 @@ class DMuon(torch.optim.Optimizer):
                                          f"'{name}' (also '{seen[id(layout.tensor)]}')")
                     seen[id(layout.tensor)] = name
                     if g["use_muon"]:
-                        stack = is_stack(name, layout.global_shape, self.experts)
+                        stack = stack_of(name, layout, self.experts)
                         check_filter_layout(name, layout.global_shape, stack, layout)
                         for expert, rows, cols in matrices_of(layout.global_shape, stack):
                             MuonOptions.of_group(g).blocks(rows, cols, name)
-                        if layout.held is not None and layout.held.stack != stack:
-                            raise ValueError(f"DMuon: parameter '{name}' of shape {layout.global_shape} was held "
-                                             f"(dmuon.torch.hold_on_owners) as {_as_stack(layout.held.stack)}, but "
-                                             f"DMuon's experts predicate takes it as {_as_stack(stack)}: give both "
-                                             "the same experts=")
                     if layout.held is not None and not g["use_muon"]:
                         raise ValueError(f"DMuon: parameter '{name}' is held on its owner "
                                          "(dmuon.torch.hold_on_owners) for Muon, but its param group is AdamW's")
@@ -252,7 +238,7 @@ class DMuon(torch.optim.Optimizer):
             self._groups.append(group)
             if group["use_muon"]:  # an empty matrix has none: nothing to orthogonalize or update
                 matrices.extend(parameter_matrices(i, name, layout, group, MuonOptions.of_group(group),
-                                                   is_stack(name, layout.global_shape, self.experts)))
+                                                   stack_of(name, layout, self.experts)))
         assign_owners(matrices, self.comm.world,
                       lambda shapes, world, blocks: plan_on_rank0(self.comm, shapes, self._balancer, self._threads,
                                                                   self._tune_cache, blocks))
@@ -265,39 +251,15 @@ class DMuon(torch.optim.Optimizer):
             self._zero_state(i)
 
     def _follow_replaced_parameters(self):
-        """Follows a framework that replaced the tensors in param_groups after construction: accelerate's
-        FSDP2 preparation (Accelerator.prepare(model, optimizer), as Hugging Face Trainer calls it with the
-        optimizer built before the model is sharded) puts each parameter's sharded DTensor in its place
-        (fsdp2_switch_optimizer_parameters). Before the first update DMuon then describes the new tensors
-        under the old names (collective: every rank meets the same replacement at the same call), plans
-        their owners and starts from zero state, as if it had been built over them; after an update the
-        state held for the old tensors would be lost, so it refuses, naming the fix. Built from the model
-        (DMuon(model)), it takes the tensors the model registers under those names: accelerate matches
-        parameters by data pointer, which owner-held placeholders (no storage) do not have, so its switch
-        puts another parameter in their place."""
-        current = [p for g in self.param_groups for p in g["params"]]
-        if len(current) == len(self._layouts) and all(p is l.tensor for p, l in zip(current, self._layouts)):
-            return
+        """Tracks anew the tensors a framework put in param_groups after construction (accelerate's FSDP2
+        preparation; frameworks.replaced_parameters says when and which), as if DMuon had been built over them:
+        their layouts, owners (collective: every rank meets the same replacement at the same call), zero state."""
         model = self._model() if self._model is not None else None
-        if model is not None and len(current) == len(self._layouts):
-            registered = {without_compile_prefix(n): p for n, p in model.named_parameters()}
-            if all(n in registered for n in self.param_groups_names):
-                current = [registered[n] for n in self.param_groups_names]
-        if len(current) != len(self._layouts):
-            raise ValueError(f"DMuon: param_groups hold {len(current)} parameters, DMuon was built over "
-                             f"{len(self._layouts)}; add parameters with add_param_group()")
-        if self._pending or any(self.param_groups[0][key] for key in _COUNTERS):
-            raise ValueError("DMuon: the tensors in param_groups were replaced after its first update (by a "
-                             "framework wrapping the model, such as accelerate's FSDP2 preparation); build DMuon "
-                             "before the model is wrapped and prepare both at once (Accelerator.prepare(model, "
-                             "optimizer)), or build it over the wrapped model")
-        groups, first = [], 0
-        for g in self.param_groups:
-            keys = ("lr", "weight_decay") + (MUON_ONLY if g["use_muon"] else ("betas", "eps"))
-            names = self.param_groups_names[first:first + len(g["params"])]
-            groups.append({"params": list(zip(names, current[first:first + len(names)])), "use_muon": g["use_muon"],
-                           **{k: g[k] for k in keys}})
-            first += len(g["params"])
+        updated = bool(self._pending) or any(self.param_groups[0][key] for key in _COUNTERS)
+        groups = replaced_parameters(self.param_groups, self.param_groups_names, [l.tensor for l in self._layouts],
+                                     model, updated)
+        if groups is None:
+            return
         self.param_groups_names, self._layouts, self._groups, self._matrices, self.owners = [], [], [], [], {}
         self.state.clear()
         torch_groups, layouts = self._parse(groups, self.defaults, first_group=0)
@@ -355,7 +317,7 @@ class DMuon(torch.optim.Optimizer):
         if self._groups[i]["use_muon"]:
             options = MuonOptions.of_group(self._groups[i])
             name, shape = self.param_groups_names[i], self._layouts[i].global_shape
-            stack = is_stack(name, shape, self.experts)
+            stack = stack_of(name, self._layouts[i], self.experts)
             _, rows, cols = matrices_of(shape, stack)[0]
             variant = variant_of(options)  # its state besides the momentum (variants/)
             self.state[p] = {"momentum_buffer": zeros(),
@@ -402,7 +364,7 @@ class DMuon(torch.optim.Optimizer):
                 raise ValueError(f"DMuon: parameter '{self.param_groups_names[i]}' requires grad on {ranks} of "
                                  f"{self.comm.world} ranks; every rank must set requires_grad alike")
         self._pending.append(check)
-        self._adamw(grads, taking_part, check)
+        adamw_phase(self._groups, self._layouts, self.state, grads, taking_part, check)
 
         def momentum(i):
             layout = self._layouts[i]
@@ -427,33 +389,6 @@ class DMuon(torch.optim.Optimizer):
             schedule.after_step()
         self._settle(arrived_only=True)
         return loss
-
-    def _adamw(self, grads, taking_part, check):
-        """The AdamW parameters' step: per param group, one fused call for those with a gradient here
-        (skipped when any gradient is non-finite) and one per parameter without one here (zeros,
-        skipped unless another rank has its gradient)."""
-        with_grad, without = {}, []  # with_grad: id(param group) → indices
-        for i, group in enumerate(self._groups):
-            if group["use_muon"] or not taking_part[i]:
-                continue
-            if grads[i] is None:
-                without.append(i)
-            else:
-                with_grad.setdefault(id(group), []).append(i)
-        for indices in with_grad.values():
-            self._adamw_call(indices, [grads[i] for i in indices], check, ~check.finite)
-        for i in without:
-            local = self._layouts[i].local(self._layouts[i].tensor)
-            self._adamw_call([i], [torch.zeros_like(local)], check, ~check.keep[i])
-
-    def _adamw_call(self, indices, grads, check, skip):
-        """One fused AdamW call for parameters `indices` of one param group."""
-        group = self._groups[indices[0]]
-        layouts = [self._layouts[i] for i in indices]
-        states = [self.state[l.tensor] for l in layouts]
-        adamw_step([l.local(l.tensor) for l in layouts], grads, [l.local(st["exp_avg"]) for l, st in zip(layouts, states)],
-                   [l.local(st["exp_avg_sq"]) for l, st in zip(layouts, states)], [st["step"] for st in states],
-                   group, check.grad_scale, skip)
 
     def _settle(self, arrived_only=False):
         """Reads the pending steps' GradientChecks in order (arrived_only: those that need no wait):
@@ -582,57 +517,3 @@ class DMuon(torch.optim.Optimizer):
                                  "(load another world size or layout with torch.distributed.checkpoint)")
             if value is not target:
                 self._layouts[i].local(target).copy_(self._layouts[i].local(value))
-
-
-def _check_choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f"DMuon: {name} must be one of {', '.join(str(c) for c in choices)}; got {value!r}")
-
-
-def _check_hyper(g):
-    """A param group's values, torch.optim's checks (after _check_defaults) with the group named."""
-    where = f"DMuon: param group of '{g['named'][0][0]}': "
-    if g["use_muon"]:
-        _check_values(where, "", lr=g["lr"], momentum=g["momentum"], weight_decay=g["weight_decay"])
-        check_options(g, where[:-2])
-    else:
-        _check_values(where, "", lr=g["lr"], eps=g["eps"], betas=g["betas"], weight_decay=g["weight_decay"])
-
-
-def _check_defaults(lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay):
-    """DMuon's hyper-parameter arguments, checked before its parameters as torch.optim's optimizers do, with
-    their messages (the adamw_ arguments named after them)."""
-    _check_values("", "", lr=lr, momentum=momentum, weight_decay=weight_decay)
-    _check_values("", " (adamw_lr)", lr=adamw_lr)
-    _check_values("", " (adamw_eps)", eps=adamw_eps)
-    _check_values("", " (adamw_betas)", betas=adamw_betas)
-    _check_values("", " (adamw_weight_decay)", weight_decay=adamw_weight_decay)
-
-
-def _check_values(prefix, suffix, lr=None, momentum=None, eps=None, betas=None, weight_decay=None):
-    """ValueError with torch.optim's message (Adam's, SGD's) for the first bad value given (None: not
-    given); a Muon momentum must also be below 1 and eps above 0."""
-    def bad(message):
-        raise ValueError(prefix + message + suffix)
-
-    if torch.is_tensor(lr) and lr.numel() != 1:
-        bad("Tensor lr must be 1-element")
-    if lr is not None and not 0.0 <= lr:
-        bad(f"Invalid learning rate: {lr}")
-    if momentum is not None and not 0.0 <= momentum < 1.0:
-        bad(f"Invalid momentum value: {momentum} (Muon's momentum is in [0, 1))")
-    if eps is not None and not 0.0 < eps:
-        bad(f"Invalid epsilon value: {eps} (must be > 0)")
-    if betas is not None:
-        betas = tuple(betas)
-        if len(betas) != 2:
-            bad(f"betas must be a pair (beta1, beta2), got {betas}")
-        for i, beta in enumerate(betas):
-            if not 0.0 <= beta < 1.0:
-                bad(f"Invalid beta parameter at index {i}: {beta}")
-    if weight_decay is not None and not 0.0 <= weight_decay:
-        bad(f"Invalid weight_decay value: {weight_decay}")
-
-
-def _as_stack(stack):
-    return "a stack of experts" if stack else "one matrix"

@@ -17,8 +17,8 @@ the slices of O back, within the owner's TP group.
 """
 
 import contextlib
-
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -40,6 +40,14 @@ from dmuon.torch.placements import owner_holdings
 from dmuon.torch.torch_private import fsdp_state_of
 
 MEMORY_SLACK = 0.25  # the planner's bound: a rank owns at most (1 + slack) · total / W bytes (plan.hpp)
+_SCHEDULES = weakref.WeakKeyDictionary()  # model → its HeldSchedules, in the order of its hold_on_owners calls
+
+
+def adopt_replaced(model):
+    """Gives the parameters that .to_empty() or .to() made after hold_on_owners(model) their held marks (each
+    schedule's adopt()): DMuon(model) and torchtitan's optimizer container call it."""
+    for schedule in _SCHEDULES.get(model, ()):
+        schedule.adopt()
 
 
 @dataclass(frozen=True)
@@ -193,9 +201,9 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     split options (split_heads, split_sizes, split_dim: those of the DMuon param group the parameter will be in): the
     planner costs a split matrix as its blocks, as DMuon does (without split, or where it gives None: the whole
     matrix; DMuon splits by its groups' options whatever was given here). experts(name, global_shape) → bool: which
-    3-D parameters are stacks of experts, DMuon's predicate (give both the same one; DMuon refuses a held parameter
-    its predicate takes otherwise): the planner costs a stack as its E matrices, any other ≥ 3-D parameter as one
-    (out, in·k…) filter (matrices.py). reshard_after_forward: as
+    3-D parameters are stacks of experts, as DMuon's (DMuon updates a held parameter as the matrices this call took
+    it as): the planner costs a stack as its E matrices, any other ≥ 3-D parameter as one (out, in·k…) filter
+    (matrices.py). reshard_after_forward: as
     fully_shard's; False keeps the weights from forward to backward. mp_policy: a MixedPrecisionPolicy
     for the held matrices (default: the one fully_shard gave the unit's module or its nearest sharded
     ancestor at the first forward, else none): the masters and DMuon's state stay in their dtype on the owner,
@@ -268,7 +276,7 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
         schedule.mark(n, registered[n], HeldParam(owners[n], tuple(comm.ranks), process_group, schedule, holdings[n],
                                                   stacks[n]))
     install_state_dict_hooks(model, None if tp is not None else _entry_mesh(mesh, global_ranks, comm), schedule, tp)
-    model.__dict__.setdefault("_dmuon_held_schedules", []).append(schedule)  # DMuon(model) adopts through it
+    _SCHEDULES.setdefault(model, []).append(schedule)  # DMuon(model) adopts through it (adopt_replaced)
     if chosen:
         torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
             model, [n for n, _ in chosen])
