@@ -34,7 +34,6 @@ reference after 10 steps.
 """
 
 import io
-import math
 
 import torch
 import torch.distributed as dist
@@ -46,7 +45,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from dmuon.torch import DMuon, Sharded, chunk_rows
 from dmuon.torch.mpirun import init_process_group
-from muon_reference import muon_apply_ref, newton_schulz_ref, scaled_orthogonal_ref
+from muon_reference import Reference, hyper_of, muon_matrices, newton_schulz_ref
 from rank_exit import exit_rank
 from rank_checks import check, finish
 
@@ -66,48 +65,6 @@ SPECS = [
 ]
 STEPS = 10
 TOLERANCE = 1e-5
-
-# ---- the reference (float64, one process, DESIGN 1 and 2.1) ----
-
-def muon_matrices(w):
-    """w as a (count, rows, cols) stack of its Muon matrices: a 3-D parameter is a stack of experts,
-    a 4-D one is viewed as (out, in·kh·kw)."""
-    return w if w.dim() == 3 else w.reshape(1, w.shape[0], -1)
-
-
-class Reference:
-    """Muon (lerp momentum, nesterov, NS per matrix, scale, decoupled decay; the options of a
-    parameter's hyper: ns_steps, scale, extra_scale_factor, cautious_wd, split, NorMuon) + AdamW
-    (torch.optim.AdamW), float64."""
-
-    def __init__(self, values, hyper, clip=None, scale="match_rms_adamw"):
-        self.w = {n: v.double().clone() for n, v in values.items()}
-        self.hyper, self.clip, self.scale = hyper, clip, scale
-        self.state = {n: {} for n in values}
-
-    def step(self, grads):
-        norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads.values()))
-        factor = self.clip / (norm + 1e-6) if self.clip and norm > self.clip else 1.0
-        for name, g in grads.items():
-            g = g.double() * factor
-            h, st, w = self.hyper[name], self.state[name], self.w[name]
-            if h["use_muon"]:
-                beta = h["momentum"]
-                st["m"] = beta * st.get("m", torch.zeros_like(w)) + (1 - beta) * g
-                u = (1 - beta) * g + beta * st["m"] if h["nesterov"] else st["m"]
-                variances = st.setdefault("normuon_v", {})  # NorMuon's, per matrix of the parameter, per block
-                so = torch.stack([scaled_orthogonal_ref(m, h, self.scale, variances.setdefault(j, {}))
-                                  for j, m in enumerate(muon_matrices(u))]).reshape(w.shape)
-                self.w[name] = muon_apply_ref(w, so, h["lr"], h["weight_decay"], 1.0, h.get("cautious_wd", False))
-            else:
-                b1, b2 = h["betas"]
-                st["t"] = st.get("t", 0) + 1
-                st["m"] = b1 * st.get("m", torch.zeros_like(w)) + (1 - b1) * g
-                st["v"] = b2 * st.get("v", torch.zeros_like(w)) + (1 - b2) * g * g
-                bias1, bias2 = 1 - b1 ** st["t"], 1 - b2 ** st["t"]
-                w = w * (1 - h["lr"] * h["weight_decay"])
-                self.w[name] = w - (h["lr"] / bias1) * st["m"] / (st["v"].sqrt() / math.sqrt(bias2) + h["eps"])
-
 
 # ---- the model: identical values and gradients on every rank ----
 
@@ -197,12 +154,6 @@ class Holder(torch.nn.Module):
         self(gradients(step)).backward()
         opt.step()
         opt.zero_grad()
-
-
-def hyper_of(opt):
-    """{parameter name, as DMuon names it: its param group's values}."""
-    groups = [g for g in opt.param_groups for _ in g["params"]]
-    return {n: dict(g) for n, g in zip(opt.param_groups_names, groups)}
 
 
 def run(model, opt, steps, first_step=0, ref=None, sched=None):

@@ -55,7 +55,7 @@ from torch.distributed.tensor import Shard, distribute_tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from muon_reference import newton_schulz_ref
+from muon_reference import Reference
 from dmuon.torch import DMuon, Sharded
 from rank_exit import exit_rank
 
@@ -204,48 +204,6 @@ def gather_full(local, shapes, parts, group):
     return {n: torch.cat(pieces[n]) for n in local}
 
 
-# ---- the reference (float64, one process, DESIGN section 1) ----
-
-def as_matrices(t):
-    """(k, rows, cols): a 3-D expert stack is k matrices; a 2-D or conv weight one (out, in·kh·kw)."""
-    return t if t.dim() == 3 else t.reshape(1, t.shape[0], -1)
-
-
-class Reference:
-    """Muon (lerp momentum, Nesterov, Newton–Schulz per matrix, scale, decoupled decay) on the Muon
-    names and torch.optim.AdamW on the rest, in float64 on full tensors; one global gradient norm
-    clips as DMuon's clip_grad_norm does."""
-
-    def __init__(self, initial, muon, hyper, scale, clip=None, momentum=0.95):
-        self.params = {n: t.detach().double().clone() for n, t in initial.items()}
-        self.muon, self.hyper, self.scale, self.clip, self.beta = set(muon), hyper, scale, clip, momentum
-        self.momentum = {n: torch.zeros_like(self.params[n]) for n in self.muon}
-        rest = [self.params[n] for n in self.params if n not in self.muon]
-        self.adamw = rest and torch.optim.AdamW(rest, lr=hyper["adamw_lr"], betas=hyper["adamw_betas"],
-                                                eps=hyper["adamw_eps"], weight_decay=hyper["adamw_weight_decay"])
-
-    @torch.no_grad()
-    def step(self, grads):
-        norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads.values()))
-        factor = self.clip / (norm + 1e-6) if self.clip is not None and norm > self.clip else 1.0
-        lr, wd = self.hyper["lr"], self.hyper["weight_decay"]
-        for name, w in self.params.items():
-            g = grads[name].double() * factor
-            if name not in self.muon:
-                w.grad = g
-                continue
-            m = self.momentum[name]
-            m.mul_(self.beta).add_(g, alpha=1 - self.beta)
-            u = as_matrices((1 - self.beta) * g + self.beta * m)
-            _, rows, cols = u.shape
-            o = torch.stack([newton_schulz_ref(x) for x in u]).reshape(w.shape)
-            s = max(1.0, rows / cols) ** 0.5 if self.scale == "original" else 0.2 * max(rows, cols) ** 0.5
-            w.mul_(1 - lr * wd).add_(o, alpha=-lr * s)
-        if self.adamw:
-            self.adamw.step()
-        return norm
-
-
 # ---- reporting ----
 
 class Checks:
@@ -335,7 +293,7 @@ def train_variant(checks, variant, initial):
     sharded = [(n, Sharded(local_copies[n], tuple(initial[n].shape), shard_group)) for n in params]
     sharded_opt = DMuon(sharded, process_group=shard_group, **options)
     names = muon_names(model)
-    ref = Reference(initial, names, HYPER, variant.scale, clip=variant.clip)
+    ref = Reference.of_muon_names(initial, names, HYPER, variant.scale, clip=variant.clip)
     model64 = Net().double()
     grad_tolerance = GRAD_TOLERANCE_BF16 if variant.bf16 else GRAD_TOLERANCE_F32
     grad_errors = {n: 0.0 for n in params}
@@ -372,7 +330,7 @@ def train_variant(checks, variant, initial):
     checks.within(f"{variant.name}: DMuon's global gradient norm", norm_errors, norm_tolerance)
     final = gather_full({n: p.to_local() for n, p in params.items()}, shapes, shards, shard_group)
     checks.within(f"{variant.name}: params vs float64 reference",
-                  {n: relative_error(final[n], ref.params[n]) for n in params}, TOLERANCE)
+                  {n: relative_error(final[n], ref.w[n]) for n in params}, TOLERANCE)
     differ = [n for n, p in params.items() if not torch.equal(p.to_local(), local_copies[n].detach())]
     worst = max((relative_error(params[n].to_local(), local_copies[n].detach()) for n in differ), default=0.0)
     checks.report(f"{variant.name}: vs DMuon on Sharded copies", not differ,
@@ -454,10 +412,10 @@ def check_meshes(checks):
     grad = torch.randn(full.shape, generator=torch.Generator().manual_seed(6))
     q.grad = distribute_tensor(grad, mesh, [Shard(0)])
     opt.step()
-    ref = Reference({name: full}, [name], HYPER, "match_rms_adamw")
+    ref = Reference.of_muon_names({name: full}, [name], HYPER, "match_rms_adamw")
     ref.step({name: grad})
     checks.within("mesh: same ranks through another group accepted", {name: relative_error(q.full_tensor(),
-                                                                                           ref.params[name])},
+                                                                                           ref.w[name])},
                   TOLERANCE)
 
     if world == 4:
@@ -516,7 +474,7 @@ def check_expert_stack(checks):
     full = torch.randn(experts, rows, cols, generator=torch.Generator().manual_seed(8)) / rows ** 0.5
     p = torch.nn.Parameter(distribute_tensor(full, mesh, [Shard(0)]))
     opt = DMuon([(name, p)], **HYPER)
-    ref = Reference({name: full}, [name], HYPER, "match_rms_adamw")
+    ref = Reference.of_muon_names({name: full}, [name], HYPER, "match_rms_adamw")
     calls, moved, ns = Counter(), Counter(), []
     for step in range(3):
         grad = torch.randn(full.shape, generator=torch.Generator().manual_seed(80 + step))
@@ -529,7 +487,7 @@ def check_expert_stack(checks):
         ref.step({name: grad})
     final = p.full_tensor()
     checks.within("experts: each expert vs float64 Newton-Schulz",
-                  {f"{name}[{e}]": relative_error(final[e], ref.params[name][e]) for e in range(experts)}, TOLERANCE)
+                  {f"{name}[{e}]": relative_error(final[e], ref.w[name][e]) for e in range(experts)}, TOLERANCE)
     one_expert = rows * cols * full.element_size()
     all_to_all = sum(n for op, n in calls.items() if "alltoall" in op or "all_to_all" in op)
     total = sum(moved.values())

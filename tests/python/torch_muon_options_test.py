@@ -33,8 +33,8 @@ from dmuon.torch.muon_options import SCALES, muon_scale
 from dmuon.torch.exchange import pack, packed_numel, unpack
 from dmuon.torch.qk_clip import heads_of_rows
 from dmuon.torch.qk_clip_hf import heads_computed
-from muon_reference import KELLER, fused_qk_clip_ref, latent_qk_clip_ref, newton_schulz_ref, qk_clip_ref, update_scale
-from torch_dmuon_mpi_test import Reference, hyper_of
+from muon_reference import (KELLER, Reference, fused_qk_clip_ref, hyper_of, latent_qk_clip_ref, newton_schulz_ref,
+                            qk_clip_ref, update_scale)
 
 SPECS = [("a.weight", (12, 5)), ("b.weight", (4, 10)), ("c.weight", (12, 5)), ("d.weight", (6, 6))]
 STEPS = 6

@@ -1,6 +1,6 @@
 """dmuon.torch.DMuon (all-to-all mode) under tensor parallelism, FSDP2 over TP, expert parallelism and
-pipeline stages, on gloo (CPU), against torch_fsdp2_test.py's float64 single-process Reference (Muon with
-float64 Newton–Schulz and torch.optim.AdamW on full tensors, fed the same gradients).
+pipeline stages, on gloo (CPU), against muon_reference.py's float64 single-process Reference (Muon with
+float64 Newton–Schulz and AdamW's rule on full tensors, fed the same gradients).
 
 Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node N \
          tests/python/torch_tp_ep_test.py            (N = 2, 4 or 8; PYTHONPATH with dmuon)
@@ -69,12 +69,13 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from collective_ledger import Ledger, recording
+from muon_reference import Reference
 from dmuon.torch import DMuon, clip_grad_norm_, hold_on_owners
 from dmuon.torch.held.placeholder import HeldElsewhere
 from dmuon.torch.params import module_groups
 from rank_checks import failures, finish
 from rank_exit import exit_rank
-from torch_fsdp2_test import (HYPER, TOLERANCE, U_F32, Checks, CollectiveBytes, Reference, all_ranks_sum,
+from torch_fsdp2_test import (HYPER, TOLERANCE, U_F32, Checks, CollectiveBytes, all_ranks_sum,
                               expect_same_error, relative_error)
 
 STEPS = 4
@@ -161,7 +162,7 @@ def check_layout(checks, name, mesh_shape, dim_names, spec, hyper=HYPER):
         return [{"params": [(n, p) for n, p in ps.items() if is_muon(n, shapes[n])], "use_muon": True},
                 {"params": [(n, p) for n, p in ps.items() if not is_muon(n, shapes[n])], "use_muon": False}]
     opt, copies_opt = DMuon(groups(params), **hyper), DMuon(groups(copies), **hyper)
-    ref = Reference(initial, [n for n in shapes if is_muon(n, shapes[n])], HYPER, "match_rms_adamw")
+    ref = Reference.of_muon_names(initial, [n for n in shapes if is_muon(n, shapes[n])], HYPER, "match_rms_adamw")
     ns, norm_errors = [], {}
     for step in range(STEPS):
         grads = full_values(shapes, seed=10 + step)
@@ -181,7 +182,7 @@ def check_layout(checks, name, mesh_shape, dim_names, spec, hyper=HYPER):
     final = {n: p.full_tensor() for n, p in params.items()}
     if not normuon:
         checks.within(f"{name}: params vs float64 reference",
-                      {n: relative_error(final[n], ref.params[n]) for n in final}, TOLERANCE)
+                      {n: relative_error(final[n], ref.w[n]) for n in final}, TOLERANCE)
     # DMuon sums squares of float32 gradients, each element once: ≤ n·u relative for n entries (γ_n).
     checks.within(f"{name}: DMuon's global gradient norm", norm_errors,
                   max(math.prod(s) for s in shapes.values()) * U_F32)
@@ -405,7 +406,7 @@ def check_model(checks, world, case_name, case, make_batch, held=False, steps=ST
     held_at = {n: p._dmuon_held.holdings for n, p in params.items() if getattr(p, "_dmuon_held", None) is not None}
     opt = DMuon(model, **HYPER)
     muon = [n for g in opt.param_groups if g["use_muon"] for n in g["param_names"]]
-    ref = Reference(initial, muon, HYPER, "match_rms_adamw")
+    ref = Reference.of_muon_names(initial, muon, HYPER, "match_rms_adamw")
     placements = sorted({str(tuple(p.placements)) for p in params.values() if isinstance(p, DTensor)})
     ledger, norm_errors = Ledger(), {}
     for step in range(steps):
@@ -431,7 +432,7 @@ def check_model(checks, world, case_name, case, make_batch, held=False, steps=ST
     else:
         final = {n: full_of(p, None) for n, p in params.items()}
     checks.within(f"{name}: params vs float64 reference ({len(muon)} Muon matrices; {', '.join(placements)})",
-                  {n: relative_error(final[n], ref.params[n]) for n in final}, TOLERANCE)
+                  {n: relative_error(final[n], ref.w[n]) for n in final}, TOLERANCE)
     if held:
         check_held_state_dicts(checks, name, model, holding, final)
     # dmuon.torch.clip_grad_norm_ and DMuon sum squares of float32 gradients, each element once: ≤ n·u relative.
@@ -594,7 +595,7 @@ def check_pipeline(checks):
     initial = full_values(shapes, seed=20 + stage)
     params = {n: torch.nn.Parameter(distribute_tensor(initial[n], stage_mesh, [Shard(0)])) for n in shapes}
     opt = DMuon(list(params.items()), process_group=stage_mesh.get_group(), **HYPER)
-    ref = Reference(initial, [n for n in shapes if is_muon(n, shapes[n])], HYPER, "match_rms_adamw")
+    ref = Reference.of_muon_names(initial, [n for n in shapes if is_muon(n, shapes[n])], HYPER, "match_rms_adamw")
     for step in range(STEPS):
         grads = full_values(shapes, seed=30 + 10 * stage + step)
         for n, g in grads.items():
@@ -602,7 +603,7 @@ def check_pipeline(checks):
         opt.step()
         ref.step(grads)
     checks.within(f"pipeline stage {stage} (ranks {stage_mesh.mesh.tolist()}): params vs float64 reference",
-                  {n: relative_error(p.full_tensor(), ref.params[n]) for n, p in params.items()}, TOLERANCE)
+                  {n: relative_error(p.full_tensor(), ref.w[n]) for n, p in params.items()}, TOLERANCE)
 
 
 # ---- refusals ----

@@ -8,6 +8,13 @@ Muon's lerp momentum with Nesterov, Newton–Schulz, the chosen scale, decoupled
 unscaled lr. Each Muon matrix (an expert of an (E, m, n) stack is one) has one owner rank in the
 whole group, which alone runs its Newton–Schulz (matrices.py, exchange.py).
 
+DMuon is the torch.optim shell around a plan and a step. The plan, made at construction and by
+add_param_group (collective): each parameter's layout (layout.py), its Muon matrices, their owners and
+buckets (matrices.py), its state. step() runs its phases over the plan: the step hooks' before_step
+(step_hooks.py: the owner-held schedules), the gradient check (gradient_check.py: one all-reduce, which
+carries the hooks' extras), AdamW (adamw.py), the Muon exchange (exchange.py, calling each matrix's
+variant, variants/), the step hooks' after_step in reverse order (QK-clip, the schedules).
+
 Optimizer state follows torch.optim.AdamW under FSDP2, so torch.distributed.checkpoint saves and
 reshards it: state[param] holds tensors laid out as the parameter (DTensors with its mesh and
 placements for a DTensor parameter, full tensors for a replicated one), created at construction.
@@ -24,8 +31,8 @@ from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
 from dmuon.torch.arguments import check_arguments, check_group
 from dmuon.torch.collectives import Group
 from dmuon.torch.dense import check_writable
-from dmuon.torch.engine import make_engine
 from dmuon.torch.dtensors import as_placed, is_dtensor
+from dmuon.torch.engine import make_engine
 from dmuon.torch.exchange import Exchange
 from dmuon.torch.frameworks import replaced_parameters
 from dmuon.torch.gradient_check import GradientCheck
@@ -139,12 +146,12 @@ class DMuon(torch.optim.Optimizer):
         self._constructed = False
         super().__init__(torch_groups, defaults)  # its add_param_group calls only append them
         self._constructed = True
+        self._step_hooks = []  # (key, step_hooks.StepHook): the held schedules (_track), a QKClip (add_step_hook)
         self._ns = {}  # MuonOptions.newton_schulz → the engine's Newton–Schulz handle (ns_of)
         self.ns = self.ns_of(MuonOptions.of_group(defaults))  # the constructor's setting
         self._pending = []  # the GradientChecks of steps not settled yet, oldest first
         self._last_grad_norm = 0.0
         self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
-        self._qk_clip = None  # the QKClip (qk_clip.py) that joined this optimizer, run after each step
         self._track(layouts)
 
     def add_param_group(self, param_group):
@@ -236,6 +243,8 @@ class DMuon(torch.optim.Optimizer):
             self.param_groups_names.append(name)
             self._layouts.append(layout)
             self._groups.append(group)
+            if layout.held is not None:  # its schedule reduces its gradient before a step, refreshes it after
+                self.add_step_hook(layout.held.schedule)
             if group["use_muon"]:  # an empty matrix has none: nothing to orthogonalize or update
                 matrices.extend(parameter_matrices(i, name, layout, group, MuonOptions.of_group(group),
                                                    stack_of(name, layout, self.experts)))
@@ -346,26 +355,44 @@ class DMuon(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        schedules = self._held_schedules()
-        for schedule in schedules:
-            schedule.ready_for_step()
+        hooks = [hook for _, hook in self._step_hooks]
+        for hook in hooks:  # 1. hooks before (the held schedules: their gradients reduced)
+            hook.before_step()
         grads = [l.local(as_placed(l.tensor.grad, l.tensor)) if l.tensor.grad is not None and not l.held_elsewhere
                  else None for l in self._layouts]
-        counted = [l.mine.replica == 0 for l in self._layouts]
         taking_part = [l.tensor.requires_grad for l in self._layouts]
+        check, extras = self._check_gradients(grads, taking_part, hooks)  # 2. the gradient check
+        self._pending.append(check)
+        adamw_phase(self._groups, self._layouts, self.state, grads, taking_part, check)  # 3. AdamW
+        self._muon_phase(grads, taking_part, check)  # 4. the Muon exchange
+        for hook, extra in reversed(list(zip(hooks, extras))):  # 5. hooks after (QK-clip, the held schedules)
+            hook.after_step(extra)
+        self._settle(arrived_only=True)
+        return loss
+
+    def _check_gradients(self, grads, taking_part, hooks):
+        """(the step's GradientCheck, each hook's part of its all-reduced extras): the all-reduce, launched, with
+        every hook's extra(); on a CPU step, also the check that every rank takes part in the same parameters."""
+        counted = [l.mine.replica == 0 for l in self._layouts]
         device = next((g.device for g in grads if g is not None), None) or self._layouts[0].tensor.device
-        clip = self._qk_clip
+        parts = [hook.extra(self.comm.rank, self.comm.world) for hook in hooks]
+        given = [t for t in parts if t is not None]
         check = GradientCheck(self.comm, grads, counted, taking_part, self.clip_grad_norm, device,
-                              None if clip is None else clip.slots(self.comm.rank, self.comm.world))
+                              torch.cat(given) if given else None)
         if check.arrived():  # a CPU step can afford the check that keeps its all-to-alls in step (a GPU's cannot)
             disagreement = check.first_disagreement()
             if disagreement is not None:
                 i, ranks = disagreement
                 raise ValueError(f"DMuon: parameter '{self.param_groups_names[i]}' requires grad on {ranks} of "
                                  f"{self.comm.world} ranks; every rank must set requires_grad alike")
-        self._pending.append(check)
-        adamw_phase(self._groups, self._layouts, self.state, grads, taking_part, check)
+        extras, offset = [], 0
+        for t in parts:
+            extras.append(None if t is None else check.extra[offset:offset + t.numel()])
+            offset += 0 if t is None else t.numel()
+        return check, extras
 
+    def _muon_phase(self, grads, taking_part, check):
+        """The Muon parameters' step: the exchange (exchange.py) over the buckets."""
         def momentum(i):
             layout = self._layouts[i]
             return layout.local(self.state[layout.tensor]["momentum_buffer"])
@@ -377,18 +404,27 @@ class DMuon(torch.optim.Optimizer):
                         lambda k: self._state_dtype_of(k.layout.tensor), row_state)
         me = self.comm.rank
         # Every matrix that may have a gradient takes part (whether it has one anywhere is known on the
-        # device only); owner-held buckets (their own, see _buckets) run on the owner alone, where nothing
-        # travels; held TP slices travel within the owner's TP group, in an exchange every rank joins.
+        # device only); owner-held buckets (their own, see matrices.buckets_of) run on the owner alone, where
+        # nothing travels; held TP slices travel within the owner's TP group, in an exchange every rank joins.
         muon.run([[k for k in bucket if taking_part[k.index]
                    and (k.layout.held is None or k.owner == me or k.u_travels or k.o_travels)]
                   for bucket in self._buckets])
         self.last_stats = {"ns_s": muon.ns_seconds, "ns_matrices": muon.ns_matrices}
-        if clip is not None:
-            clip.apply(check.extra, self._layouts)
-        for schedule in schedules:
-            schedule.after_step()
-        self._settle(arrived_only=True)
-        return loss
+
+    def add_step_hook(self, hook, key=None):
+        """Joins `hook` (step_hooks.StepHook's protocol) to every later step(): its before_step in the order hooks
+        joined, after_step in reverse order. A hook joins once; one given a key takes the place of the hook that
+        joined with that key (a QKClip's "qk_clip": one per optimizer). QKClip joins so, and each owner-held
+        parameter's schedule when DMuon tracks it."""
+        keys = [k for k, _ in self._step_hooks]
+        if key is not None and key in keys:
+            self._step_hooks[keys.index(key)] = (key, hook)
+        elif all(h is not hook for _, h in self._step_hooks):
+            self._step_hooks.append((key, hook))
+
+    def layouts(self):
+        """Every parameter's layout.Layout, in the optimizer's order (param_groups_names'): what a step hook reads."""
+        return tuple(self._layouts)
 
     def _settle(self, arrived_only=False):
         """Reads the pending steps' GradientChecks in order (arrived_only: those that need no wait):
@@ -417,14 +453,6 @@ class DMuon(torch.optim.Optimizer):
         self._settle()
         self._follow_replaced_parameters()
         return super().state_dict()
-
-    def _held_schedules(self):
-        """The hold_on_owners schedules of this optimizer's owner-held parameters, in a fixed order."""
-        out = {}
-        for layout in self._layouts:
-            if layout.held is not None:
-                out.setdefault(id(layout.held.schedule), layout.held.schedule)
-        return list(out.values())
 
     # ---- checkpoints (state_dict() is torch.optim.Optimizer's: local, keyed by index) ----
 

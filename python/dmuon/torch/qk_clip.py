@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 
 from dmuon.torch.gradient_check import to_device
+from dmuon.torch.step_hooks import StepHook
 
 
 def _head_size(name, rows, heads):
@@ -184,7 +185,7 @@ def heads_of_rows(attention, rows, total):
     return [h for s in starts for h in heads_of(s // size)]
 
 
-class QKClip:
+class QKClip(StepHook):
     """QK-clip of `attentions` (a list of Attention, FusedAttention or LatentAttention) with threshold tau and
     exponent alpha on DMuon `optimizer`'s parameters, run by its step() (which it joins: one QKClip per optimizer).
     ValueError naming the attention for a parameter the optimizer lacks, head counts that do not fit its rows, or a
@@ -196,11 +197,12 @@ class QKClip:
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"QKClip: alpha must be in [0, 1], got {alpha!r}")
         index = {name: i for i, name in enumerate(optimizer.param_groups_names)}
+        layouts = optimizer.layouts()
 
         def rows_of(name):
             if name not in index:
                 raise ValueError(f"no parameter '{name}' in the optimizer")
-            return optimizer._layouts[index[name]].global_shape[0]
+            return layouts[index[name]].global_shape[0]
 
         self.tau, self.alpha, self.attentions = float(tau), float(alpha), list(attentions)
         self._parts = []  # per attention: {parameter index: (group per global row, exponent per global row)}
@@ -226,7 +228,7 @@ class QKClip:
         self._head_index = {}  # (reported heads, device) → their indices there
         self._paused = 0  # > 0: inside paused(), reports ignored
         self._optimizer = optimizer
-        optimizer._qk_clip = self
+        optimizer.add_step_hook(self, key="qk_clip")
 
     @contextlib.contextmanager
     def paused(self):
@@ -265,9 +267,9 @@ class QKClip:
             index = self._head_index[key]
             part[index] = torch.maximum(part[index], maxima.to(part.device))
 
-    def slots(self, rank, world):
+    def extra(self, rank, world):
         """This rank's part of the step's all-reduce (world × heads,): its maxima in its own slot, zeros elsewhere
-        (so the sum is every rank's maxima); the step's reports are then forgotten."""
+        (so the sum is every rank's maxima); the step's reports are then forgotten (StepHook)."""
         device = None if self._maxima is None else self._maxima.device
         out = torch.zeros((world, self._heads), dtype=torch.float64, device=device)
         out[rank] = -torch.inf if self._maxima is None else self._maxima
@@ -280,8 +282,9 @@ class QKClip:
             self._on_device[key] = tuple(t.to(device) for t in rule)
         return self._on_device[key]
 
-    def apply(self, reduced, layouts):
-        """The module's rescale of the rows this rank holds, from the all-reduced slots (world × heads,)."""
+    def after_step(self, reduced):
+        """The module's rescale of the rows this rank holds, from the all-reduced slots (world × heads,) (StepHook)."""
+        layouts = self._optimizer.layouts()
         world = reduced.numel() // self._heads
         maxima = reduced.view(world, self._heads).max(dim=0).values
         self.max_logits = [maxima[offset:offset + a.heads] for a, offset in zip(self.attentions, self._offsets)]
