@@ -47,7 +47,7 @@ from owner_held_model import DIM, EXPERTS, global_batches, loss_of, make_net, ra
 from rank_checks import check, finish, total_over_ranks
 from muon_reference import fused_qk_clip_ref, latent_qk_clip_ref, qk_clip_ref
 from rank_exit import exit_rank
-from torch_dcp_test import load, save  # get_state_dict + dcp.save; dcp.load + set_state_dict
+from dcp_io import load, save  # get_state_dict + dcp.save; dcp.load + set_state_dict
 
 NET = dict(layers=5)
 SAVED_AT = 5

@@ -389,6 +389,25 @@ def test_qk_clip_equals_kimi_k2s_rule_with_grouped_queries_on_weights_and_biases
                                      k_bias="k.bias"), clip_ref, QK_GROUPS)
 
 
+def test_a_second_qk_clip_on_an_optimizer_takes_the_first_ones_place():
+    """One QKClip per optimizer (its docstring): a second one made on it takes the first's place among the step's
+    hooks (DMuon.add_step_hook's key), so only the second's threshold clips. lr 0: the step changes nothing else."""
+    torch.manual_seed(0)
+    params = {n: torch.nn.Parameter(torch.randn(4, 4)) for n in ("q.weight", "k.weight")}
+    opt = DMuon(list(params.items()), lr=0.0)
+    attention = Attention(q="q.weight", k="k.weight", heads=2)
+    first = QKClip(opt, 1.0, [attention])  # would clip maxima of 4
+    second = QKClip(opt, 100.0, [attention])  # does not
+    for clip in (first, second):
+        clip.report(0, torch.tensor([4.0, 4.0]))
+    before = {n: p.detach().clone() for n, p in params.items()}
+    for p in params.values():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    assert all(torch.equal(before[n], p.detach()) for n, p in params.items())
+    assert second.max_logits is not None and first.max_logits is None
+
+
 @pytest.mark.parametrize("layout", ["stacked", "grouped"])
 def test_qk_clip_of_a_fused_qkv_equals_the_rule_on_its_q_and_k_rows(layout):
     def clip_ref(w, maxima):

@@ -36,7 +36,7 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
   normuon   every layout again with variant="normuon" (its per-row v travels with the pieces): the copies,
             and norm checks below (the float64 reference is Muon's, and v adds to the bytes)
 Each layout and the model check, per tensor after STEPS steps:
-  params    against the float64 reference within TOLERANCE (torch_fsdp2_test's: 1e-5 relative, Frobenius;
+  params    against the float64 reference within TOLERANCE (layout_checks': 1e-5 relative, Frobenius;
             float32 Newton–Schulz and float32 elementwise updates on the same gradients);
   copies    bit-identical to DMuon on replicated plain copies fed the same full gradients (layouts only):
             the pieces' momentum and update are the same float32 elementwise operations on the same values,
@@ -69,14 +69,14 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from collective_ledger import Ledger, recording
+from layout_checks import (HYPER, TOLERANCE, U_F32, Checks, CollectiveBytes, all_ranks_sum, expect_same_error,
+                           relative_error)
 from muon_reference import Reference
 from dmuon.torch import DMuon, clip_grad_norm_, hold_on_owners
 from dmuon.torch.held.placeholder import HeldElsewhere
 from dmuon.torch.params import module_groups
 from rank_checks import failures, finish
 from rank_exit import exit_rank
-from torch_fsdp2_test import (HYPER, TOLERANCE, U_F32, Checks, CollectiveBytes, all_ranks_sum,
-                              expect_same_error, relative_error)
 
 STEPS = 4
 ZERO_EXPERT = 2  # the expert whose gradient is zero at every step
