@@ -15,13 +15,17 @@
   NorMuon            against the float64 formula (unsplit, column and row blocks), its v's shape, a resume bit
                      for bit, a skipped step that keeps v, v's packing into another dtype's message
   QK-clip            against Kimi K2's rule in float64 (grouped queries, biases, two reports a step); the
-                     Hugging Face helper's maxima against logits computed by hand (eager and sdpa), outputs kept
+                     Hugging Face helper's maxima against logits computed by hand (eager and sdpa), outputs kept;
+                     maxima it cannot take (inf, NaN, γ underflowing): raised with nothing changed, or the clip
+                     skipped and counted; −inf, 0, negative, τ: no clip; a huge finite one clips to finite weights;
+                     a non-finite gradient with a clip: nothing changed (issue 58)
 
 Run: PYTHONPATH=build/python python -m pytest -q tests/python/torch_muon_options_test.py
 """
 
 import copy
 import io
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -411,6 +415,120 @@ def test_qk_clip_of_latent_attention_equals_kimi_k2s_rule():
                             "o.weight": (8, 12)},
                            LatentAttention(q="q.weight", kv="kv.weight", heads=QK_HEADS, qk_nope_head_dim=nope,
                                            qk_rope_head_dim=rope, v_head_dim=v), clip_ref, QK_HEADS)
+
+
+def qk_model(mode, clipped=True, seed=3):
+    """(params, DMuon(nonfinite=mode), its QKClip of q and k at TAU or None): q, k, o weights (Muon), q's bias
+    (AdamW), gradients set."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"q.weight": (12, 8), "k.weight": (6, 8), "o.weight": (8, 12), "q.bias": (12,)}
+    params = {n: torch.nn.Parameter(torch.randn(s, generator=gen)) for n, s in shapes.items()}
+    opt = DMuon(list(params.items()), lr=LR, momentum=MOMENTUM, weight_decay=WD, nonfinite=mode, balancer="lpt",
+                ns_dtype="float32", variant="normuon")
+    clip = QKClip(opt, TAU, [Attention(q="q.weight", k="k.weight", heads=QK_HEADS, kv_heads=QK_GROUPS,
+                                       q_bias="q.bias")]) if clipped else None
+    set_grads(params, {n: torch.randn(s, generator=gen) for n, s in shapes.items()})
+    return params, opt, clip
+
+
+def every_tensor(params, opt):
+    """{name or (name, state key): a copy} of every parameter and optimizer state tensor."""
+    out = {n: p.detach().clone() for n, p in params.items()}
+    out.update(((n, k), v.clone()) for n, p in params.items() for k, v in opt.state[p].items())
+    return out
+
+
+def assert_unchanged(before, params, opt):
+    after = every_tensor(params, opt)
+    changed = [k for k, v in before.items() if not torch.equal(v, after[k])]
+    assert not changed, f"changed by a step that raised: {changed}"
+
+
+UNTAKEN = [float("inf"), float("nan"), 1e300]  # 1e300: finite, but γ = τ/S underflows float32 to 0
+
+
+@pytest.mark.parametrize("value", UNTAKEN)
+def test_a_maximum_the_clip_cannot_take_raises_under_error_and_changes_nothing(value):
+    """Issue 58's reproduction: an inf (or NaN, or a maximum whose γ underflows the weights' dtype) in one head used to
+    zero its group's q and k rows. Under nonfinite="error" the step raises naming the attention, its layer and the
+    head, and every weight and state tensor is as it was, bit for bit."""
+    params, opt, clip = qk_model("error")
+    before = every_tensor(params, opt)
+    clip.report(0, torch.tensor([1.0, 1.0, value, 2.0], dtype=torch.float64))
+    with pytest.raises(FloatingPointError, match=r"attention 'q.weight' \(attention 0 of the QKClip\) query head 2: "
+                                                 rf"{re.escape(str(value))}.* at update 1 \(that step was skipped: nothing changed\)"):
+        opt.step()
+    assert_unchanged(before, params, opt)
+    assert opt.updates == 0 and bool(clip.skipped)
+
+
+@pytest.mark.parametrize("value", UNTAKEN)
+def test_a_maximum_the_clip_cannot_take_skips_the_clip_under_skip_and_counts_it(value):
+    """Under nonfinite="skip" the step updates as without a clip (a twin optimizer without one, bit for bit), the
+    clip is counted skipped and the step's stats say so."""
+    params, opt, clip = qk_model("skip")
+    twins, twin_opt, _ = qk_model("skip", clipped=False)
+    clip.report(0, torch.tensor([value, 1.0, 1.0, 2.0], dtype=torch.float64))
+    opt.step()
+    twin_opt.step()
+    assert all(torch.equal(params[n], twins[n]) for n in params)
+    assert clip.skipped_steps == 1 and opt.updates == 1 and opt.skipped_steps == 0
+    assert bool(opt.last_stats["qk_clip_skipped"])
+    assert "attention 'q.weight' (attention 0 of the QKClip) query head 0" in clip.last_skip
+    clip.report(0, torch.tensor([1.0, 1.0, 1.0, 2.0]))  # a maximum it takes: the next step clips again
+    opt.step()
+    assert not bool(opt.last_stats["qk_clip_skipped"]) and clip.skipped_steps == 1
+
+
+@pytest.mark.parametrize("value", [-float("inf"), 0.0, -3.0, TAU])
+def test_maxima_at_or_below_tau_change_nothing_of_the_update(value):
+    """−inf (every logit masked), 0, negative, τ itself: γ = 1, the update is that of a twin without a clip."""
+    params, opt, clip = qk_model("error")
+    twins, twin_opt, _ = qk_model("error", clipped=False)
+    clip.report(0, torch.full((QK_HEADS,), value))
+    opt.step()
+    twin_opt.step()
+    assert all(torch.equal(params[n], twins[n]) for n in params) and not bool(clip.skipped)
+
+
+def test_a_huge_finite_maximum_clips_by_the_rule_and_leaves_the_weights_finite_and_nonzero():
+    """5e19 (an overflowing bf16 forward's scale): γ = τ/S is tiny but normal; the rows are scaled by the rule, every
+    weight finite and non-zero."""
+    params, opt, clip = qk_model("error")
+    clip.report(0, torch.tensor([5e19, 1.0, 1.0, 1.0], dtype=torch.float64))
+    opt.step()
+    q = params["q.weight"].detach()
+    assert bool(q.isfinite().all()) and bool((q[:3] != 0).all()) and float(q[:3].abs().max()) < 1e-8
+
+
+def test_a_step_that_raises_on_a_non_finite_gradient_with_qk_clip_changes_nothing():
+    """The clip used to rescale q and k before the step raised on a non-finite gradient."""
+    params, opt, clip = qk_model("error")
+    params["o.weight"].grad[1, 2] = float("nan")
+    before = every_tensor(params, opt)
+    clip.report(0, torch.tensor([4.0, 1.0, 1.0, 9.0]))  # would clip both groups
+    with pytest.raises(FloatingPointError, match="non-finite gradient in parameter 'o.weight' on rank 0"):
+        opt.step()
+    assert_unchanged(before, params, opt)
+
+
+def test_hf_qk_clip_reproduction_leaves_the_weights_unchanged_and_says_why():
+    """Issue 58's reproduction on a Hugging Face model: clip.report(0, [inf, 1, 1, 1]); opt.step()."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    opt = DMuon(model.named_parameters(), balancer="lpt")
+    clip = hf_qk_clip(model, opt, tau=HF_TAU)
+    model(torch.randint(0, 32, (2, 5))).logits.sum().backward()
+    params = dict(model.named_parameters())
+    before = every_tensor(params, opt)
+    clip.report(0, torch.tensor([float("inf"), 1.0, 1.0, 1.0]))
+    with pytest.raises(FloatingPointError, match=r"attention 'model.layers.0.self_attn.q_proj.weight' \(layer 0\) "
+                                                 r"query head 0: inf"):
+        opt.step()
+    assert_unchanged(before, params, opt)
 
 
 @pytest.mark.parametrize("attention, needle", [
