@@ -23,6 +23,10 @@ its own maxima (the largest are the last rank's): the float64 reference rescales
 (muon_reference's qk_clip_ref, fused_qk_clip_ref, latent_qk_clip_ref) after its step, and the step with QK-clip calls
 the collectives of the step without it (collective_ledger.py: the same calls, the all-reduce longer by the maxima's
 slots).
+A step that raises changes nothing (issue 58): before the checkpoint, one failure at a time is injected into a step
+of its own (FAILURES: a non-finite gradient of an AdamW parameter, a Muon matrix, a NorMuon one, a split one, an
+expert stack; a maximum QK-clip cannot take in each attention kind; a NaN lr), and every rank's step() must raise it
+with every weight and state tensor here as before, bit for bit.
 
 Run: torchrun --standalone --nproc_per_node N tests/python/torch_muon_options_ranks_test.py (N = 1..4),
 with PYTHONPATH=build/python:tests/python and one BLAS thread per rank.
@@ -228,7 +232,8 @@ def check_failures_change_nothing(mode, model, net, opt, clip, step):
               f"{mode}: {what} in {phase}: step() gave {raised!r}, not {exception.__name__} with {needle!r}")
         after = local_values(net, opt)
         changed = [k for k, v in before.items() if not torch.equal(v, after[k])]
-        check(not changed, f"{mode}: {what} in {phase}: the step that raised changed {changed}")
+        check(not changed, f"{mode}: {what} in {phase}: the step that raised changed {len(changed)} tensors: "
+              f"{changed[:4]}...")
         for g, saved in zip(opt.param_groups, groups):
             g.update(saved)
         opt.zero_grad()

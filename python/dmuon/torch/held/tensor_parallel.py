@@ -1,4 +1,5 @@
-"""Owner-held matrices under tensor parallelism (DESIGN 8 "Owners under TP"; docs/pytorch.md).
+"""Owner-held matrices under tensor parallelism (docs/pytorch.md, "Owner-held matrices", "Tensor parallelism";
+docs/design.md section 7).
 
 A matrix that tensor parallelism has made a DTensor (parallelize_module: Shard(0) column-wise, Shard(1)
 row-wise) on a 1-D TP mesh is held as its T slices. Every rank of the optimizer's group is a cell
