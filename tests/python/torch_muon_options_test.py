@@ -456,7 +456,8 @@ def test_a_maximum_the_clip_cannot_take_raises_under_error_and_changes_nothing(v
     before = every_tensor(params, opt)
     clip.report(0, torch.tensor([1.0, 1.0, value, 2.0], dtype=torch.float64))
     with pytest.raises(FloatingPointError, match=r"attention 'q.weight' \(attention 0 of the QKClip\) query head 2: "
-                                                 rf"{re.escape(str(value))}.* at update 1 \(that step was skipped: nothing changed\)"):
+                                                 rf"{re.escape(str(value))}.* at update 1 "
+                                                 r"\(that step was skipped: nothing changed\)"):
         opt.step()
     assert_unchanged(before, params, opt)
     assert opt.updates == 0 and bool(clip.skipped)

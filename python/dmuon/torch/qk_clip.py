@@ -327,7 +327,8 @@ class QKClip:
         that parameter's name, else its position in attentions), the query head and the maximum."""
         def one(i, head, value):
             label = self.attentions[i].label
-            layer = next((f"layer {part}" for part in label.split(".") if part.isdigit()), f"attention {i} of the QKClip")
+            layer = next((f"layer {part}" for part in label.split(".") if part.isdigit()),
+                         f"attention {i} of the QKClip")
             return f"attention '{label}' ({layer}) query head {head}: {value}"
         return ("QK-clip cannot take the maximum logit of " + "; ".join(one(*p) for p in problems) +
                 f" (NaN, inf, or above {self._ceiling:.3g}, where γ = τ/S would scale the weights to 0)")
