@@ -486,7 +486,8 @@ class DMuon(torch.optim.Optimizer):
     def _settle(self, arrived_only=False):
         """Reads the pending steps' GradientChecks in order (arrived_only: those that need no wait):
         counts each update or skipped step, sets last_grad_norm, raises FloatingPointError for a
-        non-finite gradient (nonfinite="error")."""
+        non-finite gradient or a maximum logit its QKClip could not take (nonfinite="error"; "skip":
+        the skipped step, or the skipped clip in the QKClip, counted)."""
         while self._pending and (not arrived_only or self._pending[0][0].arrived()):
             check, clip = self._pending.pop(0)
             verdict = check.settle()
