@@ -229,7 +229,8 @@ class QKClip:
         self._offsets = [sum(a.heads for a in self.attentions[:i]) for i in range(len(self.attentions))]
         self._heads = sum(a.heads for a in self.attentions)
         # The largest maximum the rule takes: γ = τ/S must stay a normal number of every clipped parameter's dtype.
-        tiny = max(torch.finfo(optimizer._layouts[i].tensor.dtype).tiny for parts in self._parts for i in parts)
+        tiny = max((torch.finfo(optimizer._layouts[i].tensor.dtype).tiny for parts in self._parts for i in parts),
+                   default=torch.finfo(torch.float32).tiny)
         self._ceiling = self.tau / tiny
         self._maxima = None  # (heads of every attention,) float64 on the reports' device; -inf: not reported
         self.max_logits = None  # per attention, the job's largest logit per query head at the last step (for logs)
@@ -297,6 +298,8 @@ class QKClip:
     def _job_maxima(self, reduced):
         """The job's maximum per head (heads,) from the all-reduced slots (world × heads,): the largest over the
         ranks' slots, NaN where any slot is NaN."""
+        if not self._heads:
+            return reduced.new_empty(0)
         return reduced.view(-1, self._heads).max(dim=0).values
 
     def _takes(self, maxima):
