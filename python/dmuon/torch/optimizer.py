@@ -277,8 +277,9 @@ class DMuon(torch.optim.Optimizer):
         (DMuon(model)), it takes the tensors the model registers under those names: accelerate matches
         parameters by data pointer, which owner-held placeholders (no storage) do not have, so its switch
         puts another parameter in their place."""
-        current = list({id(p): p for g in self.param_groups for p in g["params"]}.values())
-        if len(current) == len(self._layouts) and all(p is l.tensor for p, l in zip(current, self._layouts)):
+        current = [p for g in self.param_groups for p in g["params"]]
+        tracked = list({id(p): p for p in current}.values())  # a parameter repeated in more groups once
+        if len(tracked) == len(self._layouts) and all(p is l.tensor for p, l in zip(tracked, self._layouts)):
             return  # the tracked parameters, some perhaps repeated in more groups (as torch.optim allows)
         model = self._model() if self._model is not None else None
         if model is not None and len(current) == len(self._layouts):
