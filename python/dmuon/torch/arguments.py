@@ -33,12 +33,14 @@ def _check_choice(name, value, choices):
         raise ValueError(f"DMuon: {name} must be one of {', '.join(str(c) for c in choices)}; got {value!r}")
 
 
-def check_group(g):
-    """A param group's values, torch.optim's checks (after check_arguments') with the group named."""
-    where = f"DMuon: param group of '{g['named'][0][0]}': "
+def check_group(g, name, options=True):
+    """A param group's values (with Muon's options), torch.optim's checks (after check_arguments') with the group
+    named by its first parameter."""
+    where = f"DMuon: param group of '{name}': "
     if g["use_muon"]:
         _check_values(where, "", lr=g["lr"], momentum=g["momentum"], weight_decay=g["weight_decay"])
-        check_options(g, where[:-2])
+        if options:
+            check_options(g, where[:-2])
     else:
         _check_values(where, "", lr=g["lr"], eps=g["eps"], betas=g["betas"], weight_decay=g["weight_decay"])
 

@@ -87,8 +87,9 @@ def replaced_parameters(param_groups, names, tracked, model, updated):
     which owner-held placeholders (no storage) do not have, so its switch puts another parameter in their place.
     After an update (`updated`) the state held for the old tensors would be lost: ValueError naming the fix."""
     current = [p for g in param_groups for p in g["params"]]
-    if len(current) == len(tracked) and all(p is t for p, t in zip(current, tracked)):
-        return None
+    unique = list({id(p): p for p in current}.values())  # a parameter repeated in more groups once
+    if len(unique) == len(tracked) and all(p is t for p, t in zip(unique, tracked)):
+        return None  # the tracked parameters, some perhaps repeated in more groups (as torch.optim allows)
     if model is not None and len(current) == len(tracked):
         registered = {without_compile_prefix(n): p for n, p in model.named_parameters()}
         if all(n in registered for n in names):

@@ -30,19 +30,16 @@ from dmuon.torch.adamw import adamw_phase
 from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
 from dmuon.torch.arguments import check_arguments, check_group
 from dmuon.torch.collectives import Group
-from dmuon.torch.dense import check_writable
-from dmuon.torch.dtensors import as_placed, is_dtensor
+from dmuon.torch.dtensors import as_placed
 from dmuon.torch.engine import make_engine
 from dmuon.torch.exchange import Exchange
 from dmuon.torch.frameworks import replaced_parameters
 from dmuon.torch.gradient_check import GradientCheck
 from dmuon.torch.held.hold import adopt_replaced
-from dmuon.torch.layout import describe
-from dmuon.torch.matrices import (assign_owners, buckets_of, check_filter_layout, matrices_of,
-                                  parameter_matrices, stack_of)
+from dmuon.torch.matrices import assign_owners, buckets_of, parameter_matrices, stack_of
 from dmuon.torch.muon_options import DEFAULTS as MUON_DEFAULTS, MuonOptions, check_options
 from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
-from dmuon.torch.variants import variant_of
+from dmuon.torch.plan import check_saved_state, describe_parameter, zero_state
 
 _COUNTERS = ("updates", "skipped_steps")  # kept in every param group, so checkpoints carry them
 
@@ -149,7 +146,7 @@ class DMuon(torch.optim.Optimizer):
         self._step_hooks = []  # (key, step_hooks.StepHook): the held schedules (_track), a QKClip (add_step_hook)
         self._ns = {}  # MuonOptions.newton_schulz → the engine's Newton–Schulz handle (ns_of)
         self.ns = self.ns_of(MuonOptions.of_group(defaults))  # the constructor's setting
-        self._pending = []  # the GradientChecks of steps not settled yet, oldest first
+        self._pending = []  # (GradientCheck, step hooks, sizes of their extras) of steps not settled yet, oldest first
         self._last_grad_norm = 0.0
         self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
         self._track(layouts)
@@ -184,23 +181,9 @@ class DMuon(torch.optim.Optimizer):
             groups = split_groups(params, defaults, first_group, warn=self.comm.rank == 0, named_groups=named_groups)
             seen = {id(l.tensor): n for n, l in zip(self.param_groups_names, self._layouts)}
             for g in groups:
-                check_group(g)
+                check_group(g, g["named"][0][0])
                 for name, p in g["named"]:
-                    layout = describe(name, p, self.comm.pg, self.comm.ranks, self.comm.rank)
-                    if not layout.held_elsewhere:
-                        check_writable(name, layout.local(layout.tensor))
-                    if id(layout.tensor) in seen:
-                        raise ValueError(f"DMuon: some parameters appear in more than one parameter group: "
-                                         f"'{name}' (also '{seen[id(layout.tensor)]}')")
-                    seen[id(layout.tensor)] = name
-                    if g["use_muon"]:
-                        stack = stack_of(name, layout, self.experts)
-                        check_filter_layout(name, layout.global_shape, stack, layout)
-                        for expert, rows, cols in matrices_of(layout.global_shape, stack):
-                            MuonOptions.of_group(g).blocks(rows, cols, name)
-                    if layout.held is not None and not g["use_muon"]:
-                        raise ValueError(f"DMuon: parameter '{name}' is held on its owner "
-                                         "(dmuon.torch.hold_on_owners) for Muon, but its param group is AdamW's")
+                    layout = describe_parameter(self.comm, name, p, g, seen, self.experts)
                     if g["use_muon"]:
                         muon_devices.append((name, layout.local(layout.tensor).device,
                                              self._state_dtype_of(layout.tensor)))
@@ -312,30 +295,9 @@ class DMuon(torch.optim.Optimizer):
         return param.dtype if self.state_dtype is None else self.state_dtype
 
     def _zero_state(self, i):
-        """Parameter i's state before its first update, laid out as the parameter (a DTensor
-        parameter gets DTensors of the same mesh and placements)."""
-        p = self._layouts[i].tensor
-        if self._layouts[i].held_elsewhere:  # its state lives on its owner; an empty entry here lets
-            self.state[p] = {}               # DCP's set_state_dict find one for every parameter
-            return
-        dtype = self._state_dtype_of(p)
-
-        def zeros():
-            return torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format, requires_grad=False)
-
-        if self._groups[i]["use_muon"]:
-            options = MuonOptions.of_group(self._groups[i])
-            name, shape = self.param_groups_names[i], self._layouts[i].global_shape
-            stack = stack_of(name, self._layouts[i], self.experts)
-            _, rows, cols = matrices_of(shape, stack)[0]
-            variant = variant_of(options)  # its state besides the momentum (variants/)
-            self.state[p] = {"momentum_buffer": zeros(),
-                             **variant.zero_state(self._layouts[i], stack, variant.width(options, rows, cols, name),
-                                                  dtype)}
-        else:
-            # "step" on the parameter's device, as torch.optim.AdamW's fused step keeps it
-            self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device), "exp_avg": zeros(),
-                             "exp_avg_sq": zeros()}
+        layout = self._layouts[i]
+        self.state[layout.tensor] = zero_state(self.param_groups_names[i], layout, self._groups[i], self.experts,
+                                               self._state_dtype_of(layout.tensor))
 
     # ---- the step ----
 
@@ -348,13 +310,21 @@ class DMuon(torch.optim.Optimizer):
         of a CPU step; on a GPU at a later step() that finds them there, or when updates,
         skipped_steps, last_grad_norm or state_dict() are read (those wait for them). A non-finite
         gradient skips the step on the device either way; with nonfinite="error" the call that
-        settles it raises FloatingPointError naming it."""
+        settles it raises FloatingPointError naming it. So does a maximum logit QK-clip cannot take
+        (qk_clip.py: NaN, inf, or large enough to scale weights to 0) under "error"; under "skip" that
+        step updates without the clip, counted in the QKClip's skipped_steps.
+
+        A step that raises changes nothing: everything that can raise on the host runs before the first
+        write (the "checks" phase below), and what is known on the device alone (non-finite gradients and
+        maxima) masks every write of the step (weights, momentum, AdamW's moments and step count,
+        NorMuon's v, QK-clip's rescale), so the call that settles it raises with every tensor as it was."""
         self._settle(arrived_only=True)
         self._follow_replaced_parameters()
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        self._check_group_values()  # everything that can raise on the host runs before the first write
         hooks = [hook for _, hook in self._step_hooks]
         for hook in hooks:  # 1. hooks before (the held schedules: their gradients reduced)
             hook.before_step()
@@ -362,11 +332,12 @@ class DMuon(torch.optim.Optimizer):
                  else None for l in self._layouts]
         taking_part = [l.tensor.requires_grad for l in self._layouts]
         check, extras = self._check_gradients(grads, taking_part, hooks)  # 2. the gradient check
-        self._pending.append(check)
+        self._pending.append((check, hooks, [None if e is None else e.numel() for e in extras]))
+        # ---- writes, masked on the device by the step's check (keep, finite) ----
         adamw_phase(self._groups, self._layouts, self.state, grads, taking_part, check)  # 3. AdamW
         self._muon_phase(grads, taking_part, check)  # 4. the Muon exchange
         for hook, extra in reversed(list(zip(hooks, extras))):  # 5. hooks after (QK-clip, the held schedules)
-            hook.after_step(extra)
+            self.last_stats.update(hook.after_step(extra, check.finite) or {})
         self._settle(arrived_only=True)
         return loss
 
@@ -389,6 +360,11 @@ class DMuon(torch.optim.Optimizer):
         for t in parts:
             extras.append(None if t is None else check.extra[offset:offset + t.numel()])
             offset += 0 if t is None else t.numel()
+        if self.nonfinite == "error":  # a hook's veto (QK-clip: a maximum it cannot take) skips the whole step
+            for hook, extra in zip(hooks, extras):
+                ok = hook.veto(extra)
+                if ok is not None:
+                    check.veto(ok)  # the whole step changes nothing; settling it raises
         return check, extras
 
     def _muon_phase(self, grads, taking_part, check):
@@ -411,6 +387,14 @@ class DMuon(torch.optim.Optimizer):
                   for bucket in self._buckets])
         self.last_stats = {"ns_s": muon.ns_seconds, "ns_matrices": muon.ns_matrices}
 
+    def _check_group_values(self):
+        """Every param group's hyper-parameters (a scheduler or the user may have set them since the last
+        step), by torch.optim's checks: ValueError naming the group before anything is written."""
+        name_of = {id(l.tensor): n for n, l in zip(self.param_groups_names, self._layouts)}
+        for g in self.param_groups:
+            if g["params"]:
+                check_group(g, name_of[id(g["params"][0])], options=False)  # options: frozen per matrix
+
     def add_step_hook(self, hook, key=None):
         """Joins `hook` (step_hooks.StepHook's protocol) to every later step(): its before_step in the order hooks
         joined, after_step in reverse order. A hook joins once; one given a key takes the place of the hook that
@@ -429,16 +413,27 @@ class DMuon(torch.optim.Optimizer):
     def _settle(self, arrived_only=False):
         """Reads the pending steps' GradientChecks in order (arrived_only: those that need no wait):
         counts each update or skipped step, sets last_grad_norm, raises FloatingPointError for a
-        non-finite gradient (nonfinite="error")."""
-        while self._pending and (not arrived_only or self._pending[0].arrived()):
-            verdict = self._pending.pop(0).settle()
-            if verdict.bad:
+        non-finite gradient or a problem a step hook found in its extra (QK-clip: a maximum logit it could not
+        take) under nonfinite="error"; under "skip" the skipped step is counted (a hook counts what it skipped)."""
+        while self._pending and (not arrived_only or self._pending[0][0].arrived()):
+            check, hooks, sizes = self._pending.pop(0)
+            verdict = check.settle()
+            update = self.param_groups[0]["updates"] + 1
+            problems, offset = [], 0
+            for hook, size in zip(hooks, sizes):
+                if size is not None:
+                    problems += hook.settle(verdict.extra[offset:offset + size], update)
+                    offset += size
+            if verdict.bad or problems:
                 if self.nonfinite == "skip":
-                    self._count("skipped_steps")
-                    continue
-                where = ", ".join(f"'{self.param_groups_names[i]}' on rank {r}" for r, i in verdict.bad)
-                raise FloatingPointError(f"DMuon: non-finite gradient in parameter {where} at update "
-                                         f"{self.param_groups[0]['updates'] + 1} (that step was skipped)")
+                    if verdict.bad:
+                        self._count("skipped_steps")
+                        continue
+                else:
+                    where = ", ".join(f"'{self.param_groups_names[i]}' on rank {r}" for r, i in verdict.bad)
+                    problems = ([f"non-finite gradient in parameter {where}"] if verdict.bad else []) + problems
+                    raise FloatingPointError(f"DMuon: {'; '.join(problems)} at update {update} (that step was "
+                                             "skipped: nothing changed)")
             self._last_grad_norm = verdict.norm
             if verdict.any_gradient:
                 self._count("updates")
@@ -480,23 +475,32 @@ class DMuon(torch.optim.Optimizer):
             raise ValueError(f"loaded state dict contains a parameter group that doesn't match the size of "
                              f"optimizer's group: {[len(g['params']) for g in saved_groups]} parameters, DMuon's "
                              f"{[len(g['params']) for g in self.param_groups]}")
-        first = 0
-        for g, saved in zip(self.param_groups, saved_groups):
-            if saved.get("use_muon", g["use_muon"]) != g["use_muon"]:
-                raise ValueError(f"DMuon.load_state_dict: the group of '{self.param_groups_names[first]}' is Muon in "
-                                 "one state, AdamW in the other")
-            first += len(g["params"])
+        # Checks, before anything is written: a refused state dict loses nothing.
         saved_state = state_dict["state"]
-        index = 0
+        index_of = {id(l.tensor): i for i, l in enumerate(self._layouts)}  # a repeated parameter: its one index
+        entries = []  # (parameter index, its saved entry or None)
         for g, saved in zip(self.param_groups, saved_groups):
-            for key in saved["params"]:
-                if key in saved_state:
-                    self._load_entry(index, self.param_groups_names[index], saved_state[key])
-                else:
-                    self._zero_state(index)
-                index += 1
+            indices = [index_of[id(p)] for p in g["params"]]
+            where = f"DMuon.load_state_dict: the group of '{self.param_groups_names[indices[0]]}'" if indices else ""
+            if saved.get("use_muon", g["use_muon"]) != g["use_muon"]:
+                raise ValueError(f"{where} is Muon in one state, AdamW in the other")
             if g["use_muon"]:
-                check_options(saved, f"DMuon.load_state_dict: the group of '{self.param_groups_names[index - 1]}'")
+                check_options(saved, where)
+                options = MuonOptions.of_group({**g, **saved})
+                for k in self._matrices:
+                    if k.group is g:
+                        options.blocks(k.rows, k.cols, k.name)  # a split that does not fit the matrix raises
+            for i, key in zip(indices, saved["params"]):
+                entry = saved_state.get(key)
+                if entry is not None:
+                    check_saved_state(self.param_groups_names[i], entry, self.state[self._layouts[i].tensor])
+                entries.append((i, entry))
+        for i, entry in entries:
+            if entry is None:
+                self._zero_state(i)
+            else:
+                self._load_entry(i, entry)
+        for g, saved in zip(self.param_groups, saved_groups):
             for k, v in saved.items():  # in place: MuonMatrix and _groups hold these dicts
                 if k != "params":
                     g[k] = copy.deepcopy(v)
@@ -525,23 +529,12 @@ class DMuon(torch.optim.Optimizer):
         self._ns = {}
         self.ns = self.ns_of(MuonOptions.of_group(self.defaults))
 
-    def _load_entry(self, i, name, entry):
+    def _load_entry(self, i, entry):
+        """Copies a checked saved state entry (plan.check_saved_state) into parameter i's state."""
         mine = self.state[self._layouts[i].tensor]
-        if set(entry) != set(mine):
-            raise ValueError(f"DMuon.load_state_dict: '{name}' has state {sorted(entry)} in the saved state, "
-                             f"{sorted(mine)} here")
         for key, value in entry.items():
             target = mine[key]
             if key == "step":
                 target.copy_(torch.as_tensor(value, dtype=target.dtype))
-                continue
-            if is_dtensor(target) != is_dtensor(value) or tuple(value.shape) != tuple(target.shape) or (
-                    is_dtensor(target) and (value.placements != target.placements
-                                            or value.device_mesh != target.device_mesh)):
-                def kind(t):
-                    return f"DTensor {tuple(t.placements)}" if is_dtensor(t) else "tensor"
-                raise ValueError(f"DMuon.load_state_dict: '{name}' {key} is a {kind(value)} of shape "
-                                 f"{tuple(value.shape)}, here a {kind(target)} of shape {tuple(target.shape)} "
-                                 "(load another world size or layout with torch.distributed.checkpoint)")
-            if value is not target:
+            elif value is not target:
                 self._layouts[i].local(target).copy_(self._layouts[i].local(value))

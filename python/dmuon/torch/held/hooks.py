@@ -369,7 +369,7 @@ class HeldSchedule(StepHook):
                                "with gradient sync before step()")
         self.drain()
 
-    def after_step(self, extra=None):
+    def after_step(self, extra=None, written=None):
         """The owners changed their masters: every working copy is stale. Copies outside the columns
         are freed and, with replicas, the column copies are refreshed before their next use. No
         communication (and no extra of the step's all-reduce: StepHook)."""
