@@ -26,7 +26,7 @@ from torch.distributed.fsdp import fully_shard
 
 from dmuon.torch import DMuon
 from muon_reference import Reference, hyper_of
-from torch_dmuon_mpi_test import SPECS, STEPS, TOLERANCE, Holder, Model, gradients, initial_values
+from hand_sharded_model import SPECS, STEPS, TOLERANCE, Holder, Model, gradients, initial_values
 from rank_exit import exit_rank
 from rank_checks import check, finish
 

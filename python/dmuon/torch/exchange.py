@@ -10,7 +10,7 @@ The matrices, their pieces, owners and buckets are matrices.py's. Per bucket of 
            variant's after_orthogonalize, then the blocks' scales, and sends every other rank holding a piece
            of a matrix, in every replica, its piece of O (a second all_to_all_single, async)
   finish:  every rank applies its pieces of O: W ← W·(1 − lr·wd) − lr·s·O
-A variant with per-row state (Variant.row_state: NorMuon's v) has each holder's rows of it ride with its piece of U
+A variant with per-row state (Variant.row_state) has each holder's rows of it ride with its piece of U
 to the owner and back with its piece of O, in those two all-to-alls (in U's dtype there, packed bit for bit into
 O's dtype on the way back).
 Each phase is one engine call (engine.py): per param group of the bucket the momentum of every
