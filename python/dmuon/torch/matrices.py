@@ -1,13 +1,13 @@
 """The one matrix model of dmuon.torch: which Muon matrices a parameter is, what each rank holds of each, who owns
-it, how they are batched and how the planner costs them. The step (exchange.py), DMuon's plan (optimizer.py), the
-owner-held mode's costing (held/hold.py) and its TP/EP frame (held/tensor_parallel.py) all ask this module, so a
-parameter is costed, held, split and updated as the same matrices.
+it, how they are batched and how the planner costs them. The step (exchange.py), DMuon's plan (optimizer.py,
+plan.py), the owner-held mode's costing (held/hold.py) and its TP/EP frame (held/tensor_parallel.py) all ask this
+module, so a parameter is costed, held, split and updated as the same matrices.
 
 The rule, for a Muon parameter `name` of global shape (d0, d1, …) and DMuon's `experts(name, shape)` predicate
 (default params.is_expert_stack_by_default: a 3-D parameter with "expert" in a name component):
   2-D (m, n)                     one m × n matrix
   a stack of experts (E, m, n)   E matrices of m × n, one per expert (the predicate says so; a stack is 3-D)
-  any other ≥ 3-D                one (d0, d1·d2…) matrix, as a Conv1d's (out, in, k) or a Conv2d's (out, in, kh, kw)
+  any other ≥ 3-D                one (d0, d1·d2…) matrix: a Conv1d's (out, in, k), a Conv2d's (out, in, kh, kw)
 A matrix split for Newton–Schulz (MuonOptions.blocks: split_heads / split_sizes along split_dim) runs it per block.
 
 Each matrix has one owner rank in the whole group, which alone runs its Newton–Schulz. Every rank holds a piece of
