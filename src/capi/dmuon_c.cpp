@@ -18,12 +18,15 @@
 #include <utility>
 #include <vector>
 
+#ifdef DMUON_HAVE_JSON
 #include <nlohmann/json.hpp>
+#endif
 
 #include "capi/abi_calls.hpp"
 #ifdef DMUON_HAVE_CUDA
 #include "capi/cuda_caller_stream.hpp"
 #endif
+#include "dmuon/backend.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/models.hpp"
 #include "dmuon/ns.hpp"
@@ -96,7 +99,10 @@ const char* dtype_name(int dtype) {
 
 // Why `device` cannot run here ("" when it can). Both dtypes run wherever a device does.
 std::string missing_device(int device) {
-  if (device == DMUON_DEVICE_CPU) return "";
+  if (device == DMUON_DEVICE_CPU)
+    return dmuon::device_count(dmuon::DeviceKind::cpu) > 0
+               ? ""
+               : "this build of libdmuon_c has no CPU backend (built without OpenBLAS: CUDA tensors only)";
 #ifdef DMUON_HAVE_CUDA
   return dmuon::capi::cuda_devices() > 0 ? "" : "this machine has no usable CUDA device";
 #else
@@ -560,11 +566,16 @@ int dmuon_model_params_json(const char* name_or_path, int layers, char* buf, siz
   return guarded("dmuon_model_params_json", [&] {
     require(name_or_path != nullptr, "name_or_path is NULL");
     require(layers >= 0, "layers must be >= 0");
+#ifndef DMUON_HAVE_JSON
+    throw Unsupported("this build of libdmuon_c has no JSON library (built without nlohmann-json): it reads no "
+                      "model manifest");
+#else
     nlohmann::json list = nlohmann::json::array();
     for (const dmuon::ParamSpec& p : dmuon::load_model_manifest(name_or_path, layers)) {
       list.push_back({{"name", p.name}, {"shape", p.shape}, {"role", std::string(dmuon::to_string(p.role))}});
     }
     write_string(list.dump(), buf, cap, needed);
+#endif
   });
 }
 

@@ -123,6 +123,29 @@ def test_bfloat16_newton_schulz_rounds_as_the_engine(coeffs, steps):
     assert relative(ours, engine) < BF16_LIMIT
 
 
+@pytest.mark.parametrize("algo", ["standard", "gram"])
+def test_bfloat16_products_never_sum_in_bfloat16(monkeypatch, algo):
+    # Our CUDA backend forbids cuBLAS's reduced-precision reductions; torch allows them by default: every product of a
+    # bf16 Newton–Schulz runs with torch's flag off, and the caller's setting is back afterwards (and after float32).
+    matmul = torch.backends.cuda.matmul
+    monkeypatch.setattr(matmul, "allow_bf16_reduced_precision_reduction", True)
+    seen = []
+    for name in ("bmm", "baddbmm"):
+        product = getattr(torch, name)
+
+        def spy(*args, product=product, **kwargs):
+            seen.append((args[0].dtype, matmul.allow_bf16_reduced_precision_reduction))
+            return product(*args, **kwargs)
+        monkeypatch.setattr(torch, name, spy)
+    u = gaussian((16, 64))
+    newton_schulz(u, algo=algo, dtype=torch.bfloat16)
+    assert seen and all(dtype == torch.bfloat16 and not allowed for dtype, allowed in seen), seen
+    assert matmul.allow_bf16_reduced_precision_reduction
+    seen.clear()
+    newton_schulz(u, algo=algo, dtype=torch.float32)
+    assert seen and matmul.allow_bf16_reduced_precision_reduction
+
+
 def test_the_cpu_default_dtype_follows_the_machine_unless_forced(monkeypatch):
     """ns_dtype=None on the CPU: bfloat16 where torch sees bf16 matrix units (AMX, faked here both ways; AVX-512 BF16
     alone does not count), float32 elsewhere;
