@@ -227,7 +227,11 @@ report_head() {
       skipped*) kind=skipped ;;
       *) kind=${STATUS[$s]} ;;
     esac
-    printf '%-28s %-8s %s\n' "$s" "$kind" "$([ "$kind" = ran ] || echo "${STATUS[$s]}")"
+    case $kind in
+      FAILED) printf '%-28s %-8s %s\n' "$s" "$kind" "${STATUS[$s]}" ;;
+      skipped) printf '%-28s %-8s %s\n' "$s" "$kind" "${STATUS[$s]#skipped }" ;;
+      *) printf '%-28s %s\n' "$s" "$kind" ;;
+    esac
   done
   echo "-- FAIL lines of the logs --"
   (cd "$LOGS" && grep -HE "$FAIL_LINE" -- *.log 2>/dev/null | grep -v '^progress.log:') | cut -c1-200 | head -n 50
@@ -553,7 +557,7 @@ else
 fi
 MPIRUN=()
 command -v mpirun >/dev/null && MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
-FULL_ONLY="full mode only (DMUON_GPU_CHECK_MODE=full)"
+FULL_ONLY="full mode only: DMUON_GPU_CHECK_MODE=full"
 if [ "$MODE" = full ]; then
   OPTIM=(bench optimizer --device cuda --model qwen2.5-0.5b)
   json bench_optimizer 75 "${CLI[@]}" "${OPTIM[@]}" --steps 5 --optim adamw,muon,muon-gather,dmuon

@@ -315,6 +315,20 @@ void plan_owners(int64_t n, const int64_t* rows, const int64_t* cols, const int6
   if (used_tuned) *used_tuned = tuned ? 1 : 0;
 }
 
+// The parameters of a model manifest as a JSON list of {"name", "shape", "role"}.
+std::string model_params_text(const char* name_or_path, int layers) {
+#ifdef DMUON_HAVE_JSON
+  nlohmann::json list = nlohmann::json::array();
+  for (const dmuon::ParamSpec& p : dmuon::load_model_manifest(name_or_path, layers)) {
+    list.push_back({{"name", p.name}, {"shape", p.shape}, {"role", std::string(dmuon::to_string(p.role))}});
+  }
+  return list.dump();
+#else
+  throw Unsupported(std::string("cannot read model ") + name_or_path + " (" + std::to_string(layers) +
+                    " layers): this build of libdmuon_c has no JSON library (built without nlohmann-json)");
+#endif
+}
+
 }  // namespace
 
 extern "C" {
@@ -566,16 +580,7 @@ int dmuon_model_params_json(const char* name_or_path, int layers, char* buf, siz
   return guarded("dmuon_model_params_json", [&] {
     require(name_or_path != nullptr, "name_or_path is NULL");
     require(layers >= 0, "layers must be >= 0");
-#ifndef DMUON_HAVE_JSON
-    throw Unsupported("this build of libdmuon_c has no JSON library (built without nlohmann-json): it reads no "
-                      "model manifest");
-#else
-    nlohmann::json list = nlohmann::json::array();
-    for (const dmuon::ParamSpec& p : dmuon::load_model_manifest(name_or_path, layers)) {
-      list.push_back({{"name", p.name}, {"shape", p.shape}, {"role", std::string(dmuon::to_string(p.role))}});
-    }
-    write_string(list.dump(), buf, cap, needed);
-#endif
+    write_string(model_params_text(name_or_path, layers), buf, cap, needed);
   });
 }
 

@@ -33,7 +33,6 @@ travel while bucket b's Newton–Schulz runs.
 """
 
 import math
-import time
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -42,6 +41,7 @@ import torch
 from dmuon.torch.muon_update import StepValues
 from dmuon.torch.normuon import block_views, normalize, pack, packed_numel, unpack
 from dmuon.torch.normuon import width as normuon_width
+from dmuon.torch.ns_clock import NsClock
 from dmuon.torch.placements import Span
 
 
@@ -218,7 +218,7 @@ class MuonStep:
         self.comm, self.engine, self.ns_of, self.momentum, self.grads = comm, engine, ns_of, momentum, grads
         self.state_dtype_of, self.variance = state_dtype_of, variance
         self.values = StepValues(check)
-        self.ns_seconds = 0.0
+        self.ns_clock = NsClock()  # Newton–Schulz's time (device time on CUDA, not the enqueueing's)
         self.ns_matrices = 0
 
     def run(self, buckets):
@@ -292,10 +292,10 @@ class MuonStep:
                 grad = self.grads[k.index]
                 entries.append((k.index, k.local_view(k.layout.local(k.layout.tensor)),
                                 k.local_view(self.momentum(k.index)), None if grad is None else k.local_view(grad)))
-            t0 = time.perf_counter()
+            t0 = self.ns_clock.start(entries[0][1].device)
             self.engine.update(self.ns_of(part[0].options), entries, part[0].rows, part[0].cols, part[0].group,
                                part[0].scale, part[0].options.cautious_wd, self.values, [k.name for k in part])
-            self.ns_seconds += time.perf_counter() - t0
+            self.ns_clock.stop(t0)
             self.ns_matrices += len(part)
 
     def _orthogonalize(self, stack, owned, variance=None):
@@ -305,7 +305,7 @@ class MuonStep:
         each block then scaled by s(block) / s(matrix) (the apply scales by s(matrix))."""
         if stack.shape[0] == 0:
             return
-        t0 = time.perf_counter()
+        t0 = self.ns_clock.start(stack.device)
         first = owned[0]
         if first.blocks is None:
             self._newton_schulz(list(stack), [k.name for k in owned], first.options)
@@ -332,7 +332,7 @@ class MuonStep:
                 ratio = first.options.scale_of(*block.shape[1:]) / first.scale
                 if ratio != 1.0:
                     block.mul_(ratio)
-        self.ns_seconds += time.perf_counter() - t0
+        self.ns_clock.stop(t0)
         self.ns_matrices += stack.shape[0]
 
     def _newton_schulz(self, matrices, names, options):

@@ -30,6 +30,7 @@ from dmuon.torch.layout import as_placed, describe, is_dtensor
 from dmuon.torch.muon_options import MuonOptions, check_options
 from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, matrices_of
 from dmuon.torch.normuon import width, zero_variance
+from dmuon.torch.ns_clock import NsClock
 from dmuon.torch.params import MUON_ONLY, without_compile_prefix, is_expert_stack_by_default, module_groups, split_groups
 
 _BALANCERS = ("milp", "lpt", "rr")
@@ -148,9 +149,16 @@ class DMuon(torch.optim.Optimizer):
         self.ns = self.ns_of(MuonOptions.of_group(defaults))  # the constructor's setting
         self._pending = []  # the GradientChecks of steps not settled yet, oldest first
         self._last_grad_norm = 0.0
-        self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
+        self._last_ns = (NsClock(), 0)  # the last step's Newton–Schulz clock and matrix count (last_stats)
         self._qk_clip = None  # the QKClip (qk_clip.py) that joined this optimizer, run after each step
         self._track(layouts)
+
+    @property
+    def last_stats(self):
+        """This rank's last step: {"ns_s": seconds of Newton–Schulz (on CUDA the device's time between events around
+        it; reading it waits for that work), "ns_matrices": matrices orthogonalized}."""
+        clock, matrices = self._last_ns
+        return {"ns_s": clock.seconds(), "ns_matrices": matrices}
 
     def add_param_group(self, param_group):
         """Adds parameters to optimize from the next step(): a param group as DMuon's `params` takes
@@ -423,7 +431,7 @@ class DMuon(torch.optim.Optimizer):
         muon.run([[k for k in bucket if taking_part[k.index]
                    and (k.layout.held is None or k.owner == me or k.u_travels or k.o_travels)]
                   for bucket in self._buckets])
-        self.last_stats = {"ns_s": muon.ns_seconds, "ns_matrices": muon.ns_matrices}
+        self._last_ns = (muon.ns_clock, muon.ns_matrices)
         if clip is not None:
             clip.apply(check.extra, self._layouts)
         for schedule in schedules:
