@@ -356,8 +356,10 @@ int dmuon_ns_create(const char* coeffs, const char* algo, int steps, int threads
     if (path && ns->defaults.algo == dmuon::NsAlgo::automatic) {
       // Each dtype's entries (a call may ask for either), and those of calls that ask for none, with their
       // warning (dmuon_tune fills that setting).
+      // (A build without a CPU backend, the GPU-only one, runs no tuned CPU call: none.)
+      const bool cpu = dmuon::device_count(dmuon::DeviceKind::cpu) > 0;
       for (const dmuon::DType dtype : {dmuon::DType::f32, dmuon::DType::bf16}) {
-        if (!dmuon::cpu_backend().supports(dtype)) continue;
+        if (!cpu || !dmuon::cpu_backend().supports(dtype)) continue;
         std::string unused;
         ns->tuned.by_dtype[dtype] = load_entries(path, threads, {dtype}, &unused);
       }
