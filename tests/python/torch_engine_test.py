@@ -128,7 +128,6 @@ def test_bfloat16_products_never_sum_in_bfloat16(monkeypatch, algo):
     # Our CUDA backend forbids cuBLAS's reduced-precision reductions; torch allows them by default: every product of a
     # bf16 Newton–Schulz runs with torch's flag off, and the caller's setting is back afterwards (and after float32).
     matmul = torch.backends.cuda.matmul
-    monkeypatch.setattr(matmul, "allow_bf16_reduced_precision_reduction", True)
     seen = []
     for name in ("bmm", "baddbmm"):
         product = getattr(torch, name)
@@ -138,12 +137,17 @@ def test_bfloat16_products_never_sum_in_bfloat16(monkeypatch, algo):
             return product(*args, **kwargs)
         monkeypatch.setattr(torch, name, spy)
     u = gaussian((16, 64))
-    newton_schulz(u, algo=algo, dtype=torch.bfloat16)
-    assert seen and all(dtype == torch.bfloat16 and not allowed for dtype, allowed in seen), seen
-    assert matmul.allow_bf16_reduced_precision_reduction
-    seen.clear()
-    newton_schulz(u, algo=algo, dtype=torch.float32)
-    assert seen and matmul.allow_bf16_reduced_precision_reduction
+    before = matmul.allow_bf16_reduced_precision_reduction  # torch's flag object takes no monkeypatch
+    matmul.allow_bf16_reduced_precision_reduction = True
+    try:
+        newton_schulz(u, algo=algo, dtype=torch.bfloat16)
+        assert seen and all(dtype == torch.bfloat16 and not allowed for dtype, allowed in seen), seen
+        assert matmul.allow_bf16_reduced_precision_reduction
+        seen.clear()
+        newton_schulz(u, algo=algo, dtype=torch.float32)
+        assert seen and matmul.allow_bf16_reduced_precision_reduction
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = before
 
 
 def test_newton_schulz_time_on_cuda_is_the_devices_between_events_read_after_the_step(monkeypatch):
