@@ -345,13 +345,13 @@ if [ "$1" = +%s ]; then echo $(( $(/bin/date +%s) + $(cat "$FAKE_SKEW" 2>/dev/nu
 """
 FAKE_SLOW_CMAKE = """#!/bin/bash
 [ "$1" = --version ] && { echo "cmake version 3.25.1"; exit 0; }
-[ "$1" = --build ] && { cp "$FAKE_GPU_CHECK" "$2/dmuon_gpu_check"; echo 400 > "$FAKE_SKEW"; }
+[ "$1" = --build ] && { cp "$FAKE_GPU_CHECK" "$2/dmuon_gpu_check"; echo 1000 > "$FAKE_SKEW"; }
 exit 0
 """
 
 
 def test_a_required_step_left_without_time_fails_and_an_extra_one_is_skipped(tmp_path):
-    # P3: the build takes (by the fake clock) 400 of the 420 s: dmuon.torch and the C++ checks cannot run, and the run
+    # P3: the build takes (by the fake clock) more than the 420 s: dmuon.torch and the C++ checks cannot run, and the run
     # must not be green; the benchmarks are extras, skipped for time.
     fake_bin = fake_tools(tmp_path, cmake=FAKE_SLOW_CMAKE, date=FAKE_DATE)
     build = tmp_path / "b"
