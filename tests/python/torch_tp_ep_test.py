@@ -26,7 +26,8 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
             "fsdp"), the held stacks' gradients at step 0 bit for bit FSDP2's. N=4 also the MLP owner-held under FSDP2 × TP after a meta-device init, and
             with a bfloat16 MixedPrecisionPolicy bit for bit the all-to-all mode's (check_held_tp_habits).
             Also in the owner-held mode (hold_on_owners after parallelize_module, before
-            fully_shard: each TP slice held on its owner's TP group), then its state dicts: the full one
+            fully_shard: each TP slice held on its owner's TP group; at N=4 and 8 given the whole mesh, whose
+            data-parallel dims it takes), then its state dicts: the full one
             equal to the weights, and a DCP save, the held slices zeroed, a DCP load, bit for bit
   pipeline  N=4: two stages of two ranks, one DMuon per stage over its stage's process group and mesh
   refusals  N=2: a conv filter sharded on its input channels, a Partial() parameter, and what hold_on_owners
@@ -382,7 +383,9 @@ def tp_and_fsdp2(world, model, base, plan, blocks, held):
         dp_rank = dist.get_rank() // 2  # the rank's place on the data-parallel dims (tp is the last dim)
         name = f"{'hsdp (2, 2)' if world == 8 else 'fsdp2 (dp 2)'} x tp 2"
     parallelize_module(base, tp_mesh, plan)
-    holding = hold_on_owners(model, data_mesh) if held else None
+    # held: given the whole mesh, as a user has it after parallelize_module(model, mesh["tp"], plan) (issue 58):
+    # hold_on_owners takes its data-parallel dims, the mesh fully_shard gets
+    holding = hold_on_owners(model, data_mesh if world == 2 else mesh) if held else None
     if world > 2:
         for block in blocks:
             fully_shard(block, mesh=data_mesh, ignored_params=holding.params if held else None)

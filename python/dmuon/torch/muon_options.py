@@ -66,8 +66,8 @@ def check_options(values, where):
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"{where}: ns_steps must be an integer >= 1, got {steps!r}")
     factor = values.get("extra_scale_factor", 1.0)
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
-        raise ValueError(f"{where}: extra_scale_factor must be a number > 0, got {factor!r}")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < float("inf"):
+        raise ValueError(f"{where}: extra_scale_factor must be a finite number > 0, got {factor!r}")
     if not isinstance(values.get("cautious_wd", False), bool):
         raise ValueError(f"{where}: cautious_wd must be True or False, got {values['cautious_wd']!r}")
     heads, sizes = values.get("split_heads"), values.get("split_sizes")

@@ -190,7 +190,7 @@ class DMuon(torch.optim.Optimizer):
             groups = split_groups(params, defaults, first_group, warn=self.comm.rank == 0, named_groups=named_groups)
             seen = {id(l.tensor): n for n, l in zip(self.param_groups_names, self._layouts)}
             for g in groups:
-                _check_hyper(g)
+                _check_hyper(g, g["named"][0][0])
                 for name, p in g["named"]:
                     layout = describe(name, p, self.comm.pg, self.comm.ranks, self.comm.rank)
                     if not layout.held_elsewhere:
@@ -286,8 +286,9 @@ class DMuon(torch.optim.Optimizer):
         parameters by data pointer, which owner-held placeholders (no storage) do not have, so its switch
         puts another parameter in their place."""
         current = [p for g in self.param_groups for p in g["params"]]
-        if len(current) == len(self._layouts) and all(p is l.tensor for p, l in zip(current, self._layouts)):
-            return
+        tracked = list({id(p): p for p in current}.values())  # a parameter repeated in more groups once
+        if len(tracked) == len(self._layouts) and all(p is l.tensor for p, l in zip(tracked, self._layouts)):
+            return  # the tracked parameters, some perhaps repeated in more groups (as torch.optim allows)
         model = self._model() if self._model is not None else None
         if model is not None and len(current) == len(self._layouts):
             registered = {without_compile_prefix(n): p for n, p in model.named_parameters()}
@@ -387,13 +388,22 @@ class DMuon(torch.optim.Optimizer):
         of a CPU step; on a GPU at a later step() that finds them there, or when updates,
         skipped_steps, last_grad_norm or state_dict() are read (those wait for them). A non-finite
         gradient skips the step on the device either way; with nonfinite="error" the call that
-        settles it raises FloatingPointError naming it."""
+        settles it raises FloatingPointError naming it. So does a maximum logit QK-clip cannot take
+        (qk_clip.py: NaN, inf, or large enough to scale weights to 0) under "error"; under "skip" that
+        step updates without the clip, counted in the QKClip's skipped_steps.
+
+        A step that raises changes nothing: everything that can raise on the host runs before the first
+        write (the "checks" phase below), and what is known on the device alone (non-finite gradients and
+        maxima) masks every write of the step (weights, momentum, AdamW's moments and step count,
+        NorMuon's v, QK-clip's rescale), so the call that settles it raises with every tensor as it was."""
         self._settle(arrived_only=True)
         self._follow_replaced_parameters()
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        # ---- checks: everything that can raise on the host, before the first write ----
+        self._check_group_values()
         schedules = self._held_schedules()
         for schedule in schedules:
             schedule.ready_for_step()
@@ -411,7 +421,13 @@ class DMuon(torch.optim.Optimizer):
                 i, ranks = disagreement
                 raise ValueError(f"DMuon: parameter '{self.param_groups_names[i]}' requires grad on {ranks} of "
                                  f"{self.comm.world} ranks; every rank must set requires_grad alike")
-        self._pending.append(check)
+        clip_runs = None  # () bool device tensor: QK-clip can take every maximum of the step
+        if clip is not None:
+            clip_runs = clip.usable(check.extra)
+            if self.nonfinite == "error":
+                check.veto(clip_runs)  # the whole step changes nothing; settling it raises
+        self._pending.append((check, clip))
+        # ---- writes, masked on the device by the step's check (keep, finite) ----
         self._adamw(grads, taking_part, check)
 
         def momentum(i):
@@ -433,11 +449,21 @@ class DMuon(torch.optim.Optimizer):
                   for bucket in self._buckets])
         self._last_ns = (muon.ns_clock, muon.ns_matrices)
         if clip is not None:
-            clip.apply(check.extra, self._layouts)
+            # under "error" a step whose update is skipped is not clipped either; under "skip" it still is
+            clip.apply(check.extra, self._layouts, check.finite if self.nonfinite == "error" else clip_runs)
+            self.last_stats["qk_clip_skipped"] = clip.skipped
         for schedule in schedules:
             schedule.after_step()
         self._settle(arrived_only=True)
         return loss
+
+    def _check_group_values(self):
+        """Every param group's hyper-parameters (a scheduler or the user may have set them since the last
+        step), by torch.optim's checks: ValueError naming the group before anything is written."""
+        name_of = {id(l.tensor): n for n, l in zip(self.param_groups_names, self._layouts)}
+        for g in self.param_groups:
+            if g["params"]:
+                _check_hyper(g, name_of[id(g["params"][0])], options=False)  # options: frozen per matrix
 
     def _adamw(self, grads, taking_part, check):
         """The AdamW parameters' step: per param group, one fused call for those with a gradient here
@@ -469,16 +495,26 @@ class DMuon(torch.optim.Optimizer):
     def _settle(self, arrived_only=False):
         """Reads the pending steps' GradientChecks in order (arrived_only: those that need no wait):
         counts each update or skipped step, sets last_grad_norm, raises FloatingPointError for a
-        non-finite gradient (nonfinite="error")."""
-        while self._pending and (not arrived_only or self._pending[0].arrived()):
-            verdict = self._pending.pop(0).settle()
-            if verdict.bad:
+        non-finite gradient or a maximum logit its QKClip could not take (nonfinite="error"; "skip":
+        the skipped step, or the skipped clip in the QKClip, counted)."""
+        while self._pending and (not arrived_only or self._pending[0][0].arrived()):
+            check, clip = self._pending.pop(0)
+            verdict = check.settle()
+            unusable = [] if clip is None else clip.problems(verdict.extra)
+            if verdict.bad or unusable:
+                update = self.param_groups[0]['updates'] + 1
                 if self.nonfinite == "skip":
-                    self._count("skipped_steps")
-                    continue
-                where = ", ".join(f"'{self.param_groups_names[i]}' on rank {r}" for r, i in verdict.bad)
-                raise FloatingPointError(f"DMuon: non-finite gradient in parameter {where} at update "
-                                         f"{self.param_groups[0]['updates'] + 1} (that step was skipped)")
+                    if unusable:
+                        clip.count_skip(f"update {update}: {clip.describe(unusable)}; the update ran without it")
+                    if verdict.bad:
+                        self._count("skipped_steps")
+                        continue
+                else:
+                    where = ", ".join(f"'{self.param_groups_names[i]}' on rank {r}" for r, i in verdict.bad)
+                    problems = ([f"non-finite gradient in parameter {where}"] if verdict.bad else []) + (
+                        [clip.describe(unusable)] if unusable else [])
+                    raise FloatingPointError(f"DMuon: {'; '.join(problems)} at update {update} (that step was "
+                                             "skipped: nothing changed)")
             self._last_grad_norm = verdict.norm
             if verdict.any_gradient:
                 self._count("updates")
@@ -528,23 +564,32 @@ class DMuon(torch.optim.Optimizer):
             raise ValueError(f"loaded state dict contains a parameter group that doesn't match the size of "
                              f"optimizer's group: {[len(g['params']) for g in saved_groups]} parameters, DMuon's "
                              f"{[len(g['params']) for g in self.param_groups]}")
-        first = 0
-        for g, saved in zip(self.param_groups, saved_groups):
-            if saved.get("use_muon", g["use_muon"]) != g["use_muon"]:
-                raise ValueError(f"DMuon.load_state_dict: the group of '{self.param_groups_names[first]}' is Muon in "
-                                 "one state, AdamW in the other")
-            first += len(g["params"])
+        # Checks, before anything is written: a refused state dict loses nothing.
         saved_state = state_dict["state"]
-        index = 0
+        index_of = {id(l.tensor): i for i, l in enumerate(self._layouts)}  # a repeated parameter: its one index
+        entries = []  # (parameter index, its saved entry or None)
         for g, saved in zip(self.param_groups, saved_groups):
-            for key in saved["params"]:
-                if key in saved_state:
-                    self._load_entry(index, self.param_groups_names[index], saved_state[key])
-                else:
-                    self._zero_state(index)
-                index += 1
+            indices = [index_of[id(p)] for p in g["params"]]
+            where = f"DMuon.load_state_dict: the group of '{self.param_groups_names[indices[0]]}'" if indices else ""
+            if saved.get("use_muon", g["use_muon"]) != g["use_muon"]:
+                raise ValueError(f"{where} is Muon in one state, AdamW in the other")
             if g["use_muon"]:
-                check_options(saved, f"DMuon.load_state_dict: the group of '{self.param_groups_names[index - 1]}'")
+                check_options(saved, where)
+                options = MuonOptions.of_group({**g, **saved})
+                for k in self._matrices:
+                    if k.group is g:
+                        options.blocks(k.rows, k.cols, k.name)  # a split that does not fit the matrix raises
+            for i, key in zip(indices, saved["params"]):
+                entry = saved_state.get(key)
+                if entry is not None:
+                    self._check_entry(i, entry)
+                entries.append((i, entry))
+        for i, entry in entries:
+            if entry is None:
+                self._zero_state(i)
+            else:
+                self._load_entry(i, entry)
+        for g, saved in zip(self.param_groups, saved_groups):
             for k, v in saved.items():  # in place: MuonMatrix and _groups hold these dicts
                 if k != "params":
                     g[k] = copy.deepcopy(v)
@@ -573,15 +618,15 @@ class DMuon(torch.optim.Optimizer):
         self._ns = {}
         self.ns = self.ns_of(MuonOptions.of_group(self.defaults))
 
-    def _load_entry(self, i, name, entry):
-        mine = self.state[self._layouts[i].tensor]
+    def _check_entry(self, i, entry):
+        """ValueError naming parameter i when a saved state entry does not fit its state here."""
+        name, mine = self.param_groups_names[i], self.state[self._layouts[i].tensor]
         if set(entry) != set(mine):
             raise ValueError(f"DMuon.load_state_dict: '{name}' has state {sorted(entry)} in the saved state, "
                              f"{sorted(mine)} here")
         for key, value in entry.items():
             target = mine[key]
             if key == "step":
-                target.copy_(torch.as_tensor(value, dtype=target.dtype))
                 continue
             if is_dtensor(target) != is_dtensor(value) or tuple(value.shape) != tuple(target.shape) or (
                     is_dtensor(target) and (value.placements != target.placements
@@ -591,7 +636,15 @@ class DMuon(torch.optim.Optimizer):
                 raise ValueError(f"DMuon.load_state_dict: '{name}' {key} is a {kind(value)} of shape "
                                  f"{tuple(value.shape)}, here a {kind(target)} of shape {tuple(target.shape)} "
                                  "(load another world size or layout with torch.distributed.checkpoint)")
-            if value is not target:
+
+    def _load_entry(self, i, entry):
+        """Copies a checked saved state entry (_check_entry) into parameter i's state."""
+        mine = self.state[self._layouts[i].tensor]
+        for key, value in entry.items():
+            target = mine[key]
+            if key == "step":
+                target.copy_(torch.as_tensor(value, dtype=target.dtype))
+            elif value is not target:
                 self._layouts[i].local(target).copy_(self._layouts[i].local(value))
 
 
@@ -600,12 +653,14 @@ def _check_choice(name, value, choices):
         raise ValueError(f"DMuon: {name} must be one of {', '.join(str(c) for c in choices)}; got {value!r}")
 
 
-def _check_hyper(g):
-    """A param group's values, torch.optim's checks (after _check_defaults) with the group named."""
-    where = f"DMuon: param group of '{g['named'][0][0]}': "
+def _check_hyper(g, name, options=True):
+    """A param group's values (with Muon's options), torch.optim's checks (after _check_defaults) with the
+    group named by its first parameter."""
+    where = f"DMuon: param group of '{name}': "
     if g["use_muon"]:
         _check_values(where, "", lr=g["lr"], momentum=g["momentum"], weight_decay=g["weight_decay"])
-        check_options(g, where[:-2])
+        if options:
+            check_options(g, where[:-2])
     else:
         _check_values(where, "", lr=g["lr"], eps=g["eps"], betas=g["betas"], weight_decay=g["weight_decay"])
 

@@ -31,7 +31,7 @@ from dmuon.torch.held.groups import HeldGroups, grid_of
 from dmuon.torch.held.hooks import HeldSchedule, HeldUnit
 from dmuon.torch.held.placeholder import HeldElsewhere
 from dmuon.torch.held.state_dict import install_state_dict_hooks
-from dmuon.torch.held.tensor_parallel import tensor_parallel
+from dmuon.torch.held.tensor_parallel import data_parallel_mesh, tensor_parallel
 from dmuon.torch.layout import is_dtensor
 from dmuon.torch.muon_options import DEFAULTS, MuonOptions, check_options
 from dmuon.torch.muon_step import matrices_of
@@ -189,12 +189,15 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     replicated over process_group (DDP; DDP is told to ignore the held ones). Its ranks must be
     DMuon's process group's, in order. Under tensor parallelism (parallelize_module before this call,
     the matrices DTensors on a 1-D TP mesh): mesh is the data-parallel slice fully_shard gets
-    (mesh["dp"] of a ("dp", "tp") mesh; HSDP: mesh["replicate", "dp"]), None for TP alone; each TP
+    (mesh["dp"] of a ("dp", "tp") mesh; HSDP: mesh["replicate", "dp"]), or the whole mesh the TP mesh
+    is a named slice of (its other dims are then that slice: data_parallel_mesh in tensor_parallel.py),
+    None for TP alone; each TP
     slice is held on the owner's TP group (tensor_parallel.py, which lists what is refused). Under expert
     parallelism (each (E, m, n) expert stack Shard(0) on a 1-D EP mesh, as transformers' grouped_gemm and
     torchtitan lay routed experts out): mesh is the expert-FSDP mesh (the EP mesh's sibling dims; HSDP:
     replicate and efsdp), each EP slice of a stack held on the owner's EP group as a TP slice is, every expert
-    whole on one rank there; hold the stacks with predicate= in a call of their own, the other matrices in
+    whole on one rank there (the whole (dp, ep) mesh: its dims other than EP's); hold the stacks with predicate= in a
+    call of their own, the other matrices in
     another over their data-parallel mesh. gradient_divide_factor: what the owner divides a summed gradient
     by, as FSDPModule.set_gradient_divide_factor (default: the factor set on the unit's fully_shard, as
     torchtitan sets 1.0, else the group's size; experts under EP get tokens from
@@ -219,6 +222,7 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     error, chosen, tp, global_ranks, blocks = None, [], None, comm.ranks, None
     try:
         chosen = _select(model, predicate)
+        mesh = data_parallel_mesh(chosen, mesh)  # the whole (dp, tp) mesh: its dp slice
         blocks = [_plan_blocks(n, p, split) for n, p in chosen] if split is not None else None
         tp = tensor_parallel(chosen, mesh, comm.ranks, comm.rank)
         global_ranks = comm.ranks if tp is not None else _group_ranks(mesh, process_group)

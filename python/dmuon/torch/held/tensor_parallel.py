@@ -1,4 +1,5 @@
-"""Owner-held matrices under tensor parallelism (DESIGN 8 "Owners under TP"; docs/pytorch.md).
+"""Owner-held matrices under tensor parallelism (docs/pytorch.md, "Owner-held matrices", "Tensor parallelism";
+docs/design.md section 7).
 
 A matrix that tensor parallelism has made a DTensor (parallelize_module: Shard(0) column-wise, Shard(1)
 row-wise) on a 1-D TP mesh is held as its T slices. Every rank of the optimizer's group is a cell
@@ -82,6 +83,32 @@ class TensorParallel:
                      for d, t in self.cells)
 
 
+def data_parallel_mesh(chosen, mesh):
+    """hold_on_owners's mesh as the data-parallel mesh fully_shard gets. The mesh itself, but for the whole mesh a user
+    has after parallelize_module(model, mesh["tp"], plan) (the parameters' TP or EP mesh a named 1-D slice of it): its
+    other dims, mesh["dp"] (HSDP: mesh["replicate", "dp"]; dims of size 1 left out where others remain). ValueError
+    naming the slice to pass where more than two other dims leave it ambiguous which fully_shard gets."""
+    from dmuon.torch.layout import is_dtensor
+
+    meshes = {id(p.device_mesh): p.device_mesh for _, p in chosen if is_dtensor(p)}
+    if mesh is None or mesh.ndim < 2 or len(meshes) != 1:
+        return mesh  # a data-parallel mesh, or several parameter meshes (tensor_parallel refuses those)
+    tp_mesh = next(iter(meshes.values()))
+    names, tp_names = _names(mesh), _names(tp_mesh)
+    if tp_mesh.ndim != 1 or not tp_names or tp_names[0] not in names or \
+            tp_mesh._get_root_mesh() != mesh._get_root_mesh():
+        return mesh
+    others = [(n, size) for n, size in zip(names, mesh.mesh.shape) if n != tp_names[0]]
+    if len(others) > 1:
+        others = [(n, size) for n, size in others if size > 1] or others[:1]
+    dims = tuple(n for n, _ in others)
+    if len(dims) > 2:
+        raise ValueError(f"dmuon.torch.hold_on_owners: the mesh {names} holds the parameters' TP mesh "
+                         f"'{tp_names[0]}' and more than two other dims of size > 1 {dims}: give the data-parallel "
+                         f"mesh fully_shard gets, a slice of it (mesh[\"dp\"], mesh[\"replicate\", \"dp\"] for HSDP)")
+    return mesh[dims[0]] if len(dims) == 1 else mesh[dims]
+
+
 def _refuse(name, reason):
     raise ValueError(f"dmuon.torch.hold_on_owners: parameter '{name}' {reason}")
 
@@ -96,10 +123,12 @@ def tensor_parallel(chosen, mesh, group_ranks, rank):
     if not dtensors:
         return None
     data_names = set(_names(mesh)) if mesh is not None else set()
-    for n, p in dtensors:
+    for n, p in dtensors:  # (hold_on_owners refuses a model fully_shard has sharded before this)
         if mesh is not None and (p.device_mesh == mesh or data_names & set(_names(p.device_mesh))):
-            _refuse(n, f"is a DTensor already (placements {tuple(p.placements)} over the data-parallel mesh): call "
-                       "hold_on_owners before fully_shard")
+            _refuse(n, f"is a DTensor (placements {tuple(p.placements)}) on mesh {_names(p.device_mesh)}, which is "
+                       f"the given mesh {tuple(_names(mesh))} or shares its dims: give hold_on_owners the "
+                       "data-parallel mesh fully_shard gets (mesh[\"dp\"]), or the whole mesh the TP mesh was "
+                       "sliced from")
     plain = next((n for n, p in chosen if not is_dtensor(p)), None)
     if plain is not None:
         _refuse(plain, f"is left whole by tensor parallelism while '{dtensors[0][0]}' is a tensor-parallel slice: "
