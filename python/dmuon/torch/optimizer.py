@@ -150,15 +150,17 @@ class DMuon(torch.optim.Optimizer):
         self._pending = []  # the GradientChecks of steps not settled yet, oldest first
         self._last_grad_norm = 0.0
         self._last_ns = (NsClock(), 0)  # the last step's Newton–Schulz clock and matrix count (last_stats)
+        self._last_extra = {}  # the rest of last_stats: "qk_clip_skipped" where a QKClip joined
         self._qk_clip = None  # the QKClip (qk_clip.py) that joined this optimizer, run after each step
         self._track(layouts)
 
     @property
     def last_stats(self):
         """This rank's last step: {"ns_s": seconds of Newton–Schulz (on CUDA the device's time between events around
-        it; reading it waits for that work), "ns_matrices": matrices orthogonalized}."""
+        it; reading it waits for that work), "ns_matrices": matrices orthogonalized, and where a QKClip joined
+        "qk_clip_skipped" (a 0-dim bool tensor: whether it skipped this step)}."""
         clock, matrices = self._last_ns
-        return {"ns_s": clock.seconds(), "ns_matrices": matrices}
+        return {"ns_s": clock.seconds(), "ns_matrices": matrices, **self._last_extra}
 
     def add_param_group(self, param_group):
         """Adds parameters to optimize from the next step(): a param group as DMuon's `params` takes
@@ -447,11 +449,11 @@ class DMuon(torch.optim.Optimizer):
         muon.run([[k for k in bucket if taking_part[k.index]
                    and (k.layout.held is None or k.owner == me or k.u_travels or k.o_travels)]
                   for bucket in self._buckets])
-        self._last_ns = (muon.ns_clock, muon.ns_matrices)
+        self._last_ns, self._last_extra = (muon.ns_clock, muon.ns_matrices), {}
         if clip is not None:
             # under "error" a step whose update is skipped is not clipped either; under "skip" it still is
             clip.apply(check.extra, self._layouts, check.finite if self.nonfinite == "error" else clip_runs)
-            self.last_stats["qk_clip_skipped"] = clip.skipped
+            self._last_extra["qk_clip_skipped"] = clip.skipped
         for schedule in schedules:
             schedule.after_step()
         self._settle(arrived_only=True)
