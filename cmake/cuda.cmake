@@ -82,7 +82,7 @@ else()
 endif()
 
 # Adds the CUDA backend's kernels and host code (src/backend/cuda/*.cu) and the update rules' CUDA launchers
-# (src/backend/rules/*.cu), compiled by nvcc, to `target` (the backend layer, or dmuon_gpu). Its call descriptors
+# (src/backend/rules/*.cu), compiled by nvcc, to `target` (the backend layer). Its call descriptors
 # (cublas_calls.cpp) are plain C++ in every build.
 function(dmuon_add_cuda_sources target)
   file(GLOB _cuda_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu
