@@ -68,8 +68,10 @@ class DmuonEngine:
         for dtype_code, ns_dtype in choices:
             if dmuon.supports(code, dtype_code):
                 return code, dtype_code, ns_dtype, stream
+        runs = [name for name, where in (("cpu", dmuon.DEVICE_CPU), ("cuda", dmuon.DEVICE_CUDA))
+                if dmuon.supports(where, dmuon.DTYPE_F32) or dmuon.supports(where, dmuon.DTYPE_BF16)]
         raise dmuon.UnsupportedError(f"device {device}: this build of libdmuon_c has no Newton-Schulz backend "
-                                     "for it (it runs on cpu)")
+                                     f"for it (it runs on {' and '.join(runs) or 'no device of this machine'})")
 
     def momentum(self, entries, beta, nesterov, values):
         return muon_update.muon_momentum(entries, beta, nesterov, values)

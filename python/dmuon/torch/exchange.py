@@ -28,12 +28,12 @@ Order: launch(0); then for each bucket b: launch(b+1), compute(b), finish(b−1)
 travel while bucket b's Newton–Schulz runs.
 """
 
-import time
 
 import torch
 
 from dmuon.torch.matrices import newton_schulz_blocks, put, scale_blocks, take
 from dmuon.torch.muon_update import StepValues
+from dmuon.torch.ns_clock import NsClock
 
 
 def packed_numel(count, dtype, message_dtype):
@@ -71,7 +71,7 @@ class Exchange:
         self.comm, self.engine, self.ns_of, self.momentum, self.grads = comm, engine, ns_of, momentum, grads
         self.state_dtype_of, self.row_state = state_dtype_of, row_state
         self.values = StepValues(check)
-        self.ns_seconds = 0.0
+        self.ns_clock = NsClock()  # Newton–Schulz's time (device time on CUDA, not the enqueueing's)
         self.ns_matrices = 0
 
     def run(self, buckets):
@@ -147,10 +147,10 @@ class Exchange:
                 grad = self.grads[k.index]
                 entries.append((k.index, k.local_view(k.layout.local(k.layout.tensor)),
                                 k.local_view(self.momentum(k.index)), None if grad is None else k.local_view(grad)))
-            t0 = time.perf_counter()
+            t0 = self.ns_clock.start(entries[0][1].device)
             self.engine.update(self.ns_of(part[0].options), entries, part[0].rows, part[0].cols, part[0].group,
                                part[0].scale, part[0].options.cautious_wd, self.values, [k.name for k in part])
-            self.ns_seconds += time.perf_counter() - t0
+            self.ns_clock.stop(t0)
             self.ns_matrices += len(part)
 
     def _orthogonalize(self, stack, owned, rows):
@@ -160,13 +160,13 @@ class Exchange:
         None, updated in place; each block then scaled by s(block) / s(matrix) (the apply scales by s(matrix))."""
         if stack.shape[0] == 0:
             return
-        t0 = time.perf_counter()
+        t0 = self.ns_clock.start(stack.device)
         first = owned[0]
         newton_schulz_blocks(stack, owned, lambda matrices, names: self.engine.orthogonalize(
             self.ns_of(first.options), matrices, names))
         first.variant.after_orthogonalize(stack, rows, first, lambda: self.values.keep_of([k.index for k in owned]))
         scale_blocks(stack, first)
-        self.ns_seconds += time.perf_counter() - t0
+        self.ns_clock.stop(t0)
         self.ns_matrices += stack.shape[0]
 
     # ---- per bucket (same rows, cols, momentum dtype, device and options) ----

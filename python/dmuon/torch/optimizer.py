@@ -38,6 +38,7 @@ from dmuon.torch.gradient_check import GradientCheck
 from dmuon.torch.held.hold import adopt_replaced
 from dmuon.torch.matrices import assign_owners, buckets_of, parameter_matrices, stack_of
 from dmuon.torch.muon_options import DEFAULTS as MUON_DEFAULTS, MuonOptions, check_options
+from dmuon.torch.ns_clock import NsClock
 from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
 from dmuon.torch.plan import check_saved_state, describe_parameter, zero_state
 
@@ -148,8 +149,17 @@ class DMuon(torch.optim.Optimizer):
         self.ns = self.ns_of(MuonOptions.of_group(defaults))  # the constructor's setting
         self._pending = []  # (GradientCheck, step hooks, sizes of their extras) of steps not settled yet, oldest first
         self._last_grad_norm = 0.0
-        self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
+        self._last_ns = (NsClock(), 0)  # the last step's Newton–Schulz clock and matrix count (last_stats)
+        self._last_extra = {}  # the rest of last_stats: what the step hooks reported ("qk_clip_skipped")
         self._track(layouts)
+
+    @property
+    def last_stats(self):
+        """This rank's last step: {"ns_s": seconds of Newton–Schulz (on CUDA the device's time between events around
+        it; reading it waits for that work), "ns_matrices": matrices orthogonalized, and where a QKClip joined
+        "qk_clip_skipped" (a 0-dim bool tensor: whether it skipped this step)}."""
+        clock, matrices = self._last_ns
+        return {"ns_s": clock.seconds(), "ns_matrices": matrices, **self._last_extra}
 
     def add_param_group(self, param_group):
         """Adds parameters to optimize from the next step(): a param group as DMuon's `params` takes
@@ -337,7 +347,7 @@ class DMuon(torch.optim.Optimizer):
         adamw_phase(self._groups, self._layouts, self.state, grads, taking_part, check)  # 3. AdamW
         self._muon_phase(grads, taking_part, check)  # 4. the Muon exchange
         for hook, extra in reversed(list(zip(hooks, extras))):  # 5. hooks after (QK-clip, the held schedules)
-            self.last_stats.update(hook.after_step(extra, check.finite) or {})
+            self._last_extra.update(hook.after_step(extra, check.finite) or {})
         self._settle(arrived_only=True)
         return loss
 
@@ -385,7 +395,7 @@ class DMuon(torch.optim.Optimizer):
         muon.run([[k for k in bucket if taking_part[k.index]
                    and (k.layout.held is None or k.owner == me or k.u_travels or k.o_travels)]
                   for bucket in self._buckets])
-        self.last_stats = {"ns_s": muon.ns_seconds, "ns_matrices": muon.ns_matrices}
+        self._last_ns, self._last_extra = (muon.ns_clock, muon.ns_matrices), {}
 
     def _check_group_values(self):
         """Every param group's hyper-parameters (a scheduler or the user may have set them since the last
