@@ -29,8 +29,8 @@ from torch.distributed.tensor import Shard
 from torchtitan.components.optimizer import OptimizersContainer
 
 from dmuon.torch.frameworks import held_out_of_fully_shard
-from dmuon.torch.held.hold import hold_on_owners
-from dmuon.torch.layout import is_dtensor
+from dmuon.torch.held.hold import adopt_replaced, hold_on_owners
+from dmuon.torch.dtensors import is_dtensor
 from dmuon.torch.optimizer import DMuon
 from dmuon.torch.params import module_groups
 from dmuon.torch.torch_private import concatenated_mesh
@@ -55,8 +55,7 @@ class DMuonOptimizers(OptimizersContainer):
                              "optimizer_factory_kwargs_by_name={'DMuon': {'state_dtype': torch.bfloat16}} and "
                              "another implementation")
         for model in model_parts:  # as DMuon(model): parameters that .to_empty() made after owner_held get their marks
-            for schedule in model.__dict__.get("_dmuon_held_schedules", ()):
-                schedule.adopt()
+            adopt_replaced(model)
         kwargs = config.optimizer_factory_kwargs_by_name.get("DMuon", {})
         group = stage_group(model_parts) if dmuon and "process_group" not in kwargs else None
         if group is not None:  # pipeline stages: each stage's DMuon over its own ranks
