@@ -19,7 +19,7 @@ export OPENBLAS_CORETYPE := SkylakeX
 endif
 endif
 
-.PHONY: deps venv build test build-sanitize test-sanitize demo clean
+.PHONY: deps venv build test build-sanitize test-sanitize demo clean titan-trainer-packages
 
 deps:
 	@bash scripts/install-deps.sh
@@ -40,7 +40,18 @@ build: deps venv
 	@grep "dmuon:" $(BUILD).configure.log || true
 	cmake --build $(BUILD) -j $(JOBS)
 
-test: build
+# torchtitan's Trainer test's own packages (python/requirements-titan-trainer.txt says why not in the venv): a
+# folder in the build that only tests/python/torch_titan_trainer_test.py puts on its PYTHONPATH (tests/CMakeLists.txt).
+TITAN_TRAINER_PACKAGES = $(BUILD)/titan_trainer_packages
+titan-trainer-packages: $(TITAN_TRAINER_PACKAGES)/.requirements
+$(TITAN_TRAINER_PACKAGES)/.requirements: python/requirements-titan-trainer.txt | venv
+	@rm -rf $(TITAN_TRAINER_PACKAGES)
+	@echo "titan-trainer-packages: installing python/requirements-titan-trainer.txt into $(TITAN_TRAINER_PACKAGES)"
+	$(VENV)/bin/python -m pip install --quiet --no-deps --target $(TITAN_TRAINER_PACKAGES) \
+		-r python/requirements-titan-trainer.txt
+	@cp python/requirements-titan-trainer.txt $@
+
+test: build titan-trainer-packages
 	cd $(BUILD) && ctest --output-on-failure -j $(TEST_JOBS)
 
 # The whole suite again, every binary built with -fsanitize=address,undefined (UB is an error), MPI

@@ -57,7 +57,7 @@ void time_paths(Backend& backend, int batch, int repeats, DType dtype, double pe
     p.algo = describe_path(ns_effective_options(options, rows, cols));
     p.seconds_per_matrix = s;
     p.useful_gflops = flops / s / 1e9;
-    p.fraction_of_peak = p.useful_gflops / peak_gflops;
+    p.fraction_of_peak = peak_gflops > 0 ? p.useful_gflops / peak_gflops : 0.0;
     p.ratio_to_reference = shape.paths.empty() ? 1.0 : shape.paths[0].seconds_per_matrix / s;
     shape.paths.push_back(p);
   }
@@ -114,14 +114,18 @@ double measure_product_gflops(Backend& backend, DType dtype, int64_t n, int repe
 }
 
 DeviceNsReport bench_ns_on_device(Backend& backend, const std::vector<std::pair<int64_t, int64_t>>& shapes, int batch,
-                                  int repeats, DType dtype) {
+                                  int repeats, DType dtype, const ProductPeakFn& peak) {
   DMUON_CHECK(batch >= 1, "batch must be at least 1, got ", batch);
   DeviceNsReport report;
   report.device = backend.description();
   report.dtype = to_string(dtype);
   report.batch = batch;
   report.repeats = repeats;
-  report.peak_gflops = measure_product_gflops(backend, dtype);
+  try {
+    report.peak_gflops = peak ? peak(backend, dtype) : measure_product_gflops(backend, dtype);
+  } catch (const std::exception& e) {
+    report.peak_error = e.what();
+  }
   std::mt19937 rng(1234);
   for (const auto& [rows, cols] : shapes) {
     DeviceNsShape shape{rows, cols, {}, {}};
@@ -137,6 +141,7 @@ DeviceNsReport bench_ns_on_device(Backend& backend, const std::vector<std::pair<
 
 std::string device_ns_failures(const DeviceNsReport& r) {
   std::string out;
+  if (!r.peak_error.empty()) out += "FAIL bench ns product peak: " + r.peak_error + "\n";
   for (const auto& s : r.shapes)
     if (!s.error.empty())
       out += "FAIL bench ns " + std::to_string(s.rows) + "x" + std::to_string(s.cols) + ": " + s.error + "\n";
@@ -148,7 +153,9 @@ std::string device_ns_json(const DeviceNsReport& r) {
   std::ostringstream os;
   os.precision(9);
   os << "{\"device\": " << json_string(r.device) << ", \"dtype\": " << json_string(r.dtype)
-     << ", \"peak_gflops\": " << r.peak_gflops << ", \"batch\": " << r.batch << ", \"repeats\": " << r.repeats
+     << ", \"peak_gflops\": " << r.peak_gflops;
+  if (!r.peak_error.empty()) os << ", \"peak_error\": " << json_string(r.peak_error);
+  os << ", \"batch\": " << r.batch << ", \"repeats\": " << r.repeats
      << ", \"shapes\": [";
   for (size_t i = 0; i < r.shapes.size(); ++i) {
     const auto& s = r.shapes[i];
@@ -176,7 +183,7 @@ std::string device_ns_table(const DeviceNsReport& r) {
   os << line;
   std::snprintf(line, sizeof line, "product peak (8192^3 gemm, %s): %.1f TFLOP/s\n", r.dtype.c_str(),
                 r.peak_gflops / 1e3);
-  os << line;
+  os << (r.peak_error.empty() ? std::string(line) : "product peak FAIL: " + r.peak_error + "\n");
   std::snprintf(line, sizeof line, "%-12s %-10s %-28s %12s %10s %8s %8s\n", "shape", "path", "config", "ms/matrix",
                 "TFLOP/s", "of peak", "vs ref");
   os << line;

@@ -34,7 +34,8 @@ struct DeviceNsShape {
 struct DeviceNsReport {
   std::string device;    // backend description
   std::string dtype;     // of the iterates
-  double peak_gflops = 0;  // measured product rate (8192³ gemm, same dtype)
+  double peak_gflops = 0;  // measured product rate (8192³ gemm, same dtype); 0 when it could not be measured
+  std::string peak_error;  // why not (the shapes are timed all the same, their fraction_of_peak 0); empty: none
   int batch = 1, repeats = 0;
   std::vector<DeviceNsShape> shapes;
 };
@@ -42,10 +43,14 @@ struct DeviceNsReport {
 // The configuration of each path for `dtype` iterates.
 NsOptions device_ns_path_options(const std::string& path, DType dtype);
 
-// Times every path on `batch` same-shape matrices of each shape (random Gaussian inputs, never zeros). An exception
-// in one shape is kept in its `error` and the next shapes still run.
+// The product rate, in GFLOP/s, that a report's rows are compared to.
+using ProductPeakFn = std::function<double(Backend& backend, DType dtype)>;
+
+// Times every path on `batch` same-shape matrices of each shape (random Gaussian inputs, never zeros), after the
+// product peak (`peak`; none: measure_product_gflops). An exception in the peak's probe is kept in `peak_error`, one
+// in a shape in its `error`, and the shapes still run.
 DeviceNsReport bench_ns_on_device(Backend& backend, const std::vector<std::pair<int64_t, int64_t>>& shapes, int batch,
-                                  int repeats, DType dtype);
+                                  int repeats, DType dtype, const ProductPeakFn& peak = {});
 
 // Seconds per call of `run` on `backend`: `warmup` untimed calls, then the median (statistics.hpp) of `repeats`
 // timed ones.

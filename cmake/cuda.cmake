@@ -82,7 +82,7 @@ else()
 endif()
 
 # Adds the CUDA backend's kernels and host code (src/backend/cuda/*.cu) and the update rules' CUDA launchers
-# (src/backend/rules/*.cu), compiled by nvcc, to `target` (the backend layer, or dmuon_gpu). Its call descriptors
+# (src/backend/rules/*.cu), compiled by nvcc, to `target` (the backend layer). Its call descriptors
 # (cublas_calls.cpp) are plain C++ in every build.
 function(dmuon_add_cuda_sources target)
   file(GLOB _cuda_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/src/backend/cuda/*.cu
@@ -109,6 +109,8 @@ function(dmuon_add_gpu_check library)
   target_include_directories(dmuon_gpu_check PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/bench
                                                      ${PROJECT_SOURCE_DIR}/tests/support)
   target_link_libraries(dmuon_gpu_check PRIVATE ${library} CUDA::cudart CUDA::cublas)
+  # At the top of the build folder in every build (the full one declares it in bench/), where scripts/gpu-check.sh runs it.
+  set_target_properties(dmuon_gpu_check PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR})
   enable_testing()
   add_test(NAME gpu_check COMMAND dmuon_gpu_check test)
   set_tests_properties(gpu_check PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300)

@@ -2,13 +2,14 @@
 device, sharded by its parallelize_llama (FSDP2 over every rank), DMuon built by torchtitan's optimizer container
 (dmuon.torch.titan.DMuonOptimizers, from a ParamGroupConfig naming "DMuon"), torchtitan's warmup-stable-decay LR
 scheduler and its DCP checkpointer (a checkpoint every --interval steps in --folder; a later run resumes from the
-latest), trained on random tokens. --owner-held: the Muon matrices held on their owners
+latest, the data where it stopped: the data's position is checkpointed with the rest), trained on random tokens;
+--export FILE: the full weights at the end, in torchtitan's checkpoint layout (the fused wqkv as wq, wk, wv). --owner-held: the Muon matrices held on their owners
 (dmuon.torch.titan.owner_held around parallelize_llama). --tp N: tensor parallelism over N ranks by the model's own
 TP plan (the sharding configs torchtitan's Trainer sets through the model config's update_from_config), FSDP2 over
 the others, the loss under loss_parallel. The loop is torchtitan Trainer.train_step's, with the loss normalised by
 the global token count as torchtitan's (it disables FSDP's gradient division).
 
-    torchrun --standalone --nproc_per_node 2 examples/titan_train.py [--owner-held] [--cpu] [--tp 2]
+    torchrun --standalone --nproc_per_node 2 examples/titan_train.py [--owner-held] [--cpu] [--tp 2] [--export FILE]
     PYTHONPATH=build/python when running from the build tree.
 
 On the CPU (--cpu, gloo), three things torchtitan 0.3.0 does not do there, done here: its device meshes are made on
@@ -39,6 +40,26 @@ from torchtitan.models.llama3.sharding import set_llama3_sharding_config
 from dmuon.torch.titan import DMuonOptimizers, owner_held
 
 
+class RandomTokens:
+    """The data: rows of random tokens from a generator of this data-parallel rank (a TP group's ranks read the same
+    rows). Its position (the generator's state) is checkpointed, in torchtitan's dataloader slot (a Stateful keyed by
+    the data-parallel rank, as torchtitan's own dataloader keys its state), so a resumed run reads the rows that
+    follow, never the ones it trained on."""
+
+    def __init__(self, vocab, rows, seq_len, batch_rank):
+        self.shape, self.vocab, self.key = (rows, seq_len + 1), vocab, f"dp_rank_{batch_rank}"
+        self.generator = torch.Generator().manual_seed(1000 + batch_rank)
+
+    def next(self):  # (rows, seq_len + 1) token ids
+        return torch.randint(0, self.vocab, self.shape, generator=self.generator)
+
+    def state_dict(self):
+        return {self.key: self.generator.get_state()}
+
+    def load_state_dict(self, state):
+        self.generator.set_state(state[self.key])
+
+
 class Step:
     """The step count the checkpointer saves and restores (torchtitan's Trainer passes itself)."""
 
@@ -60,6 +81,7 @@ def main():
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--interval", type=int, default=10, help="checkpoint every this many steps")
     parser.add_argument("--folder", default="runs/titan", help="the checkpoints' folder")
+    parser.add_argument("--export", help="write the full weights here at the end (torch.save, on rank 0)")
     opts = parser.parse_args()
 
     dist.init_process_group("gloo" if opts.cpu else "nccl")
@@ -109,18 +131,17 @@ def main():
     schedulers = LRSchedulersContainer.Config(warmup_steps=2, decay_ratio=0.8).build(
         optimizers=optimizers, training_steps=opts.steps)
     step = Step()
+    data = RandomTokens(spec.model.vocab_size, training.local_batch_size, training.seq_len, batch_rank)
     checkpointer = CheckpointManager.Config(enable=True, folder=opts.folder, interval=opts.interval,
                                             last_save_model_only=False, initial_load_model_only=False).build(
-        dataloader=None, model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers,
+        dataloader=data, model_parts=[model], optimizers=optimizers, lr_schedulers=schedulers,
         states={"train_state": step}, sd_adapter=None)
     checkpointer.load()
 
-    vocab = spec.model.vocab_size
-    gen = torch.Generator().manual_seed(1000 + batch_rank)  # a TP group's ranks read the same rows
     while step.step < opts.steps:
         step.step += 1
         optimizers.zero_grad(set_to_none=training.disable_cuda_graphs)
-        rows = torch.randint(0, vocab, (training.local_batch_size, training.seq_len + 1), generator=gen).to(device)
+        rows = data.next().to(device)
         tokens = torch.tensor(rows[:, 1:].numel(), device=device)
         if batch is not None:
             dist.all_reduce(tokens, group=batch.get_group())
@@ -144,6 +165,13 @@ def main():
             print(f"step {step.step}: loss {loss.item():.4f}, lr {schedulers.schedulers[0].get_last_lr()[0]:.4g}",
                   flush=True)
     checkpointer.close()
+    if opts.export:
+        # The module's own state dict with its DTensors made whole (collective; held matrices too):
+        # get_model_state_dict(full_state_dict=True) fails on the fused wqkv ('FusedQKVLinear' object has no
+        # attribute 'wq': its state-dict hook names wq, wk, wv), whatever the optimizer (docs/integrations.md)
+        weights = {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
+        if rank == 0:
+            torch.save(weights, opts.export)
     dist.destroy_process_group()
 
 

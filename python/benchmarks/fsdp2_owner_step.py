@@ -110,7 +110,7 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 import dmuon
 from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
-from dmuon.torch.muon_step import matrices_of
+from dmuon.torch.matrices import matrices_of
 from dmuon.torch.params import is_expert_stack_by_default, module_groups
 from dmuon.torch.torch_engine import newton_schulz
 

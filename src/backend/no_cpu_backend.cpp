@@ -1,14 +1,31 @@
-// The GPU-only build (cmake/gpu_only.cmake) has no OpenBLAS, hence no CPU backend: asking for it is an error.
-// The full build skips this file (src/CMakeLists.txt) and has src/backend/cpu/ instead.
+// A build without OpenBLAS (a lean build: the Python package's or the GPU-only one, CMakeLists.txt) has no CPU
+// backend: asking for it is an error, and the CPU's answers that need BLAS say there is none. Builds with OpenBLAS
+// skip this file (src/CMakeLists.txt) and have src/backend/cpu/ instead.
+#include <cstdlib>
+#include <string>
+
 #include "dmuon/backend.hpp"
 #include "dmuon/error.hpp"
+#include "dmuon/linalg.hpp"
 
 namespace dmuon {
 
 Backend& cpu_backend() {
-  DMUON_FAIL("this GPU-only build of dmuon (DMUON_GPU_ONLY=ON) has no CPU backend; use backend_for(DeviceKind::cuda)");
+  DMUON_FAIL("this build of dmuon has no CPU backend (built without OpenBLAS); use backend_for(DeviceKind::cuda)");
 }
 
 int cpu_device_count() { return 0; }
+
+// No CPU computes here: the rule without bf16 matrix units, DMUON_NS_DEFAULT_DTYPE still obeyed.
+DType cpu_ns_default_dtype() {
+  static const DType dtype = ns_default_dtype_rule(false, std::getenv("DMUON_NS_DEFAULT_DTYPE"));
+  return dtype;
+}
+
+namespace linalg {
+
+std::string blas_description() { return "none (built without OpenBLAS)"; }
+
+}  // namespace linalg
 
 }  // namespace dmuon

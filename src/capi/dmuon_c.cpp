@@ -18,12 +18,15 @@
 #include <utility>
 #include <vector>
 
+#ifdef DMUON_HAVE_JSON
 #include <nlohmann/json.hpp>
+#endif
 
 #include "capi/abi_calls.hpp"
 #ifdef DMUON_HAVE_CUDA
 #include "capi/cuda_caller_stream.hpp"
 #endif
+#include "dmuon/backend.hpp"
 #include "dmuon/error.hpp"
 #include "dmuon/models.hpp"
 #include "dmuon/ns.hpp"
@@ -96,7 +99,10 @@ const char* dtype_name(int dtype) {
 
 // Why `device` cannot run here ("" when it can). Both dtypes run wherever a device does.
 std::string missing_device(int device) {
-  if (device == DMUON_DEVICE_CPU) return "";
+  if (device == DMUON_DEVICE_CPU)
+    return dmuon::device_count(dmuon::DeviceKind::cpu) > 0
+               ? ""
+               : "this build of libdmuon_c has no CPU backend (built without OpenBLAS: CUDA tensors only)";
 #ifdef DMUON_HAVE_CUDA
   return dmuon::capi::cuda_devices() > 0 ? "" : "this machine has no usable CUDA device";
 #else
@@ -309,6 +315,20 @@ void plan_owners(int64_t n, const int64_t* rows, const int64_t* cols, const int6
   if (used_tuned) *used_tuned = tuned ? 1 : 0;
 }
 
+// The parameters of a model manifest as a JSON list of {"name", "shape", "role"}.
+std::string model_params_text(const char* name_or_path, int layers) {
+#ifdef DMUON_HAVE_JSON
+  nlohmann::json list = nlohmann::json::array();
+  for (const dmuon::ParamSpec& p : dmuon::load_model_manifest(name_or_path, layers)) {
+    list.push_back({{"name", p.name}, {"shape", p.shape}, {"role", std::string(dmuon::to_string(p.role))}});
+  }
+  return list.dump();
+#else
+  throw Unsupported(std::string("cannot read model ") + name_or_path + " (" + std::to_string(layers) +
+                    " layers): this build of libdmuon_c has no JSON library (built without nlohmann-json)");
+#endif
+}
+
 }  // namespace
 
 extern "C" {
@@ -336,8 +356,10 @@ int dmuon_ns_create(const char* coeffs, const char* algo, int steps, int threads
     if (path && ns->defaults.algo == dmuon::NsAlgo::automatic) {
       // Each dtype's entries (a call may ask for either), and those of calls that ask for none, with their
       // warning (dmuon_tune fills that setting).
+      // (A build without a CPU backend, the GPU-only one, runs no tuned CPU call: none.)
+      const bool cpu = dmuon::device_count(dmuon::DeviceKind::cpu) > 0;
       for (const dmuon::DType dtype : {dmuon::DType::f32, dmuon::DType::bf16}) {
-        if (!dmuon::cpu_backend().supports(dtype)) continue;
+        if (!cpu || !dmuon::cpu_backend().supports(dtype)) continue;
         std::string unused;
         ns->tuned.by_dtype[dtype] = load_entries(path, threads, {dtype}, &unused);
       }
@@ -568,11 +590,7 @@ int dmuon_model_params_json(const char* name_or_path, int layers, char* buf, siz
   return guarded("dmuon_model_params_json", [&] {
     require(name_or_path != nullptr, "name_or_path is NULL");
     require(layers >= 0, "layers must be >= 0");
-    nlohmann::json list = nlohmann::json::array();
-    for (const dmuon::ParamSpec& p : dmuon::load_model_manifest(name_or_path, layers)) {
-      list.push_back({{"name", p.name}, {"shape", p.shape}, {"role", std::string(dmuon::to_string(p.role))}});
-    }
-    write_string(list.dump(), buf, cap, needed);
+    write_string(model_params_text(name_or_path, layers), buf, cap, needed);
   });
 }
 

@@ -109,6 +109,18 @@ TEST(CudaTileGrid, StaysWithinTheGridLimitsAndCoversEveryRowTile) {
   EXPECT_THROW(cuda::tile_grid(10, 10, 65536, 32), Error);
 }
 
+// Runs without a device: the sums of squares take more than 65535 vectors (NorMuon's row norms of a 151,936-row
+// embedding, Qwen's vocabulary) with y at 65535 blocks, the kernel striding over the rest, instead of refusing them.
+TEST(CudaReductionGrid, TakesMoreVectorsThanTheGridHasRows) {
+  const cuda::ReductionGrid vocab = cuda::reduction_grid(896, 151'936, 256);
+  EXPECT_EQ(vocab.y, 65535u);
+  EXPECT_EQ(vocab.parts, 1u);
+  const cuda::ReductionGrid matrices = cuda::reduction_grid(4096 * 4096, 3, 256);
+  EXPECT_EQ(matrices.y, 3u);
+  EXPECT_EQ(matrices.parts, 128u);
+  EXPECT_EQ(cuda::reduction_grid(256 * 16 * 5, 1, 256).parts, 5u);
+}
+
 // ---- products ----
 
 #ifdef DMUON_HAVE_CUDA

@@ -1,5 +1,7 @@
-"""The float64 Newton–Schulz of DESIGN section 2.1 and the update of Muon's options that the Python tests compare
-dmuon against."""
+"""The float64 Newton–Schulz of DESIGN section 2.1, the update of Muon's options and the float64 one-process
+optimizer (Reference: Muon and AdamW, DESIGN sections 1 and 2.1) that the Python tests compare dmuon against."""
+
+import math
 
 import torch
 
@@ -117,3 +119,64 @@ def latent_qk_clip_ref(w_q, w_kv, maxima, tau, nope, rope, v, alpha=0.5):
         q[nope:] *= gamma
         w_kv[h * (nope + v):h * (nope + v) + nope] *= gamma ** (1 - alpha)
     return w_q, w_kv
+
+
+def muon_matrices(w):
+    """w as a (count, rows, cols) stack of its Muon matrices: a 3-D parameter is a stack of experts (the tests'
+    models have no other), any other one (out, in·k…) matrix."""
+    return w if w.dim() == 3 else w.reshape(1, w.shape[0], -1)
+
+
+class Reference:
+    """Muon (lerp momentum, nesterov, NS per matrix, scale, decoupled decay; the options of a
+    parameter's hyper: ns_steps, scale, extra_scale_factor, cautious_wd, split, NorMuon) + AdamW
+    (torch.optim.AdamW), float64."""
+
+    def __init__(self, values, hyper, clip=None, scale="match_rms_adamw"):
+        """values: the initial tensors by name; hyper: per name its param group's values (a DMuon's: hyper_of),
+        settable before each step; clip: clip_grad_norm's max norm; scale: Muon's scale where hyper has none."""
+        self.w = {n: v.detach().double().clone() for n, v in values.items()}
+        self.hyper, self.clip, self.scale = hyper, clip, scale
+        self.state = {n: {} for n in values}
+
+    @classmethod
+    def of_muon_names(cls, initial, muon, hyper, scale, clip=None, momentum=0.95):
+        """Muon (Nesterov, `momentum`) on the names `muon` with hyper's lr and weight_decay, AdamW on the rest with
+        its adamw_lr, adamw_betas, adamw_eps and adamw_weight_decay: one setting for every parameter."""
+        muon = set(muon)
+        return cls(initial, {n: dict(use_muon=True, momentum=momentum, nesterov=True, lr=hyper["lr"],
+                                     weight_decay=hyper["weight_decay"]) if n in muon else
+                             dict(use_muon=False, lr=hyper["adamw_lr"], betas=hyper["adamw_betas"],
+                                  eps=hyper["adamw_eps"], weight_decay=hyper["adamw_weight_decay"])
+                             for n in initial}, clip, scale)
+
+    def step(self, grads):
+        """One step on the full gradients by name; returns the global gradient norm (before clipping)."""
+        norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads.values()))
+        factor = self.clip / (norm + 1e-6) if self.clip and norm > self.clip else 1.0
+        for name, g in grads.items():
+            g = g.double() * factor
+            h, st, w = self.hyper[name], self.state[name], self.w[name]
+            if h["use_muon"]:
+                beta = h["momentum"]
+                st["m"] = beta * st.get("m", torch.zeros_like(w)) + (1 - beta) * g
+                u = (1 - beta) * g + beta * st["m"] if h["nesterov"] else st["m"]
+                variances = st.setdefault("normuon_v", {})  # NorMuon's, per matrix of the parameter, per block
+                so = torch.stack([scaled_orthogonal_ref(m, h, self.scale, variances.setdefault(j, {}))
+                                  for j, m in enumerate(muon_matrices(u))]).reshape(w.shape)
+                self.w[name] = muon_apply_ref(w, so, h["lr"], h["weight_decay"], 1.0, h.get("cautious_wd", False))
+            else:
+                b1, b2 = h["betas"]
+                st["t"] = st.get("t", 0) + 1
+                st["m"] = b1 * st.get("m", torch.zeros_like(w)) + (1 - b1) * g
+                st["v"] = b2 * st.get("v", torch.zeros_like(w)) + (1 - b2) * g * g
+                bias1, bias2 = 1 - b1 ** st["t"], 1 - b2 ** st["t"]
+                w = w * (1 - h["lr"] * h["weight_decay"])
+                self.w[name] = w - (h["lr"] / bias1) * st["m"] / (st["v"].sqrt() / math.sqrt(bias2) + h["eps"])
+        return norm
+
+
+def hyper_of(opt):
+    """{parameter name, as DMuon names it: its param group's values}."""
+    groups = [g for g in opt.param_groups for _ in g["params"]]
+    return {n: dict(g) for n, g in zip(opt.param_groups_names, groups)}

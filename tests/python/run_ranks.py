@@ -17,11 +17,12 @@ in between.
 Ranks are forked, not started anew: this launcher imports torch and the torch.distributed modules
 every test imports (torch.distributed.fsdp, torch.distributed.tensor) once, then forks the ranks, which
 start with them loaded; each would otherwise spend about 4 s of CPU importing them, most of a short test's
-time on 2 cores. A rank then runs its program as `python PROGRAM ARGS` would: `script.py ARGS` through
-runpy.run_path, `-m module ARGS` through runpy.run_module, with sys.argv, sys.path[0], unbuffered stdout and
-stderr (PYTHONUNBUFFERED) and faulthandler (PYTHONFAULTHANDLER) set as the interpreter sets them. The
-launcher has one thread when it forks (the store and the output threads start after). A rank ends with
-os._exit once its program returns or raises SystemExit (no interpreter teardown: rank_exit.py says why).
+time on 2 cores; --preload MODULE adds one of the test's (refused if importing it starts a thread). A rank then
+runs its program as `python PROGRAM ARGS` would: `script.py ARGS` through runpy.run_path, `-m module ARGS`
+through runpy.run_module, with sys.argv, sys.path[0], unbuffered stdout and stderr (PYTHONUNBUFFERED) and
+faulthandler (PYTHONFAULTHANDLER) set as the interpreter sets them. The launcher has one thread when it forks
+(the store and the output threads start after). A rank ends with os._exit once its program returns or raises
+SystemExit (no interpreter teardown: rank_exit.py says why).
 
 Each output line of rank r (stdout and stderr) is printed as "[rank r] line". The job ends:
   - when every rank has exited: exit 0 if all exited 0, else the first failed rank's code (or 1);
@@ -60,6 +61,8 @@ def parse_args(argv):
     parser.add_argument("--timeout", type=float, required=True, help="seconds before every rank is killed")
     parser.add_argument("--grace", type=float, default=20.0,
                         help="seconds the other ranks get to exit after one failed (default 20)")
+    parser.add_argument("--preload", action="append", default=[], metavar="MODULE",
+                        help="a module to import before forking too (repeatable): one that starts no thread")
     parser.add_argument("--native-stacks", choices=["auto", "off"], default="auto",
                         help="auto: print stuck ranks' native stacks with gdb when it is on PATH")
     parser.add_argument("program", nargs=argparse.REMAINDER, help="-- then the interpreter's arguments")
@@ -85,11 +88,18 @@ def host_store(world):
                     wait_for_workers=False)
 
 
-def preload_torch():
-    """Imports what every rank imports first, once, before the ranks are forked from this process."""
+def preload_torch(modules=()):
+    """Imports what every rank imports first, once, before the ranks are forked from this process, and `modules`
+    (--preload): SystemExit naming the module if one started a thread (a forked rank would have lost it)."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: one thread per rank; libgomp reads it as torch loads
     import torch.distributed.fsdp  # noqa: F401
     import torch.distributed.tensor  # noqa: F401
+    for module in modules:
+        __import__(module)
+        threads = len(os.listdir("/proc/self/task"))
+        if threads != 1:
+            sys.exit(f"run_ranks: --preload {module}: the launcher has {threads} threads after importing it; the "
+                     "ranks are forked from it, so it must start none (let the ranks import it)")
 
 
 def rank_environment(rank, world, port):
@@ -321,7 +331,7 @@ def failure_exit_code(rank):
 
 def main(argv):
     args = parse_args(argv)
-    preload_torch()
+    preload_torch(args.preload)
     launcher_fds = []
     ranks = [Rank(r, args.nproc, args.program, launcher_fds) for r in range(args.nproc)]  # before any thread starts
     out_lock = threading.Lock()

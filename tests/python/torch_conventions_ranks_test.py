@@ -25,8 +25,8 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from dmuon.torch import DMuon
-from torch_dmuon_mpi_test import (SPECS, STEPS, TOLERANCE, Holder, Model, Reference, gradients, hyper_of,
-                                  initial_values)
+from muon_reference import Reference, hyper_of
+from hand_sharded_model import SPECS, STEPS, TOLERANCE, Holder, Model, gradients, initial_values
 from rank_exit import exit_rank
 from rank_checks import check, finish
 

@@ -32,8 +32,8 @@ import dmuon
 from dmuon.torch import DMuon
 from dmuon.torch.muon_options import muon_scale
 from dmuon.torch.params import is_muon_by_default
-from muon_reference import KELLER, newton_schulz_ref
-from torch_dmuon_mpi_test import TOLERANCE, Reference, hyper_of
+from muon_reference import KELLER, Reference, hyper_of, newton_schulz_ref
+from hand_sharded_model import TOLERANCE
 
 STEPS = 10
 

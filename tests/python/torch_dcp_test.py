@@ -32,10 +32,11 @@ import sys
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import get_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from dcp_io import load, save
 from dmuon.torch import DMuon
 from dmuon.torch.mpirun import init_process_group
 from rank_exit import exit_rank
@@ -101,18 +102,6 @@ def train(model, opt, steps):
         loss.backward()
         opt.step()
         opt.zero_grad()
-
-
-def save(model, opt, folder):
-    model_sd, optim_sd = get_state_dict(model, opt)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=folder)
-
-
-def load(model, opt, folder):
-    model_sd, optim_sd = get_state_dict(model, opt)
-    state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=folder)
-    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
 
 
 def local_values(model, opt):

@@ -34,7 +34,6 @@ reference after 10 steps.
 """
 
 import io
-import math
 
 import torch
 import torch.distributed as dist
@@ -44,166 +43,13 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
-from dmuon.torch import DMuon, Sharded, chunk_rows
+from dmuon.torch import DMuon
 from dmuon.torch.mpirun import init_process_group
-from muon_reference import muon_apply_ref, newton_schulz_ref, scaled_orthogonal_ref
+from hand_sharded_model import (SPECS, STEPS, TOLERANCE, Holder, Model, gather_dim0, gradient, gradients,
+                                initial_values)
+from muon_reference import Reference, hyper_of, muon_matrices, newton_schulz_ref
 from rank_exit import exit_rank
 from rank_checks import check, finish
-
-SPECS = [
-    ("embed.weight", (50, 16)),              # AdamW by name
-    ("layers.0.attn.weight", (16, 16)),
-    ("layers.1.attn.weight", (16, 16)),      # same shape as the previous one: a batch of 2
-    ("layers.0.mlp.up.weight", (40, 16)),
-    ("layers.0.mlp.down.weight", (16, 40)),
-    ("odd.weight", (7, 12)),                 # 7 rows: not divisible by 2, 3 or 4
-    ("tiny.weight", (3, 20)),                # 3 rows: an empty shard at 4 ranks
-    ("conv.weight", (6, 3, 2, 2)),           # Muon views it as 6×12
-    ("experts.weight", (8, 24, 16)),         # 8 matrices of 24×16
-    ("norm.weight", (16,)),
-    ("layers.0.mlp.up.bias", (40,)),
-    ("head.weight", (50, 16)),               # AdamW by name
-]
-STEPS = 10
-TOLERANCE = 1e-5
-
-# ---- the reference (float64, one process, DESIGN 1 and 2.1) ----
-
-def muon_matrices(w):
-    """w as a (count, rows, cols) stack of its Muon matrices: a 3-D parameter is a stack of experts,
-    a 4-D one is viewed as (out, in·kh·kw)."""
-    return w if w.dim() == 3 else w.reshape(1, w.shape[0], -1)
-
-
-class Reference:
-    """Muon (lerp momentum, nesterov, NS per matrix, scale, decoupled decay; the options of a
-    parameter's hyper: ns_steps, scale, extra_scale_factor, cautious_wd, split, NorMuon) + AdamW
-    (torch.optim.AdamW), float64."""
-
-    def __init__(self, values, hyper, clip=None, scale="match_rms_adamw"):
-        self.w = {n: v.double().clone() for n, v in values.items()}
-        self.hyper, self.clip, self.scale = hyper, clip, scale
-        self.state = {n: {} for n in values}
-
-    def step(self, grads):
-        norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads.values()))
-        factor = self.clip / (norm + 1e-6) if self.clip and norm > self.clip else 1.0
-        for name, g in grads.items():
-            g = g.double() * factor
-            h, st, w = self.hyper[name], self.state[name], self.w[name]
-            if h["use_muon"]:
-                beta = h["momentum"]
-                st["m"] = beta * st.get("m", torch.zeros_like(w)) + (1 - beta) * g
-                u = (1 - beta) * g + beta * st["m"] if h["nesterov"] else st["m"]
-                variances = st.setdefault("normuon_v", {})  # NorMuon's, per matrix of the parameter, per block
-                so = torch.stack([scaled_orthogonal_ref(m, h, self.scale, variances.setdefault(j, {}))
-                                  for j, m in enumerate(muon_matrices(u))]).reshape(w.shape)
-                self.w[name] = muon_apply_ref(w, so, h["lr"], h["weight_decay"], 1.0, h.get("cautious_wd", False))
-            else:
-                b1, b2 = h["betas"]
-                st["t"] = st.get("t", 0) + 1
-                st["m"] = b1 * st.get("m", torch.zeros_like(w)) + (1 - b1) * g
-                st["v"] = b2 * st.get("v", torch.zeros_like(w)) + (1 - b2) * g * g
-                bias1, bias2 = 1 - b1 ** st["t"], 1 - b2 ** st["t"]
-                w = w * (1 - h["lr"] * h["weight_decay"])
-                self.w[name] = w - (h["lr"] / bias1) * st["m"] / (st["v"].sqrt() / math.sqrt(bias2) + h["eps"])
-
-
-# ---- the model: identical values and gradients on every rank ----
-
-def initial_values():
-    gen = torch.Generator().manual_seed(7)
-    return {n: torch.randn(shape, generator=gen) * 0.5 for n, shape in SPECS}
-
-
-def gradient(step, k, shape):
-    gen = torch.Generator().manual_seed(1000 * step + k)
-    return torch.randn(shape, generator=gen) * (1 + k % 3)
-
-
-def gradients(step):
-    return {n: gradient(step, k, shape) for k, (n, shape) in enumerate(SPECS)}
-
-
-class Model:
-    """Parameters of `specs` laid out per `sharded_names` (dim-0 chunks over `group`) or whole."""
-
-    def __init__(self, values, sharded_names=(), group=None, specs=SPECS):
-        self.group = group
-        self.shapes = dict(specs)
-        self.world, self.rank = dist.get_world_size(group), dist.get_rank(group)
-        self.sharded = set(sharded_names)
-        self.params = {}
-        for name, v in values.items():
-            if name in self.sharded:
-                start, count = chunk_rows(v.shape[0], self.world)[self.rank]
-                self.params[name] = torch.nn.Parameter(v[start:start + count].clone())
-            else:
-                self.params[name] = torch.nn.Parameter(v.clone())
-
-    def named(self, names=None):
-        out = []
-        for name in names or list(self.shapes):
-            p = self.params[name]
-            out.append((name, Sharded(p, self.shapes[name], self.group) if name in self.sharded else p))
-        return out
-
-    def set_grads(self, grads):
-        for name, p in self.params.items():
-            g = grads[name]
-            if name in self.sharded:
-                start, count = chunk_rows(g.shape[0], self.world)[self.rank]
-                g = g[start:start + count]
-            p.grad = g.clone().to(p.dtype)
-
-    def full(self, name):
-        p = self.params[name].detach()
-        return gather_dim0(p, self.shapes[name][0], self.group) if name in self.sharded else p.clone()
-
-
-def gather_dim0(local, rows, group=None):
-    """The full tensor of `rows` rows from every rank's torch.chunk part `local`."""
-    world = dist.get_world_size(group)
-    counts = chunk_rows(rows, world)
-    per_rank = max(c for _, c in counts)
-    padded = local.new_zeros((per_rank,) + tuple(local.shape[1:]))
-    padded[: local.shape[0]] = local
-    parts = [torch.empty_like(padded) for _ in range(world)]
-    # as bytes: gloo has no bfloat16
-    dist.all_gather([t.reshape(-1).view(torch.uint8) for t in parts], padded.reshape(-1).view(torch.uint8),
-                    group=group)
-    return torch.cat([part[:c] for part, (_, c) in zip(parts, counts)])
-
-
-class Holder(torch.nn.Module):
-    """SPECS' parameters under real FSDP2; forward(grads) = Σ ⟨p, g⟩, so backward's gradient of p is
-    g once FSDP2 has averaged it over the ranks (all compute the same loss)."""
-
-    def __init__(self, values, names):
-        super().__init__()
-        self.names = list(names)
-        self.weights = torch.nn.ParameterList([torch.nn.Parameter(values[n].clone()) for n in self.names])
-
-    def forward(self, grads):
-        return sum((p * grads[n]).sum() for n, p in zip(self.names, self.weights))
-
-    def named(self):
-        return list(zip(self.names, self.weights))
-
-    def full(self, name):
-        return self.weights[self.names.index(name)].detach().full_tensor()
-
-    def train_step(self, opt, step):
-        self(gradients(step)).backward()
-        opt.step()
-        opt.zero_grad()
-
-
-def hyper_of(opt):
-    """{parameter name, as DMuon names it: its param group's values}."""
-    groups = [g for g in opt.param_groups for _ in g["params"]]
-    return {n: dict(g) for n, g in zip(opt.param_groups_names, groups)}
-
 
 def run(model, opt, steps, first_step=0, ref=None, sched=None):
     for step in range(first_step, first_step + steps):

@@ -123,6 +123,67 @@ def test_bfloat16_newton_schulz_rounds_as_the_engine(coeffs, steps):
     assert relative(ours, engine) < BF16_LIMIT
 
 
+@pytest.mark.parametrize("algo", ["standard", "gram"])
+def test_bfloat16_products_never_sum_in_bfloat16(monkeypatch, algo):
+    # Our CUDA backend forbids cuBLAS's reduced-precision reductions; torch allows them by default: every product of a
+    # bf16 Newton–Schulz runs with torch's flag off, and the caller's setting is back afterwards (and after float32).
+    matmul = torch.backends.cuda.matmul
+    seen = []
+    for name in ("bmm", "baddbmm"):
+        product = getattr(torch, name)
+
+        def spy(*args, product=product, **kwargs):
+            seen.append((args[0].dtype, matmul.allow_bf16_reduced_precision_reduction))
+            return product(*args, **kwargs)
+        monkeypatch.setattr(torch, name, spy)
+    u = gaussian((16, 64))
+    before = matmul.allow_bf16_reduced_precision_reduction  # torch's flag object takes no monkeypatch
+    matmul.allow_bf16_reduced_precision_reduction = True
+    try:
+        newton_schulz(u, algo=algo, dtype=torch.bfloat16)
+        assert seen and all(dtype == torch.bfloat16 and not allowed for dtype, allowed in seen), seen
+        assert matmul.allow_bf16_reduced_precision_reduction
+        seen.clear()
+        newton_schulz(u, algo=algo, dtype=torch.float32)
+        assert seen and matmul.allow_bf16_reduced_precision_reduction
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = before
+
+
+def test_newton_schulz_time_on_cuda_is_the_devices_between_events_read_after_the_step(monkeypatch):
+    # P11: on CUDA the engines' calls only enqueue; last_stats["ns_s"] is the time between events recorded on the
+    # current stream around them, read (waiting for the last) when asked. Fake events, as this machine has no GPU.
+    from dmuon.torch.ns_clock import NsClock
+    log = []
+
+    class FakeEvent:
+        def __init__(self, enable_timing):
+            assert enable_timing
+            self.number = len([e for e in log if e[0] == "new"])
+            log.append(("new", self.number))
+
+        def record(self, stream):
+            log.append(("record", self.number, stream))
+
+        def synchronize(self):
+            log.append(("synchronize", self.number))
+
+        def elapsed_time(self, end):
+            return 250.0 * (end.number - self.number)  # milliseconds
+
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device: f"stream of {device}")
+    clock = NsClock()
+    for _ in range(2):
+        clock.stop(clock.start(torch.device("cuda", 0)))
+    assert not any(e[0] == "synchronize" for e in log)  # the step never waits for the device
+    assert clock.seconds() == pytest.approx(0.5)
+    assert ("record", 0, "stream of cuda:0") in log and ("synchronize", 3) in log
+    host = NsClock()
+    host.stop(host.start(torch.device("cpu")))
+    assert 0 <= host.seconds() < 1
+
+
 def test_the_cpu_default_dtype_follows_the_machine_unless_forced(monkeypatch):
     """ns_dtype=None on the CPU: bfloat16 where torch sees bf16 matrix units (AMX, faked here both ways; AVX-512 BF16
     alone does not count), float32 elsewhere;

@@ -42,8 +42,6 @@ every step's gradient to the float64 model on the global batch.
 
 import datetime
 import math
-import sys
-import traceback
 from collections import Counter
 
 import torch
@@ -52,18 +50,14 @@ import torch.nn.functional as F
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import Shard, distribute_tensor
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
-from muon_reference import newton_schulz_ref
+from layout_checks import (HYPER, TOLERANCE, U_F32, Checks, CollectiveBytes, all_ranks_sum, expect_same_error,
+                           relative_error)
+from muon_reference import Reference
 from dmuon.torch import DMuon, Sharded
 from rank_exit import exit_rank
 
 STEPS = 10
-TOLERANCE = 1e-5  # parameters after STEPS steps vs the float64 reference fed the same gradients
-# ns_dtype pinned: the tolerances are float32's, whatever the machine's default Newton–Schulz dtype.
-HYPER = dict(lr=0.02, weight_decay=0.01, adamw_lr=3e-3, adamw_betas=(0.9, 0.95), adamw_eps=1e-8,
-             adamw_weight_decay=0.1, ns_dtype="float32")
 
 # ---- gradient tolerances ----
 # A gradient entry here is a sum over the B·T = 144 tokens of a global batch (576 positions for the
@@ -91,7 +85,7 @@ HYPER = dict(lr=0.02, weight_decay=0.01, adamw_lr=3e-3, adamw_betas=(0.9, 0.95),
 # tensor with few entries does not average its entries' errors, and every step is checked.
 # The optimizer sees float32 shards and float32 gradients in both cases, so the parameters are held
 # to TOLERANCE either way (the reference is fed the same gradients).
-U_F32, U_BF16 = 2.0 ** -24, 2.0 ** -8
+U_BF16 = 2.0 ** -8  # bfloat16's unit roundoff (U_F32: float32's)
 RHO_MAX, CHI4_999 = 2.3, 2.15
 GRAD_TOLERANCE_F32 = U_F32 / math.sqrt(3) * math.sqrt(30 * 60) * RHO_MAX * CHI4_999
 GRAD_TOLERANCE_BF16 = U_BF16 / math.sqrt(3) * math.sqrt(60) * RHO_MAX * CHI4_999
@@ -204,87 +198,7 @@ def gather_full(local, shapes, parts, group):
     return {n: torch.cat(pieces[n]) for n in local}
 
 
-# ---- the reference (float64, one process, DESIGN section 1) ----
-
-def as_matrices(t):
-    """(k, rows, cols): a 3-D expert stack is k matrices; a 2-D or conv weight one (out, in·kh·kw)."""
-    return t if t.dim() == 3 else t.reshape(1, t.shape[0], -1)
-
-
-class Reference:
-    """Muon (lerp momentum, Nesterov, Newton–Schulz per matrix, scale, decoupled decay) on the Muon
-    names and torch.optim.AdamW on the rest, in float64 on full tensors; one global gradient norm
-    clips as DMuon's clip_grad_norm does."""
-
-    def __init__(self, initial, muon, hyper, scale, clip=None, momentum=0.95):
-        self.params = {n: t.detach().double().clone() for n, t in initial.items()}
-        self.muon, self.hyper, self.scale, self.clip, self.beta = set(muon), hyper, scale, clip, momentum
-        self.momentum = {n: torch.zeros_like(self.params[n]) for n in self.muon}
-        rest = [self.params[n] for n in self.params if n not in self.muon]
-        self.adamw = rest and torch.optim.AdamW(rest, lr=hyper["adamw_lr"], betas=hyper["adamw_betas"],
-                                                eps=hyper["adamw_eps"], weight_decay=hyper["adamw_weight_decay"])
-
-    @torch.no_grad()
-    def step(self, grads):
-        norm = math.sqrt(sum(float(g.double().square().sum()) for g in grads.values()))
-        factor = self.clip / (norm + 1e-6) if self.clip is not None and norm > self.clip else 1.0
-        lr, wd = self.hyper["lr"], self.hyper["weight_decay"]
-        for name, w in self.params.items():
-            g = grads[name].double() * factor
-            if name not in self.muon:
-                w.grad = g
-                continue
-            m = self.momentum[name]
-            m.mul_(self.beta).add_(g, alpha=1 - self.beta)
-            u = as_matrices((1 - self.beta) * g + self.beta * m)
-            _, rows, cols = u.shape
-            o = torch.stack([newton_schulz_ref(x) for x in u]).reshape(w.shape)
-            s = max(1.0, rows / cols) ** 0.5 if self.scale == "original" else 0.2 * max(rows, cols) ** 0.5
-            w.mul_(1 - lr * wd).add_(o, alpha=-lr * s)
-        if self.adamw:
-            self.adamw.step()
-        return norm
-
-
 # ---- reporting ----
-
-class Checks:
-    def __init__(self, rank, world, test="torch_fsdp2_test"):
-        self.rank, self.world, self.test, self.failed = rank, world, test, []
-
-    def report(self, name, ok, detail):
-        line = f"{self.test} np{self.world} rank {self.rank}: {'PASS' if ok else 'FAIL'} {name}: {detail}\n"
-        sys.stdout.write(line)  # one write per line: the ranks share the output
-        sys.stdout.flush()
-        if not ok:
-            self.failed.append(name)
-
-    def within(self, name, errors, tolerance):
-        """errors: {tensor: relative error}; passes when the worst is within tolerance."""
-        tensor, worst = max(errors.items(), key=lambda kv: kv[1])
-        self.report(name, worst <= tolerance,
-                    f"worst relative error {worst:.2e} ({tensor}), tolerance {tolerance:.1e}")
-
-    def run(self, name, fn, *args):
-        """Runs one check function; an exception fails it (with its traceback) instead of ending the job."""
-        try:
-            fn(*args)
-        except Exception as e:  # noqa: BLE001 - reported, then the next check runs
-            self.report(name, False, f"raised {type(e).__name__}: {e}")
-            traceback.print_exc()
-
-
-def relative_error(x, ref):
-    x, ref = x.detach().double(), ref.detach().double()
-    scale = float(ref.norm())
-    return float((x - ref).norm()) / scale if scale > 0 else float(x.norm())
-
-
-def all_ranks_sum(value):
-    t = torch.tensor([float(value)], dtype=torch.float64)
-    dist.all_reduce(t)
-    return float(t)
-
 
 # ---- training variants ----
 
@@ -335,7 +249,7 @@ def train_variant(checks, variant, initial):
     sharded = [(n, Sharded(local_copies[n], tuple(initial[n].shape), shard_group)) for n in params]
     sharded_opt = DMuon(sharded, process_group=shard_group, **options)
     names = muon_names(model)
-    ref = Reference(initial, names, HYPER, variant.scale, clip=variant.clip)
+    ref = Reference.of_muon_names(initial, names, HYPER, variant.scale, clip=variant.clip)
     model64 = Net().double()
     grad_tolerance = GRAD_TOLERANCE_BF16 if variant.bf16 else GRAD_TOLERANCE_F32
     grad_errors = {n: 0.0 for n in params}
@@ -372,7 +286,7 @@ def train_variant(checks, variant, initial):
     checks.within(f"{variant.name}: DMuon's global gradient norm", norm_errors, norm_tolerance)
     final = gather_full({n: p.to_local() for n, p in params.items()}, shapes, shards, shard_group)
     checks.within(f"{variant.name}: params vs float64 reference",
-                  {n: relative_error(final[n], ref.params[n]) for n in params}, TOLERANCE)
+                  {n: relative_error(final[n], ref.w[n]) for n in params}, TOLERANCE)
     differ = [n for n, p in params.items() if not torch.equal(p.to_local(), local_copies[n].detach())]
     worst = max((relative_error(params[n].to_local(), local_copies[n].detach()) for n in differ), default=0.0)
     checks.report(f"{variant.name}: vs DMuon on Sharded copies", not differ,
@@ -418,23 +332,6 @@ def check_replicas(checks, name, params, mesh):
 
 # ---- meshes ----
 
-def expect_same_error(checks, name, make, group_ranks, *needles):
-    """make() must raise ValueError on every rank, with the same message on the ranks of group_ranks
-    (this rank's optimizer group) and every needle in it."""
-    message = None
-    try:
-        make()
-    except ValueError as e:
-        message = str(e)
-    gathered = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, message)
-    mine = [gathered[r] for r in group_ranks]
-    ok = message is not None and all(m == message for m in mine) and all(s in message for s in needles)
-    detail = (f"ValueError on ranks {group_ranks}: {message}" if ok
-              else f"messages on ranks {group_ranks}: {mine}; expected the same ValueError naming {list(needles)}")
-    checks.report(name, ok, detail)
-
-
 def check_meshes(checks):
     rank, world = dist.get_rank(), dist.get_world_size()
     # 2W rows, equal chunks: a permuted mesh gives every rank a local shard of the expected shape, so
@@ -454,10 +351,10 @@ def check_meshes(checks):
     grad = torch.randn(full.shape, generator=torch.Generator().manual_seed(6))
     q.grad = distribute_tensor(grad, mesh, [Shard(0)])
     opt.step()
-    ref = Reference({name: full}, [name], HYPER, "match_rms_adamw")
+    ref = Reference.of_muon_names({name: full}, [name], HYPER, "match_rms_adamw")
     ref.step({name: grad})
     checks.within("mesh: same ranks through another group accepted", {name: relative_error(q.full_tensor(),
-                                                                                           ref.params[name])},
+                                                                                           ref.w[name])},
                   TOLERANCE)
 
     if world == 4:
@@ -471,25 +368,6 @@ def check_meshes(checks):
 
 
 # ---- expert stacks ----
-
-class CollectiveBytes(TorchDispatchMode):
-    """Calls of each collective (c10d and functional collectives) while active, and the bytes of the
-    tensors handed to them."""
-
-    MOVING = ("all", "broadcast", "reduce", "scatter", "gather", "send", "recv")
-
-    def __init__(self):
-        super().__init__()
-        self.calls, self.bytes = Counter(), Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        op = func.__name__.split(".")[0]
-        if func.namespace in ("c10d", "_c10d_functional") and any(w in op for w in self.MOVING):
-            self.calls[op] += 1
-            self.bytes[op] += sum(t.numel() * t.element_size() for t in tree_leaves((args, kwargs))
-                                  if isinstance(t, torch.Tensor))
-        return func(*args, **(kwargs or {}))
-
 
 def check_counter_sees_collectives(checks):
     """The byte counter itself: collectives of known sizes, and a DTensor gather, must show in it."""
@@ -516,7 +394,7 @@ def check_expert_stack(checks):
     full = torch.randn(experts, rows, cols, generator=torch.Generator().manual_seed(8)) / rows ** 0.5
     p = torch.nn.Parameter(distribute_tensor(full, mesh, [Shard(0)]))
     opt = DMuon([(name, p)], **HYPER)
-    ref = Reference({name: full}, [name], HYPER, "match_rms_adamw")
+    ref = Reference.of_muon_names({name: full}, [name], HYPER, "match_rms_adamw")
     calls, moved, ns = Counter(), Counter(), []
     for step in range(3):
         grad = torch.randn(full.shape, generator=torch.Generator().manual_seed(80 + step))
@@ -529,7 +407,7 @@ def check_expert_stack(checks):
         ref.step({name: grad})
     final = p.full_tensor()
     checks.within("experts: each expert vs float64 Newton-Schulz",
-                  {f"{name}[{e}]": relative_error(final[e], ref.params[name][e]) for e in range(experts)}, TOLERANCE)
+                  {f"{name}[{e}]": relative_error(final[e], ref.w[name][e]) for e in range(experts)}, TOLERANCE)
     one_expert = rows * cols * full.element_size()
     all_to_all = sum(n for op, n in calls.items() if "alltoall" in op or "all_to_all" in op)
     total = sum(moved.values())

@@ -1,14 +1,18 @@
 """The pure parts of dmuon.torch's Muon step, single process (pytest, no process group): the piece every
 rank holds of each Muon matrix (rows of FSDP2 and HSDP chunks, a column block under tensor parallelism,
 experts of a stack whole), and the owner rule. Which part of a tensor a rank holds is placements.py's,
-pinned to torch in torch_placements_test.py."""
+pinned to torch in torch_placements_test.py. Also the data-parallel mesh hold_on_owners takes from the whole
+mesh a user has after parallelize_module (held/tensor_parallel.py's data_parallel_mesh), on stand-in meshes."""
 
 import torch
 from torch.distributed.tensor import Replicate, Shard
 
+import pytest
+
+from dmuon.torch.held.tensor_parallel import data_parallel_mesh
 from dmuon.torch.layout import Layout
 from dmuon.torch.muon_options import DEFAULTS, MuonOptions
-from dmuon.torch.muon_step import MuonMatrix, assign_owners, matrices_of
+from dmuon.torch.matrices import MuonMatrix, assign_owners, matrices_of
 from dmuon.torch.placements import mesh_holdings, replicated_holdings, row_chunk_holdings
 
 HSDP = ((2, 2), (Replicate(), Shard(0)))  # ranks [[0, 1], [2, 3]]: mesh dim 0 replicates, dim 1 shards
@@ -86,3 +90,57 @@ def test_an_expert_split_over_expert_fsdp_is_owned_where_its_pieces_are():
     assign_owners(stack, 4, lambda shapes, world, blocks: [])
     assert [k.owner for k in stack] == [0, 1, 2, 3]
     assert all(k.u_travels and k.o_travels for k in stack)
+
+
+class StandInMesh:
+    """What data_parallel_mesh reads of a DeviceMesh: named dims, their sizes, the root, slicing by names."""
+
+    def __init__(self, names, sizes, root=None):
+        self.mesh_dim_names, self.mesh, self._root = tuple(names), torch.zeros(sizes), root
+
+    @property
+    def ndim(self):
+        return len(self.mesh_dim_names)
+
+    def _get_root_mesh(self):
+        return self._root or self
+
+    def __getitem__(self, names):
+        names = (names,) if isinstance(names, str) else names
+        sizes = [self.mesh.shape[self.mesh_dim_names.index(n)] for n in names]
+        return StandInMesh(names, sizes, self._get_root_mesh())
+
+
+class StandInDTensor:
+    def __init__(self, mesh):
+        self.device_mesh = mesh
+
+
+@pytest.fixture
+def dtensor_class(monkeypatch):
+    import dmuon.torch.held.tensor_parallel as tensor_parallel_module  # where data_parallel_mesh looks it up
+    monkeypatch.setattr(tensor_parallel_module, "is_dtensor", lambda t: isinstance(t, StandInDTensor))
+
+
+@pytest.mark.parametrize("names, sizes, slice_names", [
+    (("dp", "tp"), (2, 2), ("dp",)), (("replicate", "dp", "tp"), (2, 2, 2), ("replicate", "dp")),
+    (("pp", "dp", "tp"), (1, 2, 2), ("dp",)), (("dp", "ep"), (2, 2), ("dp",)), (("tp", "dp"), (2, 3), ("dp",))])
+def test_the_whole_mesh_gives_hold_on_owners_its_data_parallel_dims(dtensor_class, names, sizes, slice_names):
+    whole = StandInMesh(names, sizes)
+    parallel = whole[names[-1] if names[-1] in ("tp", "ep") else "tp"]
+    got = data_parallel_mesh([("q.weight", StandInDTensor(parallel))], whole)
+    assert got.mesh_dim_names == slice_names and got._get_root_mesh() is whole
+
+
+def test_a_data_parallel_mesh_or_plain_matrices_keep_the_mesh_given(dtensor_class):
+    whole = StandInMesh(("dp", "tp"), (2, 2))
+    assert data_parallel_mesh([("q.weight", StandInDTensor(whole["tp"]))], whole["dp"]).mesh_dim_names == ("dp",)
+    assert data_parallel_mesh([("q.weight", torch.zeros(2, 2))], whole) is whole
+    assert data_parallel_mesh([("q.weight", StandInDTensor(whole))], whole) is whole  # already 2-D: refused later
+
+
+def test_a_mesh_with_more_than_two_other_dims_is_refused_naming_the_slice(dtensor_class):
+    whole = StandInMesh(("replicate", "dp", "cp", "tp"), (2, 2, 2, 2))
+    with pytest.raises(ValueError, match=r"more than two other dims of size > 1 \('replicate', 'dp', 'cp'\): give "
+                                         r"the data-parallel mesh fully_shard gets, a slice of it \(mesh\[\"dp\"\]"):
+        data_parallel_mesh([("q.weight", StandInDTensor(whole["tp"]))], whole)

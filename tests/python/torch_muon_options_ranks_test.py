@@ -23,6 +23,10 @@ its own maxima (the largest are the last rank's): the float64 reference rescales
 (muon_reference's qk_clip_ref, fused_qk_clip_ref, latent_qk_clip_ref) after its step, and the step with QK-clip calls
 the collectives of the step without it (collective_ledger.py: the same calls, the all-reduce longer by the maxima's
 slots).
+A step that raises changes nothing (issue 58): before the checkpoint, one failure at a time is injected into a step
+of its own (FAILURES: a non-finite gradient of an AdamW parameter, a Muon matrix, a NorMuon one, a split one, an
+expert stack; a maximum QK-clip cannot take in each attention kind; a NaN lr), and every rank's step() must raise it
+with every weight and state tensor here as before, bit for bit.
 
 Run: torchrun --standalone --nproc_per_node N tests/python/torch_muon_options_ranks_test.py (N = 1..4),
 with PYTHONPATH=build/python:tests/python and one BLAS thread per rank.
@@ -47,7 +51,7 @@ from owner_held_model import DIM, EXPERTS, global_batches, loss_of, make_net, ra
 from rank_checks import check, finish, total_over_ranks
 from muon_reference import fused_qk_clip_ref, latent_qk_clip_ref, qk_clip_ref
 from rank_exit import exit_rank
-from torch_dcp_test import load, save  # get_state_dict + dcp.save; dcp.load + set_state_dict
+from dcp_io import load, save  # get_state_dict + dcp.save; dcp.load + set_state_dict
 
 NET = dict(layers=5)
 SAVED_AT = 5
@@ -162,6 +166,79 @@ def qk_clip_reference(step, w):
                                                    LATENT.qk_rope_head_dim, LATENT.v_head_dim)
 
 
+# Failures injected into one step each, after its backward, every rank's step() then raising with every tensor as it
+# was (issue 58): (what, where it strikes, the injection (model, opt, clip) on this rank, the exception, a needle of
+# its message). Each strikes another phase of the step: AdamW; a travelling bucket's momentum, Newton–Schulz and
+# apply (all-to-all) or an owner-held one's; NorMuon's v; split blocks; an expert stack; QK-clip's rescale of each
+# attention kind (maxima it cannot take: inf, NaN, 1e300 whose γ underflows float32); the host's check of a group's
+# hyper-parameters.
+def poison_grad(name):
+    def inject(net, opt, clip):
+        if opt._layouts[opt.param_groups_names.index(name)].held_elsewhere:
+            return  # its gradient is on its owner
+        grad = dict(net.named_parameters())[name].grad
+        local = grad.to_local() if isinstance(grad, DTensor) else grad
+        if local is not None and local.numel():
+            local.view(-1)[local.numel() // 2] = float("nan")
+    return inject
+
+
+def poison_maximum(attention, head, value):
+    def inject(net, opt, clip):
+        if dist.get_rank() == dist.get_world_size() - 1:
+            clip.report(attention, torch.tensor([value], dtype=torch.float64), heads=[head])
+    return inject
+
+
+def poison_group(key, value):
+    def inject(net, opt, clip):
+        next(g for g in opt.param_groups if g["use_muon"])[key] = value
+    return inject
+
+
+FAILURES = [
+    ("non-finite gradient", "AdamW", poison_grad("blocks.1.up.bias"), FloatingPointError, "'blocks.1.up.bias' on rank"),
+    ("non-finite gradient", "Muon", poison_grad("blocks.3.mix.weight"), FloatingPointError, "'blocks.3.mix.weight'"),
+    ("non-finite gradient", "NorMuon", poison_grad("blocks.4.up.weight"), FloatingPointError, "'blocks.4.up.weight'"),
+    ("non-finite gradient", "split", poison_grad("blocks.2.down.weight"), FloatingPointError, "'blocks.2.down.weight'"),
+    ("non-finite gradient", "experts", poison_grad("blocks.2.experts"), FloatingPointError, "'blocks.2.experts'"),
+    ("maximum inf", "QK-clip", poison_maximum(0, 3, float("inf")), FloatingPointError,
+     "attention 'blocks.1.mix.weight' (layer 1) query head 3: inf"),
+    ("maximum NaN", "QK-clip fused", poison_maximum(1, 0, float("nan")), FloatingPointError,
+     "attention 'blocks.0.up.weight' (layer 0) query head 0: nan"),
+    ("maximum 1e300", "QK-clip latent", poison_maximum(2, 1, 1e300), FloatingPointError,
+     "attention 'blocks.4.mix.weight' (layer 4) query head 1: 1e+300"),
+    ("lr NaN", "checks", poison_group("lr", float("nan")), ValueError, "Invalid learning rate: nan"),
+]
+
+
+def check_failures_change_nothing(mode, model, net, opt, clip, step):
+    """Each of FAILURES in a step of its own (this rank's batch of `step`, maxima that clip some heads): every rank
+    raises its exception, and every tensor here is as before the call, bit for bit."""
+    batches = global_batches(held_test.STEPS, held_test.BATCH)
+    for what, phase, inject, exception, needle in FAILURES:
+        groups = [dict(g) for g in opt.param_groups]
+        loss_of(model, rank_slice(batches[step], dist.get_rank(), dist.get_world_size())).backward()
+        for i, m in enumerate(maxima(step, dist.get_rank())):
+            clip.report(i, m)
+        inject(net, opt, clip)
+        before = local_values(net, opt)
+        try:
+            opt.step()
+            raised = None
+        except Exception as e:  # noqa: BLE001 — which one is checked
+            raised = e
+        check(isinstance(raised, exception) and needle in str(raised),
+              f"{mode}: {what} in {phase}: step() gave {raised!r}, not {exception.__name__} with {needle!r}")
+        after = local_values(net, opt)
+        changed = [k for k, v in before.items() if not torch.equal(v, after[k])]
+        check(not changed, f"{mode}: {what} in {phase}: the step that raised changed {len(changed)} tensors: "
+              f"{changed[:4]}...")
+        for g, saved in zip(opt.param_groups, groups):
+            g.update(saved)
+        opt.zero_grad()
+
+
 def calls(ledger):
     return [(r["op"], r["group_size"]) for r in ledger.records if r["label"] == "step"]
 
@@ -192,6 +269,7 @@ def train(hold, folder):
     check(dist.get_world_size() == 1 or longer == 8 * HEADS * dist.get_world_size(),
           f"{mode}: QK-clip lengthens the step's all-reduces by {longer} bytes")
     steps(model, opt, range(2, SAVED_AT), clip)
+    check_failures_change_nothing(mode, model, net, opt, clip, SAVED_AT)
     save(model, opt, folder)
     steps(model, opt, range(SAVED_AT, held_test.STEPS), clip)
     straight = local_values(net, opt)

@@ -9,19 +9,24 @@
   buckets            a bucket batches matrices of equal options only; one Newton–Schulz handle per setting
   checkpoints        a state_dict carries the groups' options; loading it sets them, resuming bit for bit
   schedulers         an LR scheduler sets each group's lr; the options stay
-  errors             a bad option in a group names the group and the key
+  errors             a bad option in a group names the group and the key; every option at and past its bounds
+                     (non-finite ones included) refused at construction, and by load_state_dict with nothing changed
   scales             muon_scale's four kinds against their definitions; an unknown kind raises
   split              split Newton–Schulz against the matrix split by hand; a split that does not fit is named
   NorMuon            against the float64 formula (unsplit, column and row blocks), its v's shape, a resume bit
                      for bit, a skipped step that keeps v, v's packing into another dtype's message
   QK-clip            against Kimi K2's rule in float64 (grouped queries, biases, two reports a step); the
-                     Hugging Face helper's maxima against logits computed by hand (eager and sdpa), outputs kept
+                     Hugging Face helper's maxima against logits computed by hand (eager and sdpa), outputs kept;
+                     maxima it cannot take (inf, NaN, γ underflowing): raised with nothing changed, or the clip
+                     skipped and counted; −inf, 0, negative, τ: no clip; a huge finite one clips to finite weights;
+                     a non-finite gradient with a clip: nothing changed; τ and α at and past their bounds (issue 58)
 
 Run: PYTHONPATH=build/python python -m pytest -q tests/python/torch_muon_options_test.py
 """
 
 import copy
 import io
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -30,11 +35,11 @@ from torch.optim import lr_scheduler
 
 from dmuon.torch import Attention, DMuon, FusedAttention, LatentAttention, QKClip, hf_qk_clip
 from dmuon.torch.muon_options import SCALES, muon_scale
-from dmuon.torch.normuon import pack, packed_numel, unpack
+from dmuon.torch.exchange import pack, packed_numel, unpack
 from dmuon.torch.qk_clip import heads_of_rows
 from dmuon.torch.qk_clip_hf import heads_computed
-from muon_reference import KELLER, fused_qk_clip_ref, latent_qk_clip_ref, newton_schulz_ref, qk_clip_ref, update_scale
-from torch_dmuon_mpi_test import Reference, hyper_of
+from muon_reference import (KELLER, Reference, fused_qk_clip_ref, hyper_of, latent_qk_clip_ref, newton_schulz_ref,
+                            qk_clip_ref, update_scale)
 
 SPECS = [("a.weight", (12, 5)), ("b.weight", (4, 10)), ("c.weight", (12, 5)), ("d.weight", (6, 6))]
 STEPS = 6
@@ -189,7 +194,7 @@ def test_an_lr_scheduler_sets_each_groups_lr_and_the_options_stay():
     ("coeffs", "nope", "coeffs must be one of keller, you, polar-express"),
     ("algo", "fast", "algo must be one of auto, standard, gram"),
     ("scale", "sqrt", "scale must be one of original, match_rms_adamw, spectral, unit_rms"),
-    ("extra_scale_factor", -1.0, "extra_scale_factor must be a number > 0"),
+    ("extra_scale_factor", -1.0, "extra_scale_factor must be a finite number > 0"),
     ("cautious_wd", "yes", "cautious_wd must be True or False")])
 def test_a_bad_option_in_a_group_names_the_group_and_the_key(key, value, needle):
     params = parameters()
@@ -258,6 +263,83 @@ def test_a_split_that_does_not_fit_names_the_matrix(options, needle):
     q = torch.nn.Parameter(torch.randn(12, 8))
     with pytest.raises(ValueError, match=needle):
         DMuon([{"params": [("q.weight", q)], **options}])
+
+
+# Every Muon option at and past its bounds (issue 58's property test, one process; the QK-clip's τ and α and its
+# maxima below, the maxima at 1-4 ranks in both modes in torch_muon_options_ranks_test): (key, value, needle).
+BAD_OPTIONS = [("ns_steps", 0, "ns_steps must be an integer >= 1"), ("ns_steps", 2.5, "ns_steps must be an integer"),
+               ("coeffs", "kj", "coeffs must be one of"), ("algo", None, "algo must be one of"),
+               ("scale", "rms", "scale must be one of"),
+               ("extra_scale_factor", 0.0, "extra_scale_factor must be a finite number > 0"),
+               ("extra_scale_factor", -1.0, "extra_scale_factor must be a finite number > 0"),
+               ("extra_scale_factor", float("inf"), "extra_scale_factor must be a finite number > 0"),
+               ("extra_scale_factor", float("nan"), "extra_scale_factor must be a finite number > 0"),
+               ("cautious_wd", 1, "cautious_wd must be True or False"), ("variant", "adam", "variant must be one of"),
+               ("normuon_beta2", 1.0, r"normuon_beta2 must be a number in \[0, 1\)"),
+               ("normuon_beta2", -0.1, r"normuon_beta2 must be a number in \[0, 1\)"),
+               ("normuon_beta2", float("nan"), r"normuon_beta2 must be a number in \[0, 1\)"),
+               ("split_heads", 5, r"has 12 rows, not a multiple of split_heads=5"),
+               ("split_heads", 0, "split_heads must be an integer >= 1"),
+               ("split_sizes", [5, 5], r"has 12 rows, but split_sizes \[5, 5\] sum to 10"),
+               ("split_dim", 2, "split_dim must be 0")]
+
+
+@pytest.mark.parametrize("key, value, needle", BAD_OPTIONS)
+def test_a_bad_option_is_refused_at_construction_and_by_load_state_dict_with_nothing_changed(key, value, needle):
+    """A bad value of every Muon option: DMuon refuses it naming the key; load_state_dict refuses a state dict that
+    carries it before writing anything (weights, state, groups as they were)."""
+    with pytest.raises(ValueError, match=needle):
+        DMuon([{"params": [("q.weight", torch.nn.Parameter(torch.randn(12, 8)))], key: value}])
+    q = torch.nn.Parameter(torch.randn(12, 8))
+    opt = DMuon([("q.weight", q)], variant="normuon")
+    q.grad = torch.randn(12, 8)
+    opt.step()
+    saved = opt.state_dict()
+    q.grad = torch.randn(12, 8)
+    opt.step()
+    before = every_tensor({"q.weight": q}, opt), copy.deepcopy(opt.param_groups[0])
+    saved["param_groups"][0][key] = value
+    with pytest.raises(ValueError, match=needle):
+        opt.load_state_dict(saved)
+    assert_unchanged(before[0], {"q.weight": q}, opt)
+    assert {k: v for k, v in opt.param_groups[0].items() if k != "params"} == \
+        {k: v for k, v in before[1].items() if k != "params"}
+
+
+@pytest.mark.parametrize("tau, alpha, needle", [
+    (0.0, 0.5, "tau must be > 0"), (-1.0, 0.5, "tau must be > 0"), (float("nan"), 0.5, "tau must be > 0"),
+    (1.0, -0.1, r"alpha must be in \[0, 1\]"), (1.0, 1.5, r"alpha must be in \[0, 1\]"),
+    (1.0, float("nan"), r"alpha must be in \[0, 1\]")])
+def test_qk_clip_refuses_tau_and_alpha_past_their_bounds_and_joins_nothing(tau, alpha, needle):
+    params, opt, _ = qk_model("error", clipped=False)
+    with pytest.raises(ValueError, match=needle):
+        QKClip(opt, tau, [Attention(q="q.weight", k="k.weight", heads=QK_HEADS, kv_heads=QK_GROUPS)], alpha)
+    assert opt._step_hooks == []  # no QKClip joined its step (DMuon.add_step_hook)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 1.0])
+def test_qk_clip_at_alpha_0_and_1_scales_one_side_by_the_whole_gamma(alpha):
+    """α at its bounds: the whole γ on k (α = 0) or on q and its bias (α = 1), the other side as without a clip."""
+    params, opt, clip = qk_model("error", alpha=alpha)
+    twins, twin_opt, _ = qk_model("error", clipped=False)
+    clip.report(0, torch.tensor([4 * TAU, 1.0, 1.0, 1.0]))  # group 0 (query heads 0, 1; key head 0): γ = 1/4
+    opt.step()
+    twin_opt.step()
+    untouched, scaled, rows = (("q.weight", "k.weight", slice(0, 3)) if alpha == 0.0 else
+                               ("k.weight", "q.weight", slice(0, 6)))
+    assert torch.equal(params[untouched], twins[untouched])
+    torch.testing.assert_close(params[scaled][rows], twins[scaled][rows] / 4, rtol=2 * FLOAT32_EPS, atol=0)
+    assert torch.equal(params[scaled][rows.stop:], twins[scaled][rows.stop:])
+
+
+def test_qk_clip_at_tau_inf_records_even_an_inf_maximum_and_scales_nothing():
+    params, opt, clip = qk_model("error", tau=float("inf"))
+    twins, twin_opt, _ = qk_model("error", clipped=False)
+    clip.report(0, torch.tensor([float("inf"), 5.0, 1.0, 1.0]))
+    opt.step()
+    twin_opt.step()
+    assert all(torch.equal(params[n], twins[n]) for n in params) and not bool(clip.skipped)
+    assert float(clip.max_logits[0][0]) == float("inf")
 
 
 # ---- NorMuon ----
@@ -389,6 +471,25 @@ def test_qk_clip_equals_kimi_k2s_rule_with_grouped_queries_on_weights_and_biases
                                      k_bias="k.bias"), clip_ref, QK_GROUPS)
 
 
+def test_a_second_qk_clip_on_an_optimizer_takes_the_first_ones_place():
+    """One QKClip per optimizer (its docstring): a second one made on it takes the first's place among the step's
+    hooks (DMuon.add_step_hook's key), so only the second's threshold clips. lr 0: the step changes nothing else."""
+    torch.manual_seed(0)
+    params = {n: torch.nn.Parameter(torch.randn(4, 4)) for n in ("q.weight", "k.weight")}
+    opt = DMuon(list(params.items()), lr=0.0)
+    attention = Attention(q="q.weight", k="k.weight", heads=2)
+    first = QKClip(opt, 1.0, [attention])  # would clip maxima of 4
+    second = QKClip(opt, 100.0, [attention])  # does not
+    for clip in (first, second):
+        clip.report(0, torch.tensor([4.0, 4.0]))
+    before = {n: p.detach().clone() for n, p in params.items()}
+    for p in params.values():
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    assert all(torch.equal(before[n], p.detach()) for n, p in params.items())
+    assert second.max_logits is not None and first.max_logits is None
+
+
 @pytest.mark.parametrize("layout", ["stacked", "grouped"])
 def test_qk_clip_of_a_fused_qkv_equals_the_rule_on_its_q_and_k_rows(layout):
     def clip_ref(w, maxima):
@@ -411,6 +512,121 @@ def test_qk_clip_of_latent_attention_equals_kimi_k2s_rule():
                             "o.weight": (8, 12)},
                            LatentAttention(q="q.weight", kv="kv.weight", heads=QK_HEADS, qk_nope_head_dim=nope,
                                            qk_rope_head_dim=rope, v_head_dim=v), clip_ref, QK_HEADS)
+
+
+def qk_model(mode, clipped=True, seed=3, tau=TAU, alpha=0.5):
+    """(params, DMuon(nonfinite=mode), its QKClip of q and k at tau and alpha or None): q, k, o weights (Muon), q's
+    bias (AdamW), gradients set."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = {"q.weight": (12, 8), "k.weight": (6, 8), "o.weight": (8, 12), "q.bias": (12,)}
+    params = {n: torch.nn.Parameter(torch.randn(s, generator=gen)) for n, s in shapes.items()}
+    opt = DMuon(list(params.items()), lr=LR, momentum=MOMENTUM, weight_decay=WD, nonfinite=mode, balancer="lpt",
+                ns_dtype="float32", variant="normuon")
+    clip = QKClip(opt, tau, [Attention(q="q.weight", k="k.weight", heads=QK_HEADS, kv_heads=QK_GROUPS,
+                                       q_bias="q.bias")], alpha) if clipped else None
+    set_grads(params, {n: torch.randn(s, generator=gen) for n, s in shapes.items()})
+    return params, opt, clip
+
+
+def every_tensor(params, opt):
+    """{name or (name, state key): a copy} of every parameter and optimizer state tensor."""
+    out = {n: p.detach().clone() for n, p in params.items()}
+    out.update(((n, k), v.clone()) for n, p in params.items() for k, v in opt.state[p].items())
+    return out
+
+
+def assert_unchanged(before, params, opt):
+    after = every_tensor(params, opt)
+    changed = [k for k, v in before.items() if not torch.equal(v, after[k])]
+    assert not changed, f"changed by a step that raised: {changed}"
+
+
+UNTAKEN = [float("inf"), float("nan"), 1e300]  # 1e300: finite, but γ = τ/S underflows float32 to 0
+
+
+@pytest.mark.parametrize("value", UNTAKEN)
+def test_a_maximum_the_clip_cannot_take_raises_under_error_and_changes_nothing(value):
+    """Issue 58's reproduction: an inf (or NaN, or a maximum whose γ underflows the weights' dtype) in one head used to
+    zero its group's q and k rows. Under nonfinite="error" the step raises naming the attention, its layer and the
+    head, and every weight and state tensor is as it was, bit for bit."""
+    params, opt, clip = qk_model("error")
+    before = every_tensor(params, opt)
+    clip.report(0, torch.tensor([1.0, 1.0, value, 2.0], dtype=torch.float64))
+    with pytest.raises(FloatingPointError, match=r"attention 'q.weight' \(attention 0 of the QKClip\) query head 2: "
+                                                 rf"{re.escape(str(value))}.* at update 1 "
+                                                 r"\(that step was skipped: nothing changed\)"):
+        opt.step()
+    assert_unchanged(before, params, opt)
+    assert opt.updates == 0 and bool(clip.skipped)
+
+
+@pytest.mark.parametrize("value", UNTAKEN)
+def test_a_maximum_the_clip_cannot_take_skips_the_clip_under_skip_and_counts_it(value):
+    """Under nonfinite="skip" the step updates as without a clip (a twin optimizer without one, bit for bit), the
+    clip is counted skipped and the step's stats say so."""
+    params, opt, clip = qk_model("skip")
+    twins, twin_opt, _ = qk_model("skip", clipped=False)
+    clip.report(0, torch.tensor([value, 1.0, 1.0, 2.0], dtype=torch.float64))
+    opt.step()
+    twin_opt.step()
+    assert all(torch.equal(params[n], twins[n]) for n in params)
+    assert clip.skipped_steps == 1 and opt.updates == 1 and opt.skipped_steps == 0
+    assert bool(opt.last_stats["qk_clip_skipped"])
+    assert "attention 'q.weight' (attention 0 of the QKClip) query head 0" in clip.last_skip
+    clip.report(0, torch.tensor([1.0, 1.0, 1.0, 2.0]))  # a maximum it takes: the next step clips again
+    opt.step()
+    assert not bool(opt.last_stats["qk_clip_skipped"]) and clip.skipped_steps == 1
+
+
+@pytest.mark.parametrize("value", [-float("inf"), 0.0, -3.0, TAU])
+def test_maxima_at_or_below_tau_change_nothing_of_the_update(value):
+    """−inf (every logit masked), 0, negative, τ itself: γ = 1, the update is that of a twin without a clip."""
+    params, opt, clip = qk_model("error")
+    twins, twin_opt, _ = qk_model("error", clipped=False)
+    clip.report(0, torch.full((QK_HEADS,), value))
+    opt.step()
+    twin_opt.step()
+    assert all(torch.equal(params[n], twins[n]) for n in params) and not bool(clip.skipped)
+
+
+def test_a_huge_finite_maximum_clips_by_the_rule_and_leaves_the_weights_finite_and_nonzero():
+    """5e19 (an overflowing bf16 forward's scale): γ = τ/S is tiny but normal; the rows are scaled by the rule, every
+    weight finite and non-zero."""
+    params, opt, clip = qk_model("error")
+    clip.report(0, torch.tensor([5e19, 1.0, 1.0, 1.0], dtype=torch.float64))
+    opt.step()
+    q = params["q.weight"].detach()
+    assert bool(q.isfinite().all()) and bool((q[:3] != 0).all()) and float(q[:3].abs().max()) < 1e-8
+
+
+def test_a_step_that_raises_on_a_non_finite_gradient_with_qk_clip_changes_nothing():
+    """The clip used to rescale q and k before the step raised on a non-finite gradient."""
+    params, opt, clip = qk_model("error")
+    params["o.weight"].grad[1, 2] = float("nan")
+    before = every_tensor(params, opt)
+    clip.report(0, torch.tensor([4.0, 1.0, 1.0, 9.0]))  # would clip both groups
+    with pytest.raises(FloatingPointError, match="non-finite gradient in parameter 'o.weight' on rank 0"):
+        opt.step()
+    assert_unchanged(before, params, opt)
+
+
+def test_hf_qk_clip_reproduction_leaves_the_weights_unchanged_and_says_why():
+    """Issue 58's reproduction on a Hugging Face model: clip.report(0, [inf, 1, 1, 1]); opt.step()."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=24, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    opt = DMuon(model.named_parameters(), balancer="lpt")
+    clip = hf_qk_clip(model, opt, tau=HF_TAU)
+    model(torch.randint(0, 32, (2, 5))).logits.sum().backward()
+    params = dict(model.named_parameters())
+    before = every_tensor(params, opt)
+    clip.report(0, torch.tensor([float("inf"), 1.0, 1.0, 1.0]))
+    with pytest.raises(FloatingPointError, match=r"attention 'model.layers.0.self_attn.q_proj.weight' \(layer 0\) "
+                                                 r"query head 0: inf"):
+        opt.step()
+    assert_unchanged(before, params, opt)
 
 
 @pytest.mark.parametrize("attention, needle", [

@@ -12,7 +12,9 @@ trip and deep copies at 2–3 ranks are in torch_conventions_ranks_test.py):
   lr            lr (given to DMuon or in a group) reaches every parameter, adamw_lr only AdamW's; a
                 1-element tensor lr (0-D, 1-D, 2-D) steps as the float, also under OneCycleLR; a group key that none of its
                 parameters uses, and an option of the whole optimizer in a group, raise at construction
-  inputs        a bare tensor, a set, a non-leaf tensor, duplicates within and across groups, an empty list
+  inputs        a bare tensor, a set, a non-leaf tensor, duplicates within and across groups, an empty list;
+                torch's test_state_dict_deterministic re-enacted (param_groups extended by themselves: the same
+                parameters in two groups); a bad hyper-parameter written between steps raises before any write
   base          zero_grad(set_to_none=True/False), step(closure), add_param_group with names,
                 torch.load(weights_only=True) of a saved state dict
   3-D           a Conv1d and a Conv2d weight are one (out, in·k…) matrix, a stack of experts E matrices
@@ -64,6 +66,22 @@ def train(net, opt, steps):
 
 def values(net):
     return [p.detach().clone() for p in net.parameters()]
+
+
+def assert_same(a, b):
+    """a equals b: nested dicts, lists and tuples of tensors (equal values) and plain values (==)."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f"{a} != {b}"
+        for key in a:
+            assert_same(a[key], b[key])
+    elif isinstance(a, (list, tuple)):
+        assert type(a) is type(b) and len(a) == len(b), f"{a} != {b}"
+        for x, y in zip(a, b):
+            assert_same(x, y)
+    elif torch.is_tensor(a):
+        assert torch.is_tensor(b) and torch.equal(a, b), f"{a} != {b}"
+    else:
+        assert a == b, f"{a} != {b}"
 
 
 def assert_equal_lists(a, b):
@@ -428,6 +446,72 @@ def test_a_parameter_repeated_in_a_group_warns_and_is_updated_once():
     train(net, opt, 2)
     train(twin, DMuon(twin.named_parameters()), 2)
     assert_equal_lists(values(net), values(twin))
+
+
+@pytest.mark.parametrize("named_copy", [True, False])
+@pytest.mark.parametrize("named", [True, False])
+def test_torchs_state_dict_deterministic_passes_repeated_groups_included(named, named_copy):
+    """PyTorch's test_state_dict_deterministic (test/test_optim.py, which torch's wheel does not ship), its steps on
+    DMuon: 10 steps; a second optimizer over clones loads the first's state dict; both step 10 times alike; their
+    state dicts are equal without param names; then the copy's param_groups extended by themselves (the same
+    parameters in two groups each, as torch.optim allows) give the last group as the first's, the repeated
+    parameters under their first indices, and it steps as before (each parameter once)."""
+    weight, bias = torch.nn.Parameter(torch.randn(2, 3)), torch.nn.Parameter(torch.randn(2))
+    x = torch.randn(3)
+
+    def of(params, named):
+        return [(f"name{i}", p) for i, p in enumerate(params)] if named else params
+
+    def without_names(state_dict):
+        state_dict = copy.deepcopy(state_dict)
+        for group in state_dict["param_groups"]:
+            group.pop("param_names", None)
+        return state_dict
+
+    def closure(opt, w, b):
+        opt.zero_grad()
+        loss = (w.mv(x) + b).pow(2).sum()
+        loss.backward()
+        return loss
+
+    opt = DMuon(of([weight, bias], named))
+    for _ in range(10):
+        opt.step(lambda: closure(opt, weight, bias))
+    with torch.no_grad():
+        weight_c, bias_c = torch.nn.Parameter(weight.clone()), torch.nn.Parameter(bias.clone())
+    opt_c = DMuon(of([weight_c, bias_c], named_copy))
+    opt_c.load_state_dict(copy.deepcopy(opt.state_dict()))
+    for _ in range(10):
+        opt.step(lambda: closure(opt, weight, bias))
+        opt_c.step(lambda: closure(opt_c, weight_c, bias_c))
+        assert torch.equal(weight, weight_c) and torch.equal(bias, bias_c)
+    assert_same(without_names(opt.state_dict()), without_names(opt_c.state_dict()))
+    opt_c.param_groups.extend(opt_c.param_groups)
+    assert_same(without_names(opt.state_dict())["param_groups"][-1],
+                without_names(opt_c.state_dict())["param_groups"][-1])
+    opt.step(lambda: closure(opt, weight, bias))
+    opt_c.step(lambda: closure(opt_c, weight_c, bias_c))
+    assert torch.equal(weight, weight_c) and torch.equal(bias, bias_c)
+    opt_c.load_state_dict(opt_c.state_dict())  # its own, the repeated groups' included
+
+
+@pytest.mark.parametrize("key, value, needle", [
+    ("lr", float("nan"), "Invalid learning rate: nan"), ("lr", -1.0, "Invalid learning rate: -1.0"),
+    ("momentum", 1.0, r"Invalid momentum value: 1.0"), ("weight_decay", -0.5, "Invalid weight_decay value: -0.5"),
+    ("betas", (0.9, 1.0), "Invalid beta parameter at index 1: 1.0"), ("eps", 0.0, "Invalid epsilon value: 0.0")])
+def test_a_bad_hyper_parameter_set_between_steps_raises_before_anything_changes(key, value, needle):
+    """A scheduler or the user may write a group's values after construction: step() checks them as the
+    constructor does, before its first write."""
+    net = make_net()
+    opt = DMuon(net.named_parameters())
+    train(net, opt, 1)
+    group = next(g for g in opt.param_groups if key in g)
+    group[key] = value
+    backward(net)
+    before = values(net) + [t.clone() for st in opt.state.values() for t in st.values()]
+    with pytest.raises(ValueError, match=rf"param group of '\w+\.\w+': {needle}"):
+        opt.step()
+    assert_equal_lists(before, values(net) + [t for st in opt.state.values() for t in st.values()])
 
 
 # ---- the rest of the base-class contract ----

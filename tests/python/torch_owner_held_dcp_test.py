@@ -31,7 +31,7 @@ from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
 from owner_held_model import global_batches, loss_of, make_net
 from rank_checks import check, finish
-from torch_dcp_test import load, save  # get_state_dict + dcp.save; dcp.load + set_state_dict
+from dcp_io import load, save  # get_state_dict + dcp.save; dcp.load + set_state_dict
 from rank_exit import exit_rank
 
 SAVED_AT, STEPS = 5, 10

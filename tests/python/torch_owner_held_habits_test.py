@@ -28,7 +28,7 @@
   compile      (2 ranks) each block under torch.compile after fully_shard, with the held hooks:
                3 steps as eager within float32 rounding
   no reads     3 steps with clipping active, their checks settled as a GPU's are (later), read no
-               tensor back inside step() (torch_step_sync_test's guard), and give the same weights,
+               tensor back inside step() (host_reads.no_host_reads), and give the same weights,
                bit for bit, as steps settled at once
 
 Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc 2 -- tests/python/torch_owner_held_habits_test.py
@@ -54,7 +54,7 @@ from dmuon.torch.mpirun import init_process_group
 from owner_held_model import Net, global_batches, loss_of, make_net, rank_slice
 from rank_checks import check, finish
 from rank_exit import exit_rank
-from torch_step_sync_test import no_host_reads
+from host_reads import no_host_reads
 
 BATCH = 12
 HYPER = dict(lr=0.02, momentum=0.9, weight_decay=0.01, adamw_lr=3e-3, adamw_weight_decay=0.01)

@@ -39,7 +39,7 @@ from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
 from owner_held_model import global_batches, loss_of, make_net, rank_slice
 from rank_checks import check, finish, total_over_ranks
-from torch_dmuon_mpi_test import Reference, muon_matrices
+from muon_reference import Reference, muon_matrices
 from rank_exit import exit_rank
 
 STEPS = 10

@@ -16,7 +16,7 @@ Checks, per layout:
   maxima   QKClip.max_logits at every step (every rank's heads, taken into one step) against the reference's, and
            the heads each rank reported: its TP rank's two (a map taking the local heads for heads 0, 1 fails);
   clipped  the reference clipped some heads and left others at some step (else the check proves nothing);
-  params   every parameter after STEPS steps against the reference's within TOLERANCE (torch_fsdp2_test's 1e-5
+  params   every parameter after STEPS steps against the reference's within TOLERANCE (layout_checks' 1e-5
            relative, Frobenius: float32 on both sides, the gradients summed in other orders).
 """
 
@@ -26,9 +26,9 @@ import torch
 import torch.distributed as dist
 
 from dmuon.torch import DMuon, hf_qk_clip
+from layout_checks import HYPER, TOLERANCE, Checks, relative_error
 from rank_checks import failures, finish
 from rank_exit import exit_rank
-from torch_fsdp2_test import HYPER, TOLERANCE, Checks, relative_error
 from torch_tp_ep_test import BATCH, full_of, qwen2_batch, qwen2_case, tp_and_fsdp2
 
 STEPS = 3

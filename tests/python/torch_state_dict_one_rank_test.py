@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from dmuon.torch import DMuon
-from torch_dmuon_mpi_test import SPECS, Model, gradients, initial_values
+from hand_sharded_model import SPECS, Model, gradients, initial_values
 from rank_exit import exit_rank
 
 WAIT_S = 120  # far above a small model's state_dict() (well under a second), far below ctest's timeout

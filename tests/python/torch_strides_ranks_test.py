@@ -1,6 +1,6 @@
 """channels_last conv nets under real multi-rank layouts (issue 40), at 1–2 ranks (gloo, CPU):
 
-  ddp         a ConvNet and a ViT-style patch embedding (torch_strides_test.py) in channels_last under
+  ddp         a ConvNet and a ViT-style patch embedding (conv_nets.py) in channels_last under
               DistributedDataParallel (the all-to-all mode: every rank applies its rows of O to its
               channels_last filter) train 5 steps as in contiguous format, and as one process trains the
               contiguous net on the global batch (within float32 rounding of their different convolution
@@ -30,7 +30,7 @@ from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
 from rank_checks import check, finish, total_over_ranks
 from rank_exit import exit_rank
-from torch_strides_test import CONV_TOLERANCE, HYPER, ConvNet, PatchEmbedding
+from conv_nets import CONV_TOLERANCE, HYPER, ConvNet, PatchEmbedding
 
 STEPS, BATCH = 5, 4
 CLIP = 0.5

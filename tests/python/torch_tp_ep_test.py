@@ -1,6 +1,6 @@
 """dmuon.torch.DMuon (all-to-all mode) under tensor parallelism, FSDP2 over TP, expert parallelism and
-pipeline stages, on gloo (CPU), against torch_fsdp2_test.py's float64 single-process Reference (Muon with
-float64 Newton–Schulz and torch.optim.AdamW on full tensors, fed the same gradients).
+pipeline stages, on gloo (CPU), against muon_reference.py's float64 single-process Reference (Muon with
+float64 Newton–Schulz and AdamW's rule on full tensors, fed the same gradients).
 
 Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_node N \
          tests/python/torch_tp_ep_test.py            (N = 2, 4 or 8; PYTHONPATH with dmuon)
@@ -26,7 +26,8 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
             "fsdp"), the held stacks' gradients at step 0 bit for bit FSDP2's. N=4 also the MLP owner-held under FSDP2 × TP after a meta-device init, and
             with a bfloat16 MixedPrecisionPolicy bit for bit the all-to-all mode's (check_held_tp_habits).
             Also in the owner-held mode (hold_on_owners after parallelize_module, before
-            fully_shard: each TP slice held on its owner's TP group), then its state dicts: the full one
+            fully_shard: each TP slice held on its owner's TP group; at N=4 and 8 given the whole mesh, whose
+            data-parallel dims it takes), then its state dicts: the full one
             equal to the weights, and a DCP save, the held slices zeroed, a DCP load, bit for bit
   pipeline  N=4: two stages of two ranks, one DMuon per stage over its stage's process group and mesh
   refusals  N=2: a conv filter sharded on its input channels, a Partial() parameter, and what hold_on_owners
@@ -36,7 +37,7 @@ Run: OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 torchrun --standalone --nproc_per_
   normuon   every layout again with variant="normuon" (its per-row v travels with the pieces): the copies,
             and norm checks below (the float64 reference is Muon's, and v adds to the bytes)
 Each layout and the model check, per tensor after STEPS steps:
-  params    against the float64 reference within TOLERANCE (torch_fsdp2_test's: 1e-5 relative, Frobenius;
+  params    against the float64 reference within TOLERANCE (layout_checks': 1e-5 relative, Frobenius;
             float32 Newton–Schulz and float32 elementwise updates on the same gradients);
   copies    bit-identical to DMuon on replicated plain copies fed the same full gradients (layouts only):
             the pieces' momentum and update are the same float32 elementwise operations on the same values,
@@ -69,13 +70,14 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 from torch.distributed.tensor.placement_types import _StridedShard
 
 from collective_ledger import Ledger, recording
+from layout_checks import (HYPER, TOLERANCE, U_F32, Checks, CollectiveBytes, all_ranks_sum, expect_same_error,
+                           relative_error)
+from muon_reference import Reference
 from dmuon.torch import DMuon, clip_grad_norm_, hold_on_owners
 from dmuon.torch.held.placeholder import HeldElsewhere
 from dmuon.torch.params import module_groups
 from rank_checks import failures, finish
 from rank_exit import exit_rank
-from torch_fsdp2_test import (HYPER, TOLERANCE, U_F32, Checks, CollectiveBytes, Reference, all_ranks_sum,
-                              expect_same_error, relative_error)
 
 STEPS = 4
 ZERO_EXPERT = 2  # the expert whose gradient is zero at every step
@@ -161,7 +163,7 @@ def check_layout(checks, name, mesh_shape, dim_names, spec, hyper=HYPER):
         return [{"params": [(n, p) for n, p in ps.items() if is_muon(n, shapes[n])], "use_muon": True},
                 {"params": [(n, p) for n, p in ps.items() if not is_muon(n, shapes[n])], "use_muon": False}]
     opt, copies_opt = DMuon(groups(params), **hyper), DMuon(groups(copies), **hyper)
-    ref = Reference(initial, [n for n in shapes if is_muon(n, shapes[n])], HYPER, "match_rms_adamw")
+    ref = Reference.of_muon_names(initial, [n for n in shapes if is_muon(n, shapes[n])], HYPER, "match_rms_adamw")
     ns, norm_errors = [], {}
     for step in range(STEPS):
         grads = full_values(shapes, seed=10 + step)
@@ -181,7 +183,7 @@ def check_layout(checks, name, mesh_shape, dim_names, spec, hyper=HYPER):
     final = {n: p.full_tensor() for n, p in params.items()}
     if not normuon:
         checks.within(f"{name}: params vs float64 reference",
-                      {n: relative_error(final[n], ref.params[n]) for n in final}, TOLERANCE)
+                      {n: relative_error(final[n], ref.w[n]) for n in final}, TOLERANCE)
     # DMuon sums squares of float32 gradients, each element once: ≤ n·u relative for n entries (γ_n).
     checks.within(f"{name}: DMuon's global gradient norm", norm_errors,
                   max(math.prod(s) for s in shapes.values()) * U_F32)
@@ -382,7 +384,9 @@ def tp_and_fsdp2(world, model, base, plan, blocks, held):
         dp_rank = dist.get_rank() // 2  # the rank's place on the data-parallel dims (tp is the last dim)
         name = f"{'hsdp (2, 2)' if world == 8 else 'fsdp2 (dp 2)'} x tp 2"
     parallelize_module(base, tp_mesh, plan)
-    holding = hold_on_owners(model, data_mesh) if held else None
+    # held: given the whole mesh, as a user has it after parallelize_module(model, mesh["tp"], plan) (issue 58):
+    # hold_on_owners takes its data-parallel dims, the mesh fully_shard gets
+    holding = hold_on_owners(model, data_mesh if world == 2 else mesh) if held else None
     if world > 2:
         for block in blocks:
             fully_shard(block, mesh=data_mesh, ignored_params=holding.params if held else None)
@@ -405,7 +409,7 @@ def check_model(checks, world, case_name, case, make_batch, held=False, steps=ST
     held_at = {n: p._dmuon_held.holdings for n, p in params.items() if getattr(p, "_dmuon_held", None) is not None}
     opt = DMuon(model, **HYPER)
     muon = [n for g in opt.param_groups if g["use_muon"] for n in g["param_names"]]
-    ref = Reference(initial, muon, HYPER, "match_rms_adamw")
+    ref = Reference.of_muon_names(initial, muon, HYPER, "match_rms_adamw")
     placements = sorted({str(tuple(p.placements)) for p in params.values() if isinstance(p, DTensor)})
     ledger, norm_errors = Ledger(), {}
     for step in range(steps):
@@ -431,7 +435,7 @@ def check_model(checks, world, case_name, case, make_batch, held=False, steps=ST
     else:
         final = {n: full_of(p, None) for n, p in params.items()}
     checks.within(f"{name}: params vs float64 reference ({len(muon)} Muon matrices; {', '.join(placements)})",
-                  {n: relative_error(final[n], ref.params[n]) for n in final}, TOLERANCE)
+                  {n: relative_error(final[n], ref.w[n]) for n in final}, TOLERANCE)
     if held:
         check_held_state_dicts(checks, name, model, holding, final)
     # dmuon.torch.clip_grad_norm_ and DMuon sum squares of float32 gradients, each element once: ≤ n·u relative.
@@ -594,7 +598,7 @@ def check_pipeline(checks):
     initial = full_values(shapes, seed=20 + stage)
     params = {n: torch.nn.Parameter(distribute_tensor(initial[n], stage_mesh, [Shard(0)])) for n in shapes}
     opt = DMuon(list(params.items()), process_group=stage_mesh.get_group(), **HYPER)
-    ref = Reference(initial, [n for n in shapes if is_muon(n, shapes[n])], HYPER, "match_rms_adamw")
+    ref = Reference.of_muon_names(initial, [n for n in shapes if is_muon(n, shapes[n])], HYPER, "match_rms_adamw")
     for step in range(STEPS):
         grads = full_values(shapes, seed=30 + 10 * stage + step)
         for n, g in grads.items():
@@ -602,7 +606,7 @@ def check_pipeline(checks):
         opt.step()
         ref.step(grads)
     checks.within(f"pipeline stage {stage} (ranks {stage_mesh.mesh.tolist()}): params vs float64 reference",
-                  {n: relative_error(p.full_tensor(), ref.params[n]) for n, p in params.items()}, TOLERANCE)
+                  {n: relative_error(p.full_tensor(), ref.w[n]) for n, p in params.items()}, TOLERANCE)
 
 
 # ---- refusals ----

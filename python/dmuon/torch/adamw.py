@@ -15,6 +15,33 @@ from torch.optim.adamw import adamw
 from dmuon.torch.dense import DenseOperands, may_overlap
 
 
+def adamw_phase(groups, layouts, state, grads, taking_part, check):
+    """The AdamW parameters' step, of DMuon's parameters (groups, layouts: their param groups and layout.Layouts
+    in its order; state: its optimizer state; grads: their local gradients, None where this rank has none;
+    taking_part: whether each requires grad; check: the step's GradientCheck): per param group, one fused call for
+    those with a gradient here (skipped when any gradient is non-finite) and one per parameter without one here
+    (zeros, skipped unless another rank has its gradient)."""
+    with_grad, without = {}, []  # with_grad: id(param group) → indices
+    for i, group in enumerate(groups):
+        if group["use_muon"] or not taking_part[i]:
+            continue
+        if grads[i] is None:
+            without.append(i)
+        else:
+            with_grad.setdefault(id(group), []).append(i)
+
+    def call(indices, grads, skip):  # one fused call for parameters `indices` of one param group
+        mine = [layouts[i] for i in indices]
+        states = [state[l.tensor] for l in mine]
+        adamw_step([l.local(l.tensor) for l in mine], grads, [l.local(st["exp_avg"]) for l, st in zip(mine, states)],
+                   [l.local(st["exp_avg_sq"]) for l, st in zip(mine, states)], [st["step"] for st in states],
+                   groups[indices[0]], check.grad_scale, skip)
+    for indices in with_grad.values():
+        call(indices, [grads[i] for i in indices], ~check.finite)
+    for i in without:
+        call([i], [torch.zeros_like(layouts[i].local(layouts[i].tensor))], ~check.keep[i])
+
+
 def adamw_step(params, grads, exp_avgs, exp_avg_sqs, steps, hyper, grad_scale, skip):
     """One AdamW step of a param group's local tensors: params, grads, exp_avgs, exp_avg_sqs (lists, the
     moments in the state dtype), steps (their "step" counters, float32 tensors on each parameter's

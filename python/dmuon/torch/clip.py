@@ -16,9 +16,8 @@ import torch.distributed as dist
 
 from dmuon.torch.collectives import Group
 from dmuon.torch.dense import may_overlap
-from dmuon.torch.held.buffer import local_part
+from dmuon.torch.dtensors import is_dtensor, local_part
 from dmuon.torch.held.placeholder import HeldElsewhere
-from dmuon.torch.layout import is_dtensor
 
 
 def _power_sum(grads, norm_type, device):

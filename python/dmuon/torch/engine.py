@@ -1,6 +1,6 @@
 """The engine seam of dmuon.torch: who computes Muon's update of a step, behind one protocol.
 
-muon_step.py decides what each rank computes and moves the pieces; an engine does the arithmetic, on this rank's
+exchange.py decides what each rank computes and moves the pieces; an engine does the arithmetic, on this rank's
 tensors, in calls batched per bucket and param group:
 
   newton_schulz(options)  a handle of one Newton–Schulz setting (MuonOptions.newton_schulz; DMuon.ns_of keeps one
@@ -68,8 +68,10 @@ class DmuonEngine:
         for dtype_code, ns_dtype in choices:
             if dmuon.supports(code, dtype_code):
                 return code, dtype_code, ns_dtype, stream
+        runs = [name for name, where in (("cpu", dmuon.DEVICE_CPU), ("cuda", dmuon.DEVICE_CUDA))
+                if dmuon.supports(where, dmuon.DTYPE_F32) or dmuon.supports(where, dmuon.DTYPE_BF16)]
         raise dmuon.UnsupportedError(f"device {device}: this build of libdmuon_c has no Newton-Schulz backend "
-                                     "for it (it runs on cpu)")
+                                     f"for it (it runs on {' and '.join(runs) or 'no device of this machine'})")
 
     def momentum(self, entries, beta, nesterov, values):
         return muon_update.muon_momentum(entries, beta, nesterov, values)

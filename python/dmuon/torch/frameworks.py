@@ -13,6 +13,9 @@
   main process alone, where the matrices other ranks own are placeholders: HeldTrainerMixin makes Trainer
   use dmuon.torch.clip_grad_norm_ (the single-process norm on every rank) and export the full state dict
   (collective: Trainer calls save_model on every rank).
+- accelerate's FSDP2 preparation (Accelerator.prepare(model, optimizer), as Trainer calls it with the optimizer
+  built before the model is sharded) puts each parameter's sharded DTensor in the optimizer's param_groups in
+  its place (fsdp2_switch_optimizer_parameters): replaced_parameters tells DMuon what to follow.
 """
 
 import contextlib
@@ -21,6 +24,7 @@ import torch
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from dmuon.torch.clip import clip_grad_norm_
+from dmuon.torch.params import MUON_ONLY, without_compile_prefix
 
 
 def held_as_module(held):
@@ -72,3 +76,37 @@ class HeldTrainerMixin:
 
     def _get_grad_norm(self, model, grad_norm=None):
         return clip_grad_norm_(model.parameters(), float("inf")) if grad_norm is None else grad_norm
+
+
+def replaced_parameters(param_groups, names, tracked, model, updated):
+    """What DMuon follows of a framework that replaced the tensors in its param_groups after construction
+    (accelerate's FSDP2 preparation): None while they hold the tensors it tracks (`tracked`, its parameter order;
+    `names` theirs); else its groups as DMuon's `params` takes them, with the new tensors under the old names, which
+    DMuon then describes and plans as if it had been built over them. Built from the model (`model`: DMuon(model)'s,
+    else None), the tensors the model registers under those names: accelerate matches parameters by data pointer,
+    which owner-held placeholders (no storage) do not have, so its switch puts another parameter in their place.
+    After an update (`updated`) the state held for the old tensors would be lost: ValueError naming the fix."""
+    current = [p for g in param_groups for p in g["params"]]
+    unique = list({id(p): p for p in current}.values())  # a parameter repeated in more groups once
+    if len(unique) == len(tracked) and all(p is t for p, t in zip(unique, tracked)):
+        return None  # the tracked parameters, some perhaps repeated in more groups (as torch.optim allows)
+    if model is not None and len(current) == len(tracked):
+        registered = {without_compile_prefix(n): p for n, p in model.named_parameters()}
+        if all(n in registered for n in names):
+            current = [registered[n] for n in names]
+    if len(current) != len(tracked):
+        raise ValueError(f"DMuon: param_groups hold {len(current)} parameters, DMuon was built over "
+                         f"{len(tracked)}; add parameters with add_param_group()")
+    if updated:
+        raise ValueError("DMuon: the tensors in param_groups were replaced after its first update (by a "
+                         "framework wrapping the model, such as accelerate's FSDP2 preparation); build DMuon "
+                         "before the model is wrapped and prepare both at once (Accelerator.prepare(model, "
+                         "optimizer)), or build it over the wrapped model")
+    groups, first = [], 0
+    for g in param_groups:
+        keys = ("lr", "weight_decay") + (MUON_ONLY if g["use_muon"] else ("betas", "eps"))
+        mine = names[first:first + len(g["params"])]
+        groups.append({"params": list(zip(mine, current[first:first + len(mine)])), "use_muon": g["use_muon"],
+                       **{k: g[k] for k in keys}})
+        first += len(g["params"])
+    return groups

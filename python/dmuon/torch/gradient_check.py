@@ -9,6 +9,8 @@ caller's `extra` values (QK-clip's per-rank maxima, qk_clip.py)] gives every ran
   keep        per parameter: it has a gradient on some rank and every gradient is finite (the update
               of a parameter whose keep is false changes nothing: update rules mask, not branch)
   extra       the sum over ranks of `extra` (float64), None without it
+veto(ok) folds a caller's device-side verdict into them (QK-clip's maxima under nonfinite="error"): where ok is
+false, finite and every keep are false, so the step's writes change nothing.
 The host reads the vector only in settle(), once it has arrived on the host: a CPU step's at its own
 end; a GPU step's (a pinned copy made without waiting) at a later step() that finds it arrived, or
 when the optimizer's counters, last_grad_norm or a state_dict are read (which wait for it). So a GPU
@@ -35,11 +37,13 @@ def to_device(values, dtype, device):
 @dataclass
 class Verdict:
     """What settle() read: the non-finite gradients [(rank, parameter index)], whether any parameter
-    had a gradient on any rank, the global gradient norm (of the finite gradients)."""
+    had a gradient on any rank, the global gradient norm (of the finite gradients), the sum of the
+    caller's `extra` values (a host list; empty without them)."""
 
     bad: list
     any_gradient: bool
     norm: float
+    extra: list
 
 
 class GradientCheck:
@@ -87,6 +91,11 @@ class GradientCheck:
             self._host.copy_(reduced, non_blocking=True)
             self._ready = ready_event(reduced.device)
 
+    def veto(self, ok):
+        """Folds ok (a () bool device tensor) into the step's facts: where false, nothing is updated."""
+        self.finite = self.finite & ok
+        self.keep = self.keep & ok
+
     def first_disagreement(self):
         """(index, ranks taking part) of the first parameter that some ranks but not all take part in,
         else None. Reads the vector: call it only when arrived()."""
@@ -105,4 +114,4 @@ class GradientCheck:
         world, n = self._world, self._n
         bad = [(r, int(totals[1 + r]) - 1) for r in range(world) if totals[1 + r] > 0]
         return Verdict(bad=bad, any_gradient=any(v > 0 for v in totals[1 + world:1 + world + n]),
-                       norm=math.sqrt(totals[0]))
+                       norm=math.sqrt(totals[0]), extra=totals[1 + world + 2 * n:])

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
+from dmuon.torch.dtensors import is_dtensor, local_part
+from dmuon.torch.held.placeholder import HeldElsewhere
 from dmuon.torch.placements import chunk, kinds_of, mesh_holdings, replicated_holdings, row_chunk_holdings
 from dmuon.torch.torch_private import default_shard_order, on_root_mesh
 
@@ -72,36 +74,13 @@ class Layout:
 
     def local(self, t):
         """The local part of t (the parameter, its gradient or a state tensor) as a plain tensor."""
-        return t.to_local() if is_dtensor(t) else t
+        return local_part(t)
 
 
 def _or_world(group):
     import torch.distributed as dist
 
     return dist.group.WORLD if group is None else group
-
-
-def _dtensor_class():
-    try:
-        from torch.distributed.tensor import DTensor
-    except ImportError:  # a torch built without distributed
-        return None
-    return DTensor
-
-
-_DTENSOR = _dtensor_class()
-
-
-def is_dtensor(t):
-    return _DTENSOR is not None and isinstance(t, _DTENSOR)
-
-
-def as_placed(grad, param):
-    """A DTensor gradient laid out as its parameter (tensor parallelism can leave a replicated parameter's
-    gradient Partial()): redistributed where its placements differ, the same on every rank (collective)."""
-    if is_dtensor(grad) and tuple(grad.placements) != tuple(param.placements):
-        return grad.redistribute(param.device_mesh, param.placements)
-    return grad
 
 
 def _ranks(device_mesh):
@@ -142,8 +121,6 @@ def describe(name, param, group, group_ranks, rank):
 
     Raises ValueError naming the parameter for a layout the optimizer cannot handle.
     """
-    from dmuon.torch.held.placeholder import HeldElsewhere  # here: the held package imports this module
-
     world = len(group_ranks)
     held = getattr(param, "_dmuon_held", None)
     if held is None and isinstance(param, HeldElsewhere):

@@ -19,20 +19,25 @@ input columns, a fused qkv or gate_up by given sizes), each block scaled by its 
 block were a parameter of its own (microsoft/dion's num_heads and split_sizes, which split rows only).
 cautious_wd: the decay W·(1 − lr·wd) only where W·O ≥ 0 (update and weight agree in sign; Chen et al. 2025,
 arXiv 2510.12402, as microsoft/dion's muon.py masks it), W as it is elsewhere: a flag of the engine's MuonApply.
-variant: "muon", or "normuon" (NorMuon, arXiv 2510.05491, as microsoft/dion's normuon.py): O normalized per row
-by a running second moment with decay normuon_beta2 before the scale (normuon.py; per block for a split matrix).
+variant: a name of variants.VARIANTS: "muon", or "normuon" (NorMuon, arXiv 2510.05491, as microsoft/dion's
+normuon.py): O normalized per row by a running second moment with decay normuon_beta2 before the scale
+(variants/normuon.py; per block for a split matrix). Each variant's own options (normuon_beta2) are keys of every
+Muon param group too, with the defaults its module declares.
 """
 
 from dataclasses import dataclass
 
+from dmuon.torch.variants import VARIANTS
+
 COEFFS = ("keller", "you", "polar-express")
 ALGOS = ("auto", "standard", "gram")
 SCALES = ("original", "match_rms_adamw", "spectral", "unit_rms")
-VARIANTS = ("muon", "normuon")
 
-# The keys of a Muon param group that MuonOptions freezes, with the constructor's defaults.
+# The keys of a Muon param group that MuonOptions freezes, with the constructor's defaults (DMuon's and
+# hold_on_owners' split): this module's, then each variant's own (variants/).
+VARIANT_OPTIONS = {key: value for variant in VARIANTS.values() for key, value in variant.options.items()}
 DEFAULTS = dict(ns_steps=5, coeffs="keller", algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0,
-                cautious_wd=False, split_heads=None, split_sizes=None, split_dim=0, variant="muon", normuon_beta2=0.95)
+                cautious_wd=False, split_heads=None, split_sizes=None, split_dim=0, variant="muon", **VARIANT_OPTIONS)
 KEYS = tuple(DEFAULTS)
 
 
@@ -58,16 +63,15 @@ def check_options(values, where):
     choice("coeffs", COEFFS)
     choice("algo", ALGOS)
     choice("scale", SCALES)
-    choice("variant", VARIANTS)
-    beta2 = values.get("normuon_beta2", 0.0)
-    if isinstance(beta2, bool) or not isinstance(beta2, (int, float)) or not 0.0 <= beta2 < 1.0:
-        raise ValueError(f"{where}: normuon_beta2 must be a number in [0, 1), got {beta2!r}")
+    choice("variant", tuple(VARIANTS))
+    for variant in VARIANTS.values():
+        variant.check(values, where)
     steps = values.get("ns_steps", 1)
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"{where}: ns_steps must be an integer >= 1, got {steps!r}")
     factor = values.get("extra_scale_factor", 1.0)
-    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not factor > 0:
-        raise ValueError(f"{where}: extra_scale_factor must be a number > 0, got {factor!r}")
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < float("inf"):
+        raise ValueError(f"{where}: extra_scale_factor must be a finite number > 0, got {factor!r}")
     if not isinstance(values.get("cautious_wd", False), bool):
         raise ValueError(f"{where}: cautious_wd must be True or False, got {values['cautious_wd']!r}")
     heads, sizes = values.get("split_heads"), values.get("split_sizes")
@@ -95,23 +99,23 @@ class MuonOptions:
     split_sizes: object   # tuple of ints or None
     split_dim: int
     variant: str
-    normuon_beta2: float
+    variant_options: tuple  # ((key, value), ...) of every variant's options, in DEFAULTS' order
 
     @classmethod
     def of_group(cls, group):
-        values = {key: group[key] for key in KEYS}
+        values = {key: group[key] for key in KEYS if key not in VARIANT_OPTIONS}
         if values["split_sizes"] is not None:
             values["split_sizes"] = tuple(values["split_sizes"])
-        return cls(**values)
+        return cls(**values, variant_options=tuple((key, group[key]) for key in VARIANT_OPTIONS))
+
+    def option(self, key):
+        """The value of a variant's option (VARIANT_OPTIONS)."""
+        return dict(self.variant_options)[key]
 
     @property
     def newton_schulz(self):
         """The Newton–Schulz setting: matrices with equal ones share one engine handle."""
         return (self.coeffs, self.algo, self.ns_steps)
-
-    @property
-    def normuon(self):
-        return self.variant == "normuon"
 
     def scale_of(self, rows, cols):
         return muon_scale(rows, cols, self.scale) * self.extra_scale_factor

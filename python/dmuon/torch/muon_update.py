@@ -1,7 +1,7 @@
 """Muon's update rule (DESIGN 1) on tensors, by the engine's multi-tensor calls (include/dmuon/dmuon_c.h):
 the part before Newton–Schulz (momentum and U), the part after it (the apply), and, for matrices held whole
 here by their owner, both with the Newton–Schulz between them in one call: libdmuon_c's side of the engine seam
-(engine.py's DmuonEngine, which muon_step.py calls once per bucket and param group for each part); this module
+(engine.py's DmuonEngine, which exchange.py calls once per bucket and param group for each part); this module
 turns tensors into the engine's pointers.
 
 The step's values stay on the device (gradient_check.py): per parameter `keep` (it has a gradient on some

@@ -6,7 +6,14 @@ Semantics are DESIGN section 1 and the C++ optimizers': one global gradient norm
 non-finite check, agreed across ranks), AdamW as torch.optim.AdamW (bias-corrected, decoupled decay),
 Muon's lerp momentum with Nesterov, Newton–Schulz, the chosen scale, decoupled decay with the
 unscaled lr. Each Muon matrix (an expert of an (E, m, n) stack is one) has one owner rank in the
-whole group, which alone runs its Newton–Schulz (muon_step.py).
+whole group, which alone runs its Newton–Schulz (matrices.py, exchange.py).
+
+DMuon is the torch.optim shell around a plan and a step. The plan, made at construction and by
+add_param_group (collective): each parameter's layout (layout.py), its Muon matrices, their owners and
+buckets (matrices.py), its state. step() runs its phases over the plan: the step hooks' before_step
+(step_hooks.py: the owner-held schedules), the gradient check (gradient_check.py: one all-reduce, which
+carries the hooks' extras), AdamW (adamw.py), the Muon exchange (exchange.py, calling each matrix's
+variant, variants/), the step hooks' after_step in reverse order (QK-clip, the schedules).
 
 Optimizer state follows torch.optim.AdamW under FSDP2, so torch.distributed.checkpoint saves and
 reshards it: state[param] holds tensors laid out as the parameter (DTensors with its mesh and
@@ -14,25 +21,27 @@ placements for a DTensor parameter, full tensors for a replicated one), created 
 """
 
 import copy
-import math
 import weakref
 
 import torch
 
 import dmuon
-from dmuon.torch.adamw import adamw_step
+from dmuon.torch.adamw import adamw_phase
 from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
+from dmuon.torch.arguments import check_arguments, check_group
 from dmuon.torch.collectives import Group
-from dmuon.torch.dense import check_writable
-from dmuon.torch.engine import ENGINES, make_engine
+from dmuon.torch.dtensors import as_placed
+from dmuon.torch.engine import make_engine
+from dmuon.torch.exchange import Exchange
+from dmuon.torch.frameworks import replaced_parameters
 from dmuon.torch.gradient_check import GradientCheck
-from dmuon.torch.layout import as_placed, describe, is_dtensor
-from dmuon.torch.muon_options import MuonOptions, check_options
-from dmuon.torch.muon_step import MuonMatrix, MuonStep, assign_owners, matrices_of
-from dmuon.torch.normuon import width, zero_variance
-from dmuon.torch.params import MUON_ONLY, without_compile_prefix, is_expert_stack_by_default, module_groups, split_groups
+from dmuon.torch.held.hold import adopt_replaced
+from dmuon.torch.matrices import assign_owners, buckets_of, parameter_matrices, stack_of
+from dmuon.torch.muon_options import DEFAULTS as MUON_DEFAULTS, MuonOptions, check_options
+from dmuon.torch.ns_clock import NsClock
+from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
+from dmuon.torch.plan import check_saved_state, describe_parameter, zero_state
 
-_BALANCERS = ("milp", "lpt", "rr")
 _COUNTERS = ("updates", "skipped_steps")  # kept in every param group, so checkpoints carry them
 
 
@@ -45,9 +54,12 @@ class DMuon(torch.optim.Optimizer):
     group's ranks, or a named slice of one: FSDP2, HSDP, tensor and expert parallelism, FSDP2 over TP;
     layout.py) or dmuon.torch.Sharded descriptions of dim-0 chunks.
 
+    Muon's options are keywords too (`options`): the keys of muon_options.DEFAULTS, whose values are their
+    defaults (ns_steps, coeffs, algo, scale, extra_scale_factor, cautious_wd, split_heads, split_sizes, split_dim,
+    variant, and each variant's own: normuon_beta2); any other keyword is a TypeError.
+
     `defaults` holds the per-group hyper-parameters and options under their keyword names (lr, momentum,
-    nesterov, weight_decay, Muon's options ns_steps, coeffs, algo, scale, extra_scale_factor, cautious_wd,
-    split_heads, split_sizes, split_dim, variant, normuon_beta2, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param
+    nesterov, weight_decay, Muon's options, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param
     group is all-Muon (keys lr, momentum, nesterov, weight_decay and Muon's options) or all-AdamW (lr,
     betas, eps, weight_decay), so a group's "lr" is the lr of every parameter in it and LR schedulers set
     it as torch.optim's. Muon's options (muon_options.py: the Newton–Schulz and its split, the update
@@ -63,7 +75,8 @@ class DMuon(torch.optim.Optimizer):
 
     experts(name, global_shape) -> bool: which 3-D Muon parameters are stacks of experts (E
     matrices of m×n); by default those with "expert" in a name component. Every other ≥ 3-D
-    parameter is one (out, in·k…) matrix, as a convolution's filter.
+    parameter is one (out, in·k…) matrix, as a convolution's filter (matrices.py). An owner-held parameter
+    is what hold_on_owners took it as, by its own experts predicate.
 
     tune_cache: the Newton–Schulz tuning cache (`dmuon tune`, dmuon.tune) that picks each bucket's kernel
     (algo="auto") and the owner planner's costs: "" the default path (dmuon.default_tune_cache_path()),
@@ -99,25 +112,13 @@ class DMuon(torch.optim.Optimizer):
     # betas (0.9, 0.999)) and MuonScale::original is KellerJordan/Muon's, the definitions the golden tensors
     # pin; trainer.hpp's 3e-3 is the GPT example's.
     def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=None,
-                 adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, ns_steps=5, coeffs="keller",
-                 algo="auto", scale="match_rms_adamw", extra_scale_factor=1.0, cautious_wd=False, split_heads=None,
-                 split_sizes=None, split_dim=0, variant="muon", normuon_beta2=0.95, balancer="milp",
+                 adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, balancer="milp",
                  process_group=None, clip_grad_norm=None, nonfinite="error", state_dtype=torch.float32,
-                 experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None, engine="auto"):
+                 experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None, engine="auto", **options):
         ns_dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(ns_dtype, ns_dtype)
-        _check_choice("ns_dtype", ns_dtype, (None, "float32", "bfloat16"))
-        _check_defaults(lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay)
-        muon = dict(ns_steps=ns_steps, coeffs=coeffs, algo=algo, scale=scale, extra_scale_factor=extra_scale_factor,
-                    cautious_wd=cautious_wd, split_heads=split_heads, split_sizes=split_sizes, split_dim=split_dim,
-                    variant=variant, normuon_beta2=normuon_beta2)
-        check_options(muon, "DMuon")
-        _check_choice("balancer", balancer, _BALANCERS)
-        _check_choice("nonfinite", nonfinite, ("error", "skip"))
-        _check_choice("engine", engine, ENGINES)
-        if clip_grad_norm is not None and not clip_grad_norm > 0:
-            raise ValueError(f"DMuon: clip_grad_norm must be > 0 or None, got {clip_grad_norm}")
-        if state_dtype is not None and not (isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point):
-            raise ValueError(f"DMuon: state_dtype must be a floating-point torch.dtype or None, got {state_dtype!r}")
+        muon = {**MUON_DEFAULTS, **options}  # Muon's options: muon_options.DEFAULTS, the one table
+        check_arguments(options, ns_dtype, lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps,
+                        adamw_weight_decay, muon, balancer, nonfinite, engine, clip_grad_norm, state_dtype)
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, adamw_lr=adamw_lr,
                         adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay,
                         **muon)
@@ -137,20 +138,28 @@ class DMuon(torch.optim.Optimizer):
         self._model = None  # DMuon(model): a weak reference to it, where _follow_replaced_parameters reads
         if isinstance(params, torch.nn.Module):
             self._model = weakref.ref(params)
-            for schedule in params.__dict__.get("_dmuon_held_schedules", ()):
-                schedule.adopt()  # parameter objects that .to_empty() replaced get their held marks
+            adopt_replaced(params)  # parameter objects that .to_empty() replaced get their held marks
             params = module_groups(params)
         torch_groups, layouts = self._parse(params, defaults, first_group=0)
         self._constructed = False
         super().__init__(torch_groups, defaults)  # its add_param_group calls only append them
         self._constructed = True
+        self._step_hooks = []  # (key, step_hooks.StepHook): the held schedules (_track), a QKClip (add_step_hook)
         self._ns = {}  # MuonOptions.newton_schulz → the engine's Newton–Schulz handle (ns_of)
         self.ns = self.ns_of(MuonOptions.of_group(defaults))  # the constructor's setting
-        self._pending = []  # the GradientChecks of steps not settled yet, oldest first
+        self._pending = []  # (GradientCheck, step hooks, sizes of their extras) of steps not settled yet, oldest first
         self._last_grad_norm = 0.0
-        self.last_stats = {"ns_s": 0.0, "ns_matrices": 0}
-        self._qk_clip = None  # the QKClip (qk_clip.py) that joined this optimizer, run after each step
+        self._last_ns = (NsClock(), 0)  # the last step's Newton–Schulz clock and matrix count (last_stats)
+        self._last_extra = {}  # the rest of last_stats: what the step hooks reported ("qk_clip_skipped")
         self._track(layouts)
+
+    @property
+    def last_stats(self):
+        """This rank's last step: {"ns_s": seconds of Newton–Schulz (on CUDA the device's time between events around
+        it; reading it waits for that work), "ns_matrices": matrices orthogonalized, and where a QKClip joined
+        "qk_clip_skipped" (a 0-dim bool tensor: whether it skipped this step)}."""
+        clock, matrices = self._last_ns
+        return {"ns_s": clock.seconds(), "ns_matrices": matrices, **self._last_extra}
 
     def add_param_group(self, param_group):
         """Adds parameters to optimize from the next step(): a param group as DMuon's `params` takes
@@ -182,31 +191,9 @@ class DMuon(torch.optim.Optimizer):
             groups = split_groups(params, defaults, first_group, warn=self.comm.rank == 0, named_groups=named_groups)
             seen = {id(l.tensor): n for n, l in zip(self.param_groups_names, self._layouts)}
             for g in groups:
-                _check_hyper(g)
+                check_group(g, g["named"][0][0])
                 for name, p in g["named"]:
-                    layout = describe(name, p, self.comm.pg, self.comm.ranks, self.comm.rank)
-                    if not layout.held_elsewhere:
-                        check_writable(name, layout.local(layout.tensor))
-                    if id(layout.tensor) in seen:
-                        raise ValueError(f"DMuon: some parameters appear in more than one parameter group: "
-                                         f"'{name}' (also '{seen[id(layout.tensor)]}')")
-                    seen[id(layout.tensor)] = name
-                    if g["use_muon"] and self.experts(name, layout.global_shape) and len(layout.global_shape) != 3:
-                        raise ValueError(f"DMuon: parameter '{name}' of shape {layout.global_shape} is marked a "
-                                         "stack of experts (the experts predicate); a stack is (E, rows, cols)")
-                    if g["use_muon"] and len(layout.global_shape) >= 3 and not self.experts(name, layout.global_shape) \
-                            and not all(h.whole_along(layout.global_shape, range(1, len(layout.global_shape)))
-                                        for h in layout.holdings):
-                        raise ValueError(f"DMuon: parameter '{name}' of shape {layout.global_shape} is one (out, in·k…) "
-                                         f"matrix for Muon (a filter), but its placements {layout.placements} split "
-                                         "its dims ≥ 1 (dmuon takes such a filter sharded on dim 0 only)")
-                    if g["use_muon"]:
-                        for expert, rows, cols in matrices_of(layout.global_shape,
-                                                              self.experts(name, layout.global_shape)):
-                            MuonOptions.of_group(g).blocks(rows, cols, name)
-                    if layout.held is not None and not g["use_muon"]:
-                        raise ValueError(f"DMuon: parameter '{name}' is held on its owner "
-                                         "(dmuon.torch.hold_on_owners) for Muon, but its param group is AdamW's")
+                    layout = describe_parameter(self.comm, name, p, g, seen, self.experts)
                     if g["use_muon"]:
                         muon_devices.append((name, layout.local(layout.tensor).device,
                                              self._state_dtype_of(layout.tensor)))
@@ -249,12 +236,11 @@ class DMuon(torch.optim.Optimizer):
             self.param_groups_names.append(name)
             self._layouts.append(layout)
             self._groups.append(group)
-            if group["use_muon"]:
-                for expert, rows, cols in matrices_of(layout.global_shape, self.experts(name, layout.global_shape)):
-                    if rows == 0 or cols == 0:
-                        continue  # an empty matrix: nothing to orthogonalize or update
-                    matrices.append(MuonMatrix(i, expert, name + ("" if expert is None else f"[{expert}]"), layout,
-                                               group, rows, cols, MuonOptions.of_group(group)))
+            if layout.held is not None:  # its schedule reduces its gradient before a step, refreshes it after
+                self.add_step_hook(layout.held.schedule)
+            if group["use_muon"]:  # an empty matrix has none: nothing to orthogonalize or update
+                matrices.extend(parameter_matrices(i, name, layout, group, MuonOptions.of_group(group),
+                                                   stack_of(name, layout, self.experts)))
         assign_owners(matrices, self.comm.world,
                       lambda shapes, world, blocks: plan_on_rank0(self.comm, shapes, self._balancer, self._threads,
                                                                   self._tune_cache, blocks))
@@ -262,44 +248,20 @@ class DMuon(torch.optim.Optimizer):
         self.owners.update((k.name, k.owner) for k in matrices)
         for k in matrices:
             self.ns_of(k.options)
-        self._buckets = _buckets(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
+        self._buckets = buckets_of(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
         for i in range(first, len(self._layouts)):
             self._zero_state(i)
 
     def _follow_replaced_parameters(self):
-        """Follows a framework that replaced the tensors in param_groups after construction: accelerate's
-        FSDP2 preparation (Accelerator.prepare(model, optimizer), as Hugging Face Trainer calls it with the
-        optimizer built before the model is sharded) puts each parameter's sharded DTensor in its place
-        (fsdp2_switch_optimizer_parameters). Before the first update DMuon then describes the new tensors
-        under the old names (collective: every rank meets the same replacement at the same call), plans
-        their owners and starts from zero state, as if it had been built over them; after an update the
-        state held for the old tensors would be lost, so it refuses, naming the fix. Built from the model
-        (DMuon(model)), it takes the tensors the model registers under those names: accelerate matches
-        parameters by data pointer, which owner-held placeholders (no storage) do not have, so its switch
-        puts another parameter in their place."""
-        current = [p for g in self.param_groups for p in g["params"]]
-        if len(current) == len(self._layouts) and all(p is l.tensor for p, l in zip(current, self._layouts)):
-            return
+        """Tracks anew the tensors a framework put in param_groups after construction (accelerate's FSDP2
+        preparation; frameworks.replaced_parameters says when and which), as if DMuon had been built over them:
+        their layouts, owners (collective: every rank meets the same replacement at the same call), zero state."""
         model = self._model() if self._model is not None else None
-        if model is not None and len(current) == len(self._layouts):
-            registered = {without_compile_prefix(n): p for n, p in model.named_parameters()}
-            if all(n in registered for n in self.param_groups_names):
-                current = [registered[n] for n in self.param_groups_names]
-        if len(current) != len(self._layouts):
-            raise ValueError(f"DMuon: param_groups hold {len(current)} parameters, DMuon was built over "
-                             f"{len(self._layouts)}; add parameters with add_param_group()")
-        if self._pending or any(self.param_groups[0][key] for key in _COUNTERS):
-            raise ValueError("DMuon: the tensors in param_groups were replaced after its first update (by a "
-                             "framework wrapping the model, such as accelerate's FSDP2 preparation); build DMuon "
-                             "before the model is wrapped and prepare both at once (Accelerator.prepare(model, "
-                             "optimizer)), or build it over the wrapped model")
-        groups, first = [], 0
-        for g in self.param_groups:
-            keys = ("lr", "weight_decay") + (MUON_ONLY if g["use_muon"] else ("betas", "eps"))
-            names = self.param_groups_names[first:first + len(g["params"])]
-            groups.append({"params": list(zip(names, current[first:first + len(names)])), "use_muon": g["use_muon"],
-                           **{k: g[k] for k in keys}})
-            first += len(g["params"])
+        updated = bool(self._pending) or any(self.param_groups[0][key] for key in _COUNTERS)
+        groups = replaced_parameters(self.param_groups, self.param_groups_names, [l.tensor for l in self._layouts],
+                                     model, updated)
+        if groups is None:
+            return
         self.param_groups_names, self._layouts, self._groups, self._matrices, self.owners = [], [], [], [], {}
         self.state.clear()
         torch_groups, layouts = self._parse(groups, self.defaults, first_group=0)
@@ -320,7 +282,7 @@ class DMuon(torch.optim.Optimizer):
         for k in self._matrices:
             k.options = MuonOptions.of_group(k.group)
             self.ns_of(k.options)
-        self._buckets = _buckets(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
+        self._buckets = buckets_of(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
 
     @property
     def updates(self):
@@ -343,30 +305,9 @@ class DMuon(torch.optim.Optimizer):
         return param.dtype if self.state_dtype is None else self.state_dtype
 
     def _zero_state(self, i):
-        """Parameter i's state before its first update, laid out as the parameter (a DTensor
-        parameter gets DTensors of the same mesh and placements)."""
-        p = self._layouts[i].tensor
-        if self._layouts[i].held_elsewhere:  # its state lives on its owner; an empty entry here lets
-            self.state[p] = {}               # DCP's set_state_dict find one for every parameter
-            return
-        dtype = self._state_dtype_of(p)
-
-        def zeros():
-            return torch.zeros_like(p, dtype=dtype, memory_format=torch.contiguous_format, requires_grad=False)
-
-        if self._groups[i]["use_muon"]:
-            self.state[p] = {"momentum_buffer": zeros()}
-            options = MuonOptions.of_group(self._groups[i])
-            if options.normuon:  # NorMuon's v, laid out as the parameter's rows (normuon.py)
-                name, shape = self.param_groups_names[i], self._layouts[i].global_shape
-                experts = self.experts(name, shape)
-                rows, cols = (shape[1], shape[2]) if experts else (shape[0], math.prod(shape[1:]))
-                self.state[p]["variance_neuron"] = zero_variance(self._layouts[i], experts,
-                                                                 width(options, rows, cols, name), dtype)
-        else:
-            # "step" on the parameter's device, as torch.optim.AdamW's fused step keeps it
-            self.state[p] = {"step": torch.zeros((), dtype=torch.float32, device=p.device), "exp_avg": zeros(),
-                             "exp_avg_sq": zeros()}
+        layout = self._layouts[i]
+        self.state[layout.tensor] = zero_state(self.param_groups_names[i], layout, self._groups[i], self.experts,
+                                               self._state_dtype_of(layout.tensor))
 
     # ---- the step ----
 
@@ -379,98 +320,130 @@ class DMuon(torch.optim.Optimizer):
         of a CPU step; on a GPU at a later step() that finds them there, or when updates,
         skipped_steps, last_grad_norm or state_dict() are read (those wait for them). A non-finite
         gradient skips the step on the device either way; with nonfinite="error" the call that
-        settles it raises FloatingPointError naming it."""
+        settles it raises FloatingPointError naming it. So does a maximum logit QK-clip cannot take
+        (qk_clip.py: NaN, inf, or large enough to scale weights to 0) under "error"; under "skip" that
+        step updates without the clip, counted in the QKClip's skipped_steps.
+
+        A step that raises changes nothing: everything that can raise on the host runs before the first
+        write (the "checks" phase below), and what is known on the device alone (non-finite gradients and
+        maxima) masks every write of the step (weights, momentum, AdamW's moments and step count,
+        NorMuon's v, QK-clip's rescale), so the call that settles it raises with every tensor as it was."""
         self._settle(arrived_only=True)
         self._follow_replaced_parameters()
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        schedules = self._held_schedules()
-        for schedule in schedules:
-            schedule.ready_for_step()
+        self._check_group_values()  # everything that can raise on the host runs before the first write
+        hooks = [hook for _, hook in self._step_hooks]
+        for hook in hooks:  # 1. hooks before (the held schedules: their gradients reduced)
+            hook.before_step()
         grads = [l.local(as_placed(l.tensor.grad, l.tensor)) if l.tensor.grad is not None and not l.held_elsewhere
                  else None for l in self._layouts]
-        counted = [l.mine.replica == 0 for l in self._layouts]
         taking_part = [l.tensor.requires_grad for l in self._layouts]
+        check, extras = self._check_gradients(grads, taking_part, hooks)  # 2. the gradient check
+        self._pending.append((check, hooks, [None if e is None else e.numel() for e in extras]))
+        # ---- writes, masked on the device by the step's check (keep, finite) ----
+        adamw_phase(self._groups, self._layouts, self.state, grads, taking_part, check)  # 3. AdamW
+        self._muon_phase(grads, taking_part, check)  # 4. the Muon exchange
+        for hook, extra in reversed(list(zip(hooks, extras))):  # 5. hooks after (QK-clip, the held schedules)
+            self._last_extra.update(hook.after_step(extra, check.finite) or {})
+        self._settle(arrived_only=True)
+        return loss
+
+    def _check_gradients(self, grads, taking_part, hooks):
+        """(the step's GradientCheck, each hook's part of its all-reduced extras): the all-reduce, launched, with
+        every hook's extra(); on a CPU step, also the check that every rank takes part in the same parameters."""
+        counted = [l.mine.replica == 0 for l in self._layouts]
         device = next((g.device for g in grads if g is not None), None) or self._layouts[0].tensor.device
-        clip = self._qk_clip
+        parts = [hook.extra(self.comm.rank, self.comm.world) for hook in hooks]
+        given = [t for t in parts if t is not None]
         check = GradientCheck(self.comm, grads, counted, taking_part, self.clip_grad_norm, device,
-                              None if clip is None else clip.slots(self.comm.rank, self.comm.world))
+                              torch.cat(given) if given else None)
         if check.arrived():  # a CPU step can afford the check that keeps its all-to-alls in step (a GPU's cannot)
             disagreement = check.first_disagreement()
             if disagreement is not None:
                 i, ranks = disagreement
                 raise ValueError(f"DMuon: parameter '{self.param_groups_names[i]}' requires grad on {ranks} of "
                                  f"{self.comm.world} ranks; every rank must set requires_grad alike")
-        self._pending.append(check)
-        self._adamw(grads, taking_part, check)
+        extras, offset = [], 0
+        for t in parts:
+            extras.append(None if t is None else check.extra[offset:offset + t.numel()])
+            offset += 0 if t is None else t.numel()
+        if self.nonfinite == "error":  # a hook's veto (QK-clip: a maximum it cannot take) skips the whole step
+            for hook, extra in zip(hooks, extras):
+                ok = hook.veto(extra)
+                if ok is not None:
+                    check.veto(ok)  # the whole step changes nothing; settling it raises
+        return check, extras
 
+    def _muon_phase(self, grads, taking_part, check):
+        """The Muon parameters' step: the exchange (exchange.py) over the buckets."""
         def momentum(i):
             layout = self._layouts[i]
             return layout.local(self.state[layout.tensor]["momentum_buffer"])
 
-        def variance(i):
-            layout = self._layouts[i]
-            return layout.local(self.state[layout.tensor]["variance_neuron"])
+        def row_state(k):
+            return k.layout.local(self.state[k.layout.tensor][k.variant.row_state])
 
-        muon = MuonStep(self.comm, self.engine, self.ns_of, momentum, grads, check,
-                        lambda k: self._state_dtype_of(k.layout.tensor), variance)
+        muon = Exchange(self.comm, self.engine, self.ns_of, momentum, grads, check,
+                        lambda k: self._state_dtype_of(k.layout.tensor), row_state)
         me = self.comm.rank
         # Every matrix that may have a gradient takes part (whether it has one anywhere is known on the
-        # device only); owner-held buckets (their own, see _buckets) run on the owner alone, where nothing
-        # travels; held TP slices travel within the owner's TP group, in an exchange every rank joins.
+        # device only); owner-held buckets (their own, see matrices.buckets_of) run on the owner alone, where
+        # nothing travels; held TP slices travel within the owner's TP group, in an exchange every rank joins.
         muon.run([[k for k in bucket if taking_part[k.index]
                    and (k.layout.held is None or k.owner == me or k.u_travels or k.o_travels)]
                   for bucket in self._buckets])
-        self.last_stats = {"ns_s": muon.ns_seconds, "ns_matrices": muon.ns_matrices}
-        if clip is not None:
-            clip.apply(check.extra, self._layouts)
-        for schedule in schedules:
-            schedule.after_step()
-        self._settle(arrived_only=True)
-        return loss
+        self._last_ns, self._last_extra = (muon.ns_clock, muon.ns_matrices), {}
 
-    def _adamw(self, grads, taking_part, check):
-        """The AdamW parameters' step: per param group, one fused call for those with a gradient here
-        (skipped when any gradient is non-finite) and one per parameter without one here (zeros,
-        skipped unless another rank has its gradient)."""
-        with_grad, without = {}, []  # with_grad: id(param group) → indices
-        for i, group in enumerate(self._groups):
-            if group["use_muon"] or not taking_part[i]:
-                continue
-            if grads[i] is None:
-                without.append(i)
-            else:
-                with_grad.setdefault(id(group), []).append(i)
-        for indices in with_grad.values():
-            self._adamw_call(indices, [grads[i] for i in indices], check, ~check.finite)
-        for i in without:
-            local = self._layouts[i].local(self._layouts[i].tensor)
-            self._adamw_call([i], [torch.zeros_like(local)], check, ~check.keep[i])
+    def _check_group_values(self):
+        """Every param group's hyper-parameters (a scheduler or the user may have set them since the last
+        step), by torch.optim's checks: ValueError naming the group before anything is written."""
+        name_of = {id(l.tensor): n for n, l in zip(self.param_groups_names, self._layouts)}
+        for g in self.param_groups:
+            if g["params"]:
+                check_group(g, name_of[id(g["params"][0])], options=False)  # options: frozen per matrix
 
-    def _adamw_call(self, indices, grads, check, skip):
-        """One fused AdamW call for parameters `indices` of one param group."""
-        group = self._groups[indices[0]]
-        layouts = [self._layouts[i] for i in indices]
-        states = [self.state[l.tensor] for l in layouts]
-        adamw_step([l.local(l.tensor) for l in layouts], grads, [l.local(st["exp_avg"]) for l, st in zip(layouts, states)],
-                   [l.local(st["exp_avg_sq"]) for l, st in zip(layouts, states)], [st["step"] for st in states],
-                   group, check.grad_scale, skip)
+    def add_step_hook(self, hook, key=None):
+        """Joins `hook` (step_hooks.StepHook's protocol) to every later step(): its before_step in the order hooks
+        joined, after_step in reverse order. A hook joins once; one given a key takes the place of the hook that
+        joined with that key (a QKClip's "qk_clip": one per optimizer). QKClip joins so, and each owner-held
+        parameter's schedule when DMuon tracks it."""
+        keys = [k for k, _ in self._step_hooks]
+        if key is not None and key in keys:
+            self._step_hooks[keys.index(key)] = (key, hook)
+        elif all(h is not hook for _, h in self._step_hooks):
+            self._step_hooks.append((key, hook))
+
+    def layouts(self):
+        """Every parameter's layout.Layout, in the optimizer's order (param_groups_names'): what a step hook reads."""
+        return tuple(self._layouts)
 
     def _settle(self, arrived_only=False):
         """Reads the pending steps' GradientChecks in order (arrived_only: those that need no wait):
         counts each update or skipped step, sets last_grad_norm, raises FloatingPointError for a
-        non-finite gradient (nonfinite="error")."""
-        while self._pending and (not arrived_only or self._pending[0].arrived()):
-            verdict = self._pending.pop(0).settle()
-            if verdict.bad:
+        non-finite gradient or a problem a step hook found in its extra (QK-clip: a maximum logit it could not
+        take) under nonfinite="error"; under "skip" the skipped step is counted (a hook counts what it skipped)."""
+        while self._pending and (not arrived_only or self._pending[0][0].arrived()):
+            check, hooks, sizes = self._pending.pop(0)
+            verdict = check.settle()
+            update = self.param_groups[0]["updates"] + 1
+            problems, offset = [], 0
+            for hook, size in zip(hooks, sizes):
+                if size is not None:
+                    problems += hook.settle(verdict.extra[offset:offset + size], update)
+                    offset += size
+            if verdict.bad or problems:
                 if self.nonfinite == "skip":
-                    self._count("skipped_steps")
-                    continue
-                where = ", ".join(f"'{self.param_groups_names[i]}' on rank {r}" for r, i in verdict.bad)
-                raise FloatingPointError(f"DMuon: non-finite gradient in parameter {where} at update "
-                                         f"{self.param_groups[0]['updates'] + 1} (that step was skipped)")
+                    if verdict.bad:
+                        self._count("skipped_steps")
+                        continue
+                else:
+                    where = ", ".join(f"'{self.param_groups_names[i]}' on rank {r}" for r, i in verdict.bad)
+                    problems = ([f"non-finite gradient in parameter {where}"] if verdict.bad else []) + problems
+                    raise FloatingPointError(f"DMuon: {'; '.join(problems)} at update {update} (that step was "
+                                             "skipped: nothing changed)")
             self._last_grad_norm = verdict.norm
             if verdict.any_gradient:
                 self._count("updates")
@@ -485,14 +458,6 @@ class DMuon(torch.optim.Optimizer):
         self._settle()
         self._follow_replaced_parameters()
         return super().state_dict()
-
-    def _held_schedules(self):
-        """The hold_on_owners schedules of this optimizer's owner-held parameters, in a fixed order."""
-        out = {}
-        for layout in self._layouts:
-            if layout.held is not None:
-                out.setdefault(id(layout.held.schedule), layout.held.schedule)
-        return list(out.values())
 
     # ---- checkpoints (state_dict() is torch.optim.Optimizer's: local, keyed by index) ----
 
@@ -520,23 +485,32 @@ class DMuon(torch.optim.Optimizer):
             raise ValueError(f"loaded state dict contains a parameter group that doesn't match the size of "
                              f"optimizer's group: {[len(g['params']) for g in saved_groups]} parameters, DMuon's "
                              f"{[len(g['params']) for g in self.param_groups]}")
-        first = 0
-        for g, saved in zip(self.param_groups, saved_groups):
-            if saved.get("use_muon", g["use_muon"]) != g["use_muon"]:
-                raise ValueError(f"DMuon.load_state_dict: the group of '{self.param_groups_names[first]}' is Muon in "
-                                 "one state, AdamW in the other")
-            first += len(g["params"])
+        # Checks, before anything is written: a refused state dict loses nothing.
         saved_state = state_dict["state"]
-        index = 0
+        index_of = {id(l.tensor): i for i, l in enumerate(self._layouts)}  # a repeated parameter: its one index
+        entries = []  # (parameter index, its saved entry or None)
         for g, saved in zip(self.param_groups, saved_groups):
-            for key in saved["params"]:
-                if key in saved_state:
-                    self._load_entry(index, self.param_groups_names[index], saved_state[key])
-                else:
-                    self._zero_state(index)
-                index += 1
+            indices = [index_of[id(p)] for p in g["params"]]
+            where = f"DMuon.load_state_dict: the group of '{self.param_groups_names[indices[0]]}'" if indices else ""
+            if saved.get("use_muon", g["use_muon"]) != g["use_muon"]:
+                raise ValueError(f"{where} is Muon in one state, AdamW in the other")
             if g["use_muon"]:
-                check_options(saved, f"DMuon.load_state_dict: the group of '{self.param_groups_names[index - 1]}'")
+                check_options(saved, where)
+                options = MuonOptions.of_group({**g, **saved})
+                for k in self._matrices:
+                    if k.group is g:
+                        options.blocks(k.rows, k.cols, k.name)  # a split that does not fit the matrix raises
+            for i, key in zip(indices, saved["params"]):
+                entry = saved_state.get(key)
+                if entry is not None:
+                    check_saved_state(self.param_groups_names[i], entry, self.state[self._layouts[i].tensor])
+                entries.append((i, entry))
+        for i, entry in entries:
+            if entry is None:
+                self._zero_state(i)
+            else:
+                self._load_entry(i, entry)
+        for g, saved in zip(self.param_groups, saved_groups):
             for k, v in saved.items():  # in place: MuonMatrix and _groups hold these dicts
                 if k != "params":
                     g[k] = copy.deepcopy(v)
@@ -565,90 +539,12 @@ class DMuon(torch.optim.Optimizer):
         self._ns = {}
         self.ns = self.ns_of(MuonOptions.of_group(self.defaults))
 
-    def _load_entry(self, i, name, entry):
+    def _load_entry(self, i, entry):
+        """Copies a checked saved state entry (plan.check_saved_state) into parameter i's state."""
         mine = self.state[self._layouts[i].tensor]
-        if set(entry) != set(mine):
-            raise ValueError(f"DMuon.load_state_dict: '{name}' has state {sorted(entry)} in the saved state, "
-                             f"{sorted(mine)} here")
         for key, value in entry.items():
             target = mine[key]
             if key == "step":
                 target.copy_(torch.as_tensor(value, dtype=target.dtype))
-                continue
-            if is_dtensor(target) != is_dtensor(value) or tuple(value.shape) != tuple(target.shape) or (
-                    is_dtensor(target) and (value.placements != target.placements
-                                            or value.device_mesh != target.device_mesh)):
-                def kind(t):
-                    return f"DTensor {tuple(t.placements)}" if is_dtensor(t) else "tensor"
-                raise ValueError(f"DMuon.load_state_dict: '{name}' {key} is a {kind(value)} of shape "
-                                 f"{tuple(value.shape)}, here a {kind(target)} of shape {tuple(target.shape)} "
-                                 "(load another world size or layout with torch.distributed.checkpoint)")
-            if value is not target:
+            elif value is not target:
                 self._layouts[i].local(target).copy_(self._layouts[i].local(value))
-
-
-def _check_choice(name, value, choices):
-    if value not in choices:
-        raise ValueError(f"DMuon: {name} must be one of {', '.join(str(c) for c in choices)}; got {value!r}")
-
-
-def _check_hyper(g):
-    """A param group's values, torch.optim's checks (after _check_defaults) with the group named."""
-    where = f"DMuon: param group of '{g['named'][0][0]}': "
-    if g["use_muon"]:
-        _check_values(where, "", lr=g["lr"], momentum=g["momentum"], weight_decay=g["weight_decay"])
-        check_options(g, where[:-2])
-    else:
-        _check_values(where, "", lr=g["lr"], eps=g["eps"], betas=g["betas"], weight_decay=g["weight_decay"])
-
-
-def _check_defaults(lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay):
-    """DMuon's hyper-parameter arguments, checked before its parameters as torch.optim's optimizers do, with
-    their messages (the adamw_ arguments named after them)."""
-    _check_values("", "", lr=lr, momentum=momentum, weight_decay=weight_decay)
-    _check_values("", " (adamw_lr)", lr=adamw_lr)
-    _check_values("", " (adamw_eps)", eps=adamw_eps)
-    _check_values("", " (adamw_betas)", betas=adamw_betas)
-    _check_values("", " (adamw_weight_decay)", weight_decay=adamw_weight_decay)
-
-
-def _check_values(prefix, suffix, lr=None, momentum=None, eps=None, betas=None, weight_decay=None):
-    """ValueError with torch.optim's message (Adam's, SGD's) for the first bad value given (None: not
-    given); a Muon momentum must also be below 1 and eps above 0."""
-    def bad(message):
-        raise ValueError(prefix + message + suffix)
-
-    if torch.is_tensor(lr) and lr.numel() != 1:
-        bad("Tensor lr must be 1-element")
-    if lr is not None and not 0.0 <= lr:
-        bad(f"Invalid learning rate: {lr}")
-    if momentum is not None and not 0.0 <= momentum < 1.0:
-        bad(f"Invalid momentum value: {momentum} (Muon's momentum is in [0, 1))")
-    if eps is not None and not 0.0 < eps:
-        bad(f"Invalid epsilon value: {eps} (must be > 0)")
-    if betas is not None:
-        betas = tuple(betas)
-        if len(betas) != 2:
-            bad(f"betas must be a pair (beta1, beta2), got {betas}")
-        for i, beta in enumerate(betas):
-            if not 0.0 <= beta < 1.0:
-                bad(f"Invalid beta parameter at index {i}: {beta}")
-    if weight_decay is not None and not 0.0 <= weight_decay:
-        bad(f"Invalid weight_decay value: {weight_decay}")
-
-
-def _buckets(matrices, state_dtype_of):
-    """Muon matrices batched by (rows, cols, momentum dtype, device, owner-held, options), largest
-    Newton–Schulz work first (its communication then overlaps the smaller buckets' Newton–Schulz);
-    ties in a fixed order. Owner-held matrices get buckets of their own, which move nothing."""
-    by_key = {}
-    for k in matrices:
-        key = (k.rows, k.cols, str(state_dtype_of(k)), k.layout.local(k.layout.tensor).device.type,
-               k.layout.held is not None, k.options)
-        by_key.setdefault(key, []).append(k)
-
-    def work(key):
-        rows, cols = key[0], key[1]
-        m, n = min(rows, cols), max(rows, cols)
-        return (-len(by_key[key]) * m * m * n, key[:-1], repr(key[-1]))
-    return [by_key[key] for key in sorted(by_key, key=work)]

@@ -23,6 +23,14 @@ gradient all-reduce (gradient_check.py), so the sum holds every rank's and the l
 every rank then scales the rows it holds (a row shard under fully_shard or tensor parallelism, the whole matrix on an
 owner-held matrix's owner, a full copy on every replica), all with the same γ; QKClip.max_logits keeps the step's
 S_h, the figure training logs watch. Device tensors throughout: the host reads nothing.
+
+A maximum the rule cannot take (NaN, +inf, or a finite S so large that γ = τ/S falls below the smallest normal
+number of a clipped parameter's dtype, which would scale its rows to 0) is never used: the step's clip is skipped
+whole (γ = 1 everywhere), so a clip never scales a weight by 0 or NaN and, as γ ∈ (0, 1], never turns a finite weight
+non-finite; the optimizer then follows its nonfinite= option (optimizer.py): "error" skips the whole step on the
+device and raises naming the attention, its layer and the head; "skip" updates without the clip and counts it
+(skipped_steps, last_skip). −inf (a head whose logits were all masked, or nobody reported), 0 and negative maxima
+are below τ: γ = 1. τ = ∞ only records max_logits and never skips.
 """
 
 import contextlib
@@ -31,6 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from dmuon.torch.gradient_check import to_device
+from dmuon.torch.step_hooks import StepHook
 
 
 def _head_size(name, rows, heads):
@@ -184,7 +193,7 @@ def heads_of_rows(attention, rows, total):
     return [h for s in starts for h in heads_of(s // size)]
 
 
-class QKClip:
+class QKClip(StepHook):
     """QK-clip of `attentions` (a list of Attention, FusedAttention or LatentAttention) with threshold tau and
     exponent alpha on DMuon `optimizer`'s parameters, run by its step() (which it joins: one QKClip per optimizer).
     ValueError naming the attention for a parameter the optimizer lacks, head counts that do not fit its rows, or a
@@ -196,11 +205,12 @@ class QKClip:
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"QKClip: alpha must be in [0, 1], got {alpha!r}")
         index = {name: i for i, name in enumerate(optimizer.param_groups_names)}
+        layouts = optimizer.layouts()
 
         def rows_of(name):
             if name not in index:
                 raise ValueError(f"no parameter '{name}' in the optimizer")
-            return optimizer._layouts[index[name]].global_shape[0]
+            return layouts[index[name]].global_shape[0]
 
         self.tau, self.alpha, self.attentions = float(tau), float(alpha), list(attentions)
         self._parts = []  # per attention: {parameter index: (group per global row, exponent per global row)}
@@ -220,13 +230,20 @@ class QKClip:
             self._parts.append({index[name]: rule for name, rule in rules})
         self._offsets = [sum(a.heads for a in self.attentions[:i]) for i in range(len(self.attentions))]
         self._heads = sum(a.heads for a in self.attentions)
+        # The largest maximum the rule takes: γ = τ/S must stay a normal number of every clipped parameter's dtype.
+        tiny = max((torch.finfo(layouts[i].tensor.dtype).tiny for parts in self._parts for i in parts),
+                   default=torch.finfo(torch.float32).tiny)
+        self._ceiling = self.tau / tiny
         self._maxima = None  # (heads of every attention,) float64 on the reports' device; -inf: not reported
         self.max_logits = None  # per attention, the job's largest logit per query head at the last step (for logs)
+        self.skipped = None  # () bool device tensor: the last step's clip was skipped (a maximum it cannot take)
+        self.skipped_steps = 0  # steps whose clip was skipped (nonfinite="skip"), counted when the step settles
+        self.last_skip = None  # why the last skipped clip was skipped: the maxima it could not take
         self._on_device = {}  # (parameter index, device) → its rules there
         self._head_index = {}  # (reported heads, device) → their indices there
         self._paused = 0  # > 0: inside paused(), reports ignored
         self._optimizer = optimizer
-        optimizer._qk_clip = self
+        optimizer.add_step_hook(self, key="qk_clip")
 
     @contextlib.contextmanager
     def paused(self):
@@ -265,9 +282,9 @@ class QKClip:
             index = self._head_index[key]
             part[index] = torch.maximum(part[index], maxima.to(part.device))
 
-    def slots(self, rank, world):
+    def extra(self, rank, world):
         """This rank's part of the step's all-reduce (world × heads,): its maxima in its own slot, zeros elsewhere
-        (so the sum is every rank's maxima); the step's reports are then forgotten."""
+        (so the sum is every rank's maxima); the step's reports are then forgotten (StepHook)."""
         device = None if self._maxima is None else self._maxima.device
         out = torch.zeros((world, self._heads), dtype=torch.float64, device=device)
         out[rank] = -torch.inf if self._maxima is None else self._maxima
@@ -280,14 +297,79 @@ class QKClip:
             self._on_device[key] = tuple(t.to(device) for t in rule)
         return self._on_device[key]
 
-    def apply(self, reduced, layouts):
-        """The module's rescale of the rows this rank holds, from the all-reduced slots (world × heads,)."""
-        world = reduced.numel() // self._heads
-        maxima = reduced.view(world, self._heads).max(dim=0).values
+    def _job_maxima(self, reduced):
+        """The job's maximum per head (heads,) from the all-reduced slots (world × heads,): the largest over the
+        ranks' slots, NaN where any slot is NaN."""
+        if not self._heads:
+            return reduced.new_empty(0)
+        return reduced.view(-1, self._heads).max(dim=0).values
+
+    def _takes(self, maxima):
+        """Per head (heads,) bool: whether the rule can take its maximum (−inf, or finite and at most the ceiling
+        where γ = τ/S stays a normal number of the clipped dtypes); every head under τ = ∞."""
+        if self.tau == float("inf"):
+            return torch.ones_like(maxima, dtype=torch.bool)
+        return (maxima == -torch.inf) | (torch.isfinite(maxima) & (maxima <= self._ceiling))
+
+    def usable(self, reduced):
+        """() bool device tensor: whether the step's clip can run, every maximum taken (from the all-reduced
+        slots; no host read)."""
+        return self._takes(self._job_maxima(reduced)).all()
+
+    def veto(self, reduced):
+        """usable() (StepHook): under nonfinite="error" a maximum the rule cannot take skips the whole step."""
+        return self.usable(reduced)
+
+    def settle(self, reduced, update):
+        """The problems of a settled step (StepHook): its maxima the rule could not take, described; under
+        nonfinite="skip" also counted (count_skip), as the update ran without the clip."""
+        unusable = self.problems(reduced)
+        if not unusable:
+            return []
+        if self._optimizer.nonfinite == "skip":
+            self.count_skip(f"update {update}: {self.describe(unusable)}; the update ran without it")
+        return [self.describe(unusable)]
+
+    def problems(self, reduced):
+        """[(attention position, query head, maximum)] the rule cannot take, from the all-reduced slots (a host
+        list or tensor: what the optimizer reads when the step settles)."""
+        maxima = self._job_maxima(torch.as_tensor(reduced, dtype=torch.float64))
+        bad = (~self._takes(maxima)).nonzero().flatten().tolist()
+        out = []
+        for h in bad:
+            i = max(k for k, offset in enumerate(self._offsets) if offset <= h)
+            out.append((i, h - self._offsets[i], float(maxima[h])))
+        return out
+
+    def describe(self, problems):
+        """The problems (problems()) in words: each attention by its query parameter and layer (the first number in
+        that parameter's name, else its position in attentions), the query head and the maximum."""
+        def one(i, head, value):
+            label = self.attentions[i].label
+            layer = next((f"layer {part}" for part in label.split(".") if part.isdigit()),
+                         f"attention {i} of the QKClip")
+            return f"attention '{label}' ({layer}) query head {head}: {value}"
+        return ("QK-clip cannot take the maximum logit of " + "; ".join(one(*p) for p in problems) +
+                f" (NaN, inf, or above {self._ceiling:.3g}, where γ = τ/S would scale the weights to 0)")
+
+    def count_skip(self, message):
+        """A settled step whose clip was skipped (nonfinite="skip"): counted, with its reason kept in last_skip."""
+        self.skipped_steps += 1
+        self.last_skip = message
+
+    def after_step(self, reduced, written):
+        """The module's rescale of the rows this rank holds, from the all-reduced slots (world × heads,) (StepHook),
+        where it is allowed (a () bool device tensor): under nonfinite="error" where the step's update was kept
+        (written; a maximum the rule cannot take vetoed it), under "skip" where every maximum is taken (usable());
+        else nothing changes (γ = 1). Returns the step's qk_clip_skipped for the optimizer's last_stats."""
+        layouts = self._optimizer.layouts()
+        allowed = written if self._optimizer.nonfinite == "error" else self.usable(reduced)
+        maxima = self._job_maxima(reduced)
         self.max_logits = [maxima[offset:offset + a.heads] for a, offset in zip(self.attentions, self._offsets)]
+        self.skipped = ~self._takes(maxima).all()
         for a, parts, offset in zip(self.attentions, self._parts, self._offsets):
             group_max = maxima[offset:offset + a.heads].view(a.groups, -1).max(dim=1).values  # (groups,)
-            gamma = torch.where(group_max > self.tau, self.tau / group_max, torch.ones_like(group_max))
+            gamma = torch.where(allowed & (group_max > self.tau), self.tau / group_max, torch.ones_like(group_max))
             for i, rule in parts.items():
                 layout = layouts[i]
                 if layout.held_elsewhere:
@@ -300,3 +382,4 @@ class QKClip:
                 mine = to_device(rows, torch.long, gamma.device)
                 factor = gamma[group[mine]].pow(exponent[mine])  # (local rows,)
                 local.mul_(factor.to(local.device, local.dtype).view(-1, *[1] * (local.dim() - 1)))
+        return {"qk_clip_skipped": self.skipped}

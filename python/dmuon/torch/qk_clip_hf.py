@@ -17,7 +17,7 @@ import sys
 
 import torch
 
-from dmuon.torch.layout import is_dtensor
+from dmuon.torch.dtensors import is_dtensor
 from dmuon.torch.placements import local_spans
 from dmuon.torch.qk_clip import Attention, FusedAttention, LatentAttention, QKClip, heads_of_rows
 

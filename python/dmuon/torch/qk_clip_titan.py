@@ -30,7 +30,7 @@ from torch.nn.attention.flex_attention import BlockMask, create_mask
 from torchtitan.models.common.attention import FusedQKVLinear, GQAttention, QKVLinear
 from torchtitan.models.deepseek_v3.model import Attention as LatentTitanAttention
 
-from dmuon.torch.held.buffer import local_part
+from dmuon.torch.dtensors import local_part
 from dmuon.torch.qk_clip import Attention, FusedAttention, LatentAttention, QKClip
 from dmuon.torch.qk_clip_hf import heads_computed, max_logits
 from dmuon.torch.torch_private import pipeline_stages

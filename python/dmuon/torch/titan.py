@@ -15,19 +15,22 @@ torchtitan, as qk_clip_titan.py does (QK-clip for its models); the rest of dmuon
 - owner_held(parallelize_fn): a ModelSpec.parallelize_fn that makes the Muon matrices owner-held
   (hold_on_owners over the data-parallel mesh torchtitan shards on; under tensor or expert parallelism once the
   model's own plans have laid it out) and runs parallelize_fn, whose fully_shard calls leave them to their owners
-  (frameworks.held_out_of_fully_shard).
+  (frameworks.held_out_of_fully_shard). Under torchtitan's Trainer it needs dmuon.torch.titan_trainer.DMuonTrainer,
+  whose train_step clips the held gradients; the Trainer itself is refused at build time.
 """
 
 import contextlib
 import dataclasses
+import inspect
+import sys
 
 import torch.distributed as dist
 from torch.distributed.tensor import Shard
 from torchtitan.components.optimizer import OptimizersContainer
 
 from dmuon.torch.frameworks import held_out_of_fully_shard
-from dmuon.torch.held.hold import hold_on_owners
-from dmuon.torch.layout import is_dtensor
+from dmuon.torch.held.hold import adopt_replaced, hold_on_owners
+from dmuon.torch.dtensors import is_dtensor
 from dmuon.torch.optimizer import DMuon
 from dmuon.torch.params import module_groups
 from dmuon.torch.torch_private import concatenated_mesh
@@ -52,8 +55,7 @@ class DMuonOptimizers(OptimizersContainer):
                              "optimizer_factory_kwargs_by_name={'DMuon': {'state_dtype': torch.bfloat16}} and "
                              "another implementation")
         for model in model_parts:  # as DMuon(model): parameters that .to_empty() made after owner_held get their marks
-            for schedule in model.__dict__.get("_dmuon_held_schedules", ()):
-                schedule.adopt()
+            adopt_replaced(model)
         kwargs = config.optimizer_factory_kwargs_by_name.get("DMuon", {})
         group = stage_group(model_parts) if dmuon and "process_group" not in kwargs else None
         if group is not None:  # pipeline stages: each stage's DMuon over its own ranks
@@ -130,6 +132,7 @@ def owner_held(parallelize_fn):
     are refused by name."""
 
     def parallelize(model, *, parallel_dims, parallelism, **kwargs):
+        _refuse_unclipping_trainer(kwargs.get("training"))
         refused = [f"parallelism.{name}={value!r}" for name, value, ok in (
             ("spmd_backend", parallelism.spmd_backend, parallelism.spmd_backend == "partial_dtensor"),
             ("context_parallel_degree", parallel_dims.cp, parallel_dims.cp == 1)) if not ok]
@@ -170,6 +173,35 @@ def owner_held(parallelize_fn):
             return result
 
     return parallelize
+
+
+def held_parameters(model):
+    """The owner-held parameters of `model` (those hold_on_owners marked: the owner's master, a placeholder
+    elsewhere)."""
+    return [p for p in model.parameters() if getattr(p, "_dmuon_held", None) is not None]
+
+
+def _refuse_unclipping_trainer(training):
+    """ValueError where torchtitan's Trainer.__init__ is on this call's stack for a Trainer that does not clip
+    held gradients (not dmuon.torch.titan_trainer.DMuonTrainer): its train_step would stop at step 1 in torch's
+    norm. `training`: the TrainingConfig the parallelize function was given (its max_norm)."""
+    trainer_module = sys.modules.get("torchtitan.trainer")
+    if trainer_module is None:  # not imported: no Trainer is running
+        return
+    init = inspect.unwrap(trainer_module.Trainer.__init__).__code__
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code is not init:
+        frame = frame.f_back
+    trainer = None if frame is None else frame.f_locals.get("self")
+    if trainer is None or getattr(trainer, "clips_held_matrices", False):
+        return
+    max_norm = getattr(training, "max_norm", None)
+    raise ValueError(f"dmuon.torch.titan.owner_held: torchtitan's {type(trainer).__qualname__}.train_step clips the "
+                     f"gradients to training.max_norm={max_norm} with torch's total norm, which cannot read the "
+                     "owner-held matrices' gradients (it would stop at step 1: aten._foreach_norm got mixed "
+                     "torch.Tensor and DTensor); return dmuon.torch.titan_trainer.DMuonTrainer.Config(...) instead "
+                     "of Trainer.Config(...) from the config function: its train_step clips them with "
+                     "dmuon.torch.clip_grad_norm_, the single-process norm")
 
 
 def _hold_after_plans(model, parallel_dims, mesh, group):

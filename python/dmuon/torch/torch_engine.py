@@ -8,12 +8,15 @@ same alpha/beta (one batched torch.baddbmm where the engine calls gemm with beta
 same algorithm choice ("auto": Gram when n ≥ 2m) and Gram restarts ([2] in float32, [1, 3] in bfloat16). Only the
 products' summation order differs (no SYRK or tiled symmetric products here: torch has none), so in float32 the two
 engines agree within rounding. Iterates are stored in the compute dtype: float32, or bfloat16 with torch's float32
-accumulation inside each product (CUDA's and ROCm's bf16 GEMMs; on the CPU oneDNN's), as our CUDA backend.
+accumulation inside each product (CUDA's and ROCm's bf16 GEMMs; on the CPU oneDNN's), as our CUDA backend: bf16
+products run with torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction off (torch's default lets cuBLAS
+sum partial products in bf16; our backend forbids it, CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION).
 
 The update rules compute in float32 as the engine's (src/backend/rules: torch's lerp, each operation rounded once)
 and round once into each tensor's own dtype; a tensor whose keep flag is 0 is left as it was, bit for bit.
 """
 
+import contextlib
 import functools
 import os
 from dataclasses import dataclass
@@ -84,13 +87,27 @@ def newton_schulz(u, coeffs="keller", steps=5, algo="auto", dtype=torch.float32,
     else:  # the engine's: X stored in dtype, scaled in float32 by float32(1 / (‖U‖·safety + 1e-7)), rounded once
         x = (x.to(dtype).to(torch.float32) * inverse.to(torch.float32)).to(dtype)
     steps_abc = schedule(coeffs, steps, safety)
-    if algo == "gram":
-        if restarts is None:
-            restarts = (1, 3) if dtype == torch.bfloat16 else (2,)
-        x = _gram(x, steps_abc, restarts)
-    else:
-        x = _standard(x, steps_abc)
+    with _float32_sums(dtype):
+        if algo == "gram":
+            if restarts is None:
+                restarts = (1, 3) if dtype == torch.bfloat16 else (2,)
+            x = _gram(x, steps_abc, restarts)
+        else:
+            x = _standard(x, steps_abc)
     return (x.mT if tall else x).reshape(u.shape)
+
+
+@contextlib.contextmanager
+def _float32_sums(dtype):
+    """bf16 products inside sum their partials in float32 only (the flag off, then as it was)."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.allow_bf16_reduced_precision_reduction
+    if dtype == torch.bfloat16:
+        matmul.allow_bf16_reduced_precision_reduction = False
+    try:
+        yield
+    finally:
+        matmul.allow_bf16_reduced_precision_reduction = before
 
 
 def _symmetric(s):

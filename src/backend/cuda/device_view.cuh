@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "backend/cuda/tile_grid.hpp"
 #include "backend/cuda_support.hpp"
 #include "dmuon/backend.hpp"
 
@@ -39,23 +40,26 @@ inline DeviceView device_view(const MatView& v) {
 // kThreads, grid_for and check_launch: backend/cuda_support.hpp.
 
 // partials[b·P + p] = Σ of load(b, i)² over the i ≡ p·kThreads + t (mod P·kThreads) of matrix b, tree-summed in
-// the block: a fixed order, so the result is the same every run.
+// the block: a fixed order, so the result is the same every run. Block row y takes matrices y, y + gridDim.y, …
 template <typename Load>
-__global__ void partial_sums_of_squares(Load load, int64_t per_matrix, double* partials) {
+__global__ void partial_sums_of_squares(Load load, int64_t per_matrix, int64_t count, double* partials) {
   __shared__ double sums[kThreads];
-  const int64_t b = blockIdx.y;
-  double s = 0;
-  for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < per_matrix; i += int64_t{gridDim.x} * kThreads) {
-    const double x = load(b, i);
-    s = __dadd_rn(s, __dmul_rn(x, x));  // rounded twice, never one FMA, so the partial sums are defined
-  }
-  sums[threadIdx.x] = s;
-  __syncthreads();
-  for (int half = kThreads / 2; half > 0; half /= 2) {
-    if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+  for (int64_t b = blockIdx.y; b < count; b += gridDim.y) {
+    double s = 0;
+    for (int64_t i = blockIdx.x * int64_t{kThreads} + threadIdx.x; i < per_matrix;
+         i += int64_t{gridDim.x} * kThreads) {
+      const double x = load(b, i);
+      s = __dadd_rn(s, __dmul_rn(x, x));  // rounded twice, never one FMA, so the partial sums are defined
+    }
+    sums[threadIdx.x] = s;
     __syncthreads();
+    for (int half = kThreads / 2; half > 0; half /= 2) {
+      if (threadIdx.x < half) sums[threadIdx.x] += sums[threadIdx.x + half];
+      __syncthreads();
+    }
+    if (threadIdx.x == 0) partials[b * gridDim.x + blockIdx.x] = sums[0];
+    __syncthreads();  // sums is written again for the next matrix
   }
-  if (threadIdx.x == 0) partials[b * gridDim.x + blockIdx.x] = sums[0];
 }
 
 // out[b] = Σ_p partials[b·P + p] (root: its square root), p in order. Static: each .cu file has its own copy
@@ -71,12 +75,11 @@ static __global__ void finish_sums(const double* partials, int parts, int64_t co
 // Σ load(b, i)² for i < per_matrix, for each b < count, into out[b] (device doubles); root: the square root.
 template <typename Load>
 void sums_of_squares(Load load, int64_t per_matrix, int64_t count, bool root, double* out, cudaStream_t stream) {
-  DMUON_CHECK(count <= 65535, "CUDA reduction: batch of ", count, " matrices exceeds 65535");
-  const int parts = static_cast<int>(std::clamp<int64_t>(per_matrix / (kThreads * 16), 1, 128));
+  const ReductionGrid grid = reduction_grid(per_matrix, count, kThreads);
+  const int parts = static_cast<int>(grid.parts);
   double* partials = nullptr;
   DMUON_CUDA_CHECK(cudaMallocAsync(reinterpret_cast<void**>(&partials), sizeof(double) * parts * count, stream));
-  partial_sums_of_squares<<<dim3(parts, static_cast<unsigned>(count)), kThreads, 0, stream>>>(load, per_matrix,
-                                                                                              partials);
+  partial_sums_of_squares<<<dim3(grid.parts, grid.y), kThreads, 0, stream>>>(load, per_matrix, count, partials);
   check_launch();
   finish_sums<<<grid_for(count), kThreads, 0, stream>>>(partials, parts, count, root, out);
   check_launch();

@@ -1,6 +1,6 @@
-"""The owner-centric mode (DESIGN 7): dmuon.torch.hold_on_owners and what it builds."""
+"""The owner-centric mode (DESIGN 7): dmuon.torch.hold_on_owners (hold.py) and what it builds. The package imports
+only its placeholder here, so that layout.py can name it without importing the mode."""
 
-from dmuon.torch.held.hold import HeldMatrices, hold_on_owners
 from dmuon.torch.held.placeholder import HeldElsewhere, HeldElsewhereError
 
-__all__ = ["HeldElsewhere", "HeldElsewhereError", "HeldMatrices", "hold_on_owners"]
+__all__ = ["HeldElsewhere", "HeldElsewhereError"]

@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 
 from dmuon.torch.held.placeholder import HeldElsewhere
-from dmuon.torch.layout import as_placed, is_dtensor
+from dmuon.torch.dtensors import as_placed, like_param, local_part
 from dmuon.torch.torch_private import gradient_divide_factor
 
 
@@ -205,20 +205,6 @@ class HeldBuffer:
                 p.grad = like_param(p, g)
             else:
                 local_part(p.grad).add_(g)
-
-
-def local_part(t):
-    """A DTensor's local tensor, else the tensor."""
-    return t.to_local() if is_dtensor(t) else t
-
-
-def like_param(p, local):
-    """`local` as p's part: a DTensor with p's mesh, placements and global shape when p is one."""
-    if not is_dtensor(p):
-        return local
-    from torch.distributed.tensor import DTensor
-
-    return DTensor.from_local(local, p.device_mesh, p.placements, run_check=False, shape=p.shape, stride=p.stride())
 
 
 def _bytes(t):

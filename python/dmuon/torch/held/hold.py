@@ -17,8 +17,8 @@ the slices of O back, within the owner's TP group.
 """
 
 import contextlib
-
 import math
+import weakref
 from dataclasses import dataclass
 
 import torch
@@ -26,20 +26,28 @@ import torch.distributed as dist
 
 from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
 from dmuon.torch.collectives import Group
-from dmuon.torch.held.buffer import HeldBuffer, like_param
+from dmuon.torch.dtensors import is_dtensor, like_param
+from dmuon.torch.held.buffer import HeldBuffer
 from dmuon.torch.held.groups import HeldGroups, grid_of
 from dmuon.torch.held.hooks import HeldSchedule, HeldUnit
 from dmuon.torch.held.placeholder import HeldElsewhere
 from dmuon.torch.held.state_dict import install_state_dict_hooks
-from dmuon.torch.held.tensor_parallel import tensor_parallel
-from dmuon.torch.layout import is_dtensor
+from dmuon.torch.held.tensor_parallel import data_parallel_mesh, tensor_parallel
+from dmuon.torch.matrices import held_cost, is_stack
 from dmuon.torch.muon_options import DEFAULTS, MuonOptions, check_options
-from dmuon.torch.muon_step import matrices_of
-from dmuon.torch.params import module_groups
+from dmuon.torch.params import is_expert_stack_by_default, module_groups
 from dmuon.torch.placements import owner_holdings
 from dmuon.torch.torch_private import fsdp_state_of
 
 MEMORY_SLACK = 0.25  # the planner's bound: a rank owns at most (1 + slack) · total / W bytes (plan.hpp)
+_SCHEDULES = weakref.WeakKeyDictionary()  # model → its HeldSchedules, in the order of its hold_on_owners calls
+
+
+def adopt_replaced(model):
+    """Gives the parameters that .to_empty() or .to() made after hold_on_owners(model) their held marks (each
+    schedule's adopt()): DMuon(model) and torchtitan's optimizer container call it."""
+    for schedule in _SCHEDULES.get(model, ()):
+        schedule.adopt()
 
 
 @dataclass(frozen=True)
@@ -47,13 +55,15 @@ class HeldParam:
     """What a held parameter carries (as p._dmuon_held) for DMuon and clip_grad_norm_: its owner (group
     rank: it runs the matrix's Newton–Schulz), the group's global ranks and process group (None: the
     default one), the schedule whose hooks move it, and every group rank's placements.Holding of it
-    between uses (the owner all of it; under TP each rank of the owner's TP group its slice)."""
+    between uses (the owner all of it; under TP each rank of the owner's TP group its slice), and whether
+    hold_on_owners took it as a stack of experts (its `experts` predicate; matrices.py)."""
 
     owner: int
     global_ranks: tuple
     process_group: object
     schedule: object
     holdings: tuple
+    stack: bool
 
 
 class HeldMatrices:
@@ -95,24 +105,12 @@ class HeldMatrices:
         self._schedule.remove()
 
 
-def _plan_shape(shape):
-    """(rows, cols) the planner costs a held parameter as: its matrix, a conv weight as (out, in·kh·kw),
-    an (E, m, n) stack as (min(m, n), E·max(m, n)): the same Newton–Schulz flops and bytes as its E
-    matrices, held together on one owner."""
-    if len(shape) == 3:
-        e, m, n = shape
-        return min(m, n), e * max(m, n)
-    return shape[0], math.prod(shape[1:])
-
-
 SPLIT_KEYS = ("split_heads", "split_sizes", "split_dim")
 
 
-def _plan_blocks(name, p, split):
-    """None (the planner costs the held parameter whole, as _plan_shape), or the (rows, cols) of the blocks it costs
-    it as: the blocks of each of its matrices (an (E, m, n) stack's E experts) under split(name, p)'s options, as
-    DMuon splits them (MuonOptions.block_shapes). ValueError naming the parameter for options that are not split
-    options or a split that does not fit."""
+def _split_options(name, p, split):
+    """None (the planner costs the held parameter whole), or the MuonOptions of split(name, p)'s split options, as
+    DMuon will split it. ValueError naming the parameter for options that are not split options or bad ones."""
     options = split(name, p) if split is not None else None
     if options is None:
         return None
@@ -121,12 +119,7 @@ def _plan_blocks(name, p, split):
         raise ValueError(f"{where}: split(name, parameter) must give None or a dict of {', '.join(SPLIT_KEYS)}, "
                          f"got {options!r}")
     check_options(options, where)
-    frozen = MuonOptions.of_group({**DEFAULTS, **options})
-    shape = tuple(p.shape)
-    blocks = []
-    for _, rows, cols in matrices_of(shape, experts=len(shape) == 3):
-        blocks.extend(frozen.block_shapes(rows, cols, name) or [(rows, cols)])
-    return blocks
+    return MuonOptions.of_group({**DEFAULTS, **options})
 
 
 def _default_unit(name):
@@ -180,7 +173,8 @@ def _group_ranks(mesh, process_group):
 
 
 def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, units=None, balancer="milp",
-                   reshard_after_forward=True, mp_policy=None, tune_cache="", gradient_divide_factor=None, split=None):
+                   reshard_after_forward=True, mp_policy=None, tune_cache="", gradient_divide_factor=None, split=None,
+                   experts=is_expert_stack_by_default):
     """Makes the Muon matrices of `model` owner-held; returns a HeldMatrices.
 
     Call it on every rank before fully_shard or DDP, with the model materialised or on the meta device
@@ -189,12 +183,15 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     replicated over process_group (DDP; DDP is told to ignore the held ones). Its ranks must be
     DMuon's process group's, in order. Under tensor parallelism (parallelize_module before this call,
     the matrices DTensors on a 1-D TP mesh): mesh is the data-parallel slice fully_shard gets
-    (mesh["dp"] of a ("dp", "tp") mesh; HSDP: mesh["replicate", "dp"]), None for TP alone; each TP
+    (mesh["dp"] of a ("dp", "tp") mesh; HSDP: mesh["replicate", "dp"]), or the whole mesh the TP mesh
+    is a named slice of (its other dims are then that slice: data_parallel_mesh in tensor_parallel.py),
+    None for TP alone; each TP
     slice is held on the owner's TP group (tensor_parallel.py, which lists what is refused). Under expert
     parallelism (each (E, m, n) expert stack Shard(0) on a 1-D EP mesh, as transformers' grouped_gemm and
     torchtitan lay routed experts out): mesh is the expert-FSDP mesh (the EP mesh's sibling dims; HSDP:
     replicate and efsdp), each EP slice of a stack held on the owner's EP group as a TP slice is, every expert
-    whole on one rank there; hold the stacks with predicate= in a call of their own, the other matrices in
+    whole on one rank there (the whole (dp, ep) mesh: its dims other than EP's); hold the stacks with predicate= in a
+    call of their own, the other matrices in
     another over their data-parallel mesh. gradient_divide_factor: what the owner divides a summed gradient
     by, as FSDPModule.set_gradient_divide_factor (default: the factor set on the unit's fully_shard, as
     torchtitan sets 1.0, else the group's size; experts under EP get tokens from
@@ -206,7 +203,10 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     with, as DMuon's ("" the default path, None none, else a path). split(name, parameter) → None or a dict of
     split options (split_heads, split_sizes, split_dim: those of the DMuon param group the parameter will be in): the
     planner costs a split matrix as its blocks, as DMuon does (without split, or where it gives None: the whole
-    matrix; DMuon splits by its groups' options whatever was given here). reshard_after_forward: as
+    matrix; DMuon splits by its groups' options whatever was given here). experts(name, global_shape) → bool: which
+    3-D parameters are stacks of experts, as DMuon's (DMuon updates a held parameter as the matrices this call took
+    it as): the planner costs a stack as its E matrices, any other ≥ 3-D parameter as one (out, in·k…) filter
+    (matrices.py). reshard_after_forward: as
     fully_shard's; False keeps the weights from forward to backward. mp_policy: a MixedPrecisionPolicy
     for the held matrices (default: the one fully_shard gave the unit's module or its nearest sharded
     ancestor at the first forward, else none): the masters and DMuon's state stay in their dtype on the owner,
@@ -216,11 +216,13 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     module's forward and backward (placeholder.py): reads raise an error naming it, writes are skipped.
     """
     comm = Group(process_group)
-    error, chosen, tp, global_ranks, blocks = None, [], None, comm.ranks, None
+    error, chosen, tp, global_ranks, costs, stacks = None, [], None, comm.ranks, [], {}
     try:
         chosen = _select(model, predicate)
-        blocks = [_plan_blocks(n, p, split) for n, p in chosen] if split is not None else None
-        tp = tensor_parallel(chosen, mesh, comm.ranks, comm.rank)
+        mesh = data_parallel_mesh(chosen, mesh)  # the whole (dp, tp) mesh: its dp slice
+        stacks = {n: is_stack(n, tuple(p.shape), experts, "dmuon.torch.hold_on_owners") for n, p in chosen}
+        costs = [held_cost(n, tuple(p.shape), stacks[n], _split_options(n, p, split)) for n, p in chosen]
+        tp = tensor_parallel(chosen, mesh, comm.ranks, comm.rank, stacks)
         global_ranks = comm.ranks if tp is not None else _group_ranks(mesh, process_group)
         if global_ranks != comm.ranks:
             raise ValueError(f"dmuon.torch.hold_on_owners: the mesh's ranks {global_ranks} are not the process "
@@ -240,8 +242,8 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     agree_on_parameters(comm, error, signature)
 
     world = comm.world
-    owners_list = plan_on_rank0(comm, [_plan_shape(tuple(p.shape)) for _, p in chosen], balancer,
-                                torch.get_num_threads(), tune_cache, blocks)
+    owners_list = plan_on_rank0(comm, [shape for shape, _ in costs], balancer, torch.get_num_threads(), tune_cache,
+                                [blocks for _, blocks in costs] if split is not None else None)
     owners = {n: o for (n, _), o in zip(chosen, owners_list)}
     if tp is None:
         holdings = {n: owner_holdings(tuple(p.shape), world, owners[n]) for n, p in chosen}
@@ -275,9 +277,10 @@ def hold_on_owners(model, mesh=None, *, process_group=None, predicate=None, unit
     schedule = HeldSchedule(unit_list, groups, reshard_after_forward)
     schedule.install()
     for n, _ in chosen:
-        schedule.mark(n, registered[n], HeldParam(owners[n], tuple(comm.ranks), process_group, schedule, holdings[n]))
+        schedule.mark(n, registered[n], HeldParam(owners[n], tuple(comm.ranks), process_group, schedule, holdings[n],
+                                                  stacks[n]))
     install_state_dict_hooks(model, None if tp is not None else _entry_mesh(mesh, global_ranks, comm), schedule, tp)
-    model.__dict__.setdefault("_dmuon_held_schedules", []).append(schedule)  # DMuon(model) adopts through it
+    _SCHEDULES.setdefault(model, []).append(schedule)  # DMuon(model) adopts through it (adopt_replaced)
     if chosen:
         torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(
             model, [n for n, _ in chosen])

@@ -35,9 +35,10 @@ reading parameters on every rank).
 import torch
 import torch.utils._pytree as pytree
 
-from dmuon.torch.layout import is_dtensor
+from dmuon.torch.dtensors import is_dtensor
 
 from dmuon.torch.held.placeholder import HeldElsewhere, drop_scratch
+from dmuon.torch.step_hooks import StepHook
 
 FREE, STAGE1, STAGE2, READY = "free", "stage1", "stage2", "ready"
 
@@ -167,7 +168,7 @@ class HeldUnit:
                                    "held.params after moving the model: they take the new object)")
 
 
-class HeldSchedule:
+class HeldSchedule(StepHook):
     """The hooks of all units of one hold_on_owners call, and the reduces in flight."""
 
     def __init__(self, units, groups, reshard_after_forward):
@@ -357,9 +358,9 @@ class HeldSchedule:
             unit.accumulated = 0
             unit.reduced = False
 
-    # ---- the optimizer's step ----
+    # ---- the optimizer's step (step_hooks.StepHook) ----
 
-    def ready_for_step(self):
+    def before_step(self):
         """Before DMuon's step reads the owners' gradients (no communication: the end of backward
         finished the reduces already)."""
         if self._kept_local:
@@ -368,10 +369,10 @@ class HeldSchedule:
                                "with gradient sync before step()")
         self.drain()
 
-    def after_step(self):
+    def after_step(self, extra=None, written=None):
         """The owners changed their masters: every working copy is stale. Copies outside the columns
         are freed and, with replicas, the column copies are refreshed before their next use. No
-        communication."""
+        communication (and no extra of the step's all-reduce: StepHook)."""
         drop_scratch()
         self.drain()
         self.reshard()

@@ -27,7 +27,7 @@ import functools
 import torch
 from torch.distributed.tensor import DTensor, Partial
 
-from dmuon.torch.held.buffer import like_param, local_part
+from dmuon.torch.dtensors import like_param, local_part
 from torch.distributed.tensor._dtensor_spec import DTensorSpec, TensorMeta
 from torch.utils._pytree import tree_map
 

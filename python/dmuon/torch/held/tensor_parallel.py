@@ -1,4 +1,5 @@
-"""Owner-held matrices under tensor parallelism (DESIGN 8 "Owners under TP"; docs/pytorch.md).
+"""Owner-held matrices under tensor parallelism (docs/pytorch.md, "Owner-held matrices", "Tensor parallelism";
+docs/design.md section 7).
 
 A matrix that tensor parallelism has made a DTensor (parallelize_module: Shard(0) column-wise, Shard(1)
 row-wise) on a 1-D TP mesh is held as its T slices. Every rank of the optimizer's group is a cell
@@ -11,7 +12,7 @@ of o's data-parallel coordinate d_o: rank (d_o, t) keeps slice t whole (its mast
 the data-parallel group of its TP rank (the D ranks (·, t)): the hooks move it there exactly as the
 mode without TP moves a matrix (groups.py, run once per TP coordinate side by side). In DMuon's
 step the matrix is pieces on the owner's TP group (holdings): its slices of U meet on o, which runs
-its Newton–Schulz once, and its slices of O go back (the all-to-all exchange of muon_step.py, every
+its Newton–Schulz once, and its slices of O go back (the all-to-all exchange of exchange.py, every
 byte of it within the TP group).
 
   group rank g = the frame mesh's flat index = (d, t)     dp_groups[t] = the group ranks (0, t), (1, t), …
@@ -20,7 +21,7 @@ Expert parallelism is the same frame with the EP mesh in the TP mesh's place: an
 Shard(0) over a 1-D EP mesh (transformers' grouped_gemm, torchtitan's routed experts) is held as its EP
 slices, whole experts, on the owner's EP group; the data-parallel mesh is then the expert-FSDP one ("efsdp",
 EP's sibling dims on the expert mesh). Every expert lies whole on one rank (d_o, t), which owns it in
-DMuon's step (muon_step.assign_owners): no byte of it moves there.
+DMuon's step (matrices.assign_owners): no byte of it moves there.
 
 What cannot be held (refused by name, with the reason): a matrix replicated over the TP dim (its
 Newton–Schulz would run once per TP rank, and TP may leave its gradient Partial()); an expert stack split
@@ -36,7 +37,7 @@ them).
 import math
 from dataclasses import dataclass
 
-from dmuon.torch.params import is_expert_stack_by_default
+from dmuon.torch.dtensors import is_dtensor
 from dmuon.torch.placements import Holding, Span, local_spans, unravel
 from dmuon.torch.torch_private import concatenated_mesh, placement_kind
 
@@ -82,24 +83,49 @@ class TensorParallel:
                      for d, t in self.cells)
 
 
+def data_parallel_mesh(chosen, mesh):
+    """hold_on_owners's mesh as the data-parallel mesh fully_shard gets. The mesh itself, but for the whole mesh a user
+    has after parallelize_module(model, mesh["tp"], plan) (the parameters' TP or EP mesh a named 1-D slice of it): its
+    other dims, mesh["dp"] (HSDP: mesh["replicate", "dp"]; dims of size 1 left out where others remain). ValueError
+    naming the slice to pass where more than two other dims leave it ambiguous which fully_shard gets."""
+    meshes = {id(p.device_mesh): p.device_mesh for _, p in chosen if is_dtensor(p)}
+    if mesh is None or mesh.ndim < 2 or len(meshes) != 1:
+        return mesh  # a data-parallel mesh, or several parameter meshes (tensor_parallel refuses those)
+    tp_mesh = next(iter(meshes.values()))
+    names, tp_names = _names(mesh), _names(tp_mesh)
+    if tp_mesh.ndim != 1 or not tp_names or tp_names[0] not in names or \
+            tp_mesh._get_root_mesh() != mesh._get_root_mesh():
+        return mesh
+    others = [(n, size) for n, size in zip(names, mesh.mesh.shape) if n != tp_names[0]]
+    if len(others) > 1:
+        others = [(n, size) for n, size in others if size > 1] or others[:1]
+    dims = tuple(n for n, _ in others)
+    if len(dims) > 2:
+        raise ValueError(f"dmuon.torch.hold_on_owners: the mesh {names} holds the parameters' TP mesh "
+                         f"'{tp_names[0]}' and more than two other dims of size > 1 {dims}: give the data-parallel "
+                         f"mesh fully_shard gets, a slice of it (mesh[\"dp\"], mesh[\"replicate\", \"dp\"] for HSDP)")
+    return mesh[dims[0]] if len(dims) == 1 else mesh[dims]
+
+
 def _refuse(name, reason):
     raise ValueError(f"dmuon.torch.hold_on_owners: parameter '{name}' {reason}")
 
 
-def tensor_parallel(chosen, mesh, group_ranks, rank):
+def tensor_parallel(chosen, mesh, group_ranks, rank, stacks):
     """The TensorParallel frame of the parameters to hold ([(name, parameter)]), None when none is a
     DTensor (the mode without TP). mesh: hold_on_owners's (the data-parallel mesh fully_shard gets, or
-    None: TP alone). ValueError naming the parameter and the reason for what cannot be held."""
-    from dmuon.torch.layout import is_dtensor
-
+    None: TP alone); stacks: name → whether it is a stack of experts (hold_on_owners's `experts` predicate,
+    matrices.is_stack). ValueError naming the parameter and the reason for what cannot be held."""
     dtensors = [(n, p) for n, p in chosen if is_dtensor(p)]
     if not dtensors:
         return None
     data_names = set(_names(mesh)) if mesh is not None else set()
-    for n, p in dtensors:
+    for n, p in dtensors:  # (hold_on_owners refuses a model fully_shard has sharded before this)
         if mesh is not None and (p.device_mesh == mesh or data_names & set(_names(p.device_mesh))):
-            _refuse(n, f"is a DTensor already (placements {tuple(p.placements)} over the data-parallel mesh): call "
-                       "hold_on_owners before fully_shard")
+            _refuse(n, f"is a DTensor (placements {tuple(p.placements)}) on mesh {_names(p.device_mesh)}, which is "
+                       f"the given mesh {tuple(_names(mesh))} or shares its dims: give hold_on_owners the "
+                       "data-parallel mesh fully_shard gets (mesh[\"dp\"]), or the whole mesh the TP mesh was "
+                       "sliced from")
     plain = next((n for n, p in chosen if not is_dtensor(p)), None)
     if plain is not None:
         _refuse(plain, f"is left whole by tensor parallelism while '{dtensors[0][0]}' is a tensor-parallel slice: "
@@ -110,7 +136,7 @@ def tensor_parallel(chosen, mesh, group_ranks, rank):
         if p.device_mesh != tp_mesh:
             _refuse(n, f"is on DeviceMesh {p.device_mesh}, '{name}' on {tp_mesh}: held matrices share one TP mesh")
         kind = placement_kind(p.placements[0], p.dim()) if len(p.placements) == 1 else None
-        if p.dim() != 2 and not (is_expert_stack_by_default(n, tuple(p.shape)) and kind == ("shard", 0)):
+        if p.dim() != 2 and not (stacks[n] and kind == ("shard", 0)):
             _refuse(n, f"of shape {tuple(p.shape)} is a DTensor with placements {tuple(p.placements)}: only 2-D "
                        "matrices under tensor parallelism and (E, m, n) expert stacks under expert parallelism "
                        "(Shard(0): whole experts per EP rank) can be held (an expert stack split within experts "

@@ -3,30 +3,54 @@ an m × n matrix is normalized per row (neuron) by a running second moment befor
     v ← β₂·v + (1 − β₂)·mean_j(O_ij²)                 v: one value per row, state "variance_neuron"
     Ô = O / (√v + 1e-8);  Ô ← Ô·‖O‖_F / max(‖Ô‖_F, 1e-8)
     W ← W·(1 − lr·wd) − lr·s·Ô                        as Muon (the scale s, cautious weight decay)
+β₂ is the option normuon_beta2 (a Muon param group's key, default 0.95).
 A matrix split for Newton–Schulz (MuonOptions.blocks) is normalized per block, as if each block were a parameter:
 a row block with its rows' v, a column block with a v of its own per row. So v is (m, B) per matrix, B the
 column blocks (1 without a column split): state laid out as the parameter's rows, (m, B) for a 2-D parameter,
 (E, m, B) for a stack of experts, (out, B) for a filter, sharded over the ranks as the parameter's rows are.
 
-The matrix's owner normalizes it whole, exactly (dion normalizes each shard on its own, an approximation): every
-holder's rows of v travel to the owner with its piece of U and back with its piece of O, in the step's two
-all-to-alls (muon_step.py); a matrix held whole by its owner alone (owner-held, one process) needs no travel.
-A step whose update of the parameter is skipped (no gradient anywhere, a non-finite one) leaves v as it was.
+The matrix's owner normalizes it whole, exactly (dion normalizes each shard on its own, an approximation): v is
+this variant's row_state (base.py), so every holder's rows of v travel to the owner with its piece of U and back
+with its piece of O, in the step's two all-to-alls (exchange.py); a matrix held whole by its owner alone
+(owner-held, one process) needs no travel. A step whose update of the parameter is skipped (no gradient anywhere,
+a non-finite one) leaves v as it was.
 """
+
 
 import math
 
 import torch
 
-from dmuon.torch.layout import is_dtensor
+from dmuon.torch.dtensors import is_dtensor
+from dmuon.torch.variants.base import Muon
 
 EPS = 1e-8
 
 
-def width(options, rows, cols, name):
-    """B: the columns of a matrix's v (its column blocks, 1 without a column split)."""
-    blocks = options.blocks(rows, cols, name)
-    return len(blocks[1]) if blocks is not None and blocks[0] == 1 else 1
+class NorMuon(Muon):
+    """The Variant (base.py) of this module's docstring."""
+
+    options = {"normuon_beta2": 0.95}
+    row_state = "variance_neuron"
+    rewrites_o = True
+
+    def check(self, values, where):
+        beta2 = values.get("normuon_beta2", 0.0)
+        if isinstance(beta2, bool) or not isinstance(beta2, (int, float)) or not 0.0 <= beta2 < 1.0:
+            raise ValueError(f"{where}: normuon_beta2 must be a number in [0, 1), got {beta2!r}")
+
+    def width(self, options, rows, cols, name):
+        """B: the columns of a matrix's v (its column blocks, 1 without a column split)."""
+        blocks = options.blocks(rows, cols, name)
+        return len(blocks[1]) if blocks is not None and blocks[0] == 1 else 1
+
+    def zero_state(self, layout, stack, width, dtype):
+        return {self.row_state: zero_variance(layout, stack, width, dtype)}
+
+    def after_orthogonalize(self, o, rows, first, keep):
+        keep = keep()
+        for o_block, v in block_views(o, rows, first.blocks):
+            normalize(o_block, v, first.options.option("normuon_beta2"), keep)
 
 
 def zero_variance(layout, experts, width, dtype):
@@ -75,26 +99,3 @@ def normalize(o, v, beta2, keep):
     y = y * (norm / y.norm(dim=(-2, -1), keepdim=True).clamp(min=EPS))
     o.copy_(y)
     v.copy_(torch.where(keep.view(-1, 1) > 0, new, old))
-
-
-def packed_numel(count, dtype, message_dtype):
-    """Elements of message_dtype that carry `count` elements of dtype (pack)."""
-    return -(-count * dtype.itemsize // message_dtype.itemsize)
-
-
-def pack(t, message_dtype):
-    """t's elements as a 1-D tensor of message_dtype, bit for bit (a float32 v in a bfloat16 message of O: two
-    elements each; zero bytes pad the last)."""
-    flat = t.reshape(-1)
-    if flat.dtype == message_dtype:
-        return flat
-    raw = flat.contiguous().view(torch.uint8)
-    pad = packed_numel(flat.numel(), flat.dtype, message_dtype) * message_dtype.itemsize - raw.numel()
-    return torch.cat([raw, raw.new_zeros(pad)]).view(message_dtype)
-
-
-def unpack(part, dtype, count):
-    """The `count` elements of dtype that pack() put in part (1-D, message dtype)."""
-    if part.dtype == dtype:
-        return part
-    return part.contiguous().view(torch.uint8)[:count * dtype.itemsize].clone().view(dtype)
