@@ -11,6 +11,7 @@
 // All element counts and strides are in elements, not bytes. Row-major everywhere.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -198,6 +199,17 @@ class Buffer {
 // Bytes now and the most since the last reset (a count kept where the memory is allocated and freed).
 struct MemoryCount {
   size_t live = 0, peak = 0;
+};
+// That count, kept from any thread: buffer_bytes's and ns_workspace_bytes's.
+class MemoryCounter {
+ public:
+  void allocated(size_t bytes);
+  void freed(size_t bytes) { live_ -= bytes; }
+  // The count now; reset_peak: from now on the peak starts at live.
+  MemoryCount read(bool reset_peak);
+
+ private:
+  std::atomic<size_t> live_{0}, peak_{0};
 };
 // Every Buffer's bytes, on every backend (device memory included): all the memory the engine allocates (parameters,
 // gradients and optimizer state of ShardedParams and the optimizers, the Muon step's buffers, the Newton–Schulz

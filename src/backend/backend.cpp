@@ -78,36 +78,38 @@ ParallelismScope::~ParallelismScope() {
 
 namespace {
 // Every live Buffer's bytes and their most since the last reset (buffer_bytes).
-std::atomic<size_t> buffers_live{0}, buffers_peak{0};
-
-void count_buffer(size_t bytes) {
-  const size_t now = buffers_live.fetch_add(bytes) + bytes;
-  size_t peak = buffers_peak.load();
-  while (now > peak && !buffers_peak.compare_exchange_weak(peak, now)) {
-  }
-}
+MemoryCounter buffers;
 
 size_t bytes_of(int64_t size, DType dtype) { return static_cast<size_t>(size) * dtype_size(dtype); }
 }  // namespace
 
-MemoryCount buffer_bytes(bool reset_peak) {
-  MemoryCount out{buffers_live.load(), buffers_peak.load()};
-  if (reset_peak) buffers_peak = out.live;
+void MemoryCounter::allocated(size_t bytes) {
+  const size_t now = live_.fetch_add(bytes) + bytes;
+  size_t peak = peak_.load();
+  while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
+  }
+}
+
+MemoryCount MemoryCounter::read(bool reset_peak) {
+  MemoryCount out{live_.load(), peak_.load()};
+  if (reset_peak) peak_ = out.live;
   return out;
 }
+
+MemoryCount buffer_bytes(bool reset_peak) { return buffers.read(reset_peak); }
 
 Buffer::Buffer(Backend& backend, DType dtype, int64_t size) : backend_(&backend), size_(size), dtype_(dtype) {
   DMUON_CHECK(size >= 0, "buffer of negative size ", size);
   if (size > 0) {
     data_ = backend.allocate(bytes_of(size, dtype));
-    count_buffer(bytes_of(size, dtype));
+    buffers.allocated(bytes_of(size, dtype));
   }
 }
 
 Buffer::~Buffer() {
   if (data_) {
     backend_->deallocate(data_);
-    buffers_live -= bytes_of(size_, dtype_);
+    buffers.freed(bytes_of(size_, dtype_));
   }
 }
 
@@ -119,7 +121,7 @@ Buffer& Buffer::operator=(Buffer&& other) noexcept {
   if (this != &other) {
     if (data_) {
       backend_->deallocate(data_);
-      buffers_live -= bytes_of(size_, dtype_);
+      buffers.freed(bytes_of(size_, dtype_));
     }
     backend_ = other.backend_;
     data_ = std::exchange(other.data_, nullptr);

@@ -1,6 +1,5 @@
 // The Newton–Schulz workspace pool (workspace.hpp, ns.hpp's limit): leased per queue, kept for reuse up to a
 // byte limit, released on request.
-#include <atomic>
 #include <cstdlib>
 #include <mutex>
 
@@ -13,14 +12,7 @@ namespace {
 
 // Every workspace's bytes (pooled and leased, every backend) and their most since the last reset, counted where
 // their buffers are allocated and freed: ns_workspace_bytes().
-std::atomic<size_t> live_bytes{0}, peak_bytes{0};
-
-void count_allocated(size_t bytes) {
-  const size_t now = live_bytes.fetch_add(bytes) + bytes;
-  size_t peak = peak_bytes.load();
-  while (now > peak && !peak_bytes.compare_exchange_weak(peak, now)) {
-  }
-}
+MemoryCounter workspaces;
 
 size_t bytes_of(const Buffer& b) { return static_cast<size_t>(b.size()) * dtype_size(b.dtype()); }
 
@@ -28,8 +20,8 @@ size_t bytes_of(const Buffer& b) { return static_cast<size_t>(b.size()) * dtype_
 void grow(Buffer& b, Backend& backend, int64_t size, DType dtype) {
   if (b.size() < size || b.dtype() != dtype) {
     Buffer bigger(backend, dtype, size);
-    count_allocated(bytes_of(bigger));
-    live_bytes -= bytes_of(b);
+    workspaces.allocated(bytes_of(bigger));
+    workspaces.freed(bytes_of(b));
     b = std::move(bigger);
   }
 }
@@ -87,7 +79,7 @@ void Workspace::reserve(int64_t m, int64_t n, int64_t batch, DType dtype) {
   grow(norms, *backend, 2 * batch, DType::f32);
 }
 
-Workspace::~Workspace() { live_bytes -= bytes(); }
+Workspace::~Workspace() { workspaces.freed(bytes()); }
 
 size_t Workspace::bytes() const {
   size_t total = bytes_of(norms);
@@ -137,10 +129,6 @@ size_t ns_pooled_workspace_bytes() {
   return p.bytes();
 }
 
-MemoryCount ns_workspace_bytes(bool reset_peak) {
-  MemoryCount out{ns_detail::live_bytes.load(), ns_detail::peak_bytes.load()};
-  if (reset_peak) ns_detail::peak_bytes = out.live;
-  return out;
-}
+MemoryCount ns_workspace_bytes(bool reset_peak) { return ns_detail::workspaces.read(reset_peak); }
 
 }  // namespace dmuon
