@@ -326,9 +326,10 @@ class QKClip(StepHook):
         unusable = self.problems(reduced)
         if not unusable:
             return []
+        problem = self.describe(unusable)
         if self._optimizer.nonfinite == "skip":
-            self.count_skip(f"update {update}: {self.describe(unusable)}; the update ran without it")
-        return [self.describe(unusable)]
+            self.count_skip(f"update {update}: {problem}; the update ran without it")
+        return [problem]
 
     def problems(self, reduced):
         """[(attention position, query head, maximum)] the rule cannot take, from the all-reduced slots (a host
