@@ -41,11 +41,24 @@ def normuon_ref(o, v, beta2):
     return normalized * (o.norm() / normalized.norm().clamp(min=1e-8)), v
 
 
+def stored(t, dtype):
+    """A state value as a DMuon with state_dtype `dtype` stores it: t itself (float32, None: the tests' float32
+    parameters), or t rounded to bfloat16, to nearest even from its float64 value in one rounding (8 significant
+    bits; torch's .to(torch.bfloat16) of a float64 rounds twice, through float32), kept as float64."""
+    if dtype is None or dtype == torch.float32:
+        return t
+    if dtype != torch.bfloat16:
+        raise ValueError(f"stored: no rounding rule for state_dtype {dtype}")
+    mantissa, exponent = torch.frexp(t)  # t = mantissa · 2^exponent, |mantissa| in [0.5, 1)
+    return torch.ldexp(torch.round(mantissa * 256) / 256, exponent)  # torch.round: half to even
+
+
 def scaled_orthogonal_ref(u, options, scale="match_rms_adamw", variance=None):
     """s·O of a matrix u (rows, cols) under a param group's Muon options (missing ones: the defaults, `scale`
     for the scale): Newton–Schulz of u, or of each block split off it by hand (split_heads or split_sizes
     along split_dim) with each block's own s, as if each block were a parameter. variant="normuon": each
-    block's O normalized by normuon_ref with its v, variance[block index] (absent: zeros), which it updates."""
+    block's O normalized by normuon_ref with its v, variance[block index] (absent: zeros), which it updates
+    (stored by the options' state_dtype: the normalization uses the new v, the next step the stored one)."""
     steps, extra = options.get("ns_steps", 5), options.get("extra_scale_factor", 1.0)
     kind = options.get("scale", scale)
     dim, heads, sizes = options.get("split_dim", 0), options.get("split_heads"), options.get("split_sizes")
@@ -58,7 +71,8 @@ def scaled_orthogonal_ref(u, options, scale="match_rms_adamw", variance=None):
         o = newton_schulz_ref(block, steps)
         if options.get("variant", "muon") == "normuon":
             v = variance.get(index, torch.zeros(o.shape[0], dtype=torch.float64))
-            o, variance[index] = normuon_ref(o, v, options.get("normuon_beta2", 0.95))
+            o, new = normuon_ref(o, v, options.get("normuon_beta2", 0.95))
+            variance[index] = stored(new, options.get("state_dtype"))
         out.append(o * update_scale(block.shape[0], block.shape[1], kind) * extra)
     return torch.cat(out, dim)
 
@@ -130,7 +144,9 @@ def muon_matrices(w):
 class Reference:
     """Muon (lerp momentum, nesterov, NS per matrix, scale, decoupled decay; the options of a
     parameter's hyper: ns_steps, scale, extra_scale_factor, cautious_wd, split, NorMuon) + AdamW
-    (torch.optim.AdamW), float64."""
+    (torch.optim.AdamW), float64. The rounding rule of a hyper's state_dtype (bfloat16): each state value (Muon's
+    momentum, NorMuon's v, AdamW's m and v) is rounded to bfloat16 when it is stored (`stored`); the step's math
+    uses the values it computed, in float64, the next step the stored ones."""
 
     def __init__(self, values, hyper, clip=None, scale="match_rms_adamw"):
         """values: the initial tensors by name; hyper: per name its param group's values (a DMuon's: hyper_of),
@@ -159,8 +175,9 @@ class Reference:
             h, st, w = self.hyper[name], self.state[name], self.w[name]
             if h["use_muon"]:
                 beta = h["momentum"]
-                st["m"] = beta * st.get("m", torch.zeros_like(w)) + (1 - beta) * g
-                u = (1 - beta) * g + beta * st["m"] if h["nesterov"] else st["m"]
+                m = beta * st.get("m", torch.zeros_like(w)) + (1 - beta) * g
+                st["m"] = stored(m, h.get("state_dtype"))
+                u = (1 - beta) * g + beta * m if h["nesterov"] else m
                 variances = st.setdefault("normuon_v", {})  # NorMuon's, per matrix of the parameter, per block
                 so = torch.stack([scaled_orthogonal_ref(m, h, self.scale, variances.setdefault(j, {}))
                                   for j, m in enumerate(muon_matrices(u))]).reshape(w.shape)
@@ -168,11 +185,12 @@ class Reference:
             else:
                 b1, b2 = h["betas"]
                 st["t"] = st.get("t", 0) + 1
-                st["m"] = b1 * st.get("m", torch.zeros_like(w)) + (1 - b1) * g
-                st["v"] = b2 * st.get("v", torch.zeros_like(w)) + (1 - b2) * g * g
+                m = b1 * st.get("m", torch.zeros_like(w)) + (1 - b1) * g
+                v = b2 * st.get("v", torch.zeros_like(w)) + (1 - b2) * g * g
+                st["m"], st["v"] = stored(m, h.get("state_dtype")), stored(v, h.get("state_dtype"))
                 bias1, bias2 = 1 - b1 ** st["t"], 1 - b2 ** st["t"]
                 w = w * (1 - h["lr"] * h["weight_decay"])
-                self.w[name] = w - (h["lr"] / bias1) * st["m"] / (st["v"].sqrt() / math.sqrt(bias2) + h["eps"])
+                self.w[name] = w - (h["lr"] / bias1) * m / (v.sqrt() / math.sqrt(bias2) + h["eps"])
         return norm
 
 

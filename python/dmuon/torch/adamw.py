@@ -1,9 +1,11 @@
 """The AdamW half of one DMuon step: torch.optim.AdamW's fused step (torch.optim.adamw.adamw with
 fused=True: bias-corrected, decoupled decay; one kernel per device and dtype for all of a param group's
 tensors), given the step's clipping factor and skip flag as device tensors, so nothing waits for the
-device. A parameter whose dtype differs from its moments' (bf16 parameters, float32 state), or that is not
-contiguous (a strided view), is stepped on a dense copy in the moments' dtype and copied (rounded once)
-back to its own; such a gradient through one too (dense.py).
+device. The kernel steps the wider of a parameter's and its moments' dtypes (plan.work_dtype): a parameter or
+moments of the narrower (bf16 parameters with float32 state; bf16 state of float32 parameters), or that are not
+contiguous (a strided view), are stepped on dense copies in that dtype and copied (rounded once, to nearest even)
+back to their own; such a gradient is read through one too (dense.py). bf16 parameters with bf16 state take the
+kernel as torch.optim.AdamW's (it computes in float32 inside and rounds each store).
 
 torch's fused step divides the gradients by grad_scale and stores them so (GradScaler's convention):
 with clipping, the AdamW parameters' .grad are left clipped, as torch.nn.utils.clip_grad_norm_
@@ -47,12 +49,15 @@ def adamw_step(params, grads, exp_avgs, exp_avg_sqs, steps, hyper, grad_scale, s
     moments in the state dtype), steps (their "step" counters, float32 tensors on each parameter's
     device, counted up here unless skipped); hyper: the param group; grad_scale: the clipping factor
     (a 0-dim tensor) or None; skip: a 0-dim bool tensor, true: nothing changes."""
-    dense = DenseOperands()  # the kernel takes dense tensors in the moments' dtype
-    work_params = [dense.write(p, m.dtype) for p, m in zip(params, exp_avgs)]
+    dense = DenseOperands()  # the kernel takes dense tensors of one dtype: the wider of parameter's and moments'
+    work = [torch.promote_types(p.dtype, m.dtype) for p, m in zip(params, exp_avgs)]
+    work_params = [dense.write(p, d) for p, d in zip(params, work)]
+    exp_avgs = [dense.write(m, d) for m, d in zip(exp_avgs, work)]
+    exp_avg_sqs = [dense.write(v, d) for v, d in zip(exp_avg_sqs, work)]
     # written: the kernel leaves them unscaled (clipped), in their place as torch's; a gradient of another
     # dtype or whose elements share memory (expanded) is read through a copy, left as it was
-    work_grads = [dense.write(g) if g.dtype == m.dtype and not may_overlap(g) else dense.read(g, m.dtype)
-                  for g, m in zip(grads, exp_avgs)]
+    work_grads = [dense.write(g) if g.dtype == d and not may_overlap(g) else dense.read(g, d)
+                  for g, d in zip(grads, work)]
     device = work_params[0].device
     inverse_scale = None if grad_scale is None else (1.0 / grad_scale).to(device, torch.float32)
     b1, b2 = hyper["betas"]

@@ -24,8 +24,21 @@ def check_arguments(options, ns_dtype, lr, momentum, weight_decay, adamw_lr, ada
     _check_choice("engine", engine, ENGINES)
     if clip_grad_norm is not None and not clip_grad_norm > 0:
         raise ValueError(f"DMuon: clip_grad_norm must be > 0 or None, got {clip_grad_norm}")
-    if state_dtype is not None and not (isinstance(state_dtype, torch.dtype) and state_dtype.is_floating_point):
-        raise ValueError(f"DMuon: state_dtype must be a floating-point torch.dtype or None, got {state_dtype!r}")
+    state_dtype_value(state_dtype, "DMuon")
+
+
+STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def state_dtype_value(value, where):
+    """A state_dtype as param groups keep it: torch.float32 or torch.bfloat16 (the strings "float32" and "bfloat16"
+    name them), or None (each parameter's own dtype); ValueError naming `where` for another value."""
+    if value is None or (isinstance(value, torch.dtype) and value in STATE_DTYPES.values()):
+        return value
+    if isinstance(value, str) and value in STATE_DTYPES:
+        return STATE_DTYPES[value]
+    raise ValueError(f"{where}: state_dtype must be torch.float32, torch.bfloat16, 'float32', 'bfloat16' or None "
+                     f"(the parameter's dtype), got {value!r}")
 
 
 def _check_choice(name, value, choices):
@@ -35,8 +48,9 @@ def _check_choice(name, value, choices):
 
 def check_group(g, name, options=True):
     """A param group's values (with Muon's options), torch.optim's checks (after check_arguments') with the group
-    named by its first parameter."""
+    named by its first parameter; its state_dtype made torch's dtype in place (a string names one)."""
     where = f"DMuon: param group of '{name}': "
+    g["state_dtype"] = state_dtype_value(g["state_dtype"], where[:-2])
     if g["use_muon"]:
         _check_values(where, "", lr=g["lr"], momentum=g["momentum"], weight_decay=g["weight_decay"])
         if options:

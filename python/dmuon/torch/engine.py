@@ -8,7 +8,8 @@ tensors, in calls batched per bucket and param group:
   ns_dtype(device, dtype) the torch dtype of a Newton–Schulz stack of U of `dtype` on `device` (bfloat16 on an
                           accelerator or for bfloat16 U, else float32); dmuon.UnsupportedError naming the device
                           where the engine cannot run
-  momentum(entries, beta, nesterov, values)        M and U of (index, M, grad) entries; returns the U tensors
+  momentum(entries, beta, nesterov, values, u_dtype)   M and U of (index, M, grad) entries; returns the U tensors
+                          (u_dtype; computed in float32, M rounded once into its own dtype)
   orthogonalize(ns, matrices, names)               O in place of U on same-shape contiguous 2-D tensors
   apply(entries, lr, weight_decay, values, cautious_wd)    W ← W·(1 − lr·wd) − lr·s·O of (index, W, O, s) entries
   update(ns, entries, rows, cols, group, scale, cautious_wd, values, names)
@@ -73,8 +74,8 @@ class DmuonEngine:
         raise dmuon.UnsupportedError(f"device {device}: this build of libdmuon_c has no Newton-Schulz backend "
                                      f"for it (it runs on {' and '.join(runs) or 'no device of this machine'})")
 
-    def momentum(self, entries, beta, nesterov, values):
-        return muon_update.muon_momentum(entries, beta, nesterov, values)
+    def momentum(self, entries, beta, nesterov, values, u_dtype):
+        return muon_update.muon_momentum(entries, beta, nesterov, values, u_dtype)
 
     def orthogonalize(self, ns, matrices, names):
         device, dtype_code, _, stream = self._target(matrices[0].device, matrices[0].dtype)
@@ -107,9 +108,9 @@ class TorchEngine:
                                          "to_empty())")
         return _stack_dtype(device, dtype)
 
-    def momentum(self, entries, beta, nesterov, values):
+    def momentum(self, entries, beta, nesterov, values, u_dtype):
         return torch_engine.momentum([(m, g) for _, m, g in entries], beta, nesterov,
-                                     values.keep_of([i for i, _, _ in entries]), values.clip_factor)
+                                     values.keep_of([i for i, _, _ in entries]), values.clip_factor, u_dtype)
 
     def orthogonalize(self, ns, matrices, names):
         stack = torch.stack(matrices)

@@ -11,8 +11,8 @@ The matrices, their pieces, owners and buckets are matrices.py's. Per bucket of 
            of a matrix, in every replica, its piece of O (a second all_to_all_single, async)
   finish:  every rank applies its pieces of O: W ← W·(1 − lr·wd) − lr·s·O
 A variant with per-row state (Variant.row_state) has each holder's rows of it ride with its piece of U
-to the owner and back with its piece of O, in those two all-to-alls (in U's dtype there, packed bit for bit into
-O's dtype on the way back).
+to the owner and back with its piece of O, in those two all-to-alls (in U's dtype there, exactly; on the way back
+in the state's dtype, rounded as the owner stores its own, packed bit for bit into O's dtype).
 Each phase is one engine call (engine.py): per param group of the bucket the momentum of every
 local part and the apply of every local part, per bucket the Newton–Schulz of the owner's stack. A
 bucket whose matrices this rank owns and alone holds (owner-held ones, every bucket of a one-rank
@@ -64,12 +64,13 @@ class Exchange:
     dtype), `grads[index]` its local gradient (None: zeros), `check` the step's GradientCheck (its
     clipping factor, and per parameter whether it is updated: device tensors), `engine` the arithmetic
     (engine.py), `ns_of(options)` its Newton–Schulz handle of a matrix's MuonOptions (a bucket's matrices share
-    theirs), `state_dtype_of(matrix)` its momentum's (U's) dtype, `row_state(matrix)` its parameter's local
-    per-row state of its variant (Variant.row_state; state dtype), read for matrices whose width is > 0."""
+    theirs), `dtypes_of(matrix)` (its state's dtype, its U's: plan.work_dtype, float32 for bfloat16 state of a
+    float32 parameter), `row_state(matrix)` its parameter's local per-row state of its variant (Variant.row_state; state
+    dtype), read for matrices whose width is > 0."""
 
-    def __init__(self, comm, engine, ns_of, momentum, grads, check, state_dtype_of, row_state):
+    def __init__(self, comm, engine, ns_of, momentum, grads, check, dtypes_of, row_state):
         self.comm, self.engine, self.ns_of, self.momentum, self.grads = comm, engine, ns_of, momentum, grads
-        self.state_dtype_of, self.row_state = state_dtype_of, row_state
+        self.dtypes_of, self.row_state = dtypes_of, row_state
         self.values = StepValues(check)
         self.ns_clock = NsClock()  # Newton–Schulz's time (device time on CUDA, not the enqueueing's)
         self.ns_matrices = 0
@@ -103,14 +104,15 @@ class Exchange:
             out.setdefault(id(group_of(item)), []).append(item)
         return list(out.values())
 
-    def _form_u(self, indices, groups):
-        """{index: U} of parameters `indices` (groups[index] their param group) on this rank's local
-        tensors, shaped as them, in the momentum's dtype: one engine call per param group."""
+    def _form_u(self, indices, groups, u_dtype):
+        """{index: U} of parameters `indices` (groups[index] their param group) on this rank's local tensors, shaped
+        as them, in u_dtype (their bucket's): one engine call per param group."""
         u = {}
         for part in self._by_group(indices, lambda i: groups[i]):
             group = groups[part[0]]
             entries = [(i, self.momentum(i), self.grads[i]) for i in part]
-            u.update(zip(part, self.engine.momentum(entries, group["momentum"], group["nesterov"], self.values)))
+            u.update(zip(part, self.engine.momentum(entries, group["momentum"], group["nesterov"], self.values,
+                                                    u_dtype)))
         return u
 
     def _apply(self, pairs):
@@ -130,11 +132,12 @@ class Exchange:
         Newton–Schulz and apply in one engine call per param group (three for matrices split in blocks or
         of a variant that rewrites O between Newton–Schulz and the apply)."""
         if bucket[0].blocks is not None or bucket[0].variant.rewrites_o:
-            u = self._form_u(list({k.index: None for k in bucket}), {k.index: k.group for k in bucket})
+            u = self._form_u(list({k.index: None for k in bucket}), {k.index: k.group for k in bucket},
+                             self.dtypes_of(bucket[0])[1])
             like = next(iter(u.values()))
             ns_dtype = self.engine.ns_dtype(like.device, like.dtype)
             full = torch.stack([k.local_view(u[k.index]) for k in bucket]).to(ns_dtype)
-            rows = torch.stack([self._rows(k) for k in bucket]) if bucket[0].width else None
+            rows = torch.stack([self._rows(k).to(like.dtype) for k in bucket]) if bucket[0].width else None
             self._orthogonalize(full, bucket, rows)
             if rows is not None:
                 for k, r in zip(bucket, rows):
@@ -177,12 +180,12 @@ class Exchange:
         if u:
             return next(iter(u.values()))
         k = bucket[0]
-        return torch.empty(0, dtype=self.state_dtype_of(k), device=k.layout.local(k.layout.tensor).device)
+        return torch.empty(0, dtype=self.dtypes_of(k)[1], device=k.layout.local(k.layout.tensor).device)
 
     def _launch(self, bucket):
         c, me = self.comm, self.comm.rank
         groups = {k.index: k.group for k in bucket if not k.layout.held_elsewhere}
-        u = self._form_u(list(groups), groups)
+        u = self._form_u(list(groups), groups, self.dtypes_of(bucket[0])[1])
         if not any(k.u_travels for k in bucket):
             return u, None, None
         # Send: my piece of U of every matrix whose owner is another rank of my replica (and then my rows of its
@@ -198,7 +201,7 @@ class Exchange:
             elif k.replica_of(k.owner) == k.replica_of(me) and k.pieces[me].count:
                 to_owner[k.owner].append(k.local_view(u[k.index]).reshape(-1))
                 if k.width:
-                    to_owner[k.owner].append(self._rows(k).reshape(-1))
+                    to_owner[k.owner].append(self._rows(k).reshape(-1).to(u[k.index].dtype))
         parts = [t for dest in to_owner for t in dest]
         in_numel = [sum(t.numel() for t in dest) for dest in to_owner]
         like = self._like(bucket, u)
@@ -216,7 +219,7 @@ class Exchange:
         like = self._like(bucket, u)
         ns_dtype = self.engine.ns_dtype(like.device, like.dtype)
         full = torch.empty((len(owned), bucket[0].rows, bucket[0].cols), dtype=ns_dtype, device=like.device)
-        # the owned matrices' per-row state (K, rows, width), in the state's dtype (U's)
+        # the owned matrices' per-row state (K, rows, width), in U's dtype
         rows = like.new_empty((len(owned), bucket[0].rows, width)) if width else None
         offset = 0
         for src in range(c.world):  # the order of _launch's receive: by source, then bucket order
@@ -238,8 +241,8 @@ class Exchange:
         self._orthogonalize(full, owned, rows)
         if not any(k.o_travels for k in bucket):
             return full, owned, rows, None, None
-        # Send every other rank its piece of O of my matrices (and then its rows of their per-row state, packed in
-        # O's dtype); receive, per owner in rank order, my pieces of its matrices in bucket order.
+        # Send every other rank its piece of O of my matrices (and then its rows of their per-row state, in the
+        # state's dtype, packed in O's); receive, per owner in rank order, my pieces of its matrices in bucket order.
         parts, in_numel = [], [0] * c.world
         for dest in range(c.world):
             if dest == me:
@@ -250,12 +253,14 @@ class Exchange:
                     parts.append(take(full[j], piece).reshape(-1))
                     in_numel[dest] += piece.count
                     if width:
-                        parts.append(pack(take(rows[j], k.rows_piece(dest)), full.dtype))
+                        stored = take(rows[j], k.rows_piece(dest)).to(self.dtypes_of(k)[0])
+                        parts.append(pack(stored, full.dtype))
                         in_numel[dest] += parts[-1].numel()
         out_numel = [0] * c.world
         for k in bucket:
             if k.owner != me:
-                out_numel[k.owner] += k.pieces[me].count + packed_numel(k.rows_piece(me).count, like.dtype, full.dtype)
+                out_numel[k.owner] += k.pieces[me].count + packed_numel(k.rows_piece(me).count, self.dtypes_of(k)[0],
+                                                                        full.dtype)
         send = torch.cat(parts) if parts else full.new_empty(0)
         received, work = c.all_to_all(send, out_numel, in_numel)
         return full, owned, rows, received, work

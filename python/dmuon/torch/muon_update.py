@@ -88,12 +88,13 @@ def _engine_dtype(t):
     return t.dtype if t.dtype in CODES else torch.float32
 
 
-def muon_momentum(entries, beta, nesterov, values):
+def muon_momentum(entries, beta, nesterov, values, u_dtype):
     """M ← lerp(M, g, 1−β) in place and U = nesterov ? lerp(g, M, β) : M for each (index, momentum, grad)
-    of `entries` (grad None: zeros; momentum contiguous, float32 or bfloat16); returns the U tensors (the
-    momentum's dtype and shape), in order. values: the step's StepValues."""
+    of `entries` (grad None: zeros; momentum contiguous, float32 or bfloat16); returns the U tensors (u_dtype, the
+    momentum's shape), in order: U from M's float32 value before M is rounded into its dtype. values: the step's
+    StepValues."""
     ops = Operands()
-    u = [torch.empty_like(m) for _, m, _ in entries]
+    u = [torch.empty_like(m, dtype=u_dtype) for _, m, _ in entries]
     device, stream = engine_device(entries[0][1].device)
     dmuon.muon_momentum([m.numel() for _, m, _ in entries], [ops.read(g) for _, _, g in entries],
                         [ops.write(m) for _, m, _ in entries], [ops.write(x) for x in u],

@@ -28,7 +28,7 @@ import torch
 import dmuon
 from dmuon.torch.adamw import adamw_phase
 from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
-from dmuon.torch.arguments import check_arguments, check_group
+from dmuon.torch.arguments import check_arguments, check_group, state_dtype_value
 from dmuon.torch.collectives import Group
 from dmuon.torch.dtensors import as_placed
 from dmuon.torch.engine import make_engine
@@ -40,7 +40,7 @@ from dmuon.torch.matrices import assign_owners, buckets_of, parameter_matrices, 
 from dmuon.torch.muon_options import DEFAULTS as MUON_DEFAULTS, MuonOptions, check_options
 from dmuon.torch.ns_clock import NsClock
 from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
-from dmuon.torch.plan import check_saved_state, describe_parameter, zero_state
+from dmuon.torch.plan import check_saved_state, describe_parameter, state_dtype, work_dtype, zero_state
 
 _COUNTERS = ("updates", "skipped_steps")  # kept in every param group, so checkpoints carry them
 
@@ -88,8 +88,12 @@ class DMuon(torch.optim.Optimizer):
     that a shape tune_cache has (dmuon tune's default, dmuon.tune) runs in the dtype the tuner measured faster there;
     on a GPU the engine's bfloat16 (docs/pytorch.md, "Defaults").
 
-    state_dtype: the dtype of Muon's momentum and AdamW's moments (float32 by default, so bf16
-    parameters keep float32 state; None: each parameter's own dtype).
+    state_dtype: the dtype of Muon's momentum, NorMuon's v and AdamW's moments, a param group's key like lr (this: its
+    default): torch.float32 (the default, so bf16 parameters keep float32 state), torch.bfloat16 (or "float32",
+    "bfloat16"), None: each parameter's own dtype. The step computes in the wider of the state's dtype and the
+    parameter's (float32 for bfloat16 state of float32 parameters) and rounds each stored value to nearest even.
+    A group whose state_dtype is changed afterwards (by hand, or by a loaded state dict's groups) has its state
+    converted (rounded) before the next step's first write (docs/pytorch.md, "Optimizer state in bfloat16").
 
     engine: who computes Muon's update (engine.py): "dmuon" libdmuon_c's C++ engine (its CPU backend, its CUDA
     backend for CUDA tensors; tuned kernels), "torch" the same rules and recurrences in torch ops on any device
@@ -121,11 +125,10 @@ class DMuon(torch.optim.Optimizer):
                         adamw_weight_decay, muon, balancer, nonfinite, engine, clip_grad_norm, state_dtype)
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, adamw_lr=adamw_lr,
                         adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay,
-                        **muon)
+                        state_dtype=state_dtype_value(state_dtype, "DMuon"), **muon)
         self.comm = Group(process_group)
         self.clip_grad_norm = clip_grad_norm
         self.nonfinite = nonfinite
-        self.state_dtype = state_dtype
         self.experts = experts
         self._balancer = balancer
         self._tune_cache = tune_cache
@@ -134,6 +137,7 @@ class DMuon(torch.optim.Optimizer):
         self._engine_choice, self.engine = engine, None  # the engine: resolved by the first _parse
         self.param_groups_names, self._layouts, self._groups = [], [], []
         self._matrices, self.owners = [], {}  # every Muon matrix, in parameter order; its owner by name
+        self._state_dtypes = {}  # id(param group) → the state_dtype its parameters' state is kept in
 
         self._model = None  # DMuon(model): a weak reference to it, where _follow_replaced_parameters reads
         if isinstance(params, torch.nn.Module):
@@ -186,7 +190,7 @@ class DMuon(torch.optim.Optimizer):
         ranks, so a problem on one rank becomes the same exception on all of them (no hang)."""
         groups, layouts, error = [], [], None
         named_groups = "param_names" in self.param_groups[0] if first_group else None
-        muon_devices = []  # (name, device, state dtype) of each Muon parameter
+        muon_devices = []  # (name, device, U's dtype) of each Muon parameter
         try:
             groups = split_groups(params, defaults, first_group, warn=self.comm.rank == 0, named_groups=named_groups)
             seen = {id(l.tensor): n for n, l in zip(self.param_groups_names, self._layouts)}
@@ -195,8 +199,7 @@ class DMuon(torch.optim.Optimizer):
                 for name, p in g["named"]:
                     layout = describe_parameter(self.comm, name, p, g, seen, self.experts)
                     if g["use_muon"]:
-                        muon_devices.append((name, layout.local(layout.tensor).device,
-                                             self._state_dtype_of(layout.tensor)))
+                        muon_devices.append((name, layout.local(layout.tensor).device, work_dtype(g, layout.tensor)))
                     layouts.append((name, layout, g))
             if self.engine is None:
                 self.engine = make_engine(self._engine_choice, {d for _, d, _ in muon_devices}, self._threads,
@@ -229,6 +232,7 @@ class DMuon(torch.optim.Optimizer):
         for g in self.param_groups:
             for key, value in counters.items():
                 g.setdefault(key, value)
+            self._state_dtypes.setdefault(id(g), g["state_dtype"])
         first = len(self._layouts)
         matrices = []
         for name, layout, group in layouts:
@@ -248,7 +252,7 @@ class DMuon(torch.optim.Optimizer):
         self.owners.update((k.name, k.owner) for k in matrices)
         for k in matrices:
             self.ns_of(k.options)
-        self._buckets = buckets_of(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
+        self._buckets = buckets_of(self._matrices, _dtypes)
         for i in range(first, len(self._layouts)):
             self._zero_state(i)
 
@@ -282,7 +286,7 @@ class DMuon(torch.optim.Optimizer):
         for k in self._matrices:
             k.options = MuonOptions.of_group(k.group)
             self.ns_of(k.options)
-        self._buckets = buckets_of(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
+        self._buckets = buckets_of(self._matrices, _dtypes)
 
     @property
     def updates(self):
@@ -301,13 +305,28 @@ class DMuon(torch.optim.Optimizer):
         for g in self.param_groups:
             g[key] = value
 
-    def _state_dtype_of(self, param):
-        return param.dtype if self.state_dtype is None else self.state_dtype
-
     def _zero_state(self, i):
         layout = self._layouts[i]
         self.state[layout.tensor] = zero_state(self.param_groups_names[i], layout, self._groups[i], self.experts,
-                                               self._state_dtype_of(layout.tensor))
+                                               state_dtype(self._groups[i], layout.tensor))
+
+    def _follow_state_dtypes(self):
+        """Converts the state of the param groups whose state_dtype changed since their state was made or last
+        converted into it (each value rounded to nearest even: torch's .to), and batches the buckets anew."""
+        changed = [g for g in self.param_groups if self._state_dtypes.get(id(g)) != g["state_dtype"]]
+        for g in changed:
+            for i in (i for i, group in enumerate(self._groups) if group is g):
+                self._convert_state(i, state_dtype(g, self._layouts[i].tensor))
+            self._state_dtypes[id(g)] = g["state_dtype"]
+        if changed:
+            self._buckets = buckets_of(self._matrices, _dtypes)
+
+    def _convert_state(self, i, dtype):
+        """Parameter i's state tensors (its AdamW step count aside) in `dtype`."""
+        entry = self.state[self._layouts[i].tensor]
+        for key, value in entry.items():
+            if key != "step" and value.dtype != dtype:
+                entry[key] = value.to(dtype)
 
     # ---- the step ----
 
@@ -335,6 +354,7 @@ class DMuon(torch.optim.Optimizer):
             with torch.enable_grad():
                 loss = closure()
         self._check_group_values()  # everything that can raise on the host runs before the first write
+        self._follow_state_dtypes()  # a group's state_dtype set since the last step: its state converted
         hooks = [hook for _, hook in self._step_hooks]
         for hook in hooks:  # 1. hooks before (the held schedules: their gradients reduced)
             hook.before_step()
@@ -387,7 +407,7 @@ class DMuon(torch.optim.Optimizer):
             return k.layout.local(self.state[k.layout.tensor][k.variant.row_state])
 
         muon = Exchange(self.comm, self.engine, self.ns_of, momentum, grads, check,
-                        lambda k: self._state_dtype_of(k.layout.tensor), row_state)
+                        _dtypes, row_state)
         me = self.comm.rank
         # Every matrix that may have a gradient takes part (whether it has one anywhere is known on the
         # device only); owner-held buckets (their own, see matrices.buckets_of) run on the owner alone, where
@@ -500,12 +520,15 @@ class DMuon(torch.optim.Optimizer):
                 for k in self._matrices:
                     if k.group is g:
                         options.blocks(k.rows, k.cols, k.name)  # a split that does not fit the matrix raises
+            if "state_dtype" in saved:
+                saved = {**saved, "state_dtype": state_dtype_value(saved["state_dtype"], where)}
             for i, key in zip(indices, saved["params"]):
                 entry = saved_state.get(key)
                 if entry is not None:
                     check_saved_state(self.param_groups_names[i], entry, self.state[self._layouts[i].tensor])
-                entries.append((i, entry))
-        for i, entry in entries:
+                entries.append((i, entry, state_dtype({**g, **saved}, self._layouts[i].tensor)))
+        for i, entry, dtype in entries:  # saved values cast into the state_dtype of the loaded groups
+            self._convert_state(i, dtype)
             if entry is None:
                 self._zero_state(i)
             else:
@@ -514,6 +537,8 @@ class DMuon(torch.optim.Optimizer):
             for k, v in saved.items():  # in place: MuonMatrix and _groups hold these dicts
                 if k != "params":
                     g[k] = copy.deepcopy(v)
+            g["state_dtype"] = state_dtype_value(g["state_dtype"], "")
+        self._follow_state_dtypes()  # zero state made in a group's former state_dtype
         self._refreeze_options()
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
             post_hook(self)
@@ -536,6 +561,7 @@ class DMuon(torch.optim.Optimizer):
     def __setstate__(self, state):
         super().__setstate__(state)
         self._model = None  # a copy follows its own param_groups
+        self._state_dtypes = {id(g): g["state_dtype"] for g in self.param_groups}  # the copy's own groups
         self._ns = {}
         self.ns = self.ns_of(MuonOptions.of_group(self.defaults))
 
@@ -548,3 +574,8 @@ class DMuon(torch.optim.Optimizer):
                 target.copy_(torch.as_tensor(value, dtype=target.dtype))
             elif value is not target:
                 self._layouts[i].local(target).copy_(self._layouts[i].local(value))
+
+
+def _dtypes(k):
+    """Muon matrix k's state dtype and U's (its bucket's key)."""
+    return state_dtype(k.group, k.layout.tensor), work_dtype(k.group, k.layout.tensor)

@@ -42,15 +42,16 @@ _TOKEN_NAME = re.compile(r"tokens?$")
 # The hyper-parameters a group may set, and the kind of parameter each is used by. "lr" and
 # "weight_decay" are every parameter's; the adamw_ keys (and torch.optim.AdamW's betas, eps) only
 # AdamW's, and an AdamW parameter's adamw_lr / adamw_weight_decay take precedence over lr / weight_decay.
-# Muon's options (muon_options.py) are frozen per matrix when the optimizer tracks it.
+# Muon's options (muon_options.py) are frozen per matrix when the optimizer tracks it. "state_dtype" is every
+# parameter's too: the dtype its state is stored in (arguments.state_dtype_value).
 MUON_ONLY = ("momentum", "nesterov") + muon_options.KEYS
 ADAMW_ONLY = ("adamw_lr", "adamw_betas", "adamw_eps", "adamw_weight_decay", "betas", "eps")
-GROUP_KEYS = ("lr", "weight_decay") + MUON_ONLY + ADAMW_ONLY
+GROUP_KEYS = ("lr", "weight_decay", "state_dtype") + MUON_ONLY + ADAMW_ONLY
 # Accepted in a param group and ignored: torch.optim's kernel choices, which torchtitan's OptimizersContainer puts
 # in every group it builds. DMuon's AdamW is always torch's fused step and its Muon runs in dmuon's engine.
 IGNORED_KEYS = ("fused", "foreach")
 # DMuon's options of the whole optimizer: one owner planner, one process group, one global gradient norm.
-OPTIMIZER_OPTIONS = ("balancer", "process_group", "clip_grad_norm", "nonfinite", "state_dtype", "experts")
+OPTIMIZER_OPTIONS = ("balancer", "process_group", "clip_grad_norm", "nonfinite", "experts")
 
 _SET_WARNING = ("optimizer parameters need to be organized in ordered collections, but the ordering of tensors "
                 "in sets will change between runs. Please use a list instead.")
@@ -156,13 +157,14 @@ def _hyper(group, defaults, muon):
     """A half's hyper-parameters: the group's own value, else the optimizer's (defaults); for AdamW
     the adamw_ spelling first at each level (None in defaults: the same as lr / weight_decay)."""
     if muon:
-        return {key: group.get(key, defaults[key]) for key in ("lr", "weight_decay") + MUON_ONLY}
+        return {key: group.get(key, defaults[key]) for key in ("lr", "weight_decay", "state_dtype") + MUON_ONLY}
 
     def pick(*keys):  # the first of keys set (not None) in the group, else in defaults
         return next((v for v in (source.get(k) for source in (group, defaults) for k in keys) if v is not None), None)
 
     return {"lr": pick("adamw_lr", "lr"), "betas": tuple(pick("betas", "adamw_betas")),
-            "eps": pick("eps", "adamw_eps"), "weight_decay": pick("adamw_weight_decay", "weight_decay")}
+            "eps": pick("eps", "adamw_eps"), "weight_decay": pick("adamw_weight_decay", "weight_decay"),
+            "state_dtype": group.get("state_dtype", defaults["state_dtype"])}
 
 
 def split_groups(params, defaults, first_group=0, warn=False, named_groups=None):
@@ -171,7 +173,7 @@ def split_groups(params, defaults, first_group=0, warn=False, named_groups=None)
     that a group without use_muon whose parameters are of both kinds becomes two consecutive
     groups, its Muon parameters' then its AdamW parameters' (a plain list is one user group).
 
-    A group's "lr" and "weight_decay" are every parameter's; momentum, nesterov and Muon's options
+    A group's "lr", "weight_decay" and "state_dtype" are every parameter's; momentum, nesterov and Muon's options
     (muon_options.KEYS: ns_steps, coeffs, algo, scale, extra_scale_factor, cautious_wd, split_heads,
     split_sizes, split_dim, variant, normuon_beta2) Muon's; adamw_lr,
     adamw_weight_decay, adamw_betas (or betas) and adamw_eps (or eps) AdamW's; "param_names" names the

@@ -36,6 +36,19 @@ def describe_parameter(comm, name, p, group, seen, experts):
     return layout
 
 
+def state_dtype(group, param):
+    """The dtype parameter `param` of param group `group` keeps its state in: the group's state_dtype, or the
+    parameter's own dtype where that is None."""
+    return param.dtype if group["state_dtype"] is None else group["state_dtype"]
+
+
+def work_dtype(group, param):
+    """The dtype a step computes in from the parameter's state (AdamW's operands, Muon's U): the wider of the state's
+    and the parameter's, so a float32 parameter's bfloat16 state is widened to float32 (each store rounds to nearest
+    even, torch's .to) and a bfloat16 parameter with bfloat16 state is stepped as torch steps it."""
+    return torch.promote_types(state_dtype(group, param), param.dtype)
+
+
 def zero_state(name, layout, group, experts, dtype):
     """A parameter's state before its first update (dtype: the state's), laid out as the parameter (a DTensor
     parameter gets DTensors of the same mesh and placements): Muon's momentum and its variant's state (variants/),

@@ -8,8 +8,10 @@ torchtitan, as qk_clip_titan.py does (QK-clip for its models); the rest of dmuon
   optimizer_kwargs=dict(lr=..., adamw_lr=..., ...))], optimizer_factory_kwargs_by_name={"DMuon": {...}}).
   Each param group's kwargs are DMuon's group keys (lr, adamw_lr, weight_decay, Muon's options); DMuon's
   whole-optimizer options (clip_grad_norm, ns_dtype, state_dtype, process_group, ...) go in
-  optimizer_factory_kwargs_by_name["DMuon"]. The keys torchtitan adds to every group ("param_names", "fused",
-  "foreach") are taken: the names name the tensors, the kernel choices are ignored (params.py). Under pipeline
+  optimizer_factory_kwargs_by_name["DMuon"]. implementation="fused_opt_states_bf16" (torch's Adam and AdamW
+  states in bfloat16) gives DMuon state_dtype=torch.bfloat16 (Muon's momentum, NorMuon's v, AdamW's moments; a
+  group's own state_dtype still wins); the other implementations change nothing. The keys torchtitan adds to every
+  group ("param_names", "fused", "foreach") are taken: the names name the tensors, the kernel choices are ignored (params.py). Under pipeline
   parallelism (one model part per stage; several on a rank with a looped schedule such as Interleaved1F1B) each
   part's DMuon runs over its stage's ranks (stage_group), unless the kwargs name a process_group.
 - owner_held(parallelize_fn): a ModelSpec.parallelize_fn that makes the Muon matrices owner-held
@@ -24,10 +26,12 @@ import dataclasses
 import inspect
 import sys
 
+import torch
 import torch.distributed as dist
 from torch.distributed.tensor import Shard
 from torchtitan.components.optimizer import OptimizersContainer
 
+from dmuon.torch.arguments import state_dtype_value
 from dmuon.torch.frameworks import held_out_of_fully_shard
 from dmuon.torch.held.hold import adopt_replaced, hold_on_owners
 from dmuon.torch.dtensors import is_dtensor
@@ -49,22 +53,24 @@ class DMuonOptimizers(OptimizersContainer):
 
     def __init__(self, config, *, model_parts):
         dmuon = any(g.optimizer_name == "DMuon" for g in config.param_groups)
-        if dmuon and config.implementation == "fused_opt_states_bf16":
-            raise ValueError("dmuon.torch.titan: optimizer.implementation='fused_opt_states_bf16' makes bfloat16 "
-                             "states for torch's Adam and AdamW only; for DMuon's, give "
-                             "optimizer_factory_kwargs_by_name={'DMuon': {'state_dtype': torch.bfloat16}} and "
-                             "another implementation")
         for model in model_parts:  # as DMuon(model): parameters that .to_empty() made after owner_held get their marks
             adopt_replaced(model)
         kwargs = config.optimizer_factory_kwargs_by_name.get("DMuon", {})
+        if dmuon and config.implementation == "fused_opt_states_bf16":  # as torch's AdamW: its states in bfloat16
+            if state_dtype_value(kwargs.get("state_dtype", torch.bfloat16), "dmuon.torch.titan") != torch.bfloat16:
+                raise ValueError(f"dmuon.torch.titan: optimizer.implementation='fused_opt_states_bf16' keeps DMuon's "
+                                 f"states in bfloat16, but its kwargs ask for state_dtype={kwargs['state_dtype']!r}")
+            kwargs = {**kwargs, "state_dtype": torch.bfloat16}
         group = stage_group(model_parts) if dmuon and "process_group" not in kwargs else None
         if group is not None:  # pipeline stages: each stage's DMuon over its own ranks
             if kwargs.get("clip_grad_norm"):
                 raise ValueError("dmuon.torch.titan: DMuon's clip_grad_norm under pipeline parallelism would clip "
                                  "each stage by its own stage's norm; torchtitan's training.max_norm clips by the "
                                  "norm over every stage")
+            kwargs = {**kwargs, "process_group": group}
+        if dmuon:
             config = dataclasses.replace(config, optimizer_factory_kwargs_by_name={
-                **config.optimizer_factory_kwargs_by_name, "DMuon": {**kwargs, "process_group": group}})
+                **config.optimizer_factory_kwargs_by_name, "DMuon": kwargs})
         super().__init__(config, model_parts=model_parts)
         self.stage_group = group  # the pipeline stage's process group its DMuons run over, None without PP
 

@@ -1,0 +1,256 @@
+"""Optimizer state in bfloat16 (DMuon's state_dtype per param group, issue 59) at N ranks (gloo), in both modes
+(all-to-all under fully_shard; owner-held: hold_on_owners, then fully_shard of the rest) and on both engines
+(libdmuon_c, torch ops). The model of torch_owner_held_test.py (3 blocks) trains STEPS steps of Muon + AdamW with
+clipping, its param groups:
+  blocks.0   NorMuon, state_dtype "bfloat16" (a string)   its momentum and per-row v in bfloat16
+  blocks.1   Muon, the constructor's state_dtype=torch.bfloat16
+  blocks.2   Muon, state_dtype=torch.float32 (a group of float32 state beside them)
+  the rest   AdamW, the constructor's bfloat16: exp_avg, exp_avg_sq in bfloat16
+against the float64 reference (muon_reference.Reference) with its rounding rule: each state value rounded to
+bfloat16 (nearest even) where it is stored, the math in float64 otherwise. The step computes in float32, so a
+value within float32's rounding of a bfloat16 tie may round the other way than the float64 one: every weight must
+be within TOLERANCE (relative Frobenius) of the reference and of the other mode and engine, every bfloat16 state
+tensor must be bfloat16, its elements the reference's stored ones but for at most FLIPPED of them (a share of its
+elements), each of those within one bfloat16 step (at its magnitude) of the reference's.
+A torch.distributed.checkpoint save at step SAVED_AT resumes the run bit for bit (weights and bfloat16 states) in
+both modes. Changing a group's state_dtype after the state exists converts its state (rounded) before the next
+step's first write; a bad state_dtype is refused naming the group.
+
+Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc N -- \
+    tests/python/torch_bf16_states_test.py   (N = 1..4), one BLAS thread per rank.
+"""
+
+import os
+import shutil
+import tempfile
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+
+import torch_owner_held_test as held_test
+from dcp_io import load, save  # get_state_dict + dcp.save; dcp.load + set_state_dict
+from dmuon.torch import DMuon, hold_on_owners
+from dmuon.torch.mpirun import init_process_group
+from dmuon.torch.params import module_groups
+from muon_reference import Reference, muon_matrices
+from owner_held_model import global_batches, loss_of, make_net, rank_slice
+from rank_checks import check, finish
+from rank_exit import exit_rank
+
+STEPS, SAVED_AT = 6, 3
+TOLERANCE = held_test.TOLERANCE  # 1e-5, the owner-held tests' float32 one
+# The share of the bfloat16 state elements a step may store rounded the other way than the float64 reference: a
+# float32 step's value lies within about 1e-7 to 1e-6 (relative) of the float64 one, a bfloat16 step is 2^-8, so
+# about 3e-5 to 3e-4 of them lie that close to a rounding tie (measured: 1.6e-4 at 1 rank). Stored unrounded (float32
+# values) nearly all of them would differ.
+FLIPPED = 1e-3
+GROUPS = [("blocks.0.", dict(variant="normuon", state_dtype="bfloat16")),
+          ("blocks.1.", dict()),
+          ("blocks.2.", dict(state_dtype=torch.float32))]
+HYPER = dict(held_test.HYPER, state_dtype=torch.bfloat16)
+
+
+def groups_of(net):
+    """module_groups(net) with its Muon group split by GROUPS."""
+    out = []
+    for group in module_groups(net):
+        if not group["use_muon"]:
+            out.append(group)
+            continue
+        for prefix, options in GROUPS:
+            out.append({"params": [(n, p) for n, p in group["params"] if n.startswith(prefix)], "use_muon": True,
+                        **options})
+    return out
+
+
+def build(hold, engine):
+    mesh = held_test.mesh_of("fsdp2")
+    net = make_net()
+    held = hold_on_owners(net, mesh) if hold else None
+    model = held_test.wrap(net, mesh, held)
+    return model, net, DMuon(groups_of(net), engine=engine, **HYPER)
+
+
+def steps(model, opt, which):
+    batches = global_batches(STEPS, held_test.BATCH)
+    for step in which:
+        loss_of(model, rank_slice(batches[step], dist.get_rank(), dist.get_world_size())).backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def full_state(net, opt):
+    """{(parameter name, state key): the full state tensor} on every rank (collective: a DTensor's full_tensor(), an
+    owner-held matrix's state broadcast from its owner)."""
+    out = {}
+    for name, p in net.named_parameters():
+        held = getattr(p, "_dmuon_held", None)
+        if held is not None:
+            entry = [opt.state[p] if held.owner == dist.get_rank() else None]
+            dist.broadcast_object_list(entry, src=held.global_ranks[held.owner])
+            entry = entry[0]
+        else:
+            entry = opt.state[p]
+        for key, value in entry.items():
+            if key != "step":
+                out[name, key] = (value.full_tensor() if isinstance(value, DTensor) else value).clone()
+    return out
+
+
+def local_values(net, opt):
+    """This rank's parameters and state tensors (a held matrix: its owner's alone), for the bit-for-bit resume."""
+    out = {n: (p.to_local() if isinstance(p, DTensor) else p).detach().clone() for n, p in net.named_parameters()
+           if not hasattr(p, "_dmuon_held") or p._dmuon_held.owner == dist.get_rank()}
+    out.update(((i, k), (v.to_local() if isinstance(v, DTensor) else v).clone())
+               for i, entry in opt.state_dict()["state"].items() for k, v in entry.items())
+    return out
+
+
+def train(hold, engine, folder, reference):
+    """Trains STEPS steps, each checked against the reference (`reference(step, weights, state, weights after,
+    state after)`, full tensors); with a folder, saved at SAVED_AT and resumed from it by a new model and optimizer,
+    which must end bit for bit as the unbroken run. Returns the optimizer."""
+    label = f"{('all-to-all', 'owner-held')[hold]} {engine}"
+    model, net, opt = build(hold, engine)
+    before = held_test.full_weights(net), full_state(net, opt)
+    for step in range(STEPS):
+        if step == SAVED_AT and folder is not None:
+            save(model, opt, folder)
+        steps(model, opt, [step])
+        after = held_test.full_weights(net), full_state(net, opt)
+        reference(f"{label} step {step}", step, *before, *after)
+        before = after
+    if folder is not None:
+        straight = local_values(net, opt)
+        resumed_model, resumed_net, resumed = build(hold, engine)
+        load(resumed_model, resumed, folder)
+        steps(resumed_model, resumed, range(SAVED_AT, STEPS))
+        again = local_values(resumed_net, resumed)
+        differ = [k for k, v in straight.items() if not torch.equal(v, again.get(k, v.new_empty(0)))]
+        check(again.keys() == straight.keys() and not differ,
+              f"{label}: not bit for bit after resuming from the checkpoint at step {SAVED_AT}: {differ[:6]}")
+    return opt
+
+
+REF_KEYS = {"momentum_buffer": "m", "exp_avg": "m", "exp_avg_sq": "v"}
+
+
+def reference_state(ref, name, key):
+    """The reference's stored value of DMuon's state `key` of parameter `name`, shaped as DMuon's."""
+    st = ref.state[name]
+    if key == "variance_neuron":  # per matrix j of the parameter, its one block's v (rows,)
+        w = ref.w[name]
+        v = torch.stack([st["normuon_v"][j][0] for j in range(muon_matrices(w).shape[0])])
+        return v.reshape(*w.shape[:-1], 1)
+    return st[REF_KEYS[key]]
+
+
+def reference_at(step, weights, state, hyper):
+    """A Reference holding DMuon's weights and state before `step` (float64, exactly theirs)."""
+    ref = Reference(weights, hyper, clip=held_test.CLIP)
+    for (name, key), value in state.items():
+        st = ref.state[name]
+        if key == "variance_neuron":
+            rows = value.double().reshape(muon_matrices(ref.w[name]).shape[:2])  # (matrices, rows)
+            st["normuon_v"] = {j: {0: v} for j, v in enumerate(rows)}
+        else:
+            st[REF_KEYS[key]] = value.double()
+            st["t"] = step  # AdamW's step count before this step
+    return ref
+
+
+def checker(hyper, totals):
+    """reference(label, step, weights, state, weights after, state after): one step of the float64 reference from
+    DMuon's weights and state before it, on the global batch, and the step's weights and state against it (this
+    module's text); totals["elements"], totals["flipped"] count the bfloat16 state elements compared and those that
+    rounded the other way."""
+    batches = global_batches(STEPS, held_test.BATCH)
+
+    def reference(label, step, weights, state, weights_after, state_after):
+        ref = reference_at(step, weights, state, hyper)
+        net = make_net(torch.float64)
+        with torch.no_grad():
+            for n, p in net.named_parameters():
+                p.copy_(ref.w[n])
+        loss_of(net, batches[step]).backward()
+        ref.step({n: p.grad for n, p in net.named_parameters()})
+        for name, w in weights_after.items():
+            error = held_test.relative(w, ref.w[name])
+            totals["weights"] = max(totals["weights"], error)
+            check(error <= TOLERANCE, f"{label}: {name} relative error {error:.2e} to the float64 reference")
+        for (name, key), value in state_after.items():
+            dtype = hyper[name]["state_dtype"]
+            check(value.dtype == dtype, f"{label}: {name} {key} is {value.dtype}, its group's state_dtype {dtype}")
+            want, got = reference_state(ref, name, key), value.double()
+            if dtype != torch.bfloat16:
+                error = held_test.relative(got, want)
+                check(error <= TOLERANCE, f"{label}: {name} {key} relative error {error:.2e} to the reference")
+                continue
+            one_step = torch.ldexp(torch.ones_like(want), torch.frexp(want.abs().maximum(got.abs()))[1] - 8)
+            totals["elements"] += want.numel()
+            totals["flipped"] += int((got != want).sum())
+            check(bool(((got - want).abs() <= one_step).all()),
+                  f"{label}: {name} {key}: an element more than one bfloat16 step from the reference's stored one")
+    return reference
+
+
+def check_state_dtype_changes():
+    """A group's state_dtype changed after its state exists: by a loaded state dict's groups, the state converted
+    (rounded to nearest even) as it loads; by hand, before the next step's first write. A bad value refused naming
+    the group, at construction and at step()."""
+    model, net, opt = build(False, "auto")
+    steps(model, opt, range(1))
+    index = next(i for i, g in enumerate(opt.param_groups) if g["use_muon"] and g["state_dtype"] == torch.float32)
+    group = opt.param_groups[index]
+    p = group["params"][0]
+    before = opt.state[p]["momentum_buffer"].full_tensor()
+    saved = opt.state_dict()
+    saved["param_groups"][index] = {**saved["param_groups"][index], "state_dtype": "bfloat16"}
+    opt.load_state_dict(saved)
+    after = opt.state[p]["momentum_buffer"]
+    check(group["state_dtype"] == torch.bfloat16 and after.dtype == torch.bfloat16
+          and torch.equal(after.full_tensor(), before.bfloat16()),
+          f"a loaded group's state_dtype bfloat16: the momentum is {after.dtype}, not rounded from float32")
+    group["state_dtype"] = torch.float32
+    steps(model, opt, range(1, 2))
+    check(opt.state[p]["momentum_buffer"].dtype == torch.float32, "state_dtype set by hand: not converted by step()")
+    group["state_dtype"] = torch.float16
+    try:
+        steps(model, opt, range(2, 3))
+        check(False, "state_dtype=torch.float16 in a group taken by step()")
+    except ValueError as e:
+        check("param group of 'blocks.2." in str(e) and "state_dtype" in str(e), f"the refusal names no group: {e}")
+    try:
+        DMuon([{"params": [("w", torch.nn.Parameter(torch.zeros(4, 4)))], "state_dtype": "float16"}])
+        check(False, "state_dtype='float16' in a group taken at construction")
+    except ValueError as e:
+        check("param group of 'w'" in str(e) and "state_dtype" in str(e), f"the refusal names no group: {e}")
+
+
+def main():
+    held_test.RANK, held_test.WORLD = dist.get_rank(), dist.get_world_size()
+    folder = [tempfile.mkdtemp(prefix="dmuon_bf16_") if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(folder)
+    hyper = held_test.hyper_of(build(False, "auto")[2])
+    totals = dict(weights=0.0, elements=0, flipped=0)
+    reference = checker(hyper, totals)
+    for hold in (False, True):
+        for engine in ("dmuon", "torch"):
+            train(hold, engine, os.path.join(folder[0], f"{hold}") if engine == "dmuon" else None, reference)
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(folder[0])
+    share = totals["flipped"] / max(totals["elements"], 1)
+    check(share <= FLIPPED, f"{share:.3%} of the bfloat16 state elements rounded otherwise than the float64 "
+          f"reference's ({totals['flipped']} of {totals['elements']}; at most {FLIPPED:.1%})")
+    check_state_dtype_changes()
+    return finish(f"torch_bf16_states_test np {dist.get_world_size()}: each step's weights within "
+                  f"{totals['weights']:.1e} of the float64 reference's step from the same weights and bfloat16 "
+                  f"state; {totals['flipped']} of {totals['elements']} bfloat16 state elements rounded the other way")
+
+
+if __name__ == "__main__":
+    init_process_group("gloo")
+    torch.manual_seed(0)
+    exit_rank(main())
