@@ -28,7 +28,7 @@ and clipping over an unsharded copy in one process (DMuon over a process group o
 batches, within framework_runs.TOLERANCE; for the MoE the losses alone (Case.exact says why; DMuon skipping
 the expert matrices at 2 ranks moved its step-3 loss by 1.4e-4 relative, its runs' noise was 6.3e-6). Before
 training: the settings dmuon.torch.titan refuses, refused by name (owner_held under the MoE's expert parallelism
-among them).
+among them), and implementation="fused_opt_states_bf16" builds DMuon with bfloat16 states.
 
 Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc 2 --timeout 400 -- \
     tests/python/torch_titan_test.py DIR
@@ -366,14 +366,26 @@ def full_weights(model):
     return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
 
 
-def refusals():
-    """The settings dmuon.torch.titan refuses, each by name, before anything collective."""
+def bf16_states():
+    """optimizer.implementation='fused_opt_states_bf16': DMuon's states in bfloat16 (Muon's momentum, AdamW's moments);
+    with DMuon kwargs asking another state_dtype, refused by name."""
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))  # weights to Muon, biases to AdamW
+    optimizers = dataclasses.replace(optimizer_config(), implementation="fused_opt_states_bf16").build(
+        model_parts=[model])
+    dtypes = {key: value.dtype for opt in optimizers for entry in opt.state.values() for key, value in entry.items()
+              if key != "step"}
+    check(dtypes == dict.fromkeys(("momentum_buffer", "exp_avg", "exp_avg_sq"), torch.bfloat16),
+          f"implementation='fused_opt_states_bf16': DMuon's states are {dtypes}")
     try:
-        titan.DMuonOptimizers.Config(implementation="fused_opt_states_bf16", param_groups=optimizer_config()
-                                     .param_groups).build(model_parts=[torch.nn.Linear(2, 2)])
-        check(False, "optimizer.implementation='fused_opt_states_bf16' taken with DMuon")
+        dataclasses.replace(optimizer_config(state_dtype=torch.float32), implementation="fused_opt_states_bf16").build(
+            model_parts=[model])
+        check(False, "optimizer.implementation='fused_opt_states_bf16' taken with DMuon's state_dtype=torch.float32")
     except ValueError as e:
         check("optimizer.implementation='fused_opt_states_bf16'" in str(e), f"the refusal names no setting: {e}")
+
+
+def refusals():
+    """The settings dmuon.torch.titan refuses, each by name, before anything collective."""
     world = dist.get_world_size()
     for case, cp, parallelism, setting in (
             (CASES[0], 1, ParallelismConfig(), "parallelism.spmd_backend='spmd_types'"),
@@ -392,6 +404,7 @@ def main():
     rank, world, refs = start(out, lambda world, group: {  # one reference a model (the MoE's serves both layouts)
         c.spec: reference(c, world, group) for c in {c.spec: c for c in CASES}.values()})
     refusals()
+    bf16_states()
     for case in CASES:
         for mode, held in (("all-to-all", False), ("owner-held", True)):
             label = f"{case.name} {mode}"
