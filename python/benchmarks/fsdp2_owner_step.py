@@ -45,6 +45,8 @@ The peers are not dependencies of dmuon: install them beside it for a run, e.g.
 then PYTHONPATH=build/python:/tmp/peers:/tmp/dion; a peer that does not import is skipped with a line
 saying why. Both peers and torch.optim.Muon orthogonalize in bfloat16 (their fixed choice; on a CPU
 without bfloat16 instructions that is emulated and slow), dion-muon-f32 and the -f32 dmuon rows in float32.
+dmuon-a2a-bf16 and dmuon-owner-bf16 are dmuon-a2a and dmuon-owner with DMuon(state_dtype=torch.bfloat16): Muon's
+momentum and AdamW's moments in bfloat16 (docs/pytorch.md, "Optimizer state in bfloat16").
 
 Models: "small", a GPT of width 128 (4 layers); "qwen4", qwen2.5-0.5b's layer shapes (4 layers: q and
 o 896×896, k and v 128×896, gate and up 4864×896, down 896×4864) with a 4096-token vocabulary instead
@@ -112,6 +114,7 @@ from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
 from dmuon.torch.matrices import matrices_of
 from dmuon.torch.params import is_expert_stack_by_default, module_groups
+from dmuon.torch.plan import work_dtype
 from dmuon.torch.torch_engine import newton_schulz
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "tests" / "python"))
@@ -119,8 +122,10 @@ from collective_ledger import Ledger, recording  # noqa: E402
 
 from memory_count import StepAllocations, held_bytes, reachable_storages  # noqa: E402  (this file's folder)
 
-OPTIMIZERS = ("adamw", "torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32", "dmuon-a2a", "dmuon-owner")
+OPTIMIZERS = ("adamw", "torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32", "dmuon-a2a", "dmuon-owner",
+              "dmuon-a2a-bf16", "dmuon-owner-bf16")
 DMUON_F32 = {"dmuon-a2a-f32": "dmuon-a2a", "dmuon-owner-f32": "dmuon-owner"}  # float32 NS rows, asked for by name
+DMUON_BF16 = {"dmuon-a2a-bf16": "dmuon-a2a", "dmuon-owner-bf16": "dmuon-owner"}  # state_dtype=bfloat16 rows
 PEERS = ("torch-muon", "muon-fsdp2", "dion-muon", "dion-muon-f32")   # what a user would pick instead of dmuon
 TWO_D_ONLY = ("torch-muon", "muon-fsdp2")  # refuse an (E, m, n) expert stack (torch.optim.Muon: "only supports 2D")
 DMUON = ("dmuon-a2a", "dmuon-owner")
@@ -133,7 +138,7 @@ MODELS = {  # dim, heads, kv heads, ffn (per expert), layers, vocab[, experts, e
 SEQ = 64
 TP_PLAN = {"q": ColwiseParallel(), "k": ColwiseParallel(), "v": ColwiseParallel(), "o": RowwiseParallel(),
            "gate": ColwiseParallel(), "up": ColwiseParallel(), "down": RowwiseParallel()}  # per block
-TP_OPTIMIZERS = ("adamw", "dmuon-a2a", "dmuon-owner", *DMUON_F32)  # those that run with --tp > 1
+TP_OPTIMIZERS = ("adamw", "dmuon-a2a", "dmuon-owner", *DMUON_F32, *DMUON_BF16)  # those that run with --tp > 1
 
 
 class Experts(torch.nn.Module):
@@ -271,7 +276,8 @@ def build(name, config, tp, mp_policy, tune_cache=None, lr=0.02, adamw_lr=3e-3):
     data-parallel mesh, its optimizer, HeldMatrices for dmuon-owner(-f32) or None); tune_cache: the dmuon
     settings' (None: none)"""
     ns_dtype = "float32" if name in DMUON_F32 else None  # None: the machine's default
-    name = DMUON_F32.get(name, name)
+    state_dtype = torch.bfloat16 if name in DMUON_BF16 else torch.float32
+    name = DMUON_F32.get(name, DMUON_BF16.get(name, name))
     torch.manual_seed(0)
     model = GPT(*config)
     mesh, tp_mesh = meshes(tp)
@@ -297,7 +303,8 @@ def build(name, config, tp, mp_policy, tune_cache=None, lr=0.02, adamw_lr=3e-3):
             [dict(params=[p for _, p in g["params"]]) if g["use_muon"] else
              dict(params=[p for _, p in g["params"]], algorithm="adamw", lr=adamw_lr) for g in module_groups(model)],
             distributed_mesh=mesh, lr=lr, adjust_lr="rms_norm", **custom), held
-    return model, DMuon(model, lr=lr, adamw_lr=adamw_lr, tune_cache=tune_cache, ns_dtype=ns_dtype), held
+    return model, DMuon(model, lr=lr, adamw_lr=adamw_lr, tune_cache=tune_cache, ns_dtype=ns_dtype,
+                        state_dtype=state_dtype), held
 
 
 def slowest(value):
@@ -336,8 +343,7 @@ def owned_buckets(opt):
         owned = [k for k in bucket if k.owner == opt.comm.rank]
         if owned:
             k = owned[0]
-            state_dtype = opt.state_dtype if opt.state_dtype is not None else k.layout.tensor.dtype
-            ns_dtype = opt.engine.ns_dtype(k.layout.local(k.layout.tensor).device, state_dtype)
+            ns_dtype = opt.engine.ns_dtype(k.layout.local(k.layout.tensor).device, work_dtype(k.group, k.layout.tensor))
             out.append((k.rows, k.cols, len(owned), ns_dtype))
     return out
 
