@@ -32,11 +32,11 @@ import torch_owner_held_test as held_test
 from dcp_io import load, save  # get_state_dict + dcp.save; dcp.load + set_state_dict
 from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
-from dmuon.torch.params import module_groups
 from muon_reference import Reference, muon_matrices
 from owner_held_model import global_batches, loss_of, make_net, rank_slice
 from rank_checks import check, finish
 from rank_exit import exit_rank
+from torch_muon_options_ranks_test import groups_of, local_values
 
 STEPS, SAVED_AT = 6, 3
 TOLERANCE = held_test.TOLERANCE  # 1e-5, the owner-held tests' float32 one
@@ -51,25 +51,12 @@ GROUPS = [("blocks.0.", dict(variant="normuon", state_dtype="bfloat16")),
 HYPER = dict(held_test.HYPER, state_dtype=torch.bfloat16)
 
 
-def groups_of(net):
-    """module_groups(net) with its Muon group split by GROUPS."""
-    out = []
-    for group in module_groups(net):
-        if not group["use_muon"]:
-            out.append(group)
-            continue
-        for prefix, options in GROUPS:
-            out.append({"params": [(n, p) for n, p in group["params"] if n.startswith(prefix)], "use_muon": True,
-                        **options})
-    return out
-
-
 def build(hold, engine):
     mesh = held_test.mesh_of("fsdp2")
     net = make_net()
     held = hold_on_owners(net, mesh) if hold else None
     model = held_test.wrap(net, mesh, held)
-    return model, net, DMuon(groups_of(net), engine=engine, **HYPER)
+    return model, net, DMuon(groups_of(net, GROUPS), engine=engine, **HYPER)
 
 
 def steps(model, opt, which):
@@ -95,15 +82,6 @@ def full_state(net, opt):
         for key, value in entry.items():
             if key != "step":
                 out[name, key] = (value.full_tensor() if isinstance(value, DTensor) else value).clone()
-    return out
-
-
-def local_values(net, opt):
-    """This rank's parameters and state tensors (a held matrix: its owner's alone), for the bit-for-bit resume."""
-    out = {n: (p.to_local() if isinstance(p, DTensor) else p).detach().clone() for n, p in net.named_parameters()
-           if not hasattr(p, "_dmuon_held") or p._dmuon_held.owner == dist.get_rank()}
-    out.update(((i, k), (v.to_local() if isinstance(v, DTensor) else v).clone())
-               for i, entry in opt.state_dict()["state"].items() for k, v in entry.items())
     return out
 
 

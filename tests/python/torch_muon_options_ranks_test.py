@@ -76,16 +76,16 @@ SPLIT_BLOCKS = {"blocks.2.mix.weight": [(3, 12)] * 4, "blocks.2.up.weight": [(8,
                 "blocks.2.down.weight": [(12, 10)] * 2, "blocks.2.experts": [(3, 12)] * 4 * EXPERTS}
 
 
-def groups_of(net):
-    """module_groups(net) with its Muon group split into one group per entry of OPTIONS."""
+def groups_of(net, table=OPTIONS):
+    """module_groups(net) with its Muon group split into one group per entry of table (OPTIONS's form)."""
     out = []
     for group in module_groups(net):
         if not group["use_muon"]:
             out.append(group)
             continue
-        for prefix, options in OPTIONS:
+        for prefix, options in table:
             members = [(n, p) for n, p in group["params"]
-                       if next(q for q, _ in OPTIONS if n.startswith(q)) == prefix]
+                       if next(q for q, _ in table if n.startswith(q)) == prefix]
             out.append({"params": members, "use_muon": True, **options})
     return out
 
