@@ -6,15 +6,19 @@ clipping, its param groups:
   blocks.1   Muon, the constructor's state_dtype=torch.bfloat16
   blocks.2   Muon, state_dtype=torch.float32 (a group of float32 state beside them)
   the rest   AdamW, the constructor's bfloat16: exp_avg, exp_avg_sq in bfloat16
-against the float64 reference (muon_reference.Reference) with its rounding rule: each state value rounded to
-bfloat16 (nearest even) where it is stored, the math in float64 otherwise. The step computes in float32, so a
-value within float32's rounding of a bfloat16 tie may round the other way than the float64 one: every weight must
-be within TOLERANCE (relative Frobenius) of the reference and of the other mode and engine, every bfloat16 state
-tensor must be bfloat16, its elements the reference's stored ones but for at most FLIPPED of them (a share of its
-elements), each of those within one bfloat16 step (at its magnitude) of the reference's.
+Each step is checked against the float64 reference (muon_reference.Reference) with its rounding rule (each state
+value rounded to bfloat16, nearest even, where it is stored; the math in float64 otherwise), started from DMuon's
+own weights and state before that step (exactly theirs) on the global batch: the step's weights within TOLERANCE
+(relative Frobenius) of the reference's; every state tensor in its group's dtype; the float32 group's state within
+TOLERANCE; every bfloat16 state element the reference's stored one, except where the float32 and the float64 values
+round apart (they lie within float32's rounding of a bfloat16 tie): each such element within one bfloat16 step of
+the reference's, and at most FLIPPED of all the bfloat16 elements stored over the run. Step by step, since a
+rounding apart is never undone afterwards (the run follows the bfloat16 recurrence, not float64's: whole runs part
+by more than TOLERANCE after one).
 A torch.distributed.checkpoint save at step SAVED_AT resumes the run bit for bit (weights and bfloat16 states) in
-both modes. Changing a group's state_dtype after the state exists converts its state (rounded) before the next
-step's first write; a bad state_dtype is refused naming the group.
+both modes (the libdmuon_c runs). Changing a group's state_dtype after the state exists converts its state (rounded):
+by a loaded state dict's groups as it loads, by hand before the next step's first write; a bad state_dtype is
+refused naming the group.
 
 Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --nproc N -- \
     tests/python/torch_bf16_states_test.py   (N = 1..4), one BLAS thread per rank.
