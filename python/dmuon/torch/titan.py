@@ -11,9 +11,10 @@ torchtitan, as qk_clip_titan.py does (QK-clip for its models); the rest of dmuon
   optimizer_factory_kwargs_by_name["DMuon"]. implementation="fused_opt_states_bf16" (torch's Adam and AdamW
   states in bfloat16) gives DMuon state_dtype=torch.bfloat16 (Muon's momentum, NorMuon's v, AdamW's moments; a
   group's own state_dtype still wins); the other implementations change nothing. The keys torchtitan adds to every
-  group ("param_names", "fused", "foreach") are taken: the names name the tensors, the kernel choices are ignored (params.py). Under pipeline
-  parallelism (one model part per stage; several on a rank with a looped schedule such as Interleaved1F1B) each
-  part's DMuon runs over its stage's ranks (stage_group), unless the kwargs name a process_group.
+  group ("param_names", "fused", "foreach") are taken: the names name the tensors, the kernel choices are ignored
+  (params.py). Under pipeline parallelism (one model part per stage; several on a rank with a looped schedule such as
+  Interleaved1F1B) each part's DMuon runs over its stage's ranks (stage_group), unless the kwargs name a
+  process_group.
 - owner_held(parallelize_fn): a ModelSpec.parallelize_fn that makes the Muon matrices owner-held
   (hold_on_owners over the data-parallel mesh torchtitan shards on; under tensor or expert parallelism once the
   model's own plans have laid it out) and runs parallelize_fn, whose fully_shard calls leave them to their owners
