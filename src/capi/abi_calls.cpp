@@ -2,8 +2,10 @@
 #include "capi/abi_calls.hpp"
 
 #include <algorithm>
+#include <array>
 #include <exception>
 #include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "dmuon/error.hpp"
@@ -159,13 +161,23 @@ void narrowed(Backend& backend, const float* wide, const Operand& x, int64_t n) 
                   dense_view(backend, x.data, x.dtype, 1, n));
 }
 
-// One tensor's momentum: the rule on n values, U written to `u` (float32, or its slot and rounded back).
+// K slots of n float32 values one after another from base (all nullptr where base is: no operand needs one).
+template <size_t K>
+std::array<float*, K> consecutive(float* base, int64_t n) {
+  std::array<float*, K> out{};
+  if (base != nullptr)
+    for (size_t k = 0; k < K; ++k) out[k] = base + static_cast<int64_t>(k) * n;
+  return out;
+}
+
+// One tensor's momentum: the rule on n values, U written to `u` (float32, or its slot and rounded back). slots: the
+// float32 room of grad, momentum and u where they are narrower (nullptr where float32).
 void momentum_of(Backend& backend, int64_t n, const Operand& grad, const Operand& momentum, const Operand& u,
-                 const float* keep, const StepFlags& flags, double beta, bool nesterov, float* slots) {
+                 const float* keep, const StepFlags& flags, double beta, bool nesterov, std::array<float*, 3> slots) {
   rules::MuonMomentum rule;
-  if (grad.data != nullptr) rule.grad = {backend, widened(backend, grad, n, slots, true), static_cast<size_t>(n)};
-  float* m = widened(backend, momentum, n, slots + n, true);
-  float* out = widened(backend, u, n, slots + 2 * n, false);
+  if (grad.data != nullptr) rule.grad = {backend, widened(backend, grad, n, slots[0], true), static_cast<size_t>(n)};
+  float* m = widened(backend, momentum, n, slots[1], true);
+  float* out = widened(backend, u, n, slots[2], false);
   rule.momentum = {backend, m, static_cast<size_t>(n)};
   rule.u = {backend, out, static_cast<size_t>(n)};
   rule.one_minus_beta = static_cast<float>(1.0 - beta);  // rounded from double separately, as torch's lerp_ weights
@@ -178,13 +190,14 @@ void momentum_of(Backend& backend, int64_t n, const Operand& grad, const Operand
   narrowed(backend, out, u, n);
 }
 
-// One tensor's apply: W ← W·decay + (−lr)·(O·scale) where kept (cautious_wd: the decay where W·O ≥ 0 only).
+// One tensor's apply: W ← W·decay + (−lr)·(O·scale) where kept (cautious_wd: the decay where W·O ≥ 0 only). slots:
+// the float32 room of W and O where they are narrower (nullptr where float32).
 void apply_of(Backend& backend, int64_t n, const Operand& w, const Operand& o, const float* keep, double lr,
-              double weight_decay, double scale, bool cautious_wd, float* slots) {
+              double weight_decay, double scale, bool cautious_wd, std::array<float*, 2> slots) {
   rules::MuonApply rule;
-  float* wide_w = widened(backend, w, n, slots, true);
+  float* wide_w = widened(backend, w, n, slots[0], true);
   rule.w = {backend, wide_w, static_cast<size_t>(n)};
-  rule.o = {backend, widened(backend, o, n, slots + n, true), static_cast<size_t>(n)};
+  rule.o = {backend, widened(backend, o, n, slots[1], true), static_cast<size_t>(n)};
   rule.decay = static_cast<float>(1.0 - lr * weight_decay);
   rule.neg_lr = static_cast<float>(-lr);
   rule.scale = static_cast<float>(scale);
@@ -217,7 +230,8 @@ void muon_momentum_run(Backend& backend, std::span<const int64_t> sizes, std::sp
   float* slots = any_narrow({grads, momenta, u}) ? staging.take(backend, 3 * largest(sizes)) : nullptr;
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] == 0) continue;  // an empty tensor (a rank without rows of a matrix) has nothing to update
-    momentum_of(backend, sizes[i], grads[i], momenta[i], u[i], flags.keep_of(i), flags, beta, nesterov, slots);
+    momentum_of(backend, sizes[i], grads[i], momenta[i], u[i], flags.keep_of(i), flags, beta, nesterov,
+                consecutive<3>(slots, sizes[i]));
   }
 }
 
@@ -227,7 +241,8 @@ void muon_apply_run(Backend& backend, std::span<const int64_t> sizes, std::span<
   float* slots = any_narrow({w, o}) ? staging.take(backend, 2 * largest(sizes)) : nullptr;
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (sizes[i] > 0)
-      apply_of(backend, sizes[i], w[i], o[i], flags.keep_of(i), lr, weight_decay, scales[i], cautious_wd, slots);
+      apply_of(backend, sizes[i], w[i], o[i], flags.keep_of(i), lr, weight_decay, scales[i], cautious_wd,
+               consecutive<2>(slots, sizes[i]));
   }
 }
 
@@ -238,21 +253,26 @@ void muon_update_run(Backend& backend, int64_t rows, int64_t cols, std::span<con
                      bool check_finite) {
   const auto batch = static_cast<int64_t>(w.size());
   const int64_t n = rows * cols;
-  // [U_0 … U_{batch−1} | three slots of one matrix for the widened operands, when some operand is bfloat16]
-  const int64_t slot_count = any_narrow({grads, momenta, w}) ? 3 : 0;
-  float* stack = staging.take(backend, (batch + slot_count) * n);
-  float* slots = slot_count > 0 ? stack + batch * n : nullptr;
+  // [U_0 … U_{batch−1} | a float32 slot of one matrix for each of grads, momenta and w that holds a bfloat16 operand]
+  // (bfloat16 state of float32 parameters: the momentum's alone)
+  const std::array<bool, 3> narrow{any_narrow({grads}), any_narrow({momenta}), any_narrow({w})};
+  float* stack = staging.take(backend, (batch + std::count(narrow.begin(), narrow.end(), true)) * n);
+  std::array<float*, 3> slot{};  // the gradients', the momenta's, the weights'; nullptr where all are float32
+  float* next = stack + batch * n;
+  for (size_t k = 0; k < slot.size(); ++k)
+    if (narrow[k]) slot[k] = std::exchange(next, next + n);
   double* norms = check_finite ? nullptr : staging.norms(backend, batch);
   std::vector<MatView> u(w.size());
   for (int64_t i = 0; i < batch; ++i) {
     const Operand ui{stack + i * n, DType::f32};
-    momentum_of(backend, n, grads[i], momenta[i], ui, flags.keep_of(i), flags, beta, nesterov, slots);
+    momentum_of(backend, n, grads[i], momenta[i], ui, flags.keep_of(i), flags, beta, nesterov,
+                {slot[0], slot[1], nullptr});
     u[i] = dense_view(backend, ui.data, DType::f32, rows, cols);
   }
   newton_schulz_batched(backend, u, u, options, names, norms);
   for (int64_t i = 0; i < batch; ++i)
     apply_of(backend, n, w[i], {stack + i * n, DType::f32}, flags.keep_of(i), lr, weight_decay, scale, cautious_wd,
-             slots);
+             {slot[2], nullptr});
 }
 
 void adamw_run(Backend& backend, DType storage, void* p, const void* grad, void* m, void* v, int64_t n,

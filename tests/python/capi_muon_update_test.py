@@ -115,12 +115,20 @@ def test_apply_bit_for_bit_with_keep_and_bfloat16_weights(cautious_wd):
     assert not torch.equal(ws[0], apply_ref(before[0], os_[0], 0.02, 0.1, scales[0], not cautious_wd))
 
 
+# (gradient, momentum, weight) dtypes: float32; bfloat16 state of float32 parameters (the momentum's staging slot
+# alone); bfloat16 parameters with float32 state; bfloat16 everything
+DTYPES = [(torch.float32,) * 3, (torch.float32, torch.bfloat16, torch.float32),
+          (torch.bfloat16, torch.float32, torch.bfloat16), (torch.bfloat16,) * 3]
+
+
 @pytest.mark.parametrize("cautious_wd", [False, True])
-def test_whole_update_equals_its_three_parts(cautious_wd):
+@pytest.mark.parametrize("dtypes", DTYPES)
+def test_whole_update_equals_its_three_parts(cautious_wd, dtypes):
+    g_dtype, m_dtype, w_dtype = dtypes
     rows, cols, beta, lr, wd, s = 24, 40, 0.95, 0.02, 0.1, 0.2 * 40 ** 0.5
-    ws = [randn(rows, cols, seed=20 + i) for i in range(3)]
-    ms = [randn(rows, cols, seed=30 + i) for i in range(3)]
-    gs = [randn(rows, cols, seed=40), None, randn(rows, cols, seed=42)]
+    ws = [randn(rows, cols, seed=20 + i, dtype=w_dtype) for i in range(3)]
+    ms = [randn(rows, cols, seed=30 + i, dtype=m_dtype) for i in range(3)]
+    gs = [randn(rows, cols, seed=40, dtype=g_dtype), None, randn(rows, cols, seed=42, dtype=g_dtype)]
     keep = [torch.tensor(1.0), torch.tensor(1.0), torch.tensor(0.0)]
     scale = torch.tensor(0.5)
     ns = dmuon.Orthogonalizer(algo="gram", threads=1, tune_cache=None, check_finite=False)
@@ -137,7 +145,7 @@ def test_whole_update_equals_its_three_parts(cautious_wd):
     for i in range(3):
         assert torch.equal(ws[i], ws2[i]), f"W of matrix {i}"
         assert torch.equal(ms[i], ms2[i]), f"M of matrix {i}"
-    assert not torch.equal(ws[0], randn(rows, cols, seed=20))  # it did update
+    assert not torch.equal(ws[0], randn(rows, cols, seed=20, dtype=w_dtype))  # it did update
 
 
 def test_whole_update_with_the_finite_check_names_the_matrix():
