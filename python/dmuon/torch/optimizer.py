@@ -36,7 +36,7 @@ from dmuon.torch.exchange import Exchange
 from dmuon.torch.frameworks import replaced_parameters
 from dmuon.torch.gradient_check import GradientCheck
 from dmuon.torch.held.hold import adopt_replaced
-from dmuon.torch.matrices import assign_owners, buckets_of, parameter_matrices, stack_of
+from dmuon.torch.matrices import assign_owners, buckets_of, parameter_matrices, stack_of, step_budget
 from dmuon.torch.muon_options import DEFAULTS as MUON_DEFAULTS, MuonOptions, check_options
 from dmuon.torch.ns_clock import NsClock
 from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
@@ -96,6 +96,13 @@ class DMuon(torch.optim.Optimizer):
     torch has, "auto" (the default) libdmuon_c where it loads and runs on the Muon parameters' devices, else torch
     ops, with one warning naming the engine it would have used. The resolved one is `engine` (its .name).
 
+    step_memory: a byte budget for each Newton–Schulz batch of the step's Muon exchange: a bucket of same-shape
+    matrices is cut into batches of at most step_memory // matrices.step_bytes(rows, cols) matrices per owner (its
+    gathered U, the pieces of U and O on their way and the iterates, counted in float32: 4·(5·m·n + 4·m²) bytes a
+    matrix, m ≤ n), run one after the other, so a rank that owns many large matrices never holds them all at once;
+    the result is the same bit for bit. "auto" (the default): twice the largest Muon matrix's step_bytes; None or
+    0: no bound (every bucket one batch); a budget below one matrix's step_bytes is a ValueError naming its parameter.
+
     Construction, add_param_group and step() are collective over process_group (every rank, same
     parameter names and shapes). state_dict() is local, as torch's optimizers': {"state": {index:
     state}, "param_groups": [...]} with this rank's tensors (DTensors for DTensor parameters); use
@@ -114,11 +121,12 @@ class DMuon(torch.optim.Optimizer):
     def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=None,
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, balancer="milp",
                  process_group=None, clip_grad_norm=None, nonfinite="error", state_dtype=torch.float32,
-                 experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None, engine="auto", **options):
+                 experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None, engine="auto", step_memory="auto",
+                 **options):
         ns_dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(ns_dtype, ns_dtype)
         muon = {**MUON_DEFAULTS, **options}  # Muon's options: muon_options.DEFAULTS, the one table
         check_arguments(options, ns_dtype, lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps,
-                        adamw_weight_decay, muon, balancer, nonfinite, engine, clip_grad_norm, state_dtype)
+                        adamw_weight_decay, muon, balancer, nonfinite, engine, clip_grad_norm, state_dtype, step_memory)
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, adamw_lr=adamw_lr,
                         adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay,
                         **muon)
@@ -128,6 +136,7 @@ class DMuon(torch.optim.Optimizer):
         self.state_dtype = state_dtype
         self.experts = experts
         self._balancer = balancer
+        self._step_memory, self._step_budget = step_memory, None  # the budget: step_budget's, set by _track
         self._tune_cache = tune_cache
         self._threads = torch.get_num_threads()
         self._ns_dtype = ns_dtype  # Newton–Schulz's compute dtype, every group's (None: the device's default)
@@ -241,6 +250,7 @@ class DMuon(torch.optim.Optimizer):
             if group["use_muon"]:  # an empty matrix has none: nothing to orthogonalize or update
                 matrices.extend(parameter_matrices(i, name, layout, group, MuonOptions.of_group(group),
                                                    stack_of(name, layout, self.experts)))
+        self._step_budget = step_budget(self._matrices + matrices, self._step_memory)
         assign_owners(matrices, self.comm.world,
                       lambda shapes, world, blocks: plan_on_rank0(self.comm, shapes, self._balancer, self._threads,
                                                                   self._tune_cache, blocks))
@@ -248,7 +258,7 @@ class DMuon(torch.optim.Optimizer):
         self.owners.update((k.name, k.owner) for k in matrices)
         for k in matrices:
             self.ns_of(k.options)
-        self._buckets = buckets_of(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
+        self._buckets = buckets_of(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor), self._step_budget)
         for i in range(first, len(self._layouts)):
             self._zero_state(i)
 
@@ -282,7 +292,7 @@ class DMuon(torch.optim.Optimizer):
         for k in self._matrices:
             k.options = MuonOptions.of_group(k.group)
             self.ns_of(k.options)
-        self._buckets = buckets_of(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor))
+        self._buckets = buckets_of(self._matrices, lambda k: self._state_dtype_of(k.layout.tensor), self._step_budget)
 
     @property
     def updates(self):
