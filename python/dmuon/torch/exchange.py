@@ -81,19 +81,19 @@ class Exchange:
         buckets = [b for b in buckets if b]
         moving = [any(k.u_travels or k.o_travels for k in b) for b in buckets]
         travelling = [b for b, m in zip(buckets, moving) if m]
-        launched = self._launch(travelling[0]) if travelling else None
+        launched = [self._launch(travelling[0])] if travelling else []  # _compute takes (and frees) each
         for bucket in (b for b, m in zip(buckets, moving) if not m):  # while the first bucket's pieces travel
             mine = [k for k in bucket if k.owner == me]
             if mine:
                 self._update_held(mine)
         previous = None
         for k in range(len(travelling)):
-            following = self._launch(travelling[k + 1]) if k + 1 < len(travelling) else None
-            current = self._compute(travelling[k], launched)
+            if k + 1 < len(travelling):
+                launched.append(self._launch(travelling[k + 1]))
+            current = self._compute(travelling[k], launched.pop(0))
             if previous is not None:
                 self._finish(*previous)
             previous = (travelling[k], current)
-            launched = following
         if previous is not None:
             self._finish(*previous)
 
@@ -191,8 +191,10 @@ class Exchange:
     def _launch(self, bucket):
         c, me = self.comm, self.comm.rank
         u = self._form_u(bucket)
+        # what _compute reads of U (the owner's own pieces); the rest is freed once sent
+        mine = {id(k): u[id(k)] for k in bucket if k.owner == me and id(k) in u}
         if not any(k.u_travels for k in bucket):
-            return u, None, None
+            return mine, None, None
         # Send: my piece of U of every matrix whose owner is another rank of my replica (and then my rows of its
         # per-row state, in U's dtype, the state's); the owner receives, per source rank in rank order, that
         # rank's pieces of its matrices in bucket order.
@@ -212,7 +214,7 @@ class Exchange:
         like = self._like(bucket, u)
         send = torch.cat(parts) if parts else like.new_empty(0)
         recv, work = c.all_to_all(send, out_numel, in_numel)
-        return u, recv, work
+        return mine, recv, work
 
     def _compute(self, bucket, launched):
         c, me = self.comm, self.comm.rank
@@ -222,7 +224,7 @@ class Exchange:
         owned = [k for k in bucket if k.owner == me]
         width = bucket[0].width  # the bucket's matrices share their options, so their variant and width
         like = self._like(bucket, u)
-        ns_dtype = self.engine.ns_dtype(like.device, like.dtype)
+        u_dtype, ns_dtype = like.dtype, self.engine.ns_dtype(like.device, like.dtype)
         full = torch.empty((len(owned), bucket[0].rows, bucket[0].cols), dtype=ns_dtype, device=like.device)
         # the owned matrices' per-row state (K, rows, width), in the state's dtype (U's)
         rows = like.new_empty((len(owned), bucket[0].rows, width)) if width else None
@@ -243,6 +245,7 @@ class Exchange:
                         held = k.rows_piece(src)
                         put(rows[j], held, recv[offset:offset + held.count].view(held.shape))
                         offset += held.count
+        del launched, u, recv, like  # U's pieces are in full now: freed before Newton–Schulz
         self._orthogonalize(full, owned, rows)
         if not any(k.o_travels for k in bucket):
             return full, owned, rows, None, None
@@ -263,7 +266,7 @@ class Exchange:
         out_numel = [0] * c.world
         for k in bucket:
             if k.owner != me:
-                out_numel[k.owner] += k.pieces[me].count + packed_numel(k.rows_piece(me).count, like.dtype, full.dtype)
+                out_numel[k.owner] += k.pieces[me].count + packed_numel(k.rows_piece(me).count, u_dtype, full.dtype)
         send = torch.cat(parts) if parts else full.new_empty(0)
         received, work = c.all_to_all(send, out_numel, in_numel)
         return full, owned, rows, received, work
