@@ -96,12 +96,9 @@ class DMuon(torch.optim.Optimizer):
     torch has, "auto" (the default) libdmuon_c where it loads and runs on the Muon parameters' devices, else torch
     ops, with one warning naming the engine it would have used. The resolved one is `engine` (its .name).
 
-    step_memory: a byte budget for each Newton–Schulz batch of the step's Muon exchange: a bucket of same-shape
-    matrices is cut into batches of at most step_memory // matrices.step_bytes(rows, cols) matrices per owner (its
-    gathered U, the pieces of U and O on their way and the iterates, counted in float32: 4·(5·m·n + 4·m²) bytes a
-    matrix, m ≤ n), run one after the other, so a rank that owns many large matrices never holds them all at once;
-    the result is the same bit for bit. "auto" (the default): twice the largest Muon matrix's step_bytes; None or
-    0: no bound (every bucket one batch); a budget below one matrix's step_bytes is a ValueError naming its parameter.
+    step_memory: bytes per Newton–Schulz batch of an owner (matrices.step_budget; docs/pytorch.md, "Step memory"):
+    "auto" (the default) twice the largest Muon matrix's matrices.step_bytes, None or 0 no bound; the same result
+    bit for bit; a budget below one matrix's step_bytes is a ValueError naming its parameter.
 
     Construction, add_param_group and step() are collective over process_group (every rank, same
     parameter names and shapes). state_dict() is local, as torch's optimizers': {"state": {index:
