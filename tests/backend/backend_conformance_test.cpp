@@ -796,6 +796,19 @@ TEST(NsDefaultDtype, FollowsTheMachineUnlessForced) {
   EXPECT_EQ(cpu_ns_default_dtype(), ns_default_dtype_rule(cpu_bf16::matrix_units(), std::getenv("DMUON_NS_DEFAULT_DTYPE")));
 }
 
+// Whether bf16 competes with float32 in a tuning for calls that ask for no dtype: on the machine's answer (bf16
+// instructions that oneDNN uses), faked both ways, unless DMUON_NS_DEFAULT_DTYPE forces a default.
+TEST(NsBf16Candidate, FollowsTheMachineUnlessForced) {
+  for (const bool bf16_products : {true, false}) {
+    EXPECT_EQ(ns_bf16_candidate_rule(bf16_products, nullptr), bf16_products);
+    EXPECT_EQ(ns_bf16_candidate_rule(bf16_products, ""), bf16_products);
+    EXPECT_TRUE(ns_bf16_candidate_rule(bf16_products, "bf16"));
+    EXPECT_FALSE(ns_bf16_candidate_rule(bf16_products, "f32"));
+    EXPECT_THROW(ns_bf16_candidate_rule(bf16_products, "bfloat16"), Error);
+  }
+  EXPECT_EQ(cpu_ns_bf16_candidate(), ns_bf16_candidate_rule(cpu_bf16::native(), std::getenv("DMUON_NS_DEFAULT_DTYPE")));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, DtypeConformance,
                          ::testing::Combine(::testing::Values("cpu", "cuda", "fenced"),
                                             ::testing::Values(DType::f32, DType::bf16)),
