@@ -66,11 +66,11 @@ std::vector<NsOptions> tune_candidates(int64_t rows, int64_t cols, int batch, in
 NsOptions untuned_options(int max_threads, DType dtype = DType::f32);
 
 // The compute dtypes the tuner times for a CPU caller that asks for none, given the CPU's untuned default
-// (`cpu_default`: cpu_ns_default_dtype(), bf16 where the CPU has bf16 matrix units (AMX) or DMUON_NS_DEFAULT_DTYPE=bf16)
-// and whether bf16 competes there (`bf16_candidate`: cpu_ns_bf16_candidate(), a CPU with bf16 instructions that oneDNN
-// uses, AVX-512 BF16 or AMX): {bf16, f32} where the default is bf16, {f32, bf16} where bf16 is a candidate only (the
-// default first: the untuned baseline's dtype), {f32} elsewhere (an AVX2 CPU), whose key is an explicit f32 caller's.
-// A function of its arguments, so tests fake the machine.
+// (`cpu_default`: cpu_ns_default_dtype(), bf16 where the CPU has bf16 matrix units (AMX) or
+// DMUON_NS_DEFAULT_DTYPE=bf16) and whether bf16 competes there (`bf16_candidate`: cpu_ns_bf16_candidate(), a CPU
+// with bf16 instructions that oneDNN uses, AVX-512 BF16 or AMX): {bf16, f32} where the default is bf16, {f32, bf16}
+// where bf16 is a candidate only (the default first: the untuned baseline's dtype), {f32} elsewhere (an AVX2 CPU),
+// whose key is an explicit f32 caller's. A function of its arguments, so tests fake the machine.
 std::vector<DType> auto_tune_dtypes(DType cpu_default, bool bf16_candidate);
 // This process's: auto_tune_dtypes(cpu_ns_default_dtype(), cpu_ns_bf16_candidate()).
 std::vector<DType> cpu_auto_tune_dtypes();

@@ -377,7 +377,7 @@ class Tuner:
         self.folder = folder[0]
         self.path = os.path.join(self.folder, "tune.json")
         self.tuned = set()   # (rows, cols, batch) in the cache
-        self.times = {}      # rank 0: (rows, cols, batch) → (the tuned kernel's seconds, the untuned one's, its dtype)
+        self.times = {}      # rank 0: (rows, cols, batch) → (tuned kernel's seconds, untuned one's, its dtype)
         self.calls = 0
 
     def tune(self, requests):
@@ -666,7 +666,8 @@ def print_table(setting):
         return "-" if math.isnan(x) else f"{1e3 * x:.1f}"
 
     for r in setting:
-        print(f"| {r['optimizer']} | {r['ns_dtype']} | {1e3 * r['step']:.1f} | {1e3 * r['fwd_bwd']:.1f} | {1e3 * r['total']:.1f} | "
+        print(f"| {r['optimizer']} | {r['ns_dtype']} | {1e3 * r['step']:.1f} | {1e3 * r['fwd_bwd']:.1f} | "
+              f"{1e3 * r['total']:.1f} | "
               f"{ratio(r['total_vs_adamw'])} | {1e3 * r['blocked_fwd_bwd']:.1f} | {1e3 * r['blocked_step']:.1f} | "
               f"{int(r['wire_bytes'])} | {int(r['wire_bytes_in_step'])} | {ratio(r['bytes_vs_adamw'])} | {ratio(r['step_speedup_vs_fastest_peer'], 'x')} | "
               f"{ms(r['ns_in_step'])} | {ms(r['ns_pred'])} | {ratio(r['step_vs_ns_pred'])} |",
