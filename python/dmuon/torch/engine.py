@@ -14,7 +14,7 @@ tensors, in calls batched per bucket and param group:
   update(ns, entries, rows, cols, group, scale, cautious_wd, values, names)
                           all three for matrices held whole here, (index, W, M, grad) entries
 values is the step's muon_update.StepValues (the keep flags and the clipping factor, device tensors). Each engine
-keeps `ns_ran`, (rows, cols, batch) → the compute dtype ("float32", "bfloat16") its Newton–Schulz ran them in
+keeps `ns_ran`, (id of the Newton–Schulz handle, rows, cols, batch) → the compute dtype ("float32", "bfloat16") its Newton–Schulz ran them in
 (DMuon.ns_dtypes_ran), so a benchmark reports the precision beside the time.
 
 Two engines: DmuonEngine, libdmuon_c's C++ engine (muon_update.py's calls: the CPU backend, or for CUDA tensors its
@@ -67,10 +67,10 @@ class DmuonEngine:
     def _ran(self, ns, device, dtype_code, rows, cols, batch):
         """Notes the compute dtype of a call (first of each (rows, cols, batch)), advising tuning where it is untuned
         float32 asked for by nobody on a CPU where dmuon.tune times bfloat16 too."""
-        if (rows, cols, batch) in self.ns_ran:
+        if (id(ns), rows, cols, batch) in self.ns_ran:
             return
         compute, tuned = ns.call_dtype(rows, cols, batch, device, dtype_code)
-        self.ns_ran[rows, cols, batch] = compute
+        self.ns_ran[id(ns), rows, cols, batch] = compute
         if (self.advise and not tuned and self.dtype is None and device == dmuon.DEVICE_CPU
                 and compute == "float32" and dmuon.tuning_chooses_dtype()):
             _advise_tuning(rows, cols, batch)
@@ -146,7 +146,7 @@ class TorchEngine:
 
     def orthogonalize(self, ns, matrices, names):
         stack = torch.stack(matrices)
-        self._ran(ns.compute_dtype(stack.device, stack.dtype), stack.shape)
+        self._ran(ns, ns.compute_dtype(stack.device, stack.dtype), stack.shape)
         for matrix, o in zip(matrices, ns.run(stack).unbind()):
             matrix.copy_(o)
 
@@ -154,11 +154,11 @@ class TorchEngine:
         torch_engine.apply([(w, o, s) for _, w, o, s in entries], muon_update.host_number(lr), weight_decay,
                            values.keep_of([i for i, _, _, _ in entries]), cautious_wd)
 
-    def _ran(self, compute, shape):
-        self.ns_ran.setdefault((shape[-2], shape[-1], shape[0]), str(compute).removeprefix("torch."))
+    def _ran(self, ns, compute, shape):
+        self.ns_ran.setdefault((id(ns), shape[-2], shape[-1], shape[0]), str(compute).removeprefix("torch."))
 
     def update(self, ns, entries, rows, cols, group, scale, cautious_wd, values, names):
-        self._ran(ns.compute_dtype(entries[0][1].device, torch.bfloat16), (len(entries), rows, cols))
+        self._ran(ns, ns.compute_dtype(entries[0][1].device, torch.bfloat16), (len(entries), rows, cols))
         torch_engine.update(ns, [(w, m, g) for _, w, m, g in entries], group["momentum"], group["nesterov"],
                             muon_update.host_number(group["lr"]), group["weight_decay"], scale, cautious_wd,
                             values.keep_of([i for i, _, _, _ in entries]), values.clip_factor)

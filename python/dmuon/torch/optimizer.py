@@ -545,6 +545,7 @@ class DMuon(torch.optim.Optimizer):
         super().__setstate__(state)
         self._model = None  # a copy follows its own param_groups
         self._ns = {}
+        self.engine.ns_ran = {}  # keyed by the handles, which a copy makes anew
         self.ns = self.ns_of(MuonOptions.of_group(self.defaults))
 
     def _load_entry(self, i, entry):
