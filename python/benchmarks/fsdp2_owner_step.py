@@ -13,9 +13,10 @@
                    carry bfloat16)
   dmuon-a2a        dmuon.torch.DMuon on FSDP2's shards (the all-to-all mode)
   dmuon-owner      dmuon.torch.hold_on_owners + DMuon (the owner-centric mode)
-  dmuon-a2a-f32,   the same two with float32 Newton–Schulz (ns_dtype="float32"); the two above run the machine's
-  dmuon-owner-f32  default: bfloat16 on a CPU with bf16 matrix units (AMX), float32 elsewhere. Not in the
-                   default --optimizers: ask for them
+  dmuon-a2a-f32,   the same two with float32 Newton–Schulz (ns_dtype="float32"); the two above ask for no dtype:
+  dmuon-owner-f32  untuned the machine's default (bfloat16 on a CPU with bf16 matrix units, AMX, float32 elsewhere),
+                   +tuned per shape the dtype dmuon.tune measured faster (bfloat16 and float32 both timed on a CPU
+                   with bf16 instructions, AVX-512 BF16 or AMX). Not in the default --optimizers: ask for them
 
 Each dmuon setting runs twice: without a tuning cache (tune_cache=None: untuned kernels, the owner
 planner on flop costs; a cache at the default path is not read) and as `dmuon-a2a+tuned` /
@@ -75,6 +76,10 @@ gradients and step peak of any rank, and for a dmuon row on the fullest rank its
 the largest Muon matrix it owns and of its largest Newton–Schulz batch (the matrices of one of its buckets), and the
 peak over that matrix (--json: memory_per_rank, every rank's). --step-memory (auto, none or bytes) is the dmuon
 rows' DMuon(step_memory=...), which bounds those batches (docs/pytorch.md).
+
+"NS dtype": the Newton–Schulz compute dtype each optimizer ran, so precision shows beside time: the peers' fixed
+choice (FIXED_NS_DTYPE), a dmuon row's every dtype any rank's engine ran (DMuon.ns_dtypes_ran; "bfloat16+float32"
+where the tuner chose per shape).
 
 Per dmuon row, three Newton–Schulz columns, all of the rank whose median optimizer step is the longest
 (--json has every rank's: step_per_rank, ns_in_step_per_rank, blocked_step_per_rank, ns_pred_per_rank,
@@ -242,6 +247,10 @@ class TorchMuonFsdp2(torch.optim.Optimizer):
 
 
 PEER_MODULES = {"muon-fsdp2": "muon_fsdp2", "dion-muon": "dion", "dion-muon-f32": "dion"}
+# The Newton–Schulz compute dtype of the optimizers that fix one (the table's "NS dtype"; a dmuon row's is what its
+# engine ran, DMuon.ns_dtypes_ran): torch.optim.Muon and the peers' defaults bfloat16, dion-muon-f32 float32.
+FIXED_NS_DTYPE = {"adamw": "-", "torch-muon": "bfloat16", "muon-fsdp2": "bfloat16", "dion-muon": "bfloat16",
+                  "dion-muon-f32": "float32"}
 
 
 def newton_schulz_f32(u, epsilon=1e-7, steps=5):
@@ -372,7 +381,7 @@ class Tuner:
         self.folder = folder[0]
         self.path = os.path.join(self.folder, "tune.json")
         self.tuned = set()   # (rows, cols, batch) in the cache
-        self.times = {}      # rank 0: (rows, cols, batch) → (the tuned kernel's seconds, the untuned one's), from the cache
+        self.times = {}      # rank 0: (rows, cols, batch) → (tuned kernel's seconds, untuned one's, its dtype)
         self.calls = 0
 
     def tune(self, requests):
@@ -394,10 +403,11 @@ class Tuner:
             if not error:  # each entry of the cache file holds both times (seconds, default_seconds)
                 for setting in json.loads(pathlib.Path(self.path).read_text())["settings"]:
                     for e in setting["entries"]:
-                        self.times[(e["rows"], e["cols"], e["batch"])] = (e["seconds"], e["default_seconds"])
+                        self.times[(e["rows"], e["cols"], e["batch"])] = (e["seconds"], e["default_seconds"],
+                                                                          e["dtype"])
             def times(q):
-                tuned, untuned = self.times.get(q, (math.nan, math.nan))
-                return f"{1e3 * tuned:.1f} ms (untuned {1e3 * untuned:.1f} ms)"
+                tuned, untuned, dtype = self.times.get(q, (math.nan, math.nan, "?"))
+                return f"{1e3 * tuned:.1f} ms in {dtype} (untuned {1e3 * untuned:.1f} ms)"
             print(f"tuned on rank 0 in {time.perf_counter() - t0:.1f} s ({torch.get_num_threads()} BLAS threads); "
                   "the chosen kernel's time as the tuner measured it: "
                   + "; ".join(f"{r}x{c} batch {b}: {times((r, c, b))}" for r, c, b in todo), flush=True)
@@ -492,8 +502,9 @@ def measure(name, config, tokens, tp, micro_batches, steps, warmup, mp_policy, b
     out["wire_bytes"] = statistics.median(total(r["wire"]) for r in timed)
     out["wire_bytes_in_step"] = statistics.median(total(r["wire_step"]) for r in timed)
     out["loss_last"] = timed[-1]["loss"]
-    out.update(ns_in_step=math.nan, ns_pred=math.nan, step_vs_ns_pred=math.nan)
+    out.update(ns_in_step=math.nan, ns_pred=math.nan, step_vs_ns_pred=math.nan, ns_dtype=FIXED_NS_DTYPE.get(name))
     if isinstance(opt, DMuon):
+        out["ns_dtype"] = "+".join(sorted({d for ran in gathered(opt.ns_dtypes_ran) for d in ran}))
         buckets = owned_buckets(opt)
         mine = dict(step=statistics.median(r["step"] for r in timed),
                     ns_in_step=statistics.median(r["ns"] for r in timed),
@@ -512,7 +523,7 @@ def measure(name, config, tokens, tp, micro_batches, steps, warmup, mp_policy, b
         if tuner:
             missing = sorted({tuple(q) for r in ranks for q in r["batches"]} - tuner.tuned)
             out["untuned_batches"] = missing
-            out["tuner_seconds"] = [dict(rows=q[0], cols=q[1], batch=q[2], tuned=t[0], untuned=t[1])
+            out["tuner_seconds"] = [dict(rows=q[0], cols=q[1], batch=q[2], tuned=t[0], untuned=t[1], dtype=t[2])
                                     for q, t in sorted(tuner.times.items())] if rank == 0 else None
             if missing and rank == 0:
                 print(f"{name}{TUNED}: the ranks' buckets run (shape, batch) not in the cache: {missing}", flush=True)
@@ -666,10 +677,10 @@ def print_table(setting):
           f"{first['micro_batches']} "
           f"micro-batch(es) (times in ms, slowest rank; "
           f"1-minute load average {first['load_average_1min']:.1f} to {setting[-1]['load_average_1min']:.1f})")
-    print("| optimizer | step | fwd+bwd | total | total vs AdamW | blocked in fwd+bwd | blocked in step "
+    print("| optimizer | NS dtype | step | fwd+bwd | total | total vs AdamW | blocked in fwd+bwd | blocked in step "
           "| wire bytes/step | of which in step | bytes vs AdamW | step speedup vs fastest peer "
           "| NS in step | NS pred | step/NS |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     def ratio(x, unit=""):
         return "-" if math.isnan(x) else f"{x:.3f}{unit}"
 
@@ -677,7 +688,8 @@ def print_table(setting):
         return "-" if math.isnan(x) else f"{1e3 * x:.1f}"
 
     for r in setting:
-        print(f"| {r['optimizer']} | {1e3 * r['step']:.1f} | {1e3 * r['fwd_bwd']:.1f} | {1e3 * r['total']:.1f} | "
+        print(f"| {r['optimizer']} | {r['ns_dtype']} | {1e3 * r['step']:.1f} | {1e3 * r['fwd_bwd']:.1f} | "
+              f"{1e3 * r['total']:.1f} | "
               f"{ratio(r['total_vs_adamw'])} | {1e3 * r['blocked_fwd_bwd']:.1f} | {1e3 * r['blocked_step']:.1f} | "
               f"{int(r['wire_bytes'])} | {int(r['wire_bytes_in_step'])} | {ratio(r['bytes_vs_adamw'])} | {ratio(r['step_speedup_vs_fastest_peer'], 'x')} | "
               f"{ms(r['ns_in_step'])} | {ms(r['ns_pred'])} | {ratio(r['step_vs_ns_pred'])} |",

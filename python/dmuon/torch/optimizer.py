@@ -85,8 +85,10 @@ class DMuon(torch.optim.Optimizer):
     ns_dtype: Newton–Schulz's compute dtype (its iterates; products accumulate in float32), chosen explicitly:
     "float32" or "bfloat16" (torch.float32 / torch.bfloat16 too), whatever the parameters' dtype; None (the default):
     the device's default: on the CPU bfloat16 where it has bf16 matrix units (AMX), float32 elsewhere, except
-    that a shape tune_cache has (dmuon tune's default, dmuon.tune) runs in the dtype the tuner measured faster there;
-    on a GPU the engine's bfloat16 (docs/pytorch.md, "Defaults").
+    that a shape tune_cache has (dmuon tune's default, dmuon.tune) runs in the dtype the tuner measured faster there
+    (bfloat16 and float32 both timed on a CPU with AVX-512 BF16 or AMX; where such a CPU runs a shape untuned in
+    float32, rank 0 warns once per process how to tune); on a GPU the engine's bfloat16 (docs/pytorch.md,
+    "Defaults"). ns_dtypes_ran: the dtypes this rank ran.
 
     state_dtype: the dtype of Muon's momentum and AdamW's moments (float32 by default, so bf16
     parameters keep float32 state; None: each parameter's own dtype).
@@ -283,6 +285,12 @@ class DMuon(torch.optim.Optimizer):
         if options.newton_schulz not in self._ns:
             self._ns[options.newton_schulz] = self.engine.newton_schulz(options)
         return self._ns[options.newton_schulz]
+
+    @property
+    def ns_dtypes_ran(self):
+        """The compute dtypes ("bfloat16", "float32") this rank's Newton–Schulz ran in so far, sorted: per shape the
+        one asked for (ns_dtype), else the tuned choice or the device's default (the engine's ns_ran)."""
+        return sorted(set(self.engine.ns_ran.values()))
 
     def _refreeze_options(self):
         """Every Muon matrix's options from its param group again (after load_state_dict), and the buckets."""
@@ -544,6 +552,7 @@ class DMuon(torch.optim.Optimizer):
         super().__setstate__(state)
         self._model = None  # a copy follows its own param_groups
         self._ns = {}
+        self.engine.ns_ran = {}  # keyed by the handles, which a copy makes anew
         self.ns = self.ns_of(MuonOptions.of_group(self.defaults))
 
     def _load_entry(self, i, entry):
