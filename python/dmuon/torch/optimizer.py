@@ -10,10 +10,11 @@ whole group, which alone runs its Newton–Schulz (matrices.py, exchange.py).
 
 DMuon is the torch.optim shell around a plan and a step. The plan (plan.py), made at construction and by
 add_param_group (collective): each parameter's layout (layout.py), its Muon matrices, their owners and
-buckets (matrices.py), its state; load_state_dict checks and writes a saved one (checkpoint.py). step() runs its phases over the plan: the step hooks' before_step
-(step_hooks.py: the owner-held schedules), the gradient check (gradient_check.py: one all-reduce, which
-carries the hooks' extras), AdamW (adamw.py), the Muon exchange (exchange.py, calling each matrix's
-variant, variants/), the step hooks' after_step in reverse order (QK-clip, the schedules).
+buckets (matrices.py), its state; load_state_dict checks and writes a saved one (checkpoint.py). step()
+runs its phases over the plan: the step hooks' before_step (step_hooks.py: the owner-held schedules), the
+gradient check (gradient_check.py: one all-reduce, which carries the hooks' extras), AdamW (adamw.py), the
+Muon exchange (exchange.py, calling each matrix's variant, variants/), the step hooks' after_step in reverse
+order (QK-clip, the schedules).
 
 Optimizer state follows torch.optim.AdamW under FSDP2, so torch.distributed.checkpoint saves and
 reshards it: state[param] holds tensors laid out as the parameter (DTensors with its mesh and
