@@ -42,7 +42,7 @@ import torch.distributed as dist
 import dmuon
 from torch.distributed.tensor import DTensor
 
-import torch_owner_held_test as held_test
+import owner_held_runs as runs
 from collective_ledger import Ledger, recording
 from dmuon.torch import Attention, DMuon, FusedAttention, LatentAttention, QKClip, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
@@ -112,7 +112,7 @@ def check_planned_owners(mode, owners, planned):
 
 def build(hold):
     """(model, its parameters' module, optimizer), owners planned by lpt (checked)."""
-    mesh = held_test.mesh_of("fsdp2")
+    mesh = runs.mesh_of("fsdp2")
     net = make_net(**NET)
     if hold:  # the stacks (E, D, D) costed as (D, E·D)
         planned = [(n, (DIM, EXPERTS * DIM) if p.dim() == 3 else tuple(p.shape))
@@ -121,8 +121,8 @@ def build(hold):
         check_planned_owners("owner-centric", held.owners, planned)
     else:
         held = None
-    model = held_test.wrap(net, mesh, held)
-    opt = DMuon(groups_of(net), balancer="lpt", **held_test.HYPER)
+    model = runs.wrap(net, mesh, held)
+    opt = DMuon(groups_of(net), balancer="lpt", **runs.HYPER)
     if not hold:  # the experts are pinned to the ranks holding them whole
         check_planned_owners("all-to-all", opt.owners,
                              [(k.name, (k.rows, k.cols)) for k in opt._matrices if k.expert is None])
@@ -139,7 +139,7 @@ def maxima(step, rank):
 def steps(model, opt, which, clip, ledger=None):
     """Trains `which` steps; with a QKClip, this rank's maxima reported before each step; a ledger labels the
     collectives of opt.step() "step"."""
-    batches = global_batches(held_test.STEPS, held_test.BATCH)
+    batches = global_batches(runs.STEPS, runs.BATCH)
     for step in which:
         loss_of(model, rank_slice(batches[step], dist.get_rank(), dist.get_world_size())).backward()
         if clip is not None:
@@ -215,7 +215,7 @@ FAILURES = [
 def check_failures_change_nothing(mode, model, net, opt, clip, step):
     """Each of FAILURES in a step of its own (this rank's batch of `step`, maxima that clip some heads): every rank
     raises its exception, and every tensor here is as before the call, bit for bit."""
-    batches = global_batches(held_test.STEPS, held_test.BATCH)
+    batches = global_batches(runs.STEPS, runs.BATCH)
     for what, phase, inject, exception, needle in FAILURES:
         groups = [dict(g) for g in opt.param_groups]
         loss_of(model, rank_slice(batches[step], dist.get_rank(), dist.get_world_size())).backward()
@@ -271,7 +271,7 @@ def train(hold, folder):
     steps(model, opt, range(2, SAVED_AT), clip)
     check_failures_change_nothing(mode, model, net, opt, clip, SAVED_AT)
     save(model, opt, folder)
-    steps(model, opt, range(SAVED_AT, held_test.STEPS), clip)
+    steps(model, opt, range(SAVED_AT, runs.STEPS), clip)
     straight = local_values(net, opt)
     laid_out = total_over_ranks(check_variance_layout(mode, net, opt))
     normuon = sum(len(g["params"]) for g in groups_of(net) if g.get("variant") == "normuon")  # 7
@@ -282,12 +282,12 @@ def train(hold, folder):
         for p in resumed_net.parameters():
             p.zero_()  # the load must write every value
     load(resumed_model, resumed, folder)
-    steps(resumed_model, resumed, range(SAVED_AT, held_test.STEPS), QKClip(resumed, TAU, ATTENTIONS))
+    steps(resumed_model, resumed, range(SAVED_AT, runs.STEPS), QKClip(resumed, TAU, ATTENTIONS))
     again = local_values(resumed_net, resumed)
     check(again.keys() == straight.keys(), f"{mode}: the resumed run holds other tensors here")
     differ = [k for k, v in straight.items() if not torch.equal(v, again.get(k, v.new_empty(0)))]
     check(not differ, f"{mode}: not bit-identical after resuming from the checkpoint at step {SAVED_AT}: {differ}")
-    return held_test.full_weights(net), opt
+    return runs.full_weights(net), opt
 
 
 def check_variance_layout(mode, net, opt):
@@ -310,7 +310,6 @@ def check_variance_layout(mode, net, opt):
 
 
 def main():
-    held_test.RANK, held_test.WORLD = dist.get_rank(), dist.get_world_size()
     folder = [tempfile.mkdtemp(prefix="dmuon_options_") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(folder)
     results = {mode: train(mode == "owner-centric", os.path.join(folder[0], mode))
@@ -318,17 +317,17 @@ def main():
     dist.barrier()
     if dist.get_rank() == 0:
         shutil.rmtree(folder[0])
-    ref_w, _ = held_test.reference_run({"net": NET}, held_test.hyper_of(results["all-to-all"][1]), qk_clip_reference)
+    ref_w, _ = runs.reference_run({"net": NET}, runs.hyper_of(results["all-to-all"][1]), qk_clip_reference)
     worst = 0.0
     for mode, (weights, opt) in results.items():
         for bucket in opt._buckets:
             check(len({k.options for k in bucket}) == 1, f"{mode}: a bucket mixes options: {[k.name for k in bucket]}")
         for name, w in weights.items():
-            to_ref = held_test.relative(w, ref_w[name])
-            to_other = held_test.relative(w, results["all-to-all"][0][name])
+            to_ref = runs.relative(w, ref_w[name])
+            to_other = runs.relative(w, results["all-to-all"][0][name])
             worst = max(worst, to_ref, to_other)
-            check(to_ref <= held_test.TOLERANCE, f"{mode}: {name} relative error {to_ref:.2e} to the float64 reference")
-            check(to_other <= held_test.TOLERANCE, f"{mode}: {name} relative difference {to_other:.2e} to all-to-all")
+            check(to_ref <= runs.TOLERANCE, f"{mode}: {name} relative error {to_ref:.2e} to the float64 reference")
+            check(to_other <= runs.TOLERANCE, f"{mode}: {name} relative difference {to_other:.2e} to all-to-all")
     return finish(f"torch_muon_options_ranks_test np {dist.get_world_size()}: worst relative difference {worst:.1e}")
 
 
