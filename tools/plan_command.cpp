@@ -110,9 +110,9 @@ void run(const PlanArgs& a) {
     o.balancer = b;
     o.memory_balance = 0;
     plans.push_back(make_plan(params, items, ranks, o));
-    if (a.options.memory_balance > 0) {  // beside it, the same balancer with memory weighed
+    if (a.options.memory_balance > 0) {  // beside it, the same plan with memory weighed (one solve: milp's is timed)
       o.memory_balance = a.options.memory_balance;
-      plans.push_back(make_plan(params, items, ranks, o));
+      plans.push_back(weigh_memory(params, items, ranks, plans.back(), o));
     }
   }
   if (a.json) {

@@ -90,7 +90,7 @@ Registration reg("", [](CLI::App& app) {
       ->capture_default_str()
       ->check(at_least(1));
   args->session.add_to(c);
-  args->session.device.add_to(c, "each shape's faster of bf16 and f32, timed, with bf16 matrix units; else f32");
+  args->session.device.add_to(c, "each shape's faster of bf16 and f32, timed, with AVX-512 BF16 or AMX; else f32");
   c->add_flag("--json", args->json, "Print JSON instead of a table");
   c->callback([args] { run(*args); });
 });

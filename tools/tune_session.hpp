@@ -55,9 +55,10 @@ struct TuneSessionArgs {
 
   int resolved_threads() const { return device.gpu() ? 1 : threads > 0 ? threads : linalg::threads(); }
   // The compute dtypes to time: the one --dtype names; with --dtype auto on the CPU each shape's faster of
-  // float32 and bfloat16 where the CPU has bf16 matrix units, else float32 (auto_tune_dtypes); a GPU's default, bf16.
+  // float32 and bfloat16 where the CPU has bf16 instructions that oneDNN uses, else float32 (cpu_auto_tune_dtypes); a
+  // GPU's default, bf16.
   std::vector<DType> dtypes() const {
-    if (device.dtype == "auto" && !device.gpu()) return auto_tune_dtypes(cpu_ns_default_dtype());
+    if (device.dtype == "auto" && !device.gpu()) return cpu_auto_tune_dtypes();
     return {device.iterates()};
   }
   // The file, or "" where it is unknown (no HOME): then tuning warns and keeps its entries in memory.

@@ -227,6 +227,14 @@ DType cpu_ns_default_dtype();
 // Its rule, with the machine's answer given (tests fake it): `forced`, DMUON_NS_DEFAULT_DTYPE's value, when set
 // (null or empty: unset; neither bf16 nor f32 throws naming the variable), else bf16 exactly when `bf16_units`.
 DType ns_default_dtype_rule(bool bf16_units, const char* forced);
+// Whether bf16 competes with float32 when a CPU caller that asks for no dtype tunes (auto_tune_dtypes, tune.hpp): where
+// this CPU has bf16 instructions that oneDNN uses (AVX-512 BF16 or AMX), so a bf16 product may beat float32 — whether
+// it does differs per CPU and shape, hence measured — unless DMUON_NS_DEFAULT_DTYPE forces the default. Read once per
+// process.
+bool cpu_ns_bf16_candidate();
+// Its rule, with the machine's answer given (tests fake it): bf16_products when `forced` is unset (null or empty), else
+// whether it is bf16 (then bf16 is the default, and always timed; f32: never). Invalid values: ns_default_dtype_rule's.
+bool ns_bf16_candidate_rule(bool bf16_products, const char* forced);
 
 // How many devices of `device` this build can use on this machine, so that code above the seam never asks a
 // device library itself: cuda, the CUDA devices this process sees when the build has the CUDA backend (0

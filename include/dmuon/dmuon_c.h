@@ -32,7 +32,7 @@ extern "C" {
 #endif
 
 /* Bumped whenever a signature below changes; python/dmuon checks it when it loads the library. */
-#define DMUON_C_ABI_VERSION 7
+#define DMUON_C_ABI_VERSION 8
 DMUON_C_API int dmuon_abi_version(void);
 
 /* Return codes. */
@@ -66,6 +66,11 @@ DMUON_C_API const char* dmuon_last_error(void);
  * it fails: cpu with both dtypes always; cuda with both when the library was built with the CUDA backend and
  * the process sees a CUDA device. */
 DMUON_C_API int dmuon_supports(int device, int dtype);
+/* 1 where Newton-Schulz calls on the CPU that ask for no compute dtype (a handle without dmuon_ns_set_dtype) run each
+ * shape in the faster of bfloat16 and float32 once dmuon_tune has timed both there (a CPU with bf16 instructions that
+ * oneDNN uses: AVX-512 BF16 or AMX), 0 where float32 alone is tuned (no bf16 instructions, DMUON_NS_DEFAULT_DTYPE=f32).
+ * A shape without a tuned entry runs untuned in the CPU's default dtype. */
+DMUON_C_API int dmuon_tuning_chooses_dtype(void);
 
 /* ---- Newton–Schulz ---- */
 
@@ -88,6 +93,11 @@ DMUON_C_API void dmuon_ns_destroy(dmuon_ns* ns);
 /* Number of tuned entries the handle uses, and why a given cache was rejected ("" when it was not). */
 DMUON_C_API int64_t dmuon_ns_tuned_entries(const dmuon_ns* ns);
 DMUON_C_API const char* dmuon_ns_warning(const dmuon_ns* ns);
+/* The compute dtype (*compute, DMUON_DTYPE_*) a dmuon_ns_run of `batch` rows×cols matrices stored as `dtype` on
+ * `device` takes with this handle now, and whether a tuned entry gives its kernel (*tuned 1, else 0: untuned):
+ * callers that report what ran (benchmarks), or advise tuning. Either pointer may be NULL. */
+DMUON_C_API int dmuon_ns_call_dtype(const dmuon_ns* ns, int device, int dtype, int64_t rows, int64_t cols,
+                                    int64_t batch, int* compute, int* tuned);
 /* check 1 (a new handle's setting): dmuon_ns_run reads its inputs' norms back and fails naming a non-finite
  * input, so on a GPU the host waits for what the caller queued before the call. check 0: the norms stay on the
  * device, the call returns without waiting for it, and a non-finite input gives non-finite outputs: for callers
@@ -99,9 +109,10 @@ DMUON_C_API int dmuon_ns_set_check_finite(dmuon_ns* ns, int check);
  * accumulation, DESIGN 2.2's half-precision restarts; on the CPU it needs oneDNN, else the run fails naming the
  * device), or DMUON_NS_DTYPE_DEFAULT (a new handle's setting): the device's default, on the CPU bfloat16 where it has
  * bf16 matrix units (AMX) and float32 elsewhere (the environment variable DMUON_NS_DEFAULT_DTYPE=bf16|f32
- * forces either), on a GPU the data's storage type (dmuon_muon_update: bfloat16). On the CPU with bf16 matrix units, a shape
- * the handle's tuning cache has from dmuon_tune instead runs in the faster of bfloat16 and float32 as dmuon_tune
- * measured it (algo "auto"); an asked dtype is never replaced. */
+ * forces either), on a GPU the data's storage type (dmuon_muon_update: bfloat16). On the CPU where
+ * dmuon_tuning_chooses_dtype (bf16 instructions: AVX-512 BF16 or AMX), a shape the handle's tuning cache has from
+ * dmuon_tune instead runs in the faster of bfloat16 and float32 as dmuon_tune measured it (algo "auto"); an asked
+ * dtype is never replaced. */
 #define DMUON_NS_DTYPE_DEFAULT (-1)
 DMUON_C_API int dmuon_ns_set_dtype(dmuon_ns* ns, int dtype);
 
@@ -210,8 +221,8 @@ DMUON_C_API int dmuon_plan_owners_blocks(int64_t n, const int64_t* rows, const i
 
 /* Tunes what the cache lacks for the n (rows, cols, batch) requests with `threads` BLAS threads and
  * `rounds` timing rounds per candidate, for calls that ask for no compute dtype (DMUON_NS_DTYPE_DEFAULT on the CPU):
- * where the CPU's default is bfloat16, bfloat16 and float32 candidates compete and each shape keeps the faster
- * dtype; elsewhere float32 only. Saves the cache when it changed. tune_cache as above
+ * where dmuon_tuning_chooses_dtype (AVX-512 BF16 or AMX), bfloat16 and float32 candidates compete and each shape
+ * keeps the faster dtype; elsewhere float32 only. Saves the cache when it changed. tune_cache as above
  * (NULL is not allowed here). Takes seconds to minutes: it runs Newton–Schulz many times. */
 DMUON_C_API int dmuon_tune(int64_t n, const int64_t* rows, const int64_t* cols, const int32_t* batch, int threads, int rounds,
                const char* tune_cache);

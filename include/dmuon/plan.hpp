@@ -140,9 +140,15 @@ std::vector<int> balance_memory(const std::vector<PlanItem>& items, int ranks, s
                                 double time_cap_s, bool spread_units = false);
 
 // Builds a plan with the chosen balancer (milp: warm-started from LPT, falling back to it), then, with
-// options.memory_balance > 0, balance_memory within (1 + memory_balance)·the balancer's makespan.
+// options.memory_balance > 0, weighs memory in it (weigh_memory).
 Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
                const PlanOptions& options);
+
+// by_time, a plan of these items by time alone, with memory weighed: balance_memory from its owners within
+// (1 + options.memory_balance)·its makespan; its balancer, note and fall-back kept. Both plans of one solve, for a
+// caller that shows them side by side (milp's solve stops at a time limit, so two solves may differ).
+Plan weigh_memory(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
+                  const Plan& by_time, const PlanOptions& options);
 
 // Rebuilds the plan's per-rank figures from an owner vector (e.g. received from rank 0).
 // Throws dmuon::Error when `owner` does not fit `params` (wrong size, a matrix without a valid rank).

@@ -1,8 +1,8 @@
 // Autotuning of Newton–Schulz (DESIGN 3.5): for each (shape, batch size), time candidate
 // configurations — algorithm (standard, Gram with restart sets), symmetric-product tiles, batch
 // mode, threads and, for a CPU caller that asks for no compute dtype, the dtype (float32, and
-// bfloat16 where the CPU has bf16 matrix units) — keep the fastest, and cache the winners in a JSON file
-// keyed by the machine (CPU model, BLAS, threads, the dtypes timed) so a later run tunes nothing.
+// bfloat16 where the CPU has bf16 instructions that oneDNN uses) — keep the fastest, and cache the winners in a
+// JSON file keyed by the machine (CPU model, BLAS, threads, the dtypes timed) so a later run tunes nothing.
 //
 // Pure parts (candidates, the selection state machine, the cache) take no timings of their own;
 // tune_shapes drives them with a MeasureFn, which in production is make_ns_timer().
@@ -66,13 +66,16 @@ std::vector<NsOptions> tune_candidates(int64_t rows, int64_t cols, int batch, in
 NsOptions untuned_options(int max_threads, DType dtype = DType::f32);
 
 // The compute dtypes the tuner times for a CPU caller that asks for none, given the CPU's untuned default
-// (`cpu_default`: cpu_ns_default_dtype(), bf16 exactly where the CPU has bf16 matrix units that oneDNN uses or
-// DMUON_NS_DEFAULT_DTYPE=bf16): {bf16, f32} where that is bf16, the default first (the untuned baseline's
-// dtype); {f32} elsewhere, so a CPU without bf16 matrix units times and keeps float32 only, as an explicit f32 caller.
-// A function of its argument, so tests fake the machine.
-std::vector<DType> auto_tune_dtypes(DType cpu_default);
-// TuneKey::dtype of timings in `dtypes`: the one dtype's name ("float32"), or the names joined by " or "
-// ("bfloat16 or float32") where each entry's dtype was chosen among several.
+// (`cpu_default`: cpu_ns_default_dtype(), bf16 where the CPU has bf16 matrix units (AMX) or
+// DMUON_NS_DEFAULT_DTYPE=bf16) and whether bf16 competes there (`bf16_candidate`: cpu_ns_bf16_candidate(), a CPU
+// with bf16 instructions that oneDNN uses, AVX-512 BF16 or AMX): {bf16, f32} where the default is bf16, {f32, bf16}
+// where bf16 is a candidate only (the default first: the untuned baseline's dtype), {f32} elsewhere (an AVX2 CPU),
+// whose key is an explicit f32 caller's. A function of its arguments, so tests fake the machine.
+std::vector<DType> auto_tune_dtypes(DType cpu_default, bool bf16_candidate);
+// This process's: auto_tune_dtypes(cpu_ns_default_dtype(), cpu_ns_bf16_candidate()).
+std::vector<DType> cpu_auto_tune_dtypes();
+// TuneKey::dtype of timings in `dtypes`: the one dtype's name ("float32"), or the names in alphabetical order joined by
+// " or " ("bfloat16 or float32", whichever was timed first) where each entry's dtype was chosen among several.
 std::string tune_dtype_key(const std::vector<DType>& dtypes);
 
 // "gram r[1,3] sym t4 concurrent x2": one line per configuration for tables and logs.

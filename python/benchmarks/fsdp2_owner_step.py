@@ -13,9 +13,10 @@
                    carry bfloat16)
   dmuon-a2a        dmuon.torch.DMuon on FSDP2's shards (the all-to-all mode)
   dmuon-owner      dmuon.torch.hold_on_owners + DMuon (the owner-centric mode)
-  dmuon-a2a-f32,   the same two with float32 Newton–Schulz (ns_dtype="float32"); the two above run the machine's
-  dmuon-owner-f32  default: bfloat16 on a CPU with bf16 matrix units (AMX), float32 elsewhere. Not in the
-                   default --optimizers: ask for them
+  dmuon-a2a-f32,   the same two with float32 Newton–Schulz (ns_dtype="float32"); the two above ask for no dtype:
+  dmuon-owner-f32  untuned the machine's default (bfloat16 on a CPU with bf16 matrix units, AMX, float32 elsewhere),
+                   +tuned per shape the dtype dmuon.tune measured faster (bfloat16 and float32 both timed on a CPU
+                   with bf16 instructions, AVX-512 BF16 or AMX). Not in the default --optimizers: ask for them
 
 Each dmuon setting runs twice: without a tuning cache (tune_cache=None: untuned kernels, the owner
 planner on flop costs; a cache at the default path is not read) and as `dmuon-a2a+tuned` /
@@ -30,7 +31,7 @@ nearest tuned batch). --no-tuned skips these rows.
 
     PYTHONPATH=build/python torchrun --standalone --nproc_per_node 2 python/benchmarks/fsdp2_owner_step.py \\
         [--models small,qwen4] [--tokens 256,1024] [--tp 1] [--micro-batches 1] [--param-dtype float32] [--steps 2]
-        [--warmup 2] [--no-tuned] [--json FILE]
+        [--warmup 2] [--no-tuned] [--step-memory auto] [--json FILE]
 
 --tp T (a comma-separated list, each its own setting) adds tensor parallelism: the ranks form a (W/T, T)
 ("dp", "tp") mesh, each block's q, k, v, gate and up column-wise and o and down row-wise over "tp"
@@ -72,8 +73,15 @@ workspaces), the bytes
 the forward+backward leaves for the step (gradients), and the peak of the step's own allocations above those
 (a TorchDispatchMode counting live storages, plus the engine's growth; a peer's torch.compile'd
 functions run eagerly in that step, as a dispatch mode cannot be compiled). Shown: the fullest rank (the
-most held bytes) with its breakdown, the most weights + state of any rank, each against AdamW's, and the highest
-gradients and step peak of any rank (--json: memory_per_rank, every rank's).
+most held bytes) with its breakdown, the most weights + state of any rank, each against AdamW's, the highest
+gradients and step peak of any rank, and for a dmuon row on the fullest rank its step's peak, the float32 bytes of
+the largest Muon matrix it owns and of its largest Newton–Schulz batch (the matrices of one of its buckets), and the
+peak over that matrix (--json: memory_per_rank, every rank's). --step-memory (auto, none or bytes) is the dmuon
+rows' DMuon(step_memory=...), which bounds those batches (docs/pytorch.md).
+
+"NS dtype": the Newton–Schulz compute dtype each optimizer ran, so precision shows beside time: the peers' fixed
+choice (FIXED_NS_DTYPE), a dmuon row's every dtype any rank's engine ran (DMuon.ns_dtypes_ran; "bfloat16+float32"
+where the tuner chose per shape).
 
 Per dmuon row, three Newton–Schulz columns, all of the rank whose median optimizer step is the longest
 (--json has every rank's: step_per_rank, ns_in_step_per_rank, blocked_step_per_rank, ns_pred_per_rank,
@@ -244,6 +252,10 @@ class TorchMuonFsdp2(torch.optim.Optimizer):
 
 
 PEER_MODULES = {"muon-fsdp2": "muon_fsdp2", "dion-muon": "dion", "dion-muon-f32": "dion"}
+# The Newton–Schulz compute dtype of the optimizers that fix one (the table's "NS dtype"; a dmuon row's is what its
+# engine ran, DMuon.ns_dtypes_ran): torch.optim.Muon and the peers' defaults bfloat16, dion-muon-f32 float32.
+FIXED_NS_DTYPE = {"adamw": "-", "torch-muon": "bfloat16", "muon-fsdp2": "bfloat16", "dion-muon": "bfloat16",
+                  "dion-muon-f32": "float32"}
 
 
 def newton_schulz_f32(u, epsilon=1e-7, steps=5):
@@ -271,10 +283,10 @@ def meshes(tp):
     return mesh["dp"], mesh["tp"]
 
 
-def build(name, config, tp, mp_policy, tune_cache=None, lr=0.02, adamw_lr=3e-3):
+def build(name, config, tp, mp_policy, tune_cache=None, step_memory="auto", lr=0.02, adamw_lr=3e-3):
     """(the model under parallelize_module over "tp" when tp > 1 and fully_shard(mp_policy=...) over the
     data-parallel mesh, its optimizer, HeldMatrices for dmuon-owner(-f32) or None); tune_cache: the dmuon
-    settings' (None: none)"""
+    settings' (None: none); step_memory: DMuon's"""
     ns_dtype = "float32" if name in DMUON_F32 else None  # None: the machine's default
     state_dtype = torch.bfloat16 if name in DMUON_BF16 else torch.float32
     name = DMUON_F32.get(name, DMUON_BF16.get(name, name))
@@ -304,7 +316,7 @@ def build(name, config, tp, mp_policy, tune_cache=None, lr=0.02, adamw_lr=3e-3):
              dict(params=[p for _, p in g["params"]], algorithm="adamw", lr=adamw_lr) for g in module_groups(model)],
             distributed_mesh=mesh, lr=lr, adjust_lr="rms_norm", **custom), held
     return model, DMuon(model, lr=lr, adamw_lr=adamw_lr, tune_cache=tune_cache, ns_dtype=ns_dtype,
-                        state_dtype=state_dtype), held
+                        state_dtype=state_dtype, step_memory=step_memory), held
 
 
 def slowest(value):
@@ -374,7 +386,7 @@ class Tuner:
         self.folder = folder[0]
         self.path = os.path.join(self.folder, "tune.json")
         self.tuned = set()   # (rows, cols, batch) in the cache
-        self.times = {}      # rank 0: (rows, cols, batch) → (the tuned kernel's seconds, the untuned one's), from the cache
+        self.times = {}      # rank 0: (rows, cols, batch) → (tuned kernel's seconds, untuned one's, its dtype)
         self.calls = 0
 
     def tune(self, requests):
@@ -396,10 +408,11 @@ class Tuner:
             if not error:  # each entry of the cache file holds both times (seconds, default_seconds)
                 for setting in json.loads(pathlib.Path(self.path).read_text())["settings"]:
                     for e in setting["entries"]:
-                        self.times[(e["rows"], e["cols"], e["batch"])] = (e["seconds"], e["default_seconds"])
+                        self.times[(e["rows"], e["cols"], e["batch"])] = (e["seconds"], e["default_seconds"],
+                                                                          e["dtype"])
             def times(q):
-                tuned, untuned = self.times.get(q, (math.nan, math.nan))
-                return f"{1e3 * tuned:.1f} ms (untuned {1e3 * untuned:.1f} ms)"
+                tuned, untuned, dtype = self.times.get(q, (math.nan, math.nan, "?"))
+                return f"{1e3 * tuned:.1f} ms in {dtype} (untuned {1e3 * untuned:.1f} ms)"
             print(f"tuned on rank 0 in {time.perf_counter() - t0:.1f} s ({torch.get_num_threads()} BLAS threads); "
                   "the chosen kernel's time as the tuner measured it: "
                   + "; ".join(f"{r}x{c} batch {b}: {times((r, c, b))}" for r, c, b in todo), flush=True)
@@ -412,13 +425,14 @@ class Tuner:
         self.tuned.update(todo)
         dist.barrier()
 
-    def prepare(self, names, config, tp, mp_policy):
+    def prepare(self, names, config, tp, mp_policy, step_memory):
         """The cache for the tuned dmuon settings `names` of this model, before any of its timings: the
-        planner's requests, then every (shape, batch) the ranks' buckets run once built with them."""
+        planner's requests, then every (shape, batch) the ranks' buckets run once built with them (and
+        step_memory)."""
         world = dist.get_world_size()
         self.tune(muon_requests(config, world))
         for name in names:
-            model, opt, held = build(name, config, tp, mp_policy, self.path)
+            model, opt, held = build(name, config, tp, mp_policy, self.path, step_memory)
             mine = [(r, c, n) for r, c, n, _ in owned_buckets(opt)]
             del model, opt, held
             gc.collect()
@@ -451,13 +465,13 @@ def ns_alone(opt, buckets, repeats):
     return times
 
 
-def measure(name, config, tokens, tp, micro_batches, steps, warmup, mp_policy, tuner=None):
-    """tuner: the +tuned row's (its cache), None for the untuned one (tune_cache=None)."""
+def measure(name, config, tokens, tp, micro_batches, steps, warmup, mp_policy, budget, tuner=None):
+    """tuner: the +tuned row's (its cache), None for the untuned one (tune_cache=None); budget: DMuon's step_memory."""
     world, rank = dist.get_world_size(), dist.get_rank()
     dp, dp_rank = world // tp, rank // tp  # the T ranks of a TP group train the same batch
     if dmuon.library_error() is None:
         dmuon.release_workspaces()  # the engine's pooled workspaces in this row's memory table are its own
-    model, opt, held = build(name, config, tp, mp_policy, tuner.path if tuner else None)
+    model, opt, held = build(name, config, tp, mp_policy, tuner.path if tuner else None, budget)
     batch = max(1, tokens // SEQ // dp // micro_batches)  # sequences per data-parallel rank and micro-batch
     gen = torch.Generator().manual_seed(1)
     ledger = Ledger()
@@ -488,12 +502,14 @@ def measure(name, config, tokens, tp, micro_batches, steps, warmup, mp_policy, t
     timed = rows[warmup:]
     out = {key: statistics.median(slowest(r[key]) for r in timed)
            for key in ("fwd_bwd", "step", "total", "blocked_fwd_bwd", "blocked_step")}
-    out.update(memory_of_ranks(gathered(step_memory(model, opt, held, batches(), config[5]))))
+    out.update(memory_of_ranks(gathered(dict(step_memory(model, opt, held, batches(), config[5]),
+                                             **owned_bytes(opt)))))
     out["wire_bytes"] = statistics.median(total(r["wire"]) for r in timed)
     out["wire_bytes_in_step"] = statistics.median(total(r["wire_step"]) for r in timed)
     out["loss_last"] = timed[-1]["loss"]
-    out.update(ns_in_step=math.nan, ns_pred=math.nan, step_vs_ns_pred=math.nan)
+    out.update(ns_in_step=math.nan, ns_pred=math.nan, step_vs_ns_pred=math.nan, ns_dtype=FIXED_NS_DTYPE.get(name))
     if isinstance(opt, DMuon):
+        out["ns_dtype"] = "+".join(sorted({d for ran in gathered(opt.ns_dtypes_ran) for d in ran}))
         buckets = owned_buckets(opt)
         mine = dict(step=statistics.median(r["step"] for r in timed),
                     ns_in_step=statistics.median(r["ns"] for r in timed),
@@ -512,7 +528,7 @@ def measure(name, config, tokens, tp, micro_batches, steps, warmup, mp_policy, t
         if tuner:
             missing = sorted({tuple(q) for r in ranks for q in r["batches"]} - tuner.tuned)
             out["untuned_batches"] = missing
-            out["tuner_seconds"] = [dict(rows=q[0], cols=q[1], batch=q[2], tuned=t[0], untuned=t[1])
+            out["tuner_seconds"] = [dict(rows=q[0], cols=q[1], batch=q[2], tuned=t[0], untuned=t[1], dtype=t[2])
                                     for q, t in sorted(tuner.times.items())] if rank == 0 else None
             if missing and rank == 0:
                 print(f"{name}{TUNED}: the ranks' buckets run (shape, batch) not in the cache: {missing}", flush=True)
@@ -548,9 +564,20 @@ def step_memory(model, opt, held, data, vocab):
     return dict(kept, gradients=sum(s.nbytes() for k, s in entry.items() if k not in between), step_peak=count.peak)
 
 
+def owned_bytes(opt):
+    """The float32 bytes of the largest Muon matrix this rank owns and of its largest Newton–Schulz batch (matrices
+    × rows × cols of an owned bucket), for DMuon `opt`; NaN for another optimizer."""
+    if not isinstance(opt, DMuon):
+        return dict(largest_matrix=math.nan, largest_batch=math.nan)
+    buckets = owned_buckets(opt)
+    return dict(largest_matrix=max((4 * r * c for r, c, _, _ in buckets), default=0),
+                largest_batch=max((4 * r * c * n for r, c, n, _ in buckets), default=0))
+
+
 def memory_of_ranks(ranks):
-    """The memory columns from every rank's step_memory (in rank order): the fullest rank (the most held bytes) and
-    its breakdown, the most weights + state of a rank (the issue's measure), the highest step peak and its rank."""
+    """The memory columns from every rank's step_memory and owned_bytes (in rank order): the fullest rank (the most
+    held bytes) and its breakdown, its step peak and largest owned matrix, the most weights + state of a rank (the
+    issue's measure), the highest step peak and its rank."""
     fullest = max(range(len(ranks)), key=lambda r: ranks[r]["total"])
     peak = max(range(len(ranks)), key=lambda r: ranks[r]["step_peak"])
     return dict(memory_per_rank=ranks, fullest_rank=fullest, held_fullest=ranks[fullest],
@@ -574,8 +601,12 @@ def main():
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before them")
     parser.add_argument("--no-tuned", action="store_true",
                         help="skip the dmuon settings' +tuned rows (and the tuning they need)")
+    parser.add_argument("--step-memory", default="auto",
+                        help="DMuon's step_memory for the dmuon rows: auto, none, or bytes")
     parser.add_argument("--json", default=None, help="also write the results to this file (rank 0)")
     args = parser.parse_args()
+    budget = None if args.step_memory == "none" else (args.step_memory if args.step_memory == "auto"
+                                                       else int(args.step_memory))
     policy = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
               if args.param_dtype == "bfloat16" else MixedPrecisionPolicy())
     rank, world = init_process_group("gloo")
@@ -611,14 +642,15 @@ def main():
                 print(f"{model_name}: {', '.join(stacked)} not run (2-D parameters only; the experts are (E, m, n) "
                       "stacks)", flush=True)
         if tuner:
-            tuner.prepare([n for n, tuned in tp_runs if tuned], config, tp, policy)
+            tuner.prepare([n for n, tuned in tp_runs if tuned], config, tp, policy, budget)
         for tokens in [int(t) for t in args.tokens.split(",")]:
             setting = []
             for name, tuned in tp_runs:
-                r = measure(name, config, tokens, tp, args.micro_batches, args.steps, args.warmup, policy,
+                r = measure(name, config, tokens, tp, args.micro_batches, args.steps, args.warmup, policy, budget,
                             tuner if tuned else None)
                 setting.append(dict(model=model_name, world=world, tp=tp, tokens=tokens,
                                     micro_batches=args.micro_batches, param_dtype=args.param_dtype,
+                                    step_memory=args.step_memory,
                                     optimizer=name + (TUNED if tuned else ""),
                                     load_average_1min=os.getloadavg()[0], **r))
             base = next(r for r in setting if r["optimizer"] == "adamw") if "adamw" in names else None
@@ -650,10 +682,10 @@ def print_table(setting):
           f"{first['micro_batches']} "
           f"micro-batch(es) (times in ms, slowest rank; "
           f"1-minute load average {first['load_average_1min']:.1f} to {setting[-1]['load_average_1min']:.1f})")
-    print("| optimizer | step | fwd+bwd | total | total vs AdamW | blocked in fwd+bwd | blocked in step "
+    print("| optimizer | NS dtype | step | fwd+bwd | total | total vs AdamW | blocked in fwd+bwd | blocked in step "
           "| wire bytes/step | of which in step | bytes vs AdamW | step speedup vs fastest peer "
           "| NS in step | NS pred | step/NS |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     def ratio(x, unit=""):
         return "-" if math.isnan(x) else f"{x:.3f}{unit}"
 
@@ -661,7 +693,8 @@ def print_table(setting):
         return "-" if math.isnan(x) else f"{1e3 * x:.1f}"
 
     for r in setting:
-        print(f"| {r['optimizer']} | {1e3 * r['step']:.1f} | {1e3 * r['fwd_bwd']:.1f} | {1e3 * r['total']:.1f} | "
+        print(f"| {r['optimizer']} | {r['ns_dtype']} | {1e3 * r['step']:.1f} | {1e3 * r['fwd_bwd']:.1f} | "
+              f"{1e3 * r['total']:.1f} | "
               f"{ratio(r['total_vs_adamw'])} | {1e3 * r['blocked_fwd_bwd']:.1f} | {1e3 * r['blocked_step']:.1f} | "
               f"{int(r['wire_bytes'])} | {int(r['wire_bytes_in_step'])} | {ratio(r['bytes_vs_adamw'])} | {ratio(r['step_speedup_vs_fastest_peer'], 'x')} | "
               f"{ms(r['ns_in_step'])} | {ms(r['ns_pred'])} | {ratio(r['step_vs_ns_pred'])} |",
@@ -672,13 +705,15 @@ def print_memory_table(setting):
     first = setting[0]
     print(f"\n{first['model']}, {first['world']} ranks: memory per rank in MiB (memory_count.py), held between steps on "
           "the fullest rank (the most held bytes), the most weights + state of any rank, and the most of any rank "
-          "left by the forward+backward for the step and allocated by the step above that")
+          "left by the forward+backward for the step and allocated by the step above that; on the fullest rank "
+          "its step's peak, the float32 bytes of the largest matrix it owns and of its largest Newton–Schulz batch")
     print("| optimizer | fullest rank | weights | state | other | engine buffers | held | held vs AdamW "
-          "| weights + state (fullest) | vs AdamW | gradients at the step | step's peak above held (rank) |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+          "| weights + state (fullest) | vs AdamW | gradients at the step | step's peak above held (rank) "
+          "| fullest: step's peak | largest owned matrix | largest NS batch | peak / largest matrix |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 
     def mib(x):
-        return f"{x / 2**20:.1f}"
+        return "-" if math.isnan(x) else f"{x / 2**20:.1f}"
 
     def ratio(x):
         return "-" if math.isnan(x) else f"{x:.3f}"
@@ -688,7 +723,9 @@ def print_memory_table(setting):
         print(f"| {r['optimizer']} | {r['fullest_rank']} | {mib(h['weights'])} | {mib(h['state'])} | {mib(h['other'])} "
               f"| {mib(h['engine'])} | {mib(h['total'])} | {ratio(r['held_vs_adamw'])} "
               f"| {mib(r['weights_state_fullest'])} | {ratio(r['weights_state_vs_adamw'])} | {mib(r['gradients_max'])} "
-              f"| {mib(r['step_peak_max'])} ({r['step_peak_rank']}) |", flush=True)
+              f"| {mib(r['step_peak_max'])} ({r['step_peak_rank']}) | {mib(h['step_peak'])} "
+              f"| {mib(h['largest_matrix'])} | {mib(h['largest_batch'])} "
+              f"| {ratio(h['step_peak'] / h['largest_matrix'] if h['largest_matrix'] else math.nan)} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from dmuon._capi import (
     release_workspaces,
     supports,
     tune,
+    tuning_chooses_dtype,
 )
 
 __version__ = "0.1.0"
@@ -36,4 +37,5 @@ __all__ = [
     "DEVICE_CPU", "DEVICE_CUDA", "DTYPE_BF16", "DTYPE_F32", "DmuonError", "Orthogonalizer", "UnsupportedError",
     "adamw_step", "default_tune_cache_path", "engine_bytes", "library_error", "model_params", "muon_apply",
     "muon_momentum", "plan_owners", "release_workspaces", "supports", "tune",
+    "tuning_chooses_dtype",
 ]

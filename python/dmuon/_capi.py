@@ -16,7 +16,7 @@ import json
 import os
 import pathlib
 
-ABI_VERSION = 7  # DMUON_C_ABI_VERSION
+ABI_VERSION = 8  # DMUON_C_ABI_VERSION
 
 DEVICE_CPU, DEVICE_CUDA = 0, 1
 DTYPE_F32, DTYPE_BF16 = 0, 1
@@ -91,10 +91,12 @@ def library():
         "dmuon_abi_version": (c_int, []),
         "dmuon_last_error": (c_char_p, []),
         "dmuon_supports": (c_int, [c_int, c_int]),
+        "dmuon_tuning_chooses_dtype": (c_int, []),
         "dmuon_ns_create": (c_int, [c_char_p, c_char_p, c_int, c_int, c_char_p, ctypes.POINTER(c_void_p)]),
         "dmuon_ns_destroy": (None, [c_void_p]),
         "dmuon_ns_tuned_entries": (c_i64, [c_void_p]),
         "dmuon_ns_warning": (c_char_p, [c_void_p]),
+        "dmuon_ns_call_dtype": (c_int, [c_void_p, c_int, c_int, c_i64, c_i64, c_i64, p_int, p_int]),
         "dmuon_engine_bytes": (None, [ctypes.POINTER(ctypes.c_uint64), ctypes.POINTER(ctypes.c_uint64), c_int]),
         "dmuon_release_workspaces": (None, []),
         "dmuon_ns_set_check_finite": (c_int, [c_void_p, c_int]),
@@ -183,6 +185,13 @@ def supports(device, dtype):
     return bool(library().dmuon_supports(device, dtype))
 
 
+def tuning_chooses_dtype():
+    """Whether tune() times bfloat16 and float32 on this CPU, so that Orthogonalizer(dtype=None) runs each tuned shape
+    in the faster (a CPU with bf16 instructions that oneDNN uses: AVX-512 BF16 or AMX; not under
+    DMUON_NS_DEFAULT_DTYPE=f32); False: float32 alone is tuned. A shape the cache lacks runs in the CPU's default."""
+    return bool(library().dmuon_tuning_chooses_dtype())
+
+
 def engine_bytes(reset_peak=False):
     """(live, peak): the bytes of every buffer the engine holds now (its Newton–Schulz workspaces, pooled between
     calls, and what calls running allocate; every device) and the most since the last reset_peak=True (which then
@@ -207,7 +216,8 @@ class Orthogonalizer:
     for the input's norms (on a GPU, for everything queued before); False: no wait, and a non-finite input gives
     non-finite outputs, for callers that check their gradients first; dtype: Newton–Schulz's compute dtype (its
     iterates; products accumulate in float32), "float32" or "bfloat16", asked for explicitly and never taken from the
-    data's storage type; None: the device's default (the CPU: bfloat16 where it has bf16 matrix units, AMX,
+    data's storage type; None: on the CPU the dtype tune() measured faster for a shape the cache has (both timed where
+    tuning_chooses_dtype()), else the device's default (the CPU: bfloat16 where it has bf16 matrix units, AMX,
     float32 elsewhere, DMUON_NS_DEFAULT_DTYPE=bf16|f32 forcing either; a GPU: the data's storage type).
     """
 
@@ -235,6 +245,14 @@ class Orthogonalizer:
         name_arr = None if names is None else (ctypes.c_char_p * batch)(*[n.encode() for n in names])
         _check(library().dmuon_ns_run(self._handle, device, dtype, stream, *_pointers_and_flags(ins),
                                  *_pointers_and_flags(outs), batch, rows, cols, name_arr))
+
+    def call_dtype(self, rows, cols, batch, device=DEVICE_CPU, dtype=DTYPE_F32):
+        """(compute dtype name, tuned): the dtype a run() of `batch` rows×cols matrices stored as `dtype` on `device`
+        computes in ("float32" or "bfloat16"), and whether a tuned entry gives its kernel."""
+        compute, tuned = ctypes.c_int(), ctypes.c_int()
+        _check(library().dmuon_ns_call_dtype(self._handle, device, dtype, int(rows), int(cols), int(batch),
+                                             ctypes.byref(compute), ctypes.byref(tuned)))
+        return ("float32", "bfloat16")[compute.value], bool(tuned.value)
 
     def muon_update(self, grads, momenta, params, rows, cols, keep, grad_scale, beta, nesterov, lr, weight_decay,
                     scale, cautious_wd=False, device=DEVICE_CPU, stream=None, names=None):
@@ -357,8 +375,9 @@ def plan_owners(shapes, world_size, balancer="milp", costs="auto", tune_cache=""
 
 def tune(requests, threads=1, rounds=3, tune_cache=""):
     """Tunes the (rows, cols, batch) requests the cache lacks and saves the cache (DESIGN 3.5) for calls that ask for
-    no compute dtype (Orthogonalizer's dtype=None): where the CPU has bf16 matrix units (AMX) bfloat16 and float32 are
-    timed and each request keeps the faster, else float32 alone. The planner's tuned costs read these timings."""
+    no compute dtype (Orthogonalizer's dtype=None): where the CPU has bf16 instructions that oneDNN uses
+    (tuning_chooses_dtype()) bfloat16 and float32 are timed and each request keeps the faster, else float32 alone.
+    The planner's tuned costs read these timings."""
     n = len(requests)
     batch = (ctypes.c_int32 * max(n, 1))(*[b for _, _, b in requests])
     _check(library().dmuon_tune(n, _i64_array([r for r, _, _ in requests]), _i64_array([c for _, c, _ in requests]),

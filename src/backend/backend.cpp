@@ -34,6 +34,11 @@ DType ns_default_dtype_rule(bool bf16_units, const char* forced) {
   return DType::f32;
 }
 
+bool ns_bf16_candidate_rule(bool bf16_products, const char* forced) {
+  if (forced == nullptr || *forced == '\0') return bf16_products;
+  return ns_default_dtype_rule(false, forced) == DType::bf16;
+}
+
 MatView MatView::matrix(int64_t i) const {
   DMUON_CHECK(i >= 0 && i < count, "matrix ", i, " of a batch of ", count);
   MatView v = *this;

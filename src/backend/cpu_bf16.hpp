@@ -34,7 +34,7 @@ void gemm_f32(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float
               const float* b, int64_t ldb, float beta, float* c, int64_t ldc);
 
 // C(n×n) = alpha·op(A)·op(A)ᵀ + beta·C, op(A) = A (n×k) or, with trans, Aᵀ (A k×n): block rows over the upper
-// triangle (tiles: the CUDA backend's syrk_tiles, n/512 clamped to 1…8), then mirrored.
+// triangle (tiles: n/128 clamped to 1…8, bf16_symmetric.cpp says why), then mirrored.
 void syrk(bool trans, int64_t n, int64_t k, float alpha, const uint16_t* a, int64_t lda, float beta, uint16_t* c,
           int64_t ldc);
 // C(m×m) = alpha·A·B + beta·C for A m×k, B k×m with a symmetric product: the tiles on and above the diagonal of a

@@ -22,6 +22,11 @@ DType cpu_ns_default_dtype() {
   return dtype;
 }
 
+bool cpu_ns_bf16_candidate() {
+  static const bool candidate = ns_bf16_candidate_rule(false, std::getenv("DMUON_NS_DEFAULT_DTYPE"));
+  return candidate;
+}
+
 namespace linalg {
 
 std::string blas_description() { return "none (built without OpenBLAS)"; }

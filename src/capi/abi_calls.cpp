@@ -97,23 +97,28 @@ DType ns_compute_dtype(const Backend& backend, std::optional<DType> asked, DType
 }
 
 NsOptions call_ns_options(const Backend& backend, const TunedEntries& tuned, const NsOptions& defaults,
-                          std::optional<DType> asked, DType storage, int64_t rows, int64_t cols, int64_t batch) {
+                          std::optional<DType> asked, DType storage, int64_t rows, int64_t cols, int64_t batch,
+                          bool* tuned_out) {
   const auto has_shape = [&](const std::vector<TuneEntry>& entries) {
     return std::any_of(entries.begin(), entries.end(), [&](const TuneEntry& t) { return t.rows == rows && t.cols == cols; });
   };
   NsOptions e;
+  bool from_entry = false;
   if (!asked && backend.host_memory() && has_shape(tuned.chosen)) {
+    from_entry = true;
     e = tuned_options(tuned.chosen, rows, cols, static_cast<int>(batch), defaults);  // its dtype: the faster one
     DMUON_CHECK(backend.supports(e.dtype), "Newton-Schulz in ", to_string(e.dtype), " (tuned for ", rows, "x", cols,
                 ") is not supported by ", backend.description());
   } else {
     const DType compute = ns_compute_dtype(backend, asked, storage);
     const auto entries = tuned.by_dtype.find(compute);
+    from_entry = entries != tuned.by_dtype.end() && backend.host_memory() && has_shape(entries->second);
     e = entries == tuned.by_dtype.end() || !backend.host_memory()
             ? defaults
             : tuned_options(entries->second, rows, cols, static_cast<int>(batch), defaults);
     e.dtype = compute;
   }
+  if (tuned_out) *tuned_out = from_entry;
   if (e.dtype == DType::bf16 && e.restarts == NsOptions{}.restarts) e.restarts = {1, 3};  // DESIGN 2.2: half precision
   return e;
 }

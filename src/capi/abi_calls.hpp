@@ -64,7 +64,7 @@ void run_joined(Backend& backend, const QueueJoin& join, const std::function<voi
 DType ns_compute_dtype(const Backend& backend, std::optional<DType> asked, DType storage);
 
 // A handle's tuned kernels, timed on the CPU (tune.hpp): per compute dtype a caller may ask for, and `chosen`, those
-// tuned among auto_tune_dtypes(cpu_ns_default_dtype()) for calls that ask for none, each in its faster dtype.
+// tuned among cpu_auto_tune_dtypes() for calls that ask for none, each in its faster dtype.
 struct TunedEntries {
   std::map<DType, std::vector<TuneEntry>> by_dtype;
   std::vector<TuneEntry> chosen;
@@ -74,9 +74,11 @@ struct TunedEntries {
 // none: unasked on the CPU where `tuned.chosen` has the shape, that entry's kernel in its dtype (chosen by
 // measurement); else in ns_compute_dtype(backend, asked, storage), the kernel tuned for that dtype where
 // `tuned.by_dtype` has the shape (on the CPU: a GPU runs `defaults`), else `defaults`. bf16 with DESIGN 2.2's
-// half-precision restarts unless `defaults` or the entry set others. An asked dtype is never replaced.
+// half-precision restarts unless `defaults` or the entry set others. An asked dtype is never replaced. `tuned_out`
+// (optional): whether a tuned entry gave the kernel.
 NsOptions call_ns_options(const Backend& backend, const TunedEntries& tuned, const NsOptions& defaults,
-                          std::optional<DType> asked, DType storage, int64_t rows, int64_t cols, int64_t batch);
+                          std::optional<DType> asked, DType storage, int64_t rows, int64_t cols, int64_t batch,
+                          bool* tuned_out = nullptr);
 
 // O_i = orth(U_i) for in.size() rows×cols matrices of `storage` at in[i] / out[i] (dense, row-major; out[i] may
 // equal in[i]) in `backend`'s memory, computing as `options` says (call_ns_options). check_finite: the inputs' norms are read back and a non-finite input throws,

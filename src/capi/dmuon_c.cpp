@@ -229,7 +229,7 @@ std::vector<dmuon::TuneEntry> load_entries(const std::string& path, int threads,
 }
 
 // What a call that asks for no compute dtype chooses among on this CPU (dmuon_tune times them).
-std::vector<dmuon::DType> unasked_dtypes() { return dmuon::auto_tune_dtypes(dmuon::cpu_ns_default_dtype()); }
+std::vector<dmuon::DType> unasked_dtypes() { return dmuon::cpu_auto_tune_dtypes(); }
 
 void write_string(const std::string& text, char* buf, size_t cap, size_t* needed) {
   if (needed) *needed = text.size() + 1;
@@ -339,6 +339,8 @@ const char* dmuon_last_error(void) { return last_error.c_str(); }
 
 int dmuon_supports(int device, int dtype) { return supported(device, dtype) ? 1 : 0; }
 
+int dmuon_tuning_chooses_dtype(void) { return unasked_dtypes().size() > 1 ? 1 : 0; }
+
 int dmuon_ns_create(const char* coeffs, const char* algo, int steps, int threads, const char* tune_cache,
                     dmuon_ns** out) {
   return guarded("dmuon_ns_create", [&] {
@@ -381,13 +383,30 @@ void dmuon_release_workspaces(void) { dmuon::ns_release_workspaces(); }
 
 int64_t dmuon_ns_tuned_entries(const dmuon_ns* ns) {
   if (!ns) return 0;
-  // The settings' entries, each setting once (without bf16 matrix units, calls that ask for none take float32's).
+  // The settings' entries, each setting once (where float32 alone is tuned, calls that ask for none take float32's).
   int64_t n = unasked_dtypes().size() > 1 ? static_cast<int64_t>(ns->tuned.chosen.size()) : 0;
   for (const auto& [dtype, entries] : ns->tuned.by_dtype) n += static_cast<int64_t>(entries.size());
   return n;
 }
 
 const char* dmuon_ns_warning(const dmuon_ns* ns) { return ns ? ns->warning.c_str() : ""; }
+
+int dmuon_ns_call_dtype(const dmuon_ns* ns, int device, int dtype, int64_t rows, int64_t cols, int64_t batch,
+                        int* compute, int* tuned) {
+  return guarded("dmuon_ns_call_dtype", [&] {
+    require(ns != nullptr, "handle is NULL");
+    const dmuon::DType storage = check_device_dtype(device, dtype, nullptr);
+    require(batch >= 1, "batch must be >= 1, got " + std::to_string(batch));
+    require(rows >= 1 && cols >= 1, "shape must be positive, got " + std::to_string(rows) + "x" + std::to_string(cols));
+    dmuon::Backend& backend =
+        dmuon::backend_for(device == DMUON_DEVICE_CPU ? dmuon::DeviceKind::cpu : dmuon::DeviceKind::cuda);
+    bool from_entry = false;
+    const dmuon::NsOptions options = dmuon::capi::call_ns_options(backend, ns->tuned, ns->defaults, ns->compute,
+                                                                  storage, rows, cols, batch, &from_entry);
+    if (compute) *compute = options.dtype == dmuon::DType::bf16 ? DMUON_DTYPE_BF16 : DMUON_DTYPE_F32;
+    if (tuned) *tuned = from_entry ? 1 : 0;
+  });
+}
 
 int dmuon_ns_set_check_finite(dmuon_ns* ns, int check) {
   return guarded("dmuon_ns_set_check_finite", [&] {

@@ -281,16 +281,26 @@ Plan make_plan(const std::vector<ParamSpec>& params, const std::vector<PlanItem>
       break;
     }
   }
-  if (options.memory_balance > 0) {
-    Plan by_time;
-    by_time.memory_cap_bytes = plan.memory_cap_bytes;
-    fill_plan(params, items, ranks, assignment, by_time);
-    assignment = balance_memory(items, ranks, std::move(assignment), (1 + options.memory_balance) * by_time.makespan_s,
-                                options.spread_units);
-  }
   fill_plan(params, items, ranks, assignment, plan);
   plan.proven_optimal = plan.proven_optimal || cbc_optimal;
   plan.solve_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return options.memory_balance > 0 ? weigh_memory(params, items, ranks, plan, options) : plan;
+}
+
+Plan weigh_memory(const std::vector<ParamSpec>& params, const std::vector<PlanItem>& items, int ranks,
+                  const Plan& by_time, const PlanOptions& options) {
+  DMUON_CHECK(options.memory_balance >= 0, "memory balance must be ≥ 0, got ", options.memory_balance);
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<int> assignment(items.size());
+  for (size_t i = 0; i < items.size(); ++i) assignment[i] = by_time.owner.at(items[i].param);
+  Plan plan = by_time;
+  plan.memory_balance = options.memory_balance;
+  plan.proven_optimal = false;  // fill_plan's: its makespan at the lower bound
+  fill_plan(params, items, ranks,
+            balance_memory(items, ranks, std::move(assignment), (1 + options.memory_balance) * by_time.makespan_s,
+                           options.spread_units),
+            plan);
+  plan.solve_s = by_time.solve_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return plan;
 }
 

@@ -74,15 +74,21 @@ NsOptions untuned_options(int max_threads, DType dtype) {
   return o;
 }
 
-std::vector<DType> auto_tune_dtypes(DType cpu_default) {
+std::vector<DType> auto_tune_dtypes(DType cpu_default, bool bf16_candidate) {
   if (cpu_default == DType::bf16) return {DType::bf16, DType::f32};
+  if (bf16_candidate) return {DType::f32, DType::bf16};
   return {DType::f32};
 }
 
+std::vector<DType> cpu_auto_tune_dtypes() { return auto_tune_dtypes(cpu_ns_default_dtype(), cpu_ns_bf16_candidate()); }
+
 std::string tune_dtype_key(const std::vector<DType>& dtypes) {
   DMUON_CHECK(!dtypes.empty(), "tuning needs at least one compute dtype");
+  std::vector<std::string> names;
+  for (const DType d : dtypes) names.push_back(to_string(d));
+  std::sort(names.begin(), names.end());
   std::string out;
-  for (const DType d : dtypes) out += (out.empty() ? "" : " or ") + to_string(d);
+  for (const std::string& name : names) out += (out.empty() ? "" : " or ") + name;
   return out;
 }
 

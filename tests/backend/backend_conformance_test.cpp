@@ -796,6 +796,45 @@ TEST(NsDefaultDtype, FollowsTheMachineUnlessForced) {
   EXPECT_EQ(cpu_ns_default_dtype(), ns_default_dtype_rule(cpu_bf16::matrix_units(), std::getenv("DMUON_NS_DEFAULT_DTYPE")));
 }
 
+// The CPU's bf16 SYRK in block rows (n/128 tiles: 3 here, each row block [lo, hi) times the columns lo…) equals the
+// general product bit for bit, both ways and with beta·C, on small integers whose float32 sums are exact: every
+// element of the upper triangle is computed, the lower one mirrored, the row stride's padding untouched.
+TEST(CpuBf16Syrk, BlockRowsEqualTheGeneralProduct) {
+  if (!cpu_bf16::available()) GTEST_SKIP() << "a build without oneDNN computes no bf16";
+  const int64_t n = 400, k = 24, ldc = n + 3;
+  std::mt19937 gen(61);
+  std::uniform_int_distribution<int> small(-3, 3);
+  std::vector<uint16_t> a(n * k), c0(n * ldc);
+  for (auto& x : a) x = bf16_bits(static_cast<float>(small(gen)));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t j = i; j < ldc; ++j) c0[i * ldc + j] = c0[j < n ? j * ldc + i : i * ldc + j] =
+        bf16_bits(static_cast<float>(small(gen)));
+  for (const bool trans : {false, true}) {
+    // A as n×k, or with trans its transpose stored k×n (the same op(A)).
+    std::vector<uint16_t> stored(n * k);
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t p = 0; p < k; ++p) stored[trans ? p * n + i : i * k + p] = a[i * k + p];
+    const int64_t lda = trans ? n : k;
+    std::vector<uint16_t> tiled = c0, general = c0;
+    cpu_bf16::syrk(trans, n, k, 0.5f, stored.data(), lda, -2.0f, tiled.data(), ldc);
+    cpu_bf16::gemm(trans, !trans, n, n, k, 0.5f, stored.data(), lda, stored.data(), lda, -2.0f, general.data(), ldc);
+    EXPECT_EQ(tiled, general) << "trans " << trans;
+  }
+}
+
+// Whether bf16 competes with float32 in a tuning for calls that ask for no dtype: on the machine's answer (bf16
+// instructions that oneDNN uses), faked both ways, unless DMUON_NS_DEFAULT_DTYPE forces a default.
+TEST(NsBf16Candidate, FollowsTheMachineUnlessForced) {
+  for (const bool bf16_products : {true, false}) {
+    EXPECT_EQ(ns_bf16_candidate_rule(bf16_products, nullptr), bf16_products);
+    EXPECT_EQ(ns_bf16_candidate_rule(bf16_products, ""), bf16_products);
+    EXPECT_TRUE(ns_bf16_candidate_rule(bf16_products, "bf16"));
+    EXPECT_FALSE(ns_bf16_candidate_rule(bf16_products, "f32"));
+    EXPECT_THROW(ns_bf16_candidate_rule(bf16_products, "bfloat16"), Error);
+  }
+  EXPECT_EQ(cpu_ns_bf16_candidate(), ns_bf16_candidate_rule(cpu_bf16::native(), std::getenv("DMUON_NS_DEFAULT_DTYPE")));
+}
+
 INSTANTIATE_TEST_SUITE_P(Backends, DtypeConformance,
                          ::testing::Combine(::testing::Values("cpu", "cuda", "fenced"),
                                             ::testing::Values(DType::f32, DType::bf16)),

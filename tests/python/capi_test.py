@@ -297,16 +297,16 @@ def test_a_file_that_is_not_a_tuning_cache_is_refused_and_kept(tmp_path):
 
 
 def test_tuned_cache_is_used_by_ns_and_planner(tmp_path):
-    """dmuon.tune, a handle that asks for no dtype and the planner all use one setting: where the CPU's default is
-    bfloat16 (its rule is the torch engine's cpu_ns_default_dtype too) bfloat16 and float32 both timed and each shape's
-    faster kept, else float32 alone (a build without oneDNN: float32). The tuned kernel is within the bound of the dtype
-    the cache names for the shape (float32: 2e-4, the Gram restart's; bfloat16: 5e-2 after 5 steps,
+    """dmuon.tune, a handle that asks for no dtype and the planner all use one setting: where the CPU has bf16
+    instructions that oneDNN uses (dmuon.tuning_chooses_dtype) bfloat16 and float32 both timed and each shape's faster
+    kept, else float32 alone (a build without oneDNN: float32). The tuned kernel is within the bound of the dtype the
+    cache names for the shape (float32: 2e-4, the Gram restart's; bfloat16: 5e-2 after 5 steps,
     ns_bf16_emulation_test)."""
-    from dmuon.torch.torch_engine import cpu_ns_default_dtype
     cache = str(tmp_path / "tune.json")
     dmuon.tune([(16, 40, 2)], threads=1, rounds=1, tune_cache=cache)
     setting, = json.loads(pathlib.Path(cache).read_text())["settings"]
-    auto = cpu_ns_default_dtype() == torch.bfloat16 and computes_bf16_on_the_cpu()
+    auto = dmuon.tuning_chooses_dtype()
+    assert not auto or computes_bf16_on_the_cpu()
     assert setting["key"]["dtype"] == ("bfloat16 or float32" if auto else "float32")
     entry, = setting["entries"]
     assert entry["dtype"] in (("bfloat16", "float32") if auto else ("float32",))
@@ -330,7 +330,8 @@ def test_the_cache_chooses_the_dtype_of_a_handle_that_asks_for_none(tmp_path):
     """Deterministic given the cache: the entry dmuon.tune wrote, rewritten to name each dtype its setting was timed in
     (bfloat16 and float32 with bf16 matrix units, else float32 alone), makes a handle that asks for no dtype run bit for bit
     as that dtype chosen explicitly with the same kernel (Gram, restarts [1, 3] in bfloat16 and [2] in float32, 8
-    tiles); a handle that asks for the other dtype keeps it, cache or not."""
+    tiles); a handle that asks for the other dtype keeps it, cache or not. call_dtype says so beforehand: the entry's
+    dtype, tuned, for the cached shape; the untuned default's for a shape the cache lacks; an asked dtype always."""
     cache = tmp_path / "tune.json"
     dmuon.tune([(16, 40, 2)], threads=1, rounds=1, tune_cache=str(cache))
     text = json.loads(cache.read_text())
@@ -342,11 +343,18 @@ def test_the_cache_chooses_the_dtype_of_a_handle_that_asks_for_none(tmp_path):
         setting["entries"][0].update(algo="gram", restarts=[1, 3] if dtype == "bfloat16" else [2], symmetric=True,
                                      tiles=8, batch_mode="sequential", threads=1, dtype=dtype)
         cache.write_text(json.dumps(text))
-        results[dtype] = run(dmuon.Orthogonalizer(threads=1, tune_cache=str(cache)), batch)
+        unasked = dmuon.Orthogonalizer(threads=1, tune_cache=str(cache))
+        assert unasked.call_dtype(16, 40, 2) == (dtype, True)
+        assert unasked.call_dtype(16, 40, 3) == (dtype, True)  # the nearest batch's entry
+        assert unasked.call_dtype(8, 40, 2) == (dmuon.Orthogonalizer(threads=1, tune_cache=None).call_dtype(8, 40, 2)[0],
+                                                 False)
+        results[dtype] = run(unasked, batch)
         explicit = run(dmuon.Orthogonalizer(algo="gram", threads=1, tune_cache=None, dtype=dtype), batch)
         assert np.array_equal(results[dtype], explicit), dtype
         for other in set(dtypes) - {dtype}:
-            asked = run(dmuon.Orthogonalizer(threads=1, tune_cache=str(cache), dtype=other), batch)
+            asking = dmuon.Orthogonalizer(threads=1, tune_cache=str(cache), dtype=other)
+            assert asking.call_dtype(16, 40, 2)[0] == other
+            asked = run(asking, batch)
             assert np.array_equal(asked, run(dmuon.Orthogonalizer(threads=1, tune_cache=None, dtype=other), batch))
     if len(dtypes) == 2:
         assert not np.array_equal(results["float32"], results["bfloat16"])  # the dtype really changed what ran

@@ -24,6 +24,7 @@ Run: PYTHONPATH=build/python:tests/python python tests/python/run_ranks.py --npr
     tests/python/torch_bf16_states_test.py   (N = 1..4), one BLAS thread per rank.
 """
 
+import copy
 import os
 import shutil
 import tempfile
@@ -32,7 +33,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
-import torch_owner_held_test as held_test
+import owner_held_runs as runs
 from dcp_io import load, save  # get_state_dict + dcp.save; dcp.load + set_state_dict
 from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
@@ -40,10 +41,9 @@ from muon_reference import Reference, muon_matrices
 from owner_held_model import global_batches, loss_of, make_net, rank_slice
 from rank_checks import check, finish
 from rank_exit import exit_rank
-from torch_muon_options_ranks_test import groups_of, local_values
 
 STEPS, SAVED_AT = 6, 3
-TOLERANCE = held_test.TOLERANCE  # 1e-5, the owner-held tests' float32 one
+TOLERANCE = runs.TOLERANCE  # 1e-5, the owner-held tests' float32 one
 # The share of the bfloat16 state elements a step may store rounded the other way than the float64 reference: a
 # float32 step's value lies within about 1e-7 to 1e-6 (relative) of the float64 one, a bfloat16 step is 2^-8, so
 # about 3e-5 to 3e-4 of them lie that close to a rounding tie (measured: 1.6e-4 at 1 rank). Stored unrounded (float32
@@ -52,19 +52,19 @@ FLIPPED = 1e-3
 GROUPS = [("blocks.0.", dict(variant="normuon", state_dtype="bfloat16")),
           ("blocks.1.", dict()),
           ("blocks.2.", dict(state_dtype=torch.float32))]
-HYPER = dict(held_test.HYPER, state_dtype=torch.bfloat16)
+HYPER = dict(runs.HYPER, state_dtype=torch.bfloat16)
 
 
 def build(hold, engine):
-    mesh = held_test.mesh_of("fsdp2")
+    mesh = runs.mesh_of("fsdp2")
     net = make_net()
     held = hold_on_owners(net, mesh) if hold else None
-    model = held_test.wrap(net, mesh, held)
-    return model, net, DMuon(groups_of(net, GROUPS), engine=engine, **HYPER)
+    model = runs.wrap(net, mesh, held)
+    return model, net, DMuon(runs.groups_of(net, GROUPS), engine=engine, **HYPER)
 
 
 def steps(model, opt, which):
-    batches = global_batches(STEPS, held_test.BATCH)
+    batches = global_batches(STEPS, runs.BATCH)
     for step in which:
         loss_of(model, rank_slice(batches[step], dist.get_rank(), dist.get_world_size())).backward()
         opt.step()
@@ -95,20 +95,20 @@ def train(hold, engine, folder, reference):
     which must end bit for bit as the unbroken run. Returns the optimizer."""
     label = f"{('all-to-all', 'owner-held')[hold]} {engine}"
     model, net, opt = build(hold, engine)
-    before = held_test.full_weights(net), full_state(net, opt)
+    before = runs.full_weights(net), full_state(net, opt)
     for step in range(STEPS):
         if step == SAVED_AT and folder is not None:
             save(model, opt, folder)
         steps(model, opt, [step])
-        after = held_test.full_weights(net), full_state(net, opt)
+        after = runs.full_weights(net), full_state(net, opt)
         reference(f"{label} step {step}", step, *before, *after)
         before = after
     if folder is not None:
-        straight = local_values(net, opt)
+        straight = runs.local_values(net, opt)
         resumed_model, resumed_net, resumed = build(hold, engine)
         load(resumed_model, resumed, folder)
         steps(resumed_model, resumed, range(SAVED_AT, STEPS))
-        again = local_values(resumed_net, resumed)
+        again = runs.local_values(resumed_net, resumed)
         differ = [k for k, v in straight.items() if not torch.equal(v, again.get(k, v.new_empty(0)))]
         check(again.keys() == straight.keys() and not differ,
               f"{label}: not bit for bit after resuming from the checkpoint at step {SAVED_AT}: {differ[:6]}")
@@ -130,7 +130,7 @@ def reference_state(ref, name, key):
 
 def reference_at(step, weights, state, hyper):
     """A Reference holding DMuon's weights and state before `step` (float64, exactly theirs)."""
-    ref = Reference(weights, hyper, clip=held_test.CLIP)
+    ref = Reference(weights, hyper, clip=runs.CLIP)
     for (name, key), value in state.items():
         st = ref.state[name]
         if key == "variance_neuron":
@@ -147,7 +147,7 @@ def checker(hyper, totals):
     DMuon's weights and state before it, on the global batch, and the step's weights and state against it (this
     module's text); totals["elements"], totals["flipped"] count the bfloat16 state elements compared and those that
     rounded the other way."""
-    batches = global_batches(STEPS, held_test.BATCH)
+    batches = global_batches(STEPS, runs.BATCH)
 
     def reference(label, step, weights, state, weights_after, state_after):
         ref = reference_at(step, weights, state, hyper)
@@ -158,7 +158,7 @@ def checker(hyper, totals):
         loss_of(net, batches[step]).backward()
         ref.step({n: p.grad for n, p in net.named_parameters()})
         for name, w in weights_after.items():
-            error = held_test.relative(w, ref.w[name])
+            error = runs.relative(w, ref.w[name])
             totals["weights"] = max(totals["weights"], error)
             check(error <= TOLERANCE, f"{label}: {name} relative error {error:.2e} to the float64 reference")
         for (name, key), value in state_after.items():
@@ -166,7 +166,7 @@ def checker(hyper, totals):
             check(value.dtype == dtype, f"{label}: {name} {key} is {value.dtype}, its group's state_dtype {dtype}")
             want, got = reference_state(ref, name, key), value.double()
             if dtype != torch.bfloat16:
-                error = held_test.relative(got, want)
+                error = runs.relative(got, want)
                 check(error <= TOLERANCE, f"{label}: {name} {key} relative error {error:.2e} to the reference")
                 continue
             one_step = torch.ldexp(torch.ones_like(want), torch.frexp(want.abs().maximum(got.abs()))[1] - 8)
@@ -179,7 +179,8 @@ def checker(hyper, totals):
 
 def check_state_dtype_changes():
     """A group's state_dtype changed after its state exists: by a loaded state dict's groups, the state converted
-    (rounded to nearest even) as it loads; by hand, before the next step's first write. A bad value refused naming
+    (rounded to nearest even) as it loads, and the saved values loaded in the new dtype (float32 ones unrounded); by
+    hand, before the next step's first write. A bad value refused naming
     the group, at construction and at step()."""
     model, net, opt = build(False, "auto")
     steps(model, opt, range(1))
@@ -188,15 +189,21 @@ def check_state_dtype_changes():
     p = group["params"][0]
     before = opt.state[p]["momentum_buffer"].full_tensor()
     saved = opt.state_dict()
+    as_saved = copy.deepcopy(saved)  # float32 state, its group's state_dtype float32 (saved's entries are the state's)
     saved["param_groups"][index] = {**saved["param_groups"][index], "state_dtype": "bfloat16"}
     opt.load_state_dict(saved)
     after = opt.state[p]["momentum_buffer"]
     check(group["state_dtype"] == torch.bfloat16 and after.dtype == torch.bfloat16
           and torch.equal(after.full_tensor(), before.bfloat16()),
           f"a loaded group's state_dtype bfloat16: the momentum is {after.dtype}, not rounded from float32")
-    group["state_dtype"] = torch.float32
+    opt.load_state_dict(as_saved)  # float32 values and group into the bfloat16 state: loaded as float32, unrounded
+    after = opt.state[p]["momentum_buffer"]
+    check(group["state_dtype"] == torch.float32 and after.dtype == torch.float32
+          and torch.equal(after.full_tensor(), before),
+          f"a loaded group's state_dtype float32 over bfloat16 state: the momentum is {after.dtype}, not the saved one")
+    group["state_dtype"] = torch.bfloat16
     steps(model, opt, range(1, 2))
-    check(opt.state[p]["momentum_buffer"].dtype == torch.float32, "state_dtype set by hand: not converted by step()")
+    check(opt.state[p]["momentum_buffer"].dtype == torch.bfloat16, "state_dtype set by hand: not converted by step()")
     group["state_dtype"] = torch.float16
     try:
         steps(model, opt, range(2, 3))
@@ -211,10 +218,9 @@ def check_state_dtype_changes():
 
 
 def main():
-    held_test.RANK, held_test.WORLD = dist.get_rank(), dist.get_world_size()
     folder = [tempfile.mkdtemp(prefix="dmuon_bf16_") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(folder)
-    hyper = held_test.hyper_of(build(False, "auto")[2])
+    hyper = runs.hyper_of(build(False, "auto")[2])
     totals = dict(weights=0.0, elements=0, flipped=0)
     reference = checker(hyper, totals)
     for hold in (False, True):

@@ -143,6 +143,44 @@ def test_tune_cache_names_the_cache_the_kernels_read(tmp_path, monkeypatch):
     assert DMuon(list(params.items()), tune_cache=None).ns.tuned_entries == 0
 
 
+def _advice_of_a_step(**options):
+    """(the DMuon's warnings advising tuning during one step of one 8x6 matrix, its ns_dtypes_ran)."""
+    params = parameters([("w", (8, 6))])
+    opt = DMuon(list(params.items()), engine="dmuon", **options)
+    set_grads(params, random_grads(params, 0))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        opt.step()
+    return [str(w.message) for w in caught if "dmuon tune" in str(w.message)], opt.ns_dtypes_ran
+
+
+def test_an_untuned_float32_shape_advises_tuning_once_where_bfloat16_would_be_timed(tmp_path, monkeypatch):
+    """ns_dtype=None on the CPU: a shape the cache lacks runs untuned in the CPU's default; where that is float32 and
+    the machine (faked both ways through dmuon.tuning_chooses_dtype) would time bfloat16 too, the step warns once per
+    process naming the shape and how to tune; never where it would not, for an asked dtype or a tuned shape.
+    ns_dtypes_ran is what ran."""
+    from dmuon.torch import engine
+    default = dmuon.Orthogonalizer(threads=1, tune_cache=None).call_dtype(8, 6, 1)[0]
+    for chooses in (True, False):
+        monkeypatch.setattr(dmuon, "tuning_chooses_dtype", lambda: chooses)
+        monkeypatch.setattr(engine, "_advised", False)
+        advice, ran = _advice_of_a_step(tune_cache=None)
+        assert ran == [default]
+        if chooses and default == "float32":
+            assert len(advice) == 1 and "8x6 (batch 1)" in advice[0], advice
+            assert _advice_of_a_step(tune_cache=None)[0] == []  # once per process
+        else:
+            assert advice == []
+    monkeypatch.setattr(dmuon, "tuning_chooses_dtype", lambda: True)
+    monkeypatch.setattr(engine, "_advised", False)
+    assert _advice_of_a_step(tune_cache=None, ns_dtype="float32") == ([], ["float32"])
+    cache = str(tmp_path / "tune.json")
+    dmuon.tune([(8, 6, 1)], threads=torch.get_num_threads(), rounds=1, tune_cache=cache)
+    tuned = dmuon.Orthogonalizer(threads=torch.get_num_threads(), tune_cache=cache).call_dtype(8, 6, 1)
+    assert tuned[1]
+    assert _advice_of_a_step(tune_cache=cache) == ([], [tuned[0]])
+
+
 def test_muon_scale_meets_the_table_of_the_cpp_engine():
     # The one table of both definitions (tests/optim/optim_test.cpp checks update_rules.cpp's against it).
     table = json.loads((pathlib.Path(__file__).parents[1] / "data" / "muon_scale.json").read_text())

@@ -42,7 +42,7 @@ import torch.distributed as dist
 import dmuon
 from torch.distributed.tensor import DTensor
 
-import torch_owner_held_test as held_test
+import owner_held_runs as runs
 from collective_ledger import Ledger, recording
 from dmuon.torch import Attention, DMuon, FusedAttention, LatentAttention, QKClip, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
@@ -76,20 +76,6 @@ SPLIT_BLOCKS = {"blocks.2.mix.weight": [(3, 12)] * 4, "blocks.2.up.weight": [(8,
                 "blocks.2.down.weight": [(12, 10)] * 2, "blocks.2.experts": [(3, 12)] * 4 * EXPERTS}
 
 
-def groups_of(net, table=OPTIONS):
-    """module_groups(net) with its Muon group split into one group per entry of table (OPTIONS's form)."""
-    out = []
-    for group in module_groups(net):
-        if not group["use_muon"]:
-            out.append(group)
-            continue
-        for prefix, options in table:
-            members = [(n, p) for n, p in group["params"]
-                       if next(q for q, _ in table if n.startswith(q)) == prefix]
-            out.append({"params": members, "use_muon": True, **options})
-    return out
-
-
 def split_of(name, p):
     """hold_on_owners's split: the split options OPTIONS gives a Muon parameter (None: none)."""
     options = {k: v for k, v in next(o for q, o in OPTIONS if name.startswith(q)).items() if k.startswith("split")}
@@ -112,7 +98,7 @@ def check_planned_owners(mode, owners, planned):
 
 def build(hold):
     """(model, its parameters' module, optimizer), owners planned by lpt (checked)."""
-    mesh = held_test.mesh_of("fsdp2")
+    mesh = runs.mesh_of("fsdp2")
     net = make_net(**NET)
     if hold:  # the stacks (E, D, D) costed as (D, E·D)
         planned = [(n, (DIM, EXPERTS * DIM) if p.dim() == 3 else tuple(p.shape))
@@ -121,8 +107,8 @@ def build(hold):
         check_planned_owners("owner-centric", held.owners, planned)
     else:
         held = None
-    model = held_test.wrap(net, mesh, held)
-    opt = DMuon(groups_of(net), balancer="lpt", **held_test.HYPER)
+    model = runs.wrap(net, mesh, held)
+    opt = DMuon(runs.groups_of(net, OPTIONS), balancer="lpt", **runs.HYPER)
     if not hold:  # the experts are pinned to the ranks holding them whole
         check_planned_owners("all-to-all", opt.owners,
                              [(k.name, (k.rows, k.cols)) for k in opt._matrices if k.expert is None])
@@ -139,7 +125,7 @@ def maxima(step, rank):
 def steps(model, opt, which, clip, ledger=None):
     """Trains `which` steps; with a QKClip, this rank's maxima reported before each step; a ledger labels the
     collectives of opt.step() "step"."""
-    batches = global_batches(held_test.STEPS, held_test.BATCH)
+    batches = global_batches(runs.STEPS, runs.BATCH)
     for step in which:
         loss_of(model, rank_slice(batches[step], dist.get_rank(), dist.get_world_size())).backward()
         if clip is not None:
@@ -215,14 +201,14 @@ FAILURES = [
 def check_failures_change_nothing(mode, model, net, opt, clip, step):
     """Each of FAILURES in a step of its own (this rank's batch of `step`, maxima that clip some heads): every rank
     raises its exception, and every tensor here is as before the call, bit for bit."""
-    batches = global_batches(held_test.STEPS, held_test.BATCH)
+    batches = global_batches(runs.STEPS, runs.BATCH)
     for what, phase, inject, exception, needle in FAILURES:
         groups = [dict(g) for g in opt.param_groups]
         loss_of(model, rank_slice(batches[step], dist.get_rank(), dist.get_world_size())).backward()
         for i, m in enumerate(maxima(step, dist.get_rank())):
             clip.report(i, m)
         inject(net, opt, clip)
-        before = local_values(net, opt)
+        before = runs.local_values(net, opt)
         try:
             opt.step()
             raised = None
@@ -230,7 +216,7 @@ def check_failures_change_nothing(mode, model, net, opt, clip, step):
             raised = e
         check(isinstance(raised, exception) and needle in str(raised),
               f"{mode}: {what} in {phase}: step() gave {raised!r}, not {exception.__name__} with {needle!r}")
-        after = local_values(net, opt)
+        after = runs.local_values(net, opt)
         changed = [k for k, v in before.items() if not torch.equal(v, after[k])]
         check(not changed, f"{mode}: {what} in {phase}: the step that raised changed {len(changed)} tensors: "
               f"{changed[:4]}...")
@@ -241,15 +227,6 @@ def check_failures_change_nothing(mode, model, net, opt, clip, step):
 
 def calls(ledger):
     return [(r["op"], r["group_size"]) for r in ledger.records if r["label"] == "step"]
-
-
-def local_values(net, opt):
-    """{name or (index, key): this rank's parameter or optimizer state tensor} (a held matrix: its owner's alone)."""
-    out = {n: (p.to_local() if isinstance(p, DTensor) else p).detach().clone() for n, p in net.named_parameters()
-           if not hasattr(p, "_dmuon_held") or p._dmuon_held.owner == dist.get_rank()}
-    out.update(((i, k), (v.to_local() if isinstance(v, DTensor) else v).clone())
-               for i, entry in opt.state_dict()["state"].items() for k, v in entry.items())
-    return out
 
 
 def train(hold, folder):
@@ -271,10 +248,10 @@ def train(hold, folder):
     steps(model, opt, range(2, SAVED_AT), clip)
     check_failures_change_nothing(mode, model, net, opt, clip, SAVED_AT)
     save(model, opt, folder)
-    steps(model, opt, range(SAVED_AT, held_test.STEPS), clip)
-    straight = local_values(net, opt)
+    steps(model, opt, range(SAVED_AT, runs.STEPS), clip)
+    straight = runs.local_values(net, opt)
     laid_out = total_over_ranks(check_variance_layout(mode, net, opt))
-    normuon = sum(len(g["params"]) for g in groups_of(net) if g.get("variant") == "normuon")  # 7
+    normuon = sum(len(g["params"]) for g in runs.groups_of(net, OPTIONS) if g.get("variant") == "normuon")  # 7
     expected = normuon if hold else normuon * dist.get_world_size()
     check(laid_out == expected, f"{mode}: {laid_out} NorMuon v's over the ranks, expected {expected}")
     resumed_model, resumed_net, resumed = build(hold)
@@ -282,12 +259,12 @@ def train(hold, folder):
         for p in resumed_net.parameters():
             p.zero_()  # the load must write every value
     load(resumed_model, resumed, folder)
-    steps(resumed_model, resumed, range(SAVED_AT, held_test.STEPS), QKClip(resumed, TAU, ATTENTIONS))
-    again = local_values(resumed_net, resumed)
+    steps(resumed_model, resumed, range(SAVED_AT, runs.STEPS), QKClip(resumed, TAU, ATTENTIONS))
+    again = runs.local_values(resumed_net, resumed)
     check(again.keys() == straight.keys(), f"{mode}: the resumed run holds other tensors here")
     differ = [k for k, v in straight.items() if not torch.equal(v, again.get(k, v.new_empty(0)))]
     check(not differ, f"{mode}: not bit-identical after resuming from the checkpoint at step {SAVED_AT}: {differ}")
-    return held_test.full_weights(net), opt
+    return runs.full_weights(net), opt
 
 
 def check_variance_layout(mode, net, opt):
@@ -310,7 +287,6 @@ def check_variance_layout(mode, net, opt):
 
 
 def main():
-    held_test.RANK, held_test.WORLD = dist.get_rank(), dist.get_world_size()
     folder = [tempfile.mkdtemp(prefix="dmuon_options_") if dist.get_rank() == 0 else None]
     dist.broadcast_object_list(folder)
     results = {mode: train(mode == "owner-centric", os.path.join(folder[0], mode))
@@ -318,17 +294,17 @@ def main():
     dist.barrier()
     if dist.get_rank() == 0:
         shutil.rmtree(folder[0])
-    ref_w, _ = held_test.reference_run({"net": NET}, held_test.hyper_of(results["all-to-all"][1]), qk_clip_reference)
+    ref_w, _ = runs.reference_run({"net": NET}, runs.hyper_of(results["all-to-all"][1]), qk_clip_reference)
     worst = 0.0
     for mode, (weights, opt) in results.items():
         for bucket in opt._buckets:
             check(len({k.options for k in bucket}) == 1, f"{mode}: a bucket mixes options: {[k.name for k in bucket]}")
         for name, w in weights.items():
-            to_ref = held_test.relative(w, ref_w[name])
-            to_other = held_test.relative(w, results["all-to-all"][0][name])
+            to_ref = runs.relative(w, ref_w[name])
+            to_other = runs.relative(w, results["all-to-all"][0][name])
             worst = max(worst, to_ref, to_other)
-            check(to_ref <= held_test.TOLERANCE, f"{mode}: {name} relative error {to_ref:.2e} to the float64 reference")
-            check(to_other <= held_test.TOLERANCE, f"{mode}: {name} relative difference {to_other:.2e} to all-to-all")
+            check(to_ref <= runs.TOLERANCE, f"{mode}: {name} relative error {to_ref:.2e} to the float64 reference")
+            check(to_other <= runs.TOLERANCE, f"{mode}: {name} relative difference {to_other:.2e} to all-to-all")
     return finish(f"torch_muon_options_ranks_test np {dist.get_world_size()}: worst relative difference {worst:.1e}")
 
 

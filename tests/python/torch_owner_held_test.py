@@ -26,28 +26,19 @@ AdamW group, step() after a backward without sync, predicates that differ across
 (hold_on_owners's split=) that does not fit its matrix or is not a split — each the same error on every rank.
 """
 
-import math
-
 import torch
 import torch.distributed as dist
-from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
-from torch.nn.parallel import DistributedDataParallel
 
 from dmuon.torch import DMuon, hold_on_owners
 from dmuon.torch.mpirun import init_process_group
 from owner_held_model import global_batches, loss_of, make_net, rank_slice
+from owner_held_runs import (BATCH, CLIP, HYPER, STEPS, TOLERANCE, full_weights, hyper_of, mesh_of, reference_run,
+                             relative, wrap)
 from rank_checks import check, finish, total_over_ranks
-from muon_reference import Reference, muon_matrices
+from muon_reference import muon_matrices
 from rank_exit import exit_rank
 
-STEPS = 10
-BATCH = 36  # divides by N·micro-batches for N = 1..4 and 3 micro-batches
-TOLERANCE = 1e-5
-CLIP = 0.32  # some steps' global gradient norms are above it, some below
-HYPER = dict(lr=0.02, momentum=0.9, weight_decay=0.01, adamw_lr=3e-3, adamw_weight_decay=0.01, clip_grad_norm=CLIP,
-             ns_dtype="float32")  # the tolerances are float32's, whatever the machine's default
 
 def uneven(name, p):
     return name in ("blocks.0.up.weight", "blocks.0.mix.weight")
@@ -65,25 +56,6 @@ VARIANTS = {
     "ddp": dict(mesh=None),
     "fsdp2 torch engine": dict(engine="torch", worlds=(2,)),
 }
-
-
-def mesh_of(kind):
-    if kind == "fsdp2":
-        return init_device_mesh("cpu", (WORLD,))
-    if kind == "hsdp":
-        return init_device_mesh("cpu", (2, WORLD // 2), mesh_dim_names=("replicate", "shard"))
-    return None
-
-
-def wrap(net, mesh, held):
-    """fully_shard every block and the root (DDP without a mesh); returns what runs forward."""
-    ignored = held.params if held is not None else None
-    if mesh is None:
-        return DistributedDataParallel(net) if WORLD > 1 else net
-    for block in net.blocks:
-        fully_shard(block, mesh=mesh, ignored_params=ignored)
-    fully_shard(net, mesh=mesh, ignored_params=ignored)
-    return net
 
 
 def set_sync(model, held, sync):
@@ -114,51 +86,6 @@ def train(variant, hold):
         ns_counts.append(int(total_over_ranks(opt.last_stats["ns_matrices"])))
         norms.append(opt.last_grad_norm)
     return full_weights(net), opt, held, ns_counts, norms
-
-
-def full_weights(net):
-    out = {}
-    for name, p in net.named_parameters():
-        if isinstance(p, DTensor):
-            out[name] = p.full_tensor().detach().clone()
-        elif hasattr(p, "_dmuon_held"):
-            info = p._dmuon_held
-            value = p.detach().clone() if info.owner == dist.get_rank() else torch.empty(p.shape, dtype=p.dtype)
-            if WORLD > 1:
-                dist.broadcast(value, src=info.global_ranks[info.owner])
-            out[name] = value
-        else:
-            out[name] = p.detach().clone()
-    return out
-
-
-def hyper_of(opt):
-    return {n: dict(g) for g in opt.param_groups for n in g["param_names"]}
-
-
-def reference_run(variant, hyper, after_step=None):
-    """The float64 reference: the whole global batch in one process, Muon + AdamW of DESIGN 1; after_step(step,
-    weights) may change the weights after each step."""
-    kwargs = dict(variant.get("net", {}))
-    kwargs.pop("checkpointing", None)
-    net = make_net(torch.float64, **kwargs)
-    ref = Reference({n: p.detach() for n, p in net.named_parameters()}, hyper, clip=CLIP)
-    norms = []
-    for step, tokens in enumerate(global_batches(STEPS, BATCH)):
-        net.zero_grad()
-        loss_of(net, tokens).backward()
-        norms.append(math.sqrt(sum(float(p.grad.square().sum()) for p in net.parameters())))
-        ref.step({n: p.grad for n, p in net.named_parameters()})
-        if after_step is not None:
-            after_step(step, ref.w)
-        with torch.no_grad():
-            for n, p in net.named_parameters():
-                p.copy_(ref.w[n])
-    return ref.w, norms
-
-
-def relative(a, b):
-    return float((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30))
 
 
 def matrices_in(opt):

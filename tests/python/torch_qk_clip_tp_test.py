@@ -1,5 +1,5 @@
 """QK-clip (dmuon.torch.hf_qk_clip) under tensor parallelism, on gloo (CPU): Hugging Face transformers' Qwen2
-(torch_tp_ep_test's small config: 4 query heads, 2 key-value heads, its own base_model_tp_plan applied with torch's
+(tp_cases.py's small config: 4 query heads, 2 key-value heads, its own base_model_tp_plan applied with torch's
 parallelize_module: q_proj and k_proj column-wise, so each TP rank computes 2 query heads and 1 key head) trained
 STEPS steps with DMuon and hf_qk_clip at a threshold that clips some heads and not others, against the same model
 whole on each rank with DMuon and hf_qk_clip over a process group of that rank alone (the single-process
@@ -29,7 +29,7 @@ from dmuon.torch import DMuon, hf_qk_clip
 from layout_checks import HYPER, TOLERANCE, Checks, relative_error
 from rank_checks import failures, finish
 from rank_exit import exit_rank
-from torch_tp_ep_test import BATCH, full_of, qwen2_batch, qwen2_case, tp_and_fsdp2
+from tp_cases import BATCH, full_of, qwen2_batch, qwen2_case, tp_and_fsdp2
 
 STEPS = 3
 TAU = 0.045  # the tiny Qwen2's largest logits are 0.034..0.062 in these steps: some heads clipped, others not

@@ -52,13 +52,12 @@ from dmuon.torch.qk_clip_titan import titan_qk_clip
 from framework_runs import TOLERANCE, compare, start
 from rank_checks import check, finish
 from rank_exit import exit_rank
-from torch_titan_qk_clip_test import CASES, TAU, reference
-from torch_titan_test import (MAX_NORM, PER_RANK, SAVED_AT, SCHEDULE, Case, batches, checkpointed, full_weights,
-                              held_names, initial_weights, load_full, optimizer_config, parallelized,
-                              summed_loss, two_layers_sdpa)
+from titan_cases import (MAX_NORM, PER_RANK, SAVED_AT, SCHEDULE, Case, batches, checkpointed, full_weights, held_names,
+                         initial_weights, load_full, optimizer_config, parallelized, summed_loss, two_layers_sdpa)
+from titan_qk_clip_cases import CASES, TAU, reference
 
 # DeepSeek-V3's first 2 layers: one dense, one of 8 routed experts (top 3) and shared experts, latent attention; its
-# experts multiply in bfloat16 (torch_titan_test's Case.exact): losses and max_logits compared, not weights
+# experts multiply in bfloat16 (titan_cases.Case.exact): losses and max_logits compared, not weights
 MOE = Case("deepseek-moe", lambda: two_layers_sdpa(deepseek_v3.model_registry("debugmodel")), 4, exact=False)
 
 

@@ -24,7 +24,7 @@ with the norm summed in float64 (clip_in_float64 says why).
 Every step's loss (the last stage's, summed over the data-parallel ranks), gradient norm and (llama3) the final
 weights (every stage's, gathered) equal the same model unsplit and unsharded in one process (DMuon over a process
 group of that rank alone) on the same batches, within framework_runs.TOLERANCE; DeepSeek-V3's weights are not
-compared (its routed experts multiply in bfloat16: torch_titan_test's Case.exact), nor under TP its gradient norms
+compared (its routed experts multiply in bfloat16: titan_cases.Case.exact), nor under TP its gradient norms
 (TP splits those bfloat16 products: run() says why). Refused by name: DMuon's own
 clip_grad_norm under PP (each stage clipped by its own norm), titan_qk_clip over stages without their schedule.
 
@@ -53,8 +53,8 @@ from dmuon.torch.qk_clip_titan import titan_qk_clip
 from framework_runs import TOLERANCE, compare, start
 from rank_checks import check, finish
 from rank_exit import exit_rank
-from torch_titan_test import (MAX_NORM, PER_RANK, SCHEDULE, TRAINING, batches, held_names, initial_weights,
-                              load_full, materialize, optimizer_config, two_layers_sdpa, with_parallel_plan)
+from titan_cases import (MAX_NORM, PER_RANK, SCHEDULE, TRAINING, batches, held_names, initial_weights, load_full,
+                         materialize, optimizer_config, two_layers_sdpa, with_parallel_plan)
 
 STEPS, PP, DP = 3, 2, 2
 # (pp 2, fsdp 1, tp 2): these cases and schedules in stages under tensor parallelism (the models' own TP plans)
@@ -71,7 +71,7 @@ class PipelineCase:
     schedules: tuple
     steps: int
     # whether weights are compared, not only losses and gradient norms: the MoE's routed experts multiply in
-    # bfloat16 (torch_titan_test's Case.exact)
+    # bfloat16 (titan_cases.Case.exact)
     exact: bool
 
 

@@ -73,16 +73,24 @@ TEST(TuneCandidates, Bf16CandidatesComputeInBf16WithHalfPrecisionRestarts) {
   EXPECT_EQ(untuned_options(2), untuned_options(2, DType::f32));
 }
 
-// The dtypes a caller that asks for none has timed, the machine faked both ways with NsDefaultDtype's rule
-// (backend_conformance_test): bf16 and float32 where the CPU has bf16 matrix units (the default, bf16, first), float32
-// alone elsewhere, whose key is an explicit float32 caller's, so such a CPU tunes and keeps float32 only.
-TEST(TuneDtypes, Bf16IsACandidateOnlyWhereTheCpuHasBf16Units) {
-  EXPECT_EQ(auto_tune_dtypes(ns_default_dtype_rule(true, nullptr)), (std::vector<DType>{DType::bf16, DType::f32}));
-  EXPECT_EQ(auto_tune_dtypes(ns_default_dtype_rule(false, nullptr)), (std::vector<DType>{DType::f32}));
-  EXPECT_EQ(auto_tune_dtypes(ns_default_dtype_rule(false, "bf16")), (std::vector<DType>{DType::bf16, DType::f32}));
+// The dtypes a caller that asks for none has timed, the machine faked each way with the rules of NsDefaultDtype and
+// NsBf16Candidate (backend_conformance_test): bf16 and float32 on a CPU with bf16 matrix units (AMX; the default, bf16,
+// first) and on one with AVX-512 BF16 alone (float32, the default, first), float32 alone on an AVX2 CPU, whose key is an
+// explicit float32 caller's, so such a CPU tunes and keeps float32 only. DMUON_NS_DEFAULT_DTYPE=f32 times float32 alone.
+TEST(TuneDtypes, Bf16IsACandidateWhereTheCpuHasBf16Instructions) {
+  const auto dtypes = [](bool amx, bool bf16_instructions, const char* forced) {
+    return auto_tune_dtypes(ns_default_dtype_rule(amx, forced), ns_bf16_candidate_rule(bf16_instructions, forced));
+  };
+  EXPECT_EQ(dtypes(true, true, nullptr), (std::vector<DType>{DType::bf16, DType::f32}));
+  EXPECT_EQ(dtypes(false, true, nullptr), (std::vector<DType>{DType::f32, DType::bf16}));
+  EXPECT_EQ(dtypes(false, false, nullptr), (std::vector<DType>{DType::f32}));
+  EXPECT_EQ(dtypes(false, false, "bf16"), (std::vector<DType>{DType::bf16, DType::f32}));
+  EXPECT_EQ(dtypes(true, true, "f32"), (std::vector<DType>{DType::f32}));
+  EXPECT_EQ(cpu_auto_tune_dtypes(), auto_tune_dtypes(cpu_ns_default_dtype(), cpu_ns_bf16_candidate()));
   EXPECT_EQ(tune_dtype_key({DType::f32}), TuneKey{}.dtype);
   EXPECT_EQ(tune_dtype_key({DType::bf16}), "bfloat16");
   EXPECT_EQ(tune_dtype_key({DType::bf16, DType::f32}), "bfloat16 or float32");
+  EXPECT_EQ(tune_dtype_key({DType::f32, DType::bf16}), "bfloat16 or float32");  // one key per choice, either order
 }
 
 // Feeds scripted times: candidate i's k-th timing is times[i][k].
@@ -411,35 +419,43 @@ TEST(TuneShapes, TunesMissingEntriesOnceAndReusesTheCache) {
   EXPECT_EQ(describe(second[1].options), describe(first[1].options));
 }
 
-// Asked for no dtype on a CPU with bf16 matrix units: bf16 and float32 candidates compete in one selection, the untuned
-// bf16 configuration pinned as the baseline; each (shape, batch) keeps the faster dtype, with each dtype's best time.
-// Here a fake clock makes bf16 twice as fast on the 512-row shape and float32 on the 256-row one.
+// Asked for no dtype on a CPU where bf16 competes: bf16 and float32 candidates compete in one selection, the untuned
+// configuration in the CPU's default dtype pinned as the baseline; each (shape, batch) keeps the faster dtype, with each
+// dtype's best time. The machine faked both ways: with AMX (default bf16) and with AVX-512 BF16 alone (default float32);
+// on each a fake clock makes bf16 twice as fast on the 512-row shape and twice as slow on the 256-row one.
 TEST(TuneShapes, ChoosesTheFasterDtypePerShape) {
-  TuneCache cache(key());
-  std::vector<NsOptions> timed;
-  const MeasureFn clock = [&](const NsOptions& o, int64_t rows, int64_t cols, int batch) {
-    timed.push_back(o);
-    const bool bf16_faster = rows == 512;
-    return fake_measure(o, rows, cols, batch) * ((o.dtype == DType::bf16) == bf16_faster ? 1 : 2);
-  };
-  const std::vector<DType> dtypes = auto_tune_dtypes(ns_default_dtype_rule(true, nullptr));
-  const auto entries = tune_shapes({{512, 1024, 4}, {256, 256, 2}}, cache, clock, 2, 3, {}, dtypes);
-  ASSERT_EQ(entries.size(), 2u);
-  EXPECT_EQ(timed.front(), untuned_options(2, DType::bf16));
-  EXPECT_EQ(entries[0].options.dtype, DType::bf16);
-  EXPECT_EQ(entries[1].options.dtype, DType::f32);
-  for (const TuneEntry& e : entries) {
-    const DType other = e.options.dtype == DType::bf16 ? DType::f32 : DType::bf16;
-    EXPECT_EQ(e.dtype_seconds.at(e.options.dtype), e.seconds);
-    EXPECT_DOUBLE_EQ(e.dtype_seconds.at(other), 2 * e.seconds);
+  for (const bool amx : {true, false}) {
+    SCOPED_TRACE(amx ? "AMX" : "AVX-512 BF16 without AMX");
+    TuneCache cache(key());
+    std::vector<NsOptions> timed;
+    const MeasureFn clock = [&](const NsOptions& o, int64_t rows, int64_t cols, int batch) {
+      timed.push_back(o);
+      const bool bf16_faster = rows == 512;
+      return fake_measure(o, rows, cols, batch) * ((o.dtype == DType::bf16) == bf16_faster ? 1 : 2);
+    };
+    const std::vector<DType> dtypes =
+        auto_tune_dtypes(ns_default_dtype_rule(amx, nullptr), ns_bf16_candidate_rule(true, nullptr));
+    const auto entries = tune_shapes({{512, 1024, 4}, {256, 256, 2}}, cache, clock, 2, 3, {}, dtypes);
+    ASSERT_EQ(entries.size(), 2u);
+    EXPECT_EQ(timed.front(), untuned_options(2, amx ? DType::bf16 : DType::f32));
+    EXPECT_EQ(entries[0].options.dtype, DType::bf16);
+    EXPECT_EQ(entries[1].options.dtype, DType::f32);
+    for (const TuneEntry& e : entries) {
+      const DType other = e.options.dtype == DType::bf16 ? DType::f32 : DType::bf16;
+      EXPECT_EQ(e.dtype_seconds.at(e.options.dtype), e.seconds);
+      EXPECT_DOUBLE_EQ(e.dtype_seconds.at(other), 2 * e.seconds);
+    }
+    EXPECT_EQ(cache.find(512, 1024, 4)->options.dtype, DType::bf16);
+    EXPECT_EQ(cache.find(256, 256, 2)->options.dtype, DType::f32);
   }
-  EXPECT_EQ(cache.find(512, 1024, 4)->options.dtype, DType::bf16);
 }
 
-// On a CPU without bf16 matrix units (faked) the tuner never times bf16: every candidate is float32, and so is every choice.
-TEST(TuneShapes, WithoutBf16UnitsOnlyFloat32IsTimed) {
+// On a CPU without bf16 instructions that oneDNN uses (AVX2, faked) the tuner never times bf16: every candidate is
+// float32, and so is every choice.
+TEST(TuneShapes, WithoutBf16InstructionsOnlyFloat32IsTimed) {
   TuneCache cache(key());
-  const std::vector<DType> dtypes = auto_tune_dtypes(ns_default_dtype_rule(false, nullptr));
+  const std::vector<DType> dtypes =
+      auto_tune_dtypes(ns_default_dtype_rule(false, nullptr), ns_bf16_candidate_rule(false, nullptr));
   int bf16_timings = 0;
   const MeasureFn clock = [&](const NsOptions& o, int64_t rows, int64_t cols, int batch) {
     bf16_timings += o.dtype == DType::bf16;

@@ -10,7 +10,7 @@ BALANCERS = ("milp", "lpt", "rr")  # the owner planner's (dmuon.plan_owners)
 
 
 def check_arguments(options, ns_dtype, lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps,
-                    adamw_weight_decay, muon, balancer, nonfinite, engine, clip_grad_norm, state_dtype):
+                    adamw_weight_decay, muon, balancer, nonfinite, engine, clip_grad_norm, state_dtype, step_memory):
     """DMuon's keyword arguments, in this order; options: the keywords beyond its signature (Muon's options),
     muon: them over muon_options.DEFAULTS. TypeError for a keyword DMuon lacks, ValueError naming a bad value."""
     unknown = next((key for key in options if key not in MUON_DEFAULTS), None)
@@ -25,6 +25,9 @@ def check_arguments(options, ns_dtype, lr, momentum, weight_decay, adamw_lr, ada
     if clip_grad_norm is not None and not clip_grad_norm > 0:
         raise ValueError(f"DMuon: clip_grad_norm must be > 0 or None, got {clip_grad_norm}")
     state_dtype_value(state_dtype, "DMuon")
+    if step_memory not in ("auto", None) and not (isinstance(step_memory, int) and not isinstance(step_memory, bool)
+                                                 and step_memory >= 0):
+        raise ValueError(f"DMuon: step_memory must be \"auto\", None or bytes (an int ≥ 0), got {step_memory!r}")
 
 
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}

@@ -14,7 +14,9 @@ tensors, in calls batched per bucket and param group:
   apply(entries, lr, weight_decay, values, cautious_wd)    W ← W·(1 − lr·wd) − lr·s·O of (index, W, O, s) entries
   update(ns, entries, rows, cols, group, scale, cautious_wd, values, names)
                           all three for matrices held whole here, (index, W, M, grad) entries
-values is the step's muon_update.StepValues (the keep flags and the clipping factor, device tensors).
+values is the step's muon_update.StepValues (the keep flags and the clipping factor, device tensors). Each engine
+keeps `ns_ran`, (id of the Newton–Schulz handle, rows, cols, batch) → the compute dtype ("float32", "bfloat16") its Newton–Schulz ran them in
+(DMuon.ns_dtypes_ran), so a benchmark reports the precision beside the time.
 
 Two engines: DmuonEngine, libdmuon_c's C++ engine (muon_update.py's calls: the CPU backend, or for CUDA tensors its
 CUDA backend on torch's current stream; tuned kernels), and TorchEngine, the same rules and recurrences in torch ops
@@ -31,6 +33,20 @@ from dmuon.torch import torch_engine
 
 ENGINES = ("auto", "dmuon", "torch")
 
+_advised = False  # the one line of DmuonEngine._ran (once per process)
+
+
+def _advise_tuning(rows, cols, batch):
+    """Once per process: an untuned shape ran in float32 on a CPU where dmuon.tune would time bfloat16 too."""
+    global _advised
+    if _advised:
+        return
+    _advised = True
+    warnings.warn(f"DMuon: Newton-Schulz of {rows}x{cols} (batch {batch}) and any other shape the tuning cache lacks "
+                  "runs untuned in float32 (ns_dtype=None); this CPU computes in bfloat16 too, which may be faster: "
+                  "`dmuon tune --model ...` or dmuon.tune([(rows, cols, batch), ...]) times both per shape, and "
+                  "DMuon then runs the faster (docs/ns.md, \"Compute dtype\")", stacklevel=2)
+
 
 def _stack_dtype(device, dtype):
     """The storage of a Newton–Schulz stack: bfloat16 where the iterates are (an accelerator's, DESIGN 6) or the data
@@ -44,8 +60,21 @@ class DmuonEngine:
 
     name = "dmuon"
 
-    def __init__(self, threads, tune_cache, ns_dtype):
+    def __init__(self, threads, tune_cache, ns_dtype, advise=False):
         self.threads, self.tune_cache, self.dtype = threads, tune_cache, ns_dtype
+        self.advise = advise  # _advise_tuning where a shape runs untuned though tuning would time bfloat16 (rank 0)
+        self.ns_ran = {}
+
+    def _ran(self, ns, device, dtype_code, rows, cols, batch):
+        """Notes the compute dtype of a call (first of each (rows, cols, batch)), advising tuning where it is untuned
+        float32 asked for by nobody on a CPU where dmuon.tune times bfloat16 too."""
+        if (id(ns), rows, cols, batch) in self.ns_ran:
+            return
+        compute, tuned = ns.call_dtype(rows, cols, batch, device, dtype_code)
+        self.ns_ran[id(ns), rows, cols, batch] = compute
+        if (self.advise and not tuned and self.dtype is None and device == dmuon.DEVICE_CPU
+                and compute == "float32" and dmuon.tuning_chooses_dtype()):
+            _advise_tuning(rows, cols, batch)
 
     def newton_schulz(self, options):
         # check_finite=False: the GradientCheck has checked every gradient, so a bucket's Newton–Schulz on a GPU need
@@ -80,12 +109,15 @@ class DmuonEngine:
     def orthogonalize(self, ns, matrices, names):
         device, dtype_code, _, stream = self._target(matrices[0].device, matrices[0].dtype)
         rows, cols = matrices[0].shape
+        self._ran(ns, device, dtype_code, rows, cols, len(matrices))
         ns.run(matrices, matrices, rows, cols, device=device, dtype=dtype_code, stream=stream, names=names)
 
     def apply(self, entries, lr, weight_decay, values, cautious_wd):
         muon_update.muon_apply(entries, lr, weight_decay, values, cautious_wd)
 
     def update(self, ns, entries, rows, cols, group, scale, cautious_wd, values, names):
+        # dmuon_muon_update's iterates: a GPU's default is bfloat16 whatever the storage, as for bfloat16 data
+        self._ran(ns, muon_update.engine_device(entries[0][1].device)[0], dmuon.DTYPE_BF16, rows, cols, len(entries))
         muon_update.muon_update(ns, entries, rows, cols, group, scale, cautious_wd, values, names)
 
 
@@ -97,6 +129,7 @@ class TorchEngine:
 
     def __init__(self, ns_dtype):
         self.dtype = ns_dtype
+        self.ns_ran = {}
 
     def newton_schulz(self, options):
         coeffs, algo, steps = options.newton_schulz
@@ -114,6 +147,7 @@ class TorchEngine:
 
     def orthogonalize(self, ns, matrices, names):
         stack = torch.stack(matrices)
+        self._ran(ns, ns.compute_dtype(stack.device, stack.dtype), stack.shape)
         for matrix, o in zip(matrices, ns.run(stack).unbind()):
             matrix.copy_(o)
 
@@ -121,7 +155,11 @@ class TorchEngine:
         torch_engine.apply([(w, o, s) for _, w, o, s in entries], muon_update.host_number(lr), weight_decay,
                            values.keep_of([i for i, _, _, _ in entries]), cautious_wd)
 
+    def _ran(self, ns, compute, shape):
+        self.ns_ran.setdefault((id(ns), shape[-2], shape[-1], shape[0]), str(compute).removeprefix("torch."))
+
     def update(self, ns, entries, rows, cols, group, scale, cautious_wd, values, names):
+        self._ran(ns, ns.compute_dtype(entries[0][1].device, torch.bfloat16), (len(entries), rows, cols))
         torch_engine.update(ns, [(w, m, g) for _, w, m, g in entries], group["momentum"], group["nesterov"],
                             muon_update.host_number(group["lr"]), group["weight_decay"], scale, cautious_wd,
                             values.keep_of([i for i, _, _, _ in entries]), values.clip_factor)
@@ -144,9 +182,9 @@ def make_engine(choice, devices, threads, tune_cache, ns_dtype, warn):
     """The engine of a DMuon whose Muon parameters lie on `devices` (torch.device objects): choice "dmuon"
     (libdmuon_c; ValueError when it cannot be loaded) or "torch", or "auto": libdmuon_c where it runs on every one of
     them, else the torch engine where that does, with one warning (when `warn`) naming the engine it would have used
-    and why not (where neither runs, libdmuon_c: the caller's check names the parameter). threads, tune_cache,
-    ns_dtype: DMuon's."""
-    ours, torch_ops = DmuonEngine(threads, tune_cache, ns_dtype), TorchEngine(ns_dtype)
+    and why not (where neither runs, libdmuon_c: the caller's check names the parameter); `warn` also lets
+    libdmuon_c's engine advise tuning once (DmuonEngine._ran). threads, tune_cache, ns_dtype: DMuon's."""
+    ours, torch_ops = DmuonEngine(threads, tune_cache, ns_dtype, advise=warn), TorchEngine(ns_dtype)
     if choice == "torch":
         return torch_ops
     if choice == "dmuon":

@@ -1,7 +1,8 @@
 """The Muon half of one DMuon step (DESIGN 1, 3 and 7 "all-to-all after the fact") for every layout: pieces of U
 to the owners, O back, and the matrices' variant (variants/) called on the owner; it names no variant.
 
-The matrices, their pieces, owners and buckets are matrices.py's. Per bucket of same-shape matrices:
+The matrices, their pieces, owners and buckets are matrices.py's (a bucket: same-shape matrices, at most DMuon's
+step_memory's share of them per owner, matrices.buckets_of). Per bucket:
   launch:  every rank forms momentum and U on its local pieces (the momentum mirrors the parameter's
            local layout on every replica); the ranks of the owner's replica send their pieces of U to
            the owner (one all_to_all_single over the group, uneven splits, async)
@@ -15,8 +16,9 @@ to the owner and back with its piece of O, in those two all-to-alls (in U's dtyp
 in the state's dtype, rounded as the owner stores its own, packed bit for bit into O's dtype).
 Each phase is one engine call (engine.py): per param group of the bucket the momentum of every
 local part and the apply of every local part, per bucket the Newton–Schulz of the owner's stack. A
-bucket whose matrices this rank owns and alone holds (owner-held ones, every bucket of a one-rank
-group) skips the phases: one engine call per param group does momentum, Newton–Schulz and apply (three
+bucket of which nothing travels (each matrix held by its owner alone: owner-held ones, every bucket of a one-rank
+group) skips the phases, on each owner for its own matrices and with no collective (so every rank meets the same
+collectives in the same order): one engine call per param group does momentum, Newton–Schulz and apply (three
 for a split matrix or a variant that rewrites O), while the first travelling bucket's pieces are in flight.
 Owner-held TP slices (held/tensor_parallel.py) are pieces like any other: those of the owner's TP
 group travel to the owner and back, and a rank that keeps none of a bucket's matrices still joins its
@@ -78,19 +80,21 @@ class Exchange:
     def run(self, buckets):
         me = self.comm.rank
         buckets = [b for b in buckets if b]
-        alone = [all(k.owner == me and not k.u_travels and not k.o_travels for k in b) for b in buckets]
-        travelling = [b for b, a in zip(buckets, alone) if not a]
-        launched = self._launch(travelling[0]) if travelling else None
-        for bucket in (b for b, a in zip(buckets, alone) if a):  # while the first bucket's pieces travel
-            self._update_held(bucket)
+        moving = [any(k.u_travels or k.o_travels for k in b) for b in buckets]
+        travelling = [b for b, m in zip(buckets, moving) if m]
+        launched = [self._launch(travelling[0])] if travelling else []  # _compute takes (and frees) each
+        for bucket in (b for b, m in zip(buckets, moving) if not m):  # while the first bucket's pieces travel
+            mine = [k for k in bucket if k.owner == me]
+            if mine:
+                self._update_held(mine)
         previous = None
         for k in range(len(travelling)):
-            following = self._launch(travelling[k + 1]) if k + 1 < len(travelling) else None
-            current = self._compute(travelling[k], launched)
+            if k + 1 < len(travelling):
+                launched.append(self._launch(travelling[k + 1]))
+            current = self._compute(travelling[k], launched.pop(0))
             if previous is not None:
                 self._finish(*previous)
             previous = (travelling[k], current)
-            launched = following
         if previous is not None:
             self._finish(*previous)
 
@@ -104,15 +108,19 @@ class Exchange:
             out.setdefault(id(group_of(item)), []).append(item)
         return list(out.values())
 
-    def _form_u(self, indices, groups, u_dtype):
-        """{index: U} of parameters `indices` (groups[index] their param group) on this rank's local tensors, shaped
-        as them, in u_dtype (their bucket's): one engine call per param group."""
+    def _form_u(self, matrices):
+        """{id(k): U} of the matrices k of which this rank holds a piece, on its local view of each (so a
+        parameter whose matrices a budget put in several buckets forms each piece once), in U's dtype (dtypes_of,
+        its bucket's): one engine call per param group."""
+        me = self.comm.rank
+        held = [k for k in matrices if not k.layout.held_elsewhere and k.pieces[me].count]
         u = {}
-        for part in self._by_group(indices, lambda i: groups[i]):
-            group = groups[part[0]]
-            entries = [(i, self.momentum(i), self.grads[i]) for i in part]
-            u.update(zip(part, self.engine.momentum(entries, group["momentum"], group["nesterov"], self.values,
-                                                    u_dtype)))
+        for part in self._by_group(held, lambda k: k.group):
+            group = part[0].group
+            entries = [(k.index, k.local_view(self.momentum(k.index)),
+                        None if self.grads[k.index] is None else k.local_view(self.grads[k.index])) for k in part]
+            u.update(zip(map(id, part), self.engine.momentum(entries, group["momentum"], group["nesterov"],
+                                                             self.values, self.dtypes_of(part[0])[1])))
         return u
 
     def _apply(self, pairs):
@@ -132,11 +140,10 @@ class Exchange:
         Newton–Schulz and apply in one engine call per param group (three for matrices split in blocks or
         of a variant that rewrites O between Newton–Schulz and the apply)."""
         if bucket[0].blocks is not None or bucket[0].variant.rewrites_o:
-            u = self._form_u(list({k.index: None for k in bucket}), {k.index: k.group for k in bucket},
-                             self.dtypes_of(bucket[0])[1])
+            u = self._form_u(bucket)
             like = next(iter(u.values()))
             ns_dtype = self.engine.ns_dtype(like.device, like.dtype)
-            full = torch.stack([k.local_view(u[k.index]) for k in bucket]).to(ns_dtype)
+            full = torch.stack([u[id(k)] for k in bucket]).to(ns_dtype)
             rows = torch.stack([self._rows(k).to(like.dtype) for k in bucket]) if bucket[0].width else None
             self._orthogonalize(full, bucket, rows)
             if rows is not None:
@@ -184,12 +191,13 @@ class Exchange:
 
     def _launch(self, bucket):
         c, me = self.comm, self.comm.rank
-        groups = {k.index: k.group for k in bucket if not k.layout.held_elsewhere}
-        u = self._form_u(list(groups), groups, self.dtypes_of(bucket[0])[1])
+        u = self._form_u(bucket)
+        # what _compute reads of U (the owner's own pieces); the rest is freed once sent
+        mine = {id(k): u[id(k)] for k in bucket if k.owner == me and id(k) in u}
         if not any(k.u_travels for k in bucket):
-            return u, None, None
+            return mine, None, None
         # Send: my piece of U of every matrix whose owner is another rank of my replica (and then my rows of its
-        # per-row state, in U's dtype, the state's); the owner receives, per source rank in rank order, that
+        # per-row state, in U's dtype); the owner receives, per source rank in rank order, that
         # rank's pieces of its matrices in bucket order.
         to_owner = [[] for _ in range(c.world)]
         out_numel = [0] * c.world
@@ -199,15 +207,15 @@ class Exchange:
                     if src != me and k.replica_of(src) == k.replica_of(me):
                         out_numel[src] += piece.count + k.rows_piece(src).count
             elif k.replica_of(k.owner) == k.replica_of(me) and k.pieces[me].count:
-                to_owner[k.owner].append(k.local_view(u[k.index]).reshape(-1))
+                to_owner[k.owner].append(u[id(k)].reshape(-1))
                 if k.width:
-                    to_owner[k.owner].append(self._rows(k).reshape(-1).to(u[k.index].dtype))
+                    to_owner[k.owner].append(self._rows(k).reshape(-1).to(u[id(k)].dtype))
         parts = [t for dest in to_owner for t in dest]
         in_numel = [sum(t.numel() for t in dest) for dest in to_owner]
         like = self._like(bucket, u)
         send = torch.cat(parts) if parts else like.new_empty(0)
         recv, work = c.all_to_all(send, out_numel, in_numel)
-        return u, recv, work
+        return mine, recv, work
 
     def _compute(self, bucket, launched):
         c, me = self.comm, self.comm.rank
@@ -228,7 +236,7 @@ class Exchange:
                 if not piece.count:
                     continue
                 if src == me:
-                    put(full[j], piece, k.local_view(u[k.index]))
+                    put(full[j], piece, u[id(k)])
                     if width:
                         put(rows[j], k.rows_piece(src), self._rows(k))
                 elif k.replica_of(src) == k.replica_of(me):
@@ -238,6 +246,7 @@ class Exchange:
                         held = k.rows_piece(src)
                         put(rows[j], held, recv[offset:offset + held.count].view(held.shape))
                         offset += held.count
+        del launched, u, recv, like  # U's pieces are in full now: freed before Newton–Schulz
         self._orthogonalize(full, owned, rows)
         if not any(k.o_travels for k in bucket):
             return full, owned, rows, None, None

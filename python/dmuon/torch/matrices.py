@@ -239,10 +239,40 @@ def assign_owners(matrices, world_size, plan):
         k.owner = owner
 
 
-def buckets_of(matrices, state_dtype_of):
+def step_bytes(rows, cols):
+    """The bytes one rows × cols matrix of a Newton–Schulz batch counts for in a step's budget (DMuon(step_memory)):
+    in float32, with m ≤ n its sides, its gathered U (m·n; O takes its place), its pieces of U and O on their way
+    (m·n each at most: a rank sends or receives pieces of each matrix of a batch) and Newton–Schulz's iterates
+    (2·m·n + 4·m², libdmuon_c's workspace per matrix of a batch on a GPU): 4·(5·m·n + 4·m²)."""
+    m, n = min(rows, cols), max(rows, cols)
+    return 4 * (5 * m * n + 4 * m * m)
+
+
+DEFAULT_STEP_BATCHES = 2  # step_memory="auto": room for this many of the largest matrix's step_bytes
+
+
+def step_budget(matrices, step_memory):
+    """The bytes a Newton–Schulz batch may count (step_bytes per matrix) on one owner, from DMuon's step_memory over
+    all its Muon matrices: "auto" DEFAULT_STEP_BATCHES × the largest matrix's step_bytes, None or 0 no bound (None),
+    else step_memory; ValueError naming the parameter of a matrix whose step_bytes alone exceed a budget given."""
+    if not step_memory or not matrices:
+        return None
+    largest = max(matrices, key=lambda k: step_bytes(k.rows, k.cols))
+    need = step_bytes(largest.rows, largest.cols)
+    if step_memory == "auto":
+        return DEFAULT_STEP_BATCHES * need
+    if need > step_memory:
+        raise ValueError(f"DMuon: step_memory={step_memory} bytes is below one matrix's step buffers: parameter "
+                         f"'{largest.name}' ({largest.rows}×{largest.cols}) needs {need} (matrices.step_bytes); give "
+                         f"step_memory ≥ {need}, or None for no bound")
+    return step_memory
+
+
+def buckets_of(matrices, state_dtype_of, budget=None):
     """Muon matrices batched by (rows, cols, momentum dtype, device, owner-held, options), largest
     Newton–Schulz work first (its communication then overlaps the smaller buckets' Newton–Schulz);
-    ties in a fixed order. Owner-held matrices get buckets of their own, which move nothing."""
+    ties in a fixed order. Owner-held matrices get buckets of their own, which move nothing. budget (step_budget's
+    bytes; None: no bound) cuts each into consecutive buckets of at most budget // step_bytes matrices per owner."""
     by_key = {}
     for k in matrices:
         key = (k.rows, k.cols, str(state_dtype_of(k)), k.layout.local(k.layout.tensor).device.type,
@@ -253,7 +283,23 @@ def buckets_of(matrices, state_dtype_of):
         rows, cols = key[0], key[1]
         m, n = min(rows, cols), max(rows, cols)
         return (-len(by_key[key]) * m * m * n, key[:-1], repr(key[-1]))
-    return [by_key[key] for key in sorted(by_key, key=work)]
+    return [part for key in sorted(by_key, key=work) for part in _cut(by_key[key], budget)]
+
+
+def _cut(bucket, budget):
+    """bucket (same-shape matrices) as consecutive parts of at most budget // step_bytes matrices of each owner, in
+    bucket order (each owner's j-th matrix in part j // that): [bucket] for budget None."""
+    if budget is None:
+        return [bucket]
+    per_owner = max(1, budget // step_bytes(bucket[0].rows, bucket[0].cols))
+    parts, seen = [], {}
+    for k in bucket:
+        j = seen.get(k.owner, 0)
+        seen[k.owner] = j + 1
+        if j // per_owner == len(parts):
+            parts.append([])
+        parts[j // per_owner].append(k)
+    return parts
 
 
 def newton_schulz_blocks(stack, owned, newton_schulz):

@@ -8,27 +8,28 @@ Muon's lerp momentum with Nesterov, Newton–Schulz, the chosen scale, decoupled
 unscaled lr. Each Muon matrix (an expert of an (E, m, n) stack is one) has one owner rank in the
 whole group, which alone runs its Newton–Schulz (matrices.py, exchange.py).
 
-DMuon is the torch.optim shell around a plan and a step. The plan, made at construction and by
+DMuon is the torch.optim shell around a plan and a step. The plan (plan.py), made at construction and by
 add_param_group (collective): each parameter's layout (layout.py), its Muon matrices, their owners and
-buckets (matrices.py), its state. step() runs its phases over the plan: the step hooks' before_step
-(step_hooks.py: the owner-held schedules), the gradient check (gradient_check.py: one all-reduce, which
-carries the hooks' extras), AdamW (adamw.py), the Muon exchange (exchange.py, calling each matrix's
-variant, variants/), the step hooks' after_step in reverse order (QK-clip, the schedules).
+buckets (matrices.py), its state; load_state_dict checks and writes a saved one (checkpoint.py). step()
+runs its phases over the plan: the step hooks' before_step (step_hooks.py: the owner-held schedules), the
+gradient check (gradient_check.py: one all-reduce, which carries the hooks' extras), AdamW (adamw.py), the
+Muon exchange (exchange.py, calling each matrix's variant, variants/), the step hooks' after_step in reverse
+order (QK-clip, the schedules).
 
 Optimizer state follows torch.optim.AdamW under FSDP2, so torch.distributed.checkpoint saves and
 reshards it: state[param] holds tensors laid out as the parameter (DTensors with its mesh and
 placements for a DTensor parameter, full tensors for a replicated one), created at construction.
 """
 
-import copy
 import weakref
 
 import torch
 
 import dmuon
 from dmuon.torch.adamw import adamw_phase
-from dmuon.torch.agreement import agree_on_parameters, plan_on_rank0
+from dmuon.torch.agreement import agree_on_parameters
 from dmuon.torch.arguments import check_arguments, check_group, state_dtype_value
+from dmuon.torch.checkpoint import checked_entries, load_entry, load_group_values
 from dmuon.torch.collectives import Group
 from dmuon.torch.dtensors import as_placed
 from dmuon.torch.engine import make_engine
@@ -36,93 +37,66 @@ from dmuon.torch.exchange import Exchange
 from dmuon.torch.frameworks import replaced_parameters
 from dmuon.torch.gradient_check import GradientCheck
 from dmuon.torch.held.hold import adopt_replaced
-from dmuon.torch.matrices import assign_owners, buckets_of, parameter_matrices, stack_of
-from dmuon.torch.muon_options import DEFAULTS as MUON_DEFAULTS, MuonOptions, check_options
+from dmuon.torch.matrices import buckets_of, step_budget
+from dmuon.torch.muon_options import DEFAULTS as MUON_DEFAULTS, MuonOptions
 from dmuon.torch.ns_clock import NsClock
 from dmuon.torch.params import is_expert_stack_by_default, module_groups, split_groups
-from dmuon.torch.plan import check_saved_state, describe_parameter, state_dtype, work_dtype, zero_state
+from dmuon.torch.plan import (convert_state, describe_groups, matrix_dtypes, plan_matrices, state_dtype,
+                              torch_groups_of, work_dtype, zero_state)
 
 _COUNTERS = ("updates", "skipped_steps")  # kept in every param group, so checkpoints carry them
 
 
 class DMuon(torch.optim.Optimizer):
-    """Distributed Muon + AdamW. `params`: the model itself (routed by name and module type),
-    model.named_parameters() (routed by name: hidden ≥2-D matrices → Muon; embeddings, head, 1-D →
-    AdamW; params.py states the rule), tensors (routed by shape alone, with a warning), or param
-    groups, with use_muon=True/False or without. Parameters may be plain (replicated: DDP or single
-    process), DTensors (any mix of Replicate(), Shard(d) and _StridedShard on a mesh of the optimizer's
-    group's ranks, or a named slice of one: FSDP2, HSDP, tensor and expert parallelism, FSDP2 over TP;
-    layout.py) or dmuon.torch.Sharded descriptions of dim-0 chunks.
+    """Distributed Muon + AdamW (docs/pytorch.md: the routing rule, param groups, options, defaults and checkpoints).
 
-    Muon's options are keywords too (`options`): the keys of muon_options.DEFAULTS, whose values are their
-    defaults (ns_steps, coeffs, algo, scale, extra_scale_factor, cautious_wd, split_heads, split_sizes, split_dim,
-    variant, and each variant's own: normuon_beta2); any other keyword is a TypeError.
+    params: the model (routed by name and module type), model.named_parameters() (by name, params.py), tensors (by
+        shape, with a warning) or param groups (use_muon=True/False or routed); plain (replicated), DTensor (any mix of
+        Replicate, Shard and _StridedShard: FSDP2, HSDP, TP, EP; layout.py) or dmuon.torch.Sharded.
+    lr: the learning rate of every parameter (AdamW's too unless adamw_lr is given).
+    momentum: Muon's momentum (lerp), in [0, 1).
+    nesterov: Muon's Nesterov momentum.
+    weight_decay: decoupled weight decay with the unscaled lr, of every parameter (AdamW's too unless
+        adamw_weight_decay is given).
+    adamw_lr: AdamW's learning rate (None: lr's).
+    adamw_betas: AdamW's betas (a group's "betas").
+    adamw_eps: AdamW's eps (a group's "eps").
+    adamw_weight_decay: AdamW's decoupled weight decay (None: weight_decay's).
+    balancer: the owner planner's balancer, "milp", "lpt" or "rr" (dmuon.plan_owners).
+    process_group: the torch.distributed group of the ranks (None: the default group).
+    clip_grad_norm: clip the global gradient norm to this (None: no clipping).
+    nonfinite: a non-finite gradient skips the step; "error" raises FloatingPointError, "skip" counts skipped_steps.
+    state_dtype: the dtype of Muon's momentum, NorMuon's v and AdamW's moments, a group's key (float32, bfloat16 or
+        None: each parameter's own; the step computes in float32 at least, rounding each store; a change converts).
+    experts: experts(name, global_shape) -> bool, which 3-D Muon parameters are stacks of experts (default: "expert"
+        in a name component); every other ≥ 3-D one is one (out, in·k…) matrix (matrices.py).
+    tune_cache: the Newton–Schulz tuning cache ("" the default path, None none, else a path; dmuon.tune).
+    ns_dtype: Newton–Schulz's compute dtype, "float32" or "bfloat16" or the torch dtypes (None: the dtype the tuner
+        measured faster for a shape tune_cache has, else the device's default; `ns_dtypes_ran`: what this rank ran).
+    engine: who computes Muon's update, "dmuon" (libdmuon_c), "torch" (torch ops) or "auto" (libdmuon_c where it
+        runs on the Muon parameters' devices, else torch ops, with a warning; engine.py); the resolved one: `engine`.
+    step_memory: bytes per Newton–Schulz batch of an owner ("auto": twice the largest matrix's, None or 0: no bound;
+        matrices.step_budget; the same result bit for bit).
+    options: Muon's options as keywords, the keys of muon_options.DEFAULTS (the Newton–Schulz, its split, the
+        scale, cautious weight decay, the variant and each variant's own); any other keyword is a TypeError.
 
-    `defaults` holds the per-group hyper-parameters and options under their keyword names (lr, momentum,
-    nesterov, weight_decay, Muon's options, adamw_lr, adamw_betas, adamw_eps, adamw_weight_decay). Each param
-    group is all-Muon (keys lr, momentum, nesterov, weight_decay and Muon's options) or all-AdamW (lr,
-    betas, eps, weight_decay), so a group's "lr" is the lr of every parameter in it and LR schedulers set
-    it as torch.optim's. Muon's options (muon_options.py: the Newton–Schulz and its split, the update
-    scale, cautious weight decay, NorMuon) are read from a group when its matrices are tracked (construction,
-    add_param_group) and when a state_dict is loaded. lr and weight_decay, given to DMuon or in a group,
-    reach every parameter;
-    adamw_lr and adamw_weight_decay (None: lr's, weight_decay's) only AdamW's, before them.
-    A user group becomes one param group, or two (Muon's, then AdamW's) when it has no use_muon and
-    holds both kinds; named parameters put "param_names" in their groups (split_groups in params.py;
-    docs/pytorch.md, "Param groups"). Schedulers that cycle momentum (OneCycleLR, CyclicLR with
-    cycle_momentum) find "momentum" in defaults and write group["momentum"] in every group: Muon
-    groups follow it; AdamW groups keep their betas (the key is ignored there).
-
-    experts(name, global_shape) -> bool: which 3-D Muon parameters are stacks of experts (E
-    matrices of m×n); by default those with "expert" in a name component. Every other ≥ 3-D
-    parameter is one (out, in·k…) matrix, as a convolution's filter (matrices.py). An owner-held parameter
-    is what hold_on_owners took it as, by its own experts predicate.
-
-    tune_cache: the Newton–Schulz tuning cache (`dmuon tune`, dmuon.tune) that picks each bucket's kernel
-    (algo="auto") and the owner planner's costs: "" the default path (dmuon.default_tune_cache_path()),
-    None none (untuned kernels, flop costs), else a path. Give hold_on_owners the same one.
-
-    ns_dtype: Newton–Schulz's compute dtype (its iterates; products accumulate in float32), chosen explicitly:
-    "float32" or "bfloat16" (torch.float32 / torch.bfloat16 too), whatever the parameters' dtype; None (the default):
-    the device's default: on the CPU bfloat16 where it has bf16 matrix units (AMX), float32 elsewhere, except
-    that a shape tune_cache has (dmuon tune's default, dmuon.tune) runs in the dtype the tuner measured faster there;
-    on a GPU the engine's bfloat16 (docs/pytorch.md, "Defaults").
-
-    state_dtype: the dtype of Muon's momentum, NorMuon's v and AdamW's moments, a param group's key like lr (this: its
-    default): torch.float32 (the default, so bf16 parameters keep float32 state), torch.bfloat16 (or "float32",
-    "bfloat16"), None: each parameter's own dtype. The step computes in the wider of the state's dtype and the
-    parameter's (float32 for bfloat16 state of float32 parameters) and rounds each stored value to nearest even.
-    A group whose state_dtype is changed afterwards (by hand, or by a loaded state dict's groups) has its state
-    converted (rounded) before the next step's first write (docs/pytorch.md, "Optimizer state in bfloat16").
-
-    engine: who computes Muon's update (engine.py): "dmuon" libdmuon_c's C++ engine (its CPU backend, its CUDA
-    backend for CUDA tensors; tuned kernels), "torch" the same rules and recurrences in torch ops on any device
-    torch has, "auto" (the default) libdmuon_c where it loads and runs on the Muon parameters' devices, else torch
-    ops, with one warning naming the engine it would have used. The resolved one is `engine` (its .name).
-
-    Construction, add_param_group and step() are collective over process_group (every rank, same
-    parameter names and shapes). state_dict() is local, as torch's optimizers': {"state": {index:
-    state}, "param_groups": [...]} with this rank's tensors (DTensors for DTensor parameters); use
-    torch.distributed.checkpoint (get_state_dict/set_state_dict, dcp.save/dcp.load) to save and to
-    load at another world size, or torch.save of state_dict() per rank to resume at the same one.
-    load_state_dict() is local. The counters `updates` and `skipped_steps` live in every param group.
+    Each param group is all-Muon (lr, momentum, nesterov, weight_decay, Muon's options) or all-AdamW (lr, betas,
+    eps, weight_decay), so LR schedulers set its "lr" as torch.optim's; `defaults` holds every keyword's value.
+    Construction, add_param_group and step() are collective over process_group; state_dict() and load_state_dict()
+    are local, as torch's (save and reshard with torch.distributed.checkpoint). The counters `updates` and
+    `skipped_steps` live in every param group.
     """
 
-    # Defaults, and where they differ from the C++ engine's on purpose (docs/pytorch.md, "Defaults"): Muon's
-    # lr, momentum and Nesterov equal MuonHyper's (optim.hpp). AdamW parameters take the same lr unless
-    # adamw_lr is given, for scale="match_rms_adamw" gives Muon's updates AdamW's RMS (Moonlight), so the two
-    # halves share one lr and schedule; AdamW's betas (0.9, 0.95) are the usual setting of the transformer
-    # AdamW this optimizer replaces. optim.hpp's AdamWHyper keeps torch.optim.AdamW's own defaults (lr 1e-3,
-    # betas (0.9, 0.999)) and MuonScale::original is KellerJordan/Muon's, the definitions the golden tensors
-    # pin; trainer.hpp's 3e-3 is the GPT example's.
+    # The defaults, and where they differ from the C++ engine's on purpose: docs/pytorch.md, "Defaults".
     def __init__(self, params, *, lr=0.02, momentum=0.95, nesterov=True, weight_decay=0.0, adamw_lr=None,
                  adamw_betas=(0.9, 0.95), adamw_eps=1e-8, adamw_weight_decay=None, balancer="milp",
                  process_group=None, clip_grad_norm=None, nonfinite="error", state_dtype=torch.float32,
-                 experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None, engine="auto", **options):
+                 experts=is_expert_stack_by_default, tune_cache="", ns_dtype=None, engine="auto", step_memory="auto",
+                 **options):
         ns_dtype = {torch.float32: "float32", torch.bfloat16: "bfloat16"}.get(ns_dtype, ns_dtype)
         muon = {**MUON_DEFAULTS, **options}  # Muon's options: muon_options.DEFAULTS, the one table
         check_arguments(options, ns_dtype, lr, momentum, weight_decay, adamw_lr, adamw_betas, adamw_eps,
-                        adamw_weight_decay, muon, balancer, nonfinite, engine, clip_grad_norm, state_dtype)
+                        adamw_weight_decay, muon, balancer, nonfinite, engine, clip_grad_norm, state_dtype, step_memory)
         defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay, adamw_lr=adamw_lr,
                         adamw_betas=tuple(adamw_betas), adamw_eps=adamw_eps, adamw_weight_decay=adamw_weight_decay,
                         state_dtype=state_dtype_value(state_dtype, "DMuon"), **muon)
@@ -131,6 +105,7 @@ class DMuon(torch.optim.Optimizer):
         self.nonfinite = nonfinite
         self.experts = experts
         self._balancer = balancer
+        self._step_memory, self._step_budget = step_memory, None  # the budget: step_budget's, set by _track
         self._tune_cache = tune_cache
         self._threads = torch.get_num_threads()
         self._ns_dtype = ns_dtype  # Newton–Schulz's compute dtype, every group's (None: the device's default)
@@ -190,17 +165,12 @@ class DMuon(torch.optim.Optimizer):
         ranks, so a problem on one rank becomes the same exception on all of them (no hang)."""
         groups, layouts, error = [], [], None
         named_groups = "param_names" in self.param_groups[0] if first_group else None
-        muon_devices = []  # (name, device, U's dtype) of each Muon parameter
         try:
             groups = split_groups(params, defaults, first_group, warn=self.comm.rank == 0, named_groups=named_groups)
             seen = {id(l.tensor): n for n, l in zip(self.param_groups_names, self._layouts)}
-            for g in groups:
-                check_group(g, g["named"][0][0])
-                for name, p in g["named"]:
-                    layout = describe_parameter(self.comm, name, p, g, seen, self.experts)
-                    if g["use_muon"]:
-                        muon_devices.append((name, layout.local(layout.tensor).device, work_dtype(g, layout.tensor)))
-                    layouts.append((name, layout, g))
+            layouts = describe_groups(self.comm, groups, seen, self.experts)
+            muon_devices = [(name, l.local(l.tensor).device, work_dtype(g, l.tensor))
+                            for name, l, g in layouts if g["use_muon"]]  # (name, device, U's dtype)
             if self.engine is None:
                 self.engine = make_engine(self._engine_choice, {d for _, d, _ in muon_devices}, self._threads,
                                           self._tune_cache, self._ns_dtype, warn=self.comm.rank == 0)
@@ -211,18 +181,8 @@ class DMuon(torch.optim.Optimizer):
                     raise ValueError(f"DMuon: parameter '{name}': {e}") from None
         except (ValueError, TypeError, dmuon.DmuonError) as e:
             error = (TypeError, str(e)) if isinstance(e, TypeError) else str(e)  # torch.optim's kinds
-        signature = [(n, l.global_shape, l.holdings, g["use_muon"]) for n, l, g in layouts]
-        agree_on_parameters(self.comm, error, signature)
-
-        torch_groups, torch_group_of = [], {}
-        for g in groups:
-            hyper = {k: v for k, v in g.items() if k not in ("named", "param_names")}
-            hyper["params"] = [l.tensor for n, l, gg in layouts if gg is g]
-            if g["param_names"]:
-                hyper["param_names"] = [n for n, _ in g["named"]]
-            torch_groups.append(hyper)
-            torch_group_of[id(g)] = hyper
-        return torch_groups, [(n, l, torch_group_of[id(g)]) for n, l, g in layouts]
+        agree_on_parameters(self.comm, error, [(n, l.global_shape, l.holdings, g["use_muon"]) for n, l, g in layouts])
+        return torch_groups_of(groups, layouts)
 
     def _track(self, layouts):
         """Appends _parse's parameters, their groups registered in param_groups, to the optimizer's
@@ -234,25 +194,20 @@ class DMuon(torch.optim.Optimizer):
                 g.setdefault(key, value)
             self._state_dtypes.setdefault(id(g), g["state_dtype"])
         first = len(self._layouts)
-        matrices = []
         for name, layout, group in layouts:
-            i = len(self._layouts)
             self.param_groups_names.append(name)
             self._layouts.append(layout)
             self._groups.append(group)
             if layout.held is not None:  # its schedule reduces its gradient before a step, refreshes it after
                 self.add_step_hook(layout.held.schedule)
-            if group["use_muon"]:  # an empty matrix has none: nothing to orthogonalize or update
-                matrices.extend(parameter_matrices(i, name, layout, group, MuonOptions.of_group(group),
-                                                   stack_of(name, layout, self.experts)))
-        assign_owners(matrices, self.comm.world,
-                      lambda shapes, world, blocks: plan_on_rank0(self.comm, shapes, self._balancer, self._threads,
-                                                                  self._tune_cache, blocks))
+        matrices = plan_matrices(self.comm, [(first + j, *t) for j, t in enumerate(layouts)], self.experts,
+                                 self._balancer, self._threads, self._tune_cache)
+        self._step_budget = step_budget(self._matrices + matrices, self._step_memory)
         self._matrices.extend(matrices)
         self.owners.update((k.name, k.owner) for k in matrices)
         for k in matrices:
             self.ns_of(k.options)
-        self._buckets = buckets_of(self._matrices, _dtypes)
+        self._buckets = buckets_of(self._matrices, matrix_dtypes, self._step_budget)
         for i in range(first, len(self._layouts)):
             self._zero_state(i)
 
@@ -281,12 +236,18 @@ class DMuon(torch.optim.Optimizer):
             self._ns[options.newton_schulz] = self.engine.newton_schulz(options)
         return self._ns[options.newton_schulz]
 
+    @property
+    def ns_dtypes_ran(self):
+        """The compute dtypes ("bfloat16", "float32") this rank's Newton–Schulz ran in so far, sorted: per shape the
+        one asked for (ns_dtype), else the tuned choice or the device's default (the engine's ns_ran)."""
+        return sorted(set(self.engine.ns_ran.values()))
+
     def _refreeze_options(self):
         """Every Muon matrix's options from its param group again (after load_state_dict), and the buckets."""
         for k in self._matrices:
             k.options = MuonOptions.of_group(k.group)
             self.ns_of(k.options)
-        self._buckets = buckets_of(self._matrices, _dtypes)
+        self._buckets = buckets_of(self._matrices, matrix_dtypes, self._step_budget)
 
     @property
     def updates(self):
@@ -316,17 +277,10 @@ class DMuon(torch.optim.Optimizer):
         changed = [g for g in self.param_groups if self._state_dtypes.get(id(g)) != g["state_dtype"]]
         for g in changed:
             for i in (i for i, group in enumerate(self._groups) if group is g):
-                self._convert_state(i, state_dtype(g, self._layouts[i].tensor))
+                convert_state(self.state[self._layouts[i].tensor], state_dtype(g, self._layouts[i].tensor))
             self._state_dtypes[id(g)] = g["state_dtype"]
         if changed:
-            self._buckets = buckets_of(self._matrices, _dtypes)
-
-    def _convert_state(self, i, dtype):
-        """Parameter i's state tensors (its AdamW step count aside) in `dtype`."""
-        entry = self.state[self._layouts[i].tensor]
-        for key, value in entry.items():
-            if key != "step" and value.dtype != dtype:
-                entry[key] = value.to(dtype)
+            self._buckets = buckets_of(self._matrices, matrix_dtypes, self._step_budget)
 
     # ---- the step ----
 
@@ -406,8 +360,7 @@ class DMuon(torch.optim.Optimizer):
         def row_state(k):
             return k.layout.local(self.state[k.layout.tensor][k.variant.row_state])
 
-        muon = Exchange(self.comm, self.engine, self.ns_of, momentum, grads, check,
-                        _dtypes, row_state)
+        muon = Exchange(self.comm, self.engine, self.ns_of, momentum, grads, check, matrix_dtypes, row_state)
         me = self.comm.rank
         # Every matrix that may have a gradient takes part (whether it has one anywhere is known on the
         # device only); owner-held buckets (their own, see matrices.buckets_of) run on the owner alone, where
@@ -497,47 +450,15 @@ class DMuon(torch.optim.Optimizer):
             result = pre_hook(self, state_dict)
             if result is not None:
                 state_dict = result
-        saved_groups = state_dict["param_groups"]
-        if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"loaded state dict has a different number of parameter groups ({len(saved_groups)}, "
-                             f"DMuon has {len(self.param_groups)})")
-        if [len(g["params"]) for g in saved_groups] != [len(g["params"]) for g in self.param_groups]:
-            raise ValueError(f"loaded state dict contains a parameter group that doesn't match the size of "
-                             f"optimizer's group: {[len(g['params']) for g in saved_groups]} parameters, DMuon's "
-                             f"{[len(g['params']) for g in self.param_groups]}")
-        # Checks, before anything is written: a refused state dict loses nothing.
-        saved_state = state_dict["state"]
-        index_of = {id(l.tensor): i for i, l in enumerate(self._layouts)}  # a repeated parameter: its one index
-        entries = []  # (parameter index, its saved entry or None)
-        for g, saved in zip(self.param_groups, saved_groups):
-            indices = [index_of[id(p)] for p in g["params"]]
-            where = f"DMuon.load_state_dict: the group of '{self.param_groups_names[indices[0]]}'" if indices else ""
-            if saved.get("use_muon", g["use_muon"]) != g["use_muon"]:
-                raise ValueError(f"{where} is Muon in one state, AdamW in the other")
-            if g["use_muon"]:
-                check_options(saved, where)
-                options = MuonOptions.of_group({**g, **saved})
-                for k in self._matrices:
-                    if k.group is g:
-                        options.blocks(k.rows, k.cols, k.name)  # a split that does not fit the matrix raises
-            if "state_dtype" in saved:
-                saved = {**saved, "state_dtype": state_dtype_value(saved["state_dtype"], where)}
-            for i, key in zip(indices, saved["params"]):
-                entry = saved_state.get(key)
-                if entry is not None:
-                    check_saved_state(self.param_groups_names[i], entry, self.state[self._layouts[i].tensor])
-                entries.append((i, entry, state_dtype({**g, **saved}, self._layouts[i].tensor)))
+        entries = checked_entries(self.param_groups, state_dict, self._layouts, self.param_groups_names,
+                                  self._matrices, self.state)  # before anything is written: a refused one loses nothing
         for i, entry, dtype in entries:  # saved values cast into the state_dtype of the loaded groups
-            self._convert_state(i, dtype)
+            convert_state(self.state[self._layouts[i].tensor], dtype)
             if entry is None:
                 self._zero_state(i)
             else:
-                self._load_entry(i, entry)
-        for g, saved in zip(self.param_groups, saved_groups):
-            for k, v in saved.items():  # in place: MuonMatrix and _groups hold these dicts
-                if k != "params":
-                    g[k] = copy.deepcopy(v)
-            g["state_dtype"] = state_dtype_value(g["state_dtype"], "")
+                load_entry(self._layouts[i], self.state[self._layouts[i].tensor], entry)
+        load_group_values(self.param_groups, state_dict["param_groups"])
         self._follow_state_dtypes()  # zero state made in a group's former state_dtype
         self._refreeze_options()
         for post_hook in self._optimizer_load_state_dict_post_hooks.values():
@@ -563,19 +484,6 @@ class DMuon(torch.optim.Optimizer):
         self._model = None  # a copy follows its own param_groups
         self._state_dtypes = {id(g): g["state_dtype"] for g in self.param_groups}  # the copy's own groups
         self._ns = {}
+        self.engine.ns_ran = {}  # keyed by the handles, which a copy makes anew
         self.ns = self.ns_of(MuonOptions.of_group(self.defaults))
 
-    def _load_entry(self, i, entry):
-        """Copies a checked saved state entry (plan.check_saved_state) into parameter i's state."""
-        mine = self.state[self._layouts[i].tensor]
-        for key, value in entry.items():
-            target = mine[key]
-            if key == "step":
-                target.copy_(torch.as_tensor(value, dtype=target.dtype))
-            elif value is not target:
-                self._layouts[i].local(target).copy_(self._layouts[i].local(value))
-
-
-def _dtypes(k):
-    """Muon matrix k's state dtype and U's (its bucket's key)."""
-    return state_dtype(k.group, k.layout.tensor), work_dtype(k.group, k.layout.tensor)

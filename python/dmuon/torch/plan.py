@@ -1,16 +1,43 @@
 """DMuon's plan of its parameters, per parameter and per rank (optimizer.py's construction and add_param_group, which
-agree on the result across the ranks, agreement.py): the parameter described and checked (its layout, layout.py; its
-Muon matrices, matrices.py), its state before its first update, laid out as the parameter, and a saved state checked
-against it (load_state_dict)."""
+agree on the result across the ranks, agreement.py): the parameters described and checked (their groups' values;
+each one's layout, layout.py; its Muon matrices, matrices.py), torch.optim's param groups of them, their Muon
+matrices and owners, and each one's state before its first update, laid out as the parameter."""
 
 import torch
 
+from dmuon.torch.agreement import plan_on_rank0
+from dmuon.torch.arguments import check_group
 from dmuon.torch.dense import check_writable
-from dmuon.torch.dtensors import is_dtensor
 from dmuon.torch.layout import describe
-from dmuon.torch.matrices import check_filter_layout, matrices_of, stack_of
+from dmuon.torch.matrices import assign_owners, check_filter_layout, matrices_of, parameter_matrices, stack_of
 from dmuon.torch.muon_options import MuonOptions
 from dmuon.torch.variants import variant_of
+
+
+def describe_groups(comm, groups, seen, experts):
+    """[(name, layout.Layout, group)] of every parameter of split_groups' groups (params.py), in order: each group's
+    values checked (arguments.check_group), each parameter described and checked by describe_parameter (seen: as
+    its)."""
+    layouts = []
+    for g in groups:
+        check_group(g, g["named"][0][0])
+        for name, p in g["named"]:
+            layouts.append((name, describe_parameter(comm, name, p, g, seen, experts), g))
+    return layouts
+
+
+def torch_groups_of(groups, layouts):
+    """(torch.optim's param groups, [(name, Layout, its torch group)]) of split_groups' groups and describe_groups'
+    parameters: each group's values with its tensors as "params" (and "param_names" where it was given names)."""
+    torch_groups, torch_group_of = [], {}
+    for g in groups:
+        hyper = {k: v for k, v in g.items() if k not in ("named", "param_names")}
+        hyper["params"] = [l.tensor for n, l, gg in layouts if gg is g]
+        if g["param_names"]:
+            hyper["param_names"] = [n for n, _ in g["named"]]
+        torch_groups.append(hyper)
+        torch_group_of[id(g)] = hyper
+    return torch_groups, [(n, l, torch_group_of[id(g)]) for n, l, g in layouts]
 
 
 def describe_parameter(comm, name, p, group, seen, experts):
@@ -36,6 +63,20 @@ def describe_parameter(comm, name, p, group, seen, experts):
     return layout
 
 
+def plan_matrices(comm, indexed, experts, balancer, threads, tune_cache):
+    """The Muon matrices (matrices.MuonMatrix) of the parameters [(index, name, Layout, group)], in order, their owners
+    planned among themselves (collective: on rank 0, agreement.plan_on_rank0, with DMuon's balancer, threads and
+    tune_cache); an empty matrix has none: nothing to orthogonalize or update."""
+    matrices = []
+    for i, name, layout, group in indexed:
+        if group["use_muon"]:
+            matrices.extend(parameter_matrices(i, name, layout, group, MuonOptions.of_group(group),
+                                               stack_of(name, layout, experts)))
+    assign_owners(matrices, comm.world,
+                  lambda shapes, world, blocks: plan_on_rank0(comm, shapes, balancer, threads, tune_cache, blocks))
+    return matrices
+
+
 def state_dtype(group, param):
     """The dtype parameter `param` of param group `group` keeps its state in: the group's state_dtype, or the
     parameter's own dtype where that is None."""
@@ -47,6 +88,19 @@ def work_dtype(group, param):
     and the parameter's, so a float32 parameter's bfloat16 state is widened to float32 (each store rounds to nearest
     even, torch's .to) and a bfloat16 parameter with bfloat16 state is stepped as torch steps it."""
     return torch.promote_types(state_dtype(group, param), param.dtype)
+
+
+def matrix_dtypes(k):
+    """Muon matrix k's state dtype and U's (its bucket's key; exchange.Exchange's dtypes_of)."""
+    return state_dtype(k.group, k.layout.tensor), work_dtype(k.group, k.layout.tensor)
+
+
+def convert_state(entry, dtype):
+    """A parameter's state entry's tensors (its AdamW step count aside) in `dtype`, in place (each value rounded to
+    nearest even: torch's .to)."""
+    for key, value in entry.items():
+        if key != "step" and value.dtype != dtype:
+            entry[key] = value.to(dtype)
 
 
 def zero_state(name, layout, group, experts, dtype):
@@ -71,23 +125,3 @@ def zero_state(name, layout, group, experts, dtype):
     # "step" on the parameter's device, as torch.optim.AdamW's fused step keeps it
     return {"step": torch.zeros((), dtype=torch.float32, device=p.device), "exp_avg": zeros(), "exp_avg_sq": zeros()}
 
-
-def check_saved_state(name, entry, mine):
-    """ValueError naming parameter `name` when a saved state entry does not fit its state here (mine): other keys,
-    or a tensor of another kind, shape, mesh or placements."""
-    if set(entry) != set(mine):
-        raise ValueError(f"DMuon.load_state_dict: '{name}' has state {sorted(entry)} in the saved state, "
-                         f"{sorted(mine)} here")
-
-    def kind(t):
-        return f"DTensor {tuple(t.placements)}" if is_dtensor(t) else "tensor"
-    for key, value in entry.items():
-        target = mine[key]
-        if key == "step":
-            continue
-        if is_dtensor(target) != is_dtensor(value) or tuple(value.shape) != tuple(target.shape) or (
-                is_dtensor(target) and (value.placements != target.placements
-                                        or value.device_mesh != target.device_mesh)):
-            raise ValueError(f"DMuon.load_state_dict: '{name}' {key} is a {kind(value)} of shape "
-                             f"{tuple(value.shape)}, here a {kind(target)} of shape {tuple(target.shape)} "
-                             "(load another world size or layout with torch.distributed.checkpoint)")

@@ -117,6 +117,11 @@ DType cpu_ns_default_dtype() {
   return dtype;
 }
 
+bool cpu_ns_bf16_candidate() {
+  static const bool candidate = ns_bf16_candidate_rule(cpu_bf16::native(), std::getenv("DMUON_NS_DEFAULT_DTYPE"));
+  return candidate;
+}
+
 DeviceProperties CpuBackend::properties() const { return {0, "OpenBLAS", linalg::blas_description(), nullptr}; }
 
 void* CpuBackend::allocate(size_t bytes) {
