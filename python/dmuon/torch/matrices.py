@@ -248,19 +248,21 @@ def step_bytes(rows, cols):
     return 4 * (5 * m * n + 4 * m * m)
 
 
-DEFAULT_STEP_BATCHES = 2  # step_memory="auto": room for this many of the largest matrix's step_bytes
+DEFAULT_STEP_BATCHES = 2  # step_memory="auto": room for this many of the largest matrix's step_bytes,
+DEFAULT_STEP_FLOOR = 256 << 20  # and never less than this: a small model's buckets stay one all-to-all each
 
 
 def step_budget(matrices, step_memory):
     """The bytes a Newton–Schulz batch may count (step_bytes per matrix) on one owner, from DMuon's step_memory over
-    all its Muon matrices: "auto" DEFAULT_STEP_BATCHES × the largest matrix's step_bytes, None or 0 no bound (None),
-    else step_memory; ValueError naming the parameter of a matrix whose step_bytes alone exceed a budget given."""
+    all its Muon matrices: "auto" DEFAULT_STEP_BATCHES × the largest matrix's step_bytes or DEFAULT_STEP_FLOOR,
+    the larger (cutting a small model's buckets would only add collectives), None or 0 no bound (None), else
+    step_memory; ValueError naming the parameter of a matrix whose step_bytes alone exceed a budget given."""
     if not step_memory or not matrices:
         return None
     largest = max(matrices, key=lambda k: step_bytes(k.rows, k.cols))
     need = step_bytes(largest.rows, largest.cols)
     if step_memory == "auto":
-        return DEFAULT_STEP_BATCHES * need
+        return max(DEFAULT_STEP_BATCHES * need, DEFAULT_STEP_FLOOR)
     if need > step_memory:
         raise ValueError(f"DMuon: step_memory={step_memory} bytes is below one matrix's step buffers: parameter "
                          f"'{largest.name}' ({largest.rows}×{largest.cols}) needs {need} (matrices.step_bytes); give "
