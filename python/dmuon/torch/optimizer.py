@@ -105,7 +105,8 @@ class DMuon(torch.optim.Optimizer):
         self.nonfinite = nonfinite
         self.experts = experts
         self._balancer = balancer
-        self._step_memory, self._step_budget = step_memory, None  # the budget: step_budget's, set when matrices are planned
+        # the budget: step_budget's, set when matrices are planned
+        self._step_memory, self._step_budget = step_memory, None
         self._tune_cache = tune_cache
         self._threads = torch.get_num_threads()
         self._ns_dtype = ns_dtype  # Newton–Schulz's compute dtype, every group's (None: the device's default)
