@@ -42,12 +42,13 @@ def normuon_ref(o, v, beta2):
 
 
 def stored(t, dtype):
-    """A state value as a DMuon with state_dtype `dtype` stores it: t itself (float32, None: the tests' float32
-    parameters), or t rounded to bfloat16, to nearest even from its float64 value in one rounding (8 significant
-    bits; torch's .to(torch.bfloat16) of a float64 rounds twice, through float32), kept as float64."""
-    if dtype is None or dtype == torch.float32:
+    """A state value as a DMuon with state_dtype `dtype` (a torch dtype or a param group's name of one) stores it:
+    t itself (float32, None: the tests' float32 parameters), or t rounded to bfloat16, to nearest even from its
+    float64 value in one rounding (8 significant bits; torch's .to(torch.bfloat16) of a float64 rounds twice, through
+    float32), kept as float64."""
+    if dtype in (None, torch.float32, "float32"):
         return t
-    if dtype != torch.bfloat16:
+    if dtype not in (torch.bfloat16, "bfloat16"):
         raise ValueError(f"stored: no rounding rule for state_dtype {dtype}")
     mantissa, exponent = torch.frexp(t)  # t = mantissa · 2^exponent, |mantissa| in [0.5, 1)
     return torch.ldexp(torch.round(mantissa * 256) / 256, exponent)  # torch.round: half to even

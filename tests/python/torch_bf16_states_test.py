@@ -162,7 +162,7 @@ def checker(hyper, totals):
             totals["weights"] = max(totals["weights"], error)
             check(error <= TOLERANCE, f"{label}: {name} relative error {error:.2e} to the float64 reference")
         for (name, key), value in state_after.items():
-            dtype = hyper[name]["state_dtype"]
+            dtype = getattr(torch, hyper[name]["state_dtype"] or "float32")  # a group keeps its name (None: W's)
             check(value.dtype == dtype, f"{label}: {name} {key} is {value.dtype}, its group's state_dtype {dtype}")
             want, got = reference_state(ref, name, key), value.double()
             if dtype != torch.bfloat16:
@@ -184,7 +184,7 @@ def check_state_dtype_changes():
     the group, at construction and at step()."""
     model, net, opt = build(False, "auto")
     steps(model, opt, range(1))
-    index = next(i for i, g in enumerate(opt.param_groups) if g["use_muon"] and g["state_dtype"] == torch.float32)
+    index = next(i for i, g in enumerate(opt.param_groups) if g["use_muon"] and g["state_dtype"] == "float32")
     group = opt.param_groups[index]
     p = group["params"][0]
     before = opt.state[p]["momentum_buffer"].full_tensor()
@@ -193,12 +193,12 @@ def check_state_dtype_changes():
     saved["param_groups"][index] = {**saved["param_groups"][index], "state_dtype": "bfloat16"}
     opt.load_state_dict(saved)
     after = opt.state[p]["momentum_buffer"]
-    check(group["state_dtype"] == torch.bfloat16 and after.dtype == torch.bfloat16
+    check(group["state_dtype"] == "bfloat16" and after.dtype == torch.bfloat16
           and torch.equal(after.full_tensor(), before.bfloat16()),
           f"a loaded group's state_dtype bfloat16: the momentum is {after.dtype}, not rounded from float32")
     opt.load_state_dict(as_saved)  # float32 values and group into the bfloat16 state: loaded as float32, unrounded
     after = opt.state[p]["momentum_buffer"]
-    check(group["state_dtype"] == torch.float32 and after.dtype == torch.float32
+    check(group["state_dtype"] == "float32" and after.dtype == torch.float32
           and torch.equal(after.full_tensor(), before),
           f"a loaded group's state_dtype float32 over bfloat16 state: the momentum is {after.dtype}, not the saved one")
     group["state_dtype"] = torch.bfloat16

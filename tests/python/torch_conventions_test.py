@@ -116,14 +116,14 @@ def test_defaults_hold_the_hyper_parameters_and_groups_their_kinds_keys():
                    normuon_beta2=0.95)
     assert opt.defaults == dict(lr=0.03, momentum=0.9, nesterov=False, weight_decay=0.01, adamw_lr=1e-3,
                                 adamw_betas=(0.85, 0.99), adamw_eps=1e-7, adamw_weight_decay=0.1,
-                                state_dtype=torch.float32, **options)
+                                state_dtype="float32", **options)
     muon, adamw = opt.param_groups
     counters = dict(updates=0, skipped_steps=0)  # the optimizer's counters, in every group for checkpoints
     assert {k: muon[k] for k in muon if k not in ("params", "param_names")} == \
-        dict(use_muon=True, lr=0.03, momentum=0.9, nesterov=False, weight_decay=0.01, state_dtype=torch.float32,
+        dict(use_muon=True, lr=0.03, momentum=0.9, nesterov=False, weight_decay=0.01, state_dtype="float32",
              **options, **counters)
     assert {k: adamw[k] for k in adamw if k not in ("params", "param_names")} == \
-        dict(use_muon=False, lr=1e-3, betas=(0.85, 0.99), eps=1e-7, weight_decay=0.1, state_dtype=torch.float32,
+        dict(use_muon=False, lr=1e-3, betas=(0.85, 0.99), eps=1e-7, weight_decay=0.1, state_dtype="float32",
              **counters)
 
 

@@ -34,12 +34,14 @@ STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def state_dtype_value(value, where):
-    """A state_dtype as param groups keep it: torch.float32 or torch.bfloat16 (the strings "float32" and "bfloat16"
-    name them), or None (each parameter's own dtype); ValueError naming `where` for another value."""
-    if value is None or (isinstance(value, torch.dtype) and value in STATE_DTYPES.values()):
+    """A state_dtype as param groups keep it: its name, "float32" or "bfloat16" (torch.float32 and torch.bfloat16
+    give theirs; a name, not a torch.dtype, because torch.distributed.checkpoint's full state dicts take only plain
+    values), or None (each parameter's own dtype); ValueError naming `where` for another value."""
+    if value is None or (isinstance(value, str) and value in STATE_DTYPES):
         return value
-    if isinstance(value, str) and value in STATE_DTYPES:
-        return STATE_DTYPES[value]
+    names = {dtype: name for name, dtype in STATE_DTYPES.items()}
+    if isinstance(value, torch.dtype) and value in names:
+        return names[value]
     raise ValueError(f"{where}: state_dtype must be torch.float32, torch.bfloat16, 'float32', 'bfloat16' or None "
                      f"(the parameter's dtype), got {value!r}")
 
@@ -51,7 +53,7 @@ def _check_choice(name, value, choices):
 
 def check_group(g, name, options=True):
     """A param group's values (with Muon's options), torch.optim's checks (after check_arguments') with the group
-    named by its first parameter; its state_dtype made torch's dtype in place (a string names one)."""
+    named by its first parameter; its state_dtype made its name in place (state_dtype_value)."""
     where = f"DMuon: param group of '{name}': "
     g["state_dtype"] = state_dtype_value(g["state_dtype"], where[:-2])
     if g["use_muon"]:

@@ -6,7 +6,7 @@ matrices and owners, and each one's state before its first update, laid out as t
 import torch
 
 from dmuon.torch.agreement import plan_on_rank0
-from dmuon.torch.arguments import check_group
+from dmuon.torch.arguments import STATE_DTYPES, check_group
 from dmuon.torch.dense import check_writable
 from dmuon.torch.layout import describe
 from dmuon.torch.matrices import assign_owners, check_filter_layout, matrices_of, parameter_matrices, stack_of
@@ -79,8 +79,8 @@ def plan_matrices(comm, indexed, experts, balancer, threads, tune_cache):
 
 def state_dtype(group, param):
     """The dtype parameter `param` of param group `group` keeps its state in: the group's state_dtype, or the
-    parameter's own dtype where that is None."""
-    return param.dtype if group["state_dtype"] is None else group["state_dtype"]
+    parameter's own dtype where that is None (a group keeps its name: arguments.state_dtype_value)."""
+    return param.dtype if group["state_dtype"] is None else STATE_DTYPES[group["state_dtype"]]
 
 
 def work_dtype(group, param):

@@ -58,7 +58,7 @@ class DMuonOptimizers(OptimizersContainer):
             adopt_replaced(model)
         kwargs = config.optimizer_factory_kwargs_by_name.get("DMuon", {})
         if dmuon and config.implementation == "fused_opt_states_bf16":  # as torch's AdamW: its states in bfloat16
-            if state_dtype_value(kwargs.get("state_dtype", torch.bfloat16), "dmuon.torch.titan") != torch.bfloat16:
+            if state_dtype_value(kwargs.get("state_dtype", torch.bfloat16), "dmuon.torch.titan") != "bfloat16":
                 raise ValueError(f"dmuon.torch.titan: optimizer.implementation='fused_opt_states_bf16' keeps DMuon's "
                                  f"states in bfloat16, but its kwargs ask for state_dtype={kwargs['state_dtype']!r}")
             kwargs = {**kwargs, "state_dtype": torch.bfloat16}
