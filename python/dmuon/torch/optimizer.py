@@ -75,8 +75,8 @@ class DMuon(torch.optim.Optimizer):
         measured faster for a shape tune_cache has, else the device's default; `ns_dtypes_ran`: what this rank ran).
     engine: who computes Muon's update, "dmuon" (libdmuon_c), "torch" (torch ops) or "auto" (libdmuon_c where it
         runs on the Muon parameters' devices, else torch ops, with a warning; engine.py); the resolved one: `engine`.
-    step_memory: bytes per Newton–Schulz batch of an owner ("auto": twice the largest matrix's, None or 0: no bound;
-        matrices.step_budget; the same result bit for bit).
+    step_memory: bytes per Newton–Schulz batch of an owner ("auto": twice the largest matrix's, at least 256 MiB;
+        None or 0: no bound; matrices.step_budget; the same result bit for bit).
     options: Muon's options as keywords, the keys of muon_options.DEFAULTS (the Newton–Schulz, its split, the
         scale, cautious weight decay, the variant and each variant's own); any other keyword is a TypeError.
 
@@ -301,7 +301,8 @@ class DMuon(torch.optim.Optimizer):
         A step that raises changes nothing: everything that can raise on the host runs before the first
         write (the "checks" phase below), and what is known on the device alone (non-finite gradients and
         maxima) masks every write of the step (weights, momentum, AdamW's moments and step count,
-        NorMuon's v, QK-clip's rescale), so the call that settles it raises with every tensor as it was."""
+        NorMuon's v, QK-clip's rescale), so the call that settles it raises with every tensor as it was (state whose
+        group's state_dtype was set since the last step is converted first, as that setting asks)."""
         self._settle(arrived_only=True)
         self._follow_replaced_parameters()
         loss = None
